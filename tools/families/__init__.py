@@ -1,0 +1,1 @@
+"""Family adapters (ViT, DeiT, Swin, ResNet, generic) and the registry that picks one for a model."""

@@ -1,0 +1,79 @@
+"""The family-adapter contract: what can be pruned in a model family and how to repair it afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from torch import nn
+
+GroupKind = Literal["structured", "head"]
+
+
+@dataclass(frozen=True)
+class PrunableGroup:
+    """One unit of structured pruning that a plan entry can target.
+
+    A group removes `units` of its `roots`' output channels at the same indices (one unit is `unit_size`
+    consecutive channels: 1 for conv/MLP channels, head_dim for an attention head whose q, k and v
+    projections are all roots). torch-pruning's DependencyGraph propagates each root's pruning to the
+    layers that consume it (BatchNorm, the next conv's or Linear's input channels, o_proj's inputs).
+
+    Attributes:
+        name: Short stable id, unique in the model, e.g. "layers.3.mlp", "layers.3.heads",
+            "stages.2.layers.1.conv1".
+        kind: "structured" (channels) or "head" (whole attention heads).
+        module: Module name that plan regexes are searched in (re.search): the MLP's first Linear, the
+            attention module for heads, the conv for a ResNet group.
+        roots: Module names whose output channels are pruned together at the same indices.
+        members: Module names whose cost (MACs, params, latency) shrinks with this group; the profiler
+            sums their costs to get the group's cost share.
+        units: Prunable units right now (channels, or heads).
+        unit_size: Channels per unit (1, or head_dim).
+        min_units: Units that always remain (at least 1).
+        block: Name of the enclosing block (transformer layer or residual block), for reports.
+    """
+
+    name: str
+    kind: GroupKind
+    module: str
+    roots: tuple[str, ...]
+    members: tuple[str, ...]
+    units: int
+    unit_size: int = 1
+    min_units: int = 1
+    block: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+class FamilyAdapter:
+    """Base class of a family adapter; subclasses override what differs.
+
+    Subclasses set `name` and implement `matches`, `prunable_groups` and `protected_modules`; the pruning
+    engine calls `before_head_prune` with the head indices it is about to remove (for per-head tensors that
+    are not channels of a root, e.g. Swin's relative-position bias table) and `fix_up` once after all
+    groups are pruned (head counts, cached sizes, config fields). `fix_up` returns the attributes it set,
+    as {module_name: {attr: value}}, so a saved artifact can set them again when it is rebuilt.
+    """
+
+    name: str = "base"
+    safe: bool = True  # False: generic fallback, used with a warning
+
+    def matches(self, model: nn.Module) -> bool:
+        """Return True when this adapter handles `model`."""
+        raise NotImplementedError
+
+    def prunable_groups(self, model: nn.Module) -> list[PrunableGroup]:
+        """List the model's prunable groups in forward order, with their current sizes."""
+        raise NotImplementedError
+
+    def protected_modules(self, model: nn.Module) -> list[str]:
+        """Name the modules that must never be pruned (classifier heads, embeddings, patch merging...)."""
+        raise NotImplementedError
+
+    def before_head_prune(self, model: nn.Module, group: PrunableGroup, head_idxs: list[int]) -> None:
+        """Prune per-head tensors that are not root channels; the default has none."""
+
+    def fix_up(self, model: nn.Module) -> dict[str, dict[str, Any]]:
+        """Repair cached sizes after pruning and return the attributes set, by module name."""
+        return {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -214,3 +215,32 @@ class InputState(BaseModel):
     model: ModelRef = Field(default_factory=ModelRef, description="Model to compress.")
     dataset: DatasetRef = Field(default_factory=DatasetRef, description="Evaluation data.")
     objective: Objective = Field(default_factory=Objective, description="Goal, bounds and selection rule.")
+
+
+# ---------------------------------------------------------------- run context ("how")
+
+
+def _ctx(default: Any, description: str) -> Any:
+    return field(default=default, metadata={"description": description})
+
+
+@dataclass
+class Context:
+    """Run-scoped settings: how to run, never what to optimize (a resume cannot change the goal)."""
+
+    run_root: str = _ctx("runs", "Folder holding one sub-folder per thread (RUN_DIR).")
+    device: str = _ctx("auto", "cpu, cuda or auto.")
+    threads: int = _ctx(0, "torch intra-op threads for profiling and evaluation (0 keeps torch's default).")
+    llm_model: str = _ctx("gpt-4o", "Chat model name on the OpenAI-compatible endpoint.")
+    llm_base_url: str = _ctx("", "OpenAI-compatible base URL (default: $OPENAI_BASE_URL).")
+    llm_api_key_env: str = _ctx("OPENAI_API_KEY", "Environment variable holding the API key (never stored).")
+    llm_temperature: float = _ctx(0.0, "Sampling temperature of the LLM planner.")
+    llm_timeout: float = _ctx(60.0, "Seconds before one LLM request times out.")
+    llm_retries: int = _ctx(2, "Times an invalid LLM plan goes back to the LLM before the fallback.")
+    llm_tool_rounds: int = _ctx(6, "Tool-call rounds allowed per planning step.")
+    latency_warmup: int = _ctx(3, "Warm-up forward passes before timing.")
+    latency_repeats: int = _ctx(15, "Timed repeats; the median is reported.")
+    latency_batch: int = _ctx(16, "Batch size of the larger-batch latency.")
+    eval_batch: int = _ctx(64, "Batch size for accuracy evaluation.")
+    probe_ratio: float = _ctx(0.3, "Ratio each group is pruned at by the sensitivity probe.")
+    importance: str = _ctx("l2", "Channel/head importance: l2, l1 or random.")

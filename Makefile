@@ -1,0 +1,33 @@
+# profiling-agent: `make run` (embedded offline default) and `make test` install what they need first.
+VENV   ?= .venv
+PYTHON ?= python3
+BIN     = $(VENV)/bin
+# torch 2.13.0 CPU: on this kind of machine pip takes it from local disk; elsewhere add
+# TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu" to avoid a multi-GB CUDA build.
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+
+.PHONY: install run test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+run: install
+	$(BIN)/profiling-agent run
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,47 @@
+"""Wire the agents into the ProfilingAgent state machine."""
+
+from __future__ import annotations
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Checkpointer
+
+from profiling_agent.graph import routing
+from profiling_agent.nodes.acquire import acquire
+from profiling_agent.nodes.analyze import analyze
+from profiling_agent.nodes.evaluate import evaluate
+from profiling_agent.nodes.iterate import iterate
+from profiling_agent.nodes.profile import profile
+from profiling_agent.nodes.prune import prune
+from profiling_agent.nodes.quantize import quantize
+from profiling_agent.nodes.report import report
+from profiling_agent.nodes.resolve_shape import resolve_input_shape
+from profiling_agent.state import Context, InputState, State
+
+
+def build_graph(checkpointer: Checkpointer = None):
+    """Build and compile the graph; pass a checkpointer (e.g. SqliteSaver) to make runs resumable."""
+    builder = StateGraph(State, context_schema=Context, input_schema=InputState)
+    builder.add_node("acquire", acquire)
+    builder.add_node("resolve_input_shape", resolve_input_shape)
+    builder.add_node("profile", profile)
+    builder.add_node("analyze", analyze)
+    builder.add_node("prune", prune)
+    builder.add_node("quantize", quantize)
+    builder.add_node("evaluate", evaluate)
+    builder.add_node("iterate", iterate)
+    builder.add_node("report", report)
+
+    builder.add_edge(START, "acquire")
+    builder.add_edge("acquire", "resolve_input_shape")
+    builder.add_edge("resolve_input_shape", "profile")
+    builder.add_edge("profile", "analyze")
+    # a converged planner has nothing new to try: straight to the report
+    builder.add_conditional_edges("analyze", routing.after_analyze)
+    # a plan the engine could not apply skips quantization; evaluate still records the baseline
+    builder.add_conditional_edges("prune", routing.after_prune)
+    builder.add_edge("quantize", "evaluate")
+    builder.add_edge("evaluate", "iterate")
+    # the iterative pruning loop (paper, Algorithm 1), bounded in the routing function
+    builder.add_conditional_edges("iterate", routing.after_iterate)
+    builder.add_edge("report", END)
+    return builder.compile(checkpointer=checkpointer, name="profiling_agent")

@@ -1,0 +1,52 @@
+"""Acquisition agent: load the model and the dataset, map labels, save the untouched baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from profiling_agent.nodes.common import artifact_ref, context_of, event, thread_id_of
+from profiling_agent.state import Context, State
+
+
+def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Load model and processor, check the dataset and its labels, and write the baseline artifact."""
+    from profiling_agent.tools.artifacts import save_artifact
+    from profiling_agent.tools.data import detect_columns, load_split, map_labels
+    from profiling_agent.tools.families import adapter_for
+    from profiling_agent.tools.models import load_model
+
+    ctx = context_of(runtime)
+    run_path = (Path(ctx.run_root) / thread_id_of(runtime)).resolve()
+    run_path.mkdir(parents=True, exist_ok=True)
+    here = state.model_copy(update={"run_path": str(run_path)})
+
+    loaded = load_model(state.model.ref, revision=state.model.revision, trust_remote_code=state.model.trust_remote_code)
+    adapter = adapter_for(loaded.model)
+    dataset = load_split(state.dataset.ref, state.dataset.split)
+    image_col, label_col = detect_columns(dataset, state.dataset.image_column, state.dataset.label_column)
+    names = list(dataset.features[label_col].names) if hasattr(dataset.features[label_col], "names") else []
+    id2label = {int(k): str(v) for k, v in (loaded.model.config.id2label or {}).items()}
+    mapping = map_labels(names, id2label)
+    saved = save_artifact(
+        loaded.model,
+        run_path / "baseline",
+        processor=loaded.processor,
+        extra={"source": state.model.ref, "role": "baseline"},
+    )
+    labels = {**mapping, "image_column": image_col, "label_column": label_col, "dataset_label_names": names}
+    message = (
+        f"loaded {type(loaded.model).__name__} ({adapter.name} adapter) from {state.model.ref}; "
+        f"{len(dataset)} images in {state.dataset.ref}:{state.dataset.split}; labels mapped by {mapping['method']}"
+        + (" (predictions restricted to the dataset's classes)" if mapping.get("restricted") else "")
+    )
+    return {
+        "run_path": str(run_path),
+        "status": "running",
+        "family": adapter.name,
+        "baseline": artifact_ref(here, saved),
+        "labels": labels,
+        "history": event("acquire", message, safe_adapter=adapter.safe),
+    }

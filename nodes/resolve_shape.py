@@ -1,0 +1,43 @@
+"""Input-shape resolver agent: channels/height/width from processor and config, checked by a forward pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from profiling_agent.nodes.common import context_of, emit, event, load_artifact_model, run_dir
+from profiling_agent.state import Context, State
+
+
+def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Resolve the input shape, verify it with a real forward pass, and prepare the evaluation tensors."""
+    from profiling_agent.tools.data import load_split, prepare_data
+    from profiling_agent.tools.models import resolve_input_shape as resolve
+    from profiling_agent.tools.models import verify_input_shape
+
+    context_of(runtime)
+    loaded = load_artifact_model(state, state.baseline)
+    shape = resolve(loaded.model, loaded.processor)
+    verify_input_shape(loaded.model, shape)
+    emit(runtime, kind="progress", task="preparing data", done=0, total=1, label=state.dataset.ref)
+    dataset = load_split(state.dataset.ref, state.dataset.split)
+    data = prepare_data(
+        dataset,
+        loaded.processor,
+        shape,
+        state.labels,
+        subset=state.dataset.subset,
+        calibration=state.dataset.calibration,
+        seed=state.dataset.seed,
+        out_path=run_dir(state) / "data.safetensors",
+        image_column=state.labels["image_column"],
+        label_column=state.labels["label_column"],
+    )
+    data["path"] = "data.safetensors"
+    emit(runtime, kind="progress", task="preparing data", done=1, total=1, label=state.dataset.ref)
+    message = (
+        f"input {shape['channels']}x{shape['height']}x{shape['width']} from {shape['source']}, verified by a "
+        f"forward pass; {data['n_eval']} evaluation and {data['n_calib']} calibration images"
+    )
+    return {"input_shape": shape, "data": data, "history": event("resolve_input_shape", message)}

@@ -1,0 +1,98 @@
+import re
+
+import pytest
+
+from profiling_agent.state import CompressionPlan, Objective
+from profiling_agent.tools.planner import (
+    PlannerConfig,
+    effective_ratio,
+    estimate_reduction,
+    next_goal,
+    plan_round,
+)
+
+GROUPS = [
+    {"name": "layers.0.mlp", "kind": "structured", "module": "vit.layers.0.mlp.fc1", "units": 128, "min_units": 1},
+    {"name": "layers.0.heads", "kind": "head", "module": "vit.layers.0.attention", "units": 4, "min_units": 1},
+    {"name": "layers.1.mlp", "kind": "structured", "module": "vit.layers.1.mlp.fc1", "units": 128, "min_units": 1},
+    {"name": "layers.1.heads", "kind": "head", "module": "vit.layers.1.attention", "units": 4, "min_units": 1},
+]
+COSTS = {
+    "layers.0.mlp": {"params_share": 0.3, "macs_share": 0.3, "latency_share": 0.25},
+    "layers.0.heads": {"params_share": 0.15, "macs_share": 0.2, "latency_share": 0.25},
+    "layers.1.mlp": {"params_share": 0.3, "macs_share": 0.3, "latency_share": 0.25},
+    "layers.1.heads": {"params_share": 0.15, "macs_share": 0.2, "latency_share": 0.25},
+}
+SENS = {
+    "layers.0.mlp": {"damage": 0.01},
+    "layers.0.heads": {"damage": 0.5},
+    "layers.1.mlp": {"damage": 0.2},
+    "layers.1.heads": {"damage": 0.05},
+}
+
+
+def _ratios(plan: CompressionPlan) -> dict[str, float]:
+    out = {}
+    for entry in plan.pruning:
+        for g in GROUPS:
+            if g["kind"] == entry.type and re.search(entry.layer, g["module"]):
+                out[g["name"]] = entry.ratio
+    return out
+
+
+def test_effective_ratio_floors_and_keeps_min_units():
+    assert effective_ratio(4, 1, 0.3) == 0.25
+    assert effective_ratio(4, 1, 0.2) == 0.0
+    assert effective_ratio(4, 1, 0.99) == 0.75
+    assert effective_ratio(10, 1, 0.5) == 0.5
+
+
+def test_round_one_hits_the_target_estimate_and_prefers_insensitive_groups():
+    objective = Objective(target="params", target_reduction=0.3, quantize="qint8")
+    result = plan_round(GROUPS, COSTS, SENS, objective, history=[])
+    ratios = _ratios(result.plan)
+    assert result.target_estimate >= 0.3
+    assert estimate_reduction(ratios, GROUPS, COSTS, "params") == pytest.approx(result.target_estimate)
+    # same cost, lower damage -> higher ratio
+    assert ratios["layers.0.mlp"] > ratios.get("layers.1.mlp", 0.0)
+    # plans are valid by construction and every regex matches exactly one group
+    CompressionPlan.model_validate(result.plan.model_dump())
+    for entry in result.plan.pruning:
+        assert sum(bool(re.search(entry.layer, g["module"])) and g["kind"] == entry.type for g in GROUPS) == 1
+        assert entry.justification
+    assert [q.dtype for q in result.plan.quantization] == ["qint8"]
+
+
+def test_no_quantization_when_disabled():
+    result = plan_round(GROUPS, COSTS, SENS, Objective(quantize="none"), history=[])
+    assert result.plan.quantization == []
+
+
+def test_feedback_backs_off_after_a_miss_and_pushes_after_a_hit():
+    config = PlannerConfig()
+    objective = Objective(target_reduction=0.4)
+    goal, gamma, converged, _ = next_goal([{"goal": 0.4, "gamma": 1.0, "passed": False}], objective, 0.7, config)
+    assert goal < 0.4 and gamma > 1.0 and not converged
+    goal2, gamma2, _, _ = next_goal([{"goal": 0.4, "gamma": 1.0, "passed": True}], objective, 0.7, config)
+    assert goal2 > 0.4 and gamma2 < 1.0
+    # bisection between a hit and a miss
+    hist = [{"goal": 0.2, "gamma": 1.0, "passed": True}, {"goal": 0.4, "gamma": 1.0, "passed": False}]
+    goal3, _, _, _ = next_goal(hist, objective, 0.7, config)
+    assert goal3 == pytest.approx(0.3)
+    # converged when the interval is tiny
+    hist = [{"goal": 0.300, "gamma": 1.0, "passed": True}, {"goal": 0.305, "gamma": 1.0, "passed": False}]
+    assert next_goal(hist, objective, 0.7, config)[2] is True
+
+
+def test_later_round_with_a_miss_prunes_less():
+    objective = Objective(target_reduction=0.4)
+    first = plan_round(GROUPS, COSTS, SENS, objective, history=[])
+    second = plan_round(
+        GROUPS, COSTS, SENS, objective, history=[{"goal": first.target_estimate, "gamma": first.gamma, "passed": False}]
+    )
+    assert second.target_estimate < first.target_estimate
+
+
+def test_no_groups_gives_quantization_only_plan():
+    result = plan_round([], {}, {}, Objective(), history=[])
+    assert result.plan.pruning == [] and result.plan.quantization

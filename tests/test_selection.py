@@ -1,0 +1,55 @@
+from profiling_agent.graph.routing import after_analyze, after_iterate, after_prune
+from profiling_agent.state import Objective, State
+from profiling_agent.tools.selection import objective_met, reduction, select_best
+
+BASE = {"accuracy": 90.0, "params": 1000, "macs": 5000, "size_mb": 4.0, "latency_ms": 2.0, "speedup": 1.0}
+
+
+def cand(it, acc, params, lat=1.0, status="ok"):
+    ev = {"accuracy": acc, "params": params, "macs": params * 5, "size_mb": params / 250, "latency_ms": lat,
+          "speedup": 2.0 / lat}
+    return {"iteration": it, "status": status, "eval": ev if status == "ok" else None}
+
+
+def test_paper_rule_prefers_accuracy_then_params_then_latency():
+    cands = [cand(1, 89.0, 500), cand(2, 89.5, 800), cand(3, 89.5, 700, lat=1.5), cand(4, 89.5, 700, lat=1.2)]
+    best = select_best(cands, BASE, Objective(select="paper"))
+    assert best["iteration"] == 4
+
+
+def test_budget_rule_takes_largest_reduction_within_budget():
+    cands = [cand(1, 89.0, 500), cand(2, 85.0, 200), cand(3, 88.5, 400)]
+    best = select_best(cands, BASE, Objective(select="budget", max_acc_drop=2.0))
+    assert best["iteration"] == 3 and best["within_budget"] and abs(best["reduction"] - 0.6) < 1e-9
+
+
+def test_budget_rule_without_fitting_candidate_flags_it():
+    best = select_best([cand(1, 80.0, 500), cand(2, 82.0, 600)], BASE, Objective(max_acc_drop=1.0))
+    assert best["iteration"] == 2 and best["within_budget"] is False
+
+
+def test_failed_candidates_are_ignored():
+    assert select_best([cand(1, 0, 0, status="failed")], BASE, Objective()) is None
+
+
+def test_latency_reduction_uses_side_by_side_speedup():
+    assert abs(reduction({"speedup": 2.0}, BASE, "latency") - 0.5) < 1e-9
+
+
+def test_objective_met_needs_budget_and_target():
+    obj = Objective(max_acc_drop=1.0, target_reduction=0.4)
+    good = select_best([cand(1, 89.5, 500)], BASE, obj)
+    assert objective_met(good, BASE, obj)
+    short = select_best([cand(1, 89.5, 700)], BASE, obj)
+    assert not objective_met(short, BASE, obj)
+
+
+def test_routing_enforces_the_iteration_bound():
+    s = State(objective=Objective(iterations=3), iteration=3)
+    assert after_iterate(s) == "report"
+    assert after_iterate(State(objective=Objective(iterations=3), iteration=2)) == "analyze"
+    assert after_iterate(State(iteration=1, stop_reason="objective met")) == "report"
+    assert after_prune(State(current={"status": "failed"})) == "evaluate"
+    assert after_prune(State(current={"status": "ok"})) == "quantize"
+    assert after_analyze(State(stop_reason="converged")) == "report"
+    assert after_analyze(State()) == "prune"

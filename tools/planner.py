@@ -1,0 +1,231 @@
+"""Deterministic planner: pruning ratios from profiled cost and probed sensitivity, refined by feedback.
+
+Round 1 aims straight at the objective: each group's ratio is proportional to cost / sensitivity**gamma and
+a common level is found by bisection so that the estimated reduction of the target equals the objective's
+target reduction. Later rounds binary-search that estimated reduction between the largest one that stayed
+within the accuracy budget and the smallest one that did not, and sharpen (after a miss) or relax (after a
+hit) the sensitivity exponent, so pruning moves away from what hurt accuracy and towards what had headroom.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiling_agent.state import CompressionPlan, Objective, PruneEntry, QuantEntry
+
+
+@dataclass
+class PlannerConfig:
+    """Bounds of the deterministic planner."""
+
+    max_ratio_structured: float = 0.8  # never remove more than 80% of a group's channels
+    max_ratio_head: float = 0.75  # never remove more than 3 of 4 heads
+    gamma_start: float = 1.0  # sensitivity exponent in round 1
+    gamma_step_up: float = 0.5  # after a candidate missed the budget
+    gamma_step_down: float = 0.25  # after a candidate kept the budget
+    gamma_min: float = 0.5
+    gamma_max: float = 3.0
+    growth: float = 1.35  # scale of the target when nothing has failed yet
+    converge_tol: float = 0.01  # stop when the search interval is narrower than this
+
+
+@dataclass
+class PlanResult:
+    """A plan plus the planner's bookkeeping for the next round."""
+
+    plan: CompressionPlan
+    planner: str
+    target_estimate: float  # estimated fractional reduction of the objective's target
+    gamma: float
+    converged: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _share(cost: dict[str, Any], key: str) -> float:
+    return float(cost.get(f"{key}_share", 0.0) or 0.0)
+
+
+def _target_key(target: str) -> str:
+    return {"params": "params", "macs": "macs", "latency": "latency", "size": "params"}[target]
+
+
+def effective_ratio(units: int, min_units: int, ratio: float) -> float:
+    """Return the fraction of units that pruning at `ratio` really removes (floor, keeping min_units)."""
+    if units <= 0:
+        return 0.0
+    removed = min(math.floor(units * ratio + 1e-9), max(units - max(min_units, 1), 0))
+    return removed / units
+
+
+def group_weights(
+    groups: list[dict[str, Any]], costs: dict[str, dict[str, Any]], sensitivity: dict[str, dict[str, Any]], gamma: float
+) -> dict[str, float]:
+    """Weight each group by cost / damage**gamma, normalized to mean 1 over the groups."""
+    raw: dict[str, float] = {}
+    damages = [float(sensitivity.get(g["name"], {}).get("damage", 0.0)) for g in groups]
+    floor = max(1e-4, 0.05 * (sum(damages) / len(damages) if damages else 0.0))
+    for group in groups:
+        cost = costs.get(group["name"], {})
+        c = 0.5 * _share(cost, "latency") + 0.5 * _share(cost, "macs") or _share(cost, "params") or 1e-6
+        d = float(sensitivity.get(group["name"], {}).get("damage", 0.0)) + floor
+        raw[group["name"]] = c / d**gamma
+    mean = sum(raw.values()) / len(raw) if raw else 1.0
+    return {k: v / mean for k, v in raw.items()} if mean > 0 else dict.fromkeys(raw, 1.0)
+
+
+def _ratios_at(level: float, groups, weights, config: PlannerConfig) -> dict[str, float]:
+    out = {}
+    for g in groups:
+        cap = config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured
+        out[g["name"]] = min(cap, level * weights[g["name"]])
+    return out
+
+
+def estimate_reduction(
+    ratios: dict[str, float], groups: list[dict[str, Any]], costs: dict[str, dict[str, Any]], target: str
+) -> float:
+    """Estimate the fractional reduction of `target` from per-group ratios and group cost shares."""
+    key = _target_key(target)
+    total = 0.0
+    for g in groups:
+        r = effective_ratio(int(g["units"]), int(g.get("min_units", 1)), ratios.get(g["name"], 0.0))
+        total += r * _share(costs.get(g["name"], {}), key)
+    return total
+
+
+def solve_ratios(
+    goal: float, groups, costs, weights, target: str, config: PlannerConfig
+) -> tuple[dict[str, float], float]:
+    """Bisect a common level so the estimated reduction reaches `goal`; return ratios and their estimate."""
+    lo, hi = 0.0, 1.0
+    while estimate_reduction(_ratios_at(hi, groups, weights, config), groups, costs, target) < goal and hi < 1e3:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if estimate_reduction(_ratios_at(mid, groups, weights, config), groups, costs, target) >= goal:
+            hi = mid
+        else:
+            lo = mid
+    ratios = _ratios_at(hi, groups, weights, config)
+    return ratios, estimate_reduction(ratios, groups, costs, target)
+
+
+def max_feasible(groups, costs, target: str, config: PlannerConfig) -> float:
+    """Return the largest reduction the ratio caps allow."""
+    caps = {g["name"]: config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured for g in groups}
+    return estimate_reduction(caps, groups, costs, target)
+
+
+def next_goal(
+    history: list[dict[str, Any]], objective: Objective, feasible: float, config: PlannerConfig
+) -> tuple[float, float, bool, str]:
+    """Choose this round's goal and gamma from earlier rounds; return (goal, gamma, converged, why)."""
+    if not history:
+        goal = min(objective.target_reduction, feasible)
+        return goal, config.gamma_start, False, f"round 1 aims at the objective's {goal:.0%} reduction"
+    passes = [h["goal"] for h in history if h["passed"]]
+    fails = [h["goal"] for h in history if not h["passed"]]
+    last = history[-1]
+    step = config.gamma_step_down if last["passed"] else -config.gamma_step_up
+    gamma = min(config.gamma_max, max(config.gamma_min, last["gamma"] - step))
+    lo = max(passes, default=0.0)
+    above = [f for f in fails if f > lo]
+    if above:
+        hi = min(above)
+        if hi - lo < config.converge_tol:
+            return lo, gamma, True, f"search interval [{lo:.1%}, {hi:.1%}] is below tolerance"
+        goal = (lo + hi) / 2
+        why = f"bisecting between {lo:.1%} (kept the budget) and {hi:.1%} (missed it)"
+    else:
+        goal = min(feasible, max(lo * config.growth, lo + 0.05))
+        if goal - lo < config.converge_tol:
+            return lo, gamma, True, f"already at the largest feasible reduction {feasible:.1%}"
+        why = f"every round kept the budget: pushing from {lo:.1%} to {goal:.1%}"
+    if not passes and fails:
+        why = f"backing off from {min(fails):.1%}, which missed the budget: trying {goal:.1%}"
+    return goal, gamma, False, why
+
+
+def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], rank: int, n: int) -> str:
+    return (
+        f"{group['name']}: {_share(cost, 'latency'):.1%} of latency, {_share(cost, 'macs'):.1%} of MACs, "
+        f"{_share(cost, 'params'):.1%} of params; probe damage {float(sens.get('damage', 0.0)):.4f} "
+        f"(rank {rank}/{n}, 1 = least sensitive)"
+    )
+
+
+def _quant_entries(quantize: str, costs: dict[str, dict[str, Any]]) -> list[QuantEntry]:
+    if quantize == "none":
+        return []
+    why = (
+        "Dynamic quantization of every nn.Linear: weights stored in "
+        f"{'int8' if quantize == 'qint8' else 'float16'}, activations quantized on the fly; needs no "
+        "calibration data and leaves convolutions untouched."
+    )
+    return [QuantEntry(layer="all", dtype=quantize, justification=why)]
+
+
+def plan_round(
+    groups: list[dict[str, Any]],
+    costs: dict[str, dict[str, Any]],
+    sensitivity: dict[str, dict[str, Any]],
+    objective: Objective,
+    history: list[dict[str, Any]],
+    config: PlannerConfig | None = None,
+) -> PlanResult:
+    """Plan one round.
+
+    Args:
+        groups: Prunable groups as dicts (name, kind, module, units, min_units).
+        costs: Per-group cost shares from the profile (`*_share` keys for params, macs, latency).
+        sensitivity: Per-group probe results with a `damage` score (higher hurts more).
+        objective: The run's objective.
+        history: Earlier rounds as dicts with `goal`, `gamma` and `passed` (kept the accuracy budget).
+        config: Planner bounds.
+
+    Returns:
+        The plan (valid by construction), the estimated reduction and the gamma used.
+    """
+    config = config or PlannerConfig()
+    if not groups:
+        plan = CompressionPlan(
+            pruning=[],
+            quantization=_quant_entries(objective.quantize, costs),
+            rationale="The family adapter found no prunable groups; only quantization applies.",
+        )
+        return PlanResult(plan, "deterministic", 0.0, config.gamma_start, converged=bool(history))
+    feasible = max_feasible(groups, costs, objective.target, config)
+    goal, gamma, converged, why = next_goal(history, objective, feasible, config)
+    weights = group_weights(groups, costs, sensitivity, gamma)
+    ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config)
+    order = sorted(groups, key=lambda g: float(sensitivity.get(g["name"], {}).get("damage", 0.0)))
+    rank = {g["name"]: i + 1 for i, g in enumerate(order)}
+    entries = []
+    for group in groups:
+        ratio = round(ratios[group["name"]], 4)
+        if effective_ratio(int(group["units"]), int(group.get("min_units", 1)), ratio) <= 0:
+            continue
+        entries.append(
+            PruneEntry(
+                layer=f"^{re.escape(group['module'])}$",
+                type=group["kind"],
+                ratio=min(max(ratio, 1e-4), 0.99),
+                justification=_justify(
+                    group,
+                    costs.get(group["name"], {}),
+                    sensitivity.get(group["name"], {}),
+                    rank[group["name"]],
+                    len(groups),
+                ),
+            )
+        )
+    rationale = (
+        f"Deterministic planner: {why}. Ratios follow cost share / probe damage^{gamma:.2f} with a common level "
+        f"chosen so the estimated {objective.target} reduction is {estimate:.1%} (largest feasible "
+        f"{feasible:.1%}); {len(entries)} of {len(groups)} groups pruned."
+    )
+    plan = CompressionPlan(pruning=entries, quantization=_quant_entries(objective.quantize, costs), rationale=rationale)
+    return PlanResult(plan, "deterministic", estimate, gamma, converged=converged, notes=[why])

@@ -1,0 +1,665 @@
+"""Structured pruning of image classifiers driven by plan entries, on torch-pruning's DependencyGraph."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+import re
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch_pruning as tp
+from torch import nn
+from torch_pruning.dependency.group import Group as DepGroup
+
+from profiling_agent.state import PruneEntry
+from profiling_agent.tools.families import adapter_for
+from profiling_agent.tools.families.base import FamilyAdapter, PrunableGroup
+
+logger = logging.getLogger(__name__)
+
+Importance = Literal["l2", "l1", "random"]
+KINDS = ("structured", "head")
+_EPS = 1e-9  # guards floor(units * ratio) against float error (0.29 * 100 = 28.999...)
+
+__all__ = [
+    "Importance",
+    "PruneCheckError",
+    "PruneError",
+    "PruneReport",
+    "build_dependency_graph",
+    "count_params",
+    "estimate_pruning",
+    "match_groups",
+    "prune_model",
+    "select_units",
+    "self_check",
+    "unit_scores",
+    "units_to_remove",
+]
+
+
+class PruneError(RuntimeError):
+    """Pruning cannot be applied as planned (protected module reached, bad coupling, size mismatch)."""
+
+
+class PruneCheckError(RuntimeError):
+    """A pruned model failed its numerical or structural self-check."""
+
+
+@dataclass
+class PruneReport:
+    """What `prune_model` did.
+
+    Attributes:
+        family: Adapter name used (vit, resnet, ...).
+        applied: One dict per matched group: group, module, kind, ratio, units_before, units_after, removed
+            (unit indices: channels, or heads).
+        attrs: Attributes set by the adapter's fix_up, {module_name: {attr: value}}.
+        params_before: Parameter count before pruning.
+        params_after: Parameter count after pruning.
+        skipped: Groups of an unsafe (generic) adapter dropped because their coupling was not safe, with reasons.
+    """
+
+    family: str
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    params_before: int = 0
+    params_after: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as plain JSON-ready data."""
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- plan entries -> groups
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A validated plan entry."""
+
+    pattern: re.Pattern[str]
+    kind: str
+    ratio: float
+
+
+def _parse_entry(entry: PruneEntry | Mapping[str, Any]) -> _Entry:
+    """Validate one entry (PruneEntry or dict with layer/type/ratio) and compile its regex."""
+    if isinstance(entry, PruneEntry):
+        layer, kind, ratio = entry.layer, entry.type, entry.ratio
+    elif isinstance(entry, Mapping):
+        missing = [key for key in ("layer", "type", "ratio") if key not in entry]
+        if missing:
+            raise ValueError(f"prune entry {dict(entry)!r} lacks {missing}")
+        layer, kind, ratio = entry["layer"], entry["type"], entry["ratio"]
+    else:
+        raise TypeError(f"prune entry must be a PruneEntry or a dict, not {type(entry).__name__}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown prune type {kind!r}: use one of {KINDS}")
+    ratio = float(ratio)
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"prune ratio {ratio} for {layer!r} must be in [0, 1)")
+    try:
+        pattern = re.compile(str(layer))
+    except re.error as exc:
+        raise ValueError(f"invalid layer regex {layer!r}: {exc}") from exc
+    return _Entry(pattern, kind, ratio)
+
+
+def match_groups(
+    groups: Sequence[PrunableGroup], entries: Iterable[PruneEntry | Mapping[str, Any]]
+) -> dict[str, float]:
+    """Map each group targeted by the entries to its ratio; later entries override earlier ones.
+
+    An entry targets the groups of its `type` (kind) whose `module` name contains a match of its `layer`
+    regex (re.search).
+
+    Args:
+        groups: The model's prunable groups.
+        entries: PruneEntry objects or dicts with keys layer, type and ratio (ratio in [0, 1)).
+
+    Returns:
+        {group name: ratio}, in group order.
+
+    Raises:
+        ValueError: On an invalid regex, type or ratio.
+    """
+    parsed = [_parse_entry(entry) for entry in entries]
+    ratios: dict[str, float] = {}
+    for entry in parsed:
+        for group in groups:
+            if group.kind == entry.kind and entry.pattern.search(group.module):
+                ratios[group.name] = entry.ratio
+    return {group.name: ratios[group.name] for group in groups if group.name in ratios}
+
+
+def units_to_remove(group: PrunableGroup, ratio: float) -> int:
+    """Return floor(units * ratio), clamped so at least `min_units` remain (never negative)."""
+    wanted = math.floor(group.units * ratio + _EPS)
+    return max(0, min(wanted, group.units - max(1, group.min_units)))
+
+
+# ---------------------------------------------------------------- importance
+
+
+def _channel_terms(module: nn.Module, is_root: bool, channels: int, power: int) -> torch.Tensor | None:
+    """Sum |w|^power per channel of one member: root output rows (+bias), norm scales, consumer input columns."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return None
+    w = weight.detach().to(torch.float64).abs().pow(power)
+    if is_root:
+        if w.shape[0] != channels:
+            raise PruneError(f"root weight has {w.shape[0]} output channels, group expects {channels}")
+        terms = w.reshape(channels, -1).sum(1)
+        bias = getattr(module, "bias", None)
+        if isinstance(bias, torch.Tensor):
+            terms = terms + bias.detach().to(torch.float64).abs().pow(power)
+        return terms
+    if w.ndim == 1 and w.shape[0] == channels:  # BatchNorm / LayerNorm scale of the pruned channels
+        return w
+    if w.ndim >= 2 and w.shape[1] == channels and getattr(module, "groups", 1) == 1:  # consumer's input columns
+        return w.transpose(0, 1).reshape(channels, -1).sum(1)
+    return None
+
+
+def unit_scores(model: nn.Module, group: PrunableGroup, importance: Literal["l2", "l1"] = "l2") -> torch.Tensor:
+    """Score each unit of `group` by the norm of all its weights across the group's members.
+
+    A unit's weights are its rows (and bias) in every root, its scale in a member norm layer, and its input
+    columns in every consumer member (e.g. fc2, o_proj, the next conv). For heads a unit spans `unit_size`
+    consecutive channels.
+
+    Returns:
+        A float64 tensor of shape (units,): L2 norm (importance="l2") or L1 norm ("l1").
+    """
+    if importance not in ("l2", "l1"):
+        raise ValueError(f"unknown importance {importance!r}: use l2, l1 or random")
+    power = 2 if importance == "l2" else 1
+    channels = group.units * group.unit_size
+    per_channel = torch.zeros(channels, dtype=torch.float64)
+    for name in group.members:
+        terms = _channel_terms(model.get_submodule(name), name in group.roots, channels, power)
+        if terms is not None:
+            per_channel += terms
+    per_unit = per_channel.view(group.units, group.unit_size).sum(1)
+    return per_unit.sqrt() if power == 2 else per_unit
+
+
+def select_units(
+    model: nn.Module, group: PrunableGroup, n_remove: int, importance: Importance = "l2", seed: int = 0
+) -> list[int]:
+    """Pick the `n_remove` least important units (channels or heads) of `group`.
+
+    Args:
+        model: The model holding the group's modules.
+        group: The group to prune.
+        n_remove: How many units to remove (0..units).
+        importance: "l2" or "l1" group norm (see `unit_scores`; ties go to the lower index), or "random",
+            seeded by `seed` and the group name (so different groups get different draws).
+        seed: Seed of the random choice.
+
+    Returns:
+        Sorted unit indices.
+    """
+    if not 0 <= n_remove <= group.units:
+        raise ValueError(f"cannot remove {n_remove} of {group.units} units of {group.name}")
+    if n_remove == 0:
+        return []
+    if importance == "random":
+        generator = torch.Generator().manual_seed(seed + zlib.crc32(group.name.encode()))
+        return sorted(torch.randperm(group.units, generator=generator)[:n_remove].tolist())
+    scores = unit_scores(model, group, importance).tolist()
+    order = sorted(range(group.units), key=lambda unit: (scores[unit], unit))
+    return sorted(order[:n_remove])
+
+
+# ---------------------------------------------------------------- forward helpers
+
+
+def _takes_pixel_values(model: nn.Module) -> bool:
+    try:
+        return "pixel_values" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    """Run `model` on a tensor (as pixel_values for HF models) or a dict of keyword inputs."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if _takes_pixel_values(model):
+        return model(pixel_values=inputs)
+    return model(inputs)
+
+
+def _logits(output: Any) -> torch.Tensor:
+    """Extract logits from a model output (ModelOutput, tuple or tensor)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(f"cannot find logits in a {type(output).__name__}")
+
+
+def _forward_logits(model: nn.Module, inputs: Any) -> torch.Tensor:
+    return _logits(_call(model, inputs))
+
+
+def _batch_size(inputs: Any) -> int:
+    if isinstance(inputs, Mapping):
+        inputs = inputs.get("pixel_values", next(iter(inputs.values())))
+    return int(inputs.shape[0])
+
+
+def _clone_inputs(inputs: Any) -> Any:
+    """Copy inputs into normal (non-inference) tensors so autograd can trace them."""
+    if isinstance(inputs, Mapping):
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return inputs.clone()
+
+
+@contextlib.contextmanager
+def _grad_enabled_params(model: nn.Module) -> Iterator[None]:
+    """Temporarily make every parameter require grad (the DependencyGraph traces autograd), then restore."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
+def build_dependency_graph(model: nn.Module, example_inputs: Any) -> tp.DependencyGraph:
+    """Trace `model` on `example_inputs` (a pixel tensor or a dict of inputs) into a DependencyGraph."""
+    model.eval()
+    with _grad_enabled_params(model):
+        return tp.DependencyGraph().build_dependency(
+            model, example_inputs=_clone_inputs(example_inputs), forward_fn=_forward_logits, verbose=False
+        )
+
+
+def count_params(model: nn.Module) -> int:
+    """Count the model's parameters."""
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------- dependency checks
+
+
+def _is_under(name: str, prefixes: Iterable[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _channels_of(group: PrunableGroup, units: Iterable[int]) -> list[int]:
+    """Expand unit indices into channel indices (unit_size consecutive channels per unit)."""
+    return [u * group.unit_size + j for u in units for j in range(group.unit_size)]
+
+
+def _check_dep_group(
+    dg: tp.DependencyGraph, dep_group: DepGroup, group: PrunableGroup, protected: list[str]
+) -> tuple[DepGroup, set[str]]:
+    """Check one torch-pruning group against the adapter's declaration.
+
+    Every real module the coupling reaches must be a member of `group`, receive the root's indices, and not be
+    protected (a protected member may only lose input channels, e.g. a block's last conv consuming a pruned
+    middle conv). Raw parameters are never pruned by the graph: reaching a protected one is an error; for head
+    groups the adapter's `before_head_prune` owns per-head tensors, so they are dropped from the group.
+
+    Returns:
+        The group to execute (raw parameters removed) and the roots whose output channels it prunes.
+
+    Raises:
+        PruneError: On any violation.
+    """
+    root_idxs = sorted(dep_group[0].idxs)
+    kept, covered, dropped = DepGroup(), set(), False
+    kept._DG = dg
+    for item in dep_group.items:
+        target = item.dep.target.module
+        if isinstance(target, nn.Parameter):
+            pname = dg._param_to_name.get(target, "<parameter>")
+            owner = pname.rsplit(".", 1)[0]
+            if _is_under(owner, protected):
+                raise PruneError(f"group {group.name} would change protected parameter {pname}")
+            if group.kind != "head":
+                raise PruneError(f"group {group.name} would change parameter {pname} outside its members")
+            dropped = True
+            continue
+        name = dg._module2name.get(target)
+        if name is not None:
+            is_out = dg.is_out_channel_pruning_fn(item.dep.handler)
+            if _is_under(name, protected) and (is_out or name not in group.members):
+                raise PruneError(f"group {group.name} would change protected module {name}")
+            if name not in group.members:
+                raise PruneError(f"group {group.name} would change {name}, which is not one of its members")
+            if sorted(item.idxs) != root_idxs:
+                raise PruneError(f"group {group.name}: {name} would lose different channels than the root")
+            if is_out and name in group.roots:
+                covered.add(name)
+        kept.add_dep(item.dep, item.idxs)
+    return (kept if dropped else dep_group), covered
+
+
+def _dependency_groups(
+    dg: tp.DependencyGraph, model: nn.Module, group: PrunableGroup, channels: list[int], protected: list[str]
+) -> list[DepGroup]:
+    """Return checked torch-pruning groups that remove `channels` from every root of `group`, once each."""
+    result: list[DepGroup] = []
+    covered: set[str] = set()
+    touched: set[tuple[str, Any]] = set()
+    for root in group.roots:
+        if root in covered:
+            continue
+        module = model.get_submodule(root)
+        pruner = dg.get_pruner_of_module(module)
+        if pruner is None or module not in dg.module2node:
+            raise PruneError(f"group {group.name}: root {root} is not in the traced dependency graph")
+        dep_group, hit = _check_dep_group(dg, dg.get_pruning_group(module, pruner.prune_out_channels, channels),
+                                          group, protected)
+        if root not in hit:
+            raise PruneError(f"group {group.name}: pruning {root} does not prune its own output channels")
+        ops = {(dg._module2name[i.dep.target.module], i.dep.handler) for i in dep_group.items
+               if i.dep.target.module in dg._module2name and not isinstance(i.dep.target.module, nn.Parameter)}
+        if ops & touched:
+            raise PruneError(f"group {group.name}: roots couple to the same layers without being coupled together")
+        touched |= ops
+        covered |= hit
+        result.append(dep_group)
+    return result
+
+
+def _protected_names(adapter: FamilyAdapter, model: nn.Module, extra: Iterable[str] | None) -> list[str]:
+    return list(dict.fromkeys([*adapter.protected_modules(model), *(extra or [])]))
+
+
+# ---------------------------------------------------------------- pruning
+
+
+@dataclass(frozen=True)
+class _Step:
+    group: PrunableGroup
+    ratio: float
+    n_remove: int
+
+
+def _plan_steps(
+    adapter: FamilyAdapter, model: nn.Module, entries: Iterable[PruneEntry | Mapping[str, Any]]
+) -> list[_Step]:
+    groups = adapter.prunable_groups(model)
+    ratios = match_groups(groups, entries)
+    return [_Step(g, ratios[g.name], units_to_remove(g, ratios[g.name])) for g in groups if g.name in ratios]
+
+
+def _validate_steps(
+    dg: tp.DependencyGraph,
+    model: nn.Module,
+    steps: list[_Step],
+    protected: list[str],
+    adapter: FamilyAdapter,
+    report: PruneReport,
+) -> list[_Step]:
+    """Dry-run every step's coupling before anything changes; unsafe adapters drop bad groups, safe ones raise."""
+    valid = []
+    for step in steps:
+        group = step.group
+        try:
+            if _is_under(group.module, protected) or any(_is_under(r, protected) for r in group.roots):
+                raise PruneError(f"group {group.name} targets protected module {group.module}")
+            if step.n_remove:
+                _dependency_groups(dg, model, group, list(range(group.units * group.unit_size)), protected)
+        except PruneError as exc:
+            if adapter.safe:
+                raise
+            logger.warning("skipping %s group %s: %s", adapter.name, group.name, exc)
+            report.skipped.append({"group": group.name, "reason": str(exc)})
+            continue
+        valid.append(step)
+    return valid
+
+
+def _prune_step(
+    dg: tp.DependencyGraph | None,
+    model: nn.Module,
+    step: _Step,
+    adapter: FamilyAdapter,
+    protected: list[str],
+    importance: Importance,
+    seed: int,
+) -> list[int]:
+    """Remove the chosen units of one group and return their indices."""
+    removed = select_units(model, step.group, step.n_remove, importance, seed)
+    if not removed:
+        return removed
+    assert dg is not None
+    if step.group.kind == "head":
+        adapter.before_head_prune(model, step.group, removed)
+    for dep_group in _dependency_groups(dg, model, step.group, _channels_of(step.group, removed), protected):
+        dep_group.prune(record_history=False)
+    return removed
+
+
+def _verify_units(adapter: FamilyAdapter, model: nn.Module, applied: list[dict[str, Any]]) -> None:
+    """Re-list the groups after pruning and check each has the expected number of units."""
+    now = {g.name: g.units for g in adapter.prunable_groups(model)}
+    for row in applied:
+        if now.get(row["group"]) != row["units_after"]:
+            raise PruneError(f"group {row['group']} has {now.get(row['group'])} units, expected {row['units_after']}")
+
+
+def prune_model(
+    model: nn.Module,
+    entries: Iterable[PruneEntry | Mapping[str, Any]],
+    example_inputs: Any,
+    *,
+    importance: Importance = "l2",
+    seed: int = 0,
+    protected: Iterable[str] | None = None,
+    adapter: FamilyAdapter | None = None,
+) -> PruneReport:
+    """Prune `model` in place by the plan entries and repair it with its family adapter.
+
+    Each matched group loses floor(units * ratio) units (clamped so `min_units` remain; 0 removes nothing),
+    chosen by `select_units`. Couplings come from torch-pruning's DependencyGraph traced on `example_inputs`;
+    every coupling is checked against the group's members and the protected modules before any weight changes.
+
+    Args:
+        model: The model to prune; mutated, so pass a fresh copy.
+        entries: PruneEntry objects or dicts with layer/type/ratio; later entries override earlier ones.
+        example_inputs: A pixel_values tensor (or a dict of model inputs) used to trace the graph.
+        importance: "l2", "l1" or "random".
+        seed: Seed for random importance.
+        protected: Module names to protect in addition to the adapter's own.
+        adapter: Family adapter; picked with `adapter_for` when omitted.
+
+    Returns:
+        A PruneReport.
+
+    Raises:
+        ValueError: On an invalid entry.
+        PruneError: When a group would reach a protected module or outside its members (generic adapter
+            groups are skipped instead), or the result does not have the expected sizes.
+    """
+    adapter = adapter or adapter_for(model)
+    guard = _protected_names(adapter, model, protected)
+    report = PruneReport(family=adapter.name, params_before=count_params(model))
+    steps = _plan_steps(adapter, model, entries)
+    dg = build_dependency_graph(model, example_inputs) if any(s.n_remove for s in steps) else None
+    if dg is not None:
+        steps = _validate_steps(dg, model, steps, guard, adapter, report)
+    for step in steps:
+        removed = _prune_step(dg, model, step, adapter, guard, importance, seed)
+        group = step.group
+        report.applied.append(
+            {
+                "group": group.name,
+                "module": group.module,
+                "kind": group.kind,
+                "ratio": step.ratio,
+                "units_before": group.units,
+                "units_after": group.units - len(removed),
+                "removed": removed,
+            }
+        )
+        logger.debug("pruned %s: %d -> %d units", group.name, group.units, group.units - len(removed))
+    report.attrs = adapter.fix_up(model)
+    _verify_units(adapter, model, report.applied)
+    report.params_after = count_params(model)
+    model.eval()
+    logger.info(
+        "pruned %d groups (%s): params %d -> %d", len(report.applied), adapter.name, report.params_before,
+        report.params_after,
+    )
+    return report
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _attention_problem(name: str, module: nn.Module) -> str | None:
+    """Describe an inconsistency between an attention module's head count, head_dim and projections."""
+    q_proj, head_dim = getattr(module, "q_proj", None), getattr(module, "head_dim", None)
+    heads = getattr(module, "num_attention_heads", getattr(module, "num_heads", None))
+    if not isinstance(q_proj, nn.Linear) or not isinstance(head_dim, int) or not isinstance(heads, int):
+        return None
+    width = q_proj.out_features
+    if heads * head_dim != width:
+        return f"{name}: {heads} heads x head_dim {head_dim} != q_proj out_features {width}"
+    for proj in ("k_proj", "v_proj"):
+        other = getattr(module, proj, None)
+        if isinstance(other, nn.Linear) and other.out_features != width:
+            return f"{name}: {proj} out_features {other.out_features} != q_proj out_features {width}"
+    o_proj = getattr(module, "o_proj", None)
+    if isinstance(o_proj, nn.Linear) and o_proj.in_features != width:
+        return f"{name}: o_proj in_features {o_proj.in_features} != q_proj out_features {width}"
+    return None
+
+
+def self_check(model: nn.Module, example_inputs: Any, num_labels: int) -> None:
+    """Check a (pruned) model: attention sizes agree, and one eval forward gives finite (B, num_labels) logits.
+
+    Raises:
+        PruneCheckError: With a one-line reason.
+    """
+    for name, module in model.named_modules():
+        problem = _attention_problem(name, module)
+        if problem:
+            raise PruneCheckError(problem)
+    model.eval()
+    with torch.inference_mode():
+        try:
+            logits = _forward_logits(model, example_inputs)
+        except Exception as exc:  # noqa: BLE001 - any failure of the forward pass is the finding
+            raise PruneCheckError(f"forward pass failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    expected = (_batch_size(example_inputs), num_labels)
+    if tuple(logits.shape) != expected:
+        raise PruneCheckError(f"logits shape {tuple(logits.shape)} != expected {expected}")
+    if not torch.isfinite(logits).all():
+        raise PruneCheckError("logits contain NaN or Inf")
+
+
+# ---------------------------------------------------------------- analytic estimate
+
+
+def _per_channel_params(module: nn.Module, is_root: bool, channels: int) -> int:
+    """Parameters one pruned channel removes from one member."""
+    params = [p for p in module.parameters(recurse=False)]
+    if is_root:  # an output row of every parameter whose first dim is the channel dim (weight, bias)
+        return sum(p[0].numel() for p in params if p.shape[0] == channels)
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.ndim >= 2 and weight.shape[1] == channels:
+        return weight.numel() // channels  # one input column of a consumer
+    return sum(1 for p in params if p.ndim == 1 and p.shape[0] == channels)  # norm scale and shift
+
+
+def _positions(model: nn.Module, example_inputs: Any) -> dict[str, float]:
+    """Return, per Linear/Conv module, its output positions per image (tokens, or H*W), from one forward."""
+    names = {m: n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))}
+    batch = _batch_size(example_inputs)
+    positions: dict[str, float] = {}
+
+    def hook(module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+        width = module.out_features if isinstance(module, nn.Linear) else module.out_channels
+        positions[names[module]] = output.numel() / (batch * width)
+
+    handles = [m.register_forward_hook(hook) for m in names]
+    model.eval()
+    try:
+        with torch.inference_mode():
+            _call(model, example_inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return positions
+
+
+def _per_channel_macs(module: nn.Module, is_root: bool, channels: int, positions: float) -> float:
+    """Multiply-accumulates per image one pruned channel removes from a Linear/Conv member (norms ignored)."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) or weight is None:
+        return 0.0
+    per_row = weight[0].numel() if is_root else weight.numel() // channels
+    return per_row * positions
+
+
+def estimate_pruning(
+    model: nn.Module,
+    entries: Iterable[PruneEntry | Mapping[str, Any]],
+    example_inputs: Any = None,
+    *,
+    adapter: FamilyAdapter | None = None,
+) -> dict[str, Any]:
+    """Predict, without pruning, the parameters (and MACs) the entries would remove.
+
+    Params are exact for the groups' members (root rows and biases, norm scales/shifts, consumer columns).
+    MACs, given `example_inputs`, count only Linear/Conv multiply-accumulates per image (norm and attention
+    matmul costs are left out, so attention head savings are underestimated).
+
+    Returns:
+        {family, params_before, params_removed, params_after, params_fraction_removed, macs_removed (or None),
+        groups: [{group, module, kind, ratio, units, units_removed, units_after, params_removed, macs_removed}]}.
+    """
+    adapter = adapter or adapter_for(model)
+    steps = _plan_steps(adapter, model, entries)
+    positions = _positions(model, example_inputs) if example_inputs is not None else None
+    rows = []
+    for step in steps:
+        group, channels = step.group, step.group.units * step.group.unit_size
+        removed = step.n_remove * group.unit_size
+        params = macs = 0.0
+        for name in group.members:
+            module = model.get_submodule(name)
+            params += removed * _per_channel_params(module, name in group.roots, channels)
+            if positions is not None:
+                macs += removed * _per_channel_macs(module, name in group.roots, channels, positions.get(name, 0.0))
+        rows.append(
+            {
+                "group": group.name, "module": group.module, "kind": group.kind, "ratio": step.ratio,
+                "units": group.units, "units_removed": step.n_remove, "units_after": group.units - step.n_remove,
+                "params_removed": int(params), "macs_removed": int(round(macs)) if positions is not None else None,
+            }
+        )
+    before = count_params(model)
+    removed_total = sum(row["params_removed"] for row in rows)
+    return {
+        "family": adapter.name,
+        "params_before": before,
+        "params_removed": removed_total,
+        "params_after": before - removed_total,
+        "params_fraction_removed": removed_total / before if before else 0.0,
+        "macs_removed": sum(row["macs_removed"] for row in rows) if positions is not None else None,
+        "groups": rows,
+    }

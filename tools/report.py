@@ -1,0 +1,247 @@
+"""result.json and report.md from a finished run's state: the numbers a user decides by."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+METRIC_KEYS = (
+    "accuracy",
+    "agreement",
+    "latency_ms",
+    "latency_batch_ms",
+    "speedup",
+    "size_mb",
+    "memory_bytes",
+    "params",
+    "macs",
+    "batch_size",
+    "threads",
+)
+
+
+def _metrics(record: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: record.get(k) for k in METRIC_KEYS} if record else {}
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    from profiling_agent import __version__
+
+    return {
+        "profiling_agent": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def build_result(state: dict[str, Any], thread_id: str) -> dict[str, Any]:
+    """Assemble result.json from the final state (a dict of the State fields)."""
+    baseline_eval = state.get("baseline_eval")
+    candidates = []
+    for c in state.get("candidates", []):
+        candidates.append(
+            {
+                "iteration": c["iteration"],
+                "status": c["status"],
+                **_metrics(c.get("eval")),
+                "plan": c.get("plan"),
+                "planner": c.get("planner"),
+                "applied": c.get("applied"),
+                "quantized": len(c.get("quantized") or []),
+                "path": (c.get("artifact") or {}).get("path"),
+                "sha256": (c.get("artifact") or {}).get("sha256"),
+                "error": c.get("error"),
+            }
+        )
+    best = state.get("best")
+    best_out = None
+    if best:
+        best_out = {
+            "iteration": best["iteration"],
+            **_metrics(best.get("eval")),
+            "rule": best.get("rule"),
+            "within_budget": best.get("within_budget"),
+            "reduction": best.get("reduction"),
+            "accuracy_drop": best.get("accuracy_drop"),
+            "plan": best.get("plan"),
+            "path": "best",
+            "source_path": (best.get("artifact") or {}).get("path"),
+        }
+    objective = state.get("objective") or {}
+    return {
+        "thread_id": thread_id,
+        "status": state.get("status"),
+        "stop_reason": state.get("stop_reason"),
+        "model": state.get("model"),
+        "dataset": state.get("dataset"),
+        "objective": objective,
+        "family": state.get("family"),
+        "input_shape": state.get("input_shape"),
+        "labels": {k: (state.get("labels") or {}).get(k) for k in ("method", "restricted", "allowed_ids")},
+        "planner": {
+            "requested": objective.get("planner"),
+            "used": sorted({c.get("planner") for c in state.get("candidates", []) if c.get("planner")}),
+            "fallbacks": state.get("fallbacks", []),
+        },
+        "baseline": {**_metrics(baseline_eval), "path": (state.get("baseline") or {}).get("path")},
+        "best": best_out,
+        "candidates": candidates,
+        "versions": _versions(),
+    }
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "pct":
+        return f"{value:.2f}"
+    if kind == "ms":
+        return f"{value:.2f}"
+    if kind == "x":
+        return f"{value:.2f}x"
+    if kind == "int":
+        return f"{int(value):,}"
+    if kind == "mb":
+        return f"{value:.3f}"
+    return str(value)
+
+
+def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Rows of the baseline-vs-candidates table (header first) for the CLI and the report."""
+    header = [
+        "model",
+        "top-1 %",
+        "agree %",
+        "lat b1 ms",
+        f"lat b{(result.get('baseline') or {}).get('batch_size') or 'N'} ms",
+        "speed",
+        "params",
+        "MACs",
+        "size MB",
+        "status",
+    ]
+    rows = [header]
+    base = result.get("baseline") or {}
+    rows.append(
+        [
+            "baseline",
+            _fmt(base.get("accuracy"), "pct"),
+            "100.00",
+            _fmt(base.get("latency_ms"), "ms"),
+            _fmt(base.get("latency_batch_ms"), "ms"),
+            "1.00x",
+            _fmt(base.get("params"), "int"),
+            _fmt(base.get("macs"), "int"),
+            _fmt(base.get("size_mb"), "mb"),
+            "",
+        ]
+    )
+    best_it = (result.get("best") or {}).get("iteration")
+    for c in result.get("candidates", []):
+        status = c["status"] if c["status"] != "ok" else ("best" if c["iteration"] == best_it else "")
+        rows.append(
+            [
+                f"iter {c['iteration']}",
+                _fmt(c.get("accuracy"), "pct"),
+                _fmt(c.get("agreement"), "pct"),
+                _fmt(c.get("latency_ms"), "ms"),
+                _fmt(c.get("latency_batch_ms"), "ms"),
+                _fmt(c.get("speedup"), "x"),
+                _fmt(c.get("params"), "int"),
+                _fmt(c.get("macs"), "int"),
+                _fmt(c.get("size_mb"), "mb"),
+                status,
+            ]
+        )
+    return rows
+
+
+def format_table(rows: list[list[str]]) -> str:
+    """Render rows as a fixed-width text table."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append(
+            "  ".join(
+                cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    """Render rows as a Markdown table."""
+    out = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" for _ in rows[0]) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(out)
+
+
+def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | None = None) -> str:
+    """Write report.md: goal, outcome, comparison table, plans with their justifications, profile highlights."""
+    obj = result.get("objective") or {}
+    best = result.get("best")
+    lines = [
+        f"# profiling-agent report: {result['thread_id']}",
+        "",
+        f"- Model: `{(result.get('model') or {}).get('ref')}` ({result.get('family')} adapter)",
+        f"- Dataset: `{(result.get('dataset') or {}).get('ref')}` split `{(result.get('dataset') or {}).get('split')}`,"
+        f" labels mapped by {result['labels'].get('method')}"
+        + (" (predictions restricted to the dataset's classes)" if result["labels"].get("restricted") else ""),
+        f"- Objective: reduce {obj.get('target')} by {obj.get('target_reduction', 0):.0%} within "
+        f"{obj.get('max_acc_drop')} pp top-1; rule `{obj.get('select')}`; at most {obj.get('iterations')} iterations",
+        f"- Planner: requested {result['planner']['requested']}, used {', '.join(result['planner']['used']) or '-'}"
+        f"; fallbacks: {len(result['planner']['fallbacks'])}",
+        f"- Stopped: {result.get('stop_reason') or '-'}",
+        "",
+        "## Outcome",
+        "",
+    ]
+    if best:
+        base = result["baseline"]
+        lines += [
+            f"Best: iteration {best['iteration']} (saved in `best/`): top-1 {best['accuracy']:.2f}% vs "
+            f"{base['accuracy']:.2f}% ({-best['accuracy_drop']:+.2f} pp), {best['params']:,} vs {base['params']:,} "
+            f"params ({best['params'] / max(base['params'], 1) - 1:+.1%}), {best['size_mb']:.3f} vs "
+            f"{base['size_mb']:.3f} MB, {best['speedup']:.2f}x batch-1 speed (measured side by side)."
+            + ("" if best.get("within_budget") else " **No candidate stayed within the accuracy budget.**"),
+            "",
+        ]
+    else:
+        lines += ["No candidate finished.", ""]
+    lines += ["## Baseline vs candidates", "", markdown_table(comparison_rows(result)), ""]
+    lines += ["## Plans", ""]
+    for c in result.get("candidates", []):
+        plan = c.get("plan") or {}
+        lines += [f"### Iteration {c['iteration']} ({c.get('planner')}, {c['status']})", ""]
+        if c.get("error"):
+            lines += [f"Error: {c['error']}", ""]
+        if plan.get("rationale"):
+            lines += [plan["rationale"], ""]
+        if plan.get("pruning"):
+            lines += ["| layer | type | ratio | justification |", "|---|---|---|---|"]
+            lines += [
+                f"| `{e['layer']}` | {e['type']} | {e['ratio']:.3f} | {e.get('justification', '')} |"
+                for e in plan["pruning"]
+            ]
+            lines.append("")
+        for q in plan.get("quantization", []):
+            lines += [f"- quantize `{q['layer']}` {q['type']} {q['dtype']}: {q.get('justification', '')}"]
+        lines.append("")
+    if profile_summary:
+        lines += ["## Profile highlights", ""]
+        for row in (profile_summary.get("top_latency") or [])[:8]:
+            name = row.get("name")
+            share = row.get("latency_share")
+            lines.append(
+                f"- `{name}`: {row.get('latency_ms', 0):.3f} ms"
+                + (f" ({share:.1%} of latency)" if isinstance(share, (int, float)) else "")
+            )
+        lines.append("")
+    lines += ["## Versions", "", ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""Rules that pick the best candidate and decide whether the objective is met."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profiling_agent.state import Objective
+
+
+def reduction(record: dict[str, Any], baseline: dict[str, Any], target: str) -> float:
+    """Return the fractional reduction of `target` of an evaluation record against the baseline's.
+
+    Latency is taken from the side-by-side speedup measured in the same run (1 - 1/speedup), so machine
+    noise between rounds does not leak into the comparison.
+    """
+    if target == "latency":
+        speedup = float(record.get("speedup") or 0.0)
+        return 1.0 - 1.0 / speedup if speedup > 0 else 0.0
+    key = {"params": "params", "macs": "macs", "size": "size_mb"}[target]
+    base = float(baseline.get(key) or 0.0)
+    if base <= 0:
+        return 0.0
+    return 1.0 - float(record.get(key) or 0.0) / base
+
+
+def accuracy_drop(record: dict[str, Any], baseline: dict[str, Any]) -> float:
+    """Return the top-1 drop in percentage points (negative when the candidate is more accurate)."""
+    return float(baseline["accuracy"]) - float(record["accuracy"])
+
+
+def within_budget(record: dict[str, Any], baseline: dict[str, Any], objective: Objective) -> bool:
+    """Return True when the candidate's accuracy drop is inside the objective's budget."""
+    return accuracy_drop(record, baseline) <= objective.max_acc_drop + 1e-9
+
+
+def _ok(candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c for c in candidates if c.get("status") == "ok" and c.get("eval")]
+
+
+def select_best(
+    candidates: list[dict[str, Any]], baseline: dict[str, Any], objective: Objective
+) -> dict[str, Any] | None:
+    """Pick the best finished candidate by the objective's rule, or None when none finished.
+
+    paper: highest accuracy, then fewer params, then lower latency (the paper's rule).
+    budget: among candidates within max_acc_drop, the largest reduction of `objective.target` (ties: higher
+    accuracy, then earlier iteration); when none is within budget, the most accurate one, flagged.
+
+    The returned dict is the candidate plus `rule`, `within_budget`, `reduction` and `accuracy_drop`.
+    """
+    pool = _ok(candidates)
+    if not pool:
+        return None
+    if objective.select == "paper":
+        best = min(
+            pool,
+            key=lambda c: (-c["eval"]["accuracy"], c["eval"]["params"], c["eval"]["latency_ms"], c["iteration"]),
+        )
+    else:
+        fitting = [c for c in pool if within_budget(c["eval"], baseline, objective)]
+        if fitting:
+            best = min(
+                fitting,
+                key=lambda c: (
+                    -round(reduction(c["eval"], baseline, objective.target), 6),
+                    -c["eval"]["accuracy"],
+                    c["iteration"],
+                ),
+            )
+        else:
+            best = min(pool, key=lambda c: (-c["eval"]["accuracy"], c["iteration"]))
+    return {
+        **best,
+        "rule": objective.select,
+        "within_budget": within_budget(best["eval"], baseline, objective),
+        "reduction": round(reduction(best["eval"], baseline, objective.target), 6),
+        "accuracy_drop": round(accuracy_drop(best["eval"], baseline), 6),
+    }
+
+
+def objective_met(best: dict[str, Any] | None, baseline: dict[str, Any] | None, objective: Objective) -> bool:
+    """Return True when the best candidate is within budget and reaches the target reduction."""
+    if not best or not baseline or not best.get("eval"):
+        return False
+    return within_budget(best["eval"], baseline, objective) and (
+        reduction(best["eval"], baseline, objective.target) >= objective.target_reduction
+    )

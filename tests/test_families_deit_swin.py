@@ -416,7 +416,97 @@ def test_dependency_graph_pruning_equals_masked(kind):
 
 
 def test_dependency_graph_must_ignore_swin_bias_tables(swin):
-    """The DG links q/k/v channels to the bias table (heads) and would prune it by channel index."""
+    """The DG links q/k/v channels to the bias table (heads) and would prune its columns by channel index."""
     adapter = SwinAdapter()
-    with pytest.raises(ValueError, match="bias table has"):
-        _dg_prune(swin, adapter, {"stages.1.blocks.0.heads": [1]}, SWIN_SHAPE, ignore_per_head=False)
+    # Head 0 is channels 0..7: an unignored table loses columns 0..7 (all 3 left), which fix_up catches.
+    with pytest.raises(ValueError, match="bias table has 0 head columns"):
+        _dg_prune(swin, adapter, {"stages.1.blocks.0.heads": [0]}, SWIN_SHAPE, ignore_per_head=False)
+
+
+# ---------------------------------------------------------------- the real engine (tools/pruning.py)
+
+
+ENGINE_MODELS = {
+    "deit": lambda: (_deit(DeiTForImageClassification), DEIT_SHAPE),
+    "deit_teacher": lambda: (_deit(DeiTForImageClassificationWithTeacher), DEIT_SHAPE),
+    "swin": lambda: (_swin(), SWIN_SHAPE),
+    "swin_4_8_heads": lambda: (_swin(heads=(4, 8), depths=(1, 1), window=2), SWIN_SHAPE),
+}
+
+
+def _engine_entries(ratio: float) -> list[dict]:
+    return [{"layer": ".", "type": "head", "ratio": ratio}, {"layer": ".", "type": "structured", "ratio": ratio}]
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINE_MODELS))
+def test_engine_picks_our_adapter(kind):
+    from profiling_agent.tools.families import adapter_for
+
+    model, _ = ENGINE_MODELS[kind]()
+    assert adapter_for(model).name == kind.split("_")[0]
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINE_MODELS))
+@pytest.mark.parametrize("ratio", [0.0, 0.005])  # floor(128 * 0.005) == 0
+def test_engine_zero_removal_is_bit_identical(kind, ratio):
+    from profiling_agent.tools.pruning import prune_model
+
+    model, shape = ENGINE_MODELS[kind]()
+    pixels = _pixels(shape)
+    before, n_params = _outputs(model, pixels), _n_params(model)
+    report = prune_model(model, _engine_entries(ratio), _pixels(shape))
+    assert all(row["removed"] == [] for row in report.applied)
+    assert _n_params(model) == n_params
+    assert all(torch.equal(a, b) for a, b in zip(before, _outputs(model, pixels), strict=True))
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINE_MODELS))
+@pytest.mark.parametrize("ratio", [0.1, 0.3])
+def test_engine_pruning_equals_masked(kind, ratio):
+    from profiling_agent.tools.pruning import prune_model, self_check
+
+    model, shape = ENGINE_MODELS[kind]()
+    masked, _ = ENGINE_MODELS[kind]()
+    pixels = _pixels(shape)
+    original = _outputs(model, pixels)
+    adapter = DeiTAdapter() if kind.startswith("deit") else SwinAdapter()
+    groups = {g.name: g for g in adapter.prunable_groups(model)}
+
+    report = prune_model(model, _engine_entries(ratio), _pixels(shape))
+    removals = {row["group"]: row["removed"] for row in report.applied}
+    assert set(removals) == set(groups)
+    for name, group in groups.items():  # floor(units * ratio) units go, at least one stays
+        assert len(removals[name]) == min(int(group.units * ratio + 1e-9), group.units - 1)
+    assert sum(map(len, removals.values())) > 0
+    assert report.params_before - report.params_after == _expected_removed_params(masked, adapter, removals)
+
+    mask_by_hand(masked, adapter, removals)
+    expected = _outputs(masked, pixels)
+    assert _max_diff(expected, original) > 1e-3
+    assert _max_diff(_outputs(model, pixels), expected) < 1e-5
+    for name, group in groups.items():
+        if group.kind == "head":
+            heads = group.units - len(removals[name])
+            assert report.attrs[group.module]["num_attention_heads"] == heads
+            if kind.startswith("swin"):
+                table = model.get_parameter(group.extra["per_head_params"][0])
+                keep = [h for h in range(group.units) if h not in removals[name]]
+                assert torch.equal(table.detach(), masked.get_parameter(group.extra["per_head_params"][0])[:, keep])
+    self_check(model, pixels, num_labels=5)
+
+
+@pytest.mark.parametrize("kind", ["deit_teacher", "swin"])
+def test_engine_pruned_model_round_trips_through_artifact(kind, tmp_path):
+    """fix_up's attrs plus the stored shapes (incl. Swin's narrowed bias tables) rebuild the same model."""
+    from profiling_agent.tools.artifacts import load_artifact, save_artifact
+    from profiling_agent.tools.pruning import prune_model
+
+    model, shape = ENGINE_MODELS[kind]()
+    report = prune_model(model, _engine_entries(0.3), _pixels(shape))
+    save_artifact(model, tmp_path / "pruned", attrs=report.attrs)
+    loaded = load_artifact(tmp_path / "pruned").model
+    for module, attrs in report.attrs.items():
+        for attr, value in attrs.items():
+            assert getattr(loaded.get_submodule(module), attr) == value
+    pixels = _pixels(shape)
+    assert _max_diff(_outputs(loaded, pixels), _outputs(model, pixels)) < 1e-6

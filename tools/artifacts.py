@@ -94,7 +94,7 @@ def logical_params(model: nn.Module) -> int:
     """Count parameters, counting a dynamically quantized Linear's weight and bias elements as parameters."""
     total = sum(p.numel() for p in model.parameters())
     for _, module in _dynamic_linears(model):
-        weight, bias = module._weight_bias()
+        weight, bias = module.weight(), module.bias()
         total += weight.numel() + (bias.numel() if bias is not None else 0)
     return int(total)
 
@@ -112,7 +112,7 @@ def state_bytes(model: nn.Module) -> int:
 
 def _quantized_tensors(name: str, module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Return the stored tensors of one dynamically quantized Linear and its scheme description."""
-    weight, bias = module._weight_bias()
+    weight, bias = module.weight(), module.bias()
     tensors: dict[str, torch.Tensor] = {}
     if module._packed_params.dtype == torch.float16:
         scheme: dict[str, Any] = {"dtype": "float16"}
@@ -218,6 +218,18 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _json_attrs(attrs: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Return `attrs` as plain JSON data.
+
+    Raises:
+        ValueError: A value is not JSON-serializable (e.g. a tensor).
+    """
+    try:
+        return json.loads(json.dumps({str(k): dict(v) for k, v in (attrs or {}).items()}))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"attrs must hold JSON values (numbers, strings, lists): {err}") from None
+
+
 def build_recipe(
     model: nn.Module,
     tensors: Mapping[str, torch.Tensor],
@@ -236,7 +248,7 @@ def build_recipe(
         "config": config.to_dict(),
         "tensors": {k: {"shape": list(v.shape), "dtype": _dtype_name(v.dtype)} for k, v in tensors.items()},
         "modules": module_sizes(model),
-        "attrs": json.loads(json.dumps(dict(attrs or {}))),
+        "attrs": _json_attrs(attrs),
         "quantized": {name: scheme["dtype"] for name, scheme in schemes.items()},
         "quantization": {name: dict(scheme) for name, scheme in schemes.items()},
         "params": logical_params(model),
@@ -399,8 +411,8 @@ def build_model(path: Path, recipe: Mapping[str, Any]) -> nn.Module:
     kwargs = {}
     if recipe.get("attn_implementation"):
         kwargs["attn_implementation"] = recipe["attn_implementation"]
-    try:
-        with quiet_transformers():
+    try:  # fork the RNG: random init of the throw-away weights must not shift the caller's seeded streams
+        with quiet_transformers(), torch.random.fork_rng(devices=[]):
             config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
             cls = getattr(transformers, str(recipe["architecture"]), None)
             if isinstance(cls, type) and issubclass(cls, PreTrainedModel):

@@ -37,11 +37,17 @@ _PATCH_LOCK = threading.Lock()
 # ---------------------------------------------------------------- calling the model
 
 
+_PIXEL_KWARG: dict[type, bool] = {}  # model class -> whether forward takes `pixel_values` (cached: no timing cost)
+
+
 def _takes_pixel_values(model: nn.Module) -> bool:
-    try:
-        return "pixel_values" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
+    cls = type(model)
+    if cls not in _PIXEL_KWARG:
+        try:
+            _PIXEL_KWARG[cls] = "pixel_values" in inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            _PIXEL_KWARG[cls] = False
+    return _PIXEL_KWARG[cls]
 
 
 def forward_logits(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
@@ -152,6 +158,19 @@ def own_params(module: nn.Module, seen: set[int] | None = None) -> int:
         weight, bias, _ = packed
         total += weight.numel() + (bias.numel() if bias is not None else 0)
     return total
+
+
+def type_name(module: nn.Module) -> str:
+    """Return the module's class name, prefixed "DynamicQuantized" for torch.ao dynamically quantized modules."""
+    cls = type(module)
+    prefix = "DynamicQuantized" if cls.__module__.startswith("torch.ao.nn.quantized.dynamic") else ""
+    return prefix + cls.__name__
+
+
+def _is_leaf(module: nn.Module) -> bool:
+    """Return True when the module has no children (a quantized Linear's packed params do not count)."""
+    packed_type = _linear_packed_params_type()
+    return not any(packed_type is None or not isinstance(child, packed_type) for child in module.children())
 
 
 def count_params(model: nn.Module) -> int:
@@ -320,7 +339,7 @@ def static_profile(model: nn.Module, input_shape: Sequence[int] | Mapping[str, A
 
     Returns:
         {"total_macs", "total_params", "module_macs", "functional_macs", "ptflops_macs", "input_shape",
-        "batch", "counted", "layers": [{"name", "type", "macs", "params"}]} (plus "error" on failure).
+        "batch", "counted", "layers": [{"name", "type", "macs", "params", "leaf"}]} (plus "error" on failure).
     """
     chw = input_chw(input_shape)
     model.eval()
@@ -343,8 +362,8 @@ def static_profile(model: nn.Module, input_shape: Sequence[int] | Mapping[str, A
         params = own_params(module, seen)
         macs = 0 if error else recorder.module_macs.get(name, 0) + recorder.functional_macs.get(name, 0)
         if params or macs:
-            layers.append({"name": name or "(model)", "type": type(module).__name__, "macs": int(macs),
-                           "params": int(params)})
+            layers.append({"name": name or "(model)", "type": type_name(module), "macs": int(macs),
+                           "params": int(params), "leaf": _is_leaf(module)})
     result: dict[str, Any] = {
         "total_macs": None if error else sum(row["macs"] for row in layers),
         "total_params": sum(row["params"] for row in layers),
@@ -431,7 +450,7 @@ class _TimingRecorder:
         self.model = model
         self.device = device
         self.names = {id(module): name for name, module in model.named_modules()}
-        self.types = {name: type(module).__name__ for name, module in model.named_modules()}
+        self.types = {name: type_name(module) for name, module in model.named_modules()}
         self.active = False
         self.stack: list[list] = []  # [name, start_ns, children_ns, had_child]
         self.passes: list[dict[str, dict[str, Any]]] = []
@@ -495,6 +514,9 @@ class _TimingRecorder:
                 "act_bytes": int(last["act_bytes"]),
                 "output_shape": last["shape"],
             })
+        total = sum(row["self_ms"] for row in rows)
+        for row in rows:
+            row["self_share"] = row["self_ms"] / total if total else 0.0
         return rows
 
 
@@ -506,8 +528,9 @@ def module_timings(model: nn.Module, example: torch.Tensor, *, warmup: int = 2,
 
     Returns:
         Rows {"name", "type", "leaf", "calls", "latency_ms" (inclusive median), "self_ms" (median time not
-        spent in called children), "act_bytes" (bytes of its outputs), "output_shape"}. `leaf` is True when
-        no child module ran inside it.
+        spent in called children), "self_share" (self_ms over the sum of all modules' self_ms, root included, so
+        shares sum to 1 even when scheduler stalls hit random modules in some passes), "act_bytes" (bytes of
+        its outputs), "output_shape"}. `leaf` is True when no child module ran inside it.
     """
     model.eval()
     recorder = _TimingRecorder(model, example.device)
@@ -535,7 +558,8 @@ def profile_model(model: nn.Module, input_shape: Sequence[int] | Mapping[str, An
 
     The model is put in eval mode and moved to `device` (in place). Layer rows merge the static rows with the
     timed modules by name; `latency_ms` of a row is the module's self time (children excluded), so row
-    latencies add up, and `latency_share` divides it by the hooked forward's median (`totals.timed_ms`).
+    latencies add up; `latency_share` divides it by `totals.timed_ms`, the sum of every module's median self
+    time (the hooked forward without scheduler stalls); the model's own self time is the share left over.
     `totals.latency_ms` is the median forward latency without hooks.
 
     Returns:
@@ -551,8 +575,8 @@ def profile_model(model: nn.Module, input_shape: Sequence[int] | Mapping[str, An
     timings = module_timings(model, pixels, warmup=warmup, repeats=repeats)
     operators = operator_table(model, pixels, top_k=top_k)
     root = next((row for row in timings if row["name"] == ""), None)
-    timed_ms = root["latency_ms"] if root else sum(row["self_ms"] for row in timings)
-    layers = _merge_layers(static["layers"], timings, static["total_macs"] or 0, timed_ms)
+    timed_ms = sum(row["self_ms"] for row in timings)
+    layers = _merge_layers(static["layers"], timings, static["total_macs"] or 0)
     totals = {
         "params": static["total_params"],
         "macs": static["total_macs"],
@@ -573,21 +597,21 @@ def profile_model(model: nn.Module, input_shape: Sequence[int] | Mapping[str, An
     return result
 
 
-def _merge_layers(static_rows: list[dict[str, Any]], timings: list[dict[str, Any]], total_macs: int,
-                  timed_ms: float) -> list[dict[str, Any]]:
+def _merge_layers(static_rows: list[dict[str, Any]], timings: list[dict[str, Any]],
+                  total_macs: int) -> list[dict[str, Any]]:
     by_name: dict[str, dict[str, Any]] = {}
     for row in static_rows:
-        by_name[row["name"]] = {"name": row["name"], "type": row["type"], "leaf": True, "params": row["params"],
+        by_name[row["name"]] = {"name": row["name"], "type": row["type"], "leaf": row["leaf"], "params": row["params"],
                                 "macs": row["macs"], "latency_ms": 0.0, "act_bytes": 0, "output_shape": []}
     for row in timings:
         if not row["name"]:
             continue
         merged = by_name.setdefault(row["name"], {"name": row["name"], "type": row["type"], "params": 0, "macs": 0})
-        merged.update(leaf=row["leaf"], latency_ms=row["self_ms"], act_bytes=row["act_bytes"],
-                      output_shape=row["output_shape"], calls=row["calls"])
+        merged.update(leaf=row["leaf"], latency_ms=row["self_ms"], latency_share=row["self_share"],
+                      act_bytes=row["act_bytes"], output_shape=row["output_shape"], calls=row["calls"])
     for row in by_name.values():
         row["macs_share"] = row["macs"] / total_macs if total_macs else 0.0
-        row["latency_share"] = row["latency_ms"] / timed_ms if timed_ms else 0.0
+        row.setdefault("latency_share", 0.0)
     return list(by_name.values())
 
 

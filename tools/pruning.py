@@ -36,6 +36,7 @@ __all__ = [
     "count_params",
     "estimate_pruning",
     "match_groups",
+    "per_head_params",
     "prune_model",
     "select_units",
     "self_check",
@@ -283,13 +284,31 @@ def _grad_enabled_params(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(False)
 
 
-def build_dependency_graph(model: nn.Module, example_inputs: Any) -> tp.DependencyGraph:
-    """Trace `model` on `example_inputs` (a pixel tensor or a dict of inputs) into a DependencyGraph."""
+def build_dependency_graph(
+    model: nn.Module, example_inputs: Any, ignored_params: Iterable[str] = ()
+) -> tp.DependencyGraph:
+    """Trace `model` on `example_inputs` (a pixel tensor or a dict of inputs) into a DependencyGraph.
+
+    Args:
+        model: The model to trace (left in eval mode).
+        example_inputs: A pixel_values tensor or a dict of model inputs.
+        ignored_params: Parameter names the graph must never prune (per-head tensors owned by the adapter).
+    """
     model.eval()
+    ignored = [model.get_parameter(name) for name in ignored_params]
     with _grad_enabled_params(model):
         return tp.DependencyGraph().build_dependency(
-            model, example_inputs=_clone_inputs(example_inputs), forward_fn=_forward_logits, verbose=False
+            model,
+            example_inputs=_clone_inputs(example_inputs),
+            forward_fn=_forward_logits,
+            ignored_params=ignored,
+            verbose=False,
         )
+
+
+def per_head_params(groups: Iterable[PrunableGroup]) -> list[str]:
+    """Collect the per-head parameter names the groups declare in extra["per_head_params"]."""
+    return [name for group in groups for name in group.extra.get("per_head_params", [])]
 
 
 def count_params(model: nn.Module) -> int:
@@ -311,47 +330,42 @@ def _channels_of(group: PrunableGroup, units: Iterable[int]) -> list[int]:
 
 def _check_dep_group(
     dg: tp.DependencyGraph, dep_group: DepGroup, group: PrunableGroup, protected: list[str]
-) -> tuple[DepGroup, set[str]]:
+) -> set[str]:
     """Check one torch-pruning group against the adapter's declaration.
 
     Every real module the coupling reaches must be a member of `group`, receive the root's indices, and not be
     protected (a protected member may only lose input channels, e.g. a block's last conv consuming a pruned
-    middle conv). Raw parameters are never pruned by the graph: reaching a protected one is an error; for head
-    groups the adapter's `before_head_prune` owns per-head tensors, so they are dropped from the group.
+    middle conv). Raw parameters (cls tokens, position embeddings, bias tables) must never be reached: per-head
+    tensors declared in a group's extra["per_head_params"] are left out of the graph and pruned by the
+    adapter's `before_head_prune`.
 
     Returns:
-        The group to execute (raw parameters removed) and the roots whose output channels it prunes.
+        The roots whose output channels the group prunes.
 
     Raises:
         PruneError: On any violation.
     """
     root_idxs = sorted(dep_group[0].idxs)
-    kept, covered, dropped = DepGroup(), set(), False
-    kept._DG = dg
+    covered = set()
     for item in dep_group.items:
         target = item.dep.target.module
         if isinstance(target, nn.Parameter):
             pname = dg._param_to_name.get(target, "<parameter>")
-            owner = pname.rsplit(".", 1)[0]
-            if _is_under(owner, protected):
-                raise PruneError(f"group {group.name} would change protected parameter {pname}")
-            if group.kind != "head":
-                raise PruneError(f"group {group.name} would change parameter {pname} outside its members")
-            dropped = True
-            continue
+            where = "protected parameter" if _is_under(pname.rsplit(".", 1)[0], protected) else "parameter"
+            raise PruneError(f"group {group.name} would change {where} {pname}")
         name = dg._module2name.get(target)
-        if name is not None:
-            is_out = dg.is_out_channel_pruning_fn(item.dep.handler)
-            if _is_under(name, protected) and (is_out or name not in group.members):
-                raise PruneError(f"group {group.name} would change protected module {name}")
-            if name not in group.members:
-                raise PruneError(f"group {group.name} would change {name}, which is not one of its members")
-            if sorted(item.idxs) != root_idxs:
-                raise PruneError(f"group {group.name}: {name} would lose different channels than the root")
-            if is_out and name in group.roots:
-                covered.add(name)
-        kept.add_dep(item.dep, item.idxs)
-    return (kept if dropped else dep_group), covered
+        if name is None:  # torch-pruning's placeholder ops (reshape, elementwise...)
+            continue
+        is_out = dg.is_out_channel_pruning_fn(item.dep.handler)
+        if _is_under(name, protected) and (is_out or name not in group.members):
+            raise PruneError(f"group {group.name} would change protected module {name}")
+        if name not in group.members:
+            raise PruneError(f"group {group.name} would change {name}, which is not one of its members")
+        if sorted(item.idxs) != root_idxs:
+            raise PruneError(f"group {group.name}: {name} would lose different channels than the root")
+        if is_out and name in group.roots:
+            covered.add(name)
+    return covered
 
 
 def _dependency_groups(
@@ -368,15 +382,15 @@ def _dependency_groups(
         pruner = dg.get_pruner_of_module(module)
         if pruner is None or module not in dg.module2node:
             raise PruneError(f"group {group.name}: root {root} is not in the traced dependency graph")
-        dep_group, hit = _check_dep_group(dg, dg.get_pruning_group(module, pruner.prune_out_channels, channels),
-                                          group, protected)
+        dep_group = dg.get_pruning_group(module, pruner.prune_out_channels, channels)
+        hit = _check_dep_group(dg, dep_group, group, protected)
         if root not in hit:
             raise PruneError(f"group {group.name}: pruning {root} does not prune its own output channels")
-        ops = {(dg._module2name[i.dep.target.module], i.dep.handler) for i in dep_group.items
-               if i.dep.target.module in dg._module2name and not isinstance(i.dep.target.module, nn.Parameter)}
-        if ops & touched:
+        layers = {(dg._module2name[i.dep.target.module], i.dep.handler) for i in dep_group.items
+                  if i.dep.target.module in dg._module2name}
+        if layers & touched:
             raise PruneError(f"group {group.name}: roots couple to the same layers without being coupled together")
-        touched |= ops
+        touched |= layers
         covered |= hit
         result.append(dep_group)
     return result
@@ -404,6 +418,23 @@ def _plan_steps(
     return [_Step(g, ratios[g.name], units_to_remove(g, ratios[g.name])) for g in groups if g.name in ratios]
 
 
+def _check_step(dg: tp.DependencyGraph, model: nn.Module, step: _Step, protected: list[str]) -> None:
+    """Check one step without changing anything: targets, live sizes and the traced coupling.
+
+    Raises:
+        PruneError: On the first problem found.
+    """
+    group = step.group
+    if _is_under(group.module, protected) or any(_is_under(r, protected) for r in group.roots):
+        raise PruneError(f"group {group.name} targets protected module {group.module}")
+    for root in group.roots:
+        width = model.get_submodule(root).weight.shape[0]
+        if width != group.units * group.unit_size:
+            raise PruneError(f"group {group.name}: {root} has {width} outputs, not {group.units} units")
+    if step.n_remove:
+        _dependency_groups(dg, model, group, list(range(group.units * group.unit_size)), protected)
+
+
 def _validate_steps(
     dg: tp.DependencyGraph,
     model: nn.Module,
@@ -412,20 +443,16 @@ def _validate_steps(
     adapter: FamilyAdapter,
     report: PruneReport,
 ) -> list[_Step]:
-    """Dry-run every step's coupling before anything changes; unsafe adapters drop bad groups, safe ones raise."""
+    """Dry-run every step before anything changes; unsafe adapters drop bad groups (logged), safe ones raise."""
     valid = []
     for step in steps:
-        group = step.group
         try:
-            if _is_under(group.module, protected) or any(_is_under(r, protected) for r in group.roots):
-                raise PruneError(f"group {group.name} targets protected module {group.module}")
-            if step.n_remove:
-                _dependency_groups(dg, model, group, list(range(group.units * group.unit_size)), protected)
+            _check_step(dg, model, step, protected)
         except PruneError as exc:
             if adapter.safe:
                 raise
-            logger.warning("skipping %s group %s: %s", adapter.name, group.name, exc)
-            report.skipped.append({"group": group.name, "reason": str(exc)})
+            logger.warning("skipping %s group %s: %s", adapter.name, step.group.name, exc)
+            report.skipped.append({"group": step.group.name, "reason": str(exc)})
             continue
         valid.append(step)
     return valid
@@ -444,20 +471,37 @@ def _prune_step(
     removed = select_units(model, step.group, step.n_remove, importance, seed)
     if not removed:
         return removed
-    assert dg is not None
+    if dg is None:
+        raise PruneError(f"group {step.group.name}: no dependency graph was built")
+    dep_groups = _dependency_groups(dg, model, step.group, _channels_of(step.group, removed), protected)
     if step.group.kind == "head":
         adapter.before_head_prune(model, step.group, removed)
-    for dep_group in _dependency_groups(dg, model, step.group, _channels_of(step.group, removed), protected):
+    for dep_group in dep_groups:
         dep_group.prune(record_history=False)
     return removed
 
 
-def _verify_units(adapter: FamilyAdapter, model: nn.Module, applied: list[dict[str, Any]]) -> None:
-    """Re-list the groups after pruning and check each has the expected number of units."""
-    now = {g.name: g.units for g in adapter.prunable_groups(model)}
-    for row in applied:
-        if now.get(row["group"]) != row["units_after"]:
-            raise PruneError(f"group {row['group']} has {now.get(row['group'])} units, expected {row['units_after']}")
+def _verify_sizes(model: nn.Module, steps: list[_Step], applied: list[dict[str, Any]]) -> None:
+    """Check every root now has exactly units_after * unit_size output channels."""
+    for step, row in zip(steps, applied, strict=True):
+        expected = row["units_after"] * step.group.unit_size
+        for root in step.group.roots:
+            weight = model.get_submodule(root).weight
+            if weight.shape[0] != expected:
+                raise PruneError(f"group {step.group.name}: {root} has {weight.shape[0]} outputs, expected {expected}")
+
+
+def _applied_row(step: _Step, removed: list[int]) -> dict[str, Any]:
+    group = step.group
+    return {
+        "group": group.name,
+        "module": group.module,
+        "kind": group.kind,
+        "ratio": step.ratio,
+        "units_before": group.units,
+        "units_after": group.units - len(removed),
+        "removed": removed,
+    }
 
 
 def prune_model(
@@ -475,6 +519,7 @@ def prune_model(
     Each matched group loses floor(units * ratio) units (clamped so `min_units` remain; 0 removes nothing),
     chosen by `select_units`. Couplings come from torch-pruning's DependencyGraph traced on `example_inputs`;
     every coupling is checked against the group's members and the protected modules before any weight changes.
+    The model is left in eval mode.
 
     Args:
         model: The model to prune; mutated, so pass a fresh copy.
@@ -482,7 +527,10 @@ def prune_model(
         example_inputs: A pixel_values tensor (or a dict of model inputs) used to trace the graph.
         importance: "l2", "l1" or "random".
         seed: Seed for random importance.
-        protected: Module names to protect in addition to the adapter's own.
+        protected: Module names to protect in addition to the adapter's own. A protected module (or anything
+            under it) never loses output channels and is never reached by a group it is not a member of; the only
+            change allowed is losing input channels as a declared member (a ResNet block's last conv consuming
+            its pruned middle conv).
         adapter: Family adapter; picked with `adapter_for` when omitted.
 
     Returns:
@@ -496,27 +544,19 @@ def prune_model(
     adapter = adapter or adapter_for(model)
     guard = _protected_names(adapter, model, protected)
     report = PruneReport(family=adapter.name, params_before=count_params(model))
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     steps = _plan_steps(adapter, model, entries)
-    dg = build_dependency_graph(model, example_inputs) if any(s.n_remove for s in steps) else None
-    if dg is not None:
-        steps = _validate_steps(dg, model, steps, guard, adapter, report)
-    for step in steps:
-        removed = _prune_step(dg, model, step, adapter, guard, importance, seed)
-        group = step.group
-        report.applied.append(
-            {
-                "group": group.name,
-                "module": group.module,
-                "kind": group.kind,
-                "ratio": step.ratio,
-                "units_before": group.units,
-                "units_after": group.units - len(removed),
-                "removed": removed,
-            }
-        )
-        logger.debug("pruned %s: %d -> %d units", group.name, group.units, group.units - len(removed))
-    report.attrs = adapter.fix_up(model)
-    _verify_units(adapter, model, report.applied)
+    with torch.inference_mode(False):  # new weights must be normal tensors even if the caller is in inference mode
+        dg = None
+        if any(step.n_remove for step in steps):
+            dg = build_dependency_graph(model, example_inputs, per_head_params(adapter.prunable_groups(model)))
+            steps = _validate_steps(dg, model, steps, guard, adapter, report)
+        for step in steps:
+            report.applied.append(_applied_row(step, _prune_step(dg, model, step, adapter, guard, importance, seed)))
+        report.attrs = adapter.fix_up(model)
+    _verify_sizes(model, steps, report.applied)
+    for name, param in model.named_parameters():  # torch-pruning replaces pruned Parameters with trainable ones
+        param.requires_grad_(name not in frozen)
     report.params_after = count_params(model)
     model.eval()
     logger.info(
@@ -573,21 +613,33 @@ def self_check(model: nn.Module, example_inputs: Any, num_labels: int) -> None:
 
 # ---------------------------------------------------------------- analytic estimate
 
+_WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
-def _per_channel_params(module: nn.Module, is_root: bool, channels: int) -> int:
-    """Parameters one pruned channel removes from one member."""
-    params = [p for p in module.parameters(recurse=False)]
-    if is_root:  # an output row of every parameter whose first dim is the channel dim (weight, bias)
-        return sum(p[0].numel() for p in params if p.shape[0] == channels)
+
+@dataclass
+class _Shape:
+    """Live (simulated) size of one member while the estimate walks the plan."""
+
+    out: int  # output channels (rows)
+    inp: int  # input channels (columns; 0 for norms)
+    kernel: int  # weights per (row, column) pair: k*k for convs, 1 for Linear
+    per_out: int  # parameters per output channel besides the weight row: bias, norm scale/shift
+
+
+def _shape_of(module: nn.Module) -> _Shape:
     weight = getattr(module, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.ndim >= 2 and weight.shape[1] == channels:
-        return weight.numel() // channels  # one input column of a consumer
-    return sum(1 for p in params if p.ndim == 1 and p.shape[0] == channels)  # norm scale and shift
+    if isinstance(module, _WEIGHTED) and isinstance(weight, torch.Tensor) and getattr(module, "groups", 1) == 1:
+        bias = 1 if getattr(module, "bias", None) is not None else 0
+        return _Shape(weight.shape[0], weight.shape[1], weight[0, 0].numel(), bias)
+    params = list(module.parameters(recurse=False))
+    if params and all(p.ndim == 1 and p.shape[0] == params[0].shape[0] for p in params):  # a norm layer
+        return _Shape(params[0].shape[0], 0, 0, len(params))
+    return _Shape(0, 0, 0, 0)  # parameters that do not shrink with channels (handled via per_head_params)
 
 
 def _positions(model: nn.Module, example_inputs: Any) -> dict[str, float]:
     """Return, per Linear/Conv module, its output positions per image (tokens, or H*W), from one forward."""
-    names = {m: n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))}
+    names = {m: n for n, m in model.named_modules() if isinstance(m, _WEIGHTED)}
     batch = _batch_size(example_inputs)
     positions: dict[str, float] = {}
 
@@ -606,13 +658,21 @@ def _positions(model: nn.Module, example_inputs: Any) -> dict[str, float]:
     return positions
 
 
-def _per_channel_macs(module: nn.Module, is_root: bool, channels: int, positions: float) -> float:
-    """Multiply-accumulates per image one pruned channel removes from a Linear/Conv member (norms ignored)."""
-    weight = getattr(module, "weight", None)
-    if not isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) or weight is None:
-        return 0.0
-    per_row = weight[0].numel() if is_root else weight.numel() // channels
-    return per_row * positions
+def _shrink(shape: _Shape, is_root: bool, n: int, positions: float) -> tuple[int, float]:
+    """Remove `n` channels from a member (output rows for roots and norms, input columns for consumers).
+
+    Returns:
+        (parameters removed, MACs per image removed; norms count no MACs).
+    """
+    if is_root or shape.inp == 0:
+        params = n * (shape.inp * shape.kernel + shape.per_out)
+        macs = n * shape.inp * shape.kernel * positions
+        shape.out -= n
+    else:
+        params = n * shape.out * shape.kernel
+        macs = n * shape.out * shape.kernel * positions
+        shape.inp -= n
+    return params, macs
 
 
 def estimate_pruning(
@@ -624,9 +684,11 @@ def estimate_pruning(
 ) -> dict[str, Any]:
     """Predict, without pruning, the parameters (and MACs) the entries would remove.
 
-    Params are exact for the groups' members (root rows and biases, norm scales/shifts, consumer columns).
-    MACs, given `example_inputs`, count only Linear/Conv multiply-accumulates per image (norm and attention
-    matmul costs are left out, so attention head savings are underestimated).
+    Groups are walked in the order `prune_model` applies them, on simulated layer sizes, so groups that share a
+    layer (a bottleneck's middle conv loses input columns to conv1 and output rows to conv2) are not counted
+    twice. Params are exact: root rows and biases, norm scales/shifts, consumer columns, declared per-head
+    tensors. MACs (only with `example_inputs`) count Linear/Conv multiply-accumulates per image; norm and
+    attention-matmul costs are left out, so head pruning saves somewhat more than estimated.
 
     Returns:
         {family, params_before, params_removed, params_after, params_fraction_removed, macs_removed (or None),
@@ -634,22 +696,23 @@ def estimate_pruning(
     """
     adapter = adapter or adapter_for(model)
     steps = _plan_steps(adapter, model, entries)
-    positions = _positions(model, example_inputs) if example_inputs is not None else None
+    positions = _positions(model, example_inputs) if example_inputs is not None else {}
+    shapes: dict[str, _Shape] = {}
     rows = []
     for step in steps:
-        group, channels = step.group, step.group.units * step.group.unit_size
-        removed = step.n_remove * group.unit_size
+        group, n = step.group, step.n_remove * step.group.unit_size
         params = macs = 0.0
         for name in group.members:
-            module = model.get_submodule(name)
-            params += removed * _per_channel_params(module, name in group.roots, channels)
-            if positions is not None:
-                macs += removed * _per_channel_macs(module, name in group.roots, channels, positions.get(name, 0.0))
+            shape = shapes.setdefault(name, _shape_of(model.get_submodule(name)))
+            p, m = _shrink(shape, name in group.roots, n, positions.get(name, 0.0))
+            params, macs = params + p, macs + m
+        for pname in group.extra.get("per_head_params", []):  # e.g. Swin's bias table: one column per head
+            params += step.n_remove * (model.get_parameter(pname).numel() // group.units)
         rows.append(
             {
                 "group": group.name, "module": group.module, "kind": group.kind, "ratio": step.ratio,
                 "units": group.units, "units_removed": step.n_remove, "units_after": group.units - step.n_remove,
-                "params_removed": int(params), "macs_removed": int(round(macs)) if positions is not None else None,
+                "params_removed": int(params), "macs_removed": round(macs) if example_inputs is not None else None,
             }
         )
     before = count_params(model)
@@ -660,6 +723,6 @@ def estimate_pruning(
         "params_removed": removed_total,
         "params_after": before - removed_total,
         "params_fraction_removed": removed_total / before if before else 0.0,
-        "macs_removed": sum(row["macs_removed"] for row in rows) if positions is not None else None,
+        "macs_removed": sum(row["macs_removed"] for row in rows) if example_inputs is not None else None,
         "groups": rows,
     }

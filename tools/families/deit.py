@@ -89,7 +89,11 @@ def fix_attention(name: str, attention: nn.Module) -> dict[str, Any]:
 
 
 class DeiTAdapter(FamilyAdapter):
-    """Prune DeiT MLP channels and whole heads inside each layer; the hidden size never changes."""
+    """Prune DeiT MLP channels and whole heads inside each layer; the hidden size never changes.
+
+    The config keeps the unpruned sizes (head counts and MLP widths may now differ per layer); the pruned
+    sizes live in the weight shapes and in the attributes `fix_up` returns.
+    """
 
     name = "deit"
 

@@ -83,7 +83,11 @@ def _table(attention: SwinAttention) -> nn.Parameter:
 
 
 class SwinAdapter(FamilyAdapter):
-    """Prune Swin MLP channels and whole heads inside each block; patch merging and hidden sizes never change."""
+    """Prune Swin MLP channels and whole heads inside each block; patch merging and hidden sizes never change.
+
+    The config keeps the unpruned sizes (head counts and MLP widths may now differ per layer); the pruned
+    sizes live in the weight shapes and in the attributes `fix_up` returns.
+    """
 
     name = "swin"
 

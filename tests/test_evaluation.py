@@ -1,0 +1,142 @@
+"""Tests of accuracy, memory and side-by-side latency measurement."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from profiling_agent.tools.evaluation import (
+    EvalConfig,
+    agreement,
+    count_params,
+    file_size_mb,
+    latency_inputs,
+    measure_latency,
+    predict,
+    state_bytes,
+    top1,
+)
+
+
+def _quantized(model: nn.Module, dtype: torch.dtype = torch.qint8) -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=dtype)
+
+
+def _pixels(n: int, channels: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, channels, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def _linear_weight_elements(model: nn.Module) -> int:
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+
+
+# ---------------------------------------------------------------- accuracy
+
+
+def test_predict_matches_argmax_and_respects_allowed_ids(tiny_vit):
+    pixels = _pixels(40)
+    with torch.inference_mode():
+        logits = tiny_vit(pixel_values=pixels).logits
+    assert torch.equal(predict(tiny_vit, pixels, batch_size=64), logits.argmax(1))
+    assert torch.equal(predict(tiny_vit, pixels, batch_size=7), logits.argmax(1))  # batching does not matter
+    allowed = [7, 2, 5]
+    preds = predict(tiny_vit, pixels, batch_size=16, allowed_ids=allowed)
+    assert preds.dtype == torch.long and preds.shape == (40,)
+    assert set(preds.tolist()) <= set(allowed)
+    expected = torch.tensor(allowed)[logits[:, allowed].argmax(1)]
+    assert torch.equal(preds, expected)
+    with pytest.raises(ValueError):
+        predict(tiny_vit, pixels, allowed_ids=[3, 10])  # the model has 10 labels
+
+
+def test_predict_on_empty_input(tiny_vit):
+    assert predict(tiny_vit, _pixels(0)).numel() == 0
+
+
+def test_top1_and_agreement():
+    preds = torch.tensor([1, 2, 3, 4])
+    assert top1(preds, torch.tensor([1, 2, 0, 4])) == pytest.approx(75.0)
+    assert agreement(preds, torch.tensor([0, 0, 0, 4])) == pytest.approx(25.0)
+    assert top1(preds, preds.clone()) == 100.0
+    with pytest.raises(ValueError):
+        top1(preds, torch.tensor([1, 2]))
+    with pytest.raises(ValueError):
+        agreement(torch.tensor([]), torch.tensor([]))
+
+
+# ---------------------------------------------------------------- memory
+
+
+@pytest.mark.parametrize("fixture", ["tiny_vit", "tiny_resnet"])
+def test_state_bytes_equals_state_dict_bytes(fixture, request):
+    model = request.getfixturevalue(fixture)
+    expected = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert state_bytes(model) == expected
+
+
+def test_state_bytes_counts_packed_quantized_weights(tiny_vit):
+    fp32 = state_bytes(tiny_vit)
+    weights = _linear_weight_elements(tiny_vit)
+    qint8 = _quantized(tiny_vit, torch.qint8)
+    fp16 = _quantized(tiny_vit, torch.float16)
+    assert not any(isinstance(m, nn.Linear) for m in qint8.modules())
+    # Each Linear weight goes from 4 bytes to 1 (qint8) or 2 (float16) per element; biases stay fp32.
+    assert state_bytes(qint8) == fp32 - 3 * weights
+    assert state_bytes(fp16) == fp32 - 2 * weights
+    assert state_bytes(qint8) < state_bytes(fp16) < fp32
+    assert count_params(qint8) == count_params(tiny_vit) == sum(p.numel() for p in tiny_vit.parameters())
+
+
+def test_file_size_mb(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"\0" * 2_500_000)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.bin").write_bytes(b"\0" * 500_000)
+    assert file_size_mb(tmp_path / "a.bin") == pytest.approx(2.5)
+    assert file_size_mb(tmp_path) == pytest.approx(3.0)
+
+
+# ---------------------------------------------------------------- latency
+
+
+def test_latency_inputs_repeat_a_sample_or_slice_a_batch():
+    image = torch.randn(1, 16, 16)
+    single, batch = latency_inputs(image, 4)
+    assert single.shape == (1, 1, 16, 16) and batch.shape == (4, 1, 16, 16)
+    assert all(torch.equal(b, image) for b in batch)
+    given = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 1, 2, 2)
+    single, batch = latency_inputs(given, 5)
+    assert batch[:, 0, 0, 0].tolist() == [0.0, 1.0, 2.0, 0.0, 1.0] and single[0, 0, 0, 0] == 0.0
+    assert latency_inputs(given, 2)[1].shape[0] == 2
+    with pytest.raises(ValueError):
+        latency_inputs(torch.randn(16, 16), 2)
+
+
+def test_measure_latency_side_by_side(tiny_vit):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    big = ViTForImageClassification(ViTConfig(
+        image_size=16, patch_size=4, num_channels=1, hidden_size=384, num_hidden_layers=4,
+        num_attention_heads=6, intermediate_size=1536, num_labels=10,
+    )).eval()
+    models = {"tiny": tiny_vit, "big": big, "tiny_q": _quantized(tiny_vit)}
+    result = measure_latency(models, _pixels(1)[0], batch_size=8, warmup=1, repeats=5)
+    assert set(result) == set(models)
+    for row in result.values():
+        assert row["latency_ms"] > 0 and row["latency_batch_ms"] > 0
+        assert row["batch_size"] == 8 and row["threads"] == torch.get_num_threads() and row["repeats"] == 5
+    # ~360x the MACs of the tiny model: far slower at batch 8 even on a noisy machine.
+    assert result["big"]["latency_batch_ms"] > 2 * result["tiny"]["latency_batch_ms"]
+
+
+def test_eval_config_defaults():
+    config = EvalConfig()
+    assert (config.batch_size, config.warmup, config.repeats, config.eval_batch_size, config.device) == (
+        32, 3, 10, 64, "cpu")
+    assert EvalConfig(repeats=3).repeats == 3

@@ -243,6 +243,17 @@ def _final_table(run_path: Path) -> str:
     return "\n".join(lines)
 
 
+def _looks_like_path(ref: str) -> bool:
+    return ref.startswith(("/", "./", "../", "~")) or os.sep in ref and Path(ref).expanduser().exists()
+
+
+def preflight(payload: dict[str, Any]) -> None:
+    """Reject local model/dataset paths that do not exist before a thread is created."""
+    for what, ref in (("model", payload["model"]["ref"]), ("dataset", payload["dataset"]["ref"])):
+        if _looks_like_path(ref) and not Path(ref).expanduser().exists():
+            raise BadInput(f"{what} path not found: {ref}")
+
+
 def _new_thread_id(model_ref: str) -> str:
     stem = Path(model_ref.split(":")[-1].rstrip("/")).name.replace("/", "-")[:40] or "run"
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
@@ -258,6 +269,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from profiling_agent.tools.io import write_json_atomic
 
     payload = input_from_args(args)
+    preflight(payload)
     ctx = context_from_args(args)
     root = Path(ctx["run_root"])
     _check_run_dir(root)

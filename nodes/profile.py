@@ -27,7 +27,10 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     full = profile_model(loaded.model.to(device), shape, device=str(device))
     adapter = adapter_for(loaded.model)
     groups = [dataclasses.asdict(g) for g in adapter.prunable_groups(loaded.model)]
-    costs = group_costs(full, groups)
+    # a head group also saves its attention matmuls, which the profiler books on the attention module
+    costs = group_costs(
+        full, [{**g, "members": (*g["members"], g["module"])} if g["kind"] == "head" else g for g in groups]
+    )
     full["groups"] = groups
     full["group_costs"] = costs
     full["protected"] = adapter.protected_modules(loaded.model)

@@ -1,0 +1,201 @@
+"""End-to-end tests of the whole graph on a ViT trained briefly on real data (digits) and saved to disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiling_agent.graph.builder import build_graph
+from profiling_agent.graph.checkpoint import open_checkpointer
+from profiling_agent.state import Context
+
+pytestmark = pytest.mark.slow
+
+FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
+
+
+@pytest.fixture(scope="session")
+def digits_assets(tmp_path_factory):
+    """A transformers ViT trained for a few epochs on digits (save_pretrained) and the digits DatasetDict."""
+    from profiling_agent.tools import embedded
+
+    cache = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("PROFILING_AGENT_CACHE")
+    os.environ["PROFILING_AGENT_CACHE"] = str(cache)
+    try:
+        dataset = embedded.ensure_dataset()
+        model_dir = cache / "vit-small"
+        record = embedded.build_model("vit-digits", model_dir, embedded.TrainConfig(epochs=4, max_train=800, threads=2))
+    finally:
+        if old is None:
+            os.environ.pop("PROFILING_AGENT_CACHE", None)
+        else:
+            os.environ["PROFILING_AGENT_CACHE"] = old
+    assert record["test_accuracy"] > 30.0  # trained: well above chance (10%)
+    return model_dir, dataset
+
+
+def _inputs(model_dir, dataset, **objective):
+    return {
+        "model": {"ref": str(model_dir)},
+        "dataset": {"ref": str(dataset), "subset": 160, "calibration": 32},
+        "objective": {"planner": "deterministic", "iterations": 2, "target_reduction": 0.9, **objective},
+    }
+
+
+def _run(tmp_path, inputs, thread="t1", **kw):
+    graph = build_graph(checkpointer=open_checkpointer(tmp_path))
+    config = {"configurable": {"thread_id": thread}}
+    out = graph.invoke(inputs, config, context=Context(run_root=str(tmp_path), **FAST), durability="sync", **kw)
+    return graph, config, out
+
+
+def test_two_iterations_end_to_end(tmp_path, digits_assets):
+    from profiling_agent.tools.artifacts import load_artifact
+
+    model_dir, dataset = digits_assets
+    graph, config, out = _run(tmp_path, _inputs(model_dir, dataset))
+    assert out["status"] == "done"
+    assert [c["iteration"] for c in out["candidates"]] == [1, 2]
+    assert out["stop_reason"].startswith("iteration bound")
+    run = tmp_path / "t1"
+    result = json.loads((run / "result.json").read_text())
+    for key in ("thread_id", "status", "planner", "baseline", "best", "candidates"):
+        assert key in result
+    assert result["planner"]["requested"] == "deterministic" and result["planner"]["used"] == ["deterministic"]
+    for cand in result["candidates"]:
+        for key in ("accuracy", "latency_ms", "size_mb", "params", "macs", "iteration", "plan", "path"):
+            assert cand[key] is not None, key
+    best = result["best"]
+    assert best["params"] < result["baseline"]["params"]
+    assert best["macs"] < result["baseline"]["macs"]
+    assert best["size_mb"] < result["baseline"]["size_mb"]
+    # every recorded artifact is what is on disk
+    from profiling_agent.tools.io import sha256_path
+
+    for cand in out["candidates"]:
+        assert sha256_path(run / cand["artifact"]["path"]) == cand["artifact"]["sha256"]
+    # the best model reloads without pickle and reproduces its recorded accuracy
+    from profiling_agent.tools.data import load_prepared
+    from profiling_agent.tools.evaluation import predict, top1
+
+    tensors = load_prepared(run / "data.safetensors")
+    best_model = load_artifact(run / "best").model
+    acc = top1(predict(best_model, tensors["eval_pixels"]), tensors["eval_labels"])
+    assert acc == pytest.approx(best["accuracy"], abs=1e-9)
+    assert (run / "report.md").read_text().count("iter ") >= 2
+    assert (run / "profile.json").exists() and (run / "sensitivity.json").exists()
+
+
+def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, monkeypatch):
+    import profiling_agent.tools.evaluation as evaluation
+    import profiling_agent.tools.pruning as pruning
+
+    model_dir, dataset = digits_assets
+    calls = {"prune": 0, "latency": 0}
+    real_prune, real_latency = pruning.prune_model, evaluation.measure_latency
+
+    def counting_prune(*args, **kwargs):
+        calls["prune"] += 1
+        return real_prune(*args, **kwargs)
+
+    def flaky_latency(*args, **kwargs):
+        calls["latency"] += 1
+        if calls["latency"] == 2:  # iteration 2's evaluation: simulate Ctrl-C mid-loop
+            raise KeyboardInterrupt
+        return real_latency(*args, **kwargs)
+
+    monkeypatch.setattr(pruning, "prune_model", counting_prune)
+    monkeypatch.setattr(evaluation, "measure_latency", flaky_latency)
+    inputs = _inputs(model_dir, dataset)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, inputs, thread="resumable")
+    graph = build_graph(checkpointer=open_checkpointer(tmp_path))
+    config = {"configurable": {"thread_id": "resumable"}}
+    snapshot = graph.get_state(config)
+    assert snapshot.next == ("evaluate",) and snapshot.values["iteration"] == 2
+    probe_and_plan_prunes = calls["prune"]
+    out = graph.invoke(None, config, context=Context(run_root=str(tmp_path), **FAST), durability="sync")
+    assert calls["prune"] == probe_and_plan_prunes  # nothing before evaluate of iteration 2 was recomputed
+    assert out["status"] == "done" and [c["iteration"] for c in out["candidates"]] == [1, 2]
+
+    monkeypatch.setattr(evaluation, "measure_latency", real_latency)
+    _, _, fresh = _run(tmp_path, inputs, thread="uninterrupted")
+    for a, b in zip(out["candidates"], fresh["candidates"], strict=True):
+        assert a["plan"] == b["plan"]
+        assert a["eval"]["accuracy"] == b["eval"]["accuracy"]
+        assert a["eval"]["params"] == b["eval"]["params"]
+        assert a["artifact"]["sha256"] == b["artifact"]["sha256"]
+    assert out["best"]["iteration"] == fresh["best"]["iteration"]
+
+
+def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
+    from profiling_agent.graph.cli import main
+
+    model_dir, dataset = digits_assets
+    args = ["run", "--model", str(model_dir), "--dataset", str(dataset), "--iterations", "2", "--planner",
+            "deterministic", "--subset", "160", "--calibration", "32", "--run-dir", str(tmp_path), "--thread-id",
+            "cli", "--repeats", "3", "--threads", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "baseline" in out and "iter 1" in out and "best:" in out
+    result = json.loads((tmp_path / "cli" / "result.json").read_text())
+    assert result["best"]["accuracy"] >= result["baseline"]["accuracy"] - result["objective"]["max_acc_drop"] or (
+        result["best"]["within_budget"] is False
+    )
+    metrics = tmp_path / "metrics.json"
+    assert main(["evaluate", "--model", str(tmp_path / "cli" / "best"), "--dataset", str(dataset), "--subset", "160",
+                 "--json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["accuracy"] == pytest.approx(result["best"]["accuracy"], abs=1e-9)
+    # resume of a finished run says so and exits 0; runs lists it as done
+    assert main(["resume", "cli", "--run-dir", str(tmp_path)]) == 0
+    assert main(["runs", "--run-dir", str(tmp_path)]) == 0
+    assert "done" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--model", "/nonexistent/model"], "not found"),
+        (["run", "--iterations", "0"], "--iterations"),
+        (["run", "--max-acc-drop", "-1"], "--max-acc-drop"),
+        (["run", "--quantize", "int4"], "invalid choice"),
+        (["resume", "nope"], "no runs"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    cmd = [sys.executable, "-m", "profiling_agent.graph.cli", *args]
+    if args[0] in ("run", "resume"):
+        cmd += ["--run-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_dataset_without_labels(tmp_path, digits_assets):
+    from datasets import load_from_disk
+
+    model_dir, dataset = digits_assets
+    unlabeled = tmp_path / "unlabeled"
+    load_from_disk(str(dataset))["test"].remove_columns("label").save_to_disk(str(unlabeled))
+    cmd = [sys.executable, "-m", "profiling_agent.graph.cli", "run", "--model", str(model_dir), "--dataset",
+           str(unlabeled), "--run-dir", str(tmp_path / "runs")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("run ")]
+    assert len(lines) == 1 and "label" in lines[0], proc.stderr
+
+
+def test_default_input_is_the_embedded_default():
+    from profiling_agent.state import EMBEDDED_DATASET, EMBEDDED_MODEL, InputState
+
+    state = InputState.model_validate({})
+    assert state.model.ref == EMBEDDED_MODEL and state.dataset.ref == EMBEDDED_DATASET
+    assert Path(__file__).parent.parent.joinpath("langgraph.json").exists()

@@ -16,7 +16,9 @@ def open_checkpointer(run_root: str | Path) -> SqliteSaver:
     root = Path(run_root)
     root.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(root / DB_NAME, check_same_thread=False)
-    return SqliteSaver(conn)
+    saver = SqliteSaver(conn)
+    saver.setup()
+    return saver
 
 
 def thread_ids(saver: SqliteSaver) -> list[str]:

@@ -14,7 +14,7 @@ from profiling_agent.state import Context, State
 def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Load model and processor, check the dataset and its labels, and write the baseline artifact."""
     from profiling_agent.tools.artifacts import save_artifact
-    from profiling_agent.tools.data import detect_columns, load_split, map_labels
+    from profiling_agent.tools.data import detect_columns, label_names, load_split, map_labels, wnids_from_config
     from profiling_agent.tools.families import adapter_for
     from profiling_agent.tools.models import load_model
 
@@ -27,9 +27,9 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     adapter = adapter_for(loaded.model)
     dataset = load_split(state.dataset.ref, state.dataset.split)
     image_col, label_col = detect_columns(dataset, state.dataset.image_column, state.dataset.label_column)
-    names = list(dataset.features[label_col].names) if hasattr(dataset.features[label_col], "names") else []
+    names = label_names(dataset, label_col)
     id2label = {int(k): str(v) for k, v in (loaded.model.config.id2label or {}).items()}
-    mapping = map_labels(names, id2label)
+    mapping = map_labels(names, id2label, model_wnids=wnids_from_config(loaded.model.config))
     saved = save_artifact(
         loaded.model,
         run_path / "baseline",

@@ -38,7 +38,17 @@ def planner_history(state: State) -> list[dict[str, Any]]:
             and state.baseline_eval
             and within_budget(cand["eval"], state.baseline_eval, state.objective)
         )
-        rounds.append({"goal": meta["goal"], "gamma": meta["gamma"], "passed": passed})
+        ev = cand.get("eval") or {}
+        rounds.append(
+            {
+                "iteration": cand["iteration"],
+                "goal": meta["goal"],
+                "gamma": meta["gamma"],
+                "passed": passed,
+                "quant_speedup": ev.get("quant_speedup"),
+                "quant_speedup_batch": ev.get("quant_speedup_batch"),
+            }
+        )
     return rounds
 
 
@@ -89,14 +99,19 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if requested in ("llm", "auto") and llm_configured(ctx):
         from profiling_agent.tools.llm_planner import plan_with_llm
 
-        outcome = plan_with_llm(state, ctx, full_profile, sensitivity, fallback=result)
+        this_round = state.model_copy(update={"iteration": iteration})
+        outcome = plan_with_llm(this_round, ctx, full_profile, sensitivity, fallback=result)
         plan, planner_used, fallbacks = outcome.plan, outcome.planner, outcome.fallbacks
     plan_dict = plan.model_dump()
     write_json_atomic(
         iteration_dir(state, iteration) / "plan.json",
         {"iteration": iteration, "planner": planner_used, "plan": plan_dict},
     )
-    meta = {"goal": result.target_estimate, "gamma": result.gamma, "converged": result.converged}
+    goal = result.target_estimate
+    if planner_used == "llm":  # feedback for later deterministic rounds: what the applied plan aimed at
+        key = {"size": "params"}.get(state.objective.target, state.objective.target)
+        goal = float(outcome.estimate.get(key, goal) or goal)
+    meta = {"goal": goal, "gamma": result.gamma, "converged": result.converged}
     update.update(
         {
             "plan": plan_dict,

@@ -31,12 +31,14 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     models = {"baseline": load_artifact_model(state, state.baseline).model}
     if not failed:
         models["candidate"] = load_artifact_model(state, current["artifact"]).model
+        if current.get("quantized"):  # fp32 pruned model too, so the effect of quantization is measured
+            models["pruned"] = load_artifact_model(state, current["pruned"]).model
     # dynamically quantized torch models run on the CPU only: then both are measured there
     device = "cpu" if current.get("quantized") else str(resolve_device(ctx.device))
     models = {name: m.to(device) for name, m in models.items()}
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=0, total=2, label="accuracy")
     kw = {"batch_size": ctx.eval_batch, "device": device, "allowed_ids": allowed}
-    preds = {name: predict(m, pixels, **kw) for name, m in models.items()}
+    preds = {name: predict(m, pixels, **kw) for name, m in models.items() if name != "pruned"}
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=1, total=2, label="latency")
     lat = measure_latency(
         models,
@@ -84,6 +86,14 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         **common,
     )
     record["device"] = device
+    if "pruned" in lat:  # batch-1 and batch-N speed of quantization itself, measured side by side
+        p_lat = lat["pruned"]
+        record["pruned_latency_ms"] = p_lat["latency_ms"]
+        record["pruned_latency_batch_ms"] = p_lat["latency_batch_ms"]
+        record["quant_speedup"] = p_lat["latency_ms"] / c_lat["latency_ms"] if c_lat["latency_ms"] > 0 else 0.0
+        record["quant_speedup_batch"] = (
+            p_lat["latency_batch_ms"] / c_lat["latency_batch_ms"] if c_lat["latency_batch_ms"] > 0 else 0.0
+        )
     current["eval"] = record
     base_acc = (update.get("baseline_eval") or state.baseline_eval)["accuracy"]
     message = (

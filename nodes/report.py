@@ -7,8 +7,34 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import absolute, event, run_dir, thread_id_of
+from profiling_agent.nodes.common import absolute, context_of, emit, event, load_artifact_model, run_dir
 from profiling_agent.state import Context, State
+
+
+def final_latency(state: State, ctx: Context) -> dict[str, dict[str, Any]]:
+    """Measure the baseline and every finished candidate together, interleaved, in one process run."""
+    from profiling_agent.tools.data import load_prepared
+    from profiling_agent.tools.device import resolve_device, set_threads
+    from profiling_agent.tools.evaluation import measure_latency
+
+    set_threads(ctx.threads)
+    ok = [c for c in state.candidates if c.get("status") == "ok" and c.get("artifact")]
+    if not ok or not state.data:
+        return {}
+    models = {"baseline": load_artifact_model(state, state.baseline).model}
+    for cand in ok:
+        models[f"iter_{cand['iteration']:02d}"] = load_artifact_model(state, cand["artifact"]).model
+    quantized = any(c.get("quantized") for c in ok)
+    device = "cpu" if quantized else str(resolve_device(ctx.device))
+    pixels = load_prepared(run_dir(state) / state.data["path"])["eval_pixels"][: ctx.latency_batch]
+    return measure_latency(
+        {k: m.to(device) for k, m in models.items()},
+        pixels,
+        batch_size=ctx.latency_batch,
+        warmup=ctx.latency_warmup,
+        repeats=ctx.latency_repeats,
+        device=device,
+    )
 
 
 def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -17,12 +43,15 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.report import build_result, render_markdown
 
     root = run_dir(state)
+    emit(runtime, kind="progress", task="final latency (all models side by side)", done=0, total=2, label="")
+    latency = final_latency(state, context_of(runtime))
+    emit(runtime, kind="progress", task="final latency (all models side by side)", done=2, total=2, label="")
     if state.best and state.best.get("artifact"):
         with atomic_dir(root / "best") as tmp:
             shutil.copytree(absolute(state, state.best["artifact"]["path"]), tmp, dirs_exist_ok=True)
     final = state.model_dump()
     final["status"] = "done"
-    result = build_result(final, thread_id_of(runtime) if not state.run_path else root.name)
+    result = build_result(final, root.name, latency)
     write_json_atomic(root / "result.json", result)
     write_text_atomic(root / "report.md", render_markdown(result, state.profile))
     best = result.get("best")

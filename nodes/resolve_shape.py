@@ -22,6 +22,12 @@ def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, An
     verify_input_shape(loaded.model, shape)
     emit(runtime, kind="progress", task="preparing data", done=0, total=1, label=state.dataset.ref)
     dataset = load_split(state.dataset.ref, state.dataset.split)
+    calibration_ds = None
+    if len(dataset) < state.dataset.subset + state.dataset.calibration and state.dataset.split != "train":
+        try:  # a small evaluation split: calibrate on the train split so probe and evaluation never share images
+            calibration_ds = load_split(state.dataset.ref, "train")
+        except Exception:
+            calibration_ds = None
     data = prepare_data(
         dataset,
         loaded.processor,
@@ -33,6 +39,7 @@ def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, An
         out_path=run_dir(state) / "data.safetensors",
         image_column=state.labels["image_column"],
         label_column=state.labels["label_column"],
+        calibration_ds=calibration_ds,
     )
     data["path"] = "data.safetensors"
     emit(runtime, kind="progress", task="preparing data", done=1, total=1, label=state.dataset.ref)

@@ -96,3 +96,16 @@ def test_later_round_with_a_miss_prunes_less():
 def test_no_groups_gives_quantization_only_plan():
     result = plan_round([], {}, {}, Objective(), history=[])
     assert result.plan.pruning == [] and result.plan.quantization
+
+
+def test_quantization_dropped_after_it_measurably_slowed_the_model():
+    objective = Objective(target="params", quantize="qint8")
+    slow = [{"iteration": 1, "goal": 0.3, "gamma": 1.0, "passed": True, "quant_speedup": 0.7,
+             "quant_speedup_batch": 0.8}]
+    result = plan_round(GROUPS, COSTS, SENS, objective, history=slow)
+    assert result.plan.quantization == [] and "quantization dropped" in result.plan.rationale
+    fast = [{**slow[0], "quant_speedup": 1.5, "quant_speedup_batch": 2.0}]
+    assert plan_round(GROUPS, COSTS, SENS, objective, history=fast).plan.quantization
+    # size is what quantization is for: kept even when slower
+    sized = plan_round(GROUPS, COSTS, SENS, Objective(target="size"), history=slow)
+    assert sized.plan.quantization

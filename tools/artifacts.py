@@ -245,7 +245,7 @@ def build_recipe(
         "architecture": architecture_of(model),
         "model_type": getattr(config, "model_type", ""),
         "attn_implementation": getattr(config, "_attn_implementation", None),
-        "config": config.to_dict(),
+        "config": _portable_config(config),
         "tensors": {k: {"shape": list(v.shape), "dtype": _dtype_name(v.dtype)} for k, v in tensors.items()},
         "modules": module_sizes(model),
         "attrs": _json_attrs(attrs),
@@ -273,10 +273,18 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
+def _portable_config(config: Any) -> dict[str, Any]:
+    """Return the config as a dict without the folder it was loaded from, so artifacts hash the same anywhere."""
+    data = config.to_dict()
+    data.pop("_name_or_path", None)
+    return data
+
+
 def _write_config(model: nn.Module, folder: Path, architecture: str) -> None:
-    """Save the model's config with `architectures` naming the saved class."""
+    """Save the model's config with `architectures` naming the saved class (and no source path)."""
     config = copy.deepcopy(model.config)
     config.architectures = [architecture]
+    config._name_or_path = ""
     with quiet_transformers():
         config.save_pretrained(folder)
 

@@ -11,7 +11,7 @@ import os
 import platform
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from profiling_agent.tools.io import atomic_dir, write_json_atomic
+from profiling_agent.tools.models import quiet_hf
 
 logger = logging.getLogger(__name__)
 
@@ -35,20 +36,33 @@ _MODEL_MARKER = "training.json"
 
 @dataclass
 class TrainConfig:
-    """Training schedule of an embedded model (defaults are the shipped schedule)."""
+    """Training schedule of an embedded model; None fields take the per-model defaults in _DEFAULTS."""
 
-    epochs: int | None = None  # None: the per-model default in _DEFAULT_EPOCHS
+    epochs: int | None = None  # passes over the training split
+    lr: float | None = None  # AdamW peak learning rate (linear warm-up, then cosine decay to 0)
     batch_size: int = 64
-    lr: float = 3e-3  # AdamW peak learning rate (linear warm-up, cosine decay)
     weight_decay: float = 0.05
-    warmup_fraction: float = 0.1
-    augment: bool = True  # small random affine (rotation, scale, shift) per batch
+    warmup_fraction: float = 0.1  # share of all steps spent warming up
+    shift: int = 2  # random translation of up to +-shift pixels per image (0 disables augmentation)
     max_train: int | None = None  # cap on training images (tests use a few hundred)
     seed: int = 0
     threads: int | None = None  # torch intra-op threads while training; None keeps the current count
 
 
-_DEFAULT_EPOCHS = {"vit-digits": 30, "resnet-digits": 20}
+# Measured on 2 CPU cores: vit-digits 95-98% test accuracy in ~27 s, resnet-digits ~99.5% in ~10-12 s.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vit-digits": {"epochs": 30, "lr": 1e-3},
+    "resnet-digits": {"epochs": 12, "lr": 3e-3},
+}
+
+
+def _resolved(name: str, config: TrainConfig | None) -> TrainConfig:
+    """Return `config` with None epochs/lr replaced by the defaults of model `name`."""
+    cfg = replace(config) if config else TrainConfig()
+    for key, value in _DEFAULTS[name].items():
+        if getattr(cfg, key) is None:
+            setattr(cfg, key, value)
+    return cfg
 
 
 def cache_dir() -> Path:
@@ -114,7 +128,7 @@ def _build_dataset(target: Path) -> None:
             features=features,
         )
 
-    with atomic_dir(target) as tmp:
+    with atomic_dir(target) as tmp, quiet_hf():
         DatasetDict({"train": split(train_idx), "test": split(test_idx)}).save_to_disk(str(tmp))
 
 
@@ -146,8 +160,13 @@ def _processor():
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
     return ViTImageProcessorPil(
-        do_resize=True, size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, do_rescale=True,
-        rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5], image_std=[0.5],
+        do_resize=True,
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=[0.5],
+        image_std=[0.5],
     )
 
 
@@ -163,17 +182,31 @@ def build_architecture(name: str) -> torch.nn.Module:
         from transformers import ViTConfig, ViTForImageClassification
 
         config = ViTConfig(
-            image_size=IMAGE_SIZE, patch_size=8, num_channels=1, hidden_size=64, num_hidden_layers=4,
-            num_attention_heads=4, intermediate_size=256, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0, id2label=id2label, label2id=label2id,
+            image_size=IMAGE_SIZE,
+            patch_size=8,
+            num_channels=1,
+            hidden_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=256,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            id2label=id2label,
+            label2id=label2id,
         )
         return ViTForImageClassification(config)
     if name == "resnet-digits":
         from transformers import ResNetConfig, ResNetForImageClassification
 
         config = ResNetConfig(
-            num_channels=1, embedding_size=16, hidden_sizes=[32, 64, 128], depths=[1, 1, 1],
-            layer_type="bottleneck", downsample_in_first_stage=False, id2label=id2label, label2id=label2id,
+            num_channels=1,
+            embedding_size=16,
+            hidden_sizes=[64, 128, 256],
+            depths=[1, 2, 1],
+            layer_type="bottleneck",
+            downsample_in_first_stage=False,
+            id2label=id2label,
+            label2id=label2id,
         )
         return ResNetForImageClassification(config)
     raise ValueError(f"unknown embedded model {name!r}; choose from {', '.join(MODEL_NAMES)}")
@@ -186,17 +219,18 @@ def _pixels(split, processor) -> tuple[torch.Tensor, torch.Tensor]:
     return pixels, torch.tensor(split["label"], dtype=torch.long)
 
 
-def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Apply a small random affine (rotation +-10 deg, scale 0.9-1.1, shift +-2 px) to a batch."""
-    n = x.shape[0]
-    angle = (torch.rand(n, generator=gen) * 2 - 1) * math.radians(10)
-    scale = 1 + (torch.rand(n, generator=gen) * 2 - 1) * 0.1
-    shift = (torch.rand(n, 2, generator=gen) * 2 - 1) * (2 * 2 / x.shape[-1])
-    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    background = x.amin()  # the normalized value of a black pixel
-    return F.grid_sample(x - background, grid, align_corners=False, padding_mode="zeros") + background
+def _augment(x: torch.Tensor, shift: int, gen: torch.Generator) -> torch.Tensor:
+    """Translate each image of a (N,C,H,W) batch by a random offset of up to +-shift pixels."""
+    n, _, height, width = x.shape
+    background = float(x.amin())  # the normalized value of a black pixel
+    padded = F.pad(x, (shift, shift, shift, shift), value=background)
+    dy = torch.randint(0, 2 * shift + 1, (n,), generator=gen)
+    dx = torch.randint(0, 2 * shift + 1, (n,), generator=gen)
+    rows = (dy[:, None] + torch.arange(height)[None])[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(width)[None])[:, None, None, :]
+    batch = torch.arange(n)[:, None, None, None]
+    chans = torch.arange(x.shape[1])[None, :, None, None]
+    return padded[batch, chans, rows, cols]
 
 
 def _lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -207,18 +241,18 @@ def _lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, cfg: TrainConfig) -> None:
+def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> None:
     """Train `model` in place with AdamW and a warm-up + cosine schedule."""
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(x) / cfg.batch_size)
-    total, step = epochs * steps_per_epoch, 0
+    total, step = cfg.epochs * steps_per_epoch, 0
     model.train()
-    for _ in range(epochs):
+    for _ in range(cfg.epochs):
         order = torch.randperm(len(x), generator=gen)
         for start in range(0, len(x), cfg.batch_size):
             batch = order[start : start + cfg.batch_size]
-            xb = _augment(x[batch], gen) if cfg.augment else x[batch]
+            xb = _augment(x[batch], cfg.shift, gen) if cfg.shift > 0 else x[batch]
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, total, cfg)
             loss = F.cross_entropy(model(pixel_values=xb).logits, y[batch])
@@ -246,8 +280,11 @@ def _versions() -> dict[str, str]:
     import transformers
 
     return {
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "datasets": datasets.__version__, "scikit-learn": sklearn.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+        "scikit-learn": sklearn.__version__,
     }
 
 
@@ -278,8 +315,9 @@ def build_model(name: str, out_dir: str | os.PathLike, config: TrainConfig | Non
     """
     from datasets import load_from_disk
 
-    cfg = config or TrainConfig()
-    epochs = cfg.epochs if cfg.epochs is not None else _DEFAULT_EPOCHS[name]
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown embedded model {name!r}; choose from {', '.join(MODEL_NAMES)}")
+    cfg = _resolved(name, config)
     splits = load_from_disk(str(ensure_dataset()))
     processor = _processor()
     x_train, y_train = _pixels(splits["train"], processor)
@@ -292,17 +330,25 @@ def build_model(name: str, out_dir: str | os.PathLike, config: TrainConfig | Non
     model = build_architecture(name)
     with _threads(cfg.threads) as threads:
         start = time.perf_counter()
-        _train(model, x_train, y_train, epochs, cfg)
+        _train(model, x_train, y_train, cfg)
         seconds = time.perf_counter() - start
         test_acc = accuracy(model, x_test, y_test)
     record = {
-        "name": name, "architecture": type(model).__name__,
+        "name": name,
+        "architecture": type(model).__name__,
         "params": sum(p.numel() for p in model.parameters()),
-        "epochs": epochs, "seconds": round(seconds, 2), "threads": threads,
-        "train_samples": len(x_train), "test_samples": len(x_test), "test_accuracy": round(test_acc, 2),
-        "seed": cfg.seed, "config": asdict(cfg), "dataset": f"embedded:{DATASET_NAME}", "versions": _versions(),
+        "epochs": cfg.epochs,
+        "seconds": round(seconds, 2),
+        "threads": threads,
+        "train_samples": len(x_train),
+        "test_samples": len(x_test),
+        "test_accuracy": round(test_acc, 2),
+        "seed": cfg.seed,
+        "config": asdict(cfg),
+        "dataset": f"embedded:{DATASET_NAME}",
+        "versions": _versions(),
     }
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp, quiet_hf():
         model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
         write_json_atomic(tmp / _MODEL_MARKER, record)
@@ -364,16 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.names or MODEL_NAMES:
         path = ensure_model(name, force=args.force)
         rec = training_record(path)
-        print(f"model    embedded:{name}  acc={rec['test_accuracy']:.2f}%  epochs={rec['epochs']}  "
-              f"train={rec['seconds']:.1f}s  threads={rec['threads']}  params={rec['params']:,}  {path}")
+        print(
+            f"model    embedded:{name}  acc={rec['test_accuracy']:.2f}%  epochs={rec['epochs']}  "
+            f"train={rec['seconds']:.1f}s  threads={rec['threads']}  params={rec['params']:,}  {path}"
+        )
     return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
-
-
-__all__ = [
-    "MODEL_NAMES", "TrainConfig", "accuracy", "build_architecture", "build_model", "cache_dir", "dataset_path",
-    "ensure_dataset", "ensure_model", "main", "model_path", "training_record",
-]

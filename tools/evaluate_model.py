@@ -29,7 +29,15 @@ def evaluate_model(
     import torch
 
     from profiling_agent.tools.artifacts import is_artifact, logical_params
-    from profiling_agent.tools.data import detect_columns, load_prepared, load_split, map_labels, prepare_data
+    from profiling_agent.tools.data import (
+        detect_columns,
+        label_names,
+        load_prepared,
+        load_split,
+        map_labels,
+        prepare_data,
+        wnids_from_config,
+    )
     from profiling_agent.tools.device import resolve_device
     from profiling_agent.tools.evaluation import measure_latency, predict, state_bytes, top1
     from profiling_agent.tools.models import load_model, resolve_input_shape, verify_input_shape
@@ -41,9 +49,9 @@ def evaluate_model(
     verify_input_shape(model, shape)
     dataset = load_split(dataset_ref, split)
     image_col, label_col = detect_columns(dataset, image_column, label_column)
-    names = list(getattr(dataset.features[label_col], "names", []) or [])
+    names = label_names(dataset, label_col)
     id2label = {int(k): str(v) for k, v in (model.config.id2label or {}).items()}
-    mapping = map_labels(names, id2label)
+    mapping = map_labels(names, id2label, model_wnids=wnids_from_config(model.config))
     prepared = prepare_data(
         dataset,
         loaded.processor,

@@ -30,6 +30,7 @@ class PlannerConfig:
     gamma_max: float = 3.0
     growth: float = 1.35  # scale of the target when nothing has failed yet
     converge_tol: float = 0.01  # stop when the search interval is narrower than this
+    first_margin: float = 0.02  # round 1 aims this far past the target reduction
 
 
 @dataclass
@@ -123,8 +124,8 @@ def next_goal(
     history: list[dict[str, Any]], objective: Objective, feasible: float, config: PlannerConfig
 ) -> tuple[float, float, bool, str]:
     """Choose this round's goal and gamma from earlier rounds; return (goal, gamma, converged, why)."""
-    if not history:
-        goal = min(objective.target_reduction, feasible)
+    if not history:  # a small margin: the estimate ignores biases and norms, which are not pruned
+        goal = min(objective.target_reduction + config.first_margin, feasible)
         return goal, config.gamma_start, False, f"round 1 aims at the objective's {goal:.0%} reduction"
     passes = [h["goal"] for h in history if h["passed"]]
     fails = [h["goal"] for h in history if not h["passed"]]
@@ -157,15 +158,32 @@ def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], 
     )
 
 
-def _quant_entries(quantize: str, costs: dict[str, dict[str, Any]]) -> list[QuantEntry]:
+def quantization_slowed(history: list[dict[str, Any]], tolerance: float = 0.97) -> dict[str, Any] | None:
+    """Return the latest round whose quantization made the pruned model slower at batch 1 and batch N."""
+    for h in reversed(history):
+        q1, qn = h.get("quant_speedup"), h.get("quant_speedup_batch")
+        if q1 is not None and qn is not None:
+            return h if q1 < tolerance and qn < tolerance else None
+    return None
+
+
+def _quant_entries(quantize: str, history: list[dict[str, Any]], target: str) -> tuple[list[QuantEntry], str]:
     if quantize == "none":
-        return []
+        return [], ""
+    slow = quantization_slowed(history) if target != "size" else None
+    if slow:
+        note = (
+            f"quantization dropped: in round {slow.get('iteration', '?')} it made the pruned model slower "
+            f"({slow['quant_speedup']:.2f}x at batch 1, {slow['quant_speedup_batch']:.2f}x at batch N, measured "
+            "side by side); this model's Linear layers are too small for dynamic quantization to pay off"
+        )
+        return [], note
     why = (
         "Dynamic quantization of every nn.Linear: weights stored in "
         f"{'int8' if quantize == 'qint8' else 'float16'}, activations quantized on the fly; needs no "
         "calibration data and leaves convolutions untouched."
     )
-    return [QuantEntry(layer="all", dtype=quantize, justification=why)]
+    return [QuantEntry(layer="all", dtype=quantize, justification=why)], ""
 
 
 def plan_round(
@@ -183,7 +201,8 @@ def plan_round(
         costs: Per-group cost shares from the profile (`*_share` keys for params, macs, latency).
         sensitivity: Per-group probe results with a `damage` score (higher hurts more).
         objective: The run's objective.
-        history: Earlier rounds as dicts with `goal`, `gamma` and `passed` (kept the accuracy budget).
+        history: Earlier rounds as dicts with `goal`, `gamma`, `passed` (kept the accuracy budget) and, when
+            the round was quantized, `quant_speedup`/`quant_speedup_batch` (pruned fp32 latency / quantized).
         config: Planner bounds.
 
     Returns:
@@ -191,9 +210,10 @@ def plan_round(
     """
     config = config or PlannerConfig()
     if not groups:
+        quant, _ = _quant_entries(objective.quantize, history, objective.target)
         plan = CompressionPlan(
             pruning=[],
-            quantization=_quant_entries(objective.quantize, costs),
+            quantization=quant,
             rationale="The family adapter found no prunable groups; only quantization applies.",
         )
         return PlanResult(plan, "deterministic", 0.0, config.gamma_start, converged=bool(history))
@@ -204,15 +224,18 @@ def plan_round(
     order = sorted(groups, key=lambda g: float(sensitivity.get(g["name"], {}).get("damage", 0.0)))
     rank = {g["name"]: i + 1 for i, g in enumerate(order)}
     entries = []
+    emitted: dict[str, float] = {}
     for group in groups:
-        ratio = round(ratios[group["name"]], 4)
+        ratio = math.ceil(ratios[group["name"]] * 1e4) / 1e4  # round up: never below the solved level
         if effective_ratio(int(group["units"]), int(group.get("min_units", 1)), ratio) <= 0:
             continue
+        ratio = min(max(ratio, 1e-4), 0.99)
+        emitted[group["name"]] = ratio
         entries.append(
             PruneEntry(
                 layer=f"^{re.escape(group['module'])}$",
                 type=group["kind"],
-                ratio=min(max(ratio, 1e-4), 0.99),
+                ratio=ratio,
                 justification=_justify(
                     group,
                     costs.get(group["name"], {}),
@@ -222,10 +245,14 @@ def plan_round(
                 ),
             )
         )
+    estimate = estimate_reduction(emitted, groups, costs, objective.target)
     rationale = (
         f"Deterministic planner: {why}. Ratios follow cost share / probe damage^{gamma:.2f} with a common level "
         f"chosen so the estimated {objective.target} reduction is {estimate:.1%} (largest feasible "
         f"{feasible:.1%}); {len(entries)} of {len(groups)} groups pruned."
     )
-    plan = CompressionPlan(pruning=entries, quantization=_quant_entries(objective.quantize, costs), rationale=rationale)
+    quant, quant_note = _quant_entries(objective.quantize, history, objective.target)
+    if quant_note:
+        rationale += f" Note: {quant_note}."
+    plan = CompressionPlan(pruning=entries, quantization=quant, rationale=rationale)
     return PlanResult(plan, "deterministic", estimate, gamma, converged=converged, notes=[why])

@@ -17,6 +17,9 @@ METRIC_KEYS = (
     "macs",
     "batch_size",
     "threads",
+    "quant_speedup",
+    "quant_speedup_batch",
+    "pruned_latency_ms",
 )
 
 
@@ -38,9 +41,35 @@ def _versions() -> dict[str, str]:
     }
 
 
-def build_result(state: dict[str, Any], thread_id: str) -> dict[str, Any]:
-    """Assemble result.json from the final state (a dict of the State fields)."""
+def _with_final_latency(metrics: dict[str, Any], final: dict[str, Any] | None, base: dict[str, Any] | None):
+    """Replace per-round latency by the final joint measurement, keeping the round's numbers beside it."""
+    if not final or not base or not metrics:
+        return metrics
+    out = {**metrics, "round_latency_ms": metrics.get("latency_ms"), "round_speedup": metrics.get("speedup")}
+    out["latency_ms"], out["latency_batch_ms"] = final["latency_ms"], final["latency_batch_ms"]
+    out["speedup"] = base["latency_ms"] / final["latency_ms"] if final["latency_ms"] > 0 else 0.0
+    out["speedup_batch"] = base["latency_batch_ms"] / final["latency_batch_ms"] if final["latency_batch_ms"] else 0.0
+    return out
+
+
+def build_result(
+    state: dict[str, Any], thread_id: str, final_latency: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Assemble result.json from the final state (a dict of the State fields).
+
+    `final_latency` maps "baseline" and "iter_NN" to a joint side-by-side latency measurement taken at the
+    end of the run; when given, its numbers (and the speedups computed from them) are the ones reported.
+    """
+    final_latency = final_latency or {}
+    base_final = final_latency.get("baseline")
     baseline_eval = state.get("baseline_eval")
+    if baseline_eval and base_final:
+        baseline_eval = {
+            **baseline_eval,
+            "latency_ms": base_final["latency_ms"],
+            "latency_batch_ms": base_final["latency_batch_ms"],
+            "speedup": 1.0,
+        }
     candidates = []
     for c in state.get("candidates", []):
         candidates.append(
@@ -62,7 +91,9 @@ def build_result(state: dict[str, Any], thread_id: str) -> dict[str, Any]:
     if best:
         best_out = {
             "iteration": best["iteration"],
-            **_metrics(best.get("eval")),
+            **_with_final_latency(
+                _metrics(best.get("eval")), final_latency.get(f"iter_{best['iteration']:02d}"), base_final
+            ),
             "rule": best.get("rule"),
             "within_budget": best.get("within_budget"),
             "reduction": best.get("reduction"),
@@ -90,6 +121,11 @@ def build_result(state: dict[str, Any], thread_id: str) -> dict[str, Any]:
         "baseline": {**_metrics(baseline_eval), "path": (state.get("baseline") or {}).get("path")},
         "best": best_out,
         "candidates": candidates,
+        "latency_method": (
+            "final: baseline and all candidates measured together, interleaved, median of repeats"
+            if final_latency
+            else "per round: each candidate measured interleaved with the baseline"
+        ),
         "versions": _versions(),
     }
 

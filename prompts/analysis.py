@@ -1,0 +1,287 @@
+"""Prompts of the Analysis Agent (round 1): profile, sensitivity and objective in, a JSON CompressionPlan out."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
+from profiling_agent.state import Objective
+from profiling_agent.tools.plan_guard import GuardConfig
+
+# The plan format of the paper's Figure 4 (plus a whole-plan rationale), shown verbatim to the LLM.
+# tests/test_llm_planner.py checks that its keys are exactly CompressionPlan's fields.
+PLAN_SCHEMA = """{
+  "pruning": [
+    {"layer": "<regex searched in group module names>", "type": "structured" | "head",
+     "ratio": <fraction removed, e.g. 0.3>, "justification": "<why, citing the profile>"}
+  ],
+  "quantization": [
+    {"layer": "all" | "<regex searched in nn.Linear names>", "type": "dynamic",
+     "dtype": "qint8" | "float16", "justification": "<why>"}
+  ],
+  "rationale": "<one paragraph on the plan as a whole>"
+}"""
+
+# Placeholders: {min_ratio}, {max_structured}, {max_head}, {max_reduction} (GuardConfig bounds),
+# {max_regex_len}, {tool_rounds} (Context.llm_tool_rounds), {schema} (PLAN_SCHEMA).
+ANALYSIS_SYSTEM = """You are the Analysis Agent of ProfilingAgent. It compresses a Hugging Face image \
+classifier by structured pruning and post-training dynamic quantization. You read a profile (parameters, MACs \
+and measured latency per layer and per prunable group) and a sensitivity probe, and you propose a layer-wise \
+compression plan that meets the objective while keeping the accuracy drop within budget.
+
+How a plan is applied (always to the original, uncompressed model):
+- A pruning entry selects every prunable group of its "type" whose module name contains a match of its \
+"layer" regex (Python re.search). When entries overlap, the later entry's ratio wins.
+- "structured" removes that fraction of a group's channels (conv filters or MLP hidden units); "head" removes \
+that fraction of an attention module's heads, rounded down (a ratio below 1/heads removes nothing).
+- A quantization entry dynamically quantizes the nn.Linear layers whose name matches "layer" ("all" = every \
+Linear). Convolutions are never quantized.
+
+Rules (a guard checks every plan and sends back the reasons when it rejects one):
+- Use module names from the tables only. Anchor and escape regexes, e.g. ^vit\\.layers\\.(0|1|2)\\.mlp\\.fc1$.
+- Never match a protected module (classifier, embeddings, norms, residual outputs...).
+- ratio from {min_ratio} to {max_structured} for "structured", up to {max_head} for "head"; the predicted \
+parameter reduction must stay at or below {max_reduction:.0%}.
+- No nested quantifiers like (a+)+, no backreferences, at most {max_regex_len} characters per regex.
+- Prune groups with a large cost share and a low probe damage harder; spare the most sensitive groups.
+
+You may call the tools (at most {tool_rounds} rounds) to check which groups a regex selects and what a plan \
+would remove before you answer. Your final message must be exactly one JSON object in this format, with no \
+code and no comments:
+{schema}"""
+
+# Placeholders: {profile_block} (model, totals, top layers, group table, regex families, protected modules),
+# {objective_block} (target, target_reduction, max_acc_drop, quantization choice), {task} (what to do now).
+ANALYSIS_USER = """{profile_block}
+
+{objective_block}
+
+{task}"""
+
+ANALYSIS_TASK = (
+    "Propose the first plan. Aim straight at the target reduction, concentrating pruning where cost is high and "
+    "damage is low. Answer with the JSON plan only."
+)
+
+MAX_GROUP_ROWS = 64  # groups listed in the prompt; the match_layers tool covers the rest
+TOP_LAYERS = 10  # most expensive layers listed
+
+
+def _pct(value: Any) -> str:
+    try:
+        return f"{100 * float(value):.1f}"
+    except (TypeError, ValueError):
+        return "-"
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    value = float(value)
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{unit}"
+    return f"{value:.0f}"
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    try:
+        return f"{float(value):.{digits}g}"
+    except (TypeError, ValueError):
+        return "-"
+
+
+def totals_line(totals: dict[str, Any]) -> str:
+    """Render the model totals on one line."""
+    latency = totals.get("latency_ms")
+    return (
+        f"Totals: {_num(totals.get('params'))} params, {_num(totals.get('macs'))} MACs per image, "
+        f"{_fmt(latency)} ms batch-1 latency (median)."
+    )
+
+
+def top_layers_table(layers: list[dict[str, Any]], top: int = TOP_LAYERS) -> str:
+    """Render the `top` layers by self latency as a compact pipe table."""
+    rows = sorted(layers, key=lambda r: float(r.get("latency_ms") or 0.0), reverse=True)[:top]
+    lines = ["layer | type | params | MACs | ms | lat% | MACs%"]
+    for r in rows:
+        lines.append(
+            f"{r.get('name')} | {r.get('type')} | {_num(r.get('params'))} | {_num(r.get('macs'))} | "
+            f"{_fmt(r.get('latency_ms'))} | {_pct(r.get('latency_share'))} | {_pct(r.get('macs_share'))}"
+        )
+    return "\n".join(lines)
+
+
+def group_table(groups: list[dict[str, Any]], costs: dict[str, Any], sensitivity: dict[str, Any]) -> str:
+    """Render one row per prunable group: exact module name, size, cost shares (%) and probe results."""
+    lines = ["group | kind | module | units | params% | MACs% | lat% | damage | acc_drop_pp"]
+    for g in groups[:MAX_GROUP_ROWS]:
+        c, s = costs.get(g["name"], {}), sensitivity.get(g["name"], {})
+        lines.append(
+            f"{g['name']} | {g['kind']} | {g['module']} | {g['units']} | {_pct(c.get('params_share'))} | "
+            f"{_pct(c.get('macs_share'))} | {_pct(c.get('latency_share'))} | {_fmt(s.get('damage'))} | "
+            f"{_fmt(s.get('acc_drop'), 2)}"
+        )
+    if len(groups) > MAX_GROUP_ROWS:
+        lines.append(f"... {len(groups) - MAX_GROUP_ROWS} more groups: use the match_layers tool to see them")
+    return "\n".join(lines)
+
+
+def _slot(values: list[str]) -> str:
+    unique = sorted(set(values), key=int)
+    if len(unique) == 1:
+        return re.escape(unique[0])
+    if len(unique) <= 4:
+        return "(" + "|".join(unique) + ")"
+    return r"\d+"
+
+
+def regex_families(groups: list[dict[str, Any]], protected: list[str]) -> list[dict[str, Any]]:
+    """Find one anchored regex per family of similar group modules (digits generalized), checked exactly.
+
+    Returns:
+        [{"regex", "kind", "count", "first", "last"}]; a family regex is kept only when it selects exactly its
+        own groups of that kind and no protected module.
+    """
+    families: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+    for g in groups:
+        parts = re.split(r"(\d+)", g["module"])
+        families.setdefault((g["kind"], tuple(parts[0::2])), []).append(g)
+    out = []
+    for (kind, texts), members in families.items():
+        slots = [re.split(r"(\d+)", m["module"])[1::2] for m in members]
+        regex = "^" + "".join(
+            re.escape(text) + (_slot([s[i] for s in slots]) if i < len(slots[0]) else "")
+            for i, text in enumerate(texts)
+        ) + "$"
+        compiled = re.compile(regex)
+        selected = [g["name"] for g in groups if g["kind"] == kind and compiled.search(g["module"])]
+        if sorted(selected) != sorted(m["name"] for m in members) or any(compiled.search(p) for p in protected):
+            continue
+        out.append({"regex": regex, "kind": kind, "count": len(members), "first": members[0]["name"],
+                    "last": members[-1]["name"]})
+    return out
+
+
+def regex_help(groups: list[dict[str, Any]], protected: list[str]) -> str:
+    """Render the family regexes and what each selects."""
+    lines = []
+    for fam in regex_families(groups, protected):
+        lines.append(f"{fam['regex']}  ({fam['kind']}) selects {fam['count']} groups: {fam['first']} .. {fam['last']}")
+    if not lines:
+        return "(no common pattern; use the exact module names, anchored)"
+    return "\n".join(lines) + "\nTo pick some of them, narrow an index: \\d+ or (0|1|2) -> (0|2)."
+
+
+def _display_slot(values: list[str]) -> str:
+    unique = sorted(set(values), key=int)
+    if len(unique) == 1:
+        return unique[0]
+    return "N" if len(unique) > 4 else "(" + "|".join(unique) + ")"
+
+
+def name_templates(names: list[str]) -> list[str]:
+    """Summarize module names that differ only in their indices, e.g. "vit.layers.N.layernorm_before".
+
+    An index slot shows its single value, its few values as (0|1), or N for more than four values.
+    """
+    families: dict[tuple[str, ...], list[list[str]]] = {}
+    for name in names:
+        parts = re.split(r"(\d+)", name)
+        families.setdefault(tuple(parts[0::2]), []).append(parts[1::2])
+    out = []
+    for texts, slots in families.items():
+        out.append("".join(t + (_display_slot([s[i] for s in slots]) if i < len(slots[0]) else "")
+                           for i, t in enumerate(texts)))
+    return out
+
+
+def protected_line(protected: list[str], limit: int = 24) -> str:
+    """List protected modules compactly (names that differ only in indices are summarized)."""
+    shown = name_templates(protected)
+    more = f" and {len(shown) - limit} more" if len(shown) > limit else ""
+    text = ", ".join(shown[:limit]) + more
+    return f"Protected modules (never prune, and never let a pruning regex match them): {text or 'none'}"
+
+
+def _probe_note(sensitivity: dict[str, Any]) -> str:
+    ratios = {round(float(s.get("ratio", 0.0)), 3) for s in sensitivity.values() if isinstance(s, dict)}
+    at = f" at ratio {ratios.pop():g}" if len(ratios) == 1 else ""
+    return (
+        f"Probe: each group pruned alone{at}; damage = KL(baseline || pruned) + fraction of changed "
+        "predictions (higher = more sensitive); acc_drop in percentage points. Shares are % of the whole model."
+    )
+
+
+def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_info: dict[str, Any]) -> str:
+    """Render the profile part shared by the analysis and iterative prompts."""
+    groups = list(profile.get("groups") or [])
+    protected = list(profile.get("protected") or [])
+    name = model_info.get("model") or "unknown"
+    extra = ", ".join(f"{k} {v}" for k, v in model_info.items() if v and k != "model")
+    info = f"{name} ({extra})" if extra else name
+    return "\n\n".join(
+        [
+            f"Model: {info}\n{totals_line(profile.get('totals') or {})}",
+            f"Most expensive layers by self latency:\n{top_layers_table(profile.get('layers') or [])}",
+            f"Prunable groups ({len(groups)}). {_probe_note(sensitivity)}\n"
+            f"{group_table(groups, profile.get('group_costs') or {}, sensitivity)}",
+            f"Regexes that select whole families of groups:\n{regex_help(groups, protected)}",
+            protected_line(protected),
+        ]
+    )
+
+
+def objective_block(objective: Objective) -> str:
+    """Render the objective: target, target reduction, accuracy budget and the quantization choice."""
+    quant = (
+        "no quantization (the user disabled it: leave \"quantization\" empty)"
+        if objective.quantize == "none"
+        else f"dynamic {objective.quantize} quantization of the Linear layers (include it in the plan)"
+    )
+    return (
+        f"Objective: reduce {objective.target} by at least {objective.target_reduction:.0%} with a top-1 accuracy "
+        f"drop of at most {objective.max_acc_drop:g} percentage points. Quantization requested: {quant}."
+    )
+
+
+def system_prompt(guard: GuardConfig, tool_rounds: int) -> str:
+    """Fill ANALYSIS_SYSTEM from the guard's bounds."""
+    return ANALYSIS_SYSTEM.format(
+        min_ratio=guard.min_ratio,
+        max_structured=guard.max_ratio_structured,
+        max_head=guard.max_ratio_head,
+        max_reduction=guard.max_predicted_param_reduction,
+        max_regex_len=guard.max_regex_len,
+        tool_rounds=tool_rounds,
+        schema=PLAN_SCHEMA,
+    )
+
+
+def render_analysis(
+    profile: dict[str, Any],
+    sensitivity: dict[str, Any],
+    objective: Objective,
+    *,
+    model_info: dict[str, Any] | None = None,
+    guard: GuardConfig | None = None,
+    tool_rounds: int = 6,
+) -> list[BaseMessage]:
+    """Build the round-1 messages: the system prompt and the profile/objective prompt.
+
+    Args:
+        profile: The full profile.json dict (groups, group_costs, protected, layers, totals).
+        sensitivity: Probe results per group name.
+        objective: The run's objective.
+        model_info: Facts shown in the header (e.g. {"model": ref, "family": "vit"}).
+        guard: Bounds quoted in the rules.
+        tool_rounds: Tool-call rounds allowed.
+    """
+    user = ANALYSIS_USER.format(
+        profile_block=profile_block(profile, sensitivity, model_info or {}),
+        objective_block=objective_block(objective),
+        task=ANALYSIS_TASK,
+    )
+    return [SystemMessage(content=system_prompt(guard or GuardConfig(), tool_rounds)), HumanMessage(content=user)]

@@ -1,0 +1,445 @@
+"""LLM planner: prompt, bounded tool-calling loop, guarded JSON plan, and the deterministic plan as fallback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+
+from profiling_agent.state import CompressionPlan, Context, QuantEntry, State
+from profiling_agent.tools.llm_tools import make_planning_tools
+from profiling_agent.tools.plan_guard import GuardConfig, check_plan, extract_json_object, parse_plan_text
+from profiling_agent.tools.planner import PlanResult
+
+logger = logging.getLogger(__name__)
+
+Stage = Literal["parse", "guard", "timeout", "error", "tool_loop"]
+
+RETRY_GUARD = (
+    "Your plan was rejected:\n{reasons}\nFix every problem (call the tools if that helps) and answer with the "
+    "corrected JSON plan only."
+)
+RETRY_PARSE = (
+    "Your answer could not be used: {reasons}\nAnswer with exactly one JSON object in the required plan format: no "
+    "code, no comments."
+)
+FORCE_FINAL = "The tool budget is used up. Answer now with the final JSON plan only, without calling tools."
+TOOL_BUDGET_SPENT = "error: tool budget exhausted; no more tool calls this step"
+MAX_ANSWER_KEPT = 600  # characters of a rejected answer kept in the fallback record
+
+
+@dataclass
+class LLMOutcome:
+    """The plan to apply and how it was obtained.
+
+    Attributes:
+        plan: The LLM's guarded plan, or the deterministic fallback's.
+        planner: "llm" when the LLM's plan is applied, "deterministic" after a fallback.
+        fallbacks: One record per fallback: {"reason", "stage", "rejected", "model"}.
+        transcript: Transcript path relative to the run folder, or None when there is no run folder.
+        estimate: The guard's predicted reduction of the LLM plan ({"params", "macs", "latency"}, from group
+            cost shares); empty after a fallback.
+    """
+
+    plan: CompressionPlan
+    planner: str
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    transcript: str | None = None
+    estimate: dict[str, float] = field(default_factory=dict)
+
+
+class PlannerFailure(Exception):
+    """The LLM could not deliver a valid plan; carries the fallback stage and the rejected answers."""
+
+    def __init__(self, stage: Stage, reason: str, rejected: list[dict[str, Any]] | None = None):
+        super().__init__(reason)
+        self.stage, self.reason, self.rejected = stage, reason, list(rejected or [])
+
+
+class _Rejected(Exception):
+    def __init__(self, stage: Stage, reasons: list[str]):
+        super().__init__("; ".join(reasons))
+        self.stage, self.reasons = stage, reasons
+
+
+# ---------------------------------------------------------------- transcript
+
+
+class Transcript:
+    """Append-only JSON-lines log of one planning step (prompts, replies, tool calls, guard verdicts)."""
+
+    def __init__(self, path: Path | None, rel: str | None, iteration: int):
+        self.path, self.rel, self.iteration = path, rel, iteration
+
+    @classmethod
+    def open(cls, run_path: str, iteration: int) -> Transcript:
+        """Start (truncate) `run_path/iter_NN/llm_transcript.jsonl`; a re-run step overwrites its transcript."""
+        if not run_path:
+            return cls(None, None, iteration)
+        rel = f"iter_{iteration:02d}/llm_transcript.jsonl"
+        path = Path(run_path) / rel
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("", encoding="utf-8")
+        except OSError as exc:
+            logger.warning("LLM transcript disabled: %s", exc)
+            return cls(None, None, iteration)
+        return cls(path, rel, iteration)
+
+    def write(self, event: str, **data: Any) -> None:
+        """Append one event; a failing disk never stops planning."""
+        if self.path is None:
+            return
+        record = {"time": round(time.time(), 3), "iteration": self.iteration, "event": event, **data}
+        try:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record, default=str) + "\n")
+        except OSError as exc:
+            logger.warning("LLM transcript write failed: %s", exc)
+            self.path = None
+
+
+def message_text(message: BaseMessage) -> str:
+    """Return a message's text (string content, or the text blocks of a list content)."""
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts = [b.get("text", "") if isinstance(b, dict) else str(b) for b in content or []]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def _record_reply(transcript: Transcript, reply: AIMessage) -> None:
+    usage = getattr(reply, "usage_metadata", None)
+    transcript.write(
+        "reply",
+        content=message_text(reply),
+        tool_calls=[{"name": c.get("name"), "args": c.get("args"), "id": c.get("id")} for c in reply.tool_calls],
+        invalid_tool_calls=[dict(c) for c in getattr(reply, "invalid_tool_calls", []) or []],
+        usage=dict(usage) if usage else None,
+    )
+
+
+# ---------------------------------------------------------------- calling the model
+
+
+def build_chat_model(ctx: Context) -> Any:
+    """Build the OpenAI-compatible chat model from the run context (the key is read from the environment)."""
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model=ctx.llm_model,
+        base_url=ctx.llm_base_url or os.environ.get("OPENAI_BASE_URL") or None,
+        api_key=os.environ.get(ctx.llm_api_key_env) or "no-key",  # keyless local servers accept any key
+        temperature=ctx.llm_temperature,
+        timeout=ctx.llm_timeout,
+        max_retries=1,
+    )
+
+
+def request_deadline(ctx: Context) -> float:
+    """Seconds one model call may take in all: two attempts of `llm_timeout` plus a margin for backoff."""
+    return 2 * ctx.llm_timeout + min(5.0, ctx.llm_timeout)
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError) or any("Timeout" in cls.__name__ for cls in type(exc).__mro__)
+
+
+def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> AIMessage:
+    """Invoke `runnable` in a daemon thread and wait at most `deadline` seconds for its reply.
+
+    Raises:
+        PlannerFailure: stage "timeout" (deadline passed or a timeout error) or "error" (anything else).
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["reply"] = runnable.invoke(messages)
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="llm-request", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if thread.is_alive():
+        raise PlannerFailure("timeout", f"no reply within {deadline:.1f} s")
+    if "error" in box:
+        exc = box["error"]
+        stage = "timeout" if _is_timeout(exc) else "error"
+        raise PlannerFailure(stage, f"{type(exc).__name__}: {str(exc)[:300]}")
+    reply = box.get("reply")
+    if not isinstance(reply, AIMessage):
+        raise PlannerFailure("error", f"the model returned {type(reply).__name__}, not an AIMessage")
+    return reply
+
+
+# ---------------------------------------------------------------- the plan policy
+
+
+def apply_quantize_choice(
+    plan: dict[str, Any], quantize: str, fallback_plan: CompressionPlan
+) -> tuple[dict[str, Any], list[str]]:
+    """Make a parsed plan respect the objective's quantization choice.
+
+    With quantize "none" the LLM's quantization entries are dropped; otherwise, when the LLM left quantization
+    out, the fallback plan's entries (or one "all" entry of the chosen dtype) are added. The LLM's own dtype
+    choices are kept when it did quantize.
+    """
+    entries = plan.get("quantization")
+    if not isinstance(entries, list):
+        return plan, []
+    if quantize == "none":
+        if entries:
+            return {**plan, "quantization": []}, ["dropped the quantization entries: the objective disables it"]
+        return plan, []
+    if entries:
+        return plan, []
+    added = [q.model_dump() for q in fallback_plan.quantization]
+    added = added or [QuantEntry(layer="all", dtype=quantize).model_dump()]
+    return {**plan, "quantization": added}, [f"added the objective's {quantize} quantization the plan left out"]
+
+
+def planning_round(state: State) -> int:
+    """Return the round being planned: `state.iteration`, or one past the last finished candidate if larger."""
+    done = max((int(c.get("iteration", 0)) for c in state.candidates), default=0)
+    return max(state.iteration, done + 1, 1)
+
+
+@dataclass
+class _Session:
+    """One planning step: the tool loop, parsing, the guard and retries."""
+
+    model: Any
+    tools: list[Any]
+    ctx: Context
+    transcript: Transcript
+    profile: dict[str, Any]
+    quantize: str
+    fallback_plan: CompressionPlan
+    guard: GuardConfig = field(default_factory=GuardConfig)
+
+    def __post_init__(self) -> None:
+        self.by_name = {t.name: t for t in self.tools}
+        self.deadline = request_deadline(self.ctx)
+        self.bound, self.final = self._bind()
+
+    def _bind(self) -> tuple[Any, Any]:
+        try:
+            bound = self.model.bind_tools(self.tools)
+        except NotImplementedError:
+            self.transcript.write("note", message="the model does not support tools; planning without them")
+            return self.model, self.model
+        try:
+            final = self.model.bind_tools(self.tools, tool_choice="none")
+        except (NotImplementedError, TypeError, ValueError):
+            final = bound
+        return bound, final
+
+    def _run_tools(self, reply: AIMessage) -> list[ToolMessage]:
+        out = []
+        for n, call in enumerate(reply.tool_calls):
+            name, args, call_id = call.get("name", ""), call.get("args") or {}, call.get("id") or f"call_{n}"
+            self.transcript.write("tool_call", name=name, args=args, id=call_id)
+            tool = self.by_name.get(name)
+            if tool is None:
+                content = f"error: unknown tool {name!r}; available tools: {', '.join(self.by_name)}"
+            else:
+                try:
+                    content = str(tool.invoke(args))
+                except Exception as exc:  # noqa: BLE001 - bad arguments go back to the LLM
+                    content = f"error: {type(exc).__name__}: {str(exc)[:400]}"
+            self.transcript.write("tool_result", name=name, id=call_id, content=content)
+            out.append(ToolMessage(content=content, tool_call_id=call_id, name=name or "unknown"))
+        for n, call in enumerate(getattr(reply, "invalid_tool_calls", []) or []):
+            call_id = call.get("id") or f"invalid_{n}"
+            content = f"error: the arguments of {call.get('name')!r} are not valid JSON: {call.get('error') or ''}"
+            self.transcript.write("tool_result", name=call.get("name"), id=call_id, content=content)
+            out.append(ToolMessage(content=content, tool_call_id=call_id, name=call.get("name") or "unknown"))
+        return out
+
+    def _accept(self, text: str) -> tuple[CompressionPlan, dict[str, float]]:
+        try:
+            raw, notes = parse_plan_text(text)
+        except ValueError as exc:
+            self.transcript.write("parse_error", reason=str(exc))
+            raise _Rejected("parse", [str(exc)]) from exc
+        raw, policy = apply_quantize_choice(raw, self.quantize, self.fallback_plan)
+        verdict = check_plan(
+            raw,
+            self.profile.get("groups") or [],
+            self.profile.get("protected") or [],
+            self.profile.get("group_costs") or {},
+            self.guard,
+            layers=self.profile.get("layers"),
+        )
+        self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
+        if not verdict.ok:
+            raise _Rejected("guard", verdict.reasons)
+        return verdict.plan, verdict.estimate
+
+    def run(self, messages: list[BaseMessage]) -> tuple[CompressionPlan, dict[str, float]]:
+        """Talk to the model until it gives a plan the guard accepts (returned with its estimate), or raise."""
+        rounds, forced, rejected = 0, False, []
+        while True:
+            reply = call_model(self.final if forced else self.bound, messages, self.deadline)
+            _record_reply(self.transcript, reply)
+            messages.append(reply)
+            if reply.tool_calls or getattr(reply, "invalid_tool_calls", None):
+                if forced:
+                    raise PlannerFailure("tool_loop", f"still calling tools after {rounds} tool rounds", rejected)
+                if rounds >= self.ctx.llm_tool_rounds:
+                    messages += [ToolMessage(content=TOOL_BUDGET_SPENT, tool_call_id=c.get("id") or f"call_{n}",
+                                             name=c.get("name") or "unknown")
+                                 for n, c in enumerate([*reply.tool_calls, *reply.invalid_tool_calls])]
+                    messages.append(HumanMessage(content=FORCE_FINAL))
+                    self.transcript.write("prompt", role="human", content=FORCE_FINAL)
+                    forced = True
+                    continue
+                messages += self._run_tools(reply)
+                rounds += 1
+                continue
+            text = message_text(reply)
+            try:
+                return self._accept(text)
+            except _Rejected as rej:
+                rejected.append({"stage": rej.stage, "reasons": rej.reasons, "answer": text[:MAX_ANSWER_KEPT]})
+                if len(rejected) > self.ctx.llm_retries:
+                    raise PlannerFailure(rej.stage, f"{len(rejected)} invalid answers; last: {rej.reasons[0]}",
+                                         rejected) from None
+                template = RETRY_PARSE if rej.stage == "parse" else RETRY_GUARD
+                retry = template.format(reasons="\n".join(f"- {r}" for r in rej.reasons))
+                messages.append(HumanMessage(content=retry))
+                self.transcript.write("prompt", role="human", content=retry)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def render_messages(state: State, ctx: Context, profile: dict[str, Any], sensitivity: dict[str, Any],
+                    iteration: int, guard: GuardConfig) -> list[BaseMessage]:
+    """Build the analysis prompt (round 1) or the iterative prompt (later rounds)."""
+    from profiling_agent.prompts.analysis import render_analysis
+    from profiling_agent.prompts.iterative import render_iterative
+
+    info = {"model": state.model.ref, "family": state.family}
+    if iteration <= 1:
+        return render_analysis(profile, sensitivity, state.objective, model_info=info, guard=guard,
+                               tool_rounds=ctx.llm_tool_rounds)
+    return render_iterative(
+        profile, sensitivity, state.objective, iteration=iteration, candidates=state.candidates,
+        baseline_eval=state.baseline_eval, fallbacks=state.fallbacks, model_info=info, guard=guard,
+        tool_rounds=ctx.llm_tool_rounds,
+    )
+
+
+def plan_with_llm(
+    state: State,
+    ctx: Context,
+    profile: dict[str, Any],
+    sensitivity: dict[str, Any],
+    fallback: PlanResult,
+    *,
+    chat_model: Any = None,
+    evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> LLMOutcome:
+    """Ask the LLM for this round's plan; fall back to the deterministic plan on any failure, never raise.
+
+    Args:
+        state: The run state (objective, earlier candidates, baseline evaluation, run folder).
+        ctx: Run context (LLM endpoint, timeout, retries, tool rounds).
+        profile: The full profile.json dict (groups, group_costs, protected, layers, totals).
+        sensitivity: Probe results per group name.
+        fallback: The deterministic planner's result for this round.
+        chat_model: A LangChain chat model to use instead of building ChatOpenAI from `ctx` (tests).
+        evaluate_fn: Optional callable that applies a plan dict to a copy of the model and returns measured
+            metrics; when given, the LLM gets the `evaluate_plan` tool.
+
+    Returns:
+        The plan to apply, the planner that produced it, fallback records and the transcript path.
+    """
+    iteration = planning_round(state)
+    transcript = Transcript.open(state.run_path, iteration)
+    guard = GuardConfig()
+    try:
+        model = chat_model if chat_model is not None else build_chat_model(ctx)
+        info = {"model": state.model.ref, "family": state.family}
+        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn)
+        messages = render_messages(state, ctx, profile, sensitivity, iteration, guard)
+        for message in messages:
+            transcript.write("prompt", role=message.type, content=message_text(message))
+        session = _Session(model, tools, ctx, transcript, profile, state.objective.quantize, fallback.plan, guard)
+        plan, estimate = session.run(messages)
+    except PlannerFailure as failure:
+        return _fall_back(transcript, fallback, ctx, failure.stage, failure.reason, failure.rejected)
+    except Exception as exc:  # noqa: BLE001 - the LLM path must never crash the run
+        logger.exception("LLM planner failed")
+        return _fall_back(transcript, fallback, ctx, "error", f"{type(exc).__name__}: {str(exc)[:300]}", [])
+    transcript.write("final", planner="llm", plan=plan.model_dump())
+    return LLMOutcome(plan, "llm", [], transcript.rel, estimate)
+
+
+def _fall_back(transcript: Transcript, fallback: PlanResult, ctx: Context, stage: Stage, reason: str,
+               rejected: list[dict[str, Any]]) -> LLMOutcome:
+    record = {"reason": reason, "stage": stage, "rejected": rejected, "model": ctx.llm_model}
+    logger.warning("LLM planner fell back to the deterministic plan (%s): %s", stage, reason)
+    transcript.write("fallback", **record)
+    transcript.write("final", planner="deterministic", plan=fallback.plan.model_dump())
+    return LLMOutcome(fallback.plan, "deterministic", [record], transcript.rel)
+
+
+# ---------------------------------------------------------------- input shape
+
+
+def validate_shape(value: Any) -> dict[str, int]:
+    """Check an input-shape answer: integer channels in 1..16, height and width in 1..4096.
+
+    Raises:
+        ValueError: With a reason the LLM can act on.
+    """
+    if isinstance(value, dict) and "channels" not in value:
+        value = next((v for v in value.values() if isinstance(v, dict) and "channels" in v), value)
+    if not isinstance(value, dict):
+        raise ValueError("the answer must be a JSON object")
+    out = {}
+    for key, high in (("channels", 16), ("height", 4096), ("width", 4096)):
+        raw = value.get(key)
+        if isinstance(raw, float) and raw.is_integer():
+            raw = int(raw)
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ValueError(f"{key} must be an integer, got {json.dumps(raw, default=str)[:40]}")
+        if not 1 <= raw <= high:
+            raise ValueError(f"{key} must be in 1..{high}, got {raw}")
+        out[key] = raw
+    return out
+
+
+def resolve_shape_with_llm(metadata: dict[str, Any], ctx: Context, *, chat_model: Any = None) -> dict[str, int] | None:
+    """Ask the input-shape resolver agent for {"channels", "height", "width"}; None on any failure.
+
+    The answer is validated here (ranges, integers); the caller still verifies it with a forward pass.
+    """
+    from profiling_agent.prompts.input_shape import render_input_shape
+
+    try:
+        model = chat_model if chat_model is not None else build_chat_model(ctx)
+        messages = render_input_shape(metadata)
+        for _ in range(1 + max(0, ctx.llm_retries)):
+            reply = call_model(model, messages, request_deadline(ctx))
+            try:
+                return validate_shape(extract_json_object(message_text(reply)))
+            except ValueError as exc:
+                messages += [reply, HumanMessage(content=f"Invalid answer: {exc}. Reply with the JSON object only.")]
+    except PlannerFailure as failure:
+        logger.warning("input-shape LLM failed (%s): %s", failure.stage, failure.reason)
+    except Exception as exc:  # noqa: BLE001 - the resolver is optional, never fatal
+        logger.warning("input-shape LLM failed: %s", exc)
+    return None

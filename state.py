@@ -6,7 +6,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 EMBEDDED_MODEL = "embedded:vit-digits"
 EMBEDDED_DATASET = "embedded:digits"
@@ -85,36 +85,31 @@ class Objective(_Strict):
 MAX_REGEX_LEN = 200
 
 
+def _short_regex(value: str) -> str:
+    if not value or len(value) > MAX_REGEX_LEN:
+        raise ValueError(f"layer regex must have 1..{MAX_REGEX_LEN} characters")
+    return value
+
+
+LayerPattern = Annotated[str, AfterValidator(_short_regex)]
+
+
 class PruneEntry(_Strict):
     """Prune the prunable groups whose module name matches `layer` (re.search) by `ratio`."""
 
-    layer: str = Field(description="Regular expression searched in module names, e.g. 'layers\\.(2|3)\\.mlp'.")
+    layer: LayerPattern = Field(description="Regular expression searched in module names, e.g. 'layers\\.(2|3)\\.mlp'.")
     type: PruneType = Field(description="structured: conv/MLP channels; head: whole attention heads.")
     ratio: float = Field(gt=0.0, lt=1.0, description="Fraction of channels (or heads) removed per group.")
     justification: str = Field(default="", description="Why, grounded in the profile.")
-
-    @field_validator("layer")
-    @classmethod
-    def _short_regex(cls, value: str) -> str:
-        if not value or len(value) > MAX_REGEX_LEN:
-            raise ValueError(f"layer regex must have 1..{MAX_REGEX_LEN} characters")
-        return value
 
 
 class QuantEntry(_Strict):
     """Dynamically quantize the nn.Linear layers matched by `layer` ('all' or a regex)."""
 
-    layer: str = Field(default="all", description="'all' or a regular expression searched in module names.")
+    layer: LayerPattern = Field(default="all", description="'all' or a regular expression searched in module names.")
     type: Literal["dynamic"] = Field(default="dynamic", description="Post-training dynamic quantization.")
     dtype: QuantDtype = Field(default="qint8", description="Weight dtype.")
     justification: str = Field(default="", description="Why, grounded in the profile.")
-
-    @field_validator("layer")
-    @classmethod
-    def _short_regex(cls, value: str) -> str:
-        if not value or len(value) > MAX_REGEX_LEN:
-            raise ValueError(f"layer regex must have 1..{MAX_REGEX_LEN} characters")
-        return value
 
 
 class CompressionPlan(_Strict):

@@ -29,7 +29,6 @@ class _Parser(argparse.ArgumentParser):
 def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # silence torch.profiler start/stop lines
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")

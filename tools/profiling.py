@@ -6,11 +6,13 @@ import contextlib
 import inspect
 import io
 import logging
+import os
 import statistics
+import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -383,6 +385,28 @@ def static_profile(model: nn.Module, input_shape: Sequence[int] | Mapping[str, A
 # ---------------------------------------------------------------- operator table (torch.profiler)
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Silence native writes to stderr (kineto prints profiler start/stop lines) while the profiler runs.
+
+    Python-level errors still propagate as exceptions; only the C++ library's chatter on fd 2 is dropped.
+    """
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real stderr (embedded interpreters): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def operator_table(model: nn.Module, example: torch.Tensor, *, top_k: int = 15) -> list[dict[str, Any]]:
     """Profile one forward pass with torch.profiler and return the top operators by self time.
 
@@ -402,7 +426,7 @@ def operator_table(model: nn.Module, example: torch.Tensor, *, top_k: int = 15) 
     with torch.inference_mode():
         forward_logits(model, example)
         _sync(example.device)
-        with profile(activities=activities, profile_memory=True) as prof:
+        with _quiet_native_stderr(), profile(activities=activities, profile_memory=True) as prof:
             forward_logits(model, example)
             _sync(example.device)
     rows = [_operator_row(event, cuda) for event in prof.key_averages()]

@@ -154,6 +154,11 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
         raise BadInput("invalid --threads: must be at least 1")
     if args.repeats is not None and args.repeats < 1:
         raise BadInput("invalid --repeats: must be at least 1")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInput("--device cuda was requested but no CUDA device is available")
     return ctx
 
 

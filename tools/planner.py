@@ -150,11 +150,14 @@ def next_goal(
     return goal, gamma, False, why
 
 
-def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], rank: int, n: int) -> str:
+def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], rank: int, n: int, ratio: float) -> str:
+    units, min_units = int(group["units"]), int(group.get("min_units", 1))
+    removed = round(effective_ratio(units, min_units, ratio) * units)
+    what = "heads" if group["kind"] == "head" else "channels"
     return (
         f"{group['name']}: {_share(cost, 'latency'):.1%} of latency, {_share(cost, 'macs'):.1%} of MACs, "
-        f"{_share(cost, 'params'):.1%} of params; probe damage {float(sens.get('damage', 0.0)):.4f} "
-        f"(rank {rank}/{n}, 1 = least sensitive)"
+        f"{_share(cost, 'params'):.1%} of params; probe damage {float(sens.get('damage', 0.0)):.3g} "
+        f"(rank {rank}/{n}, 1 = least sensitive); removes {removed} of {units} {what}"
     )
 
 
@@ -242,6 +245,7 @@ def plan_round(
                     sensitivity.get(group["name"], {}),
                     rank[group["name"]],
                     len(groups),
+                    ratio,
                 ),
             )
         )

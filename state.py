@@ -6,7 +6,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 EMBEDDED_MODEL = "embedded:vit-digits"
 EMBEDDED_DATASET = "embedded:digits"
@@ -14,7 +14,8 @@ EMBEDDED_DATASET = "embedded:digits"
 PruneType = Literal["structured", "head"]
 QuantDtype = Literal["qint8", "float16"]
 QuantizeChoice = Literal["qint8", "float16", "none"]
-PlannerChoice = Literal["deterministic", "llm", "auto"]
+PlannerChoice = Literal["deterministic", "llm", "auto", "l1", "l2", "random"]
+BASELINE_PLANNERS = ("l1", "l2", "random")  # uniform pruning baselines (tools/baselines.py)
 SelectRule = Literal["paper", "budget"]
 TargetMetric = Literal["params", "macs", "latency", "size"]
 
@@ -76,8 +77,29 @@ class Objective(_Strict):
     iterations: int = Field(default=5, ge=1, le=50, description="Upper bound on pruning iterations.")
     quantize: QuantizeChoice = Field(default="qint8", description="Dynamic quantization added to each plan.")
     planner: PlannerChoice = Field(
-        default="auto", description="deterministic, llm, or auto (the LLM when one is configured)."
+        default="auto",
+        description="deterministic, llm, auto (the LLM when one is configured), or a uniform pruning baseline: "
+        "l1, l2 or random (needs `ratio`).",
     )
+    ratio: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="Uniform pruning ratio of the l1/l2/random baselines (required for them, unused otherwise).",
+    )
+    approve: bool = Field(
+        default=False,
+        description="Pause before each plan is applied for a human decision: approve, edit (a replacement plan) "
+        "or reject (the iteration's candidate is skipped and recorded as rejected).",
+    )
+
+    @model_validator(mode="after")
+    def _baseline_ratio(self) -> Objective:
+        if self.planner in BASELINE_PLANNERS and self.ratio is None:
+            raise ValueError(f"planner {self.planner} needs a ratio in (0, 1)")
+        if self.ratio is not None and self.planner not in BASELINE_PLANNERS:
+            raise ValueError(f"ratio applies only to the planners {', '.join(BASELINE_PLANNERS)}")
+        return self
 
 
 # ---------------------------------------------------------------- plans (paper, Figure 4)
@@ -155,7 +177,7 @@ class Candidate(BaseModel):
     """One iteration's plan, what pruning actually did, its artifact and its evaluation."""
 
     iteration: int
-    status: Literal["ok", "failed"]
+    status: Literal["ok", "failed", "rejected"]
     plan: dict[str, Any]
     planner: str = Field(description="Planner that produced the plan.")
     applied: list[dict[str, Any]] = Field(default_factory=list, description="Per-group pruning as applied.")

@@ -8,6 +8,7 @@ from langgraph.types import Checkpointer
 from profiling_agent.graph import routing
 from profiling_agent.nodes.acquire import acquire
 from profiling_agent.nodes.analyze import analyze
+from profiling_agent.nodes.approve import approve
 from profiling_agent.nodes.evaluate import evaluate
 from profiling_agent.nodes.iterate import iterate
 from profiling_agent.nodes.profile import profile
@@ -25,6 +26,7 @@ def build_graph(checkpointer: Checkpointer = None):
     builder.add_node("resolve_input_shape", resolve_input_shape)
     builder.add_node("profile", profile)
     builder.add_node("analyze", analyze)
+    builder.add_node("approve", approve)
     builder.add_node("prune", prune)
     builder.add_node("quantize", quantize)
     builder.add_node("evaluate", evaluate)
@@ -35,8 +37,10 @@ def build_graph(checkpointer: Checkpointer = None):
     builder.add_edge("acquire", "resolve_input_shape")
     builder.add_edge("resolve_input_shape", "profile")
     builder.add_edge("profile", "analyze")
-    # a converged planner has nothing new to try: straight to the report
+    # a converged planner has nothing new to try: straight to the report; objective.approve pauses for a human
     builder.add_conditional_edges("analyze", routing.after_analyze)
+    # a rejected plan skips pruning, quantization and (once the baseline is measured) evaluation
+    builder.add_conditional_edges("approve", routing.after_approve)
     # a plan the engine could not apply skips quantization; evaluate still records the baseline
     builder.add_conditional_edges("prune", routing.after_prune)
     builder.add_edge("quantize", "evaluate")

@@ -32,10 +32,10 @@ def thread_summary(graph: Any, thread_id: str) -> dict[str, Any]:
     snapshot = graph.get_state({"configurable": {"thread_id": thread_id}})
     values = snapshot.values or {}
     best = values.get("best") or {}
-    nxt = list(snapshot.next or ())
+    nxt = list(dict.fromkeys(t.name for t in snapshot.tasks or ()))  # next misses a step whose writes were saved
     status = values.get("status", "new")
     if nxt:
-        status = "interrupted"
+        status = "waiting for approval" if any(t.interrupts for t in snapshot.tasks) else "interrupted"
     return {
         "thread_id": thread_id,
         "status": status,

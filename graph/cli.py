@@ -6,12 +6,22 @@ import argparse
 import dataclasses
 import logging
 import os
+import shutil
 import sys
 import time
 import uuid
 import warnings
 from pathlib import Path
 from typing import Any
+
+from profiling_agent.graph.review import (
+    decision_hint,
+    format_request,
+    pending_approval,
+    pending_nodes,
+    read_plan_file,
+    resume_command,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUN_SETTINGS = "run.json"
@@ -45,11 +55,27 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default="runs", help="folder holding one sub-folder per run (default: runs)")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="device (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for profiling and evaluation")
-    p.add_argument("--llm-model", default=None, help="chat model name (default: gpt-4o)")
+    p.add_argument("--llm-model", default=None, help="chat model name (default: $OPENAI_MODEL, else gpt-4o)")
     p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible base URL (default: $OPENAI_BASE_URL)")
-    p.add_argument("--llm-timeout", type=float, default=None, help="seconds per LLM request")
+    p.add_argument(
+        "--llm-api-key-env", default=None, help="environment variable holding the API key (default: OPENAI_API_KEY)"
+    )
+    p.add_argument("--llm-timeout", type=float, default=None, help="seconds per LLM request (default 60)")
+    p.add_argument("--llm-retries", type=int, default=None, help="invalid LLM plans sent back before the fallback")
+    p.add_argument("--llm-tool-rounds", type=int, default=None, help="LLM tool-call rounds per planning step")
     p.add_argument("--temperature", type=float, default=None, help="LLM sampling temperature")
     p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
+
+
+def _refuse_goal_flags(run: argparse.ArgumentParser, resume: argparse.ArgumentParser) -> None:
+    """Accept run's goal flags on resume only to refuse them clearly: a resume cannot change what is optimized."""
+    taken = {opt for action in resume._actions for opt in action.option_strings}
+    for action in run._actions:
+        opts = [opt for opt in action.option_strings if opt not in taken]
+        if opts and not isinstance(action, argparse._HelpAction):
+            kind: dict[str, Any] = {"action": "store_true"} if action.nargs == 0 else {}
+            hidden = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+            resume.add_argument(*opts, dest=f"goal_{action.dest}", **hidden, **kind)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--label-column", default=None)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--iterations", type=int, default=None, help="pruning iterations (default 5)")
-    run.add_argument("--planner", choices=["deterministic", "llm", "auto"], default=None)
+    run.add_argument(
+        "--planner",
+        choices=["deterministic", "llm", "auto", "l1", "l2", "random"],
+        default=None,
+        help="l1/l2/random: uniform pruning baseline at --ratio (one iteration)",
+    )
+    run.add_argument("--ratio", type=float, default=None, help="pruning ratio of the l1/l2/random baselines, in (0, 1)")
     run.add_argument("--quantize", choices=["qint8", "float16", "none"], default=None)
     run.add_argument("--select", choices=["paper", "budget"], default=None, help="best-candidate rule")
     run.add_argument("--max-acc-drop", type=float, default=None, help="accuracy budget in percentage points")
@@ -79,11 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target-reduction", type=float, default=None, help="e.g. 0.4 = 40%% reduction of --target")
     run.add_argument("--trust-remote-code", action="store_true")
     run.add_argument("--thread-id", default=None, help="run id (default: generated)")
+    run.add_argument("--approve", action="store_true", help="pause before each plan is applied for your decision")
     _add_context_flags(run)
 
     resume = sub.add_parser("resume", help="continue an interrupted run from its last checkpoint")
     resume.add_argument("thread_id")
-    resume.add_argument("--run-dir", default="runs")
+    resume.add_argument("--decision", choices=["approve", "edit", "reject"], default=None, help="answer a paused plan")
+    resume.add_argument("--plan", default=None, help="with --decision edit: the plan to apply instead (JSON file)")
+    _add_context_flags(resume)  # "how" settings may change on resume
+    _refuse_goal_flags(run, resume)
 
     prof = sub.add_parser("profile", help="profile a model and print its per-layer table")
     prof.add_argument("--model", default=None)
@@ -104,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--label-column", default=None)
     ev.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     ev.add_argument("--json", dest="json_out", default=None, help="write the metrics as JSON here")
+
+    rep = sub.add_parser("report", help="rebuild plots, report.md and report.html of a finished run")
+    rep.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
     return parser
 
 
@@ -130,13 +169,17 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
         _set(dataset, key, getattr(args, key))
     _set(dataset, "ref", args.dataset)
     objective: dict[str, Any] = {}
-    for key in ("iterations", "planner", "quantize", "select", "max_acc_drop", "target", "target_reduction"):
+    for key in ("iterations", "planner", "ratio", "quantize", "select", "max_acc_drop", "target", "target_reduction"):
         _set(objective, key, getattr(args, key))
+    if getattr(args, "approve", False):
+        objective["approve"] = True
     try:
         return InputState(model=model, dataset=dataset, objective=objective).model_dump()
     except ValidationError as exc:
         err = exc.errors()[0]
         where = "--" + str(err["loc"][-1]).replace("_", "-")
+        if tuple(err["loc"]) == ("objective",):  # Objective's cross-field check of --planner and --ratio
+            where, err["msg"] = "--planner/--ratio", err["msg"].removeprefix("Value error, ")
         raise BadInput(f"invalid {where}: {err['msg']}") from None
 
 
@@ -145,10 +188,14 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     ctx: dict[str, Any] = {"run_root": str(Path(args.run_dir).resolve())}
     _set(ctx, "device", args.device)
     _set(ctx, "threads", args.threads)
-    _set(ctx, "llm_model", args.llm_model)
+    _set(ctx, "llm_model", args.llm_model or os.environ.get("OPENAI_MODEL") or None)
     _set(ctx, "llm_base_url", args.llm_base_url)
+    _set(ctx, "llm_api_key_env", args.llm_api_key_env)
     _set(ctx, "llm_timeout", args.llm_timeout)
+    _set(ctx, "llm_retries", args.llm_retries)
+    _set(ctx, "llm_tool_rounds", args.llm_tool_rounds)
     _set(ctx, "llm_temperature", args.temperature)
+    _check_llm_flags(args)
     _set(ctx, "latency_repeats", args.repeats)
     if args.threads is not None and args.threads < 1:
         raise BadInput("invalid --threads: must be at least 1")
@@ -160,6 +207,23 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if not torch.cuda.is_available():
             raise BadInput("--device cuda was requested but no CUDA device is available")
     return ctx
+
+
+def _check_llm_flags(args: argparse.Namespace) -> None:
+    import re
+
+    if args.llm_timeout is not None and not 0 < args.llm_timeout <= 3600:
+        raise BadInput("invalid --llm-timeout: must be in (0, 3600] seconds")
+    if args.llm_retries is not None and not 0 <= args.llm_retries <= 10:
+        raise BadInput("invalid --llm-retries: must be in 0..10")
+    if args.llm_tool_rounds is not None and not 0 <= args.llm_tool_rounds <= 50:
+        raise BadInput("invalid --llm-tool-rounds: must be in 0..50")
+    if args.temperature is not None and not 0 <= args.temperature <= 2:
+        raise BadInput("invalid --temperature: must be in [0, 2]")
+    if args.llm_api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", args.llm_api_key_env):
+        raise BadInput("invalid --llm-api-key-env: give the name of an environment variable, not the key")
+    if args.llm_base_url is not None and not args.llm_base_url.startswith(("http://", "https://")):
+        raise BadInput("invalid --llm-base-url: must start with http:// or https://")
 
 
 def _context(ctx: dict[str, Any]):
@@ -214,8 +278,10 @@ class _Progress:
             bar.close()
 
 
-def _drive(graph: Any, payload: Any, config: dict[str, Any], context: Any) -> None:
+def _drive(graph: Any, payload: Any, config: dict[str, Any], context: Any, banner: list[str] | None = None) -> None:
+    """Stream the graph to the console; `banner` is printed once the first node succeeds (bad input stays one line)."""
     progress = _Progress()
+    banner = list(banner or [])
     try:
         for mode, chunk in graph.stream(
             payload, config, context=context, stream_mode=["updates", "custom"], durability="sync"
@@ -223,6 +289,8 @@ def _drive(graph: Any, payload: Any, config: dict[str, Any], context: Any) -> No
             if mode == "custom" and isinstance(chunk, dict) and chunk.get("kind") == "progress":
                 progress.progress(chunk)
             elif mode == "updates" and isinstance(chunk, dict):
+                while banner:
+                    _say(banner.pop(0))
                 for node, values in chunk.items():
                     progress.update(node, values if isinstance(values, dict) else None)
     finally:
@@ -278,27 +346,67 @@ def cmd_run(args: argparse.Namespace) -> int:
     ctx = context_from_args(args)
     root = Path(ctx["run_root"])
     _check_run_dir(root)
-    if payload["objective"]["planner"] == "llm":
-        from profiling_agent.nodes.analyze import llm_configured
+    from profiling_agent.tools.llm_planner import planner_mode
 
-        if not llm_configured(_context(ctx)):
-            raise BadInput(
-                "--planner llm needs an LLM endpoint: set OPENAI_BASE_URL or OPENAI_API_KEY, or pass --llm-base-url"
-            )
+    try:  # auto: the LLM when one is configured; llm without one: one-line error naming the missing setting
+        _mode, planner_note = planner_mode(payload["objective"]["planner"], _context(ctx))
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     thread_id = args.thread_id = args.thread_id or _new_thread_id(payload["model"]["ref"])
     saver = open_checkpointer(root)
     if thread_id in thread_ids(saver):
-        raise BadInput(f"thread {thread_id} already exists in {root}: use `profiling-agent resume {thread_id}`")
+        raise BadInput(f"thread {thread_id} already exists in {root}: use `{resume_command(thread_id, args.run_dir)}`")
     write_json_atomic(root / thread_id / RUN_SETTINGS, {"thread_id": thread_id, "input": payload, "context": ctx})
-    _say(
-        f"run {thread_id} -> {root / thread_id}  (resume with: profiling-agent resume {thread_id}"
-        + ("" if args.run_dir == "runs" else f" --run-dir {args.run_dir}")
-        + ")"
-    )
+    banner = [
+        f"run {thread_id} -> {root / thread_id}  (resume with: {resume_command(thread_id, args.run_dir)})",
+        f"planner: {planner_note}",
+    ]
     graph = build_graph(checkpointer=saver)
-    _drive(graph, payload, {"configurable": {"thread_id": thread_id}}, _context(ctx))
+    config = {"configurable": {"thread_id": thread_id}}
+    try:
+        _drive(graph, payload, config, _context(ctx), banner)
+    except _expected_errors():
+        if pending_nodes(graph.get_state(config)) == ("acquire",):  # bad model/dataset: leave no half-made thread
+            saver.delete_thread(thread_id)
+            shutil.rmtree(root / thread_id, ignore_errors=True)
+        raise
+    if _paused(graph, config, root, thread_id, args.run_dir):
+        return EXIT_OK
     print(_final_table(root / thread_id))
     return EXIT_OK
+
+
+def _paused(graph: Any, config: dict[str, Any], root: Path, thread_id: str, run_dir: str) -> bool:
+    """Show the plan a run is waiting on, with the commands that answer it; return False when not paused."""
+    request = pending_approval(graph.get_state(config))
+    if request is None:
+        return False
+    print(format_request(request, root / thread_id))
+    _say(decision_hint(thread_id, run_dir))
+    return True
+
+
+def _resume_payload(args: argparse.Namespace, snapshot: Any, root: Path) -> Any:
+    """Check resume's flags against the thread and return what to stream: None, or Command(resume=answer)."""
+    from langgraph.types import Command
+
+    tid = args.thread_id
+    request = pending_approval(snapshot)
+    if args.decision is None:
+        if request is not None:
+            raise BadInput(
+                f"thread {tid} is waiting for approval of iteration {request['iteration']}'s plan "
+                f"({root / tid / request['plan_file']}): pass --decision approve|edit|reject"
+            )
+        return None
+    if request is None:
+        nodes = pending_nodes(snapshot)
+        where = f"next: {', '.join(nodes)}" if nodes else "it has nothing left to run"
+        raise BadInput(f"thread {tid} is not waiting for approval ({where}): drop --decision")
+    answer: dict[str, Any] = {"decision": args.decision}
+    if args.decision == "edit":
+        answer["plan"] = read_plan_file(args.plan, root / tid / "profile.json")
+    return Command(resume=answer)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -307,6 +415,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from profiling_agent.graph.checkpoint import open_checkpointer, thread_ids
     from profiling_agent.tools.io import read_json
 
+    goal_flags = sorted("--" + key[len("goal_") :].replace("_", "-") for key in vars(args) if key.startswith("goal_"))
+    if goal_flags:
+        raise BadInput(
+            f"resume continues thread {args.thread_id} with the model, dataset and objective it started with: "
+            f"{', '.join(goal_flags)} cannot change them (start a new run, or fork the thread with the Python API)"
+        )
+    if args.plan is not None and args.decision != "edit":
+        raise BadInput("--plan goes with --decision edit")
+    if args.decision == "edit" and args.plan is None:
+        raise BadInput("--decision edit needs --plan FILE.json (e.g. an edited copy of the pending plan.json)")
     root = Path(args.run_dir).resolve()
     if not (root / "checkpoints.sqlite").exists():
         raise BadInput(f"no runs in {root}")
@@ -317,18 +435,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
         )
     settings_path = root / args.thread_id / RUN_SETTINGS
     ctx = read_json(settings_path)["context"] if settings_path.exists() else {}
-    ctx["run_root"] = str(root)
+    ctx.update(context_from_args(args))  # flags given now override the saved "how" settings
     graph = build_graph(checkpointer=saver)
     config = {"configurable": {"thread_id": args.thread_id}}
     snapshot = graph.get_state(config)
-    if not snapshot.next:
+    payload = _resume_payload(args, snapshot, root)
+    if not pending_nodes(snapshot):  # not snapshot.next: that misses a step whose writes were saved
         if (snapshot.values or {}).get("status") == "done":
             _say(f"run {args.thread_id} is already finished")
             print(_final_table(root / args.thread_id))
             return EXIT_OK
         raise BadInput(f"thread {args.thread_id} has nothing to resume")
-    _say(f"resuming {args.thread_id} at {', '.join(snapshot.next)} (iteration {snapshot.values.get('iteration', 0)})")
-    _drive(graph, None, config, _context(ctx))
+    where = ", ".join(pending_nodes(snapshot))
+    _say(f"resuming {args.thread_id} at {where} (iteration {snapshot.values.get('iteration', 0)})")
+    _drive(graph, payload, config, _context(ctx))
+    if _paused(graph, config, root, args.thread_id, args.run_dir):
+        return EXIT_OK
     print(_final_table(root / args.thread_id))
     return EXIT_OK
 
@@ -414,7 +536,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Rebuild plots, report.md and report.html of a finished run from its files, re-running nothing."""
+    from profiling_agent.tools.report_html import rebuild_report
+
+    root = Path(args.run_path)
+    files = rebuild_report(root)
+    print(f"report: {root / files['html']}   markdown: {root / files['markdown']}   plots: {len(files['plots'])}")
+    return EXIT_OK
+
+
 COMMANDS = {"run": cmd_run, "resume": cmd_resume, "runs": cmd_runs, "profile": cmd_profile, "evaluate": cmd_evaluate}
+COMMANDS["report"] = cmd_report
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -442,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         tid = getattr(args, "thread_id", None)
-        hint = f": resume with `profiling-agent resume {tid}`" if tid and args.command in ("run", "resume") else ""
+        resumable = tid and args.command in ("run", "resume")
+        hint = f": resume with `{resume_command(tid, args.run_dir)}`" if resumable else ""
         _say(f"interrupted{hint}")
         return EXIT_INTERRUPTED
     except _expected_errors() as exc:

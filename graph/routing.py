@@ -7,9 +7,18 @@ from typing import Literal
 from profiling_agent.state import State
 
 
-def after_analyze(state: State) -> Literal["prune", "report"]:
-    """Go prune the new plan, unless the planner converged (nothing new to try)."""
-    return "report" if state.stop_reason else "prune"
+def after_analyze(state: State) -> Literal["approve", "prune", "report"]:
+    """Go prune the new plan (through human approval when the run asks for it), unless the planner converged."""
+    if state.stop_reason:
+        return "report"
+    return "approve" if state.objective.approve else "prune"
+
+
+def after_approve(state: State) -> Literal["prune", "evaluate", "iterate"]:
+    """Apply an approved or edited plan; a rejected one is skipped (evaluate still measures the baseline once)."""
+    if (state.current or {}).get("status") != "rejected":
+        return "prune"
+    return "iterate" if state.baseline_eval else "evaluate"
 
 
 def after_prune(state: State) -> Literal["quantize", "evaluate"]:

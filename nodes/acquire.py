@@ -43,6 +43,10 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         + (" (predictions restricted to the dataset's classes)" if mapping.get("restricted") else "")
     )
     return {
+        # the whole goal, defaults filled in: the checkpoint records it even for {} or partial inputs
+        "model": state.model.model_dump(),
+        "dataset": state.dataset.model_dump(),
+        "objective": state.objective.model_dump(),
         "run_path": str(run_path),
         "status": "running",
         "family": adapter.name,

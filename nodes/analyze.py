@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -20,7 +19,25 @@ from profiling_agent.state import CompressionPlan, Context, State
 
 def llm_configured(ctx: Context) -> bool:
     """Return True when an OpenAI-compatible endpoint or key is configured."""
-    return bool(ctx.llm_base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get(ctx.llm_api_key_env))
+    from profiling_agent.tools.llm_planner import llm_configured as configured
+
+    return configured(ctx)
+
+
+def plan_evaluator(state: State, ctx: Context):
+    """Build the LLM's evaluate_plan function: a plan on a fresh baseline copy, scored on the calibration images."""
+    from profiling_agent.tools.data import load_prepared
+    from profiling_agent.tools.llm_tools import make_plan_evaluator
+
+    tensors = load_prepared(run_dir(state) / state.data["path"])
+    return make_plan_evaluator(
+        lambda: load_artifact_model(state, state.baseline).model,
+        tensors["calib_pixels"],
+        tensors["calib_labels"],
+        allowed_ids=(state.labels or {}).get("allowed_ids"),
+        importance=ctx.importance,
+        seed=state.dataset.seed,
+    )
 
 
 def planner_history(state: State) -> list[dict[str, Any]]:
@@ -75,33 +92,65 @@ def _sensitivity(state: State, runtime: Runtime[Context], ctx: Context) -> dict[
     return {name: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for name, r in result.items()}
 
 
+def baseline_round(state: State, iteration: int) -> dict[str, Any]:
+    """Plan a uniform l1/l2/random baseline: no sensitivity probe; the plan never changes, so one round is enough."""
+    from profiling_agent.tools.baselines import uniform_plan
+    from profiling_agent.tools.io import read_json, write_json_atomic
+
+    planner, ratio = state.objective.planner, state.objective.ratio
+    if state.candidates:  # the same plan again would give the same candidate
+        stop = f"uniform {planner} baseline at ratio {ratio:g}: stopped after 1 iteration (its plan never changes)"
+        return {"stop_reason": stop, "history": event("analyze", f"stopping: {stop}", state.iteration)}
+    groups = read_json(run_dir(state) / "profile.json")["groups"]
+    plan = uniform_plan(groups, ratio, planner, state.objective.quantize)
+    plan_dict = plan.model_dump()
+    write_json_atomic(
+        iteration_dir(state, iteration) / "plan.json", {"iteration": iteration, "planner": planner, "plan": plan_dict}
+    )
+    message = f"{planner} baseline plan: every prunable group at ratio {ratio:g}, {len(plan.quantization)} quantization"
+    return {
+        "iteration": iteration,
+        "plan": plan_dict,
+        "planner_used": planner,
+        "current": {"iteration": iteration, "planner_meta": {"baseline": planner, "ratio": ratio}},
+        "history": event("analyze", message + " entries", iteration, rationale=plan.rationale),
+    }
+
+
 def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Plan this iteration: probe sensitivity once, then ask the planner for a plan from profile and feedback."""
+    from profiling_agent.tools.baselines import is_baseline
     from profiling_agent.tools.io import read_json, write_json_atomic
+    from profiling_agent.tools.llm_planner import planner_mode
     from profiling_agent.tools.planner import plan_round
 
     ctx = context_of(runtime)
     iteration = state.iteration + 1
+    if is_baseline(state.objective.planner):
+        return baseline_round(state, iteration)
+    requested = state.objective.planner
+    mode, mode_note = planner_mode(requested, ctx)  # --planner llm without an LLM: ValueError naming the setting
     update: dict[str, Any] = {"iteration": iteration, "current": None}
     sensitivity = state.sensitivity
     if sensitivity is None:
         sensitivity = _sensitivity(state, runtime, ctx)
         update["sensitivity"] = sensitivity
     full_profile = read_json(run_dir(state) / "profile.json")
-    requested = state.objective.planner
-    if requested == "llm" and not llm_configured(ctx):
-        raise ValueError("--planner llm needs an LLM: set OPENAI_BASE_URL or OPENAI_API_KEY (or --llm-base-url)")
     history = planner_history(state)
     result = plan_round(full_profile["groups"], full_profile["group_costs"], sensitivity, state.objective, history)
     plan: CompressionPlan = result.plan
     planner_used = result.planner
     fallbacks: list[dict[str, Any]] = []
-    if requested in ("llm", "auto") and llm_configured(ctx):
+    llm_info: dict[str, Any] | None = None
+    if mode == "llm":
         from profiling_agent.tools.llm_planner import plan_with_llm
 
         this_round = state.model_copy(update={"iteration": iteration})
-        outcome = plan_with_llm(this_round, ctx, full_profile, sensitivity, fallback=result)
+        outcome = plan_with_llm(
+            this_round, ctx, full_profile, sensitivity, fallback=result, evaluate_fn=plan_evaluator(state, ctx)
+        )
         plan, planner_used, fallbacks = outcome.plan, outcome.planner, outcome.fallbacks
+        llm_info = outcome.summary(ctx.llm_model)
     plan_dict = plan.model_dump()
     write_json_atomic(
         iteration_dir(state, iteration) / "plan.json",
@@ -112,6 +161,8 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         key = {"size": "params"}.get(state.objective.target, state.objective.target)
         goal = float(outcome.estimate.get(key, goal) or goal)
     meta = {"goal": goal, "gamma": result.gamma, "converged": result.converged}
+    if llm_info:
+        meta["llm"] = llm_info
     update.update(
         {
             "plan": plan_dict,
@@ -123,5 +174,17 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if result.converged and planner_used == "deterministic":
         update["stop_reason"] = f"planner converged before iteration {iteration}: {result.notes[0]}"
     message = f"{planner_used} plan: {len(plan.pruning)} pruning and {len(plan.quantization)} quantization entries"
-    update["history"] = event("analyze", message, iteration, rationale=plan.rationale)
+    for f in fallbacks:
+        message = f"LLM plan refused ({f['stage']}: {f['reason'][:160]}); {message}"
+    if llm_info:
+        u = llm_info["usage"]
+        message += f" [LLM: {u['calls']} calls, {u['total_tokens']} tokens; transcript {llm_info['transcript']}]"
+    update["history"] = event(
+        "analyze",
+        message,
+        iteration,
+        rationale=plan.rationale,
+        planner={"requested": requested, "mode": mode, "note": mode_note},
+        llm=llm_info,
+    )
     return update

@@ -13,9 +13,10 @@ from profiling_agent.state import Candidate, Context, State
 def finished_candidate(state: State) -> dict[str, Any]:
     """Turn the in-progress `current` dict into a Candidate record."""
     current = dict(state.current or {})
+    status = current.get("status")
     record = Candidate(
         iteration=state.iteration,
-        status="ok" if current.get("status") == "ok" and current.get("eval") else "failed",
+        status="rejected" if status == "rejected" else "ok" if status == "ok" and current.get("eval") else "failed",
         plan=state.plan or {},
         planner=state.planner_used or "deterministic",
         applied=current.get("applied", []),
@@ -25,6 +26,8 @@ def finished_candidate(state: State) -> dict[str, Any]:
         error=current.get("error"),
     ).model_dump()
     record["planner_meta"] = current.get("planner_meta", {})
+    if current.get("review"):  # the human decision on the plan (objective.approve)
+        record["review"] = current["review"]
     return record
 
 
@@ -46,6 +49,8 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         stop = f"iteration bound reached ({objective.iterations})"
     if cand["status"] == "ok":
         message = f"candidate {state.iteration} recorded; best is iteration {best['iteration'] if best else '-'}"
+    elif cand["status"] == "rejected":
+        message = f"candidate {state.iteration} skipped: {cand['error']}"
     else:
         message = f"candidate {state.iteration} failed: {cand['error']}"
     return {

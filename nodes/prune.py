@@ -21,6 +21,7 @@ from profiling_agent.state import Context, State
 def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Prune, check the pruned model with a forward pass, and save it; a failure marks the candidate failed."""
     from profiling_agent.tools.artifacts import save_artifact
+    from profiling_agent.tools.baselines import is_baseline
     from profiling_agent.tools.profiling import static_profile
     from profiling_agent.tools.pruning import prune_model, self_check
 
@@ -31,9 +32,11 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     loaded = load_artifact_model(state, state.baseline)
     model = loaded.model
     example = example_input(state)
+    # a uniform baseline (l1/l2/random) is defined by its importance; the other planners use the context's
+    importance = state.objective.planner if is_baseline(state.objective.planner) else ctx.importance
     try:
         report = prune_model(
-            model, state.plan.get("pruning", []), example, importance=ctx.importance, seed=state.dataset.seed
+            model, state.plan.get("pruning", []), example, importance=importance, seed=state.dataset.seed
         )
         self_check(model, example, int(model.config.num_labels))
     except Exception as exc:  # a plan the engine cannot apply is a failed candidate, not a failed run

@@ -1,4 +1,4 @@
-"""Report agent: save the best model, write result.json and report.md, mark the run done."""
+"""Report agent: save the best model, write result.json, plots, report.md and report.html, mark the run done."""
 
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ def final_latency(state: State, ctx: Context) -> dict[str, dict[str, Any]]:
 
 
 def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Copy the best candidate to RUN/best and write result.json and report.md."""
-    from profiling_agent.tools.io import atomic_dir, write_json_atomic, write_text_atomic
+    """Copy the best candidate to RUN/best and write result.json, plots/, report.md and report.html."""
+    from profiling_agent.tools.io import atomic_dir, read_json, write_json_atomic, write_text_atomic
     from profiling_agent.tools.report import build_result, render_markdown
+    from profiling_agent.tools.report_html import write_report_files
 
     root = run_dir(state)
     emit(runtime, kind="progress", task="final latency (all models side by side)", done=0, total=2, label="")
@@ -51,17 +52,32 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             shutil.copytree(absolute(state, state.best["artifact"]["path"]), tmp, dirs_exist_ok=True)
     final = state.model_dump()
     final["status"] = "done"
-    result = build_result(final, root.name, latency)
+    thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None) or root.name  # forks: RUN/T/forks/
+    result = build_result(final, str(thread), latency)
     write_json_atomic(root / "result.json", result)
-    write_text_atomic(root / "report.md", render_markdown(result, state.profile))
+    profile_path = root / "profile.json"
+    profile = read_json(profile_path) if profile_path.exists() else None
+    try:
+        files = write_report_files(root, result, profile, state.profile)
+        trouble = ""
+    except Exception as exc:  # noqa: BLE001 - charts and HTML must not fail a finished run: keep report.md
+        write_text_atomic(root / "report.md", render_markdown(result, state.profile))
+        files = {"markdown": "report.md", "html": None, "plots": {}}
+        trouble = f"; plots and report.html not written ({type(exc).__name__}: {exc})"
     best = result.get("best")
     message = (
         f"best: iteration {best['iteration']}, top-1 {best['accuracy']:.2f}%, {best['params']:,} params"
         if best
         else "no candidate finished"
-    )
+    ) + trouble
     return {
         "status": "done",
-        "report": {"markdown": "report.md", "result": "result.json", "best": "best" if best else None},
+        "report": {
+            "markdown": files["markdown"],
+            "html": files["html"],
+            "plots": sorted(files["plots"].values()),
+            "result": "result.json",
+            "best": "best" if best else None,
+        },
         "history": event("report", message, state.iteration),
     }

@@ -13,13 +13,16 @@ from profiling_agent.state import Context, State
 def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Resolve the input shape, verify it with a real forward pass, and prepare the evaluation tensors."""
     from profiling_agent.tools.data import load_split, prepare_data
+    from profiling_agent.tools.llm_planner import llm_configured
+    from profiling_agent.tools.llm_shape import settle_input_shape
     from profiling_agent.tools.models import resolve_input_shape as resolve
-    from profiling_agent.tools.models import verify_input_shape
 
-    context_of(runtime)
+    ctx = context_of(runtime)
     loaded = load_artifact_model(state, state.baseline)
     shape = resolve(loaded.model, loaded.processor)
-    verify_input_shape(loaded.model, shape)
+    # the LLM is consulted only for an ambiguous shape, and its answer is used only if a forward pass works
+    use_llm = state.objective.planner in ("llm", "auto") and llm_configured(ctx)
+    shape = settle_input_shape(loaded.model, loaded.processor, shape, ctx, use_llm=use_llm)
     emit(runtime, kind="progress", task="preparing data", done=0, total=1, label=state.dataset.ref)
     dataset = load_split(state.dataset.ref, state.dataset.split)
     calibration_ds = None
@@ -47,4 +50,10 @@ def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, An
         f"input {shape['channels']}x{shape['height']}x{shape['width']} from {shape['source']}, verified by a "
         f"forward pass; {data['n_eval']} evaluation and {data['n_calib']} calibration images"
     )
+    if shape.get("llm"):
+        answer = shape["llm"]["answer"]
+        said = "x".join(str(answer[k]) for k in ("channels", "height", "width")) if answer else "none"
+        message += f"; ambiguous shape put to the LLM: it said {said}, " + (
+            "verified by a forward pass and used" if shape["llm"]["verified"] else "not used"
+        )
     return {"input_shape": shape, "data": data, "history": event("resolve_input_shape", message)}

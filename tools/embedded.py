@@ -356,6 +356,70 @@ def build_model(name: str, out_dir: str | os.PathLike, config: TrainConfig | Non
     return record
 
 
+def train_model(
+    model: torch.nn.Module, out_dir: str | os.PathLike, config: TrainConfig, name: str = "custom"
+) -> dict[str, Any]:
+    """Train any 10-class image classifier on the digits train split and save it like `build_model`.
+
+    The model must take `pixel_values` of shape (N, 1, 32, 32) and return `.logits` for 10 classes (e.g. a
+    DeiT or Swin built from a config with num_channels=1, image_size=32). Its config's label maps are set to
+    the digit names, so the saved folder maps onto the digits dataset exactly.
+
+    Args:
+        model: The untrained model (trained in place, left in eval mode).
+        out_dir: Destination folder (replaced as a whole): save_pretrained model, processor, training.json.
+        config: Training schedule; `epochs` and `lr` must be set (there are no defaults for arbitrary models).
+        name: Name recorded in training.json.
+
+    Returns:
+        The training record also written to training.json.
+
+    Raises:
+        ValueError: `config.epochs` or `config.lr` is missing, or the model does not have 10 labels.
+    """
+    from datasets import load_from_disk
+
+    if config.epochs is None or config.lr is None:
+        raise ValueError("train_model needs config.epochs and config.lr")
+    labels = getattr(model.config, "num_labels", None)
+    if labels != len(LABEL_NAMES):
+        raise ValueError(f"the model must have {len(LABEL_NAMES)} labels, not {labels}")
+    model.config.id2label, model.config.label2id = _label_maps()
+    splits = load_from_disk(str(ensure_dataset()))
+    processor = _processor()
+    x_train, y_train = _pixels(splits["train"], processor)
+    if config.max_train is not None and config.max_train < len(x_train):
+        keep = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(config.seed))[: config.max_train]
+        x_train, y_train = x_train[keep], y_train[keep]
+    x_test, y_test = _pixels(splits["test"], processor)
+    with _threads(config.threads) as threads:
+        start = time.perf_counter()
+        _train(model, x_train, y_train, config)
+        seconds = time.perf_counter() - start
+        test_acc = accuracy(model, x_test, y_test)
+    record = {
+        "name": name,
+        "architecture": type(model).__name__,
+        "params": sum(p.numel() for p in model.parameters()),
+        "epochs": config.epochs,
+        "seconds": round(seconds, 2),
+        "threads": threads,
+        "train_samples": len(x_train),
+        "test_samples": len(x_test),
+        "test_accuracy": round(test_acc, 2),
+        "seed": config.seed,
+        "config": asdict(config),
+        "dataset": f"embedded:{DATASET_NAME}",
+        "versions": _versions(),
+    }
+    with atomic_dir(out_dir) as tmp, quiet_hf():
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        write_json_atomic(tmp / _MODEL_MARKER, record)
+    logger.info("trained %s: %.1f%% test accuracy in %.1f s", name, test_acc, seconds)
+    return record
+
+
 def model_path(name: str) -> Path:
     """Return where the embedded model `name` lives (it may not be built yet)."""
     return cache_dir() / "models" / name

@@ -34,6 +34,7 @@ RETRY_PARSE = (
 FORCE_FINAL = "The tool budget is used up. Answer now with the final JSON plan only, without calling tools."
 TOOL_BUDGET_SPENT = "error: tool budget exhausted; no more tool calls this step"
 MAX_ANSWER_KEPT = 600  # characters of a rejected answer kept in the fallback record
+STEP_BUDGET_REQUESTS = 4  # a planning step may take at most this many request deadlines in all
 
 
 @dataclass
@@ -43,10 +44,13 @@ class LLMOutcome:
     Attributes:
         plan: The LLM's guarded plan, or the deterministic fallback's.
         planner: "llm" when the LLM's plan is applied, "deterministic" after a fallback.
-        fallbacks: One record per fallback: {"reason", "stage", "rejected", "model"}.
+        fallbacks: One record per fallback: {"reason", "stage", "rejected", "tool_errors", "model"}.
         transcript: Transcript path relative to the run folder, or None when there is no run folder.
         estimate: The guard's predicted reduction of the LLM plan ({"params", "macs", "latency"}, from group
             cost shares); empty after a fallback.
+        usage: Token usage summed over the step's replies ({"calls", "input_tokens", "output_tokens",
+            "total_tokens"}), as reported by the server.
+        tool_errors: Tool calls refused or failed this step ({"name", "error"}): unknown tools, bad arguments.
     """
 
     plan: CompressionPlan
@@ -54,6 +58,18 @@ class LLMOutcome:
     fallbacks: list[dict[str, Any]] = field(default_factory=list)
     transcript: str | None = None
     estimate: dict[str, float] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=lambda: empty_usage())
+    tool_errors: list[dict[str, str]] = field(default_factory=list)
+
+    def summary(self, model: str) -> dict[str, Any]:
+        """Return the JSON facts about this step for the state history and result.json (never the API key)."""
+        return {
+            "model": model,
+            "planner": self.planner,
+            "transcript": self.transcript,
+            "usage": dict(self.usage),
+            "tool_errors": list(self.tool_errors),
+        }
 
 
 class PlannerFailure(Exception):
@@ -116,6 +132,31 @@ def message_text(message: BaseMessage) -> str:
     return "".join(p for p in parts if isinstance(p, str))
 
 
+def empty_usage() -> dict[str, int]:
+    """Return a zeroed token-usage counter."""
+    return {"calls": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+
+
+def add_usage(total: dict[str, int], reply: AIMessage) -> None:
+    """Add one reply's `usage_metadata` (when the server reported it) to `total`, in place."""
+    total["calls"] = total.get("calls", 0) + 1
+    usage = getattr(reply, "usage_metadata", None) or {}
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        value = usage.get(key) if isinstance(usage, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            total[key] = total.get(key, 0) + value
+
+
+def sum_usage(items: list[dict[str, Any]]) -> dict[str, int]:
+    """Sum usage counters (missing keys count 0)."""
+    total = empty_usage()
+    for item in items:
+        for key in total:
+            value = (item or {}).get(key, 0)
+            total[key] += int(value) if isinstance(value, int) else 0
+    return total
+
+
 def _record_reply(transcript: Transcript, reply: AIMessage) -> None:
     usage = getattr(reply, "usage_metadata", None)
     transcript.write(
@@ -130,13 +171,64 @@ def _record_reply(transcript: Transcript, reply: AIMessage) -> None:
 # ---------------------------------------------------------------- calling the model
 
 
+def llm_base_url(ctx: Context) -> str:
+    """Return the configured endpoint: the context's base URL, else $OPENAI_BASE_URL, else ""."""
+    return ctx.llm_base_url or os.environ.get("OPENAI_BASE_URL") or ""
+
+
+def llm_configured(ctx: Context) -> bool:
+    """Return True when an OpenAI-compatible endpoint or an API key is configured."""
+    return bool(llm_base_url(ctx) or os.environ.get(ctx.llm_api_key_env))
+
+
+def missing_llm_setting(ctx: Context) -> str:
+    """Name what to set so that an LLM is configured (for one-line errors and the console)."""
+    key = ctx.llm_api_key_env or "OPENAI_API_KEY"
+    return f"set OPENAI_BASE_URL or {key}, or pass --llm-base-url"
+
+
+def describe_endpoint(ctx: Context) -> str:
+    """Describe model and endpoint for humans: credentials in the URL are dropped, the key is never shown."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = llm_base_url(ctx)
+    if url:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return f"{ctx.llm_model} at {url or 'the OpenAI API'}"
+
+
+def planner_mode(requested: str, ctx: Context) -> tuple[str, str]:
+    """Resolve the objective's planner choice against the configuration.
+
+    Args:
+        requested: "llm", "auto", or a planner that never uses the LLM ("deterministic", a uniform baseline).
+        ctx: Run context (endpoint, key variable, model).
+
+    Returns:
+        ("llm", or the planner that runs without an LLM, a one-line explanation for the console and result.json).
+
+    Raises:
+        ValueError: `requested` is "llm" but no LLM is configured (the message names the missing setting).
+    """
+    if requested not in ("llm", "auto"):
+        return requested, f"{requested} planner (requested)"
+    if llm_configured(ctx):
+        return "llm", f"LLM planner, {describe_endpoint(ctx)} (requested {requested}; deterministic plan if it fails)"
+    if requested == "llm":
+        raise ValueError(f"--planner llm needs an LLM endpoint: {missing_llm_setting(ctx)}")
+    return "deterministic", f"deterministic planner (auto: no LLM configured; {missing_llm_setting(ctx)})"
+
+
 def build_chat_model(ctx: Context) -> Any:
     """Build the OpenAI-compatible chat model from the run context (the key is read from the environment)."""
     from langchain_openai import ChatOpenAI
 
     return ChatOpenAI(
         model=ctx.llm_model,
-        base_url=ctx.llm_base_url or os.environ.get("OPENAI_BASE_URL") or None,
+        base_url=llm_base_url(ctx) or None,
         api_key=os.environ.get(ctx.llm_api_key_env) or "no-key",  # keyless local servers accept any key
         temperature=ctx.llm_temperature,
         timeout=ctx.llm_timeout,
@@ -226,6 +318,8 @@ class _Session:
     quantize: str
     fallback_plan: CompressionPlan
     guard: GuardConfig = field(default_factory=GuardConfig)
+    usage: dict[str, int] = field(default_factory=empty_usage)
+    tool_errors: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.by_name = {t.name: t for t in self.tools}
@@ -252,16 +346,19 @@ class _Session:
             tool = self.by_name.get(name)
             if tool is None:
                 content = f"error: unknown tool {name!r}; available tools: {', '.join(self.by_name)}"
+                self.tool_errors.append({"name": str(name)[:80], "error": "unknown tool: refused, nothing was run"})
             else:
                 try:
                     content = str(tool.invoke(args))
                 except Exception as exc:  # noqa: BLE001 - bad arguments go back to the LLM
                     content = f"error: {type(exc).__name__}: {str(exc)[:400]}"
+                    self.tool_errors.append({"name": str(name)[:80], "error": content[7:207]})
             self.transcript.write("tool_result", name=name, id=call_id, content=content)
             out.append(ToolMessage(content=content, tool_call_id=call_id, name=name or "unknown"))
         for n, call in enumerate(getattr(reply, "invalid_tool_calls", []) or []):
             call_id = call.get("id") or f"invalid_{n}"
             content = f"error: the arguments of {call.get('name')!r} are not valid JSON: {call.get('error') or ''}"
+            self.tool_errors.append({"name": str(call.get("name"))[:80], "error": "arguments are not valid JSON"})
             self.transcript.write("tool_result", name=call.get("name"), id=call_id, content=content)
             out.append(ToolMessage(content=content, tool_call_id=call_id, name=call.get("name") or "unknown"))
         return out
@@ -289,8 +386,20 @@ class _Session:
     def run(self, messages: list[BaseMessage]) -> tuple[CompressionPlan, dict[str, float]]:
         """Talk to the model until it gives a plan the guard accepts (returned with its estimate), or raise."""
         rounds, forced, rejected = 0, False, []
+        budget = STEP_BUDGET_REQUESTS * self.deadline
+        stop_at = time.monotonic() + budget
         while True:
-            reply = call_model(self.final if forced else self.bound, messages, self.deadline)
+            left = stop_at - time.monotonic()
+            if left <= 0:  # a server that answers every request just in time must not stall the run forever
+                raise PlannerFailure("timeout", f"the planning step took longer than {budget:.1f} s", rejected)
+            try:
+                reply = call_model(self.final if forced else self.bound, messages, min(self.deadline, left))
+            except PlannerFailure as failure:
+                if failure.stage == "timeout" and left < self.deadline:
+                    raise PlannerFailure("timeout", f"the planning step took longer than {budget:.1f} s",
+                                         rejected) from None
+                raise PlannerFailure(failure.stage, failure.reason, rejected) from None
+            add_usage(self.usage, reply)
             _record_reply(self.transcript, reply)
             messages.append(reply)
             if reply.tool_calls or getattr(reply, "invalid_tool_calls", None):
@@ -369,6 +478,7 @@ def plan_with_llm(
     iteration = planning_round(state)
     transcript = Transcript.open(state.run_path, iteration)
     guard = GuardConfig()
+    usage, tool_errors = empty_usage(), []
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         info = {"model": state.model.ref, "family": state.family}
@@ -376,24 +486,38 @@ def plan_with_llm(
         messages = render_messages(state, ctx, profile, sensitivity, iteration, guard)
         for message in messages:
             transcript.write("prompt", role=message.type, content=message_text(message))
-        session = _Session(model, tools, ctx, transcript, profile, state.objective.quantize, fallback.plan, guard)
+        session = _Session(model, tools, ctx, transcript, profile, state.objective.quantize, fallback.plan, guard,
+                           usage, tool_errors)
         plan, estimate = session.run(messages)
     except PlannerFailure as failure:
-        return _fall_back(transcript, fallback, ctx, failure.stage, failure.reason, failure.rejected)
+        failed = _Failed(failure.stage, failure.reason, failure.rejected, usage, tool_errors)
+        return _fall_back(transcript, fallback, ctx, failed)
     except Exception as exc:  # noqa: BLE001 - the LLM path must never crash the run
-        logger.exception("LLM planner failed")
-        return _fall_back(transcript, fallback, ctx, "error", f"{type(exc).__name__}: {str(exc)[:300]}", [])
+        logger.debug("LLM planner failed", exc_info=True)
+        failed = _Failed("error", f"{type(exc).__name__}: {str(exc)[:300]}", [], usage, tool_errors)
+        return _fall_back(transcript, fallback, ctx, failed)
+    transcript.write("usage", **usage)
     transcript.write("final", planner="llm", plan=plan.model_dump())
-    return LLMOutcome(plan, "llm", [], transcript.rel, estimate)
+    return LLMOutcome(plan, "llm", [], transcript.rel, estimate, usage, tool_errors)
 
 
-def _fall_back(transcript: Transcript, fallback: PlanResult, ctx: Context, stage: Stage, reason: str,
-               rejected: list[dict[str, Any]]) -> LLMOutcome:
-    record = {"reason": reason, "stage": stage, "rejected": rejected, "model": ctx.llm_model}
-    logger.warning("LLM planner fell back to the deterministic plan (%s): %s", stage, reason)
+@dataclass
+class _Failed:
+    stage: Stage
+    reason: str
+    rejected: list[dict[str, Any]]
+    usage: dict[str, int]
+    tool_errors: list[dict[str, str]]
+
+
+def _fall_back(transcript: Transcript, fallback: PlanResult, ctx: Context, failed: _Failed) -> LLMOutcome:
+    record = {"reason": failed.reason, "stage": failed.stage, "rejected": failed.rejected,
+              "tool_errors": failed.tool_errors, "model": ctx.llm_model}
+    logger.warning("LLM planner fell back to the deterministic plan (%s): %s", failed.stage, failed.reason)
+    transcript.write("usage", **failed.usage)
     transcript.write("fallback", **record)
     transcript.write("final", planner="deterministic", plan=fallback.plan.model_dump())
-    return LLMOutcome(fallback.plan, "deterministic", [record], transcript.rel)
+    return LLMOutcome(fallback.plan, "deterministic", [record], transcript.rel, {}, failed.usage, failed.tool_errors)
 
 
 # ---------------------------------------------------------------- input shape

@@ -251,3 +251,77 @@ def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], d
             return f"error: evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
 
     return evaluate_plan
+
+
+# ---------------------------------------------------------------- the evaluate_plan tool's real work
+
+MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
+
+
+def make_plan_evaluator(
+    load_baseline: Callable[[], Any],
+    pixels: Any,
+    labels: Any,
+    *,
+    allowed_ids: list[int] | None = None,
+    importance: str = "l2",
+    seed: int = 0,
+    max_calls: int = MAX_EVALUATIONS,
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Build `evaluate_fn` for the evaluate_plan tool: apply a plan to a fresh copy of the baseline and measure it.
+
+    Each call loads a fresh baseline, prunes it by the plan (self-checked), quantizes it as the plan says, and
+    measures top-1 and agreement on the calibration images (never the evaluation subset) and the parameter count.
+
+    Args:
+        load_baseline: Returns a fresh copy of the untouched baseline model.
+        pixels: Calibration images (N, C, H, W).
+        labels: Their labels (model label ids).
+        allowed_ids: Label ids the argmax may choose from (None: all).
+        importance: Channel/head importance for pruning.
+        seed: Seed for pruning.
+        max_calls: Evaluations allowed; later calls raise RuntimeError (returned to the LLM as an error).
+
+    Returns:
+        A callable taking a plan dict and returning measured metrics.
+    """
+    from profiling_agent.tools.evaluation import agreement, predict, top1
+    from profiling_agent.tools.pruning import count_params, prune_model, self_check
+    from profiling_agent.tools.quantization import quantize_model
+
+    cache: dict[str, Any] = {"calls": 0}
+
+    def reference() -> tuple[Any, int]:
+        if "preds" not in cache:
+            model = load_baseline()
+            cache["preds"] = predict(model, pixels, allowed_ids=allowed_ids)
+            cache["params"] = count_params(model)
+        return cache["preds"], cache["params"]
+
+    def evaluate(plan: dict[str, Any]) -> dict[str, Any]:
+        if cache["calls"] >= max_calls:
+            raise RuntimeError(f"evaluation budget used up ({max_calls} per step); answer with your plan")
+        cache["calls"] += 1
+        base_preds, base_params = reference()
+        model = load_baseline()
+        example = pixels[:1].clone()
+        report = prune_model(model, plan.get("pruning") or [], example, importance=importance, seed=seed)
+        self_check(model, example, int(model.config.num_labels))
+        params = count_params(model)
+        quantized, layers = quantize_model(model, plan.get("quantization") or [])
+        preds = predict(quantized, pixels, allowed_ids=allowed_ids)
+        base_acc, acc = top1(base_preds, labels), top1(preds, labels)
+        return {
+            "images": int(len(labels)),
+            "calib_accuracy": acc,
+            "baseline_calib_accuracy": base_acc,
+            "accuracy_drop_pp": base_acc - acc,
+            "agreement": agreement(preds, base_preds),
+            "params": params,
+            "params_reduction": 1 - params / max(base_params, 1),
+            "groups_pruned": sum(a["units_before"] != a["units_after"] for a in report.applied),
+            "quantized_linear_layers": len(layers),
+            "evaluations_left": max_calls - cache["calls"],
+        }
+
+    return evaluate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 import math
@@ -33,8 +34,10 @@ __all__ = [
     "PruneError",
     "PruneReport",
     "build_dependency_graph",
+    "clear_method_caches",
     "count_params",
     "estimate_pruning",
+    "mask_removed_units",
     "match_groups",
     "per_head_params",
     "prune_model",
@@ -284,6 +287,36 @@ def _grad_enabled_params(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(False)
 
 
+def clear_method_caches(model: nn.Module) -> int:
+    """Clear the functools caches of methods on the model's module classes; return how many were cleared.
+
+    Some transformers classes (BEiT, Data2VecVision, DINOv3...) cache tensors in class-level lru caches, e.g.
+    `generate_relative_position_index`. A tensor cached during an inference-mode forward cannot enter the
+    autograd trace that builds the DependencyGraph ("Inference tensors cannot be saved for backward").
+    """
+    cleared = 0
+    classes = {klass for module in model.modules() for klass in type(module).__mro__}
+    for klass in classes:
+        for attr in vars(klass).values():
+            func = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+            # transformers' compile_compatible_method_lru_cache hides the lru_cache in the wrapper's closure
+            cells = [cell.cell_contents for cell in getattr(func, "__closure__", None) or () if _filled(cell)]
+            for candidate in (func, *cells):
+                if callable(getattr(candidate, "cache_clear", None)):
+                    candidate.cache_clear()
+                    cleared += 1
+    return cleared
+
+
+def _filled(cell: Any) -> bool:
+    """Return True when a closure cell holds a value (an unfilled cell raises ValueError)."""
+    try:
+        cell.cell_contents  # noqa: B018 - the access is the test
+    except ValueError:
+        return False
+    return True
+
+
 def build_dependency_graph(
     model: nn.Module, example_inputs: Any, ignored_params: Iterable[str] = ()
 ) -> tp.DependencyGraph:
@@ -293,17 +326,25 @@ def build_dependency_graph(
         model: The model to trace (left in eval mode).
         example_inputs: A pixel_values tensor or a dict of model inputs.
         ignored_params: Parameter names the graph must never prune (per-head tensors owned by the adapter).
+
+    Raises:
+        PruneError: The model cannot be traced (one line naming the model and the cause).
     """
     model.eval()
     ignored = [model.get_parameter(name) for name in ignored_params]
+    clear_method_caches(model)
     with _grad_enabled_params(model):
-        return tp.DependencyGraph().build_dependency(
-            model,
-            example_inputs=_clone_inputs(example_inputs),
-            forward_fn=_forward_logits,
-            ignored_params=ignored,
-            verbose=False,
-        )
+        try:
+            return tp.DependencyGraph().build_dependency(
+                model,
+                example_inputs=_clone_inputs(example_inputs),
+                forward_fn=_forward_logits,
+                ignored_params=ignored,
+                verbose=False,
+            )
+        except Exception as exc:  # noqa: BLE001 - any tracing failure means this model cannot be pruned here
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            raise PruneError(f"cannot trace {type(model).__name__} for pruning: {reason}") from exc
 
 
 def per_head_params(groups: Iterable[PrunableGroup]) -> list[str]:
@@ -504,6 +545,80 @@ def _applied_row(step: _Step, removed: list[int]) -> dict[str, Any]:
     }
 
 
+VERIFY_TOLERANCE = 1e-3  # largest |pruned - masked| logit gap accepted, relative to 1 + max |masked logit|
+
+
+def mask_removed_units(
+    model: nn.Module, applied: Iterable[Mapping[str, Any]], groups: Mapping[str, PrunableGroup]
+) -> None:
+    """Zero, in an unpruned model, the input channels that read the removed units (what pruning must equal).
+
+    A removed unit contributes nothing downstream once every member that consumes it (fc2, o_proj, the next conv)
+    has zero input columns for it, so the masked model computes exactly what the pruned model should.
+
+    Args:
+        model: An unpruned copy of the model; changed in place.
+        applied: `PruneReport.applied` rows (group name and removed unit indices).
+        groups: The groups the rows name, with their sizes before pruning, by name.
+    """
+    with torch.no_grad():
+        for row in applied:
+            if not row["removed"]:
+                continue
+            group = groups[row["group"]]
+            channels = _channels_of(group, row["removed"])
+            width = group.units * group.unit_size
+            for name in group.members:
+                module = model.get_submodule(name)
+                weight = getattr(module, "weight", None)
+                consumer = isinstance(weight, torch.Tensor) and weight.ndim >= 2 and weight.shape[1] == width
+                if name not in group.roots and consumer and getattr(module, "groups", 1) == 1:
+                    weight[:, channels] = 0.0
+
+
+def _verification_inputs(example_inputs: Any, seed: int) -> Any:
+    """Return seeded standard-normal pixels shaped like the example's (a zero batch can hide channel mix-ups)."""
+    pixels = example_inputs.get("pixel_values") if isinstance(example_inputs, Mapping) else example_inputs
+    if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
+        return example_inputs
+    noise = torch.randn(pixels.shape, generator=torch.Generator().manual_seed(seed), dtype=pixels.dtype)
+    noise = noise.to(pixels.device)
+    return {**example_inputs, "pixel_values": noise} if isinstance(example_inputs, Mapping) else noise
+
+
+def _verify_against_masking(
+    reference: nn.Module,
+    model: nn.Module,
+    report: PruneReport,
+    groups: Mapping[str, PrunableGroup],
+    example_inputs: Any,
+    seed: int,
+) -> None:
+    """Check the pruned model computes what the unpruned `reference` computes with the removed units masked.
+
+    Raises:
+        PruneError: The outputs differ, or the pruned model no longer runs: an operation between a group's
+            layers reorders or mixes channels, which the dependency graph cannot see.
+    """
+    mask_removed_units(reference, report.applied, groups)
+    inputs = _verification_inputs(example_inputs, seed)
+    where = f"{report.family} adapter on {type(model).__name__}"
+    with torch.inference_mode():
+        expected = _forward_logits(reference.eval(), inputs).float()
+        try:
+            got = _forward_logits(model, inputs).float()
+        except Exception as exc:  # noqa: BLE001 - a pruned model that no longer runs is the finding
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            raise PruneError(f"pruning is unsafe for this model ({where}): the pruned model fails: {reason}") from exc
+    gap = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
+    limit = VERIFY_TOLERANCE * (1.0 + expected.abs().max().item())
+    if not gap <= limit:
+        raise PruneError(
+            f"pruning is unsafe for this model ({where}): outputs differ from masking the removed units by "
+            f"{gap:.3g} (limit {limit:.3g}); an operation between a group's layers reorders or mixes channels"
+        )
+
+
 def prune_model(
     model: nn.Module,
     entries: Iterable[PruneEntry | Mapping[str, Any]],
@@ -513,6 +628,7 @@ def prune_model(
     seed: int = 0,
     protected: Iterable[str] | None = None,
     adapter: FamilyAdapter | None = None,
+    verify: bool | None = None,
 ) -> PruneReport:
     """Prune `model` in place by the plan entries and repair it with its family adapter.
 
@@ -532,6 +648,9 @@ def prune_model(
             change allowed is losing input channels as a declared member (a ResNet block's last conv consuming
             its pruned middle conv).
         adapter: Family adapter; picked with `adapter_for` when omitted.
+        verify: Compare the pruned model's logits with an unpruned copy whose removed units are masked (see
+            `mask_removed_units`) on seeded random inputs shaped like `example_inputs`. None (the default)
+            verifies only with an unsafe (generic fallback) adapter; it costs a copy of the model and two forwards.
 
     Returns:
         A PruneReport.
@@ -539,13 +658,16 @@ def prune_model(
     Raises:
         ValueError: On an invalid entry.
         PruneError: When a group would reach a protected module or outside its members (generic adapter
-            groups are skipped instead), or the result does not have the expected sizes.
+            groups are skipped instead), the model cannot be traced, the result does not have the expected
+            sizes, or verification finds the pruned model differs from the masked one.
     """
     adapter = adapter or adapter_for(model)
     guard = _protected_names(adapter, model, protected)
     report = PruneReport(family=adapter.name, params_before=count_params(model))
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     steps = _plan_steps(adapter, model, entries)
+    check = (not adapter.safe) if verify is None else verify
+    reference = copy.deepcopy(model) if check and any(step.n_remove for step in steps) else None
     with torch.inference_mode(False):  # new weights must be normal tensors even if the caller is in inference mode
         dg = None
         if any(step.n_remove for step in steps):
@@ -559,6 +681,8 @@ def prune_model(
         param.requires_grad_(name not in frozen)
     report.params_after = count_params(model)
     model.eval()
+    if reference is not None:
+        _verify_against_masking(reference, model, report, {s.group.name: s.group for s in steps}, example_inputs, seed)
     logger.info(
         "pruned %d groups (%s): params %d -> %d", len(report.applied), adapter.name, report.params_before,
         report.params_after,

@@ -52,6 +52,33 @@ def _with_final_latency(metrics: dict[str, Any], final: dict[str, Any] | None, b
     return out
 
 
+def planner_facts(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return how the planner choice resolved ("mode", "mode_note") and the LLM's transcripts and token usage.
+
+    Read from the analyze events of the state history; the last event of each iteration counts.
+    """
+    last: dict[int, dict[str, Any]] = {}
+    for item in history:
+        if item.get("node") == "analyze" and item.get("planner"):
+            last[int(item.get("iteration") or 0)] = item
+    events = [last[k] for k in sorted(last)]
+    if not events:
+        return {"mode": None, "mode_note": None, "llm": None}
+    steps = [e["llm"] for e in events if e.get("llm")]
+    llm = None
+    if steps:
+        usage = {k: sum(int((s.get("usage") or {}).get(k) or 0) for s in steps)
+                 for k in ("calls", "input_tokens", "output_tokens", "total_tokens")}
+        llm = {
+            "model": steps[-1].get("model"),
+            "transcripts": [s.get("transcript") for s in steps if s.get("transcript")],
+            "usage": usage,
+            "tool_errors": [{**t, "iteration": e["iteration"]} for e in events if e.get("llm")
+                            for t in e["llm"].get("tool_errors") or []],
+        }
+    return {"mode": events[-1]["planner"].get("mode"), "mode_note": events[-1]["planner"].get("note"), "llm": llm}
+
+
 def build_result(
     state: dict[str, Any], thread_id: str, final_latency: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -79,6 +106,7 @@ def build_result(
                 **_metrics(c.get("eval")),
                 "plan": c.get("plan"),
                 "planner": c.get("planner"),
+                "llm": (c.get("planner_meta") or {}).get("llm"),
                 "applied": c.get("applied"),
                 "quantized": len(c.get("quantized") or []),
                 "path": (c.get("artifact") or {}).get("path"),
@@ -117,6 +145,7 @@ def build_result(
             "requested": objective.get("planner"),
             "used": sorted({c.get("planner") for c in state.get("candidates", []) if c.get("planner")}),
             "fallbacks": state.get("fallbacks", []),
+            **planner_facts(state.get("history") or []),
         },
         "baseline": {**_metrics(baseline_eval), "path": (state.get("baseline") or {}).get("path")},
         "best": best_out,
@@ -218,6 +247,53 @@ def markdown_table(rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def md_text(text: Any, limit: int = 300) -> str:
+    """Make untrusted text (LLM answers, reasons quoting them) one inert Markdown line, cut to `limit` characters."""
+    flat = " ".join(str(text).split())
+    flat = flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    for raw, safe in (("\\", "\\\\"), ("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("`", "'"), ("|", "\\|"),
+                      ("[", "\\["), ("]", "\\]"), ("*", "\\*"), ("_", "\\_")):
+        flat = flat.replace(raw, safe)
+    return flat
+
+
+def md_code(text: Any, limit: int = 120) -> str:
+    """Render untrusted text as one inline code span (backticks and line breaks removed, cut to `limit`)."""
+    flat = " ".join(str(text).split()).replace("`", "'")
+    return "`" + (flat if len(flat) <= limit else flat[: limit - 3] + "...") + "`"
+
+
+def _llm_line(llm: dict[str, Any] | None) -> list[str]:
+    if not llm:
+        return []
+    usage = llm.get("usage") or {}
+    transcripts = ", ".join(md_code(t) for t in llm.get("transcripts") or []) or "-"
+    return [
+        f"- LLM: {md_text(llm.get('model'), 80)}, {usage.get('calls', 0)} calls, {usage.get('total_tokens', 0):,} "
+        f"tokens ({usage.get('input_tokens', 0):,} in, {usage.get('output_tokens', 0):,} out); transcripts "
+        f"{transcripts}; {len(llm.get('tool_errors') or [])} refused or failed tool calls"
+    ]
+
+
+def fallback_lines(fallbacks: list[dict[str, Any]]) -> list[str]:
+    """Render the "Planner fallbacks" section: per fallback its stage, reason, and each rejected item with why."""
+    if not fallbacks:
+        return []
+    lines = ["## Planner fallbacks", "",
+             "The LLM's plan was not applied in these iterations; the deterministic plan was used instead.", ""]
+    for f in fallbacks:
+        lines += [f"### Iteration {f.get('iteration', '-')}: {md_text(f.get('stage'), 40)}", "",
+                  f"Reason: {md_text(f.get('reason'))}", ""]
+        for n, item in enumerate(f.get("rejected") or [], 1):
+            reasons = "; ".join(md_text(r, 200) for r in (item.get("reasons") or [])[:6]) or "-"
+            lines.append(f"{n}. rejected at {md_text(item.get('stage'), 40)}: {reasons}")
+            lines.append(f"   - answer: {md_text(item.get('answer'), 240) or '(empty)'}")
+        for t in f.get("tool_errors") or []:
+            lines.append(f"- tool call {md_code(t.get('name'), 60)} refused: {md_text(t.get('error'), 200)}")
+        lines.append("")
+    return lines
+
+
 def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | None = None) -> str:
     """Write report.md: goal, outcome, comparison table, plans with their justifications, profile highlights."""
     obj = result.get("objective") or {}
@@ -232,7 +308,9 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
         f"- Objective: reduce {obj.get('target')} by {obj.get('target_reduction', 0):.0%} within "
         f"{obj.get('max_acc_drop')} pp top-1; rule `{obj.get('select')}`; at most {obj.get('iterations')} iterations",
         f"- Planner: requested {result['planner']['requested']}, used {', '.join(result['planner']['used']) or '-'}"
-        f"; fallbacks: {len(result['planner']['fallbacks'])}",
+        f"; fallbacks: {len(result['planner']['fallbacks'])}"
+        + (f" ({md_text(result['planner']['mode_note'])})" if result["planner"].get("mode_note") else ""),
+        *_llm_line(result["planner"].get("llm")),
         f"- Stopped: {result.get('stop_reason') or '-'}",
         "",
         "## Outcome",
@@ -269,6 +347,7 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
         for q in plan.get("quantization", []):
             lines += [f"- quantize `{q['layer']}` {q['type']} {q['dtype']}: {q.get('justification', '')}"]
         lines.append("")
+    lines += fallback_lines(result["planner"].get("fallbacks") or [])
     if profile_summary:
         lines += ["## Profile highlights", ""]
         for row in (profile_summary.get("top_latency") or [])[:8]:

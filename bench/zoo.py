@@ -1,0 +1,466 @@
+"""Benchmark zoo: one small transformers classifier per family (ResNet, ViT, DeiT, Swin) trained on Fashion-MNIST.
+
+Usage:
+    python bench/zoo.py                       # build (or reuse) all four models; prints accuracy and build time
+    python bench/zoo.py vit resnet --force    # rebuild two of them
+    python bench/zoo.py --out /tmp/zoo --train 6000
+
+The images come from Debian's `dataset-fashion-mnist` (/usr/share/datasets/fashion-mnist, idx files; installed
+with apt-get when missing and running as root). Everything lands under $PROFILING_AGENT_CACHE/zoo (or --out):
+
+    zoo.json                    models, accuracy, params, build seconds, settings, versions
+    fashion-mnist/              DatasetDict (save_to_disk): test (10,000 images) and train (a calibration sample)
+    models/NAME/                save_pretrained model + image processor + training.json
+
+Models take 32x32 grayscale inputs (28x28 images resized by their processor, mean/std 0.5), so every
+family's patch and window sizes divide the input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_PACKAGE = "dataset-fashion-mnist"
+LABELS = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+IMAGE_SIZE = 32
+CALIBRATION_TRAIN = 2000  # training images saved as the dataset's "train" split (calibration for the agent)
+FAMILIES = ("resnet", "vit", "deit", "swin")
+EXIT_BAD_INPUT = 2
+
+
+@dataclass
+class ModelSpec:
+    """How one zoo model is built and trained."""
+
+    family: str
+    config: dict[str, Any]  # keyword arguments of the transformers config class
+    epochs: int
+    lr: float
+    batch_size: int = 128
+    weight_decay: float = 0.05
+    warmup_fraction: float = 0.1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_TRANSFORMER = {
+    "image_size": IMAGE_SIZE,
+    "patch_size": 8,
+    "num_channels": 1,
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 256,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+
+SPECS: dict[str, ModelSpec] = {
+    "resnet": ModelSpec(
+        "resnet",
+        {
+            "num_channels": 1,
+            "embedding_size": 16,
+            "hidden_sizes": [64, 128, 256],
+            "depths": [1, 2, 1],
+            "layer_type": "bottleneck",
+            "downsample_in_first_stage": False,
+        },
+        epochs=4,
+        lr=3e-3,
+    ),
+    "vit": ModelSpec("vit", dict(_TRANSFORMER), epochs=6, lr=1e-3),
+    "deit": ModelSpec("deit", dict(_TRANSFORMER), epochs=6, lr=1e-3),
+    "swin": ModelSpec(
+        "swin",
+        {
+            "image_size": IMAGE_SIZE,
+            "patch_size": 4,
+            "num_channels": 1,
+            "embed_dim": 32,
+            "depths": [2, 2],
+            "num_heads": [2, 4],
+            "window_size": 4,
+            "mlp_ratio": 4.0,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            "drop_path_rate": 0.0,
+        },
+        epochs=5,
+        lr=1e-3,
+    ),
+}
+
+
+# ---------------------------------------------------------------- data
+
+
+def cache_root() -> Path:
+    """Return $PROFILING_AGENT_CACHE (or ~/.cache/profiling-agent)."""
+    env = os.environ.get("PROFILING_AGENT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "profiling-agent"
+
+
+def default_out() -> Path:
+    """Return the default zoo folder: $PROFILING_AGENT_CACHE/zoo."""
+    return cache_root() / "zoo"
+
+
+def _idx_files(split: str) -> tuple[Path, Path]:
+    prefix = "train" if split == "train" else "t10k"
+    return FASHION_DIR / f"{prefix}-images-idx3-ubyte.gz", FASHION_DIR / f"{prefix}-labels-idx1-ubyte.gz"
+
+
+def ensure_fashion_mnist(install: bool = True) -> None:
+    """Make sure Debian's Fashion-MNIST files exist, installing the package with apt-get when allowed.
+
+    Raises:
+        SystemExit: (code 2) when the files are missing and cannot be installed.
+    """
+    if all(p.exists() for s in ("train", "test") for p in _idx_files(s)):
+        return
+    hint = f"apt-get install -y {FASHION_PACKAGE}"
+    if not install or os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise SystemExit(f"zoo: Fashion-MNIST not found in {FASHION_DIR}; install it with `{hint}`")
+    print(f"zoo: installing {FASHION_PACKAGE} with apt-get", file=sys.stderr, flush=True)
+    for command in ([], ["apt-get", "update", "-qq"]):
+        if command:
+            subprocess.run(command, check=False, capture_output=True)
+        done = subprocess.run(["apt-get", "install", "-y", "-qq", FASHION_PACKAGE], check=False, capture_output=True)
+        if done.returncode == 0 and all(p.exists() for s in ("train", "test") for p in _idx_files(s)):
+            return
+    raise SystemExit(f"zoo: could not install {FASHION_PACKAGE}; run `{hint}`")
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read a (gzipped) idx file: uint8 images (N, 28, 28) or labels (N,)."""
+    raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+    magic, count = int.from_bytes(raw[0:4], "big"), int.from_bytes(raw[4:8], "big")
+    if magic == 2051:
+        rows, cols = int.from_bytes(raw[8:12], "big"), int.from_bytes(raw[12:16], "big")
+        return np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(count, rows, cols)
+    if magic == 2049:
+        return np.frombuffer(raw, dtype=np.uint8, offset=8).reshape(count)
+    raise ValueError(f"{path} is not an idx image or label file (magic {magic})")
+
+
+def load_fashion(split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Return (images uint8 (N, 28, 28), labels int64 (N,)) of the Fashion-MNIST `split` (train or test)."""
+    images, labels = _idx_files(split)
+    return read_idx(images), read_idx(labels).astype(np.int64)
+
+
+def _as_dataset(images: np.ndarray, labels: np.ndarray) -> Any:
+    from datasets import ClassLabel, Dataset, Features, Image
+    from PIL import Image as PILImage
+
+    features = Features({"image": Image(), "label": ClassLabel(names=LABELS)})
+    pil = [PILImage.fromarray(img, mode="L") for img in images]
+    return Dataset.from_dict({"image": pil, "label": labels.tolist()}, features=features)
+
+
+def save_dataset(out: Path, calibration: np.ndarray, seed: int = 0) -> Path:
+    """Save Fashion-MNIST's test split (and `calibration` train indices as "train") with save_to_disk."""
+    from datasets import DatasetDict, disable_progress_bars
+
+    from profiling_agent.tools.io import atomic_dir
+
+    disable_progress_bars()
+
+    target = out / "fashion-mnist"
+    if (target / "dataset_dict.json").exists():
+        return target
+    test_x, test_y = load_fashion("test")
+    train_x, train_y = load_fashion("train")
+    dd = DatasetDict(
+        {"test": _as_dataset(test_x, test_y), "train": _as_dataset(train_x[calibration], train_y[calibration])}
+    )
+    with atomic_dir(target) as tmp:
+        dd.save_to_disk(str(tmp))
+    return target
+
+
+# ---------------------------------------------------------------- models
+
+
+def processor():
+    """Return the image processor every zoo model uses: resize to 32x32, scale to [0, 1], normalize 0.5/0.5."""
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    return ViTImageProcessorPil(
+        do_resize=True,
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=[0.5],
+        image_std=[0.5],
+    )
+
+
+def build_architecture(name: str) -> torch.nn.Module:
+    """Build the untrained zoo model `name` (resnet, vit, deit or swin) from its config."""
+    import transformers
+
+    spec = SPECS[name]
+    classes = {
+        "resnet": ("ResNetConfig", "ResNetForImageClassification"),
+        "vit": ("ViTConfig", "ViTForImageClassification"),
+        "deit": ("DeiTConfig", "DeiTForImageClassification"),
+        "swin": ("SwinConfig", "SwinForImageClassification"),
+    }[spec.family]
+    config = getattr(transformers, classes[0])(
+        **spec.config, id2label=dict(enumerate(LABELS)), label2id={n: i for i, n in enumerate(LABELS)}
+    )
+    return getattr(transformers, classes[1])(config)
+
+
+def pixels(images: np.ndarray, proc: Any, chunk: int = 2000) -> torch.Tensor:
+    """Preprocess uint8 images (N, 28, 28) with the model's processor into (N, 1, 32, 32) floats."""
+    from PIL import Image
+
+    out = []
+    for start in range(0, len(images), chunk):
+        batch = [Image.fromarray(img, mode="L") for img in images[start : start + chunk]]
+        out.append(proc(images=batch, return_tensors="pt")["pixel_values"].float())
+    return torch.cat(out)
+
+
+def _lr_at(step: int, total: int, spec: ModelSpec) -> float:
+    warm = max(1, int(total * spec.warmup_fraction))
+    if step < warm:
+        return spec.lr * (step + 1) / warm
+    return spec.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, spec: ModelSpec, seed: int = 0) -> None:
+    """Train `model` in place: AdamW, warm-up + cosine, random horizontal flips."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    steps = math.ceil(len(x) / spec.batch_size)
+    total, step = spec.epochs * steps, 0
+    model.train()
+    for _ in range(spec.epochs):
+        order = torch.randperm(len(x), generator=gen)
+        for start in range(0, len(x), spec.batch_size):
+            idx = order[start : start + spec.batch_size]
+            xb = x[idx]
+            flip = torch.rand(len(idx), generator=gen) < 0.5
+            xb = torch.where(flip[:, None, None, None], xb.flip(-1), xb)
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, total, spec)
+            loss = F.cross_entropy(model(pixel_values=xb).logits, y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+    model.eval()
+
+
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 500) -> float:
+    """Return top-1 accuracy in percent."""
+    model.eval()
+    correct = 0
+    with torch.inference_mode():
+        for start in range(0, len(x), batch_size):
+            logits = model(pixel_values=x[start : start + batch_size]).logits
+            correct += int((logits.argmax(-1) == y[start : start + batch_size]).sum())
+    return 100.0 * correct / len(x)
+
+
+def spec_hash(name: str, train_images: int, seed: int) -> str:
+    """Fingerprint of what a zoo model is built from (a cached model with another fingerprint is rebuilt)."""
+    blob = json.dumps({"spec": asdict(SPECS[name]), "train": train_images, "seed": seed}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _versions() -> dict[str, str]:
+    import datasets
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+    }
+
+
+def build_model(name: str, out: Path, data: dict[str, torch.Tensor], seed: int = 0) -> dict[str, Any]:
+    """Train zoo model `name` on the prepared tensors and save it (model, processor, training.json) atomically."""
+    from profiling_agent.tools.io import atomic_dir, write_json_atomic
+
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build_architecture(name)
+    train(model, data["x_train"], data["y_train"], SPECS[name], seed)
+    train_seconds = time.perf_counter() - start
+    acc = accuracy(model, data["x_test"], data["y_test"])
+    record = {
+        "name": name,
+        "family": SPECS[name].family,
+        "architecture": type(model).__name__,
+        "params": sum(p.numel() for p in model.parameters()),
+        "test_accuracy": round(acc, 2),
+        "test_images": len(data["y_test"]),
+        "train_images": len(data["y_train"]),
+        "epochs": SPECS[name].epochs,
+        "train_seconds": round(train_seconds, 1),
+        "build_seconds": round(time.perf_counter() - start, 1),
+        "threads": torch.get_num_threads(),
+        "seed": seed,
+        "fingerprint": spec_hash(name, len(data["y_train"]), seed),
+        "spec": asdict(SPECS[name]),
+        "versions": _versions(),
+    }
+    with atomic_dir(out / "models" / name) as tmp:
+        model.save_pretrained(tmp)
+        processor().save_pretrained(tmp)
+        write_json_atomic(tmp / "training.json", record)
+    return record
+
+
+def _cached(out: Path, name: str, fingerprint: str) -> dict[str, Any] | None:
+    path = out / "models" / name / "training.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    return record if record.get("fingerprint") == fingerprint else None
+
+
+def build_zoo(
+    out: Path | None = None,
+    names: tuple[str, ...] = FAMILIES,
+    *,
+    train_images: int = 10000,
+    seed: int = 0,
+    force: bool = False,
+    threads: int | None = None,
+    log: Any = None,
+) -> dict[str, Any]:
+    """Build (or reuse) the zoo models `names` and the test dataset; write and return zoo.json.
+
+    Args:
+        out: Zoo folder (default $PROFILING_AGENT_CACHE/zoo).
+        names: Which families to build.
+        train_images: Seeded subset of the 60,000 training images used for training.
+        seed: Seed of the subset, initialization and training order.
+        force: Rebuild models even when a cached copy with the same fingerprint exists.
+        threads: torch threads while training (default: torch's).
+        log: Callable taking one message per step (the script prints them).
+
+    Returns:
+        The zoo description written to zoo.json.
+    """
+    from profiling_agent.tools.io import write_json_atomic
+
+    out = Path(out or default_out())
+    log = log or (lambda message: None)
+    unknown = [n for n in names if n not in SPECS]
+    if unknown:
+        raise ValueError(f"unknown zoo model {unknown[0]!r}; choose from {', '.join(SPECS)}")
+    ensure_fashion_mnist()
+    if threads:
+        torch.set_num_threads(threads)
+    order = np.random.default_rng(seed).permutation(60000)
+    train_idx, calib_idx = order[:train_images], order[train_images : train_images + CALIBRATION_TRAIN]
+    start = time.perf_counter()
+    dataset = save_dataset(out, calib_idx, seed)
+    seconds = time.perf_counter() - start
+    log(f"dataset  {dataset}  (test 10,000; train {len(calib_idx):,} calibration images) {seconds:.1f}s")
+    zoo_path = out / "zoo.json"
+    zoo = json.loads(zoo_path.read_text()) if zoo_path.exists() else {}
+    models = dict(zoo.get("models", {}))
+    data: dict[str, torch.Tensor] | None = None
+    for name in names:
+        record = None if force else _cached(out, name, spec_hash(name, train_images, seed))
+        if record is None:
+            if data is None:
+                prep = time.perf_counter()
+                proc = processor()
+                train_x, train_y = load_fashion("train")
+                test_x, test_y = load_fashion("test")
+                data = {
+                    "x_train": pixels(train_x[train_idx], proc),
+                    "y_train": torch.from_numpy(train_y[train_idx]),
+                    "x_test": pixels(test_x, proc),
+                    "y_test": torch.from_numpy(test_y),
+                }
+                log(f"preprocessed {train_images:,} train + 10,000 test images in {time.perf_counter() - prep:.1f}s")
+            record = build_model(name, out, data, seed)
+            status = "built"
+        else:
+            status = "cached"
+        models[name] = {
+            "path": str(out / "models" / name),
+            **{k: record[k] for k in ("family", "architecture", "params", "test_accuracy", "train_images", "epochs",
+                                      "build_seconds", "threads")},
+        }
+        log(
+            f"{status:6s} {name:6s} {record['architecture']:30s} acc={record['test_accuracy']:.2f}%  "
+            f"params={record['params']:,}  epochs={record['epochs']}  build={record['build_seconds']:.1f}s "
+            f"(threads={record['threads']})"
+        )
+    zoo = {
+        "dataset": {"path": str(dataset), "split": "test", "labels": LABELS, "source": str(FASHION_DIR)},
+        "image_size": IMAGE_SIZE,
+        "train_images": train_images,
+        "seed": seed,
+        "models": models,
+        "versions": _versions(),
+    }
+    write_json_atomic(zoo_path, zoo)
+    return zoo
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the zoo from the command line."""
+    parser = argparse.ArgumentParser(prog="bench/zoo.py", description="Train the benchmark zoo on Fashion-MNIST.")
+    parser.add_argument("names", nargs="*", metavar="MODEL", help=f"models to build (default: {' '.join(FAMILIES)})")
+    parser.add_argument("--out", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
+    parser.add_argument("--train", type=int, default=10000, help="training images (seeded subset of 60,000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads while training")
+    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    args = parser.parse_args(argv)
+    bad = [n for n in args.names if n not in SPECS]
+    if bad:
+        parser.exit(EXIT_BAD_INPUT, f"zoo: unknown model {bad[0]!r}; choose from {', '.join(SPECS)}\n")
+    if not 100 <= args.train <= 60000 - CALIBRATION_TRAIN:
+        parser.exit(EXIT_BAD_INPUT, f"zoo: --train must be in [100, {60000 - CALIBRATION_TRAIN}]\n")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    start = time.perf_counter()
+    zoo = build_zoo(
+        Path(args.out) if args.out else None,
+        tuple(args.names) or FAMILIES,
+        train_images=args.train,
+        seed=args.seed,
+        force=args.force,
+        threads=args.threads,
+        log=lambda message: print(message, flush=True),
+    )
+    out = Path(args.out) if args.out else default_out()
+    print(f"zoo: {len(zoo['models'])} models in {out} ({time.perf_counter() - start:.1f}s); see {out / 'zoo.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""A quickly trained digits ViT and the digits dataset in a private cache, for tests that drive whole runs."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+# subset/calibration small enough for seconds-long runs; the digits test split has 360 images
+FAST_DATASET = {"subset": 160, "calibration": 32}
+# latency settings that keep evaluation and the final report cheap
+FAST_CONTEXT = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
+
+
+@contextmanager
+def cache_env(cache: Path):
+    """Point PROFILING_AGENT_CACHE at `cache` for the duration of the block."""
+    old = os.environ.get("PROFILING_AGENT_CACHE")
+    os.environ["PROFILING_AGENT_CACHE"] = str(cache)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PROFILING_AGENT_CACHE", None)
+        else:
+            os.environ["PROFILING_AGENT_CACHE"] = old
+
+
+def build_quick_assets(cache: Path) -> tuple[Path, Path]:
+    """Build the digits dataset and a briefly trained ViT in `cache`, where `embedded:vit-digits` finds it.
+
+    Returns:
+        (model folder, dataset folder); the model is also the cache's `embedded:vit-digits`, so `{}` inputs
+        run on it when PROFILING_AGENT_CACHE points at `cache`.
+    """
+    from profiling_agent.tools import embedded
+
+    with cache_env(cache):
+        dataset = embedded.ensure_dataset()
+        model_dir = embedded.model_path("vit-digits")
+        embedded.build_model("vit-digits", model_dir, embedded.TrainConfig(epochs=3, max_train=600, threads=1))
+    return model_dir, dataset
+
+
+def build_quick_resnet(cache: Path) -> tuple[Path, Path]:
+    """Build the digits dataset and a ResNet trained to ~99% in seconds, where `embedded:resnet-digits` finds it.
+
+    Unlike the quick ViT it is accurate, so strong pruning misses a tight accuracy budget and the planner
+    keeps iterating (bisecting) instead of converging after one round.
+    """
+    from profiling_agent.tools import embedded
+
+    with cache_env(cache):
+        dataset = embedded.ensure_dataset()
+        model_dir = embedded.model_path("resnet-digits")
+        config = embedded.TrainConfig(epochs=4, max_train=800, batch_size=16, threads=1)
+        record = embedded.build_model("resnet-digits", model_dir, config)
+    assert record["test_accuracy"] > 80.0, record
+    return model_dir, dataset

@@ -1,0 +1,115 @@
+"""Acceptance: `profiling-agent run` then `evaluate` on a trained ResNet, distilled DeiT and Swin (digits)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from quick_assets import cache_env
+
+from profiling_agent.graph.cli import main
+
+pytestmark = pytest.mark.slow
+
+# Small settings shared by every run: the digits test split has 360 images.
+SUBSET = "128"
+RUN_FLAGS = ["--subset", SUBSET, "--calibration", "16", "--repeats", "2", "--threads", "1", "--device", "cpu"]
+
+
+def _labels() -> dict:
+    return {"num_labels": 10, "id2label": {i: str(i) for i in range(10)}, "label2id": {str(i): i for i in range(10)}}
+
+
+def _resnet():
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(
+        num_channels=1, embedding_size=16, hidden_sizes=[32, 64], depths=[1, 1], layer_type="bottleneck",
+        downsample_in_first_stage=False, **_labels(),
+    )
+    return ResNetForImageClassification(config)
+
+
+def _deit():
+    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
+
+    config = DeiTConfig(
+        image_size=32, patch_size=8, num_channels=1, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_labels(),
+    )
+    return DeiTForImageClassificationWithTeacher(config)
+
+
+def _swin():
+    from transformers import SwinConfig, SwinForImageClassification
+
+    # 4x4 patches, 2x2 windows: stage 0 has shifted windows (attention mask), stage 1 is one window
+    config = SwinConfig(
+        image_size=32, patch_size=8, num_channels=1, embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=2,
+        mlp_ratio=2.0, drop_path_rate=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_labels(),
+    )
+    return SwinForImageClassification(config)
+
+
+# name -> (builder, class, expected adapter, epochs, lr); ~5-10 s of training each on one core (1,437 images)
+MODELS = {
+    "resnet": (_resnet, "ResNetForImageClassification", "resnet", 4, 3e-3),
+    "deit": (_deit, "DeiTForImageClassificationWithTeacher", "deit", 8, 2e-3),
+    "swin": (_swin, "SwinForImageClassification", "swin", 5, 3e-3),
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The digits dataset and the three models, briefly trained and saved with save_pretrained + processor."""
+    from profiling_agent.tools import embedded
+
+    root = tmp_path_factory.mktemp("families")
+    folders = {}
+    with cache_env(root / "cache"):
+        dataset = embedded.ensure_dataset()
+        for name, (build, _, _, epochs, lr) in MODELS.items():
+            torch.manual_seed(0)
+            config = embedded.TrainConfig(epochs=epochs, lr=lr, threads=1)
+            record = embedded.train_model(build(), root / name, config, name=name)
+            assert record["test_accuracy"] > 30.0, record  # trained: well above chance (10%)
+            folders[name] = root / name
+    return dataset, folders
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_run_then_evaluate_reproduces_accuracy(name, trained, tmp_path, capsys):
+    from transformers import AutoConfig
+
+    dataset, folders = trained
+    model_dir = folders[name]
+    _, architecture, family, _, _ = MODELS[name]
+    assert AutoConfig.from_pretrained(model_dir).architectures == [architecture]
+    code = main([
+        "run", "--model", str(model_dir), "--dataset", str(dataset), "--iterations", "1",
+        "--planner", "deterministic", "--run-dir", str(tmp_path), "--thread-id", name, *RUN_FLAGS,
+    ])
+    assert code == 0, capsys.readouterr().err
+    run = tmp_path / name
+    result = json.loads((run / "result.json").read_text())
+    assert result["status"] == "done" and result["family"] == family  # its own adapter, not generic
+    assert result["planner"]["used"] == ["deterministic"]
+    best, baseline = result["best"], result["baseline"]
+    assert best["iteration"] == 1 and best["params"] < baseline["params"]
+    recipe = json.loads((run / "best" / "recipe.json").read_text())
+    assert recipe["architecture"] == architecture
+    assert recipe["params"] == best["params"]
+    settings = json.loads((run / "run.json").read_text())  # what `resume` would continue with
+    assert settings["input"]["dataset"]["subset"] == int(SUBSET)
+
+    out = tmp_path / "eval.json"
+    code = main([
+        "evaluate", "--model", str(run / "best"), "--dataset", str(dataset), "--subset", SUBSET,
+        "--device", "cpu", "--json", str(out),
+    ])
+    assert code == 0, capsys.readouterr().err
+    metrics = json.loads(out.read_text())
+    assert metrics["n_samples"] == int(SUBSET)
+    assert metrics["accuracy"] == pytest.approx(best["accuracy"], abs=1e-9)
+    assert metrics["params"] == best["params"]

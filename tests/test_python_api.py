@@ -1,0 +1,87 @@
+"""The README's Python API examples run as written (on a small model) and leave the runs they describe."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from quick_assets import build_quick_assets
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def readme_python_blocks(section: str = "Python API") -> list[str]:
+    """Return the ```python blocks of one `## section` of the README, in order."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## )", text, flags=re.S | re.M)
+    assert match, f"README has no '## {section}' section"
+    return re.findall(r"^```python\n(.*?)^```", match.group(1), flags=re.S | re.M)
+
+
+def test_readme_has_the_documented_examples():
+    code = "\n".join(readme_python_blocks())
+    for needle in (
+        "open_checkpointer(",
+        "graph.invoke(inputs, config, context=context",
+        "graph.stream(",
+        "stream_mode=",
+        "graph.stream(None",  # resume after an interruption
+        "Command(resume=",
+        "get_state_history(",
+        "fork_run(",
+        "graph.invoke(None, fork_config",
+    ):
+        assert needle in code, needle
+
+
+@pytest.mark.slow
+def test_readme_python_api_examples_run(tmp_path):
+    from profiling_agent.graph.builder import build_graph
+    from profiling_agent.graph.checkpoint import open_checkpointer, thread_ids
+    from profiling_agent.tools.io import sha256_path
+
+    build_quick_assets(tmp_path / "cache")
+    script = tmp_path / "readme_python_api.py"
+    script.write_text("\n\n".join(readme_python_blocks()), encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "[profile]" in out and "sensitivity probe: 8/8" in out  # streamed updates and progress events
+    assert "waiting for approval of iteration 1" in out and "('analyze',)" in out
+
+    runs = work / "runs"
+    graph = build_graph(checkpointer=open_checkpointer(runs))
+    assert set(thread_ids(graph.checkpointer)) == {"demo", "demo-stream"}
+    streamed = graph.get_state({"configurable": {"thread_id": "demo-stream"}}).values
+    assert streamed["status"] == "done" and streamed["best"]["review"]["decision"] == "approve"
+    assert [h["node"] for h in streamed["history"]].count("profile") == 1  # the resume did not profile again
+
+    # the fork is the newest branch of "demo"; the original branch is intact, with its own files
+    config = {"configurable": {"thread_id": "demo"}}
+    forked = graph.get_state(config).values
+    history = list(graph.get_state_history(config))
+    original = next(s for s in history if s.next == () and s.values["objective"]["target"] == "params")
+    assert forked["objective"]["target"] == "macs" and forked["objective"]["max_acc_drop"] == 1.0
+    assert original.values["objective"]["max_acc_drop"] == 2.0
+    assert Path(forked["run_path"]) == runs / "demo" / "forks" / "fork-1"
+    assert any(h["node"] == "fork" for h in forked["history"])
+    for values in (original.values, forked):
+        root = Path(values["run_path"])
+        for cand in values["candidates"]:
+            assert sha256_path(root / cand["artifact"]["path"]) == cand["artifact"]["sha256"]
+        result = json.loads((root / "result.json").read_text())
+        assert result["thread_id"] == "demo" and result["objective"]["target"] == values["objective"]["target"]
+    base_file = "baseline/model.safetensors"
+    assert os.path.samefile(runs / "demo" / base_file, runs / "demo" / "forks" / "fork-1" / base_file)  # hard link

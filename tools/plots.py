@@ -1,0 +1,412 @@
+"""PNG charts of a finished run (profile breakdowns and accuracy-vs-cost Pareto plots) with matplotlib's Agg."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+PLOTS_DIR = "plots"
+# Deterministic file names, in the order a report shows them; the value is the figure's caption.
+PLOT_FILES: dict[str, tuple[str, str]] = {
+    "pareto_latency": ("pareto_latency.png", "Top-1 accuracy against batch-1 latency (relative to the baseline)"),
+    "pareto_params": ("pareto_params.png", "Top-1 accuracy against parameter count"),
+    "layer_latency": ("layer_latency.png", "Slowest layers of the baseline (module self time, batch 1)"),
+    "cost_by_group": ("cost_by_group.png", "Params, MACs and latency share of each prunable group"),
+    "cost_by_type": ("cost_by_type.png", "Params and MACs of the baseline by layer type"),
+}
+
+_BASE_COLOR, _CAND_COLOR, _BEST_COLOR, _REF_COLOR, _FRONT_COLOR = "#444444", "#4c78a8", "#e45756", "#9467bd", "#f58518"
+_DPI = 110
+
+
+# ------------------------------------------------------------------------------------------- points
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _relative_latency(entry: Mapping[str, Any], base_latency: float | None) -> float | None:
+    """Batch-1 latency over the baseline's: 1/speedup (measured side by side), else a ratio of medians."""
+    speedup = _num(entry.get("speedup"))
+    if speedup and speedup > 0:
+        return 1.0 / speedup
+    latency = _num(entry.get("latency_ms"))
+    return latency / base_latency if latency is not None and base_latency else None
+
+
+def extra_baselines(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Other reference models in result.json's optional "baselines" key (a dict by name or a list of dicts).
+
+    Returns:
+        [{"name", **metrics}] in a stable order; entries that are not dicts are skipped.
+    """
+    raw = result.get("baselines")
+    if isinstance(raw, Mapping):
+        items = [{"name": str(name), **entry} for name, entry in raw.items() if isinstance(entry, Mapping)]
+    elif isinstance(raw, list):
+        items = [
+            {**entry, "name": str(entry.get("name") or entry.get("label") or entry.get("method") or f"ref {i + 1}")}
+            for i, entry in enumerate(raw)
+            if isinstance(entry, Mapping)
+        ]
+    else:
+        items = []
+    return items
+
+
+def pareto_points(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One point per measured model: baseline, every finished candidate and any extra baselines.
+
+    Returns:
+        [{"label", "kind" ("baseline" | "candidate" | "best" | "reference"), "accuracy", "latency_rel",
+        "params"}]; a metric that is missing is None. Candidate numbers are the candidate rows of result.json.
+    """
+    base = result.get("baseline") or {}
+    base_latency = _num(base.get("latency_ms"))
+    points = []
+    if _num(base.get("accuracy")) is not None:
+        points.append(
+            {
+                "label": "baseline",
+                "kind": "baseline",
+                "accuracy": _num(base.get("accuracy")),
+                "latency_rel": 1.0,
+                "params": _num(base.get("params")),
+            }
+        )
+    best_it = (result.get("best") or {}).get("iteration")
+    for cand in result.get("candidates") or []:
+        if cand.get("status") != "ok" or _num(cand.get("accuracy")) is None:
+            continue
+        points.append(
+            {
+                "label": f"iter {cand['iteration']}",
+                "kind": "best" if cand["iteration"] == best_it else "candidate",
+                "accuracy": _num(cand.get("accuracy")),
+                "latency_rel": _relative_latency(cand, base_latency),
+                "params": _num(cand.get("params")),
+            }
+        )
+    for ref in extra_baselines(result):
+        if _num(ref.get("accuracy")) is None:
+            continue
+        points.append(
+            {
+                "label": ref["name"],
+                "kind": "reference",
+                "accuracy": _num(ref.get("accuracy")),
+                "latency_rel": _relative_latency(ref, base_latency),
+                "params": _num(ref.get("params")),
+            }
+        )
+    return points
+
+
+def pareto_front(points: list[dict[str, Any]], cost: str) -> list[dict[str, Any]]:
+    """Return the points no other point beats on both accuracy (higher) and `cost` (lower), sorted by cost."""
+    usable = [p for p in points if p.get(cost) is not None and p.get("accuracy") is not None]
+    front = [
+        p
+        for p in usable
+        if not any(
+            q is not p
+            and q[cost] <= p[cost]
+            and q["accuracy"] >= p["accuracy"]
+            and (q[cost] < p[cost] or q["accuracy"] > p["accuracy"])
+            for q in usable
+        )
+    ]
+    return sorted(front, key=lambda p: (p[cost], -p["accuracy"]))
+
+
+# ------------------------------------------------------------------------------------------- figures
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure  # Agg through Figure.savefig: no pyplot, no global backend state
+
+    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _human(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.0f}"
+
+
+def _short(name: str, limit: int = 46) -> str:
+    return name if len(name) <= limit else "..." + name[-(limit - 3) :]
+
+
+def accuracy_floor(points: list[dict[str, Any]], base_accuracy: float | None, budget: float | None) -> float | None:
+    """Return the lowest accuracy a Pareto plot shows, or None when every point fits.
+
+    A candidate far below the budget (a broken plan) would squash the interesting region near the
+    baseline; it is drawn on this floor instead, labelled with its real accuracy.
+    """
+    if base_accuracy is None:
+        return None
+    floor = base_accuracy - max(4.0 * (budget or 0.0), 5.0)
+    return floor if any(p["accuracy"] < floor for p in points) else None
+
+
+def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
+    """Plot accuracy against `cost` ("latency_rel" or "params") for every model; the best candidate is starred.
+
+    Returns:
+        PNG bytes, or None when no point has both numbers.
+    """
+    points = [p for p in pareto_points(result) if p[cost] is not None]
+    if not points:
+        return None
+    base = result.get("baseline") or {}
+    budget = _num((result.get("objective") or {}).get("max_acc_drop"))
+    floor = accuracy_floor(points, _num(base.get("accuracy")), budget)
+
+    def shown(p: dict[str, Any]) -> float:
+        return p["accuracy"] if floor is None else max(p["accuracy"], floor)
+
+    fig = _figure(6.4, 4.4)
+    ax = fig.add_subplot()
+    front = pareto_front(points, cost)
+    if len(front) > 1:
+        ax.plot(
+            [p[cost] for p in front],
+            [shown(p) for p in front],
+            color=_FRONT_COLOR,
+            lw=1.2,
+            ls="--",
+            zorder=1,
+            label="Pareto front",
+        )
+    style = {
+        "baseline": dict(marker="s", s=70, color=_BASE_COLOR, label="baseline"),
+        "candidate": dict(marker="o", s=45, color=_CAND_COLOR, label="candidates"),
+        "best": dict(marker="*", s=240, color=_BEST_COLOR, label="best", edgecolor="black", linewidths=0.6),
+        "reference": dict(marker="D", s=50, color=_REF_COLOR, label="other baselines"),
+    }
+    for kind, kw in style.items():
+        chosen = [p for p in points if p["kind"] == kind]
+        if chosen:
+            ax.scatter([p[cost] for p in chosen], [shown(p) for p in chosen], zorder=3, **kw)
+    for p in points:
+        clipped = floor is not None and p["accuracy"] < floor
+        label = f"{p['label']} ({p['accuracy']:.1f}%, off scale)" if clipped else p["label"]
+        ax.annotate(label, (p[cost], shown(p)), textcoords="offset points", xytext=(6, 5), fontsize=8)
+    if _num(base.get("accuracy")) is not None and budget is not None:
+        ax.axhline(
+            base["accuracy"] - budget,
+            color="#888888",
+            lw=0.9,
+            ls=":",
+            zorder=0,
+            label=f"accuracy budget (-{budget:g} pp)",
+        )
+    if cost == "latency_rel":
+        ax.axvline(1.0, color="#bbbbbb", lw=0.8, zorder=0)
+        ax.set_xlabel("batch-1 latency / baseline latency (side by side; lower is faster)")
+    else:
+        from matplotlib.ticker import FuncFormatter
+
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _human(v)))
+        ax.set_xlabel("parameters")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.set_title("Accuracy vs " + ("latency" if cost == "latency_rel" else "parameters"))
+    ax.grid(alpha=0.3)
+    ax.margins(x=0.15, y=0.2)
+    if floor is not None:
+        top = max(shown(p) for p in points)
+        pad = max(top - floor, 1.0)
+        ax.set_ylim(floor - 0.08 * pad, top + 0.15 * pad)
+        ax.axhline(floor, color=_BEST_COLOR, lw=0.6, ls="-.", zorder=0)
+    ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def plot_layer_latency(profile: Mapping[str, Any], top: int = 20) -> bytes | None:
+    """Horizontal bars of the `top` layers by module self time, annotated with their latency share."""
+    rows = sorted(
+        (r for r in profile.get("layers") or [] if _num(r.get("latency_ms"))),
+        key=lambda r: r["latency_ms"],
+        reverse=True,
+    )[:top]
+    if not rows:
+        return None
+    rows = rows[::-1]  # largest on top
+    fig = _figure(8.0, 1.2 + 0.28 * len(rows))
+    ax = fig.add_subplot()
+    labels = [f"{_short(r['name'])} ({r.get('type', '?')})" for r in rows]
+    values = [r["latency_ms"] for r in rows]
+    bars = ax.barh(range(len(rows)), values, color=_CAND_COLOR)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    for bar, r in zip(bars, rows, strict=True):
+        share = _num(r.get("latency_share"))
+        text = f"{r['latency_ms']:.3f} ms" + (f"  {share:.1%}" if share is not None else "")
+        ax.annotate(
+            text,
+            (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
+    ax.set_xlabel("self time per forward (ms, batch 1)")
+    ax.set_title(f"Top {len(rows)} layers by latency")
+    ax.margins(x=0.22)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def group_shares(profile: Mapping[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    """Per prunable group its params/MACs/latency shares, plus the rest of the model as a last row."""
+    costs = profile.get("group_costs") or {}
+    order = [g["name"] for g in profile.get("groups") or [] if g.get("name") in costs]
+    order += [name for name in costs if name not in order]
+    keys = ("params_share", "macs_share", "latency_share")
+    rows = [(name, {k: float(costs[name].get(k) or 0.0) for k in keys}) for name in order]
+    if rows:
+        rows.append(("rest of the model", {k: max(0.0, 1.0 - sum(r[k] for _, r in rows)) for k in keys}))
+    return rows
+
+
+def plot_cost_by_group(profile: Mapping[str, Any]) -> bytes | None:
+    """Draw grouped bars: each prunable group's share of params, MACs and latency (and the unprunable rest)."""
+    rows = group_shares(profile)
+    if not rows:
+        return None
+    import numpy as np
+
+    fig = _figure(8.0, 1.4 + 0.42 * len(rows))
+    ax = fig.add_subplot()
+    y = np.arange(len(rows))[::-1]
+    height = 0.27
+    for i, (key, label, color) in enumerate(
+        (
+            ("params_share", "params", _CAND_COLOR),
+            ("macs_share", "MACs", _FRONT_COLOR),
+            ("latency_share", "latency", _BEST_COLOR),
+        )
+    ):
+        ax.barh(y + (1 - i) * height, [100 * r[key] for _, r in rows], height, label=label, color=color)
+    kinds = {g["name"]: g.get("kind", "") for g in profile.get("groups") or []}
+    ax.set_yticks(y, [f"{name} ({kinds[name]})" if kinds.get(name) else name for name, _ in rows], fontsize=8)
+    ax.set_xlabel("share of the whole model (%)")
+    ax.set_title("Cost by prunable group")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _png(fig)
+
+
+def type_totals(profile: Mapping[str, Any]) -> list[tuple[str, int, int]]:
+    """(layer type, params, MACs) summed over the profile rows (own params/MACs per row), largest first."""
+    totals: dict[str, list[int]] = {}
+    for row in profile.get("layers") or []:
+        acc = totals.setdefault(str(row.get("type", "?")), [0, 0])
+        acc[0] += int(row.get("params") or 0)
+        acc[1] += int(row.get("macs") or 0)
+    out = [(name, p, m) for name, (p, m) in totals.items() if p or m]
+    return sorted(out, key=lambda t: (-(t[1] + t[2]), t[0]))
+
+
+def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None:
+    """Two panels of horizontal bars: params and MACs per layer type (the smallest types folded into 'other')."""
+    rows = type_totals(profile)
+    if not rows:
+        return None
+    if len(rows) > top:
+        rest = rows[top - 1 :]
+        rows = rows[: top - 1] + [("other", sum(r[1] for r in rest), sum(r[2] for r in rest))]
+    rows = rows[::-1]
+    fig = _figure(9.0, 1.3 + 0.3 * len(rows))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, idx, title, color in ((axes[0], 1, "params", _CAND_COLOR), (axes[1], 2, "MACs", _FRONT_COLOR)):
+        values = [r[idx] for r in rows]
+        total = sum(values) or 1
+        bars = ax.barh(range(len(rows)), values, color=color)
+        for bar, v in zip(bars, values, strict=True):
+            if v:
+                ax.annotate(
+                    f"{_human(v)} ({v / total:.0%})",
+                    (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=7,
+                )
+        ax.set_title(f"{title} by layer type")
+        ax.margins(x=0.3)
+        ax.grid(axis="x", alpha=0.3)
+        from matplotlib.ticker import FuncFormatter
+
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _human(v)))
+    axes[0].set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    return _png(fig)
+
+
+# ------------------------------------------------------------------------------------------- files
+
+
+def render_plots(result: Mapping[str, Any], profile: Mapping[str, Any] | None) -> dict[str, bytes]:
+    """Render every chart the run's data allows.
+
+    Args:
+        result: result.json of the run.
+        profile: profile.json of the run (None skips the profile charts).
+
+    Returns:
+        {key of PLOT_FILES: PNG bytes}, in PLOT_FILES order; charts without data are left out.
+    """
+    profile = profile or {}
+    made = {
+        "pareto_latency": plot_pareto(result, "latency_rel"),
+        "pareto_params": plot_pareto(result, "params"),
+        "layer_latency": plot_layer_latency(profile),
+        "cost_by_group": plot_cost_by_group(profile),
+        "cost_by_type": plot_cost_by_type(profile),
+    }
+    return {key: made[key] for key in PLOT_FILES if made.get(key)}
+
+
+def write_plots(run_path: str | os.PathLike, images: Mapping[str, bytes]) -> dict[str, str]:
+    """Write rendered charts to RUN/plots/ (atomically) and remove stale ones missing from `images`.
+
+    Args:
+        run_path: The run folder RUN_DIR/THREAD_ID.
+        images: {key of PLOT_FILES: PNG bytes}, as returned by render_plots.
+
+    Returns:
+        {key: path relative to the run folder}, e.g. {"pareto_latency": "plots/pareto_latency.png"}.
+    """
+    from profiling_agent.tools.io import write_bytes_atomic
+
+    folder = Path(run_path) / PLOTS_DIR
+    written = {}
+    for key, (name, _caption) in PLOT_FILES.items():
+        if key in images:
+            write_bytes_atomic(folder / name, images[key])
+            written[key] = f"{PLOTS_DIR}/{name}"
+        else:
+            (folder / name).unlink(missing_ok=True)
+    return written
+
+
+def markdown_section(written: Mapping[str, str]) -> str:
+    """Return a '## Plots' Markdown section linking the written charts by relative path (empty without charts)."""
+    if not written:
+        return ""
+    lines = ["## Plots", ""]
+    for key, rel in written.items():
+        lines += [f"![{PLOT_FILES[key][1]}]({rel})", ""]
+    return "\n".join(lines)

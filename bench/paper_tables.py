@@ -1,9 +1,9 @@
 """Analogues of the ProfilingAgent paper's Tables 1, 3 and 4 on the benchmark zoo, every number measured here.
 
 Usage:
-    python bench/paper_tables.py --quick          # ViT + ResNet, 2 agent iterations, ViT-B/16 only: < 5 min
+    python bench/paper_tables.py --quick          # ViT + ResNet, 3 agent iterations, ViT-B/16 only: < 5 min
     python bench/paper_tables.py                  # all four zoo models, 5 agent iterations, four full-size configs
-    python bench/paper_tables.py --json out.json --zoo /tmp/zoo --threads 2
+    python bench/paper_tables.py --json out.json --zoo /tmp/zoo --threads 2   # on a quiet machine
 
 Table 1: uniform L1, L2 and random pruning at 1%, 10% and 20% (tools/baselines.py) against the agent (the real
 LangGraph loop, deterministic planner, pruning only) on each zoo model: accuracy change and parameters.
@@ -59,7 +59,7 @@ FULL_SIZE: dict[str, tuple[str, str, dict[str, Any]]] = {
 PROFILES = {
     "quick": {
         "models": ("vit", "resnet"),
-        "iterations": 2,
+        "iterations": 3,
         "subset": 300,
         "calibration": 32,
         "repeats": 20,  # zoo models run in milliseconds: many repeats are cheap and steady the medians
@@ -411,6 +411,8 @@ def render(report: dict[str, Any]) -> str:
         "",
         "## Table 4: pruning vs quantization",
         "",
+        "Every row against the torch FP32 baseline (for ONNX Runtime the memory is the .onnx file's size).",
+        "",
         table4(report["zoo"]),
     ]
     if report["full_size"]:
@@ -435,7 +437,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         profile["models"] = tuple(args.models)
     if args.full_size is not None:
         profile["full_size"] = tuple(args.full_size)
-    profile.update({"quick": args.quick, "seed": args.seed, "threads": args.threads or torch.get_num_threads(),
+    profile.update({"quick": args.quick, "seed": args.seed, "threads": args.threads,
                     "max_acc_drop": args.max_acc_drop, "target_reduction": args.target_reduction})
     return profile
 
@@ -461,11 +463,11 @@ def _check(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Build the zoo if needed, measure every table, print Markdown and write JSON."""
     parser = argparse.ArgumentParser(prog="bench/paper_tables.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="ViT + ResNet, 2 iterations, ViT-B/16 only (< 5 min)")
+    parser.add_argument("--quick", action="store_true", help="ViT + ResNet, 3 iterations, ViT-B/16 only (< 5 min)")
     parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
     parser.add_argument("--models", nargs="+", default=None, help=f"zoo models ({', '.join(zoo_lib.SPECS)})")
     parser.add_argument("--full-size", nargs="*", default=None, help=f"full-size configs ({', '.join(FULL_SIZE)})")
-    parser.add_argument("--iterations", type=int, default=None, help="agent iterations (5; quick 2)")
+    parser.add_argument("--iterations", type=int, default=None, help="agent iterations (5; quick 3)")
     parser.add_argument("--subset", type=int, default=None, help="evaluation images (1000; quick 300)")
     parser.add_argument("--repeats", type=int, default=None, help="timed latency repeats of zoo models (30; quick 20)")
     parser.add_argument("--max-acc-drop", type=float, default=2.0, help="the agent's accuracy budget in pp")
@@ -473,7 +475,10 @@ def main(argv: list[str] | None = None) -> int:
         "--target-reduction", type=float, default=0.2, help="the agent's params reduction target (default 0.2, "
         "the largest uniform ratio)"
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch and ONNX Runtime intra-op threads")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads (default 1: two threads on a "
+        "shared 2-core machine measured 10-20x slower and far noisier)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="output JSON (default: ZOO/paper_tables[_quick].json)")
     parser.add_argument("--work", default=None, help="folder for agent runs and ONNX files (default: a temp dir)")
@@ -489,8 +494,6 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     settings = _settings(args)
     start = time.perf_counter()
     zoo_dir = Path(args.zoo) if args.zoo else zoo_lib.default_out()

@@ -41,6 +41,12 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         f"loaded {type(loaded.model).__name__} ({adapter.name} adapter) from {state.model.ref}; "
         f"{len(dataset)} images in {state.dataset.ref}:{state.dataset.split}; labels mapped by {mapping['method']}"
         + (" (predictions restricted to the dataset's classes)" if mapping.get("restricted") else "")
+        + (
+            ""
+            if adapter.safe
+            else f". WARNING: no family adapter for {type(loaded.model).__name__}: the generic fallback prunes only "
+            "simple MLP/conv groups and checks every prune numerically against masking"
+        )
     )
     return {
         # the whole goal, defaults filled in: the checkpoint records it even for {} or partial inputs

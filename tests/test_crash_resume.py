@@ -164,7 +164,11 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
     err, nxt, code = _stop_when(_start(run_args, env, tmp_path), runs, _next_is("profile"), signal.SIGKILL)
     assert code == -signal.SIGKILL and nxt == ("profile",), err
 
-    # 2. Ctrl-C (SIGINT) in the middle of iteration 2: exit 130 and one line naming the resume command
+    # 2. SIGKILL while iteration 1 is evaluated
+    err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, _next_is("evaluate", 1), signal.SIGKILL)
+    assert code == -signal.SIGKILL and nxt in (("evaluate",), ("iterate",)), err
+
+    # 3. Ctrl-C (SIGINT) in the middle of iteration 2: exit 130 and one line naming the resume command
     err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, _next_is("quantize", 2), signal.SIGINT)
     assert code == 130, err
     assert "Traceback" not in err
@@ -172,11 +176,11 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
     assert err.strip().splitlines()[-1] == expected
     assert nxt in (("quantize",), ("evaluate",))  # quantize unfinished, or finished with its writes saved
 
-    # 3. SIGKILL while the report measures and writes
+    # 4. SIGKILL while the report measures and writes
     err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, _next_is("report"), signal.SIGKILL)
     assert code == -signal.SIGKILL and nxt == ("report",), err
 
-    # 4. the last resume finishes the run
+    # 5. the last resume finishes the run
     done = subprocess.run(resume_args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PHASE_TIMEOUT)
     assert done.returncode == 0, done.stderr
     assert "resuming crash at report" in done.stderr and "best:" in done.stdout

@@ -29,5 +29,9 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+bench: install
+	$(BIN)/python bench/architectures.py --quick --threads 1
+	$(BIN)/python bench/paper_tables.py --quick
+
 clean:
 	rm -rf runs .pytest_cache

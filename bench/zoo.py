@@ -46,6 +46,10 @@ FAMILIES = ("resnet", "vit", "deit", "swin")
 EXIT_BAD_INPUT = 2
 
 
+class ZooError(RuntimeError):
+    """The zoo cannot be built (Fashion-MNIST missing and not installable): one line, exit code 2."""
+
+
 @dataclass
 class ModelSpec:
     """How one zoo model is built and trained."""
@@ -132,13 +136,13 @@ def ensure_fashion_mnist(install: bool = True) -> None:
     """Make sure Debian's Fashion-MNIST files exist, installing the package with apt-get when allowed.
 
     Raises:
-        SystemExit: (code 2) when the files are missing and cannot be installed.
+        ZooError: When the files are missing and cannot be installed.
     """
     if all(p.exists() for s in ("train", "test") for p in _idx_files(s)):
         return
     hint = f"apt-get install -y {FASHION_PACKAGE}"
     if not install or os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise SystemExit(f"zoo: Fashion-MNIST not found in {FASHION_DIR}; install it with `{hint}`")
+        raise ZooError(f"Fashion-MNIST not found in {FASHION_DIR}; install it with `{hint}`")
     print(f"zoo: installing {FASHION_PACKAGE} with apt-get", file=sys.stderr, flush=True)
     for command in ([], ["apt-get", "update", "-qq"]):
         if command:
@@ -146,7 +150,7 @@ def ensure_fashion_mnist(install: bool = True) -> None:
         done = subprocess.run(["apt-get", "install", "-y", "-qq", FASHION_PACKAGE], check=False, capture_output=True)
         if done.returncode == 0 and all(p.exists() for s in ("train", "test") for p in _idx_files(s)):
             return
-    raise SystemExit(f"zoo: could not install {FASHION_PACKAGE}; run `{hint}`")
+    raise ZooError(f"could not install {FASHION_PACKAGE}; run `{hint}`")
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -457,15 +461,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     start = time.perf_counter()
-    zoo = build_zoo(
-        Path(args.out) if args.out else None,
-        tuple(args.names) or FAMILIES,
-        train_images=args.train,
-        seed=args.seed,
-        force=args.force,
-        threads=args.threads,
-        log=lambda message: print(message, flush=True),
-    )
+    try:
+        zoo = build_zoo(
+            Path(args.out) if args.out else None,
+            tuple(args.names) or FAMILIES,
+            train_images=args.train,
+            seed=args.seed,
+            force=args.force,
+            threads=args.threads,
+            log=lambda message: print(message, flush=True),
+        )
+    except ZooError as exc:
+        parser.exit(EXIT_BAD_INPUT, f"zoo: error: {exc}\n")
     out = Path(args.out) if args.out else default_out()
     print(f"zoo: {len(zoo['models'])} models in {out} ({time.perf_counter() - start:.1f}s); see {out / 'zoo.json'}")
     return 0

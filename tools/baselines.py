@@ -8,12 +8,12 @@ from typing import Any, Literal
 
 from torch import nn
 
-from profiling_agent.state import CompressionPlan, PruneEntry, QuantEntry
+from profiling_agent.state import BASELINE_PLANNERS, CompressionPlan, PruneEntry, QuantEntry
 from profiling_agent.tools.families.base import FamilyAdapter, PrunableGroup
 from profiling_agent.tools.pruning import PruneReport, prune_model
 
 Baseline = Literal["l1", "l2", "random"]
-BASELINES: tuple[Baseline, ...] = ("l1", "l2", "random")
+BASELINES: tuple[Baseline, ...] = BASELINE_PLANNERS  # the planner names Objective accepts with a ratio
 KIND_ORDER = ("structured", "head")
 ALL_MODULES = ".*"  # uniform: the entry's regex matches every group of its kind
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -169,9 +170,10 @@ def measure_latency(models: Mapping[str, nn.Module], sample: torch.Tensor, *, ba
                     repeats: int = 10, device: str = "cpu") -> dict[str, dict[str, Any]]:
     """Measure batch-1 and batch-`batch_size` forward latency of several models side by side.
 
-    Each repeat times every model once at batch 1, then every model once at the larger batch, in an order that
-    rotates with the repeat, so machine noise hits all models alike. Models are put in eval mode and moved to
-    `device` in place; the thread count is whatever torch uses now.
+    Each repeat times every model once at batch 1, then every model once at the larger batch, in a seeded random
+    order that changes with every repeat, so machine noise and any cost of switching between models (cold caches,
+    another runtime's kernels) hit all models alike instead of always the same neighbour. Models are put in eval
+    mode and moved to `device` in place; the thread count is whatever torch uses now.
 
     Returns:
         {name: {"latency_ms", "latency_batch_ms", "batch_size", "threads", "repeats"}}, medians in ms.
@@ -187,8 +189,9 @@ def measure_latency(models: Mapping[str, nn.Module], sample: torch.Tensor, *, ba
             for name in names:
                 forward_logits(models[name], single)
                 forward_logits(models[name], batch)
-        for r in range(max(repeats, 1)):
-            order = names[r % len(names):] + names[:r % len(names)] if names else []
+        shuffler = random.Random(0)
+        for _ in range(max(repeats, 1)):
+            order = shuffler.sample(names, len(names))
             for name in order:
                 times[name]["single"].append(timed_forward_ms(models[name], single))
             for name in order:

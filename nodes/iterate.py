@@ -31,6 +31,20 @@ def finished_candidate(state: State) -> dict[str, Any]:
     return record
 
 
+def quantization_cost_speed(best: dict[str, Any] | None, candidates: list[dict[str, Any]], objective) -> bool:
+    """Return True when the best candidate is slower than the baseline because of its dynamic quantization.
+
+    Only while every candidate so far was quantized and size is not the target: the planner then drops
+    quantization (it reads the same side-by-side measurement), so one more round can find a faster model.
+    """
+    if not best or objective.target == "size" or objective.quantize == "none":
+        return False
+    ev = best.get("eval") or {}
+    slowed = ev.get("speedup", 1.0) < 1.0 and ev.get("quant_speedup", 1.0) < 0.97
+    slowed = slowed and ev.get("quant_speedup_batch", 1.0) < 0.97
+    return slowed and all(c.get("quantized") for c in candidates if c.get("status") == "ok")
+
+
 def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Append this iteration's candidate, re-select the best by the objective's rule, set the stop reason."""
     from profiling_agent.tools.selection import objective_met, select_best
@@ -40,6 +54,19 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     objective = state.objective
     best = select_best(candidates, state.baseline_eval, objective) if state.baseline_eval else None
     stop = ""
+    if objective_met(best, state.baseline_eval, objective) and quantization_cost_speed(best, candidates, objective):
+        if state.iteration < objective.iterations:
+            note = (
+                "objective met, but dynamic quantization made the best model slower than the baseline "
+                f"({best['eval']['speedup']:.2f}x): one more round without it"
+            )
+            return {
+                "candidates": [cand],
+                "best": best,
+                "stop_reason": "",
+                "current": None,
+                "history": event("iterate", f"candidate {state.iteration} recorded; {note}", state.iteration),
+            }
     if objective_met(best, state.baseline_eval, objective):
         stop = (
             f"objective met at iteration {best['iteration']}: {best['reduction']:.1%} {objective.target} reduction "

@@ -103,7 +103,9 @@ def build_result(
             {
                 "iteration": c["iteration"],
                 "status": c["status"],
-                **_metrics(c.get("eval")),
+                **_with_final_latency(
+                    _metrics(c.get("eval")), final_latency.get(f"iter_{c['iteration']:02d}"), base_final
+                ),
                 "plan": c.get("plan"),
                 "planner": c.get("planner"),
                 "llm": (c.get("planner_meta") or {}).get("llm"),

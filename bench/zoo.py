@@ -205,18 +205,12 @@ def save_dataset(out: Path, calibration: np.ndarray, seed: int = 0) -> Path:
 
 
 def processor():
-    """Return the image processor every zoo model uses: resize to 32x32, scale to [0, 1], normalize 0.5/0.5."""
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+    """Return the image processor every zoo model uses: the embedded models' (32x32, one channel, mean/std 0.5)."""
+    from profiling_agent.tools.embedded import IMAGE_SIZE as EMBEDDED_SIZE
+    from profiling_agent.tools.embedded import _processor
 
-    return ViTImageProcessorPil(
-        do_resize=True,
-        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        do_rescale=True,
-        rescale_factor=1 / 255,
-        do_normalize=True,
-        image_mean=[0.5],
-        image_std=[0.5],
-    )
+    assert EMBEDDED_SIZE == IMAGE_SIZE
+    return _processor()
 
 
 def build_architecture(name: str) -> torch.nn.Module:

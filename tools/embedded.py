@@ -313,47 +313,11 @@ def build_model(name: str, out_dir: str | os.PathLike, config: TrainConfig | Non
     Returns:
         The training record also written to training.json.
     """
-    from datasets import load_from_disk
-
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown embedded model {name!r}; choose from {', '.join(MODEL_NAMES)}")
     cfg = _resolved(name, config)
-    splits = load_from_disk(str(ensure_dataset()))
-    processor = _processor()
-    x_train, y_train = _pixels(splits["train"], processor)
-    if cfg.max_train is not None and cfg.max_train < len(x_train):
-        keep = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(cfg.seed))[: cfg.max_train]
-        x_train, y_train = x_train[keep], y_train[keep]
-    x_test, y_test = _pixels(splits["test"], processor)
-
     torch.manual_seed(cfg.seed)
-    model = build_architecture(name)
-    with _threads(cfg.threads) as threads:
-        start = time.perf_counter()
-        _train(model, x_train, y_train, cfg)
-        seconds = time.perf_counter() - start
-        test_acc = accuracy(model, x_test, y_test)
-    record = {
-        "name": name,
-        "architecture": type(model).__name__,
-        "params": sum(p.numel() for p in model.parameters()),
-        "epochs": cfg.epochs,
-        "seconds": round(seconds, 2),
-        "threads": threads,
-        "train_samples": len(x_train),
-        "test_samples": len(x_test),
-        "test_accuracy": round(test_acc, 2),
-        "seed": cfg.seed,
-        "config": asdict(cfg),
-        "dataset": f"embedded:{DATASET_NAME}",
-        "versions": _versions(),
-    }
-    with atomic_dir(out_dir) as tmp, quiet_hf():
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
-        write_json_atomic(tmp / _MODEL_MARKER, record)
-    logger.info("trained %s: %.1f%% test accuracy in %.1f s", name, test_acc, seconds)
-    return record
+    return train_model(build_architecture(name), out_dir, cfg, name)
 
 
 def train_model(

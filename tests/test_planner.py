@@ -109,3 +109,13 @@ def test_quantization_dropped_after_it_measurably_slowed_the_model():
     # size is what quantization is for: kept even when slower
     sized = plan_round(GROUPS, COSTS, SENS, Objective(target="size"), history=slow)
     assert sized.plan.quantization
+
+
+def test_after_quantization_cost_speed_the_same_pruning_is_repeated_without_it():
+    objective = Objective(target="params", target_reduction=0.3, quantize="qint8")
+    first = plan_round(GROUPS, COSTS, SENS, objective, history=[])
+    slow = [{"iteration": 1, "goal": first.target_estimate, "gamma": first.gamma, "passed": True,
+             "quant_speedup": 0.7, "quant_speedup_batch": 0.8}]
+    second = plan_round(GROUPS, COSTS, SENS, objective, history=slow)
+    assert second.plan.quantization == []
+    assert [(e.layer, e.ratio) for e in second.plan.pruning] == [(e.layer, e.ratio) for e in first.plan.pruning]

@@ -84,3 +84,8 @@ def test_quantization_that_slowed_the_best_model_earns_one_more_round():
     assert not quantization_cost_speed(slow, [*quantized, {"status": "ok", "quantized": []}], Objective())
     fast = {"eval": {"speedup": 1.3, "quant_speedup": 0.9, "quant_speedup_batch": 0.9}}
     assert not quantization_cost_speed(fast, quantized, Objective())
+
+
+def test_budget_rule_breaks_reduction_ties_by_speed():
+    a, b = cand(1, 89.9, 500, lat=4.0), cand(2, 89.5, 500, lat=1.0)
+    assert select_best([a, b], BASE, Objective(select="budget"))["iteration"] == 2

@@ -222,6 +222,11 @@ def plan_round(
         return PlanResult(plan, "deterministic", 0.0, config.gamma_start, converged=bool(history))
     feasible = max_feasible(groups, costs, objective.target, config)
     goal, gamma, converged, why = next_goal(history, objective, feasible, config)
+    last = history[-1] if history else None
+    if last and last["passed"] and objective.target != "size" and quantization_slowed(history) is last:
+        # the last plan kept the budget but its quantization cost speed: same pruning, quantization dropped
+        goal, gamma, converged = last["goal"], last["gamma"], False
+        why = f"repeating round {last.get('iteration', '?')}'s pruning, which kept the budget, without quantization"
     weights = group_weights(groups, costs, sensitivity, gamma)
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config)
     order = sorted(groups, key=lambda g: float(sensitivity.get(g["name"], {}).get("damage", 0.0)))

@@ -43,8 +43,8 @@ def select_best(
     """Pick the best finished candidate by the objective's rule, or None when none finished.
 
     paper: highest accuracy, then fewer params, then lower latency (the paper's rule).
-    budget: among candidates within max_acc_drop, the largest reduction of `objective.target` (ties: higher
-    accuracy, then earlier iteration); when none is within budget, the most accurate one, flagged.
+    budget: among candidates within max_acc_drop, the largest reduction of `objective.target` (ties: faster,
+    then more accurate, then earlier); when none is within budget, the most accurate one, flagged.
 
     The returned dict is the candidate plus `rule`, `within_budget`, `reduction` and `accuracy_drop`.
     """
@@ -63,6 +63,7 @@ def select_best(
                 fitting,
                 key=lambda c: (
                     -round(reduction(c["eval"], baseline, objective.target), 6),
+                    -round(float(c["eval"].get("speedup") or 0.0), 6),
                     -c["eval"]["accuracy"],
                     c["iteration"],
                 ),

@@ -62,6 +62,7 @@ def planner_history(state: State) -> list[dict[str, Any]]:
                 "goal": meta["goal"],
                 "gamma": meta["gamma"],
                 "passed": passed,
+                "rejected": cand.get("status") == "rejected",
                 "quant_speedup": ev.get("quant_speedup"),
                 "quant_speedup_batch": ev.get("quant_speedup_batch"),
             }

@@ -119,3 +119,10 @@ def test_after_quantization_cost_speed_the_same_pruning_is_repeated_without_it()
     second = plan_round(GROUPS, COSTS, SENS, objective, history=slow)
     assert second.plan.quantization == []
     assert [(e.layer, e.ratio) for e in second.plan.pruning] == [(e.layer, e.ratio) for e in first.plan.pruning]
+
+
+def test_a_rejected_level_caps_the_search_even_where_accuracy_held():
+    config, objective = PlannerConfig(), Objective(target_reduction=0.4)
+    hist = [{"goal": 0.3, "gamma": 1.0, "passed": True}, {"goal": 0.3, "gamma": 1.0, "passed": False, "rejected": True}]
+    goal, _, converged, _ = next_goal(hist, objective, 0.7, config)
+    assert goal < 0.3 and not converged

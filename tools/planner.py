@@ -129,6 +129,9 @@ def next_goal(
         return goal, config.gamma_start, False, f"round 1 aims at the objective's {goal:.0%} reduction"
     passes = [h["goal"] for h in history if h["passed"]]
     fails = [h["goal"] for h in history if not h["passed"]]
+    rejected = [h["goal"] for h in history if h.get("rejected")]
+    if rejected:  # a reviewer's "no" caps the search, even at a level that kept the accuracy budget
+        passes = [p for p in passes if p < min(rejected)]
     last = history[-1]
     step = config.gamma_step_down if last["passed"] else -config.gamma_step_up
     gamma = min(config.gamma_max, max(config.gamma_min, last["gamma"] - step))
@@ -223,9 +226,11 @@ def plan_round(
     feasible = max_feasible(groups, costs, objective.target, config)
     goal, gamma, converged, why = next_goal(history, objective, feasible, config)
     last = history[-1] if history else None
+    repeat_of = None
     if last and last["passed"] and objective.target != "size" and quantization_slowed(history) is last:
         # the last plan kept the budget but its quantization cost speed: same pruning, quantization dropped
         goal, gamma, converged = last["goal"], last["gamma"], False
+        repeat_of = last
         why = f"repeating round {last.get('iteration', '?')}'s pruning, which kept the budget, without quantization"
     weights = group_weights(groups, costs, sensitivity, gamma)
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config)
@@ -255,6 +260,8 @@ def plan_round(
             )
         )
     estimate = estimate_reduction(emitted, groups, costs, objective.target)
+    if repeat_of is not None:  # the same plan: keep its goal exactly, so the search sees one point, not two
+        estimate = repeat_of["goal"]
     rationale = (
         f"Deterministic planner: {why}. Ratios follow cost share / probe damage^{gamma:.2f} with a common level "
         f"chosen so the estimated {objective.target} reduction is {estimate:.1%} (largest feasible "

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from profiling_agent.tools.embedded import accuracy
+
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_PACKAGE = "dataset-fashion-mnist"
 LABELS = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
@@ -272,17 +274,6 @@ def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, spec: ModelS
     model.eval()
 
 
-def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 500) -> float:
-    """Return top-1 accuracy in percent."""
-    model.eval()
-    correct = 0
-    with torch.inference_mode():
-        for start in range(0, len(x), batch_size):
-            logits = model(pixel_values=x[start : start + batch_size]).logits
-            correct += int((logits.argmax(-1) == y[start : start + batch_size]).sum())
-    return 100.0 * correct / len(x)
-
-
 def spec_hash(name: str, train_images: int, seed: int) -> str:
     """Fingerprint of what a zoo model is built from (a cached model with another fingerprint is rebuilt)."""
     blob = json.dumps({"spec": asdict(SPECS[name]), "train": train_images, "seed": seed}, sort_keys=True)
@@ -310,7 +301,7 @@ def build_model(name: str, out: Path, data: dict[str, torch.Tensor], seed: int =
     model = build_architecture(name)
     train(model, data["x_train"], data["y_train"], SPECS[name], seed)
     train_seconds = time.perf_counter() - start
-    acc = accuracy(model, data["x_test"], data["y_test"])
+    acc = accuracy(model, data["x_test"], data["y_test"], batch_size=500)
     record = {
         "name": name,
         "family": SPECS[name].family,

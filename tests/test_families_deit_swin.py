@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 from torch import nn
+from toy_models import all_logits
 from transformers import (
     DeiTConfig,
     DeiTForImageClassification,
@@ -79,13 +80,7 @@ def _pixels(shape) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(3))
 
 
-def _outputs(model: nn.Module, pixels: torch.Tensor) -> list[torch.Tensor]:
-    """Return every logits tensor the model produces (the distilled DeiT has three)."""
-    model.eval()
-    with torch.inference_mode():
-        out = model(pixel_values=pixels)
-    names = ("logits", "cls_logits", "distillation_logits")
-    return [getattr(out, n) for n in names if getattr(out, n, None) is not None]
+_outputs = all_logits
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

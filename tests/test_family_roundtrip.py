@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from toy_models import all_logits
 
 from profiling_agent.tools.artifacts import WEIGHTS_FILE, load_artifact, save_artifact
 from profiling_agent.tools.families import adapter_for
@@ -98,13 +99,7 @@ def _pixels(family: str, seed: int = 3) -> torch.Tensor:
     return torch.randn(FAMILIES[family][1], generator=torch.Generator().manual_seed(seed))
 
 
-def _outputs(model: nn.Module, pixels: torch.Tensor) -> list[torch.Tensor]:
-    """Every logits tensor the model returns (the distilled DeiT has three)."""
-    model.eval()
-    with torch.inference_mode():
-        out = model(pixel_values=pixels)
-    names = ("logits", "cls_logits", "distillation_logits")
-    return [getattr(out, n) for n in names if getattr(out, n, None) is not None]
+_outputs = all_logits
 
 
 def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

@@ -30,3 +30,12 @@ class ToyBlockNet(nn.Module):
         x = self.proj(x.mean((2, 3)))
         x = x + self.mlp.fc2(self.mlp.act(self.mlp.fc1(self.mlp.norm(x))))
         return self.classifier(x)
+
+
+def all_logits(model: nn.Module, pixels: torch.Tensor) -> list[torch.Tensor]:
+    """Return every logits tensor the model produces (the distilled DeiT has three)."""
+    model.eval()
+    with torch.inference_mode():
+        out = model(pixel_values=pixels)
+    names = ("logits", "cls_logits", "distillation_logits")
+    return [getattr(out, n) for n in names if getattr(out, n, None) is not None]

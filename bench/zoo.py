@@ -24,7 +24,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from profiling_agent.tools.embedded import accuracy
+from profiling_agent.tools.embedded import _versions, accuracy
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_PACKAGE = "dataset-fashion-mnist"
@@ -278,18 +277,6 @@ def spec_hash(name: str, train_images: int, seed: int) -> str:
     """Fingerprint of what a zoo model is built from (a cached model with another fingerprint is rebuilt)."""
     blob = json.dumps({"spec": asdict(SPECS[name]), "train": train_images, "seed": seed}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _versions() -> dict[str, str]:
-    import datasets
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "datasets": datasets.__version__,
-    }
 
 
 def build_model(name: str, out: Path, data: dict[str, torch.Tensor], seed: int = 0) -> dict[str, Any]:

@@ -15,7 +15,7 @@ PruneType = Literal["structured", "head"]
 QuantDtype = Literal["qint8", "float16"]
 QuantizeChoice = Literal["qint8", "float16", "none"]
 PlannerChoice = Literal["deterministic", "llm", "auto", "l1", "l2", "random"]
-BASELINE_PLANNERS = ("l1", "l2", "random")  # uniform pruning baselines (tools/baselines.py)
+BASELINE_PLANNERS = ("l1", "l2", "random")  # uniform pruning baselines (tools/compression/baselines.py)
 SelectRule = Literal["paper", "budget"]
 TargetMetric = Literal["params", "macs", "latency", "size"]
 

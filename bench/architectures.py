@@ -6,7 +6,7 @@ Usage:
     python bench/architectures.py --families swin deit --threads 2 --json /tmp/arch.json
 
 Each model is built from its transformers config with random weights (nothing is downloaded) and 1,000
-classes at 224x224. One fixed plan per family is applied with the real pruning engine (tools/pruning.py, the
+classes at 224x224. One fixed plan per family is applied with the real pruning engine (tools/compression/pruning.py, the
 family adapter, verified against masking the removed units): transformers lose 30% of every MLP's
 intermediate channels and 25% of every layer's heads; ResNet-101 loses 30% of every bottleneck's inner
 (1x1-reduce and 3x3) channels. Dynamic qint8 quantizes every nn.Linear. For each family the four variants are
@@ -98,7 +98,8 @@ def _logits(model: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
 
 def _save_and_check(model: torch.nn.Module, folder: Path, pixels: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
     """Save an artifact, reload it and check the reloaded logits equal the model's bit for bit."""
-    from profiling_agent.tools.artifacts import load_artifact, save_artifact
+    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.models.artifacts import save_artifact
 
     ref = save_artifact(model, folder, **kwargs)
     reloaded = load_artifact(folder).model
@@ -109,10 +110,11 @@ def _save_and_check(model: torch.nn.Module, folder: Path, pixels: torch.Tensor, 
 
 def measure_family(name: str, work: Path, *, warmup: int, repeats: int) -> dict[str, Any]:
     """Build, prune, quantize, save and time the four variants of one family side by side."""
-    from profiling_agent.tools.evaluation import measure_latency
-    from profiling_agent.tools.profiling import static_profile
-    from profiling_agent.tools.pruning import prune_model, self_check
-    from profiling_agent.tools.quantization import quantize_model
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.compression.quantization import quantize_model
+    from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.profiling.static import static_profile
 
     arch = ARCHITECTURES[name]
     start = time.perf_counter()

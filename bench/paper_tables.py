@@ -5,8 +5,8 @@ Usage:
     python bench/paper_tables.py                  # all four zoo models, 5 agent iterations, four full-size configs
     python bench/paper_tables.py --json out.json --zoo /tmp/zoo --threads 2   # on a quiet machine
 
-Table 1: uniform L1, L2 and random pruning at 1%, 10% and 20% (tools/baselines.py) against the agent (the real
-LangGraph loop, deterministic planner, pruning only) on each zoo model: accuracy change and parameters.
+Table 1: uniform L1, L2 and random pruning at 1%, 10% and 20% (tools/compression/baselines.py) against the agent
+(the real LangGraph loop, deterministic planner, pruning only) on each zoo model: accuracy change and parameters.
 Table 3: quantization, ours (torch dynamic qint8) against ONNX Runtime's dynamic QInt8: accuracy change, memory,
 latency before -> after and speed ratio. Table 4: pruning (the agent's best) against quantization per model.
 A last table repeats the latency and memory columns on full-size configs with random weights (ViT-B/16,
@@ -133,19 +133,19 @@ def run_agent(model_dir: str, dataset_dir: str, run_root: Path, thread: str, set
 
 
 def _params(model: torch.nn.Module) -> int:
-    from profiling_agent.tools.artifacts import logical_params
+    from profiling_agent.tools.models.sizes import count_params
 
-    return int(logical_params(model))
+    return int(count_params(model))
 
 
 def _memory(name: str, model: torch.nn.Module) -> int:
-    from profiling_agent.tools.evaluation import state_bytes
+    from profiling_agent.tools.models.sizes import state_bytes
 
     return int(model.size_bytes) if name.startswith("ort_") else int(state_bytes(model))
 
 
 def _qint8(model: torch.nn.Module) -> torch.nn.Module:
-    from profiling_agent.tools.quantization import quantize_model
+    from profiling_agent.tools.compression.quantization import quantize_model
 
     return quantize_model(model, [QuantEntry(layer="all", dtype="qint8")])[0]
 
@@ -164,7 +164,7 @@ def with_sentinels(models: dict[str, torch.nn.Module], ort: dict[str, Any]) -> d
     (measured: caches and branch predictors warmed by the other runtime); a discarded twin of the same kind
     absorbs that, so every reported model follows one of its own kind.
     """
-    from profiling_agent.tools.onnx_baseline import OrtClassifier
+    from profiling_agent.tools.compression.onnx_runtime import OrtClassifier
 
     twins = {
         "torch_fp32": lambda: copy.deepcopy(models["baseline"]),
@@ -183,11 +183,12 @@ def with_sentinels(models: dict[str, torch.nn.Module], ort: dict[str, Any]) -> d
 
 def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: Path, settings: dict) -> dict:
     """Run the agent, build every baseline variant of one zoo model, and measure all of them side by side."""
-    from profiling_agent.tools.artifacts import load_artifact
-    from profiling_agent.tools.baselines import prune_uniform
-    from profiling_agent.tools.data import load_prepared
-    from profiling_agent.tools.evaluation import agreement, measure_latency, predict, top1
-    from profiling_agent.tools.onnx_baseline import onnx_runtime_baseline
+    from profiling_agent.tools.compression.baselines import prune_uniform
+    from profiling_agent.tools.compression.onnx_runtime import onnx_runtime_baseline
+    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+    from profiling_agent.tools.models.artifact_load import load_artifact
 
     start = time.perf_counter()
     say(f"[{name}] agent: deterministic planner, up to {settings['iterations']} iterations (LangGraph loop)")
@@ -270,11 +271,11 @@ def build_full_size(name: str) -> torch.nn.Module:
 
 def measure_full_size(name: str, work: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """Measure params, memory and latency of FP32, uniform L2 20% pruning, torch qint8 and ONNX Runtime."""
-    from profiling_agent.tools.baselines import prune_uniform, uniform_entries
-    from profiling_agent.tools.evaluation import measure_latency
-    from profiling_agent.tools.families import adapter_for
-    from profiling_agent.tools.onnx_baseline import onnx_runtime_baseline
-    from profiling_agent.tools.pruning import estimate_pruning
+    from profiling_agent.tools.compression.baselines import prune_uniform, uniform_entries
+    from profiling_agent.tools.compression.estimate import estimate_pruning
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.compression.onnx_runtime import onnx_runtime_baseline
+    from profiling_agent.tools.evaluation.latency import measure_latency
 
     start = time.perf_counter()
     say(f"[{name}] full-size config, random weights: building, pruning, quantizing, exporting")

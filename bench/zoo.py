@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from profiling_agent.tools.embedded import _versions, accuracy
+from profiling_agent.tools.models.embedded import _versions, accuracy
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_PACKAGE = "dataset-fashion-mnist"
@@ -207,8 +207,8 @@ def save_dataset(out: Path, calibration: np.ndarray, seed: int = 0) -> Path:
 
 def processor():
     """Return the image processor every zoo model uses: the embedded models' (32x32, one channel, mean/std 0.5)."""
-    from profiling_agent.tools.embedded import IMAGE_SIZE as EMBEDDED_SIZE
-    from profiling_agent.tools.embedded import _processor
+    from profiling_agent.tools.models.embedded import IMAGE_SIZE as EMBEDDED_SIZE
+    from profiling_agent.tools.models.embedded import _processor
 
     assert EMBEDDED_SIZE == IMAGE_SIZE
     return _processor()

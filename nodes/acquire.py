@@ -13,10 +13,11 @@ from profiling_agent.state import Context, State
 
 def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Load model and processor, check the dataset and its labels, and write the baseline artifact."""
-    from profiling_agent.tools.artifacts import save_artifact
-    from profiling_agent.tools.data import detect_columns, label_names, load_split, map_labels, wnids_from_config
-    from profiling_agent.tools.families import adapter_for
-    from profiling_agent.tools.models import load_model
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.data.labels import map_labels, wnids_from_config
+    from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
+    from profiling_agent.tools.models.artifacts import save_artifact
+    from profiling_agent.tools.models.loading import load_model
 
     ctx = context_of(runtime)
     run_path = (Path(ctx.run_root) / thread_id_of(runtime)).resolve()

@@ -19,15 +19,15 @@ from profiling_agent.state import CompressionPlan, Context, State
 
 def llm_configured(ctx: Context) -> bool:
     """Return True when an OpenAI-compatible endpoint or key is configured."""
-    from profiling_agent.tools.llm_planner import llm_configured as configured
+    from profiling_agent.tools.planning.llm_client import llm_configured as configured
 
     return configured(ctx)
 
 
 def plan_evaluator(state: State, ctx: Context):
     """Build the LLM's evaluate_plan function: a plan on a fresh baseline copy, scored on the calibration images."""
-    from profiling_agent.tools.data import load_prepared
-    from profiling_agent.tools.llm_tools import make_plan_evaluator
+    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
 
     tensors = load_prepared(run_dir(state) / state.data["path"])
     return make_plan_evaluator(
@@ -42,7 +42,7 @@ def plan_evaluator(state: State, ctx: Context):
 
 def planner_history(state: State) -> list[dict[str, Any]]:
     """Summarize earlier rounds for the deterministic planner: goal, gamma and whether the budget held."""
-    from profiling_agent.tools.selection import within_budget
+    from profiling_agent.tools.evaluation.selection import within_budget
 
     rounds = []
     for cand in state.candidates:
@@ -71,10 +71,10 @@ def planner_history(state: State) -> list[dict[str, Any]]:
 
 
 def _sensitivity(state: State, runtime: Runtime[Context], ctx: Context) -> dict[str, Any]:
-    from profiling_agent.tools.data import load_prepared
-    from profiling_agent.tools.families import adapter_for
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.data.prepare import load_prepared
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.sensitivity import probe_sensitivity
+    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
 
     loaded = load_artifact_model(state, state.baseline)
     tensors = load_prepared(run_dir(state) / state.data["path"])
@@ -95,7 +95,7 @@ def _sensitivity(state: State, runtime: Runtime[Context], ctx: Context) -> dict[
 
 def baseline_round(state: State, iteration: int) -> dict[str, Any]:
     """Plan a uniform l1/l2/random baseline: no sensitivity probe; the plan never changes, so one round is enough."""
-    from profiling_agent.tools.baselines import uniform_plan
+    from profiling_agent.tools.compression.baselines import uniform_plan
     from profiling_agent.tools.io import read_json, write_json_atomic
 
     planner, ratio = state.objective.planner, state.objective.ratio
@@ -120,10 +120,10 @@ def baseline_round(state: State, iteration: int) -> dict[str, Any]:
 
 def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Plan this iteration: probe sensitivity once, then ask the planner for a plan from profile and feedback."""
-    from profiling_agent.tools.baselines import is_baseline
+    from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.io import read_json, write_json_atomic
-    from profiling_agent.tools.llm_planner import planner_mode
-    from profiling_agent.tools.planner import plan_round
+    from profiling_agent.tools.planning.deterministic import plan_round
+    from profiling_agent.tools.planning.llm_client import planner_mode
 
     ctx = context_of(runtime)
     iteration = state.iteration + 1
@@ -144,7 +144,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     fallbacks: list[dict[str, Any]] = []
     llm_info: dict[str, Any] | None = None
     if mode == "llm":
-        from profiling_agent.tools.llm_planner import plan_with_llm
+        from profiling_agent.tools.planning.llm_planner import plan_with_llm
 
         this_round = state.model_copy(update={"iteration": iteration})
         outcome = plan_with_llm(

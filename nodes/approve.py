@@ -42,7 +42,7 @@ def review_plan(plan: Any, profile: dict[str, Any], time_budget: float = 1.0):
     Returns:
         The plan guard's GuardVerdict (`ok`, `plan`, `reasons`, `warnings`, `estimate`).
     """
-    from profiling_agent.tools.plan_guard import GuardConfig, check_plan
+    from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 
     return check_plan(
         unwrap_plan(plan),

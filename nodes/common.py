@@ -79,7 +79,7 @@ def progress_callback(runtime: Runtime[Context] | None, task: str):
 
 def load_artifact_model(state: State, ref: dict[str, Any], device: str = "cpu"):
     """Load a run artifact (baseline or candidate) by its reference."""
-    from profiling_agent.tools.artifacts import load_artifact
+    from profiling_agent.tools.models.artifact_load import load_artifact
 
     return load_artifact(absolute(state, ref["path"]), device=device)
 

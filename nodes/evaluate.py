@@ -16,9 +16,11 @@ def _record(name: str, **values: Any) -> dict[str, Any]:
 
 def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Evaluate this iteration's candidate and the baseline on the same subset, latency measured interleaved."""
-    from profiling_agent.tools.data import load_prepared
+    from profiling_agent.tools.data.prepare import load_prepared
     from profiling_agent.tools.device import resolve_device, set_threads
-    from profiling_agent.tools.evaluation import agreement, measure_latency, predict, state_bytes, top1
+    from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+    from profiling_agent.tools.models.sizes import state_bytes
 
     ctx = context_of(runtime)
     threads = set_threads(ctx.threads)

@@ -47,7 +47,7 @@ def quantization_cost_speed(best: dict[str, Any] | None, candidates: list[dict[s
 
 def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Append this iteration's candidate, re-select the best by the objective's rule, set the stop reason."""
-    from profiling_agent.tools.selection import objective_met, select_best
+    from profiling_agent.tools.evaluation.selection import objective_met, select_best
 
     cand = finished_candidate(state)
     candidates = [*state.candidates, cand]

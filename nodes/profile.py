@@ -13,10 +13,11 @@ from profiling_agent.state import Context, State
 
 def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Profile the baseline, write profile.json and keep a compact summary in the state."""
+    from profiling_agent.tools.compression.families import adapter_for
     from profiling_agent.tools.device import resolve_device, set_threads
-    from profiling_agent.tools.families import adapter_for
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.profiling import group_costs, profile_model, summarize_profile
+    from profiling_agent.tools.profiling.dynamic import profile_model
+    from profiling_agent.tools.profiling.summary import group_costs, summarize_profile
 
     ctx = context_of(runtime)
     set_threads(ctx.threads)

@@ -20,10 +20,11 @@ from profiling_agent.state import Context, State
 
 def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Prune, check the pruned model with a forward pass, and save it; a failure marks the candidate failed."""
-    from profiling_agent.tools.artifacts import save_artifact
-    from profiling_agent.tools.baselines import is_baseline
-    from profiling_agent.tools.profiling import static_profile
-    from profiling_agent.tools.pruning import prune_model, self_check
+    from profiling_agent.tools.compression.baselines import is_baseline
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.models.artifacts import save_artifact
+    from profiling_agent.tools.profiling.static import static_profile
 
     ctx = context_of(runtime)
     it = state.iteration

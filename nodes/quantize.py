@@ -12,8 +12,8 @@ from profiling_agent.state import Context, State
 
 def quantize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Quantize the pruned model as the plan says and save the candidate artifact."""
-    from profiling_agent.tools.artifacts import save_artifact
-    from profiling_agent.tools.quantization import quantize_model
+    from profiling_agent.tools.compression.quantization import quantize_model
+    from profiling_agent.tools.models.artifacts import save_artifact
 
     it = state.iteration
     current = dict(state.current or {})

@@ -13,9 +13,9 @@ from profiling_agent.state import Context, State
 
 def final_latency(state: State, ctx: Context) -> dict[str, dict[str, Any]]:
     """Measure the baseline and every finished candidate together, interleaved, in one process run."""
-    from profiling_agent.tools.data import load_prepared
+    from profiling_agent.tools.data.prepare import load_prepared
     from profiling_agent.tools.device import resolve_device, set_threads
-    from profiling_agent.tools.evaluation import measure_latency
+    from profiling_agent.tools.evaluation.latency import measure_latency
 
     set_threads(ctx.threads)
     ok = [c for c in state.candidates if c.get("status") == "ok" and c.get("artifact")]
@@ -40,8 +40,9 @@ def final_latency(state: State, ctx: Context) -> dict[str, dict[str, Any]]:
 def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Copy the best candidate to RUN/best and write result.json, plots/, report.md and report.html."""
     from profiling_agent.tools.io import atomic_dir, read_json, write_json_atomic, write_text_atomic
-    from profiling_agent.tools.report import build_result, render_markdown
-    from profiling_agent.tools.report_html import write_report_files
+    from profiling_agent.tools.reporting.files import write_report_files
+    from profiling_agent.tools.reporting.markdown import render_markdown
+    from profiling_agent.tools.reporting.result import build_result
 
     root = run_dir(state)
     emit(runtime, kind="progress", task="final latency (all models side by side)", done=0, total=2, label="")

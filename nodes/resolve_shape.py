@@ -12,10 +12,11 @@ from profiling_agent.state import Context, State
 
 def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Resolve the input shape, verify it with a real forward pass, and prepare the evaluation tensors."""
-    from profiling_agent.tools.data import load_split, prepare_data
-    from profiling_agent.tools.llm_planner import llm_configured
-    from profiling_agent.tools.llm_shape import settle_input_shape
-    from profiling_agent.tools.models import resolve_input_shape as resolve
+    from profiling_agent.tools.data.prepare import prepare_data
+    from profiling_agent.tools.data.sources import load_split
+    from profiling_agent.tools.models.input_shape import resolve_input_shape as resolve
+    from profiling_agent.tools.planning.llm_client import llm_configured
+    from profiling_agent.tools.planning.llm_shape import settle_input_shape
 
     ctx = context_of(runtime)
     loaded = load_artifact_model(state, state.baseline)

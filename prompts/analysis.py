@@ -8,7 +8,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from profiling_agent.state import Objective
-from profiling_agent.tools.plan_guard import GuardConfig
+from profiling_agent.tools.planning.plan_guard import GuardConfig
 
 # The plan format of the paper's Figure 4 (plus a whole-plan rationale), shown verbatim to the LLM.
 # tests/test_llm_planner.py checks that its keys are exactly CompressionPlan's fields.

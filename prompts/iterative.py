@@ -8,7 +8,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from profiling_agent.prompts.analysis import objective_block, profile_block, system_prompt
 from profiling_agent.state import Objective
-from profiling_agent.tools.plan_guard import GuardConfig
+from profiling_agent.tools.planning.plan_guard import GuardConfig
 
 # Appended to the analysis system prompt from round 2 on. No placeholders.
 ITERATIVE_SYSTEM_ADDENDUM = """
@@ -113,7 +113,7 @@ def history_block(candidates: list[dict[str, Any]], baseline: dict[str, Any] | N
 
 def best_line(candidates: list[dict[str, Any]], baseline: dict[str, Any] | None, objective: Objective) -> str:
     """Name the best candidate so far by the run's rule (or say there is none)."""
-    from profiling_agent.tools.selection import select_best
+    from profiling_agent.tools.evaluation.selection import select_best
 
     if not baseline:
         return "none"

@@ -250,7 +250,7 @@ def vit_profile(n_layers: int = 2, hidden: int = 32, inter: int = 64, heads: int
 
 
 def vit_sensitivity(profile: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Probe results shaped like tools/sensitivity.py's: MLPs cheap to prune, heads and late layers costly."""
+    """Probe results shaped like tools/profiling/sensitivity.py's: MLPs cheap to prune, heads and late layers costly."""
     out = {}
     for n, g in enumerate(profile["groups"]):
         damage = (0.02 if g["kind"] == "structured" else 0.3) * (1 + n)

@@ -33,8 +33,7 @@ def build_quick_assets(cache: Path) -> tuple[Path, Path]:
         (model folder, dataset folder); the model is also the cache's `embedded:vit-digits`, so `{}` inputs
         run on it when PROFILING_AGENT_CACHE points at `cache`.
     """
-    from profiling_agent.tools import embedded
-
+    from profiling_agent.tools.models import embedded
     with cache_env(cache):
         dataset = embedded.ensure_dataset()
         model_dir = embedded.model_path("vit-digits")
@@ -48,8 +47,7 @@ def build_quick_resnet(cache: Path) -> tuple[Path, Path]:
     Unlike the quick ViT it is accurate, so strong pruning misses a tight accuracy budget and the planner
     keeps iterating (bisecting) instead of converging after one round.
     """
-    from profiling_agent.tools import embedded
-
+    from profiling_agent.tools.models import embedded
     with cache_env(cache):
         dataset = embedded.ensure_dataset()
         model_dir = embedded.model_path("resnet-digits")

@@ -73,8 +73,8 @@ def test_cli_approval_flow(tmp_path, capfd):
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.graph.cli import main
-    from profiling_agent.tools import embedded
     from profiling_agent.tools.io import sha256_path
+    from profiling_agent.tools.models import embedded
 
     with cache_env(tmp_path / "cache"):
         dataset = embedded.ensure_dataset()

@@ -11,15 +11,12 @@ import torch
 from torch import nn
 
 from profiling_agent.state import QuantEntry
-from profiling_agent.tools.artifacts import (
-    ArtifactError,
-    is_artifact,
-    load_artifact,
-    logical_params,
-    save_artifact,
-)
+from profiling_agent.tools.compression.quantization import quantize_model
 from profiling_agent.tools.io import sha256_path
-from profiling_agent.tools.quantization import quantize_model, quiet_ao_quantization
+from profiling_agent.tools.models.artifact_load import load_artifact
+from profiling_agent.tools.models.artifacts import ArtifactError, is_artifact, save_artifact
+from profiling_agent.tools.models.dynamic_quant import quiet_ao_quantization
+from profiling_agent.tools.models.sizes import count_params
 
 # ---------------------------------------------------------------- helpers
 
@@ -157,7 +154,7 @@ def test_pruned_vit_round_trip_restores_shapes_and_attrs(tiny_vit, tmp_path):
     assert attention.num_attention_heads == 3 and attention.q_proj.out_features == 24
     assert attention.o_proj.weight.shape == (32, 24)
     assert model.vit.layers[1].attention.num_attention_heads == 4  # untouched layer keeps its size
-    assert ref["params"] == sum(p.numel() for p in tiny_vit.parameters()) == logical_params(model)
+    assert ref["params"] == sum(p.numel() for p in tiny_vit.parameters()) == count_params(model)
 
 
 def test_pruned_resnet_round_trip(tiny_resnet, tmp_path):
@@ -180,7 +177,7 @@ def test_pruned_quantized_vit_round_trip(tiny_vit, tmp_path, dtype):
     assert (fc1.in_features, fc1.out_features) == (32, 40)
     assert fc1._packed_params.dtype == (torch.qint8 if dtype == "qint8" else torch.float16)
     assert type(loaded.model.classifier) is nn.Linear
-    assert ref["params"] == logical_params(loaded.model) == sum(p.numel() for p in tiny_vit.parameters())
+    assert ref["params"] == count_params(loaded.model) == sum(p.numel() for p in tiny_vit.parameters())
 
 
 def test_per_channel_qint8_round_trip(tiny_vit, tmp_path):

@@ -24,8 +24,7 @@ def assets(tmp_path_factory):
     from quick_assets import cache_env
     from transformers import BertConfig, BertModel
 
-    from profiling_agent.tools import embedded
-
+    from profiling_agent.tools.models import embedded
     root = tmp_path_factory.mktemp("bad-input")
     with cache_env(root / "cache"):
         digits = embedded.ensure_dataset()

@@ -12,7 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from profiling_agent.state import Objective
-from profiling_agent.tools.baselines import (
+from profiling_agent.tools.compression.baselines import (
     check_ratio,
     is_baseline,
     prune_uniform,
@@ -20,8 +20,8 @@ from profiling_agent.tools.baselines import (
     uniform_plan,
     uniform_removals,
 )
-from profiling_agent.tools.families import adapter_for
-from profiling_agent.tools.pruning import match_groups
+from profiling_agent.tools.compression.families import adapter_for
+from profiling_agent.tools.compression.units import match_groups
 
 
 def _x(model, batch=2):
@@ -134,7 +134,8 @@ def test_objective_requires_ratio_for_baselines_only():
     ],
 )
 def test_cli_rejects_bad_baseline_flags(tmp_path, capsys, argv, message):
-    from profiling_agent.graph.cli import EXIT_BAD_INPUT, main
+    from profiling_agent.graph.cli import main
+    from profiling_agent.graph.cli_args import EXIT_BAD_INPUT
 
     assert main(["run", "--run-dir", str(tmp_path), *argv]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()
@@ -148,8 +149,7 @@ def test_baseline_planner_runs_one_iteration_through_the_graph(tmp_path, tiny_vi
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
-    from profiling_agent.tools import embedded
-
+    from profiling_agent.tools.models import embedded
     monkeypatch.setenv("PROFILING_AGENT_CACHE", str(tmp_path / "cache"))
     dataset = embedded.ensure_dataset()
     model_dir = tmp_path / "tiny"

@@ -1,4 +1,4 @@
-"""Tests of dataset loading, column detection, label mapping and data preparation (tools/data.py)."""
+"""Tests of dataset loading, column detection, label mapping and data preparation (tools/data/sources.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,9 @@ import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from PIL import Image as PILImage
 
-from profiling_agent.tools.data import (
-    DataError,
-    detect_columns,
-    label_names,
-    load_prepared,
-    load_split,
-    map_labels,
-    mapping_table,
-    prepare_data,
-    preprocess_images,
-    wnids_from_config,
-)
+from profiling_agent.tools.data.labels import map_labels, mapping_table, wnids_from_config
+from profiling_agent.tools.data.prepare import load_prepared, prepare_data, preprocess_images
+from profiling_agent.tools.data.sources import DataError, detect_columns, label_names, load_split
 
 # ---------------------------------------------------------------- fixtures
 

@@ -1,4 +1,4 @@
-"""Tests of the embedded digits dataset and models (tools/embedded.py)."""
+"""Tests of the embedded digits dataset and models (tools/models/embedded.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from datasets import load_from_disk
 
-from profiling_agent.tools import embedded
-from profiling_agent.tools.data import load_split
-from profiling_agent.tools.models import load_model
+from profiling_agent.tools.data.sources import load_split
+from profiling_agent.tools.models import embedded
+from profiling_agent.tools.models.loading import load_model
 
 
 @pytest.fixture(scope="module")

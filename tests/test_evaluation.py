@@ -9,17 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from profiling_agent.tools.evaluation import (
-    EvalConfig,
-    agreement,
-    count_params,
-    file_size_mb,
-    latency_inputs,
-    measure_latency,
-    predict,
-    state_bytes,
-    top1,
-)
+from profiling_agent.tools.evaluation.latency import latency_inputs, measure_latency
+from profiling_agent.tools.evaluation.metrics import EvalConfig, agreement, file_size_mb, predict, top1
+from profiling_agent.tools.models.sizes import count_params, state_bytes
 
 
 def _quantized(model: nn.Module, dtype: torch.dtype = torch.qint8) -> nn.Module:
@@ -86,8 +78,10 @@ def test_state_bytes_counts_packed_quantized_weights(tiny_vit):
     qint8 = _quantized(tiny_vit, torch.qint8)
     fp16 = _quantized(tiny_vit, torch.float16)
     assert not any(isinstance(m, nn.Linear) for m in qint8.modules())
-    # Each Linear weight goes from 4 bytes to 1 (qint8) or 2 (float16) per element; biases stay fp32.
-    assert state_bytes(qint8) == fp32 - 3 * weights
+    # Each Linear weight goes from 4 bytes to 1 (qint8) or 2 (float16) per element; biases stay fp32; a
+    # per-tensor qint8 Linear also stores its float64 scale and int64 zero point (16 bytes).
+    linears = sum(isinstance(m, nn.Linear) for m in tiny_vit.modules())
+    assert state_bytes(qint8) == fp32 - 3 * weights + 16 * linears
     assert state_bytes(fp16) == fp32 - 2 * weights
     assert state_bytes(qint8) < state_bytes(fp16) < fp32
     assert count_params(qint8) == count_params(tiny_vit) == sum(p.numel() for p in tiny_vit.parameters())

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 from toy_models import ToyBlockNet
 
-from profiling_agent.tools import families
-from profiling_agent.tools.families import ADAPTERS, adapter_by_name, adapter_for, register_adapter
-from profiling_agent.tools.families.base import FamilyAdapter
-from profiling_agent.tools.families.generic import GenericAdapter
-from profiling_agent.tools.families.resnet import ResNetAdapter
-from profiling_agent.tools.families.vit import ViTAdapter
+from profiling_agent.tools.compression import families
+from profiling_agent.tools.compression.families import ADAPTERS, adapter_by_name, adapter_for, register_adapter
+from profiling_agent.tools.compression.families.base import FamilyAdapter
+from profiling_agent.tools.compression.families.generic import GenericAdapter
+from profiling_agent.tools.compression.families.resnet import ResNetAdapter
+from profiling_agent.tools.compression.families.vit import ViTAdapter
 
 
 def _is_under(name: str, prefixes: list[str]) -> bool:
@@ -39,12 +39,12 @@ def test_registry_order_deit_before_vit_and_generic_last():
     names = [a.name for a in ADAPTERS]
     assert names[-1] == "generic" and not ADAPTERS[-1].safe
     assert names.index("vit") < names.index("resnet")
-    if "deit" in names:  # registered when tools/families/deit.py exists
+    if "deit" in names:  # registered when tools/compression/families/deit.py exists
         assert names.index("deit") < names.index("vit")
 
 
 def test_unknown_model_gets_generic_with_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="profiling_agent.tools.families"):
+    with caplog.at_level(logging.WARNING, logger="profiling_agent.tools.compression.families"):
         adapter = adapter_for(ToyBlockNet())
     assert isinstance(adapter, GenericAdapter)
     assert any("fallback" in r.getMessage() for r in caplog.records)

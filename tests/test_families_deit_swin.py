@@ -16,9 +16,9 @@ from transformers import (
     SwinForImageClassification,
 )
 
-from profiling_agent.tools.families.base import PrunableGroup
-from profiling_agent.tools.families.deit import DeiTAdapter
-from profiling_agent.tools.families.swin import SwinAdapter
+from profiling_agent.tools.compression.families.base import PrunableGroup
+from profiling_agent.tools.compression.families.deit import DeiTAdapter
+from profiling_agent.tools.compression.families.swin import SwinAdapter
 
 DEIT_SHAPE = (2, 3, 16, 16)
 SWIN_SHAPE = (2, 3, 32, 32)
@@ -418,7 +418,7 @@ def test_dependency_graph_must_ignore_swin_bias_tables(swin):
         _dg_prune(swin, adapter, {"stages.1.blocks.0.heads": [0]}, SWIN_SHAPE, ignore_per_head=False)
 
 
-# ---------------------------------------------------------------- the real engine (tools/pruning.py)
+# ---------------------------------------------------------------- the real engine (tools/compression/pruning.py)
 
 
 ENGINE_MODELS = {
@@ -435,7 +435,7 @@ def _engine_entries(ratio: float) -> list[dict]:
 
 @pytest.mark.parametrize("kind", sorted(ENGINE_MODELS))
 def test_engine_picks_our_adapter(kind):
-    from profiling_agent.tools.families import adapter_for
+    from profiling_agent.tools.compression.families import adapter_for
 
     model, _ = ENGINE_MODELS[kind]()
     assert adapter_for(model).name == kind.split("_")[0]
@@ -444,7 +444,7 @@ def test_engine_picks_our_adapter(kind):
 @pytest.mark.parametrize("kind", sorted(ENGINE_MODELS))
 @pytest.mark.parametrize("ratio", [0.0, 0.005])  # floor(128 * 0.005) == 0
 def test_engine_zero_removal_is_bit_identical(kind, ratio):
-    from profiling_agent.tools.pruning import prune_model
+    from profiling_agent.tools.compression.pruning import prune_model
 
     model, shape = ENGINE_MODELS[kind]()
     pixels = _pixels(shape)
@@ -458,7 +458,8 @@ def test_engine_zero_removal_is_bit_identical(kind, ratio):
 @pytest.mark.parametrize("kind", sorted(ENGINE_MODELS))
 @pytest.mark.parametrize("ratio", [0.1, 0.3])
 def test_engine_pruning_equals_masked(kind, ratio):
-    from profiling_agent.tools.pruning import prune_model, self_check
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.compression.self_check import self_check
 
     model, shape = ENGINE_MODELS[kind]()
     masked, _ = ENGINE_MODELS[kind]()
@@ -493,8 +494,9 @@ def test_engine_pruning_equals_masked(kind, ratio):
 @pytest.mark.parametrize("kind", ["deit_teacher", "swin"])
 def test_engine_pruned_model_round_trips_through_artifact(kind, tmp_path):
     """fix_up's attrs plus the stored shapes (incl. Swin's narrowed bias tables) rebuild the same model."""
-    from profiling_agent.tools.artifacts import load_artifact, save_artifact
-    from profiling_agent.tools.pruning import prune_model
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.models.artifacts import save_artifact
 
     model, shape = ENGINE_MODELS[kind]()
     report = prune_model(model, _engine_entries(0.3), _pixels(shape))

@@ -63,8 +63,7 @@ MODELS = {
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The digits dataset and the three models, briefly trained and saved with save_pretrained + processor."""
-    from profiling_agent.tools import embedded
-
+    from profiling_agent.tools.models import embedded
     root = tmp_path_factory.mktemp("families")
     folders = {}
     with cache_env(root / "cache"):

@@ -11,10 +11,15 @@ import torch
 from torch import nn
 from toy_models import all_logits
 
-from profiling_agent.tools.artifacts import WEIGHTS_FILE, load_artifact, save_artifact
-from profiling_agent.tools.families import adapter_for
-from profiling_agent.tools.pruning import PruneError, estimate_pruning, prune_model, self_check
-from profiling_agent.tools.quantization import dynamic_linear_type, quantize_model
+from profiling_agent.tools.compression.estimate import estimate_pruning
+from profiling_agent.tools.compression.families import adapter_for
+from profiling_agent.tools.compression.pruning import prune_model
+from profiling_agent.tools.compression.quantization import quantize_model
+from profiling_agent.tools.compression.self_check import self_check
+from profiling_agent.tools.compression.units import PruneError
+from profiling_agent.tools.models.artifact_load import load_artifact
+from profiling_agent.tools.models.artifacts import WEIGHTS_FILE, save_artifact
+from profiling_agent.tools.models.dynamic_quant import dynamic_linear_type
 
 # ---------------------------------------------------------------- tiny models with enough heads for 10%
 
@@ -211,7 +216,7 @@ def test_reloaded_pruned_artifact_prunes_again(family, tmp_path):
 
 def test_verify_catches_an_adapter_that_prunes_the_wrong_bias_columns(monkeypatch):
     """Swin with a broken before_head_prune still has consistent shapes; only the numerical check sees it."""
-    from profiling_agent.tools.families.swin import SwinAdapter
+    from profiling_agent.tools.compression.families.swin import SwinAdapter
 
     def off_by_one(self, model, group, head_idxs):
         original(self, model, group, [(h + 1) % group.units for h in head_idxs])
@@ -265,7 +270,7 @@ def test_generic_fallback_refuses_channel_mixing_ops(op, caplog):
     model = _MixerNet(OPS[op]).eval()
     entries = [{"layer": "fc1", "type": "structured", "ratio": 0.25}]
     x = torch.zeros(5, 4)  # a zero example (as the graph passes) must not hide the problem
-    with caplog.at_level(logging.WARNING, logger="profiling_agent.tools.families"):
+    with caplog.at_level(logging.WARNING, logger="profiling_agent.tools.compression.families"):
         adapter = adapter_for(model)
     assert adapter.name == "generic" and "no family adapter matches _MixerNet" in caplog.text
     if op == "identity":
@@ -322,7 +327,7 @@ def test_unknown_hf_model_uses_generic_fallback_and_round_trips(build, tmp_path,
     # BEiT caches its relative-position index in a class-level lru_cache; filled under inference mode, it used
     # to break the autograd trace ("Inference tensors cannot be saved for backward")
     before = _outputs(model, pixels)
-    with caplog.at_level(logging.WARNING, logger="profiling_agent.tools.families"):
+    with caplog.at_level(logging.WARNING, logger="profiling_agent.tools.compression.families"):
         report = prune_model(model, _entries(("structured", "head"), 0.3), pixels)  # verified: generic is unsafe
     assert f"no family adapter matches {type(model).__name__}; using the 'generic' fallback" in caplog.text
     assert report.family == "generic" and report.applied and not report.skipped

@@ -22,8 +22,7 @@ FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads"
 @pytest.fixture(scope="session")
 def digits_assets(tmp_path_factory):
     """A transformers ViT trained for a few epochs on digits (save_pretrained) and the digits DatasetDict."""
-    from profiling_agent.tools import embedded
-
+    from profiling_agent.tools.models import embedded
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("PROFILING_AGENT_CACHE")
     os.environ["PROFILING_AGENT_CACHE"] = str(cache)
@@ -62,7 +61,7 @@ def _run(tmp_path, inputs, thread="t1", **kw):
 
 
 def test_two_iterations_end_to_end(tmp_path, digits_assets):
-    from profiling_agent.tools.artifacts import load_artifact
+    from profiling_agent.tools.models.artifact_load import load_artifact
 
     model_dir, dataset = digits_assets
     graph, config, out = _run(tmp_path, _inputs(model_dir, dataset))
@@ -87,8 +86,8 @@ def test_two_iterations_end_to_end(tmp_path, digits_assets):
     for cand in out["candidates"]:
         assert sha256_path(run / cand["artifact"]["path"]) == cand["artifact"]["sha256"]
     # the best model reloads without pickle and reproduces its recorded accuracy
-    from profiling_agent.tools.data import load_prepared
-    from profiling_agent.tools.evaluation import predict, top1
+    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.evaluation.metrics import predict, top1
 
     tensors = load_prepared(run / "data.safetensors")
     best_model = load_artifact(run / "best").model
@@ -129,9 +128,9 @@ def _steady_timings(model, example, *, warmup=2, repeats=5):
 
 
 def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, monkeypatch):
-    import profiling_agent.tools.evaluation as evaluation
-    import profiling_agent.tools.profiling as profiling
-    import profiling_agent.tools.pruning as pruning
+    import profiling_agent.tools.compression.pruning as pruning
+    import profiling_agent.tools.evaluation.latency as evaluation
+    import profiling_agent.tools.profiling.dynamic as profiling
 
     model_dir, dataset = digits_assets
     calls = {"prune": 0, "latency": 0}

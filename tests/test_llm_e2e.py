@@ -40,8 +40,7 @@ def _plan(*pruning, quantization=None):
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """A transformers ViT trained briefly on part of digits (save_pretrained) and the digits DatasetDict."""
-    from profiling_agent.tools import embedded
-
+    from profiling_agent.tools.models import embedded
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("PROFILING_AGENT_CACHE")
     os.environ["PROFILING_AGENT_CACHE"] = str(cache)

@@ -23,9 +23,10 @@ from profiling_agent.prompts.analysis import PLAN_SCHEMA, regex_families, render
 from profiling_agent.prompts.input_shape import render_input_shape
 from profiling_agent.prompts.iterative import render_iterative
 from profiling_agent.state import CompressionPlan, Context, Objective, PruneEntry, QuantEntry, State
-from profiling_agent.tools.llm_planner import plan_with_llm, planning_round, resolve_shape_with_llm
-from profiling_agent.tools.llm_tools import make_planning_tools
-from profiling_agent.tools.planner import estimate_reduction, plan_round
+from profiling_agent.tools.planning.deterministic import estimate_reduction, plan_round
+from profiling_agent.tools.planning.llm_planner import plan_with_llm, planning_round
+from profiling_agent.tools.planning.llm_shape_agent import resolve_shape_with_llm
+from profiling_agent.tools.planning.llm_tools import make_planning_tools
 
 PROFILE = vit_profile(n_layers=2)
 SENS = vit_sensitivity(PROFILE)
@@ -509,8 +510,9 @@ def test_chat_openai_connection_refused_falls_back(tmp_path):
 def real_profile(model):
     import dataclasses
 
-    from profiling_agent.tools.families import adapter_for
-    from profiling_agent.tools.profiling import group_costs, profile_model
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.profiling.dynamic import profile_model
+    from profiling_agent.tools.profiling.summary import group_costs
 
     profile = profile_model(model, (model.config.num_channels, 16, 16), warmup=1, repeats=2)
     adapter = adapter_for(model)
@@ -525,7 +527,7 @@ def real_profile(model):
 
 @pytest.mark.parametrize("fixture", ["tiny_vit", "tiny_resnet"])
 def test_guard_accepts_what_the_deterministic_planner_proposes_on_real_profiles(fixture, request):
-    from profiling_agent.tools.plan_guard import check_plan
+    from profiling_agent.tools.planning.plan_guard import check_plan
 
     profile, sens = real_profile(request.getfixturevalue(fixture))
     assert profile["groups"]

@@ -11,14 +11,17 @@ import torch
 from fake_llm import ScriptedChatModel, ai_tool_calls, tool_call, vit_profile, vit_sensitivity
 from langchain_core.messages import AIMessage
 
-from profiling_agent.graph.cli import EXIT_BAD_INPUT, build_parser, context_from_args, main
+from profiling_agent.graph.cli import main
+from profiling_agent.graph.cli_args import EXIT_BAD_INPUT, build_parser, context_from_args
 from profiling_agent.state import Context, Objective, State
-from profiling_agent.tools.llm_planner import describe_endpoint, plan_with_llm, planner_mode
-from profiling_agent.tools.llm_shape import settle_input_shape, shape_metadata
-from profiling_agent.tools.llm_tools import make_plan_evaluator
-from profiling_agent.tools.models import resolve_input_shape
-from profiling_agent.tools.planner import plan_round
-from profiling_agent.tools.report import fallback_lines, md_text, planner_facts, render_markdown
+from profiling_agent.tools.models.input_shape import resolve_input_shape
+from profiling_agent.tools.planning.deterministic import plan_round
+from profiling_agent.tools.planning.llm_client import describe_endpoint, planner_mode
+from profiling_agent.tools.planning.llm_planner import plan_with_llm
+from profiling_agent.tools.planning.llm_shape import settle_input_shape, shape_metadata
+from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
+from profiling_agent.tools.reporting.markdown import fallback_lines, md_text, render_markdown
+from profiling_agent.tools.reporting.result import planner_facts
 
 LLM_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "PA_WIRING_KEY")
 
@@ -123,8 +126,7 @@ def test_a_wrong_llm_shape_is_not_used(tiny_vit):
 
 
 def test_an_implausibly_large_llm_shape_is_never_run(tiny_vit, monkeypatch):
-    from profiling_agent.tools import llm_shape
-
+    from profiling_agent.tools.planning import llm_shape
     ran, real = [], llm_shape._verified
     monkeypatch.setattr(llm_shape, "_verified", lambda model, chw: ran.append(chw) or real(model, chw))
     processor, shape = _ambiguous(tiny_vit)
@@ -276,7 +278,8 @@ def test_a_server_answering_just_in_time_cannot_stall_the_step(tmp_path):
 
     from fake_llm import sleeper
 
-    from profiling_agent.tools.llm_planner import STEP_BUDGET_REQUESTS, request_deadline
+    from profiling_agent.tools.planning.llm_client import request_deadline
+    from profiling_agent.tools.planning.llm_planner import STEP_BUDGET_REQUESTS
 
     profile = vit_profile(n_layers=2)
     sens = vit_sensitivity(profile)

@@ -1,4 +1,4 @@
-"""Tests of model loading, input-shape resolution and verification (tools/models.py)."""
+"""Tests of model loading, input-shape resolution and verification (tools/models/loading.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import time
 import pytest
 import torch
 
-from profiling_agent.tools import embedded
-from profiling_agent.tools.models import ModelLoadError, load_model, resolve_input_shape, verify_input_shape
+from profiling_agent.tools.hub import ModelLoadError
+from profiling_agent.tools.models import embedded
+from profiling_agent.tools.models.input_shape import resolve_input_shape, verify_input_shape
+from profiling_agent.tools.models.loading import load_model
 
 
 def _processor(size=16, mean=(0.5,), **kwargs):
@@ -46,7 +48,7 @@ def test_load_local_folder_with_processor(tiny_vit, tmp_path):
 
 def test_load_without_processor_warns(tiny_resnet, tmp_path, caplog):
     tiny_resnet.save_pretrained(tmp_path / "resnet")
-    with caplog.at_level(logging.WARNING, logger="profiling_agent.tools.models"):
+    with caplog.at_level(logging.WARNING, logger="profiling_agent.tools.models.loading"):
         loaded = load_model(str(tmp_path / "resnet"))
     assert loaded.processor is None
     assert any("no image processor" in r.getMessage() for r in caplog.records)
@@ -139,7 +141,7 @@ def test_embedded_refs(monkeypatch, tmp_path, tiny_vit):
 
 
 def test_artifact_folder_dispatch(tiny_vit, tmp_path):
-    from profiling_agent.tools.artifacts import save_artifact
+    from profiling_agent.tools.models.artifacts import save_artifact
 
     save_artifact(tiny_vit, tmp_path / "art", processor=_processor())
     loaded = load_model(str(tmp_path / "art"))
@@ -150,7 +152,7 @@ def test_artifact_folder_dispatch(tiny_vit, tmp_path):
 
 
 def test_corrupt_artifact_is_a_model_load_error(tiny_vit, tmp_path):
-    from profiling_agent.tools.artifacts import save_artifact
+    from profiling_agent.tools.models.artifacts import save_artifact
 
     save_artifact(tiny_vit, tmp_path / "art")
     (tmp_path / "art" / "model.safetensors").write_bytes(b"garbage")

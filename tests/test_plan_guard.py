@@ -4,16 +4,10 @@ import pytest
 from fake_llm import vit_profile
 
 from profiling_agent.state import CompressionPlan
-from profiling_agent.tools.plan_guard import (
-    GuardConfig,
-    check_plan,
-    extract_json_object,
-    normalize_plan,
-    parse_plan_text,
-    regex_problem,
-    slow_patterns,
-)
-from profiling_agent.tools.planner import estimate_reduction
+from profiling_agent.tools.planning.deterministic import estimate_reduction
+from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
+from profiling_agent.tools.planning.plan_parse import extract_json_object, normalize_plan, parse_plan_text
+from profiling_agent.tools.planning.regex_safety import regex_problem, slow_patterns
 
 PROFILE = vit_profile(n_layers=2)
 MLP_ALL = r"^vit\.layers\.\d+\.mlp\.fc1$"

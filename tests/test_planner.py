@@ -3,7 +3,7 @@ import re
 import pytest
 
 from profiling_agent.state import CompressionPlan, Objective
-from profiling_agent.tools.planner import (
+from profiling_agent.tools.planning.deterministic import (
     PlannerConfig,
     effective_ratio,
     estimate_reduction,

@@ -11,18 +11,18 @@ from torch import nn
 from toy_models import ToyBlockNet
 
 from profiling_agent.state import PruneEntry
-from profiling_agent.tools.families.base import PrunableGroup
-from profiling_agent.tools.families.generic import GenericAdapter
-from profiling_agent.tools.families.resnet import ResNetAdapter
-from profiling_agent.tools.families.vit import ViTAdapter
-from profiling_agent.tools.pruning import (
+from profiling_agent.tools.compression.estimate import estimate_pruning
+from profiling_agent.tools.compression.families.base import PrunableGroup
+from profiling_agent.tools.compression.families.generic import GenericAdapter
+from profiling_agent.tools.compression.families.resnet import ResNetAdapter
+from profiling_agent.tools.compression.families.vit import ViTAdapter
+from profiling_agent.tools.compression.pruning import prune_model
+from profiling_agent.tools.compression.self_check import self_check
+from profiling_agent.tools.compression.units import (
     PruneCheckError,
     PruneError,
-    estimate_pruning,
     match_groups,
-    prune_model,
     select_units,
-    self_check,
     unit_scores,
     units_to_remove,
 )

@@ -8,8 +8,8 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from profiling_agent.state import QuantEntry
-from profiling_agent.tools.artifacts import logical_params, state_bytes
-from profiling_agent.tools.quantization import match_linear_layers, quantize_model
+from profiling_agent.tools.compression.quantization import match_linear_layers, quantize_model
+from profiling_agent.tools.models.sizes import count_params, state_bytes
 
 
 def _linear_names(model: nn.Module) -> list[str]:
@@ -109,11 +109,11 @@ def test_resnet_only_has_its_classifier_quantized(tiny_resnet):
 def test_logical_params_and_state_bytes_count_packed_weights(tiny_vit):
     float_params = sum(p.numel() for p in tiny_vit.parameters())
     float_bytes = sum(p.numel() * 4 for p in tiny_vit.parameters()) + sum(b.numel() * 4 for b in tiny_vit.buffers())
-    assert logical_params(tiny_vit) == float_params
+    assert count_params(tiny_vit) == float_params
     assert state_bytes(tiny_vit) == float_bytes
 
     quantized, done = quantize_model(tiny_vit, [QuantEntry(layer="all", dtype="qint8")])
-    assert logical_params(quantized) == float_params
+    assert count_params(quantized) == float_params
     linear_sizes = [tiny_vit.get_submodule(n).weight.shape for n in done]
     linear_bytes_fp32 = sum((o * i + o) * 4 for o, i in linear_sizes)
     # int8 weight, fp32 bias, float64 scale and int64 zero point per per-tensor-quantized Linear

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from profiling_agent.graph.cli import main
-from profiling_agent.tools.plots import (
+from profiling_agent.tools.reporting.html import render_html
+from profiling_agent.tools.reporting.plots import (
     PLOT_FILES,
     accuracy_floor,
     extra_baselines,
@@ -24,7 +25,6 @@ from profiling_agent.tools.plots import (
     pareto_points,
     render_plots,
 )
-from profiling_agent.tools.report_html import render_html
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,7 @@ def finished_run(tmp_path_factory):
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
-    from profiling_agent.tools import embedded
-
+    from profiling_agent.tools.models import embedded
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("PROFILING_AGENT_CACHE")
     os.environ["PROFILING_AGENT_CACHE"] = str(cache)
@@ -335,7 +334,7 @@ def test_report_node_keeps_report_md_when_charts_fail(finished_run, tmp_path, mo
 
     from profiling_agent.nodes.report import report
     from profiling_agent.state import Context, State
-    from profiling_agent.tools import report_html
+    from profiling_agent.tools.reporting import files as report_files
 
     run, out = finished_run
     copy_dir = tmp_path / "t1"
@@ -344,7 +343,7 @@ def test_report_node_keeps_report_md_when_charts_fail(finished_run, tmp_path, mo
     def broken(*_args, **_kwargs):
         raise RuntimeError("no fonts")
 
-    monkeypatch.setattr(report_html, "write_report_files", broken)
+    monkeypatch.setattr(report_files, "write_report_files", broken)
     state = State.model_validate({**out, "run_path": str(copy_dir)})
     update = report(state, SimpleNamespace(context=Context(run_root=str(tmp_path), **FAST)))
     assert update["status"] == "done" and update["report"]["html"] is None

@@ -14,12 +14,18 @@ RE_CALLS = {"compile", "search", "match", "fullmatch", "sub", "subn", "split", "
 # A new site must check its pattern with tools.plan_guard.regex_problem (or check_plan) and be listed here.
 DYNAMIC_REGEX_SITES = {
     ("prompts/analysis.py", "regex_families"): "built from re.escape'd module names of the model",
-    ("tools/llm_tools.py", "_match_layers"): "regex_problem() is checked first",
-    ("tools/llm_tools.py", "_estimate_plan"): "only the layers of a plan check_plan accepted",
-    ("tools/plan_guard.py", "regex_problem"): "the guard: length-limited, parsed, then compiled",
-    ("tools/plan_guard.py", "compile_all"): "patterns that passed regex_problem and the timed child-process search",
-    ("tools/pruning.py", "_parse_entry"): "plans are re.escape'd (deterministic) or passed check_plan (LLM, human)",
-    ("tools/quantization.py", "_compile"): "plans are 'all' (deterministic) or passed check_plan (LLM, human)",
+    ("tools/planning/llm_tools.py", "_match_layers"): "regex_problem() is checked first",
+    ("tools/planning/llm_tools.py", "_estimate_plan"): "only the layers of a plan check_plan accepted",
+    ("tools/planning/regex_safety.py", "regex_problem"): "the guard: length-limited, parsed, then compiled",
+    ("tools/planning/plan_guard.py", "compile_all"): (
+        "patterns that passed regex_problem and the timed child-process search"
+    ),
+    ("tools/compression/units.py", "_parse_entry"): (
+        "plans are re.escape'd (deterministic) or passed check_plan (LLM, human)"
+    ),
+    ("tools/compression/quantization.py", "_compile"): (
+        "plans are 'all' (deterministic) or passed check_plan (LLM, human)"
+    ),
 }
 
 
@@ -121,7 +127,7 @@ def dynamic_regex_sites(sources: dict[str, ast.Module]) -> set[tuple[str, str]]:
 
 
 def test_the_scan_sees_the_package_and_flags_what_it_should():
-    assert {"graph/cli.py", "nodes/approve.py", "tools/plan_guard.py", "state.py"} <= set(SOURCES)
+    assert {"graph/cli.py", "nodes/approve.py", "tools/planning/plan_guard.py", "state.py"} <= set(SOURCES)
     assert not any(name.startswith(("tests/", ".venv/")) for name in SOURCES)
     bad = {
         "bad.py": ast.parse(
@@ -156,7 +162,7 @@ def test_no_shell_and_no_hard_coded_remote_code():
 
 
 def test_trust_remote_code_only_with_the_flag():
-    from profiling_agent.graph.cli import build_parser, input_from_args
+    from profiling_agent.graph.cli_args import build_parser, input_from_args
     from profiling_agent.state import InputState, ModelRef
 
     parser = build_parser()
@@ -167,7 +173,7 @@ def test_trust_remote_code_only_with_the_flag():
 
 def test_dynamic_regexes_only_where_guarded():
     sites = dynamic_regex_sites(SOURCES)
-    assert ("tools/pruning.py", "_parse_entry") in sites  # the scan finds the plan-applying sites
+    assert ("tools/compression/units.py", "_parse_entry") in sites  # the scan finds the plan-applying sites
     unexpected = sites - set(DYNAMIC_REGEX_SITES)
     assert not unexpected, f"regex patterns from data outside the guarded sites: {sorted(unexpected)}"
 
@@ -177,7 +183,7 @@ def test_plan_regexes_are_length_limited_and_checked():
 
     from profiling_agent.nodes.approve import review_plan
     from profiling_agent.state import MAX_REGEX_LEN, PruneEntry, QuantEntry
-    from profiling_agent.tools.plan_guard import regex_problem
+    from profiling_agent.tools.planning.regex_safety import regex_problem
 
     for model in (PruneEntry, QuantEntry):
         kwargs = {"type": "structured", "ratio": 0.5} if model is PruneEntry else {}

@@ -1,6 +1,6 @@
 from profiling_agent.graph.routing import after_analyze, after_iterate, after_prune
 from profiling_agent.state import Objective, State
-from profiling_agent.tools.selection import objective_met, reduction, select_best
+from profiling_agent.tools.evaluation.selection import objective_met, reduction, select_best
 
 BASE = {"accuracy": 90.0, "params": 1000, "macs": 5000, "size_mb": 4.0, "latency_ms": 2.0, "speedup": 1.0}
 
@@ -56,7 +56,7 @@ def test_routing_enforces_the_iteration_bound():
 
 
 def test_result_reports_the_final_joint_latency_for_every_candidate():
-    from profiling_agent.tools.report import build_result
+    from profiling_agent.tools.reporting.result import build_result
 
     ev = {"accuracy": 90.0, "agreement": 99.0, "latency_ms": 5.0, "latency_batch_ms": 9.0, "speedup": 0.5,
           "size_mb": 1.0, "memory_bytes": 10, "params": 100, "macs": 1000, "batch_size": 16, "threads": 1}

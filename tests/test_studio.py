@@ -71,7 +71,7 @@ def test_every_run_flag_is_a_field_of_the_input_or_the_context():
     import argparse
     import dataclasses
 
-    from profiling_agent.graph.cli import build_parser
+    from profiling_agent.graph.cli_args import build_parser
     from profiling_agent.state import Context, InputState
 
     fields = {"context." + f.name for f in dataclasses.fields(Context)} | {"config.configurable.thread_id"}

@@ -1,0 +1,198 @@
+"""The CLI's argument parser and the translation of its flags into graph input and run context."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+RUN_SETTINGS = "run.json"
+
+
+class BadInput(Exception):
+    """An error in what the user asked for: one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+# ------------------------------------------------------------------------------------------- parser
+
+
+def _add_context_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", default="runs", help="folder holding one sub-folder per run (default: runs)")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="device (default: auto)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for profiling and evaluation")
+    p.add_argument("--llm-model", default=None, help="chat model name (default: $OPENAI_MODEL, else gpt-4o)")
+    p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible base URL (default: $OPENAI_BASE_URL)")
+    p.add_argument(
+        "--llm-api-key-env", default=None, help="environment variable holding the API key (default: OPENAI_API_KEY)"
+    )
+    p.add_argument("--llm-timeout", type=float, default=None, help="seconds per LLM request (default 60)")
+    p.add_argument("--llm-retries", type=int, default=None, help="invalid LLM plans sent back before the fallback")
+    p.add_argument("--llm-tool-rounds", type=int, default=None, help="LLM tool-call rounds per planning step")
+    p.add_argument("--temperature", type=float, default=None, help="LLM sampling temperature")
+    p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
+
+
+def _refuse_goal_flags(run: argparse.ArgumentParser, resume: argparse.ArgumentParser) -> None:
+    """Accept run's goal flags on resume only to refuse them clearly: a resume cannot change what is optimized."""
+    taken = {opt for action in resume._actions for opt in action.option_strings}
+    for action in run._actions:
+        opts = [opt for opt in action.option_strings if opt not in taken]
+        if opts and not isinstance(action, argparse._HelpAction):
+            kind: dict[str, Any] = {"action": "store_true"} if action.nargs == 0 else {}
+            hidden = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+            resume.add_argument(*opts, dest=f"goal_{action.dest}", **hidden, **kind)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser of `profiling-agent`."""
+    parser = _Parser(
+        prog="profiling-agent",
+        description="Profiling-guided pruning and quantization of HF image "
+        "classifiers, driven by a LangGraph agent graph.",
+    )
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="compress a model (no arguments: the embedded offline default)")
+    run.add_argument("--model", default=None, help="hub id, save_pretrained folder, artifact, or embedded:NAME")
+    run.add_argument("--dataset", default=None, help="hub id, save_to_disk folder, imagefolder, or embedded:digits")
+    run.add_argument("--split", default=None, help="dataset split (default: test)")
+    run.add_argument("--subset", type=int, default=None, help="evaluation images (seeded subset, default 512)")
+    run.add_argument("--calibration", type=int, default=None, help="sensitivity-probe images (default 64)")
+    run.add_argument("--image-column", default=None)
+    run.add_argument("--label-column", default=None)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--iterations", type=int, default=None, help="pruning iterations (default 5)")
+    run.add_argument(
+        "--planner",
+        choices=["deterministic", "llm", "auto", "l1", "l2", "random"],
+        default=None,
+        help="l1/l2/random: uniform pruning baseline at --ratio (one iteration)",
+    )
+    run.add_argument("--ratio", type=float, default=None, help="pruning ratio of the l1/l2/random baselines, in (0, 1)")
+    run.add_argument("--quantize", choices=["qint8", "float16", "none"], default=None)
+    run.add_argument("--select", choices=["paper", "budget"], default=None, help="best-candidate rule")
+    run.add_argument("--max-acc-drop", type=float, default=None, help="accuracy budget in percentage points")
+    run.add_argument("--target", choices=["params", "macs", "latency", "size"], default=None)
+    run.add_argument("--target-reduction", type=float, default=None, help="e.g. 0.4 = 40%% reduction of --target")
+    run.add_argument("--trust-remote-code", action="store_true")
+    run.add_argument("--thread-id", default=None, help="run id (default: generated)")
+    run.add_argument("--approve", action="store_true", help="pause before each plan is applied for your decision")
+    _add_context_flags(run)
+
+    resume = sub.add_parser("resume", help="continue an interrupted run from its last checkpoint")
+    resume.add_argument("thread_id")
+    resume.add_argument("--decision", choices=["approve", "edit", "reject"], default=None, help="answer a paused plan")
+    resume.add_argument("--plan", default=None, help="with --decision edit: the plan to apply instead (JSON file)")
+    _add_context_flags(resume)  # "how" settings may change on resume
+    _refuse_goal_flags(run, resume)
+
+    prof = sub.add_parser("profile", help="profile a model and print its per-layer table")
+    prof.add_argument("--model", default=None)
+    prof.add_argument("--top", type=int, default=30)
+    prof.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    prof.add_argument("--json", dest="json_out", default=None, help="also write the full profile here")
+
+    runs = sub.add_parser("runs", help="list runs and their status")
+    runs.add_argument("--run-dir", default="runs")
+
+    ev = sub.add_parser("evaluate", help="evaluate a model, a baseline or a saved compressed model")
+    ev.add_argument("--model", required=True)
+    ev.add_argument("--dataset", default=None)
+    ev.add_argument("--split", default="test")
+    ev.add_argument("--subset", type=int, default=512)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--image-column", default=None)
+    ev.add_argument("--label-column", default=None)
+    ev.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    ev.add_argument("--json", dest="json_out", default=None, help="write the metrics as JSON here")
+
+    rep = sub.add_parser("report", help="rebuild plots, report.md and report.html of a finished run")
+    rep.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
+    return parser
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _set(target: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        target[key] = value
+
+
+def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the graph input (model, dataset, objective) from the run flags, validated by the schemas."""
+    from pydantic import ValidationError
+
+    from profiling_agent.state import InputState
+
+    model: dict[str, Any] = {}
+    _set(model, "ref", args.model)
+    if args.trust_remote_code:
+        model["trust_remote_code"] = True
+    dataset: dict[str, Any] = {}
+    for key in ("split", "subset", "calibration", "image_column", "label_column", "seed"):
+        _set(dataset, key, getattr(args, key))
+    _set(dataset, "ref", args.dataset)
+    objective: dict[str, Any] = {}
+    for key in ("iterations", "planner", "ratio", "quantize", "select", "max_acc_drop", "target", "target_reduction"):
+        _set(objective, key, getattr(args, key))
+    if getattr(args, "approve", False):
+        objective["approve"] = True
+    try:
+        return InputState(model=model, dataset=dataset, objective=objective).model_dump()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "--" + str(err["loc"][-1]).replace("_", "-")
+        if tuple(err["loc"]) == ("objective",):  # Objective's cross-field check of --planner and --ratio
+            where, err["msg"] = "--planner/--ratio", err["msg"].removeprefix("Value error, ")
+        raise BadInput(f"invalid {where}: {err['msg']}") from None
+
+
+def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the run context from flags (only the flags given; defaults come from Context)."""
+    ctx: dict[str, Any] = {"run_root": str(Path(args.run_dir).resolve())}
+    _set(ctx, "device", args.device)
+    _set(ctx, "threads", args.threads)
+    _set(ctx, "llm_model", args.llm_model or os.environ.get("OPENAI_MODEL") or None)
+    _set(ctx, "llm_base_url", args.llm_base_url)
+    _set(ctx, "llm_api_key_env", args.llm_api_key_env)
+    _set(ctx, "llm_timeout", args.llm_timeout)
+    _set(ctx, "llm_retries", args.llm_retries)
+    _set(ctx, "llm_tool_rounds", args.llm_tool_rounds)
+    _set(ctx, "llm_temperature", args.temperature)
+    _check_llm_flags(args)
+    _set(ctx, "latency_repeats", args.repeats)
+    if args.threads is not None and args.threads < 1:
+        raise BadInput("invalid --threads: must be at least 1")
+    if args.repeats is not None and args.repeats < 1:
+        raise BadInput("invalid --repeats: must be at least 1")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInput("--device cuda was requested but no CUDA device is available")
+    return ctx
+
+
+def _check_llm_flags(args: argparse.Namespace) -> None:
+    import re
+
+    if args.llm_timeout is not None and not 0 < args.llm_timeout <= 3600:
+        raise BadInput("invalid --llm-timeout: must be in (0, 3600] seconds")
+    if args.llm_retries is not None and not 0 <= args.llm_retries <= 10:
+        raise BadInput("invalid --llm-retries: must be in 0..10")
+    if args.llm_tool_rounds is not None and not 0 <= args.llm_tool_rounds <= 50:
+        raise BadInput("invalid --llm-tool-rounds: must be in 0..50")
+    if args.temperature is not None and not 0 <= args.temperature <= 2:
+        raise BadInput("invalid --temperature: must be in [0, 2]")
+    if args.llm_api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", args.llm_api_key_env):
+        raise BadInput("invalid --llm-api-key-env: give the name of an environment variable, not the key")
+    if args.llm_base_url is not None and not args.llm_base_url.startswith(("http://", "https://")):
+        raise BadInput("invalid --llm-base-url: must start with http:// or https://")

@@ -1,0 +1,84 @@
+"""The CLI's console output: progress bars from stream events and the final comparison table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _Progress:
+    """Render custom progress events as tqdm bars on stderr and node updates as log lines."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self._bars: dict[str, Any] = {}
+        self._enabled = sys.stderr.isatty()
+
+    def progress(self, event: dict[str, Any]) -> None:
+        task, total = event.get("task", ""), int(event.get("total") or 0)
+        if not self._enabled or total <= 1:
+            return
+        bar = self._bars.get(task)
+        if bar is None:
+            bar = self._bars[task] = self._tqdm(total=total, desc=task, leave=False, file=sys.stderr)
+        bar.n = int(event.get("done", 0))
+        bar.set_postfix_str(str(event.get("label", ""))[:40])
+        bar.refresh()
+        if bar.n >= total:
+            bar.close()
+            self._bars.pop(task, None)
+
+    def update(self, node: str, values: dict[str, Any] | None) -> None:
+        for item in (values or {}).get("history") or []:
+            it = item.get("iteration")
+            prefix = f"[{item.get('node', node)}" + (f" #{it}" if it else "") + "]"
+            _say(f"{prefix} {item.get('message', '')}")
+
+    def close(self) -> None:
+        for bar in self._bars.values():
+            bar.close()
+
+
+def _drive(graph: Any, payload: Any, config: dict[str, Any], context: Any, banner: list[str] | None = None) -> None:
+    """Stream the graph to the console; `banner` is printed once the first node succeeds (bad input stays one line)."""
+    progress = _Progress()
+    banner = list(banner or [])
+    try:
+        for mode, chunk in graph.stream(
+            payload, config, context=context, stream_mode=["updates", "custom"], durability="sync"
+        ):
+            if mode == "custom" and isinstance(chunk, dict) and chunk.get("kind") == "progress":
+                progress.progress(chunk)
+            elif mode == "updates" and isinstance(chunk, dict):
+                while banner:
+                    _say(banner.pop(0))
+                for node, values in chunk.items():
+                    progress.update(node, values if isinstance(values, dict) else None)
+    finally:
+        progress.close()
+
+
+def _final_table(run_path: Path) -> str:
+    from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.reporting.markdown import comparison_rows, format_table
+
+    result = read_json(run_path / "result.json")
+    lines = [format_table(comparison_rows(result)), ""]
+    best = result.get("best")
+    if best:
+        lines.append(
+            f"best: iteration {best['iteration']} ({best['rule']} rule"
+            + ("" if best.get("within_budget") else ", NOT within the accuracy budget")
+            + f"), {best['reduction']:.1%} {result['objective']['target']} reduction, "
+            f"{best['accuracy_drop']:+.2f} pp accuracy drop; saved in {run_path / 'best'}"
+        )
+    lines.append(f"stopped: {result.get('stop_reason')}")
+    lines.append(f"report: {run_path / 'report.md'}   result: {run_path / 'result.json'}")
+    return "\n".join(lines)

@@ -1,0 +1,7 @@
+"""Changing a model: the structured-pruning engine, family adapters, quantization, uniform baselines, backends.
+
+The engine is split by responsibility: `units` (which channels or heads an entry removes), `depgraph`
+(torch-pruning dependency groups and their checks), `pruning` (applying the steps), `self_check`
+(numerical checks), `estimate` (what a plan would remove without pruning). It may import `models`
+and `data`; it never imports profiling, evaluation, planning or reporting.
+"""

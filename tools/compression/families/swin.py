@@ -1,0 +1,143 @@
+"""Family adapter for Swin image classifiers: MLP channels and whole window-attention heads per block."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.models.swin.modeling_swin import (
+    SwinAttention,
+    SwinForImageClassification,
+    SwinLayer,
+    SwinPatchMerging,
+)
+
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
+from profiling_agent.tools.compression.families.deit import fix_attention
+
+logger = logging.getLogger(__name__)
+
+_BLOCK_PATH = re.compile(r"layers\.(\d+)\.blocks\.(\d+)$")
+BIAS_TABLE = "relative_position_bias.relative_position_bias_table"
+_PROTECTED_LEAVES = ("embeddings", "classifier", "relative_position_bias")
+
+
+def _blocks(model: nn.Module) -> list[tuple[str, int, int, SwinLayer]]:
+    """Return (name, stage, block, module) for every Swin block, in forward order."""
+    found = []
+    for name, module in model.named_modules():
+        match = _BLOCK_PATH.search(name)
+        if isinstance(module, SwinLayer) and match:
+            found.append((name, int(match[1]), int(match[2]), module))
+    return found
+
+
+def _mlp_group(prefix: str, stage: int, block: int, layer: SwinLayer) -> PrunableGroup:
+    """Describe the MLP intermediate channels of one block (fc1 outputs, fc2 inputs)."""
+    fc1, fc2 = f"{prefix}.mlp.fc1", f"{prefix}.mlp.fc2"
+    return PrunableGroup(
+        name=f"stages.{stage}.blocks.{block}.mlp",
+        kind="structured",
+        module=fc1,
+        roots=(fc1,),
+        members=(fc1, fc2),
+        units=layer.mlp.fc1.out_features,
+        block=prefix,
+    )
+
+
+def _head_group(prefix: str, stage: int, block: int, attention: SwinAttention) -> PrunableGroup:
+    """Describe the whole heads of one block's window attention (q/k/v outputs, o_proj inputs, bias columns)."""
+    attn = f"{prefix}.attention"
+    q, k, v, o = (f"{attn}.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    return PrunableGroup(
+        name=f"stages.{stage}.blocks.{block}.heads",
+        kind="head",
+        module=attn,
+        roots=(q, k, v),
+        members=(q, k, v, o, f"{attn}.relative_position_bias"),
+        units=attention.q_proj.out_features // attention.head_dim,
+        unit_size=attention.head_dim,
+        block=prefix,
+        # Per-head tensors that are not root channels: pruned by before_head_prune, never by the graph.
+        extra={"head_dim": attention.head_dim, "per_head_params": [f"{attn}.{BIAS_TABLE}"]},
+    )
+
+
+def _keep_heads(heads: int, head_idxs: list[int], where: str) -> list[int]:
+    """Return the head indices kept after removing `head_idxs` from `heads`, checking the request."""
+    removed = set(head_idxs)
+    if len(removed) != len(head_idxs) or not removed <= set(range(heads)):
+        raise ValueError(f"{where}: invalid head indices {head_idxs} for {heads} heads")
+    if len(removed) >= heads:
+        raise ValueError(f"{where}: cannot remove all {heads} heads")
+    return [h for h in range(heads) if h not in removed]
+
+
+def _table(attention: SwinAttention) -> nn.Parameter:
+    """Return the relative-position bias table, shape ((2w-1)^2, heads)."""
+    return attention.relative_position_bias.relative_position_bias_table
+
+
+class SwinAdapter(FamilyAdapter):
+    """Prune Swin MLP channels and whole heads inside each block; patch merging and hidden sizes never change.
+
+    The config keeps the unpruned sizes (head counts and MLP widths may now differ per layer); the pruned
+    sizes live in the weight shapes and in the attributes `fix_up` returns.
+    """
+
+    name = "swin"
+
+    def matches(self, model: nn.Module) -> bool:
+        """Return True for SwinForImageClassification."""
+        return isinstance(model, SwinForImageClassification)
+
+    def prunable_groups(self, model: nn.Module) -> list[PrunableGroup]:
+        """List per block the head group, then the MLP group, in forward order."""
+        groups = []
+        for prefix, stage, block, layer in _blocks(model):
+            groups.append(_head_group(prefix, stage, block, layer.attention))
+            groups.append(_mlp_group(prefix, stage, block, layer))
+        return groups
+
+    def protected_modules(self, model: nn.Module) -> list[str]:
+        """Name the patch embeddings, every patch merging (reduction and norm), LayerNorm, bias table and classifier."""
+        merging = [name for name, module in model.named_modules() if isinstance(module, SwinPatchMerging)]
+        names = []
+        for name, module in model.named_modules():
+            in_merging = any(name == m or name.startswith(f"{m}.") for m in merging)
+            named = name.rsplit(".", 1)[-1] in _PROTECTED_LEAVES or "patch_embeddings" in name
+            if in_merging or named or isinstance(module, nn.LayerNorm):
+                names.append(name)
+        return names
+
+    def before_head_prune(self, model: nn.Module, group: PrunableGroup, head_idxs: list[int]) -> None:
+        """Remove the columns of `head_idxs` from the group's relative-position bias table, in place."""
+        attention = model.get_submodule(group.module)
+        if not isinstance(attention, SwinAttention):
+            raise TypeError(f"{group.module} is {type(attention).__name__}, not SwinAttention")
+        table = _table(attention)
+        keep = _keep_heads(table.shape[1], list(head_idxs), group.module)
+        with torch.no_grad():
+            # Assign .data so the Parameter object (which a built DependencyGraph may reference) stays the same.
+            table.data = table.data[:, keep].clone()
+        logger.debug("%s: bias table heads %d -> %d", group.module, len(keep) + len(head_idxs), len(keep))
+
+    def fix_up(self, model: nn.Module) -> dict[str, dict[str, Any]]:
+        """Set every window attention's head count, check its bias table, and return what was set."""
+        fixed = {}
+        for name, module in model.named_modules():
+            if not isinstance(module, SwinAttention):
+                continue
+            fixed[name] = fix_attention(name, module)
+            columns = _table(module).shape[1]
+            if columns != fixed[name]["num_attention_heads"]:
+                raise ValueError(
+                    f"{name}: bias table has {columns} head columns but q/k/v hold "
+                    f"{fixed[name]['num_attention_heads']} heads (before_head_prune not called?)"
+                )
+        logger.debug("swin fix_up: %s", fixed)
+        return fixed

@@ -1,0 +1,95 @@
+"""Family adapter for transformers 5 ViTForImageClassification: MLP channels and whole attention heads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from transformers.models.vit.modeling_vit import ViTModel
+
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
+
+
+def attention_heads(attention: nn.Module) -> int:
+    """Count the heads an attention module really has, from q_proj's width and the fixed head_dim.
+
+    Raises:
+        ValueError: If q_proj's width is not a whole number of heads.
+    """
+    width, head_dim = attention.q_proj.out_features, attention.head_dim
+    if width % head_dim:
+        raise ValueError(f"q_proj width {width} is not a multiple of head_dim {head_dim}")
+    return width // head_dim
+
+
+class ViTAdapter(FamilyAdapter):
+    """Prune ViT layers inside their blocks: MLP intermediate channels and whole heads; hidden size never changes.
+
+    In transformers 5 `ViTAttention.forward` reshapes q/k/v with `view(..., -1, head_dim)`, uses the `scaling`
+    cached from head_dim and reshapes the output with `reshape(..., -1)`; removing whole heads keeps head_dim, so
+    only the `num_attention_heads` attribute goes stale and `fix_up` resets it.
+    """
+
+    name = "vit"
+    backbone_attr = "vit"  # subclasses for ViT-shaped families (e.g. DeiT) can point this elsewhere
+
+    def _backbone(self, model: nn.Module) -> nn.Module:
+        return getattr(model, self.backbone_attr)
+
+    def matches(self, model: nn.Module) -> bool:
+        """Return True for a ViTModel backbone under `.vit` with a `.classifier` head."""
+        return isinstance(getattr(model, "vit", None), ViTModel) and hasattr(model, "classifier")
+
+    def prunable_groups(self, model: nn.Module) -> list[PrunableGroup]:
+        """List, per layer, the heads group then the MLP group, with their live sizes."""
+        groups: list[PrunableGroup] = []
+        for i, layer in enumerate(self._backbone(model).layers):
+            block = f"{self.backbone_attr}.layers.{i}"
+            att = f"{block}.attention"
+            qkv = (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj")
+            head_dim = layer.attention.head_dim
+            groups.append(
+                PrunableGroup(
+                    name=f"layers.{i}.heads",
+                    kind="head",
+                    module=att,
+                    roots=qkv,
+                    members=(*qkv, f"{att}.o_proj"),
+                    units=attention_heads(layer.attention),
+                    unit_size=head_dim,
+                    block=block,
+                    extra={"head_dim": head_dim},
+                )
+            )
+            fc1, fc2 = f"{block}.mlp.fc1", f"{block}.mlp.fc2"
+            groups.append(
+                PrunableGroup(
+                    name=f"layers.{i}.mlp",
+                    kind="structured",
+                    module=fc1,
+                    roots=(fc1,),
+                    members=(fc1, fc2),
+                    units=layer.mlp.fc1.out_features,
+                    block=block,
+                )
+            )
+        return groups
+
+    def protected_modules(self, model: nn.Module) -> list[str]:
+        """Name the embeddings, final layernorm, pooler, classifier and every LayerNorm."""
+        prefix = self.backbone_attr
+        backbone = self._backbone(model)
+        names = [f"{prefix}.embeddings", f"{prefix}.layernorm", "classifier"]
+        if getattr(backbone, "pooler", None) is not None:
+            names.append(f"{prefix}.pooler")
+        names += [name for name, module in model.named_modules() if isinstance(module, nn.LayerNorm)]
+        return list(dict.fromkeys(names))
+
+    def fix_up(self, model: nn.Module) -> dict[str, dict[str, Any]]:
+        """Set each attention module's `num_attention_heads` to its live head count and return what was set."""
+        attrs: dict[str, dict[str, Any]] = {}
+        for i, layer in enumerate(self._backbone(model).layers):
+            heads = attention_heads(layer.attention)
+            layer.attention.num_attention_heads = heads
+            attrs[f"{self.backbone_attr}.layers.{i}.attention"] = {"num_attention_heads": heads}
+        return attrs

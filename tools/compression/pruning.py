@@ -1,0 +1,150 @@
+"""Structured pruning of image classifiers driven by plan entries, on torch-pruning's DependencyGraph."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from profiling_agent.state import PruneEntry
+from profiling_agent.tools.compression.depgraph import (
+    _dependency_groups,
+    _plan_steps,
+    _protected_names,
+    _Step,
+    _validate_steps,
+    build_dependency_graph,
+    per_head_params,
+)
+from profiling_agent.tools.compression.families import adapter_for
+from profiling_agent.tools.compression.families.base import FamilyAdapter
+from profiling_agent.tools.compression.self_check import _verify_against_masking
+from profiling_agent.tools.compression.units import Importance, PruneError, PruneReport, _channels_of, select_units
+from profiling_agent.tools.models.sizes import count_params
+
+logger = logging.getLogger(__name__)
+
+
+
+
+
+def _prune_step(
+    dg: tp.DependencyGraph | None,
+    model: nn.Module,
+    step: _Step,
+    adapter: FamilyAdapter,
+    protected: list[str],
+    importance: Importance,
+    seed: int,
+) -> list[int]:
+    """Remove the chosen units of one group and return their indices."""
+    removed = select_units(model, step.group, step.n_remove, importance, seed)
+    if not removed:
+        return removed
+    if dg is None:
+        raise PruneError(f"group {step.group.name}: no dependency graph was built")
+    dep_groups = _dependency_groups(dg, model, step.group, _channels_of(step.group, removed), protected)
+    if step.group.kind == "head":
+        adapter.before_head_prune(model, step.group, removed)
+    for dep_group in dep_groups:
+        dep_group.prune(record_history=False)
+    return removed
+
+
+def _verify_sizes(model: nn.Module, steps: list[_Step], applied: list[dict[str, Any]]) -> None:
+    """Check every root now has exactly units_after * unit_size output channels."""
+    for step, row in zip(steps, applied, strict=True):
+        expected = row["units_after"] * step.group.unit_size
+        for root in step.group.roots:
+            weight = model.get_submodule(root).weight
+            if weight.shape[0] != expected:
+                raise PruneError(f"group {step.group.name}: {root} has {weight.shape[0]} outputs, expected {expected}")
+
+
+def _applied_row(step: _Step, removed: list[int]) -> dict[str, Any]:
+    group = step.group
+    return {
+        "group": group.name,
+        "module": group.module,
+        "kind": group.kind,
+        "ratio": step.ratio,
+        "units_before": group.units,
+        "units_after": group.units - len(removed),
+        "removed": removed,
+    }
+
+
+def prune_model(
+    model: nn.Module,
+    entries: Iterable[PruneEntry | Mapping[str, Any]],
+    example_inputs: Any,
+    *,
+    importance: Importance = "l2",
+    seed: int = 0,
+    protected: Iterable[str] | None = None,
+    adapter: FamilyAdapter | None = None,
+    verify: bool | None = None,
+) -> PruneReport:
+    """Prune `model` in place by the plan entries and repair it with its family adapter.
+
+    Each matched group loses floor(units * ratio) units (clamped so `min_units` remain; 0 removes nothing),
+    chosen by `select_units`. Couplings come from torch-pruning's DependencyGraph traced on `example_inputs`;
+    every coupling is checked against the group's members and the protected modules before any weight changes.
+    The model is left in eval mode.
+
+    Args:
+        model: The model to prune; mutated, so pass a fresh copy.
+        entries: PruneEntry objects or dicts with layer/type/ratio; later entries override earlier ones.
+        example_inputs: A pixel_values tensor (or a dict of model inputs) used to trace the graph.
+        importance: "l2", "l1" or "random".
+        seed: Seed for random importance.
+        protected: Module names to protect in addition to the adapter's own. A protected module (or anything
+            under it) never loses output channels and is never reached by a group it is not a member of; the only
+            change allowed is losing input channels as a declared member (a ResNet block's last conv consuming
+            its pruned middle conv).
+        adapter: Family adapter; picked with `adapter_for` when omitted.
+        verify: Compare the pruned model's logits with an unpruned copy whose removed units are masked (see
+            `mask_removed_units`) on seeded random inputs shaped like `example_inputs`. None (the default)
+            verifies only with an unsafe (generic fallback) adapter; it costs a copy of the model and two forwards.
+
+    Returns:
+        A PruneReport.
+
+    Raises:
+        ValueError: On an invalid entry.
+        PruneError: When a group would reach a protected module or outside its members (generic adapter
+            groups are skipped instead), the model cannot be traced, the result does not have the expected
+            sizes, or verification finds the pruned model differs from the masked one.
+    """
+    adapter = adapter or adapter_for(model)
+    guard = _protected_names(adapter, model, protected)
+    report = PruneReport(family=adapter.name, params_before=count_params(model))
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    steps = _plan_steps(adapter, model, entries)
+    check = (not adapter.safe) if verify is None else verify
+    reference = copy.deepcopy(model) if check and any(step.n_remove for step in steps) else None
+    with torch.inference_mode(False):  # new weights must be normal tensors even if the caller is in inference mode
+        dg = None
+        if any(step.n_remove for step in steps):
+            dg = build_dependency_graph(model, example_inputs, per_head_params(adapter.prunable_groups(model)))
+            steps = _validate_steps(dg, model, steps, guard, adapter, report)
+        for step in steps:
+            report.applied.append(_applied_row(step, _prune_step(dg, model, step, adapter, guard, importance, seed)))
+        report.attrs = adapter.fix_up(model)
+    _verify_sizes(model, steps, report.applied)
+    for name, param in model.named_parameters():  # torch-pruning replaces pruned Parameters with trainable ones
+        param.requires_grad_(name not in frozen)
+    report.params_after = count_params(model)
+    model.eval()
+    if reference is not None:
+        _verify_against_masking(reference, model, report, {s.group.name: s.group for s in steps}, example_inputs, seed)
+    logger.info(
+        "pruned %d groups (%s): params %d -> %d", len(report.applied), adapter.name, report.params_before,
+        report.params_after,
+    )
+    return report

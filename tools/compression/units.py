@@ -1,0 +1,202 @@
+"""Which units (channels or heads) a plan entry removes from each prunable group, and by what importance."""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from profiling_agent.state import PruneEntry
+from profiling_agent.tools.compression.families.base import PrunableGroup
+
+Importance = Literal["l2", "l1", "random"]
+KINDS = ("structured", "head")
+_EPS = 1e-9  # guards floor(units * ratio) against float error (0.29 * 100 = 28.999...)
+
+
+class PruneError(RuntimeError):
+    """Pruning cannot be applied as planned (protected module reached, bad coupling, size mismatch)."""
+
+
+class PruneCheckError(RuntimeError):
+    """A pruned model failed its numerical or structural self-check."""
+
+
+@dataclass
+class PruneReport:
+    """What `prune_model` did.
+
+    Attributes:
+        family: Adapter name used (vit, resnet, ...).
+        applied: One dict per matched group: group, module, kind, ratio, units_before, units_after, removed
+            (unit indices: channels, or heads).
+        attrs: Attributes set by the adapter's fix_up, {module_name: {attr: value}}.
+        params_before: Parameter count before pruning.
+        params_after: Parameter count after pruning.
+        skipped: Groups of an unsafe (generic) adapter dropped because their coupling was not safe, with reasons.
+    """
+
+    family: str
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    params_before: int = 0
+    params_after: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as plain JSON-ready data."""
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- plan entries -> groups
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A validated plan entry."""
+
+    pattern: re.Pattern[str]
+    kind: str
+    ratio: float
+
+
+def _parse_entry(entry: PruneEntry | Mapping[str, Any]) -> _Entry:
+    """Validate one entry (PruneEntry or dict with layer/type/ratio) and compile its regex."""
+    if isinstance(entry, PruneEntry):
+        layer, kind, ratio = entry.layer, entry.type, entry.ratio
+    elif isinstance(entry, Mapping):
+        missing = [key for key in ("layer", "type", "ratio") if key not in entry]
+        if missing:
+            raise ValueError(f"prune entry {dict(entry)!r} lacks {missing}")
+        layer, kind, ratio = entry["layer"], entry["type"], entry["ratio"]
+    else:
+        raise TypeError(f"prune entry must be a PruneEntry or a dict, not {type(entry).__name__}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown prune type {kind!r}: use one of {KINDS}")
+    ratio = float(ratio)
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"prune ratio {ratio} for {layer!r} must be in [0, 1)")
+    try:
+        pattern = re.compile(str(layer))
+    except re.error as exc:
+        raise ValueError(f"invalid layer regex {layer!r}: {exc}") from exc
+    return _Entry(pattern, kind, ratio)
+
+
+def match_groups(
+    groups: Sequence[PrunableGroup], entries: Iterable[PruneEntry | Mapping[str, Any]]
+) -> dict[str, float]:
+    """Map each group targeted by the entries to its ratio; later entries override earlier ones.
+
+    An entry targets the groups of its `type` (kind) whose `module` name contains a match of its `layer`
+    regex (re.search).
+
+    Args:
+        groups: The model's prunable groups.
+        entries: PruneEntry objects or dicts with keys layer, type and ratio (ratio in [0, 1)).
+
+    Returns:
+        {group name: ratio}, in group order.
+
+    Raises:
+        ValueError: On an invalid regex, type or ratio.
+    """
+    parsed = [_parse_entry(entry) for entry in entries]
+    ratios: dict[str, float] = {}
+    for entry in parsed:
+        for group in groups:
+            if group.kind == entry.kind and entry.pattern.search(group.module):
+                ratios[group.name] = entry.ratio
+    return {group.name: ratios[group.name] for group in groups if group.name in ratios}
+
+
+def units_to_remove(group: PrunableGroup, ratio: float) -> int:
+    """Return floor(units * ratio), clamped so at least `min_units` remain (never negative)."""
+    wanted = math.floor(group.units * ratio + _EPS)
+    return max(0, min(wanted, group.units - max(1, group.min_units)))
+
+
+# ---------------------------------------------------------------- importance
+
+
+def _channel_terms(module: nn.Module, is_root: bool, channels: int, power: int) -> torch.Tensor | None:
+    """Sum |w|^power per channel of one member: root output rows (+bias), norm scales, consumer input columns."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return None
+    w = weight.detach().to(torch.float64).abs().pow(power)
+    if is_root:
+        if w.shape[0] != channels:
+            raise PruneError(f"root weight has {w.shape[0]} output channels, group expects {channels}")
+        terms = w.reshape(channels, -1).sum(1)
+        bias = getattr(module, "bias", None)
+        if isinstance(bias, torch.Tensor):
+            terms = terms + bias.detach().to(torch.float64).abs().pow(power)
+        return terms
+    if w.ndim == 1 and w.shape[0] == channels:  # BatchNorm / LayerNorm scale of the pruned channels
+        return w
+    if w.ndim >= 2 and w.shape[1] == channels and getattr(module, "groups", 1) == 1:  # consumer's input columns
+        return w.transpose(0, 1).reshape(channels, -1).sum(1)
+    return None
+
+
+def unit_scores(model: nn.Module, group: PrunableGroup, importance: Literal["l2", "l1"] = "l2") -> torch.Tensor:
+    """Score each unit of `group` by the norm of all its weights across the group's members.
+
+    A unit's weights are its rows (and bias) in every root, its scale in a member norm layer, and its input
+    columns in every consumer member (e.g. fc2, o_proj, the next conv). For heads a unit spans `unit_size`
+    consecutive channels.
+
+    Returns:
+        A float64 tensor of shape (units,): L2 norm (importance="l2") or L1 norm ("l1").
+    """
+    if importance not in ("l2", "l1"):
+        raise ValueError(f"unknown importance {importance!r}: use l2, l1 or random")
+    power = 2 if importance == "l2" else 1
+    channels = group.units * group.unit_size
+    per_channel = torch.zeros(channels, dtype=torch.float64)
+    for name in group.members:
+        terms = _channel_terms(model.get_submodule(name), name in group.roots, channels, power)
+        if terms is not None:
+            per_channel += terms
+    per_unit = per_channel.view(group.units, group.unit_size).sum(1)
+    return per_unit.sqrt() if power == 2 else per_unit
+
+
+def select_units(
+    model: nn.Module, group: PrunableGroup, n_remove: int, importance: Importance = "l2", seed: int = 0
+) -> list[int]:
+    """Pick the `n_remove` least important units (channels or heads) of `group`.
+
+    Args:
+        model: The model holding the group's modules.
+        group: The group to prune.
+        n_remove: How many units to remove (0..units).
+        importance: "l2" or "l1" group norm (see `unit_scores`; ties go to the lower index), or "random",
+            seeded by `seed` and the group name (so different groups get different draws).
+        seed: Seed of the random choice.
+
+    Returns:
+        Sorted unit indices.
+    """
+    if not 0 <= n_remove <= group.units:
+        raise ValueError(f"cannot remove {n_remove} of {group.units} units of {group.name}")
+    if n_remove == 0:
+        return []
+    if importance == "random":
+        generator = torch.Generator().manual_seed(seed + zlib.crc32(group.name.encode()))
+        return sorted(torch.randperm(group.units, generator=generator)[:n_remove].tolist())
+    scores = unit_scores(model, group, importance).tolist()
+    order = sorted(range(group.units), key=lambda unit: (scores[unit], unit))
+    return sorted(order[:n_remove])
+
+
+def _channels_of(group: PrunableGroup, units: Iterable[int]) -> list[int]:
+    """Expand unit indices into channel indices (unit_size consecutive channels per unit)."""
+    return [u * group.unit_size + j for u in units for j in range(group.unit_size)]

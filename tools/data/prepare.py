@@ -1,0 +1,310 @@
+"""Preprocess seeded evaluation and calibration subsets with the model's processor and store them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from profiling_agent.tools.data.labels import mapping_table
+from profiling_agent.tools.data.sources import DataError, _label_indexer, _listing, detect_columns, label_names
+from profiling_agent.tools.hub import one_line, quiet_hf
+from profiling_agent.tools.io import sha256_file, write_bytes_atomic
+
+logger = logging.getLogger(__name__)
+BATCH = 64  # images per processor call
+PREPARED_KEYS = ("eval_pixels", "eval_labels", "calib_pixels", "calib_labels")
+
+
+# ---------------------------------------------------------------- preprocessing
+
+
+def _to_pil(image: Any, mode: str) -> Any:
+    """Convert a decoded dataset image (PIL, array, tensor or {"bytes"/"path"}) to a PIL image in `mode`."""
+    from PIL import Image
+
+    if isinstance(image, Mapping):
+        import io
+
+        image = Image.open(io.BytesIO(image["bytes"])) if image.get("bytes") else Image.open(image["path"])
+    if isinstance(image, torch.Tensor):
+        image = image.numpy()
+    if isinstance(image, (np.ndarray, list)):
+        arr = np.asarray(image)
+        if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[-1] not in (1, 3, 4):
+            arr = np.moveaxis(arr, 0, -1)
+        if arr.ndim == 3 and arr.shape[-1] == 1:
+            arr = arr[..., 0]
+        if arr.dtype != np.uint8:
+            scale = 255.0 if arr.max(initial=0) <= 1.0 else 1.0
+            arr = np.clip(arr.astype(np.float32) * scale, 0, 255).round().astype(np.uint8)
+        image = Image.fromarray(arr)
+    if not hasattr(image, "convert"):
+        raise DataError(f"unsupported image value of type {type(image).__name__}")
+    return image.convert(mode)
+
+
+def _fallback_pixels(images: list, height: int, width: int) -> torch.Tensor:
+    """Resize to (height, width), scale to [0, 1] and normalize with mean 0.5, std 0.5 (no processor)."""
+    from PIL import Image
+
+    arrays = []
+    for image in images:
+        arr = np.asarray(image.resize((width, height), Image.BILINEAR), dtype=np.float32) / 255.0
+        arrays.append(arr[None] if arr.ndim == 2 else np.moveaxis(arr, -1, 0))
+    return (torch.from_numpy(np.stack(arrays)) - 0.5) / 0.5
+
+
+def _fit(pixels: torch.Tensor, channels: int, height: int, width: int, notes: set[str]) -> torch.Tensor:
+    """Bring processor output to (N, channels, height, width), noting any conversion made."""
+    got = pixels.shape[1]
+    if got != channels:
+        if got == 3 and channels == 1:
+            pixels = pixels.mean(dim=1, keepdim=True)
+        elif got == 1 and channels == 3:
+            pixels = pixels.repeat(1, 3, 1, 1)
+        else:
+            raise DataError(f"processor gives {got} channels but the model expects {channels}")
+        notes.add(f"processor output converted from {got} to {channels} channels")
+    if tuple(pixels.shape[-2:]) != (height, width):
+        notes.add(f"processor output {tuple(pixels.shape[-2:])} resized to {height}x{width}")
+        pixels = F.interpolate(pixels, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
+    return pixels.contiguous()
+
+
+def preprocess_images(
+    images: Sequence[Any], processor: Any | None, shape: Mapping[str, Any], notes: set[str] | None = None
+) -> torch.Tensor:
+    """Turn decoded images into a float32 (N, C, H, W) tensor at `shape`.
+
+    Images are converted to grayscale ("L") or "RGB" as the processor's image_mean expects (else as the
+    model expects) and passed through the processor; without one they are converted to the model's
+    channels, resized, scaled to [0, 1] and normalized with mean 0.5 and std 0.5. Processor output at
+    another size or channel count than `shape` is adapted: RGB -> gray by channel mean, gray -> RGB by
+    repetition, bilinear resize (each noted).
+
+    Args:
+        images: PIL images, arrays, tensors or datasets {"bytes", "path"} dicts.
+        processor: A transformers image processor or None.
+        shape: {"channels", "height", "width"}.
+        notes: A set that collects notes on conversions made.
+
+    Returns:
+        float32 tensor (N, C, H, W).
+    """
+    notes = notes if notes is not None else set()
+    channels, height, width = int(shape["channels"]), int(shape["height"]), int(shape["width"])
+    modes = {1: "L", 3: "RGB", 4: "RGBA"}
+    if channels not in modes:
+        raise DataError(f"cannot build {channels}-channel inputs from images (supported: 1, 3, 4)")
+    if processor is None:
+        pil = [_to_pil(image, modes[channels]) for image in images]
+        return _fit(_fallback_pixels(pil, height, width), channels, height, width, notes)
+    mean = getattr(processor, "image_mean", None)
+    fed = len(mean) if isinstance(mean, (list, tuple)) and len(mean) in modes else channels
+    pil = [_to_pil(image, modes[fed]) for image in images]  # give the processor the channels it normalizes
+    try:
+        with quiet_hf():
+            pixels = processor(images=pil, return_tensors="pt")["pixel_values"]
+    except Exception as err:  # noqa: BLE001 - processors raise many types
+        raise DataError(f"the image processor failed: {one_line(err)}") from None
+    return _fit(torch.as_tensor(pixels).float(), channels, height, width, notes)
+
+
+def _split_indices(n: int, subset: int, calibration: int, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """Draw a seeded evaluation subset and a calibration set disjoint from it when the split allows."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    n_eval = min(subset, n)
+    eval_idx, rest = order[:n_eval], order[n_eval:]
+    note = ""
+    if subset > n:
+        note = f"split has {n} samples (< subset {subset}): evaluating on all of them. "
+    if len(rest) >= calibration:
+        calib_idx = rest[:calibration]
+    else:
+        extra = min(calibration, n) - len(rest)
+        calib_idx = np.concatenate([rest, rng.choice(eval_idx, size=extra, replace=False)])
+        note += (
+            f"only {len(rest)} samples outside the evaluation subset: {extra} calibration samples are "
+            "drawn from the evaluation subset"
+        )
+        if calibration > n:
+            note += f" (calibration capped at {n})"
+    return np.sort(eval_idx), np.sort(calib_idx), note.strip()
+
+
+def _encode(
+    ds: Any,
+    indices: np.ndarray,
+    image_column: str,
+    processor: Any | None,
+    shape: Mapping[str, Any],
+    notes: set[str],
+    bar: Any,
+) -> torch.Tensor:
+    channels, height, width = int(shape["channels"]), int(shape["height"]), int(shape["width"])
+    if len(indices) == 0:
+        return torch.zeros(0, channels, height, width)
+    images = ds.select_columns([image_column]).select(indices.tolist())
+    chunks = []
+    for start in range(0, len(images), BATCH):
+        batch = images[start : start + BATCH][image_column]
+        chunks.append(preprocess_images(batch, processor, shape, notes))
+        bar.update(len(batch))
+    return torch.cat(chunks)
+
+
+def _labels(
+    ds: Any, indices: np.ndarray, label_column: str, to_index: Callable[[Any], int], table: dict[int, int]
+) -> torch.Tensor:
+    raw = list(ds.select_columns([label_column]).select(indices.tolist())[label_column]) if len(indices) else []
+    out = []
+    for value in raw:
+        index = to_index(value)
+        if index < 0:
+            raise DataError("the split has unlabelled samples (label -1 or missing): use a labelled split")
+        if index not in table:
+            raise DataError(f"dataset class {index} has no entry in the label mapping")
+        out.append(table[index])
+    return torch.tensor(out, dtype=torch.long)
+
+
+def prepare_data(
+    ds: Any,
+    processor: Any | None,
+    shape: Mapping[str, Any],
+    mapping: Mapping[str, Any],
+    *,
+    out_path: str | Path,
+    subset: int = 512,
+    calibration: int = 64,
+    seed: int = 0,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    calibration_ds: Any | None = None,
+) -> dict[str, Any]:
+    """Preprocess a seeded evaluation subset and a calibration set into tensors saved with safetensors.
+
+    The evaluation subset holds `subset` samples (all when the split is smaller); the calibration set
+    holds `calibration` samples drawn from the rest, or partly from the evaluation subset (with a note)
+    when the split is too small. Labels are mapped to model class ids with `mapping`.
+
+    Args:
+        ds: A `datasets.Dataset`.
+        processor: The model's image processor, or None (resize + [0, 1] + normalize 0.5/0.5).
+        shape: {"channels", "height", "width"} from resolve_input_shape.
+        mapping: The dict returned by map_labels for this dataset's label names.
+        out_path: Where to write the .safetensors file (atomically).
+        subset: Evaluation samples.
+        calibration: Calibration samples.
+        seed: Seed of both draws.
+        image_column: Image column (detected when None).
+        label_column: Label column (detected when None).
+        calibration_ds: Another split (same columns and labels) to draw the calibration set from, so it never
+            overlaps the evaluation subset even when the evaluated split is small.
+
+    Returns:
+        {"path", "n_eval", "n_calib", "image_column", "label_column", "label_names", "note", "shape",
+        "seed", "calib_overlaps_eval", "sha256"}.
+
+    Raises:
+        DataError: Empty split, unlabelled samples, unusable images or columns.
+    """
+    from tqdm.auto import tqdm
+
+    image_column, label_column = detect_columns(ds, image_column, label_column)
+    n = len(ds)
+    if n == 0:
+        raise DataError("the split is empty")
+    names = label_names(ds, label_column)
+    eval_idx, calib_idx, note = _split_indices(n, subset, calibration, seed)
+    calib_src = ds
+    if calibration_ds is not None and len(calibration_ds) > 0:
+        calib_src = calibration_ds
+        eval_idx, _, eval_note = _split_indices(n, subset, 0, seed)
+        _, calib_idx, _ = _split_indices(len(calibration_ds), 0, calibration, seed)
+        note = f"{eval_note} calibration images drawn from another split ({len(calib_idx)} of {len(calibration_ds)})"
+    table, to_index = mapping_table(mapping), _label_indexer(ds, label_column, names)
+    eval_labels = _labels(ds, eval_idx, label_column, to_index, table)
+    calib_labels = _labels(calib_src, calib_idx, label_column, _label_indexer(calib_src, label_column, names), table)
+    notes: set[str] = set()
+    total = len(eval_idx) + len(calib_idx)
+    with tqdm(
+        total=total,
+        desc="preprocessing images",
+        unit="img",
+        file=sys.stderr,
+        leave=False,
+        disable=total < 256 or not sys.stderr.isatty(),
+    ) as bar:
+        eval_pixels = _encode(ds, eval_idx, image_column, processor, shape, notes, bar)
+        calib_pixels = _encode(calib_src, calib_idx, image_column, processor, shape, notes, bar)
+    note = " ".join([note, *sorted(notes)]).strip()
+    tensors = {
+        "eval_pixels": eval_pixels,
+        "eval_labels": eval_labels,
+        "calib_pixels": calib_pixels,
+        "calib_labels": calib_labels,
+        "eval_index": torch.from_numpy(eval_idx.astype(np.int64)),
+        "calib_index": torch.from_numpy(calib_idx.astype(np.int64)),
+    }
+    shape_list = [int(shape["channels"]), int(shape["height"]), int(shape["width"])]
+    _save(out_path, tensors, {"seed": seed, "shape": shape_list, "note": note})
+    overlap = calib_src is ds and bool(np.intersect1d(eval_idx, calib_idx).size)
+    logger.info("prepared %d evaluation and %d calibration images at %s", len(eval_idx), len(calib_idx), out_path)
+    return {
+        "path": str(out_path),
+        "n_eval": len(eval_idx),
+        "n_calib": len(calib_idx),
+        "image_column": image_column,
+        "label_column": label_column,
+        "label_names": names,
+        "note": note,
+        "shape": shape_list,
+        "seed": seed,
+        "calib_overlaps_eval": overlap,
+        "sha256": sha256_file(out_path),
+    }
+
+
+def _save(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
+    """Write tensors with safetensors through a temp file and os.replace (same inputs, same bytes)."""
+    from safetensors.torch import save
+
+    # One metadata key: safetensors keeps metadata in a hash map, so several keys come out in random order.
+    header = {"profiling_agent": json.dumps(metadata, sort_keys=True)}
+    write_bytes_atomic(path, save({k: v.contiguous() for k, v in tensors.items()}, metadata=header))
+
+
+def load_prepared(path: str | Path, with_indices: bool = False) -> dict[str, torch.Tensor]:
+    """Load tensors written by prepare_data.
+
+    Args:
+        path: The .safetensors file.
+        with_indices: Also return eval_index and calib_index (row numbers in the split).
+
+    Returns:
+        {"eval_pixels", "eval_labels", "calib_pixels", "calib_labels"} (+ the indices when asked).
+
+    Raises:
+        DataError: The file is missing or lacks a tensor.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"prepared data not found: {path}")
+    tensors = load_file(str(path))
+    keys = PREPARED_KEYS + (("eval_index", "calib_index") if with_indices else ())
+    missing = [k for k in keys if k not in tensors]
+    if missing:
+        raise DataError(f"{path} lacks tensors: {_listing(missing)}")
+    return {k: tensors[k] for k in keys}

@@ -1,0 +1,104 @@
+"""Evaluate one model outside a run: the `profiling-agent evaluate` command's work as a pure function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def evaluate_model(
+    model_ref: str,
+    dataset_ref: str,
+    *,
+    split: str = "test",
+    subset: int = 512,
+    seed: int = 0,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    device: str = "auto",
+    work_dir: Path,
+    warmup: int = 3,
+    repeats: int = 15,
+    latency_batch: int = 16,
+) -> dict[str, Any]:
+    """Load a model (hub id, folder, or saved artifact) and measure it on a seeded subset of a dataset.
+
+    Returns accuracy, latency (batch 1 and `latency_batch`), parameter and buffer bytes, weights size,
+    params and MACs, with the label-mapping method, as plain JSON values.
+    """
+    import torch
+
+    from profiling_agent.tools.data.labels import map_labels, wnids_from_config
+    from profiling_agent.tools.data.prepare import load_prepared, prepare_data
+    from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
+    from profiling_agent.tools.device import resolve_device
+    from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.evaluation.metrics import predict, top1
+    from profiling_agent.tools.models.artifacts import is_artifact
+    from profiling_agent.tools.models.input_shape import resolve_input_shape, verify_input_shape
+    from profiling_agent.tools.models.loading import load_model
+    from profiling_agent.tools.models.sizes import count_params, state_bytes
+    from profiling_agent.tools.profiling.static import static_profile
+
+    loaded = load_model(model_ref)
+    model = loaded.model
+    shape = resolve_input_shape(model, loaded.processor)
+    verify_input_shape(model, shape)
+    dataset = load_split(dataset_ref, split)
+    image_col, label_col = detect_columns(dataset, image_column, label_column)
+    names = label_names(dataset, label_col)
+    id2label = {int(k): str(v) for k, v in (model.config.id2label or {}).items()}
+    mapping = map_labels(names, id2label, model_wnids=wnids_from_config(model.config))
+    prepared = prepare_data(
+        dataset,
+        loaded.processor,
+        shape,
+        mapping,
+        subset=subset,
+        calibration=4,
+        seed=seed,
+        out_path=work_dir / "data.safetensors",
+        image_column=image_col,
+        label_column=label_col,
+    )
+    tensors = load_prepared(prepared["path"])
+    quantized = any("quantized" in type(m).__module__ for m in model.modules())
+    dev = "cpu" if quantized else str(resolve_device(device))
+    model = model.to(dev)
+    preds = predict(model, tensors["eval_pixels"], device=dev, allowed_ids=mapping.get("allowed_ids"))
+    lat = measure_latency(
+        {"model": model},
+        tensors["eval_pixels"][:latency_batch],
+        batch_size=latency_batch,
+        warmup=warmup,
+        repeats=repeats,
+        device=dev,
+    )["model"]
+    weights = Path(loaded.path) / "model.safetensors" if loaded.path and is_artifact(loaded.path) else None
+    if weights is None and loaded.path and Path(loaded.path).is_dir():
+        files = list(Path(loaded.path).glob("*.safetensors")) + list(Path(loaded.path).glob("*.bin"))
+        size_mb = sum(f.stat().st_size for f in files) / 1e6 if files else None
+    else:
+        size_mb = weights.stat().st_size / 1e6 if weights and weights.exists() else None
+    try:
+        macs = int(static_profile(model.to("cpu"), (shape["channels"], shape["height"], shape["width"]))["total_macs"])
+    except Exception:  # ptflops cannot count every quantized module: report what the artifact recorded
+        recipe = getattr(loaded, "recipe", None) or {}
+        macs = int((recipe.get("extra") or {}).get("macs", 0)) or None
+    return {
+        "model": model_ref,
+        "dataset": f"{dataset_ref}:{split}",
+        "n_samples": int(len(tensors["eval_labels"])),
+        "accuracy": top1(preds, tensors["eval_labels"]),
+        "latency_ms": lat["latency_ms"],
+        "latency_batch_ms": lat["latency_batch_ms"],
+        "batch_size": latency_batch,
+        "threads": torch.get_num_threads(),
+        "device": dev,
+        "memory_bytes": state_bytes(model),
+        "size_mb": size_mb,
+        "params": count_params(model),
+        "macs": macs,
+        "label_mapping": mapping["method"],
+        "restricted": bool(mapping.get("restricted")),
+    }

@@ -1,0 +1,95 @@
+"""Call an image classifier on a pixel tensor: logits, example inputs, devices and timed forward passes."""
+
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.profiling.summary import _PIXEL_KWARG
+
+
+def _takes_pixel_values(model: nn.Module) -> bool:
+    cls = type(model)
+    if cls not in _PIXEL_KWARG:
+        try:
+            _PIXEL_KWARG[cls] = "pixel_values" in inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            _PIXEL_KWARG[cls] = False
+    return _PIXEL_KWARG[cls]
+
+
+def forward_logits(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """Run `model` on a pixel batch and return its logits (HF `pixel_values=` call, or positional)."""
+    out = model(pixel_values=pixels) if _takes_pixel_values(model) else model(pixels)
+    logits = getattr(out, "logits", out)
+    if isinstance(logits, (tuple, list)):
+        logits = logits[0]
+    return logits
+
+
+class PixelWrapper(nn.Module):
+    """Wrap an image classifier so it takes one tensor and returns logits (what ptflops calls)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Return the wrapped model's logits."""
+        return forward_logits(self.model, pixels)
+
+
+def input_chw(input_shape: Sequence[int] | Mapping[str, Any]) -> tuple[int, int, int]:
+    """Normalize (C, H, W) or {"channels", "height", "width"} to a (C, H, W) tuple of ints."""
+    if isinstance(input_shape, Mapping):
+        shape = tuple(int(input_shape[k]) for k in ("channels", "height", "width"))
+    else:
+        shape = tuple(int(v) for v in input_shape)
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"input_shape must be (channels, height, width), got {input_shape!r}")
+    return shape  # type: ignore[return-value]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Return the device of the model's first parameter or buffer (CPU when it has none)."""
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def example_input(input_shape: Sequence[int] | Mapping[str, Any], *, batch: int = 1, seed: int = 0,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """Build a seeded standard-normal pixel batch of shape (batch, C, H, W)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn((batch, *input_chw(input_shape)), generator=generator).to(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_forward_ms(model: nn.Module, pixels: torch.Tensor) -> float:
+    """Time one forward pass in ms (synchronizing CUDA); call under torch.inference_mode()."""
+    _sync(pixels.device)
+    start = time.perf_counter()
+    forward_logits(model, pixels)
+    _sync(pixels.device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def median_forward_ms(model: nn.Module, pixels: torch.Tensor, *, warmup: int = 2, repeats: int = 5) -> float:
+    """Return the median forward latency in ms after `warmup` untimed runs."""
+    model.eval()
+    with torch.inference_mode():
+        for _ in range(warmup):
+            forward_logits(model, pixels)
+        return statistics.median(timed_forward_ms(model, pixels) for _ in range(max(repeats, 1)))

@@ -1,0 +1,267 @@
+"""Deterministic planner: pruning ratios from profiled cost and probed sensitivity, refined by feedback."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiling_agent.state import CompressionPlan, Objective, PruneEntry, QuantEntry
+
+
+@dataclass
+class PlannerConfig:
+    """Bounds of the deterministic planner."""
+
+    max_ratio_structured: float = 0.8  # never remove more than 80% of a group's channels
+    max_ratio_head: float = 0.75  # never remove more than 3 of 4 heads
+    gamma_start: float = 1.0  # sensitivity exponent in round 1
+    gamma_step_up: float = 0.5  # after a candidate missed the budget
+    gamma_step_down: float = 0.25  # after a candidate kept the budget
+    gamma_min: float = 0.5
+    gamma_max: float = 3.0
+    growth: float = 1.35  # scale of the target when nothing has failed yet
+    converge_tol: float = 0.01  # stop when the search interval is narrower than this
+    first_margin: float = 0.02  # round 1 aims this far past the target reduction
+
+
+@dataclass
+class PlanResult:
+    """A plan plus the planner's bookkeeping for the next round."""
+
+    plan: CompressionPlan
+    planner: str
+    target_estimate: float  # estimated fractional reduction of the objective's target
+    gamma: float
+    converged: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _share(cost: dict[str, Any], key: str) -> float:
+    return float(cost.get(f"{key}_share", 0.0) or 0.0)
+
+
+def _target_key(target: str) -> str:
+    return {"params": "params", "macs": "macs", "latency": "latency", "size": "params"}[target]
+
+
+def effective_ratio(units: int, min_units: int, ratio: float) -> float:
+    """Return the fraction of units that pruning at `ratio` really removes (floor, keeping min_units)."""
+    if units <= 0:
+        return 0.0
+    removed = min(math.floor(units * ratio + 1e-9), max(units - max(min_units, 1), 0))
+    return removed / units
+
+
+def group_weights(
+    groups: list[dict[str, Any]], costs: dict[str, dict[str, Any]], sensitivity: dict[str, dict[str, Any]], gamma: float
+) -> dict[str, float]:
+    """Weight each group by cost / damage**gamma, normalized to mean 1 over the groups."""
+    raw: dict[str, float] = {}
+    damages = [float(sensitivity.get(g["name"], {}).get("damage", 0.0)) for g in groups]
+    floor = max(1e-4, 0.05 * (sum(damages) / len(damages) if damages else 0.0))
+    for group in groups:
+        cost = costs.get(group["name"], {})
+        c = 0.5 * _share(cost, "latency") + 0.5 * _share(cost, "macs") or _share(cost, "params") or 1e-6
+        d = float(sensitivity.get(group["name"], {}).get("damage", 0.0)) + floor
+        raw[group["name"]] = c / d**gamma
+    mean = sum(raw.values()) / len(raw) if raw else 1.0
+    return {k: v / mean for k, v in raw.items()} if mean > 0 else dict.fromkeys(raw, 1.0)
+
+
+def _ratios_at(level: float, groups, weights, config: PlannerConfig) -> dict[str, float]:
+    out = {}
+    for g in groups:
+        cap = config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured
+        out[g["name"]] = min(cap, level * weights[g["name"]])
+    return out
+
+
+def estimate_reduction(
+    ratios: dict[str, float], groups: list[dict[str, Any]], costs: dict[str, dict[str, Any]], target: str
+) -> float:
+    """Estimate the fractional reduction of `target` from per-group ratios and group cost shares."""
+    key = _target_key(target)
+    total = 0.0
+    for g in groups:
+        r = effective_ratio(int(g["units"]), int(g.get("min_units", 1)), ratios.get(g["name"], 0.0))
+        total += r * _share(costs.get(g["name"], {}), key)
+    return total
+
+
+def solve_ratios(
+    goal: float, groups, costs, weights, target: str, config: PlannerConfig
+) -> tuple[dict[str, float], float]:
+    """Bisect a common level so the estimated reduction reaches `goal`; return ratios and their estimate."""
+    lo, hi = 0.0, 1.0
+    while estimate_reduction(_ratios_at(hi, groups, weights, config), groups, costs, target) < goal and hi < 1e3:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if estimate_reduction(_ratios_at(mid, groups, weights, config), groups, costs, target) >= goal:
+            hi = mid
+        else:
+            lo = mid
+    ratios = _ratios_at(hi, groups, weights, config)
+    return ratios, estimate_reduction(ratios, groups, costs, target)
+
+
+def max_feasible(groups, costs, target: str, config: PlannerConfig) -> float:
+    """Return the largest reduction the ratio caps allow."""
+    caps = {g["name"]: config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured for g in groups}
+    return estimate_reduction(caps, groups, costs, target)
+
+
+def next_goal(
+    history: list[dict[str, Any]], objective: Objective, feasible: float, config: PlannerConfig
+) -> tuple[float, float, bool, str]:
+    """Choose this round's goal and gamma from earlier rounds; return (goal, gamma, converged, why)."""
+    if not history:  # a small margin: the estimate ignores biases and norms, which are not pruned
+        goal = min(objective.target_reduction + config.first_margin, feasible)
+        return goal, config.gamma_start, False, f"round 1 aims at the objective's {goal:.0%} reduction"
+    passes = [h["goal"] for h in history if h["passed"]]
+    fails = [h["goal"] for h in history if not h["passed"]]
+    rejected = [h["goal"] for h in history if h.get("rejected")]
+    if rejected:  # a reviewer's "no" caps the search, even at a level that kept the accuracy budget
+        passes = [p for p in passes if p < min(rejected)]
+    last = history[-1]
+    step = config.gamma_step_down if last["passed"] else -config.gamma_step_up
+    gamma = min(config.gamma_max, max(config.gamma_min, last["gamma"] - step))
+    lo = max(passes, default=0.0)
+    above = [f for f in fails if f > lo]
+    if above:
+        hi = min(above)
+        if hi - lo < config.converge_tol:
+            return lo, gamma, True, f"search interval [{lo:.1%}, {hi:.1%}] is below tolerance"
+        goal = (lo + hi) / 2
+        why = f"bisecting between {lo:.1%} (kept the budget) and {hi:.1%} (missed it)"
+    else:
+        goal = min(feasible, max(lo * config.growth, lo + 0.05))
+        if goal - lo < config.converge_tol:
+            return lo, gamma, True, f"already at the largest feasible reduction {feasible:.1%}"
+        why = f"every round kept the budget: pushing from {lo:.1%} to {goal:.1%}"
+    if not passes and fails:
+        why = f"backing off from {min(fails):.1%}, which missed the budget: trying {goal:.1%}"
+    return goal, gamma, False, why
+
+
+def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], rank: int, n: int, ratio: float) -> str:
+    units, min_units = int(group["units"]), int(group.get("min_units", 1))
+    removed = round(effective_ratio(units, min_units, ratio) * units)
+    what = "heads" if group["kind"] == "head" else "channels"
+    return (
+        f"{group['name']}: {_share(cost, 'latency'):.1%} of latency, {_share(cost, 'macs'):.1%} of MACs, "
+        f"{_share(cost, 'params'):.1%} of params; probe damage {float(sens.get('damage', 0.0)):.3g} "
+        f"(rank {rank}/{n}, 1 = least sensitive); removes {removed} of {units} {what}"
+    )
+
+
+def quantization_slowed(history: list[dict[str, Any]], tolerance: float = 0.97) -> dict[str, Any] | None:
+    """Return the latest round whose quantization made the pruned model slower at batch 1 and batch N."""
+    for h in reversed(history):
+        q1, qn = h.get("quant_speedup"), h.get("quant_speedup_batch")
+        if q1 is not None and qn is not None:
+            return h if q1 < tolerance and qn < tolerance else None
+    return None
+
+
+def _quant_entries(quantize: str, history: list[dict[str, Any]], target: str) -> tuple[list[QuantEntry], str]:
+    if quantize == "none":
+        return [], ""
+    slow = quantization_slowed(history) if target != "size" else None
+    if slow:
+        note = (
+            f"quantization dropped: in round {slow.get('iteration', '?')} it made the pruned model slower "
+            f"({slow['quant_speedup']:.2f}x at batch 1, {slow['quant_speedup_batch']:.2f}x at batch N, measured "
+            "side by side); this model's Linear layers are too small for dynamic quantization to pay off"
+        )
+        return [], note
+    why = (
+        "Dynamic quantization of every nn.Linear: weights stored in "
+        f"{'int8' if quantize == 'qint8' else 'float16'}, activations quantized on the fly; needs no "
+        "calibration data and leaves convolutions untouched."
+    )
+    return [QuantEntry(layer="all", dtype=quantize, justification=why)], ""
+
+
+def plan_round(
+    groups: list[dict[str, Any]],
+    costs: dict[str, dict[str, Any]],
+    sensitivity: dict[str, dict[str, Any]],
+    objective: Objective,
+    history: list[dict[str, Any]],
+    config: PlannerConfig | None = None,
+) -> PlanResult:
+    """Plan one round.
+
+    Args:
+        groups: Prunable groups as dicts (name, kind, module, units, min_units).
+        costs: Per-group cost shares from the profile (`*_share` keys for params, macs, latency).
+        sensitivity: Per-group probe results with a `damage` score (higher hurts more).
+        objective: The run's objective.
+        history: Earlier rounds as dicts with `goal`, `gamma`, `passed` (kept the accuracy budget) and, when
+            the round was quantized, `quant_speedup`/`quant_speedup_batch` (pruned fp32 latency / quantized).
+        config: Planner bounds.
+
+    Returns:
+        The plan (valid by construction), the estimated reduction and the gamma used.
+    """
+    config = config or PlannerConfig()
+    if not groups:
+        quant, _ = _quant_entries(objective.quantize, history, objective.target)
+        plan = CompressionPlan(
+            pruning=[],
+            quantization=quant,
+            rationale="The family adapter found no prunable groups; only quantization applies.",
+        )
+        return PlanResult(plan, "deterministic", 0.0, config.gamma_start, converged=bool(history))
+    feasible = max_feasible(groups, costs, objective.target, config)
+    goal, gamma, converged, why = next_goal(history, objective, feasible, config)
+    last = history[-1] if history else None
+    repeat_of = None
+    if last and last["passed"] and objective.target != "size" and quantization_slowed(history) is last:
+        # the last plan kept the budget but its quantization cost speed: same pruning, quantization dropped
+        goal, gamma, converged = last["goal"], last["gamma"], False
+        repeat_of = last
+        why = f"repeating round {last.get('iteration', '?')}'s pruning, which kept the budget, without quantization"
+    weights = group_weights(groups, costs, sensitivity, gamma)
+    ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config)
+    order = sorted(groups, key=lambda g: float(sensitivity.get(g["name"], {}).get("damage", 0.0)))
+    rank = {g["name"]: i + 1 for i, g in enumerate(order)}
+    entries = []
+    emitted: dict[str, float] = {}
+    for group in groups:
+        ratio = math.ceil(ratios[group["name"]] * 1e4) / 1e4  # round up: never below the solved level
+        if effective_ratio(int(group["units"]), int(group.get("min_units", 1)), ratio) <= 0:
+            continue
+        ratio = min(max(ratio, 1e-4), 0.99)
+        emitted[group["name"]] = ratio
+        entries.append(
+            PruneEntry(
+                layer=f"^{re.escape(group['module'])}$",
+                type=group["kind"],
+                ratio=ratio,
+                justification=_justify(
+                    group,
+                    costs.get(group["name"], {}),
+                    sensitivity.get(group["name"], {}),
+                    rank[group["name"]],
+                    len(groups),
+                    ratio,
+                ),
+            )
+        )
+    estimate = estimate_reduction(emitted, groups, costs, objective.target)
+    if repeat_of is not None:  # the same plan: keep its goal exactly, so the search sees one point, not two
+        estimate = repeat_of["goal"]
+    rationale = (
+        f"Deterministic planner: {why}. Ratios follow cost share / probe damage^{gamma:.2f} with a common level "
+        f"chosen so the estimated {objective.target} reduction is {estimate:.1%} (largest feasible "
+        f"{feasible:.1%}); {len(entries)} of {len(groups)} groups pruned."
+    )
+    quant, quant_note = _quant_entries(objective.quantize, history, objective.target)
+    if quant_note:
+        rationale += f" Note: {quant_note}."
+    plan = CompressionPlan(pruning=entries, quantization=quant, rationale=rationale)
+    return PlanResult(plan, "deterministic", estimate, gamma, converged=converged, notes=[why])

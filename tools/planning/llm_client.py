@@ -1,0 +1,205 @@
+"""The OpenAI-compatible chat client of the LLM agents: configuration, deadlines, usage and transcripts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain_core.messages import AIMessage, BaseMessage
+
+from profiling_agent.state import Context
+
+logger = logging.getLogger(__name__)
+
+Stage = Literal["parse", "guard", "timeout", "error", "tool_loop"]
+
+
+class PlannerFailure(Exception):
+    """The LLM could not deliver a valid plan; carries the fallback stage and the rejected answers."""
+
+    def __init__(self, stage: Stage, reason: str, rejected: list[dict[str, Any]] | None = None):
+        super().__init__(reason)
+        self.stage, self.reason, self.rejected = stage, reason, list(rejected or [])
+
+
+# ---------------------------------------------------------------- transcript
+
+
+class Transcript:
+    """Append-only JSON-lines log of one planning step (prompts, replies, tool calls, guard verdicts)."""
+
+    def __init__(self, path: Path | None, rel: str | None, iteration: int):
+        self.path, self.rel, self.iteration = path, rel, iteration
+
+    @classmethod
+    def open(cls, run_path: str, iteration: int) -> Transcript:
+        """Start (truncate) `run_path/iter_NN/llm_transcript.jsonl`; a re-run step overwrites its transcript."""
+        if not run_path:
+            return cls(None, None, iteration)
+        rel = f"iter_{iteration:02d}/llm_transcript.jsonl"
+        path = Path(run_path) / rel
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("", encoding="utf-8")
+        except OSError as exc:
+            logger.warning("LLM transcript disabled: %s", exc)
+            return cls(None, None, iteration)
+        return cls(path, rel, iteration)
+
+    def write(self, event: str, **data: Any) -> None:
+        """Append one event; a failing disk never stops planning."""
+        if self.path is None:
+            return
+        record = {"time": round(time.time(), 3), "iteration": self.iteration, "event": event, **data}
+        try:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record, default=str) + "\n")
+        except OSError as exc:
+            logger.warning("LLM transcript write failed: %s", exc)
+            self.path = None
+
+
+def message_text(message: BaseMessage) -> str:
+    """Return a message's text (string content, or the text blocks of a list content)."""
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts = [b.get("text", "") if isinstance(b, dict) else str(b) for b in content or []]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def empty_usage() -> dict[str, int]:
+    """Return a zeroed token-usage counter."""
+    return {"calls": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+
+
+def add_usage(total: dict[str, int], reply: AIMessage) -> None:
+    """Add one reply's `usage_metadata` (when the server reported it) to `total`, in place."""
+    total["calls"] = total.get("calls", 0) + 1
+    usage = getattr(reply, "usage_metadata", None) or {}
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        value = usage.get(key) if isinstance(usage, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            total[key] = total.get(key, 0) + value
+
+
+def _record_reply(transcript: Transcript, reply: AIMessage) -> None:
+    usage = getattr(reply, "usage_metadata", None)
+    transcript.write(
+        "reply",
+        content=message_text(reply),
+        tool_calls=[{"name": c.get("name"), "args": c.get("args"), "id": c.get("id")} for c in reply.tool_calls],
+        invalid_tool_calls=[dict(c) for c in getattr(reply, "invalid_tool_calls", []) or []],
+        usage=dict(usage) if usage else None,
+    )
+
+
+# ---------------------------------------------------------------- calling the model
+
+
+def llm_base_url(ctx: Context) -> str:
+    """Return the configured endpoint: the context's base URL, else $OPENAI_BASE_URL, else ""."""
+    return ctx.llm_base_url or os.environ.get("OPENAI_BASE_URL") or ""
+
+
+def llm_configured(ctx: Context) -> bool:
+    """Return True when an OpenAI-compatible endpoint or an API key is configured."""
+    return bool(llm_base_url(ctx) or os.environ.get(ctx.llm_api_key_env))
+
+
+def missing_llm_setting(ctx: Context) -> str:
+    """Name what to set so that an LLM is configured (for one-line errors and the console)."""
+    key = ctx.llm_api_key_env or "OPENAI_API_KEY"
+    return f"set OPENAI_BASE_URL or {key}, or pass --llm-base-url"
+
+
+def describe_endpoint(ctx: Context) -> str:
+    """Describe model and endpoint for humans: credentials in the URL are dropped, the key is never shown."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = llm_base_url(ctx)
+    if url:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return f"{ctx.llm_model} at {url or 'the OpenAI API'}"
+
+
+def planner_mode(requested: str, ctx: Context) -> tuple[str, str]:
+    """Resolve the objective's planner choice against the configuration.
+
+    Args:
+        requested: "llm", "auto", or a planner that never uses the LLM ("deterministic", a uniform baseline).
+        ctx: Run context (endpoint, key variable, model).
+
+    Returns:
+        ("llm", or the planner that runs without an LLM, a one-line explanation for the console and result.json).
+
+    Raises:
+        ValueError: `requested` is "llm" but no LLM is configured (the message names the missing setting).
+    """
+    if requested not in ("llm", "auto"):
+        return requested, f"{requested} planner (requested)"
+    if llm_configured(ctx):
+        return "llm", f"LLM planner, {describe_endpoint(ctx)} (requested {requested}; deterministic plan if it fails)"
+    if requested == "llm":
+        raise ValueError(f"--planner llm needs an LLM endpoint: {missing_llm_setting(ctx)}")
+    return "deterministic", f"deterministic planner (auto: no LLM configured; {missing_llm_setting(ctx)})"
+
+
+def build_chat_model(ctx: Context) -> Any:
+    """Build the OpenAI-compatible chat model from the run context (the key is read from the environment)."""
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model=ctx.llm_model,
+        base_url=llm_base_url(ctx) or None,
+        api_key=os.environ.get(ctx.llm_api_key_env) or "no-key",  # keyless local servers accept any key
+        temperature=ctx.llm_temperature,
+        timeout=ctx.llm_timeout,
+        max_retries=1,
+    )
+
+
+def request_deadline(ctx: Context) -> float:
+    """Seconds one model call may take in all: two attempts of `llm_timeout` plus a margin for backoff."""
+    return 2 * ctx.llm_timeout + min(5.0, ctx.llm_timeout)
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError) or any("Timeout" in cls.__name__ for cls in type(exc).__mro__)
+
+
+def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> AIMessage:
+    """Invoke `runnable` in a daemon thread and wait at most `deadline` seconds for its reply.
+
+    Raises:
+        PlannerFailure: stage "timeout" (deadline passed or a timeout error) or "error" (anything else).
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["reply"] = runnable.invoke(messages)
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="llm-request", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if thread.is_alive():
+        raise PlannerFailure("timeout", f"no reply within {deadline:.1f} s")
+    if "error" in box:
+        exc = box["error"]
+        stage = "timeout" if _is_timeout(exc) else "error"
+        raise PlannerFailure(stage, f"{type(exc).__name__}: {str(exc)[:300]}")
+    reply = box.get("reply")
+    if not isinstance(reply, AIMessage):
+        raise PlannerFailure("error", f"the model returned {type(reply).__name__}, not an AIMessage")
+    return reply

@@ -1,0 +1,331 @@
+"""LangChain tools the LLM planner calls to inspect the profile and check a plan before proposing it."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any, Literal
+
+from langchain_core.tools import BaseTool, tool
+
+from profiling_agent.tools.planning.plan_guard import GuardConfig, GuardVerdict, check_plan
+from profiling_agent.tools.planning.plan_parse import parse_plan_text
+from profiling_agent.tools.planning.regex_safety import regex_problem
+
+MAX_LISTED = 40  # rows listed by one tool answer
+MAX_TOOL_CHARS = 6000  # characters of one tool answer
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_round(v) for v in value]
+    return value
+
+
+def dump(value: Any) -> str:
+    """Serialize a tool answer as compact JSON (floats to 4 significant digits), cut to MAX_TOOL_CHARS."""
+    text = json.dumps(_round(value), separators=(",", ":"), default=str)
+    return text if len(text) <= MAX_TOOL_CHARS else text[: MAX_TOOL_CHARS - 20] + "...(truncated)"
+
+
+class PlanningData:
+    """The profile and probe results the tools read, indexed once per planning step."""
+
+    def __init__(self, profile: dict[str, Any], sensitivity: dict[str, Any], model_info: dict[str, Any] | None):
+        self.groups: list[dict[str, Any]] = list(profile.get("groups") or [])
+        self.costs: dict[str, dict[str, Any]] = dict(profile.get("group_costs") or {})
+        self.protected: list[str] = list(profile.get("protected") or [])
+        self.layers: list[dict[str, Any]] = list(profile.get("layers") or [])
+        self.totals: dict[str, Any] = dict(profile.get("totals") or {})
+        self.sensitivity = sensitivity or {}
+        self.model_info = model_info or {}
+        self.by_name = {g["name"]: g for g in self.groups}
+        self.member_of: dict[str, str] = {}
+        for group in self.groups:
+            for member in group.get("members") or [group["module"]]:
+                self.member_of.setdefault(member, group["name"])
+
+    def group_row(self, group: dict[str, Any]) -> dict[str, Any]:
+        """Describe one group: module, size, cost shares and probe damage."""
+        cost = self.costs.get(group["name"], {})
+        sens = self.sensitivity.get(group["name"], {})
+        return {
+            "group": group["name"],
+            "kind": group["kind"],
+            "module": group["module"],
+            "units": group["units"],
+            "unit_size": group.get("unit_size", 1),
+            "min_units": group.get("min_units", 1),
+            "params_share": cost.get("params_share", 0.0),
+            "macs_share": cost.get("macs_share", 0.0),
+            "latency_share": cost.get("latency_share", 0.0),
+            "damage": sens.get("damage"),
+            "acc_drop": sens.get("acc_drop"),
+        }
+
+    def is_protected(self, name: str) -> bool:
+        """Return True when `name` is a protected module or lies inside one."""
+        return any(name == p or name.startswith(p + ".") for p in self.protected if p)
+
+    def guard(self, plan_json: str) -> tuple[GuardVerdict, list[str]]:
+        """Parse plan text and run the guard; return (verdict, notes) or raise ValueError."""
+        plan, notes = parse_plan_text(plan_json)
+        verdict = check_plan(plan, self.groups, self.protected, self.costs, GuardConfig(), layers=self.layers)
+        return verdict, notes
+
+
+def _match_layers(data: PlanningData, pattern: str, kind: str) -> str:
+    problem = regex_problem(pattern)
+    if problem:
+        return f"error: {problem}"
+    compiled = re.compile(pattern)
+    hits = [g for g in data.groups if g["kind"] == kind and compiled.search(g["module"])]
+    guarded = [n for n in data.protected if compiled.search(n)]
+    if not hits:
+        other = [g["module"] for g in data.groups if g["kind"] != kind and compiled.search(g["module"])]
+        examples = [g["module"] for g in data.groups if g["kind"] == kind][:3]
+        hint = f" It matches {len(other)} group(s) of the other kind." if other else ""
+        return f"error: no {kind} group module matches {pattern!r}.{hint} {kind} modules look like: {examples}"
+    rows = [data.group_row(g) for g in hits]
+    total = {k: sum(float(r[k] or 0.0) for r in rows) for k in ("params_share", "macs_share", "latency_share")}
+    return dump({
+        "pattern": pattern,
+        "kind": kind,
+        "matched": len(hits),
+        "total_shares": total,
+        "groups": rows[:MAX_LISTED],
+        "protected_matches": guarded[:10],
+        "note": "a plan regex must not match protected modules" if guarded else "",
+    })
+
+
+def _layer_profile(data: PlanningData, top: int, sort_by: str) -> str:
+    if sort_by not in ("latency", "macs", "params"):
+        return "error: sort_by must be latency, macs or params"
+    top = max(1, min(int(top), MAX_LISTED))
+    key = {"latency": "latency_ms", "macs": "macs", "params": "params"}[sort_by]
+    rows = sorted(data.layers, key=lambda r: float(r.get(key) or 0.0), reverse=True)[:top]
+    total_params = float(data.totals.get("params") or 0.0)
+    out = []
+    for row in rows:
+        name = str(row.get("name", ""))
+        out.append({
+            "name": name,
+            "type": row.get("type"),
+            "params": row.get("params", 0),
+            "macs": row.get("macs", 0),
+            "latency_ms": row.get("latency_ms", 0.0),
+            "params_share": (row.get("params", 0) / total_params) if total_params else 0.0,
+            "macs_share": row.get("macs_share", 0.0),
+            "latency_share": row.get("latency_share", 0.0),
+            "group": data.member_of.get(name),
+            "protected": data.is_protected(name),
+        })
+    return dump({"sort_by": sort_by, "totals": data.totals, "layers": out})
+
+
+def _estimate_plan(data: PlanningData, plan_json: str) -> str:
+    try:
+        verdict, notes = data.guard(plan_json)
+    except ValueError as exc:
+        return f"error: {exc}"
+    linear = [r for r in data.layers if "Linear" in str(r.get("type", ""))]
+    quant = verdict.plan.quantization if verdict.plan else []
+    quantized = [r for r in linear if any(q.layer == "all" or re.search(q.layer, str(r["name"])) for q in quant)]
+    total_params = float(data.totals.get("params") or 0.0)
+    return dump({
+        "valid": verdict.ok,
+        "reasons": verdict.reasons,
+        "warnings": verdict.warnings + notes,
+        "predicted_reduction_from_pruning": verdict.estimate,
+        "group_ratios": verdict.ratios,
+        "quantized_linear_layers": len(quantized),
+        "quantized_params_share": sum(r.get("params", 0) for r in quantized) / total_params if total_params else 0.0,
+    })
+
+
+def _group_sensitivity(data: PlanningData, group: str) -> str:
+    if group == "all":
+        rows = sorted((data.group_row(g) for g in data.groups), key=lambda r: float(r["damage"] or 0.0))
+        return dump({"sorted_by": "damage (least sensitive first)", "groups": rows[:MAX_LISTED * 2]})
+    found = data.by_name.get(group) or next((g for g in data.groups if g["module"] == group), None)
+    if found is None:
+        names = [g["name"] for g in data.groups][:6]
+        return f"error: unknown group {group!r}; use a group name such as {names} or 'all'"
+    return dump({**data.group_row(found), "probe": data.sensitivity.get(found["name"], {})})
+
+
+def make_planning_tools(
+    profile: dict[str, Any],
+    sensitivity: dict[str, Any],
+    model_info: dict[str, Any] | None = None,
+    evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> list[BaseTool]:
+    """Build the planner's tools over one profile and probe result.
+
+    Args:
+        profile: The full profile.json dict (groups, group_costs, protected, layers, totals).
+        sensitivity: Probe results per group name (damage, kl, agreement, acc_drop, ratio).
+        model_info: Optional facts about the model (ref, family) shown by `model_overview`.
+        evaluate_fn: Optional callable applying a plan dict to a copy of the model and returning measured
+            metrics; adds the `evaluate_plan` tool.
+
+    Returns:
+        The tools; their functions never raise, they return "error: ..." strings the LLM can act on.
+    """
+    data = PlanningData(profile, sensitivity, model_info)
+
+    @tool(parse_docstring=True)
+    def match_layers(pattern: str, kind: Literal["structured", "head"]) -> str:
+        """List the prunable groups whose module name a plan regex would select (re.search), with their costs.
+
+        Args:
+            pattern: The regex exactly as it would appear in a pruning entry's "layer".
+            kind: The pruning entry's "type": "structured" (channels) or "head" (attention heads).
+        """
+        return _match_layers(data, pattern, kind)
+
+    @tool(parse_docstring=True)
+    def layer_profile(top: int = 15, sort_by: Literal["latency", "macs", "params"] = "latency") -> str:
+        """Show the most expensive layers of the profiled model, with their group and protection status.
+
+        Args:
+            top: How many layers to list (1 to 40).
+            sort_by: Rank by "latency" (module self time), "macs" or "params".
+        """
+        return _layer_profile(data, top, sort_by)
+
+    @tool(parse_docstring=True)
+    def estimate_plan(plan_json: str) -> str:
+        """Check a candidate plan without applying it: guard verdict and predicted params/MACs/latency reduction.
+
+        Args:
+            plan_json: The plan as a JSON object with "pruning", "quantization" and "rationale".
+        """
+        return _estimate_plan(data, plan_json)
+
+    @tool(parse_docstring=True)
+    def group_sensitivity(group: str) -> str:
+        """Show a group's probe result (damage, kl, agreement, acc_drop when pruned alone) and cost shares.
+
+        Args:
+            group: A group name such as "layers.3.mlp", its module name, or "all" for every group by damage.
+        """
+        return _group_sensitivity(data, group)
+
+    @tool
+    def model_overview() -> str:
+        """Summarize the model: totals, family, number of prunable groups per kind and protected modules."""
+        kinds: dict[str, int] = {}
+        for group in data.groups:
+            kinds[group["kind"]] = kinds.get(group["kind"], 0) + 1
+        return dump({"model": data.model_info, "totals": data.totals, "groups_per_kind": kinds,
+                     "protected": data.protected[:30]})
+
+    tools: list[BaseTool] = [match_layers, layer_profile, estimate_plan, group_sensitivity, model_overview]
+    if evaluate_fn is not None:
+        tools.append(_evaluate_tool(data, evaluate_fn))
+    return tools
+
+
+def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]]) -> BaseTool:
+    @tool(parse_docstring=True)
+    def evaluate_plan(plan_json: str) -> str:
+        """Apply a plan to a copy of the model and measure it (slow: use it once on your best candidate).
+
+        Args:
+            plan_json: The plan as a JSON object with "pruning", "quantization" and "rationale".
+        """
+        try:
+            verdict, _ = data.guard(plan_json)
+        except ValueError as exc:
+            return f"error: {exc}"
+        if not verdict.ok:
+            return dump({"valid": False, "reasons": verdict.reasons})
+        try:
+            return dump({"valid": True, "measured": evaluate_fn(verdict.plan.model_dump())})
+        except Exception as exc:  # noqa: BLE001 - an evaluation failure is an answer, not a crash
+            return f"error: evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
+
+    return evaluate_plan
+
+
+# ---------------------------------------------------------------- the evaluate_plan tool's real work
+
+MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
+
+
+def make_plan_evaluator(
+    load_baseline: Callable[[], Any],
+    pixels: Any,
+    labels: Any,
+    *,
+    allowed_ids: list[int] | None = None,
+    importance: str = "l2",
+    seed: int = 0,
+    max_calls: int = MAX_EVALUATIONS,
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Build `evaluate_fn` for the evaluate_plan tool: apply a plan to a fresh copy of the baseline and measure it.
+
+    Each call loads a fresh baseline, prunes it by the plan (self-checked), quantizes it as the plan says, and
+    measures top-1 and agreement on the calibration images (never the evaluation subset) and the parameter count.
+
+    Args:
+        load_baseline: Returns a fresh copy of the untouched baseline model.
+        pixels: Calibration images (N, C, H, W).
+        labels: Their labels (model label ids).
+        allowed_ids: Label ids the argmax may choose from (None: all).
+        importance: Channel/head importance for pruning.
+        seed: Seed for pruning.
+        max_calls: Evaluations allowed; later calls raise RuntimeError (returned to the LLM as an error).
+
+    Returns:
+        A callable taking a plan dict and returning measured metrics.
+    """
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.compression.quantization import quantize_model
+    from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+    from profiling_agent.tools.models.sizes import count_params
+
+    cache: dict[str, Any] = {"calls": 0}
+
+    def reference() -> tuple[Any, int]:
+        if "preds" not in cache:
+            model = load_baseline()
+            cache["preds"] = predict(model, pixels, allowed_ids=allowed_ids)
+            cache["params"] = count_params(model)
+        return cache["preds"], cache["params"]
+
+    def evaluate(plan: dict[str, Any]) -> dict[str, Any]:
+        if cache["calls"] >= max_calls:
+            raise RuntimeError(f"evaluation budget used up ({max_calls} per step); answer with your plan")
+        cache["calls"] += 1
+        base_preds, base_params = reference()
+        model = load_baseline()
+        example = pixels[:1].clone()
+        report = prune_model(model, plan.get("pruning") or [], example, importance=importance, seed=seed)
+        self_check(model, example, int(model.config.num_labels))
+        params = count_params(model)
+        quantized, layers = quantize_model(model, plan.get("quantization") or [])
+        preds = predict(quantized, pixels, allowed_ids=allowed_ids)
+        base_acc, acc = top1(base_preds, labels), top1(preds, labels)
+        return {
+            "images": int(len(labels)),
+            "calib_accuracy": acc,
+            "baseline_calib_accuracy": base_acc,
+            "accuracy_drop_pp": base_acc - acc,
+            "agreement": agreement(preds, base_preds),
+            "params": params,
+            "params_reduction": 1 - params / max(base_params, 1),
+            "groups_pruned": sum(a["units_before"] != a["units_after"] for a in report.applied),
+            "quantized_linear_layers": len(layers),
+            "evaluations_left": max_calls - cache["calls"],
+        }
+
+    return evaluate

@@ -1,0 +1,247 @@
+"""Guard for untrusted (LLM-proposed) compression plans: schema, regex safety, targets and bounds."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
+from profiling_agent.tools.planning.deterministic import effective_ratio, estimate_reduction
+from profiling_agent.tools.planning.regex_safety import regex_problem, slow_patterns
+
+
+@dataclass
+class GuardConfig:
+    """Bounds an LLM plan must respect before it is applied."""
+
+    min_ratio: float = 0.01  # smaller ratios remove nothing worth a pruning pass
+    max_ratio_structured: float = 0.8  # the paper's GPT-4-Turbo plans pruned 0.95 and destroyed accuracy
+    max_ratio_head: float = 0.75  # keep at least one head in four
+    max_predicted_param_reduction: float = 0.9  # estimated from group sizes and cost shares
+    max_regex_len: int = MAX_REGEX_LEN  # characters per layer regex
+    max_entries: int = 256  # pruning plus quantization entries
+    allowed_dtypes: tuple[str, ...] = ("qint8", "float16")  # dynamic quantization weight dtypes
+    match_time_budget: float = 1.0  # seconds for all regex searches in a child process; 0 skips that check
+
+
+@dataclass
+class GuardVerdict:
+    """The guard's decision on one plan.
+
+    Attributes:
+        ok: True when the plan may be applied.
+        plan: The validated plan when `ok`, else None.
+        reasons: Why the plan was rejected, one short sentence each (sent back to the LLM).
+        warnings: Non-fatal remarks (e.g. a ratio too small to remove one unit).
+        ratios: Requested ratio per targeted group (later entries override earlier ones).
+        estimate: Predicted fractional reduction of params, macs and latency from pruning alone.
+    """
+
+    ok: bool
+    plan: CompressionPlan | None
+    reasons: list[str]
+    warnings: list[str] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)
+    estimate: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the verdict without the plan as JSON-ready data (for transcripts)."""
+        return {
+            "ok": self.ok,
+            "reasons": list(self.reasons),
+            "warnings": list(self.warnings),
+            "ratios": dict(self.ratios),
+            "estimate": dict(self.estimate),
+        }
+
+
+# ---------------------------------------------------------------- plan checks
+
+
+def _schema_reasons(error: ValidationError) -> list[str]:
+    reasons = []
+    for item in error.errors()[:12]:
+        where = ".".join(str(part) for part in item["loc"]) or "plan"
+        value = json.dumps(item.get("input"), default=str)[:60] if "input" in item else ""
+        reasons.append(f"{where}: {item['msg']}" + (f" (got {value})" if value else ""))
+    return reasons
+
+
+def _protected_names(protected: list[str], layer_names: list[str]) -> list[str]:
+    inside = [n for n in layer_names if any(n == p or n.startswith(p + ".") for p in protected if p)]
+    return list(dict.fromkeys([*protected, *inside]))
+
+
+def _is_linear(row: dict[str, Any]) -> bool:
+    return "Linear" in str(row.get("type", ""))
+
+
+def _cap(kind: str, config: GuardConfig) -> float:
+    return config.max_ratio_head if kind == "head" else config.max_ratio_structured
+
+
+def _short(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+class _Checker:
+    """One plan's checks, collecting reasons and warnings."""
+
+    def __init__(
+        self,
+        plan: CompressionPlan,
+        groups: list[dict[str, Any]],
+        protected: list[str],
+        group_costs: dict[str, dict[str, Any]],
+        layers: list[dict[str, Any]] | None,
+        config: GuardConfig,
+    ):
+        self.plan, self.groups, self.costs, self.config = plan, groups, group_costs, config
+        self.layer_names = [str(r.get("name", "")) for r in layers or []]
+        self.linear_names = [str(r["name"]) for r in layers or [] if _is_linear(r)]
+        self.has_layers = layers is not None
+        self.protected = _protected_names(list(protected), self.layer_names)
+        self.reasons: list[str] = []
+        self.warnings: list[str] = []
+        self.compiled: dict[str, re.Pattern[str]] = {}
+
+    def _label(self, section: str, i: int, layer: str) -> str:
+        return f"{section}[{i}] layer {layer!r}"
+
+    def compile_all(self) -> None:
+        """Check every regex statically, then time the survivors in a child process."""
+        entries = [("pruning", i, e.layer) for i, e in enumerate(self.plan.pruning)]
+        entries += [("quantization", i, e.layer) for i, e in enumerate(self.plan.quantization) if e.layer != "all"]
+        safe = []
+        for section, i, layer in entries:
+            problem = regex_problem(layer, self.config.max_regex_len)
+            if problem:
+                self.reasons.append(f"{self._label(section, i, layer)}: {problem}")
+            else:
+                safe.append(layer)
+        safe = list(dict.fromkeys(safe))
+        subjects = list(dict.fromkeys([g["module"] for g in self.groups] + self.protected + self.layer_names))
+        slow = slow_patterns(safe, subjects, self.config.match_time_budget)
+        if slow is None:
+            self.warnings.append("regex timing check skipped (no child process)")
+            slow = []
+        for layer in slow:
+            self.reasons.append(f"layer {layer!r}: searching module names took longer than "
+                                f"{self.config.match_time_budget:g} s (catastrophic backtracking); simplify it")
+        self.compiled = {layer: re.compile(layer) for layer in safe if layer not in slow}
+
+    def check_pruning(self) -> dict[str, float]:
+        """Check ratios, targets and protection; return the requested ratio per targeted group."""
+        ratios: dict[str, float] = {}
+        for i, entry in enumerate(self.plan.pruning):
+            label = self._label("pruning", i, entry.layer)
+            cap = _cap(entry.type, self.config)
+            if entry.ratio < self.config.min_ratio:
+                self.reasons.append(f"{label}: ratio {entry.ratio:g} is below the minimum {self.config.min_ratio:g}")
+            if entry.ratio > cap:
+                self.reasons.append(f"{label}: ratio {entry.ratio:g} exceeds the {entry.type} cap {cap:g}")
+            pattern = self.compiled.get(entry.layer)
+            if pattern is None:
+                continue
+            hits = [g for g in self.groups if g["kind"] == entry.type and pattern.search(g["module"])]
+            guarded = [name for name in self.protected if pattern.search(name)]
+            if guarded:
+                self.reasons.append(f"{label}: matches protected module(s) {_short(guarded)}; anchor it to group "
+                                    f"modules only, e.g. '^{re.escape(self._example(entry.type))}$'")
+            if not hits:
+                self.reasons.append(self._no_match(label, entry.type, pattern))
+                continue
+            if all(effective_ratio(int(g["units"]), int(g.get("min_units", 1)), entry.ratio) <= 0 for g in hits):
+                self.warnings.append(f"{label}: ratio {entry.ratio:g} removes no unit from "
+                                     f"{_short([g['name'] for g in hits])}")
+            for group in hits:
+                ratios[group["name"]] = entry.ratio
+        return {g["name"]: ratios[g["name"]] for g in self.groups if g["name"] in ratios}
+
+    def _example(self, kind: str) -> str:
+        return next((g["module"] for g in self.groups if g["kind"] == kind), "module.name")
+
+    def _no_match(self, label: str, kind: str, pattern: re.Pattern[str]) -> str:
+        other = [g["name"] for g in self.groups if g["kind"] != kind and pattern.search(g["module"])]
+        if other:
+            other_kind = "structured" if kind == "head" else "head"
+            return f"{label}: matches no {kind} group, only {other[0]} (kind {other_kind}); change the type or regex"
+        examples = [g["module"] for g in self.groups if g["kind"] == kind][:2]
+        if not examples:
+            return f"{label}: this model has no {kind} groups"
+        return f"{label}: matches no {kind} group module; {kind} modules look like {_short(examples, 2)}"
+
+    def check_quantization(self) -> None:
+        """Check dtypes and that each regex selects at least one Linear layer."""
+        for i, entry in enumerate(self.plan.quantization):
+            label = self._label("quantization", i, entry.layer)
+            if entry.dtype not in self.config.allowed_dtypes:
+                self.reasons.append(f"{label}: dtype {entry.dtype!r} is not allowed "
+                                    f"({', '.join(self.config.allowed_dtypes)})")
+            pattern = self.compiled.get(entry.layer)
+            if entry.layer == "all" or pattern is None or not self.has_layers:
+                continue
+            if not any(pattern.search(name) for name in self.linear_names):
+                self.reasons.append(f"{label}: matches no nn.Linear layer (dynamic quantization only touches "
+                                    f"Linear layers, e.g. {_short(self.linear_names, 2) or 'none in this model'})")
+
+    def check_size(self, ratios: dict[str, float]) -> dict[str, float]:
+        """Bound the predicted parameter reduction; return the predicted reductions."""
+        estimate = {key: round(estimate_reduction(ratios, self.groups, self.costs, key), 4)
+                    for key in ("params", "macs", "latency")}
+        limit = self.config.max_predicted_param_reduction
+        if estimate["params"] > limit:
+            self.reasons.append(f"the plan would remove about {estimate['params']:.0%} of the parameters "
+                                f"(at most {limit:.0%}); lower the ratios")
+        if not self.plan.pruning and not self.plan.quantization:
+            self.reasons.append("the plan is empty: add pruning or quantization entries")
+        return estimate
+
+
+def check_plan(
+    plan: dict[str, Any] | CompressionPlan,
+    groups: list[dict[str, Any]],
+    protected: list[str],
+    group_costs: dict[str, dict[str, Any]],
+    config: GuardConfig | None = None,
+    *,
+    layers: list[dict[str, Any]] | None = None,
+) -> GuardVerdict:
+    """Validate a plan against the model's profile before anything is applied.
+
+    Args:
+        plan: The plan (a dict parsed from LLM output, or a CompressionPlan).
+        groups: Prunable groups as dicts (name, kind, module, units, min_units).
+        protected: Module names that must never be pruned (a regex matching them, or a layer inside them, fails).
+        group_costs: Per-group cost shares (`params_share`, `macs_share`, `latency_share`).
+        config: Bounds; defaults to GuardConfig().
+        layers: Profile layer rows (name, type); quantization regexes must match one of their Linear layers.
+            Without them only the quantization regexes' syntax is checked.
+
+    Returns:
+        A GuardVerdict; `plan` is set only when `ok`.
+    """
+    config = config or GuardConfig()
+    if isinstance(plan, dict):
+        n = sum(len(plan.get(k) or []) for k in ("pruning", "quantization") if isinstance(plan.get(k), list))
+        if n > config.max_entries:
+            return GuardVerdict(False, None, [f"the plan has {n} entries (at most {config.max_entries})"])
+    try:
+        parsed = plan if isinstance(plan, CompressionPlan) else CompressionPlan.model_validate(plan)
+    except ValidationError as exc:
+        return GuardVerdict(False, None, _schema_reasons(exc))
+    n = len(parsed.pruning) + len(parsed.quantization)
+    if n > config.max_entries:
+        return GuardVerdict(False, None, [f"the plan has {n} entries (at most {config.max_entries})"])
+    checker = _Checker(parsed, groups, protected, group_costs, layers, config)
+    checker.compile_all()
+    ratios = checker.check_pruning()
+    checker.check_quantization()
+    estimate = checker.check_size(ratios)
+    ok = not checker.reasons
+    return GuardVerdict(ok, parsed if ok else None, checker.reasons, checker.warnings, ratios, estimate)

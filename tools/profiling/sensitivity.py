@@ -1,0 +1,105 @@
+"""Cheap sensitivity probe: prune one group a little, measure how far the predictions move."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from profiling_agent.tools.compression.families.base import PrunableGroup
+
+log = logging.getLogger(__name__)
+
+
+@torch.inference_mode()
+def _logits(model: nn.Module, pixels: torch.Tensor, batch_size: int) -> torch.Tensor:
+    model.eval()
+    outs = [model(pixel_values=pixels[i : i + batch_size]).logits.float() for i in range(0, len(pixels), batch_size)]
+    return torch.cat(outs)
+
+
+def _restrict(logits: torch.Tensor, allowed_ids: list[int] | None) -> torch.Tensor:
+    if not allowed_ids:
+        return logits
+    mask = torch.full_like(logits, float("-inf"))
+    mask[:, allowed_ids] = 0.0
+    return logits + mask
+
+
+def compare_logits(reference: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor | None) -> dict[str, float]:
+    """Return KL(reference || logits), prediction agreement and accuracy drop (percentage points)."""
+    p_log = F.log_softmax(reference, dim=-1)
+    q_log = F.log_softmax(logits, dim=-1)
+    finite = torch.isfinite(p_log) & torch.isfinite(q_log)
+    kl_terms = torch.where(finite, p_log.exp() * (p_log - q_log), torch.zeros_like(p_log))
+    kl = float(kl_terms.sum(-1).mean())
+    ref_pred, pred = reference.argmax(-1), logits.argmax(-1)
+    out = {"kl": kl, "agreement": float((ref_pred == pred).float().mean() * 100)}
+    if labels is not None:
+        out["acc_drop"] = float(((ref_pred == labels).float().mean() - (pred == labels).float().mean()) * 100)
+    return out
+
+
+def probe_sensitivity(
+    model: nn.Module,
+    groups: list[PrunableGroup],
+    pixels: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    *,
+    ratio: float = 0.3,
+    allowed_ids: list[int] | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Prune each group alone at `ratio` (at least one unit) on a copy and measure the damage.
+
+    Args:
+        model: The baseline model (left untouched).
+        groups: Groups from the family adapter.
+        pixels: Calibration images (N, C, H, W).
+        labels: Their model label ids, or None.
+        ratio: Probe ratio per group.
+        allowed_ids: Restrict predictions to these ids (dataset classes that are a subset of the model's).
+        batch_size: Inference batch size.
+        seed: Seed for the pruning engine.
+        progress: Called as progress(done, total, group_name).
+
+    Returns:
+        Per group name: `damage` (KL divergence of the probed model's predictions from the baseline's, plus
+        the fraction of changed predictions), `kl`, `agreement`, `acc_drop`, `units_removed`, `ratio`.
+    """
+    from profiling_agent.tools.compression.pruning import prune_model
+
+    reference = _restrict(_logits(model, pixels, batch_size), allowed_ids)
+    example = pixels[:1]
+    results: dict[str, dict[str, Any]] = {}
+    for done, group in enumerate(groups):
+        probe = max(ratio, min(0.99, (1.0 + 1e-6) / max(group.units, 1)))
+        entry = {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe}
+        trial = copy.deepcopy(model)
+        try:
+            report = prune_model(trial, [entry], example, seed=seed)
+            removed = sum(a["units_before"] - a["units_after"] for a in report.applied if a["group"] == group.name)
+            stats = compare_logits(reference, _restrict(_logits(trial, pixels, batch_size), allowed_ids), labels)
+            damage = stats["kl"] + (100.0 - stats["agreement"]) / 100.0
+            results[group.name] = {**stats, "damage": damage, "units_removed": removed, "ratio": round(probe, 4)}
+        except Exception as exc:  # a group the engine cannot prune is maximally sensitive, not fatal
+            log.warning("sensitivity probe failed for %s: %s", group.name, exc)
+            results[group.name] = {"damage": float("inf"), "error": str(exc)[:300], "ratio": round(probe, 4)}
+        finally:
+            del trial
+        if progress:
+            progress(done + 1, len(groups), group.name)
+    finite = [r["damage"] for r in results.values() if r["damage"] != float("inf")]
+    cap = 10.0 * max(finite) if finite else 1.0
+    for r in results.values():  # keep JSON finite
+        if r["damage"] == float("inf"):
+            r["damage"] = cap
+    return results

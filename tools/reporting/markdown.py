@@ -1,0 +1,208 @@
+"""Text renderings of a run's result: the console table and report.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "pct":
+        return f"{value:.2f}"
+    if kind == "ms":
+        return f"{value:.2f}"
+    if kind == "x":
+        return f"{value:.2f}x"
+    if kind == "int":
+        return f"{int(value):,}"
+    if kind == "mb":
+        return f"{value:.3f}"
+    return str(value)
+
+
+def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Rows of the baseline-vs-candidates table (header first) for the CLI and the report."""
+    header = [
+        "model",
+        "top-1 %",
+        "agree %",
+        "lat b1 ms",
+        f"lat b{(result.get('baseline') or {}).get('batch_size') or 'N'} ms",
+        "speed",
+        "params",
+        "MACs",
+        "size MB",
+        "status",
+    ]
+    rows = [header]
+    base = result.get("baseline") or {}
+    rows.append(
+        [
+            "baseline",
+            _fmt(base.get("accuracy"), "pct"),
+            "100.00",
+            _fmt(base.get("latency_ms"), "ms"),
+            _fmt(base.get("latency_batch_ms"), "ms"),
+            "1.00x",
+            _fmt(base.get("params"), "int"),
+            _fmt(base.get("macs"), "int"),
+            _fmt(base.get("size_mb"), "mb"),
+            "",
+        ]
+    )
+    best_it = (result.get("best") or {}).get("iteration")
+    for c in result.get("candidates", []):
+        status = c["status"] if c["status"] != "ok" else ("best" if c["iteration"] == best_it else "")
+        rows.append(
+            [
+                f"iter {c['iteration']}",
+                _fmt(c.get("accuracy"), "pct"),
+                _fmt(c.get("agreement"), "pct"),
+                _fmt(c.get("latency_ms"), "ms"),
+                _fmt(c.get("latency_batch_ms"), "ms"),
+                _fmt(c.get("speedup"), "x"),
+                _fmt(c.get("params"), "int"),
+                _fmt(c.get("macs"), "int"),
+                _fmt(c.get("size_mb"), "mb"),
+                status,
+            ]
+        )
+    return rows
+
+
+def format_table(rows: list[list[str]]) -> str:
+    """Render rows as a fixed-width text table."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append(
+            "  ".join(
+                cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    """Render rows as a Markdown table."""
+    out = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" for _ in rows[0]) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(out)
+
+
+def md_text(text: Any, limit: int = 300) -> str:
+    """Make untrusted text (LLM answers, reasons quoting them) one inert Markdown line, cut to `limit` characters."""
+    flat = " ".join(str(text).split())
+    flat = flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    for raw, safe in (("\\", "\\\\"), ("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("`", "'"), ("|", "\\|"),
+                      ("[", "\\["), ("]", "\\]"), ("*", "\\*"), ("_", "\\_")):
+        flat = flat.replace(raw, safe)
+    return flat
+
+
+def md_code(text: Any, limit: int = 120) -> str:
+    """Render untrusted text as one inline code span (backticks and line breaks removed, cut to `limit`)."""
+    flat = " ".join(str(text).split()).replace("`", "'")
+    return "`" + (flat if len(flat) <= limit else flat[: limit - 3] + "...") + "`"
+
+
+def _llm_line(llm: dict[str, Any] | None) -> list[str]:
+    if not llm:
+        return []
+    usage = llm.get("usage") or {}
+    transcripts = ", ".join(md_code(t) for t in llm.get("transcripts") or []) or "-"
+    return [
+        f"- LLM: {md_text(llm.get('model'), 80)}, {usage.get('calls', 0)} calls, {usage.get('total_tokens', 0):,} "
+        f"tokens ({usage.get('input_tokens', 0):,} in, {usage.get('output_tokens', 0):,} out); transcripts "
+        f"{transcripts}; {len(llm.get('tool_errors') or [])} refused or failed tool calls"
+    ]
+
+
+def fallback_lines(fallbacks: list[dict[str, Any]]) -> list[str]:
+    """Render the "Planner fallbacks" section: per fallback its stage, reason, and each rejected item with why."""
+    if not fallbacks:
+        return []
+    lines = ["## Planner fallbacks", "",
+             "The LLM's plan was not applied in these iterations; the deterministic plan was used instead.", ""]
+    for f in fallbacks:
+        lines += [f"### Iteration {f.get('iteration', '-')}: {md_text(f.get('stage'), 40)}", "",
+                  f"Reason: {md_text(f.get('reason'))}", ""]
+        for n, item in enumerate(f.get("rejected") or [], 1):
+            reasons = "; ".join(md_text(r, 200) for r in (item.get("reasons") or [])[:6]) or "-"
+            lines.append(f"{n}. rejected at {md_text(item.get('stage'), 40)}: {reasons}")
+            lines.append(f"   - answer: {md_text(item.get('answer'), 240) or '(empty)'}")
+        for t in f.get("tool_errors") or []:
+            lines.append(f"- tool call {md_code(t.get('name'), 60)} refused: {md_text(t.get('error'), 200)}")
+        lines.append("")
+    return lines
+
+
+def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | None = None) -> str:
+    """Write report.md: goal, outcome, comparison table, plans with their justifications, profile highlights."""
+    obj = result.get("objective") or {}
+    best = result.get("best")
+    lines = [
+        f"# profiling-agent report: {result['thread_id']}",
+        "",
+        f"- Model: `{(result.get('model') or {}).get('ref')}` ({result.get('family')} adapter)",
+        f"- Dataset: `{(result.get('dataset') or {}).get('ref')}` split `{(result.get('dataset') or {}).get('split')}`,"
+        f" labels mapped by {result['labels'].get('method')}"
+        + (" (predictions restricted to the dataset's classes)" if result["labels"].get("restricted") else ""),
+        f"- Objective: reduce {obj.get('target')} by {obj.get('target_reduction', 0):.0%} within "
+        f"{obj.get('max_acc_drop')} pp top-1; rule `{obj.get('select')}`; at most {obj.get('iterations')} iterations",
+        f"- Planner: requested {result['planner']['requested']}, used {', '.join(result['planner']['used']) or '-'}"
+        f"; fallbacks: {len(result['planner']['fallbacks'])}"
+        + (f" ({md_text(result['planner']['mode_note'])})" if result["planner"].get("mode_note") else ""),
+        *_llm_line(result["planner"].get("llm")),
+        f"- Stopped: {result.get('stop_reason') or '-'}",
+        "",
+        "## Outcome",
+        "",
+    ]
+    if best:
+        base = result["baseline"]
+        lines += [
+            f"Best: iteration {best['iteration']} (saved in `best/`): top-1 {best['accuracy']:.2f}% vs "
+            f"{base['accuracy']:.2f}% ({-best['accuracy_drop']:+.2f} pp), {best['params']:,} vs {base['params']:,} "
+            f"params ({best['params'] / max(base['params'], 1) - 1:+.1%}), {best['size_mb']:.3f} vs "
+            f"{base['size_mb']:.3f} MB, {best['speedup']:.2f}x batch-1 speed (measured side by side)."
+            + ("" if best.get("within_budget") else " **No candidate stayed within the accuracy budget.**"),
+            "",
+        ]
+    else:
+        lines += ["No candidate finished.", ""]
+    lines += ["## Baseline vs candidates", "", markdown_table(comparison_rows(result)), ""]
+    lines += ["## Plans", ""]
+    for c in result.get("candidates", []):
+        plan = c.get("plan") or {}
+        lines += [f"### Iteration {c['iteration']} ({c.get('planner')}, {c['status']})", ""]
+        if c.get("error"):
+            lines += [f"Error: {c['error']}", ""]
+        if plan.get("rationale"):
+            lines += [plan["rationale"], ""]
+        if plan.get("pruning"):
+            lines += ["| layer | type | ratio | justification |", "|---|---|---|---|"]
+            lines += [
+                f"| `{e['layer']}` | {e['type']} | {e['ratio']:.3f} | {e.get('justification', '')} |"
+                for e in plan["pruning"]
+            ]
+            lines.append("")
+        for q in plan.get("quantization", []):
+            lines += [f"- quantize `{q['layer']}` {q['type']} {q['dtype']}: {q.get('justification', '')}"]
+        lines.append("")
+    lines += fallback_lines(result["planner"].get("fallbacks") or [])
+    if profile_summary:
+        lines += ["## Profile highlights", ""]
+        for row in (profile_summary.get("top_latency") or [])[:8]:
+            name = row.get("name")
+            share = row.get("latency_share")
+            lines.append(
+                f"- `{name}`: {row.get('latency_ms', 0):.3f} ms"
+                + (f" ({share:.1%} of latency)" if isinstance(share, (int, float)) else "")
+            )
+        lines.append("")
+    lines += ["## Versions", "", ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
+    return "\n".join(lines)

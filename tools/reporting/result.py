@@ -1,0 +1,161 @@
+"""result.json from a finished run's state: the numbers a user decides by."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+METRIC_KEYS = (
+    "accuracy",
+    "agreement",
+    "latency_ms",
+    "latency_batch_ms",
+    "speedup",
+    "size_mb",
+    "memory_bytes",
+    "params",
+    "macs",
+    "batch_size",
+    "threads",
+    "quant_speedup",
+    "quant_speedup_batch",
+    "pruned_latency_ms",
+)
+
+
+def _metrics(record: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: record.get(k) for k in METRIC_KEYS} if record else {}
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    from profiling_agent import __version__
+
+    return {
+        "profiling_agent": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _with_final_latency(metrics: dict[str, Any], final: dict[str, Any] | None, base: dict[str, Any] | None):
+    """Replace per-round latency by the final joint measurement, keeping the round's numbers beside it."""
+    if not final or not base or not metrics:
+        return metrics
+    out = {**metrics, "round_latency_ms": metrics.get("latency_ms"), "round_speedup": metrics.get("speedup")}
+    out["latency_ms"], out["latency_batch_ms"] = final["latency_ms"], final["latency_batch_ms"]
+    out["speedup"] = base["latency_ms"] / final["latency_ms"] if final["latency_ms"] > 0 else 0.0
+    out["speedup_batch"] = base["latency_batch_ms"] / final["latency_batch_ms"] if final["latency_batch_ms"] else 0.0
+    return out
+
+
+def planner_facts(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return how the planner choice resolved ("mode", "mode_note") and the LLM's transcripts and token usage.
+
+    Read from the analyze events of the state history; the last event of each iteration counts.
+    """
+    last: dict[int, dict[str, Any]] = {}
+    for item in history:
+        if item.get("node") == "analyze" and item.get("planner"):
+            last[int(item.get("iteration") or 0)] = item
+    events = [last[k] for k in sorted(last)]
+    if not events:
+        return {"mode": None, "mode_note": None, "llm": None}
+    steps = [e["llm"] for e in events if e.get("llm")]
+    llm = None
+    if steps:
+        usage = {k: sum(int((s.get("usage") or {}).get(k) or 0) for s in steps)
+                 for k in ("calls", "input_tokens", "output_tokens", "total_tokens")}
+        llm = {
+            "model": steps[-1].get("model"),
+            "transcripts": [s.get("transcript") for s in steps if s.get("transcript")],
+            "usage": usage,
+            "tool_errors": [{**t, "iteration": e["iteration"]} for e in events if e.get("llm")
+                            for t in e["llm"].get("tool_errors") or []],
+        }
+    return {"mode": events[-1]["planner"].get("mode"), "mode_note": events[-1]["planner"].get("note"), "llm": llm}
+
+
+def build_result(
+    state: dict[str, Any], thread_id: str, final_latency: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Assemble result.json from the final state (a dict of the State fields).
+
+    `final_latency` maps "baseline" and "iter_NN" to a joint side-by-side latency measurement taken at the
+    end of the run; when given, its numbers (and the speedups computed from them) are the ones reported.
+    """
+    final_latency = final_latency or {}
+    base_final = final_latency.get("baseline")
+    baseline_eval = state.get("baseline_eval")
+    if baseline_eval and base_final:
+        baseline_eval = {
+            **baseline_eval,
+            "latency_ms": base_final["latency_ms"],
+            "latency_batch_ms": base_final["latency_batch_ms"],
+            "speedup": 1.0,
+        }
+    candidates = []
+    for c in state.get("candidates", []):
+        candidates.append(
+            {
+                "iteration": c["iteration"],
+                "status": c["status"],
+                **_with_final_latency(
+                    _metrics(c.get("eval")), final_latency.get(f"iter_{c['iteration']:02d}"), base_final
+                ),
+                "plan": c.get("plan"),
+                "planner": c.get("planner"),
+                "llm": (c.get("planner_meta") or {}).get("llm"),
+                "applied": c.get("applied"),
+                "quantized": len(c.get("quantized") or []),
+                "path": (c.get("artifact") or {}).get("path"),
+                "sha256": (c.get("artifact") or {}).get("sha256"),
+                "error": c.get("error"),
+            }
+        )
+    best = state.get("best")
+    best_out = None
+    if best:
+        best_out = {
+            "iteration": best["iteration"],
+            **_with_final_latency(
+                _metrics(best.get("eval")), final_latency.get(f"iter_{best['iteration']:02d}"), base_final
+            ),
+            "rule": best.get("rule"),
+            "within_budget": best.get("within_budget"),
+            "reduction": best.get("reduction"),
+            "accuracy_drop": best.get("accuracy_drop"),
+            "plan": best.get("plan"),
+            "path": "best",
+            "source_path": (best.get("artifact") or {}).get("path"),
+        }
+    objective = state.get("objective") or {}
+    return {
+        "thread_id": thread_id,
+        "status": state.get("status"),
+        "stop_reason": state.get("stop_reason"),
+        "model": state.get("model"),
+        "dataset": state.get("dataset"),
+        "objective": objective,
+        "family": state.get("family"),
+        "input_shape": state.get("input_shape"),
+        "labels": {k: (state.get("labels") or {}).get(k) for k in ("method", "restricted", "allowed_ids")},
+        "planner": {
+            "requested": objective.get("planner"),
+            "used": sorted({c.get("planner") for c in state.get("candidates", []) if c.get("planner")}),
+            "fallbacks": state.get("fallbacks", []),
+            **planner_facts(state.get("history") or []),
+        },
+        "baseline": {**_metrics(baseline_eval), "path": (state.get("baseline") or {}).get("path")},
+        "best": best_out,
+        "candidates": candidates,
+        "latency_method": (
+            "final: baseline and all candidates measured together, interleaved, median of repeats"
+            if final_latency
+            else "per round: each candidate measured interleaved with the baseline"
+        ),
+        "versions": _versions(),
+    }

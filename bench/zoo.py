@@ -36,7 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from profiling_agent.tools.models.embedded import _versions, accuracy
+from profiling_agent.tools.models.embedded import accuracy
+from profiling_agent.tools.versions import versions
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_PACKAGE = "dataset-fashion-mnist"
@@ -304,7 +305,7 @@ def build_model(name: str, out: Path, data: dict[str, torch.Tensor], seed: int =
         "seed": seed,
         "fingerprint": spec_hash(name, len(data["y_train"]), seed),
         "spec": asdict(SPECS[name]),
-        "versions": _versions(),
+        "versions": versions("datasets", "scikit-learn"),
     }
     with atomic_dir(out / "models" / name) as tmp:
         model.save_pretrained(tmp)
@@ -395,8 +396,19 @@ def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, forc
             status = "cached"
         models[name] = {
             "path": str(out / "models" / name),
-            **{k: record[k] for k in ("family", "architecture", "params", "test_accuracy", "train_images", "epochs",
-                                      "build_seconds", "threads")},
+            **{
+                k: record[k]
+                for k in (
+                    "family",
+                    "architecture",
+                    "params",
+                    "test_accuracy",
+                    "train_images",
+                    "epochs",
+                    "build_seconds",
+                    "threads",
+                )
+            },
         }
         log(
             f"{status:6s} {name:6s} {record['architecture']:30s} acc={record['test_accuracy']:.2f}%  "
@@ -409,7 +421,7 @@ def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, forc
         "train_images": train_images,
         "seed": seed,
         "models": models,
-        "versions": _versions(),
+        "versions": versions("datasets", "scikit-learn"),
     }
     write_json_atomic(zoo_path, zoo)
     return zoo

@@ -7,6 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.text import percent
+
 MAX_PLAN_BYTES = 1_000_000
 
 
@@ -34,18 +36,15 @@ def pending_approval(snapshot: Any) -> dict[str, Any] | None:
     return None
 
 
-def _pct(value: Any) -> str:
-    return f"{float(value):.0%}" if isinstance(value, (int, float)) else "-"
-
-
 def format_request(request: dict[str, Any], run_path: Path) -> str:
     """Render an approval request: the plan's entries, its estimated reductions and where its file is."""
     est = request.get("estimate") or {}
     plan = request.get("plan") or {}
     lines = [
         f"iteration {request.get('iteration')}/{request.get('iterations')}: {request.get('planner')} plan waiting "
-        f"for approval (estimated pruning reduction: params {_pct(est.get('params'))}, MACs {_pct(est.get('macs'))}, "
-        f"latency {_pct(est.get('latency'))})"
+        "for approval (estimated pruning reduction: "
+        f"params {percent(est.get('params'), 0)}, MACs {percent(est.get('macs'), 0)}, "
+        f"latency {percent(est.get('latency'), 0)})"
     ]
     for entry in plan.get("pruning") or []:
         ratio = float(entry.get("ratio", 0))

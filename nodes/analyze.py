@@ -122,7 +122,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Plan this iteration: probe sensitivity once, then ask the planner for a plan from profile and feedback."""
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.io import read_json, write_json_atomic
-    from profiling_agent.tools.planning.deterministic import plan_round
+    from profiling_agent.tools.planning.deterministic import estimate_key, plan_round
     from profiling_agent.tools.planning.llm_client import planner_mode
 
     ctx = context_of(runtime)
@@ -159,8 +159,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     )
     goal = result.target_estimate
     if planner_used == "llm":  # feedback for later deterministic rounds: what the applied plan aimed at
-        key = {"size": "params"}.get(state.objective.target, state.objective.target)
-        goal = float(outcome.estimate.get(key, goal) or goal)
+        goal = float(outcome.estimate.get(estimate_key(state.objective.target), goal) or goal)
     meta = {"goal": goal, "gamma": result.gamma, "converged": result.converged}
     if llm_info:
         meta["llm"] = llm_info

@@ -99,13 +99,10 @@ def approval_request(state: State, thread_id: str, estimate: dict[str, float], n
     }
 
 
-def _target_key(target: str) -> str:
-    return {"size": "params"}.get(target, target)
-
-
 def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Pause for a human decision on this iteration's plan; record it and apply it (the node re-runs on resume)."""
     from profiling_agent.tools.io import read_json, write_json_atomic
+    from profiling_agent.tools.planning.deterministic import estimate_key
 
     it = state.iteration
     profile = read_json(run_dir(state) / "profile.json")
@@ -132,7 +129,7 @@ def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     write_json_atomic(folder / "plan.json", {"iteration": it, "planner": "human", "plan": plan, "edited": True})
     meta = dict(current.get("planner_meta") or {})
     if "goal" in meta:  # later deterministic rounds learn from what the applied plan aimed at
-        meta["goal"] = float(estimate.get(_target_key(state.objective.target), meta["goal"]))
+        meta["goal"] = float(estimate.get(estimate_key(state.objective.target), meta["goal"]))
     current.update({"planner_meta": meta, "review": {**review, "estimate": estimate}})
     counts = f"{len(plan['pruning'])} pruning and {len(plan['quantization'])} quantization entries"
     message = f"plan edited by the reviewer: {counts}"

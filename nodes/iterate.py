@@ -31,23 +31,9 @@ def finished_candidate(state: State) -> dict[str, Any]:
     return record
 
 
-def quantization_cost_speed(best: dict[str, Any] | None, candidates: list[dict[str, Any]], objective) -> bool:
-    """Return True when the best candidate is slower than the baseline because of its dynamic quantization.
-
-    Only while every candidate so far was quantized and size is not the target: the planner then drops
-    quantization (it reads the same side-by-side measurement), so one more round can find a faster model.
-    """
-    if not best or objective.target == "size" or objective.quantize == "none":
-        return False
-    ev = best.get("eval") or {}
-    slowed = ev.get("speedup", 1.0) < 1.0 and ev.get("quant_speedup", 1.0) < 0.97
-    slowed = slowed and ev.get("quant_speedup_batch", 1.0) < 0.97
-    return slowed and all(c.get("quantized") for c in candidates if c.get("status") == "ok")
-
-
 def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Append this iteration's candidate, re-select the best by the objective's rule, set the stop reason."""
-    from profiling_agent.tools.evaluation.selection import objective_met, select_best
+    from profiling_agent.tools.evaluation.selection import objective_met, quantization_cost_speed, select_best
 
     cand = finished_candidate(state)
     candidates = [*state.candidates, cand]

@@ -9,6 +9,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.planning.plan_guard import GuardConfig
+from profiling_agent.tools.text import human
 
 # The plan format of the paper's Figure 4 (plus a whole-plan rationale), shown verbatim to the LLM.
 # tests/test_llm_planner.py checks that its keys are exactly CompressionPlan's fields.
@@ -76,16 +77,6 @@ def _pct(value: Any) -> str:
         return "-"
 
 
-def _num(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    value = float(value)
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f}{unit}"
-    return f"{value:.0f}"
-
-
 def _fmt(value: Any, digits: int = 3) -> str:
     try:
         return f"{float(value):.{digits}g}"
@@ -97,7 +88,7 @@ def totals_line(totals: dict[str, Any]) -> str:
     """Render the model totals on one line."""
     latency = totals.get("latency_ms")
     return (
-        f"Totals: {_num(totals.get('params'))} params, {_num(totals.get('macs'))} MACs per image, "
+        f"Totals: {human(totals.get('params'))} params, {human(totals.get('macs'))} MACs per image, "
         f"{_fmt(latency)} ms batch-1 latency (median)."
     )
 
@@ -108,7 +99,7 @@ def top_layers_table(layers: list[dict[str, Any]], top: int = TOP_LAYERS) -> str
     lines = ["layer | type | params | MACs | ms | lat% | MACs%"]
     for r in rows:
         lines.append(
-            f"{r.get('name')} | {r.get('type')} | {_num(r.get('params'))} | {_num(r.get('macs'))} | "
+            f"{r.get('name')} | {r.get('type')} | {human(r.get('params'))} | {human(r.get('macs'))} | "
             f"{_fmt(r.get('latency_ms'))} | {_pct(r.get('latency_share'))} | {_pct(r.get('macs_share'))}"
         )
     return "\n".join(lines)
@@ -152,16 +143,27 @@ def regex_families(groups: list[dict[str, Any]], protected: list[str]) -> list[d
     out = []
     for (kind, texts), members in families.items():
         slots = [re.split(r"(\d+)", m["module"])[1::2] for m in members]
-        regex = "^" + "".join(
-            re.escape(text) + (_slot([s[i] for s in slots]) if i < len(slots[0]) else "")
-            for i, text in enumerate(texts)
-        ) + "$"
+        regex = (
+            "^"
+            + "".join(
+                re.escape(text) + (_slot([s[i] for s in slots]) if i < len(slots[0]) else "")
+                for i, text in enumerate(texts)
+            )
+            + "$"
+        )
         compiled = re.compile(regex)
         selected = [g["name"] for g in groups if g["kind"] == kind and compiled.search(g["module"])]
         if sorted(selected) != sorted(m["name"] for m in members) or any(compiled.search(p) for p in protected):
             continue
-        out.append({"regex": regex, "kind": kind, "count": len(members), "first": members[0]["name"],
-                    "last": members[-1]["name"]})
+        out.append(
+            {
+                "regex": regex,
+                "kind": kind,
+                "count": len(members),
+                "first": members[0]["name"],
+                "last": members[-1]["name"],
+            }
+        )
     return out
 
 
@@ -193,8 +195,11 @@ def name_templates(names: list[str]) -> list[str]:
         families.setdefault(tuple(parts[0::2]), []).append(parts[1::2])
     out = []
     for texts, slots in families.items():
-        out.append("".join(t + (_display_slot([s[i] for s in slots]) if i < len(slots[0]) else "")
-                           for i, t in enumerate(texts)))
+        out.append(
+            "".join(
+                t + (_display_slot([s[i] for s in slots]) if i < len(slots[0]) else "") for i, t in enumerate(texts)
+            )
+        )
     return out
 
 
@@ -237,7 +242,7 @@ def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_in
 def objective_block(objective: Objective) -> str:
     """Render the objective: target, target reduction, accuracy budget and the quantization choice."""
     quant = (
-        "no quantization (the user disabled it: leave \"quantization\" empty)"
+        'no quantization (the user disabled it: leave "quantization" empty)'
         if objective.quantize == "none"
         else f"dynamic {objective.quantize} quantization of the Linear layers (include it in the plan)"
     )

@@ -16,15 +16,10 @@ from profiling_agent.tools.io import sha256_path
 from profiling_agent.tools.models.artifact_load import load_artifact
 from profiling_agent.tools.models.artifacts import ArtifactError, is_artifact, save_artifact
 from profiling_agent.tools.models.dynamic_quant import quiet_ao_quantization
+from profiling_agent.tools.models.forward import batched_logits
 from profiling_agent.tools.models.sizes import count_params
 
 # ---------------------------------------------------------------- helpers
-
-
-def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    model.eval()
-    with torch.inference_mode():
-        return model(x).logits
 
 
 def _images(channels: int = 1, seed: int = 1) -> torch.Tensor:
@@ -97,11 +92,11 @@ def _vit_processor():
 
 
 def _round_trip(model: nn.Module, folder, x: torch.Tensor, **kwargs):
-    want = _logits(model, x)
+    want = batched_logits(model, x)
     ref = save_artifact(model, folder, **kwargs)
     loaded = load_artifact(folder)
     assert not loaded.model.training
-    assert torch.equal(_logits(loaded.model, x), want)
+    assert torch.equal(batched_logits(loaded.model, x), want)
     return ref, loaded
 
 
@@ -280,7 +275,7 @@ def test_loading_never_unpickles(tiny_vit, tmp_path, monkeypatch):
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "loads", refuse)
     loaded = load_artifact(tmp_path / "a")
-    assert torch.equal(_logits(loaded.model, _images()), _logits(quantized, _images()))
+    assert torch.equal(batched_logits(loaded.model, _images()), batched_logits(quantized, _images()))
 
 
 def test_saving_again_replaces_the_folder(tiny_vit, tmp_path):

@@ -64,8 +64,10 @@ def _next_is(node: str | tuple[str, ...], iteration: int | None = None):
     nodes = (node,) if isinstance(node, str) else node
 
     def check(snap) -> bool:
-        return len(snap.next) == 1 and snap.next[0] in nodes and (
-            iteration is None or snap.values.get("iteration") == iteration
+        return (
+            len(snap.next) == 1
+            and snap.next[0] in nodes
+            and (iteration is None or snap.values.get("iteration") == iteration)
         )
 
     return check

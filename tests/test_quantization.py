@@ -9,17 +9,12 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from profiling_agent.state import QuantEntry
 from profiling_agent.tools.compression.quantization import match_linear_layers, quantize_model
+from profiling_agent.tools.models.forward import batched_logits
 from profiling_agent.tools.models.sizes import count_params, state_bytes
 
 
 def _linear_names(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-
-
-def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    model.eval()
-    with torch.inference_mode():
-        return model(x).logits
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -66,15 +61,15 @@ def test_invalid_regex_raises_one_line_value_error(tiny_vit):
 
 
 def test_quantize_all_qint8_is_close_and_leaves_input_untouched(tiny_vit, images):
-    reference = _logits(tiny_vit, images)
+    reference = batched_logits(tiny_vit, images)
     quantized, done = quantize_model(tiny_vit, [QuantEntry(layer="all", dtype="qint8")])
     assert done == dict.fromkeys(_linear_names(tiny_vit), "qint8")
     assert all(isinstance(quantized.get_submodule(n), DynamicLinear) for n in done)
     assert not quantized.training
-    assert _relative_error(_logits(quantized, images), reference) < 0.05
+    assert _relative_error(batched_logits(quantized, images), reference) < 0.05
     # the input model is still float and gives the same outputs
     assert all(type(tiny_vit.get_submodule(n)) is nn.Linear for n in done)
-    assert torch.equal(_logits(tiny_vit, images), reference)
+    assert torch.equal(batched_logits(tiny_vit, images), reference)
 
 
 def test_quantize_regex_only_touches_matches(tiny_vit, images):
@@ -82,14 +77,14 @@ def test_quantize_regex_only_touches_matches(tiny_vit, images):
     assert done == {"vit.layers.0.attention.q_proj": "qint8", "vit.layers.0.attention.k_proj": "qint8"}
     untouched = set(_linear_names(tiny_vit)) - set(done)
     assert all(type(quantized.get_submodule(n)) is nn.Linear for n in untouched)
-    assert _relative_error(_logits(quantized, images), _logits(tiny_vit, images)) < 0.05
+    assert _relative_error(batched_logits(quantized, images), batched_logits(tiny_vit, images)) < 0.05
 
 
 def test_quantize_float16_is_nearly_exact(tiny_vit, images):
     quantized, done = quantize_model(tiny_vit, [QuantEntry(layer="all", dtype="float16")])
     assert set(done.values()) == {"float16"} and len(done) == 13
     assert quantized.get_submodule("classifier")._packed_params.dtype == torch.float16
-    assert _relative_error(_logits(quantized, images), _logits(tiny_vit, images)) < 2e-3
+    assert _relative_error(batched_logits(quantized, images), batched_logits(tiny_vit, images)) < 2e-3
 
 
 def test_empty_entries_return_model_unchanged(tiny_vit):
@@ -103,7 +98,7 @@ def test_resnet_only_has_its_classifier_quantized(tiny_resnet):
     quantized, done = quantize_model(tiny_resnet, [QuantEntry(layer="all")])
     assert done == {"classifier.1": "qint8"}
     images = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(2))
-    assert _relative_error(_logits(quantized, images), _logits(tiny_resnet, images)) < 0.05
+    assert _relative_error(batched_logits(quantized, images), batched_logits(tiny_resnet, images)) < 0.05
 
 
 def test_logical_params_and_state_bytes_count_packed_weights(tiny_vit):

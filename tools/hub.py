@@ -7,6 +7,9 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
+from typing import Literal
+
+from profiling_agent.tools.text import one_line
 
 
 class ModelLoadError(ValueError):
@@ -14,13 +17,6 @@ class ModelLoadError(ValueError):
 
 
 HUB_TIMEOUT_S = 10.0  # seconds to wait for the hub's metadata answer before giving up
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    """Return the first non-empty line of `text`, cut to `limit` characters."""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    first = lines[0] if lines else type(text).__name__
-    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 @contextlib.contextmanager
@@ -72,23 +68,34 @@ def looks_like_path(ref: str) -> bool:
     return False
 
 
-def _hub_reachable(ref: str, revision: str | None) -> str | None:
-    """Ask the hub about `ref` with a short timeout; return None when it answered, else why not.
+def hub_probe(
+    kind: Literal["model", "dataset"], ref: str, error: type[Exception], revision: str | None = None
+) -> str | None:
+    """Ask the hub about a model or dataset with a short timeout; return None when it answered, else why not.
+
+    Args:
+        kind: What `ref` names.
+        ref: The hub id.
+        error: The exception raised for a definite answer (gated, not found, no such revision).
+        revision: Branch, tag or commit (models only).
 
     Raises:
-        ModelLoadError: The hub answered that the repository or revision does not exist or is gated.
+        error: The hub answered that the repository or revision does not exist or is gated.
     """
-    from huggingface_hub import model_info
+    from huggingface_hub import dataset_info, model_info
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        model_info(ref, revision=revision, timeout=HUB_TIMEOUT_S)
+        if kind == "model":
+            model_info(ref, revision=revision, timeout=HUB_TIMEOUT_S)
+        else:
+            dataset_info(ref, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
-        raise ModelLoadError(f"hub model {ref} is gated: accept its terms and log in (hf auth login)") from None
+        raise error(f"hub {kind} {ref} is gated: accept its terms and log in (hf auth login)") from None
     except RepositoryNotFoundError:
-        raise ModelLoadError(f"hub model not found: {ref} (or it is private: log in with hf auth login)") from None
+        raise error(f"hub {kind} not found: {ref} (or it is private: log in with hf auth login)") from None
     except RevisionNotFoundError:
-        raise ModelLoadError(f"hub model {ref} has no revision '{revision}'") from None
+        raise error(f"hub {kind} {ref} has no revision '{revision}'") from None
     except Exception as err:  # noqa: BLE001 - network failures of any kind
         return one_line(err, 120)
     return None

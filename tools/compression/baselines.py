@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -11,7 +10,7 @@ from torch import nn
 from profiling_agent.state import BASELINE_PLANNERS, CompressionPlan, PruneEntry, QuantEntry
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
 from profiling_agent.tools.compression.pruning import prune_model
-from profiling_agent.tools.compression.units import PruneReport
+from profiling_agent.tools.compression.units import PruneReport, removed_units
 
 Baseline = Literal["l1", "l2", "random"]
 BASELINES: tuple[Baseline, ...] = BASELINE_PLANNERS  # the planner names Objective accepts with a ratio
@@ -93,8 +92,7 @@ def uniform_removals(groups: Sequence[PrunableGroup | Mapping[str, Any]], ratio:
     out = {}
     for group in groups:
         units, min_units = int(_field(group, "units")), int(_field(group, "min_units", 1) or 1)
-        wanted = math.floor(units * ratio + 1e-9)  # the engine's rule (pruning.units_to_remove)
-        out[str(_field(group, "name"))] = max(0, min(wanted, units - max(1, min_units)))
+        out[str(_field(group, "name"))] = removed_units(units, min_units, ratio)
     return out
 
 

@@ -15,8 +15,9 @@ from torch_pruning.dependency.group import Group as DepGroup
 
 from profiling_agent.state import PruneEntry
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
-from profiling_agent.tools.compression.self_check import _clone_inputs, _forward_logits
+from profiling_agent.tools.compression.self_check import _clone_inputs
 from profiling_agent.tools.compression.units import PruneError, PruneReport, match_groups, units_to_remove
+from profiling_agent.tools.models.forward import forward_logits
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def build_dependency_graph(
             return tp.DependencyGraph().build_dependency(
                 model,
                 example_inputs=_clone_inputs(example_inputs),
-                forward_fn=_forward_logits,
+                forward_fn=forward_logits,
                 ignored_params=ignored,
                 verbose=False,
             )
@@ -165,8 +166,11 @@ def _dependency_groups(
         hit = _check_dep_group(dg, dep_group, group, protected)
         if root not in hit:
             raise PruneError(f"group {group.name}: pruning {root} does not prune its own output channels")
-        layers = {(dg._module2name[i.dep.target.module], i.dep.handler) for i in dep_group.items
-                  if i.dep.target.module in dg._module2name}
+        layers = {
+            (dg._module2name[i.dep.target.module], i.dep.handler)
+            for i in dep_group.items
+            if i.dep.target.module in dg._module2name
+        }
         if layers & touched:
             raise PruneError(f"group {group.name}: roots couple to the same layers without being coupled together")
         touched |= layers

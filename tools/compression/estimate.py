@@ -13,7 +13,8 @@ from profiling_agent.state import PruneEntry
 from profiling_agent.tools.compression.depgraph import _plan_steps
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.families.base import FamilyAdapter
-from profiling_agent.tools.compression.self_check import _batch_size, _call
+from profiling_agent.tools.compression.self_check import _batch_size
+from profiling_agent.tools.models.forward import run_model
 from profiling_agent.tools.models.sizes import count_params
 
 # ---------------------------------------------------------------- analytic estimate
@@ -56,7 +57,7 @@ def _positions(model: nn.Module, example_inputs: Any) -> dict[str, float]:
     model.eval()
     try:
         with torch.inference_mode():
-            _call(model, example_inputs)
+            run_model(model, example_inputs)
     finally:
         for handle in handles:
             handle.remove()
@@ -115,9 +116,15 @@ def estimate_pruning(
             params += step.n_remove * (model.get_parameter(pname).numel() // group.units)
         rows.append(
             {
-                "group": group.name, "module": group.module, "kind": group.kind, "ratio": step.ratio,
-                "units": group.units, "units_removed": step.n_remove, "units_after": group.units - step.n_remove,
-                "params_removed": int(params), "macs_removed": round(macs) if example_inputs is not None else None,
+                "group": group.name,
+                "module": group.module,
+                "kind": group.kind,
+                "ratio": step.ratio,
+                "units": group.units,
+                "units_removed": step.n_remove,
+                "units_after": group.units - step.n_remove,
+                "params_removed": int(params),
+                "macs_removed": round(macs) if example_inputs is not None else None,
             }
         )
     before = count_params(model)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from profiling_agent.tools.models.forward import forward_logits
+from profiling_agent.tools.models.forward import PixelWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -32,18 +32,6 @@ __all__ = [
     "ort_session",
     "quantize_onnx",
 ]
-
-
-class _Logits(nn.Module):
-    """Wrap a classifier so it takes one tensor and returns only logits (the exported graph's signature)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Return the wrapped model's logits."""
-        return forward_logits(self.model, pixel_values)
 
 
 @contextlib.contextmanager
@@ -99,7 +87,7 @@ def export_onnx(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    wrapper = _Logits(model).eval()
+    wrapper = PixelWrapper(model).eval()
     model.eval()
     order = ["torchscript", "dynamo"] if exporter == "auto" else [exporter]
     errors = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -12,40 +11,9 @@ from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import PruneCheckError, PruneError, PruneReport, _channels_of
+from profiling_agent.tools.models.forward import forward_logits
 
 # ---------------------------------------------------------------- forward helpers
-
-
-def _takes_pixel_values(model: nn.Module) -> bool:
-    try:
-        return "pixel_values" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _call(model: nn.Module, inputs: Any) -> Any:
-    """Run `model` on a tensor (as pixel_values for HF models) or a dict of keyword inputs."""
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    if _takes_pixel_values(model):
-        return model(pixel_values=inputs)
-    return model(inputs)
-
-
-def _logits(output: Any) -> torch.Tensor:
-    """Extract logits from a model output (ModelOutput, tuple or tensor)."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise TypeError(f"cannot find logits in a {type(output).__name__}")
-
-
-def _forward_logits(model: nn.Module, inputs: Any) -> torch.Tensor:
-    return _logits(_call(model, inputs))
 
 
 def _batch_size(inputs: Any) -> int:
@@ -120,9 +88,9 @@ def _verify_against_masking(
     inputs = _verification_inputs(example_inputs, seed)
     where = f"{report.family} adapter on {type(model).__name__}"
     with torch.inference_mode():
-        expected = _forward_logits(reference.eval(), inputs).float()
+        expected = forward_logits(reference.eval(), inputs).float()
         try:
-            got = _forward_logits(model, inputs).float()
+            got = forward_logits(model, inputs).float()
         except Exception as exc:  # noqa: BLE001 - a pruned model that no longer runs is the finding
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             raise PruneError(f"pruning is unsafe for this model ({where}): the pruned model fails: {reason}") from exc
@@ -170,7 +138,7 @@ def self_check(model: nn.Module, example_inputs: Any, num_labels: int) -> None:
     model.eval()
     with torch.inference_mode():
         try:
-            logits = _forward_logits(model, example_inputs)
+            logits = forward_logits(model, example_inputs)
         except Exception as exc:  # noqa: BLE001 - any failure of the forward pass is the finding
             raise PruneCheckError(f"forward pass failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
     expected = (_batch_size(example_inputs), num_labels)

@@ -116,10 +116,18 @@ def match_groups(
     return {group.name: ratios[group.name] for group in groups if group.name in ratios}
 
 
+def removed_units(units: int, min_units: int, ratio: float) -> int:
+    """Return how many of `units` pruning at `ratio` removes: floor(units * ratio), keeping at least `min_units` (>= 1).
+
+    This is the one rule; the engine, the uniform baselines and the planners' estimates all call it.
+    """
+    wanted = math.floor(units * ratio + _EPS)
+    return max(0, min(wanted, units - max(1, min_units)))
+
+
 def units_to_remove(group: PrunableGroup, ratio: float) -> int:
-    """Return floor(units * ratio), clamped so at least `min_units` remain (never negative)."""
-    wanted = math.floor(group.units * ratio + _EPS)
-    return max(0, min(wanted, group.units - max(1, group.min_units)))
+    """Return how many units of `group` pruning at `ratio` removes (see `removed_units`)."""
+    return removed_units(group.units, group.min_units, ratio)
 
 
 # ---------------------------------------------------------------- importance

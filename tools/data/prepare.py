@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.sources import DataError, _label_indexer, _listing, detect_columns, label_names
-from profiling_agent.tools.hub import one_line, quiet_hf
+from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.io import sha256_file, write_bytes_atomic
+from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
 BATCH = 64  # images per processor call

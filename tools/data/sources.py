@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from profiling_agent.tools.hub import hub_offline, looks_like_path, one_line, quiet_hf
+from profiling_agent.tools.hub import hub_offline, hub_probe, looks_like_path, quiet_hf
+from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,6 @@ EMBEDDED_DATASETS = ("embedded:digits",)
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
 IMAGE_COLUMNS = ("image", "img", "pixel_values")  # tried in order when no datasets.Image feature exists
 LABEL_COLUMNS = ("label", "labels", "fine_label")  # preferred names among ClassLabel features, then fallbacks
-HUB_TIMEOUT_S = 10.0
 
 
 class DataError(ValueError):
@@ -94,7 +94,7 @@ def _hub_dataset(ref: str, split: str | None) -> Any:
     """Load a hub dataset split, failing fast with one line when offline or unreachable."""
     from datasets import load_dataset
 
-    why = "offline mode is on (HF_HUB_OFFLINE)" if hub_offline() else _hub_unreachable(ref)
+    why = "offline mode is on (HF_HUB_OFFLINE)" if hub_offline() else _unreachable(hub_probe("dataset", ref, DataError))
     try:
         with quiet_hf(), _offline(bool(why)):
             return load_dataset(ref, split=split)
@@ -129,20 +129,8 @@ def _offline(active: bool) -> Iterator[None]:
         hub_constants.HF_HUB_OFFLINE, ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE = saved
 
 
-def _hub_unreachable(ref: str) -> str | None:
-    """Ask the hub about dataset `ref` with a short timeout; return None when it answered, else why not."""
-    from huggingface_hub import dataset_info
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-
-    try:
-        dataset_info(ref, timeout=HUB_TIMEOUT_S)
-    except GatedRepoError:
-        raise DataError(f"hub dataset {ref} is gated: accept its terms and log in (hf auth login)") from None
-    except RepositoryNotFoundError:
-        raise DataError(f"hub dataset not found: {ref} (or it is private: log in with hf auth login)") from None
-    except Exception as err:  # noqa: BLE001 - network failures of any kind
-        return f"the hub is unreachable ({one_line(err, 120)})"
-    return None
+def _unreachable(reason: str | None) -> str | None:
+    return None if reason is None else f"the hub is unreachable ({reason})"
 
 
 def load_split(ref: str, split: str | None) -> Any:

@@ -86,3 +86,35 @@ def objective_met(best: dict[str, Any] | None, baseline: dict[str, Any] | None, 
     return within_budget(best["eval"], baseline, objective) and (
         reduction(best["eval"], baseline, objective.target) >= objective.target_reduction
     )
+
+
+QUANT_SLOWDOWN_TOLERANCE = 0.97  # quantization "made it slower" when it leaves under 97% of the pruned model's speed
+
+
+def quantization_slowed(quant_speedup: float | None, quant_speedup_batch: float | None) -> bool:
+    """Return True when dynamic quantization made the pruned model slower at batch 1 and at batch N.
+
+    Args:
+        quant_speedup: Pruned fp32 latency over quantized latency at batch 1, measured side by side.
+        quant_speedup_batch: The same at the larger batch.
+    """
+    if quant_speedup is None or quant_speedup_batch is None:
+        return False
+    return quant_speedup < QUANT_SLOWDOWN_TOLERANCE and quant_speedup_batch < QUANT_SLOWDOWN_TOLERANCE
+
+
+def quantization_cost_speed(
+    best: dict[str, Any] | None, candidates: list[dict[str, Any]], objective: Objective
+) -> bool:
+    """Return True when the best candidate is slower than the baseline because of its dynamic quantization.
+
+    Only while every candidate so far was quantized and size is not the target: the planner then drops
+    quantization (it reads the same side-by-side measurement), so one more round can find a faster model.
+    """
+    if not best or objective.target == "size" or objective.quantize == "none":
+        return False
+    ev = best.get("eval") or {}
+    slowed = ev.get("speedup", 1.0) < 1.0 and quantization_slowed(
+        ev.get("quant_speedup", 1.0), ev.get("quant_speedup_batch", 1.0)
+    )
+    return slowed and all(c.get("quantized") for c in candidates if c.get("status") == "ok")

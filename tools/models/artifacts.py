@@ -20,6 +20,7 @@ from profiling_agent.tools.models.dynamic_quant import (
     dynamic_linear_type,
 )
 from profiling_agent.tools.models.sizes import _dynamic_linears, _quantized_tensors, count_params, state_bytes
+from profiling_agent.tools.versions import versions
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ WEIGHTS_FILE = "model.safetensors"
 RECIPE_FILE = "recipe.json"
 CONFIG_FILE = "config.json"
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
-
 
 
 class ArtifactError(RuntimeError):
@@ -108,21 +108,6 @@ def architecture_of(model: nn.Module) -> str:
     return archs[0] if archs else own
 
 
-def _versions() -> dict[str, str]:
-    """Return the versions of the libraries an artifact depends on."""
-    import safetensors
-    import transformers
-
-    import profiling_agent
-
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "safetensors": safetensors.__version__,
-        "profiling_agent": profiling_agent.__version__,
-    }
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     """Return a dtype's short name, e.g. "float32"."""
     return str(dtype).removeprefix("torch.")
@@ -164,7 +149,7 @@ def build_recipe(
         "params": count_params(model),
         "state_bytes": state_bytes(model),
         "extra": dict(extra or {}),
-        "versions": _versions(),
+        "versions": versions("safetensors"),
     }
 
 

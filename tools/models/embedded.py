@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import os
-import platform
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 
 from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.io import atomic_dir, write_json_atomic
+from profiling_agent.tools.versions import versions
 
 logger = logging.getLogger(__name__)
 
@@ -274,20 +274,6 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_siz
     return 100.0 * correct / max(1, len(x))
 
 
-def _versions() -> dict[str, str]:
-    import datasets
-    import sklearn
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "datasets": datasets.__version__,
-        "scikit-learn": sklearn.__version__,
-    }
-
-
 @contextlib.contextmanager
 def _threads(count: int | None) -> Iterator[int]:
     previous = torch.get_num_threads()
@@ -374,7 +360,7 @@ def train_model(
         "seed": config.seed,
         "config": asdict(config),
         "dataset": f"embedded:{DATASET_NAME}",
-        "versions": _versions(),
+        "versions": versions("datasets", "scikit-learn"),
     }
     with atomic_dir(out_dir) as tmp, quiet_hf():
         model.save_pretrained(tmp)

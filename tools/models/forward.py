@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.tools.profiling.summary import _PIXEL_KWARG
+_PIXEL_KWARG: dict[type, bool] = {}  # model class -> whether forward takes `pixel_values` (cached: no timing cost)
 
 
 def _takes_pixel_values(model: nn.Module) -> bool:
@@ -24,13 +24,40 @@ def _takes_pixel_values(model: nn.Module) -> bool:
     return _PIXEL_KWARG[cls]
 
 
-def forward_logits(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-    """Run `model` on a pixel batch and return its logits (HF `pixel_values=` call, or positional)."""
-    out = model(pixel_values=pixels) if _takes_pixel_values(model) else model(pixels)
-    logits = getattr(out, "logits", out)
-    if isinstance(logits, (tuple, list)):
-        logits = logits[0]
-    return logits
+def run_model(model: nn.Module, inputs: torch.Tensor | Mapping[str, Any]) -> Any:
+    """Run `model` on a pixel tensor (as `pixel_values=` for HF models, else positional) or a dict of keyword inputs."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    return model(pixel_values=inputs) if _takes_pixel_values(model) else model(inputs)
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """Extract the logits from a model output (ModelOutput, tuple or tensor)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(f"cannot find logits in a {type(output).__name__}")
+
+
+def forward_logits(model: nn.Module, inputs: torch.Tensor | Mapping[str, Any]) -> torch.Tensor:
+    """Run `model` on a pixel batch (or keyword inputs) and return its logits: the one way every tool calls a model."""
+    return logits_of(run_model(model, inputs))
+
+
+@torch.inference_mode()
+def batched_logits(model: nn.Module, pixels: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """Return float32 logits of `model` (put in eval mode) on `pixels`, `batch_size` images per forward pass."""
+    model.eval()
+    device = model_device(model)
+    outs = [
+        forward_logits(model, pixels[i : i + batch_size].to(device)).float().cpu()
+        for i in range(0, len(pixels), batch_size)
+    ]
+    return torch.cat(outs) if outs else torch.empty(0)
 
 
 class PixelWrapper(nn.Module):
@@ -40,9 +67,9 @@ class PixelWrapper(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Return the wrapped model's logits."""
-        return forward_logits(self.model, pixels)
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Return the wrapped model's logits (the argument name becomes an exported graph's input name)."""
+        return forward_logits(self.model, pixel_values)
 
 
 def input_chw(input_shape: Sequence[int] | Mapping[str, Any]) -> tuple[int, int, int]:
@@ -65,8 +92,9 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def example_input(input_shape: Sequence[int] | Mapping[str, Any], *, batch: int = 1, seed: int = 0,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
+def example_input(
+    input_shape: Sequence[int] | Mapping[str, Any], *, batch: int = 1, seed: int = 0, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Build a seeded standard-normal pixel batch of shape (batch, C, H, W)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randn((batch, *input_chw(input_shape)), generator=generator).to(device)

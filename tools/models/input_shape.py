@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.tools.hub import one_line
+from profiling_agent.tools.text import one_line
 
 DEFAULT_SIZE = 224  # guessed side length when neither processor nor config says anything
 

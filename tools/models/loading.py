@@ -9,13 +9,13 @@ from typing import Any, Literal
 
 from torch import nn
 
-from profiling_agent.tools.hub import ModelLoadError, _hub_reachable, hub_offline, looks_like_path, one_line, quiet_hf
+from profiling_agent.tools.hub import ModelLoadError, hub_offline, hub_probe, looks_like_path, quiet_hf
+from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
 
 EMBEDDED_PREFIX = "embedded:"
 Source = Literal["embedded", "artifact", "local", "hub"]
-
 
 
 @dataclass
@@ -137,6 +137,7 @@ def _check_missing(ref: str, model: nn.Module, missing: list[str]) -> None:
 def _load_embedded(ref: str) -> LoadedModel:
     """Build (first use) and load one of the embedded digits models."""
     from profiling_agent.tools.models import embedded
+
     name = ref[len(EMBEDDED_PREFIX) :]
     if name not in embedded.MODEL_NAMES:
         raise ModelLoadError(f"unknown embedded model '{name}'; choose from {', '.join(embedded.MODEL_NAMES)}")
@@ -172,7 +173,7 @@ def _load_hub(ref: str, revision: str | None, trust_remote_code: bool) -> Loaded
     if hub_offline():
         why = "offline mode is on (HF_HUB_OFFLINE)"
     else:
-        error = _hub_reachable(ref, revision)
+        error = hub_probe("model", ref, ModelLoadError, revision)
         why = f"the hub is unreachable ({error})" if error else None
     kwargs: dict[str, Any] = {"revision": revision}
     if why:

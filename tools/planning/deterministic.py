@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiling_agent.state import CompressionPlan, Objective, PruneEntry, QuantEntry
+from profiling_agent.tools.compression.units import removed_units
+from profiling_agent.tools.evaluation.selection import quantization_slowed
 
 
 @dataclass
@@ -42,7 +44,8 @@ def _share(cost: dict[str, Any], key: str) -> float:
     return float(cost.get(f"{key}_share", 0.0) or 0.0)
 
 
-def _target_key(target: str) -> str:
+def estimate_key(target: str) -> str:
+    """Return the plan-estimate key that stands for an objective target (size is estimated by params)."""
     return {"params": "params", "macs": "macs", "latency": "latency", "size": "params"}[target]
 
 
@@ -50,8 +53,7 @@ def effective_ratio(units: int, min_units: int, ratio: float) -> float:
     """Return the fraction of units that pruning at `ratio` really removes (floor, keeping min_units)."""
     if units <= 0:
         return 0.0
-    removed = min(math.floor(units * ratio + 1e-9), max(units - max(min_units, 1), 0))
-    return removed / units
+    return removed_units(units, min_units, ratio) / units
 
 
 def group_weights(
@@ -82,7 +84,7 @@ def estimate_reduction(
     ratios: dict[str, float], groups: list[dict[str, Any]], costs: dict[str, dict[str, Any]], target: str
 ) -> float:
     """Estimate the fractional reduction of `target` from per-group ratios and group cost shares."""
-    key = _target_key(target)
+    key = estimate_key(target)
     total = 0.0
     for g in groups:
         r = effective_ratio(int(g["units"]), int(g.get("min_units", 1)), ratios.get(g["name"], 0.0))
@@ -157,19 +159,19 @@ def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], 
     )
 
 
-def quantization_slowed(history: list[dict[str, Any]], tolerance: float = 0.97) -> dict[str, Any] | None:
-    """Return the latest round whose quantization made the pruned model slower at batch 1 and batch N."""
+def slowed_round(history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Return the latest measured round if its quantization made the pruned model slower at batch 1 and batch N."""
     for h in reversed(history):
         q1, qn = h.get("quant_speedup"), h.get("quant_speedup_batch")
         if q1 is not None and qn is not None:
-            return h if q1 < tolerance and qn < tolerance else None
+            return h if quantization_slowed(q1, qn) else None
     return None
 
 
 def _quant_entries(quantize: str, history: list[dict[str, Any]], target: str) -> tuple[list[QuantEntry], str]:
     if quantize == "none":
         return [], ""
-    slow = quantization_slowed(history) if target != "size" else None
+    slow = slowed_round(history) if target != "size" else None
     if slow:
         note = (
             f"quantization dropped: in round {slow.get('iteration', '?')} it made the pruned model slower "
@@ -220,7 +222,7 @@ def plan_round(
     goal, gamma, converged, why = next_goal(history, objective, feasible, config)
     last = history[-1] if history else None
     repeat_of = None
-    if last and last["passed"] and objective.target != "size" and quantization_slowed(history) is last:
+    if last and last["passed"] and objective.target != "size" and slowed_round(history) is last:
         # the last plan kept the budget but its quantization cost speed: same pruning, quantization dropped
         goal, gamma, converged = last["goal"], last["gamma"], False
         repeat_of = last

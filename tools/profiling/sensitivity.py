@@ -13,15 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
+from profiling_agent.tools.models.forward import batched_logits
 
 log = logging.getLogger(__name__)
-
-
-@torch.inference_mode()
-def _logits(model: nn.Module, pixels: torch.Tensor, batch_size: int) -> torch.Tensor:
-    model.eval()
-    outs = [model(pixel_values=pixels[i : i + batch_size]).logits.float() for i in range(0, len(pixels), batch_size)]
-    return torch.cat(outs)
 
 
 def _restrict(logits: torch.Tensor, allowed_ids: list[int] | None) -> torch.Tensor:
@@ -77,7 +71,7 @@ def probe_sensitivity(
     """
     from profiling_agent.tools.compression.pruning import prune_model
 
-    reference = _restrict(_logits(model, pixels, batch_size), allowed_ids)
+    reference = _restrict(batched_logits(model, pixels, batch_size), allowed_ids)
     example = pixels[:1]
     results: dict[str, dict[str, Any]] = {}
     for done, group in enumerate(groups):
@@ -87,7 +81,7 @@ def probe_sensitivity(
         try:
             report = prune_model(trial, [entry], example, seed=seed)
             removed = sum(a["units_before"] - a["units_after"] for a in report.applied if a["group"] == group.name)
-            stats = compare_logits(reference, _restrict(_logits(trial, pixels, batch_size), allowed_ids), labels)
+            stats = compare_logits(reference, _restrict(batched_logits(trial, pixels, batch_size), allowed_ids), labels)
             damage = stats["kl"] + (100.0 - stats["agreement"]) / 100.0
             results[group.name] = {**stats, "damage": damage, "units_removed": removed, "ratio": round(probe, 4)}
         except Exception as exc:  # a group the engine cannot prune is maximally sensitive, not fatal

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from profiling_agent.tools.reporting.plots import PLOT_FILES
+from profiling_agent.tools.text import as_number, percent
 
 REPORT_HTML, REPORT_MD = "report.html", "report.md"
 RESULT_JSON, PROFILE_JSON = "result.json", "profile.json"
@@ -70,15 +71,6 @@ footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
 def _e(value: Any) -> str:
     """Escape any value for HTML text and attributes (plans may hold LLM text)."""
     return html.escape("" if value is None else str(value), quote=True)
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _pct(value: Any, digits: int = 1) -> str:
-    v = _num(value)
-    return "-" if v is None else f"{v:.{digits}%}"
 
 
 def _is_num_cell(text: str) -> bool:
@@ -187,7 +179,7 @@ def _summary(result: Mapping[str, Any]) -> str:
         (
             "Objective",
             _e(
-                f"reduce {obj.get('target')} by {_pct(obj.get('target_reduction'), 0)} within "
+                f"reduce {obj.get('target')} by {percent(obj.get('target_reduction'), 0)} within "
                 f"{obj.get('max_acc_drop')} pp top-1; rule {obj.get('select')}; at most "
                 f"{obj.get('iterations')} iterations; quantize {obj.get('quantize')}"
             ),
@@ -211,7 +203,7 @@ def _fmt(value: float, fmt: str) -> str:
 
 
 def _ratio_card(label: str, new: Any, old: Any, fmt: str) -> str:
-    n, o = _num(new), _num(old)
+    n, o = as_number(new), as_number(old)
     if n is None or o is None or o == 0:
         return ""
     change = n / o - 1
@@ -222,8 +214,12 @@ def _outcome(result: Mapping[str, Any]) -> str:
     best, base = result.get("best"), result.get("baseline") or {}
     if not best:
         return '<h2>Outcome</h2>\n<p><span class="badge warn">no candidate finished</span></p>'
-    drop, acc, base_acc = _num(best.get("accuracy_drop")), _num(best.get("accuracy")), _num(base.get("accuracy"))
-    speed = _num(best.get("speedup"))
+    drop, acc, base_acc = (
+        as_number(best.get("accuracy_drop")),
+        as_number(best.get("accuracy")),
+        as_number(base.get("accuracy")),
+    )
+    speed = as_number(best.get("speedup"))
     target = (result.get("objective") or {}).get("target")
     cards = [
         _card(
@@ -250,7 +246,7 @@ def _outcome(result: Mapping[str, Any]) -> str:
     )
     text = (
         f"Best: iteration {_e(best.get('iteration'))} by the {_e(best.get('rule'))} rule, "
-        f"{_e(_pct(best.get('reduction')))} {_e(target)} reduction, saved in <code>best/</code>. {badge}"
+        f"{_e(percent(best.get('reduction')))} {_e(target)} reduction, saved in <code>best/</code>. {badge}"
     )
     return "<h2>Outcome</h2>\n<p>" + text + '</p>\n<div class="cards">' + "".join(c for c in cards if c) + "</div>"
 
@@ -295,7 +291,7 @@ def _other_baselines(result: Mapping[str, Any]) -> str:
     )
     rows: list[list[Any]] = [["reference", *(label for _, label, _ in columns)]]
     for ref in refs:
-        rows.append([ref["name"], *("-" if _num(ref.get(k)) is None else _fmt(ref[k], f) for k, _, f in columns)])
+        rows.append([ref["name"], *("-" if as_number(ref.get(k)) is None else _fmt(ref[k], f) for k, _, f in columns)])
     return "<h3>Other baselines</h3>\n" + _table(rows, table_id="baselines")
 
 
@@ -325,7 +321,7 @@ def _best_details(result: Mapping[str, Any]) -> str:
         return ""
     rows: list[list[Any]] = [["metric", "baseline", f"best (iteration {best.get('iteration')})"]]
     for key, label, fmt in _DETAIL_KEYS:
-        b, v = _num(base.get(key)), _num(best.get(key))
+        b, v = as_number(base.get(key)), as_number(best.get(key))
         if v is None:
             continue
         rows.append([label, "-" if b is None else _fmt(b, fmt), _fmt(v, fmt)])
@@ -372,7 +368,7 @@ def _plan_block(cand: Mapping[str, Any], best_it: Any) -> str:
             [
                 f"<code>{_e(e.get('layer'))}</code>",
                 _e(e.get("type")),
-                _e(f"{e['ratio']:.3f}" if _num(e.get("ratio")) is not None else e.get("ratio")),
+                _e(f"{e['ratio']:.3f}" if as_number(e.get("ratio")) is not None else e.get("ratio")),
                 f'<span class="just">{_e(e.get("justification", ""))}</span>',
             ]
             for e in pruning
@@ -386,7 +382,7 @@ def _plan_block(cand: Mapping[str, Any], best_it: Any) -> str:
                 a.get("group"),
                 a.get("module"),
                 a.get("kind"),
-                f"{a['ratio']:.3f}" if _num(a.get("ratio")) is not None else a.get("ratio"),
+                f"{a['ratio']:.3f}" if as_number(a.get("ratio")) is not None else a.get("ratio"),
                 a.get("units_before"),
                 a.get("units_after"),
             ]
@@ -490,24 +486,32 @@ def _profile(summary: Mapping[str, Any] | None) -> str:
     if top:
         rows = [["layer", "type", "self ms", "latency share", "MACs share"]]
         rows += [
-            [r.get("name"), r.get("type"), r.get("latency_ms"), _pct(r.get("latency_share")), _pct(r.get("macs_share"))]
+            [
+                r.get("name"),
+                r.get("type"),
+                r.get("latency_ms"),
+                percent(r.get("latency_share")),
+                percent(r.get("macs_share")),
+            ]
             for r in top
         ]
         parts.append("<h3>Slowest layers</h3>\n" + _table(rows, table_id="top-latency"))
     macs = summary.get("top_macs") or []
     if macs:
         rows = [["layer", "MACs", "MACs share"]] + [
-            [r.get("name"), f"{int(r.get('macs') or 0):,}", _pct(r.get("macs_share"))] for r in macs
+            [r.get("name"), f"{int(r.get('macs') or 0):,}", percent(r.get("macs_share"))] for r in macs
         ]
         parts.append("<h3>Most MACs</h3>\n" + _table(rows, table_id="top-macs"))
     ops = summary.get("operators") or []
     if ops:
-        rows = [["operator", "self ms", "share"]] + [[r.get("op"), r.get("self_ms"), _pct(r.get("share"))] for r in ops]
+        rows = [["operator", "self ms", "share"]] + [
+            [r.get("op"), r.get("self_ms"), percent(r.get("share"))] for r in ops
+        ]
         parts.append("<h3>Operators (torch.profiler)</h3>\n" + _table(rows, table_id="operators"))
     groups = (summary.get("groups") or {}).get("rows") or {}
     if groups:
         rows = [["prunable group", "params share", "MACs share", "latency share"]]
-        rows += [[name, *(_pct(v) for v in values)] for name, values in groups.items()]
+        rows += [[name, *(percent(v) for v in values)] for name, values in groups.items()]
         parts.append("<h3>Prunable groups</h3>\n" + _table(rows, table_id="groups"))
     return "\n".join(parts)
 

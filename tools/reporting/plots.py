@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.text import as_number, human
+
 PLOTS_DIR = "plots"
 # Deterministic file names, in the order a report shows them; the value is the figure's caption.
 PLOT_FILES: dict[str, tuple[str, str]] = {
@@ -25,16 +27,12 @@ _DPI = 110
 # ------------------------------------------------------------------------------------------- points
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _relative_latency(entry: Mapping[str, Any], base_latency: float | None) -> float | None:
     """Batch-1 latency over the baseline's: 1/speedup (measured side by side), else a ratio of medians."""
-    speedup = _num(entry.get("speedup"))
+    speedup = as_number(entry.get("speedup"))
     if speedup and speedup > 0:
         return 1.0 / speedup
-    latency = _num(entry.get("latency_ms"))
+    latency = as_number(entry.get("latency_ms"))
     return latency / base_latency if latency is not None and base_latency else None
 
 
@@ -66,41 +64,41 @@ def pareto_points(result: Mapping[str, Any]) -> list[dict[str, Any]]:
         "params"}]; a metric that is missing is None. Candidate numbers are the candidate rows of result.json.
     """
     base = result.get("baseline") or {}
-    base_latency = _num(base.get("latency_ms"))
+    base_latency = as_number(base.get("latency_ms"))
     points = []
-    if _num(base.get("accuracy")) is not None:
+    if as_number(base.get("accuracy")) is not None:
         points.append(
             {
                 "label": "baseline",
                 "kind": "baseline",
-                "accuracy": _num(base.get("accuracy")),
+                "accuracy": as_number(base.get("accuracy")),
                 "latency_rel": 1.0,
-                "params": _num(base.get("params")),
+                "params": as_number(base.get("params")),
             }
         )
     best_it = (result.get("best") or {}).get("iteration")
     for cand in result.get("candidates") or []:
-        if cand.get("status") != "ok" or _num(cand.get("accuracy")) is None:
+        if cand.get("status") != "ok" or as_number(cand.get("accuracy")) is None:
             continue
         points.append(
             {
                 "label": f"iter {cand['iteration']}",
                 "kind": "best" if cand["iteration"] == best_it else "candidate",
-                "accuracy": _num(cand.get("accuracy")),
+                "accuracy": as_number(cand.get("accuracy")),
                 "latency_rel": _relative_latency(cand, base_latency),
-                "params": _num(cand.get("params")),
+                "params": as_number(cand.get("params")),
             }
         )
     for ref in extra_baselines(result):
-        if _num(ref.get("accuracy")) is None:
+        if as_number(ref.get("accuracy")) is None:
             continue
         points.append(
             {
                 "label": ref["name"],
                 "kind": "reference",
-                "accuracy": _num(ref.get("accuracy")),
+                "accuracy": as_number(ref.get("accuracy")),
                 "latency_rel": _relative_latency(ref, base_latency),
-                "params": _num(ref.get("params")),
+                "params": as_number(ref.get("params")),
             }
         )
     return points
@@ -139,13 +137,6 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _human(value: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:.0f}"
-
-
 def _short(name: str, limit: int = 46) -> str:
     return name if len(name) <= limit else "..." + name[-(limit - 3) :]
 
@@ -172,8 +163,8 @@ def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
     if not points:
         return None
     base = result.get("baseline") or {}
-    budget = _num((result.get("objective") or {}).get("max_acc_drop"))
-    floor = accuracy_floor(points, _num(base.get("accuracy")), budget)
+    budget = as_number((result.get("objective") or {}).get("max_acc_drop"))
+    floor = accuracy_floor(points, as_number(base.get("accuracy")), budget)
 
     def shown(p: dict[str, Any]) -> float:
         return p["accuracy"] if floor is None else max(p["accuracy"], floor)
@@ -205,7 +196,7 @@ def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
         clipped = floor is not None and p["accuracy"] < floor
         label = f"{p['label']} ({p['accuracy']:.1f}%, off scale)" if clipped else p["label"]
         ax.annotate(label, (p[cost], shown(p)), textcoords="offset points", xytext=(6, 5), fontsize=8)
-    if _num(base.get("accuracy")) is not None and budget is not None:
+    if as_number(base.get("accuracy")) is not None and budget is not None:
         ax.axhline(
             base["accuracy"] - budget,
             color="#888888",
@@ -220,7 +211,7 @@ def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
     else:
         from matplotlib.ticker import FuncFormatter
 
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _human(v)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human(v, ".3g")))
         ax.set_xlabel("parameters")
     ax.set_ylabel("top-1 accuracy (%)")
     ax.set_title("Accuracy vs " + ("latency" if cost == "latency_rel" else "parameters"))
@@ -238,7 +229,7 @@ def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
 def plot_layer_latency(profile: Mapping[str, Any], top: int = 20) -> bytes | None:
     """Horizontal bars of the `top` layers by module self time, annotated with their latency share."""
     rows = sorted(
-        (r for r in profile.get("layers") or [] if _num(r.get("latency_ms"))),
+        (r for r in profile.get("layers") or [] if as_number(r.get("latency_ms"))),
         key=lambda r: r["latency_ms"],
         reverse=True,
     )[:top]
@@ -252,7 +243,7 @@ def plot_layer_latency(profile: Mapping[str, Any], top: int = 20) -> bytes | Non
     bars = ax.barh(range(len(rows)), values, color=_CAND_COLOR)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     for bar, r in zip(bars, rows, strict=True):
-        share = _num(r.get("latency_share"))
+        share = as_number(r.get("latency_share"))
         text = f"{r['latency_ms']:.3f} ms" + (f"  {share:.1%}" if share is not None else "")
         ax.annotate(
             text,
@@ -338,7 +329,7 @@ def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None
         for bar, v in zip(bars, values, strict=True):
             if v:
                 ax.annotate(
-                    f"{_human(v)} ({v / total:.0%})",
+                    f"{human(v, '.3g')} ({v / total:.0%})",
                     (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                     xytext=(3, 0),
                     textcoords="offset points",
@@ -350,7 +341,7 @@ def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None
         ax.grid(axis="x", alpha=0.3)
         from matplotlib.ticker import FuncFormatter
 
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _human(v)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human(v, ".3g")))
     axes[0].set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
     return _png(fig)
 

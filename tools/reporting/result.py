@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import platform
 from typing import Any
+
+from profiling_agent.tools.versions import versions
 
 METRIC_KEYS = (
     "accuracy",
@@ -25,20 +26,6 @@ METRIC_KEYS = (
 
 def _metrics(record: dict[str, Any] | None) -> dict[str, Any]:
     return {k: record.get(k) for k in METRIC_KEYS} if record else {}
-
-
-def _versions() -> dict[str, str]:
-    import torch
-    import transformers
-
-    from profiling_agent import __version__
-
-    return {
-        "profiling_agent": __version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def _with_final_latency(metrics: dict[str, Any], final: dict[str, Any] | None, base: dict[str, Any] | None):
@@ -67,14 +54,20 @@ def planner_facts(history: list[dict[str, Any]]) -> dict[str, Any]:
     steps = [e["llm"] for e in events if e.get("llm")]
     llm = None
     if steps:
-        usage = {k: sum(int((s.get("usage") or {}).get(k) or 0) for s in steps)
-                 for k in ("calls", "input_tokens", "output_tokens", "total_tokens")}
+        usage = {
+            k: sum(int((s.get("usage") or {}).get(k) or 0) for s in steps)
+            for k in ("calls", "input_tokens", "output_tokens", "total_tokens")
+        }
         llm = {
             "model": steps[-1].get("model"),
             "transcripts": [s.get("transcript") for s in steps if s.get("transcript")],
             "usage": usage,
-            "tool_errors": [{**t, "iteration": e["iteration"]} for e in events if e.get("llm")
-                            for t in e["llm"].get("tool_errors") or []],
+            "tool_errors": [
+                {**t, "iteration": e["iteration"]}
+                for e in events
+                if e.get("llm")
+                for t in e["llm"].get("tool_errors") or []
+            ],
         }
     return {"mode": events[-1]["planner"].get("mode"), "mode_note": events[-1]["planner"].get("note"), "llm": llm}
 
@@ -157,5 +150,5 @@ def build_result(
             if final_latency
             else "per round: each candidate measured interleaved with the baseline"
         ),
-        "versions": _versions(),
+        "versions": versions(),
     }

@@ -38,6 +38,11 @@ class ModelRef(_Strict):
     revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
     trust_remote_code: bool = Field(default=False, description="Allow custom modelling code from the hub.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        return {"ref": data} if isinstance(data, str) else data
+
 
 class DatasetRef(_Strict):
     """Which labelled images to evaluate on."""
@@ -54,6 +59,11 @@ class DatasetRef(_Strict):
     image_column: str | None = Field(default=None, description="Image column; detected when omitted.")
     label_column: str | None = Field(default=None, description="Label column; detected when omitted.")
     seed: int = Field(default=0, description="Seed for the subset and every random choice.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        return {"ref": data} if isinstance(data, str) else data
 
 
 class Objective(_Strict):
@@ -143,6 +153,8 @@ class CompressionPlan(_Strict):
 
 
 # ---------------------------------------------------------------- records
+# Everything below moves through the graph as plain JSON (nodes return `model_dump()` dicts, so checkpoints
+# hold JSON); the State validates it back into these models, so every field that flows is declared here.
 
 
 class ArtifactRef(_Strict):
@@ -154,7 +166,77 @@ class ArtifactRef(_Strict):
     params: int = Field(description="Logical parameter count (quantized weights counted once).")
 
 
-class EvalRecord(BaseModel):
+class LabelMap(_Strict):
+    """How the dataset's labels map to the model's class ids (never a silent substring guess)."""
+
+    method: str = Field(description="How names were matched: identical, synonyms, numeric ids or WordNet ids.")
+    dataset_to_model: dict[str, int] = Field(description="Dataset class index (as a string) -> model class id.")
+    restricted: bool = Field(description="The dataset's classes are a strict subset of the model's.")
+    allowed_ids: list[int] | None = Field(default=None, description="Model ids predictions are restricted to.")
+    unmapped: list[str] = Field(default_factory=list, description="Dataset names without a model class.")
+    n_dataset_classes: int = Field(default=0, description="Classes in the dataset.")
+    n_model_classes: int = Field(default=0, description="Classes the model predicts.")
+    examples: list[str] = Field(default_factory=list, description="A few 'dataset -> model' pairs, for people.")
+    image_column: str = Field(description="Image column of the dataset.")
+    label_column: str = Field(description="Label column of the dataset.")
+    dataset_label_names: list[str] = Field(default_factory=list, description="The dataset's label names.")
+
+
+class DataRef(_Strict):
+    """The prepared evaluation and calibration images on disk."""
+
+    path: str = Field(description="Tensor file, relative to the run folder.")
+    sha256: str = Field(description="sha256 of the tensor file.")
+    n_eval: int = Field(description="Evaluation images.")
+    n_calib: int = Field(description="Calibration (sensitivity-probe) images.")
+    image_column: str = Field(description="Image column read.")
+    label_column: str = Field(description="Label column read.")
+    label_names: list[str] = Field(default_factory=list, description="The dataset's label names.")
+    note: str = Field(default="", description="How the subsets were drawn.")
+    seed: int = Field(description="Seed of the subsets.")
+    shape: list[int] = Field(description="channels, height, width of the stored pixels.")
+    calib_overlaps_eval: bool = Field(description="Calibration images overlap the evaluation subset.")
+
+
+class InputShape(_Strict):
+    """The model's input shape, where it came from, and whether a forward pass accepted it."""
+
+    channels: int
+    height: int
+    width: int
+    source: str = Field(description="processor, config, default or llm.")
+    ambiguous: bool = Field(default=False, description="Processor and config disagreed or said nothing.")
+    candidates: list[list[int]] = Field(default_factory=list, description="Other plausible (c, h, w) shapes.")
+    notes: list[str] = Field(default_factory=list, description="What the resolver noticed.")
+    verified: str = Field(default="", description="How the shape was checked ('forward pass').")
+    tried: list[dict[str, Any]] = Field(default_factory=list, description="Shapes tried, where from, and errors.")
+    llm: dict[str, Any] | None = Field(default=None, description="The LLM's answer when it was consulted.")
+
+
+class ProfileSummary(_Strict):
+    """The compact profile kept in the state (the full one is profile.json)."""
+
+    path: str = Field(default="profile.json", description="The full profile, relative to the run folder.")
+    totals: dict[str, int | float] = Field(default_factory=dict, description="params, macs, latency_ms, act_bytes.")
+    env: dict[str, Any] = Field(default_factory=dict, description="Device, threads, batch and input shape.")
+    groups: dict[str, Any] = Field(default_factory=dict, description="Per prunable group: columns and rows.")
+    operators: list[dict[str, Any]] = Field(default_factory=list, description="Top operators (torch.profiler).")
+    top_latency: list[dict[str, Any]] = Field(default_factory=list, description="Layers by self time.")
+    top_macs: list[dict[str, Any]] = Field(default_factory=list, description="Layers by MACs.")
+
+
+class GroupSensitivity(_Strict):
+    """How far one prunable group, pruned alone, moves the predictions on the calibration images."""
+
+    kl: float = Field(description="Mean KL divergence from the unpruned model's predictions.")
+    agreement: float = Field(description="Percent of predictions unchanged.")
+    acc_drop: float = Field(description="Top-1 points lost on the calibration images.")
+    damage: float = Field(description="The probe's combined damage score (planners divide cost by it).")
+    units_removed: int = Field(description="Channels or heads the probe removed.")
+    ratio: float = Field(description="Ratio the probe pruned at.")
+
+
+class EvalRecord(_Strict):
     """Measured quality and cost of one model, taken side by side with the baseline."""
 
     name: str
@@ -171,20 +253,93 @@ class EvalRecord(BaseModel):
     params: int
     macs: int = Field(description="Multiply-accumulates of one image (pruned architecture, fp32 count).")
     threads: int
+    device: str = Field(default="cpu", description="Device the latency was measured on.")
+    pruned_latency_ms: float | None = Field(default=None, description="Batch-1 latency of the fp32 pruned model.")
+    pruned_latency_batch_ms: float | None = Field(default=None, description="Batch-N latency of the fp32 pruned model.")
+    quant_speedup: float | None = Field(default=None, description="Pruned fp32 over quantized latency, batch 1.")
+    quant_speedup_batch: float | None = Field(default=None, description="Pruned fp32 over quantized latency, batch N.")
 
 
-class Candidate(BaseModel):
-    """One iteration's plan, what pruning actually did, its artifact and its evaluation."""
+class PlannerMeta(_Strict):
+    """What the planner aimed at in a round (later rounds learn from it)."""
+
+    goal: float | None = Field(default=None, description="Estimated reduction of the target the plan aimed at.")
+    gamma: float | None = Field(default=None, description="Sensitivity exponent of the deterministic planner.")
+    converged: bool = Field(default=False, description="The deterministic planner had nothing new to try.")
+    llm: dict[str, Any] | None = Field(default=None, description="The LLM step's facts (model, usage, transcript).")
+    baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
+    ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
+
+
+class Review(_Strict):
+    """A human decision on a plan (objective.approve)."""
+
+    decision: Literal["approve", "reject", "edit"]
+    proposed_by: str = Field(description="Planner that proposed the plan.")
+    estimate: dict[str, float] | None = Field(default=None, description="Estimated reductions of an edited plan.")
+
+
+class Candidate(_Strict):
+    """One iteration's plan, what pruning actually did, its artifacts and its evaluation."""
 
     iteration: int
-    status: Literal["ok", "failed", "rejected"]
-    plan: dict[str, Any]
-    planner: str = Field(description="Planner that produced the plan.")
+    status: Literal["pending", "ok", "failed", "rejected"] = Field(
+        default="pending", description="pending while the iteration runs; then ok, failed or rejected."
+    )
+    plan: CompressionPlan = Field(default_factory=CompressionPlan, description="The plan applied.")
+    planner: str = Field(default="", description="Planner that produced the plan.")
+    planner_meta: PlannerMeta = Field(default_factory=PlannerMeta, description="What the planner aimed at.")
+    review: Review | None = Field(default=None, description="The human decision, when the run asks for one.")
     applied: list[dict[str, Any]] = Field(default_factory=list, description="Per-group pruning as applied.")
+    pruned: ArtifactRef | None = Field(default=None, description="The pruned fp32 model.")
+    macs: int | None = Field(default=None, description="MACs of one image after pruning.")
+    params_before: int | None = Field(default=None, description="Parameters before pruning.")
+    params_after: int | None = Field(default=None, description="Parameters after pruning.")
     quantized: list[str] = Field(default_factory=list, description="Modules dynamically quantized.")
-    artifact: dict[str, Any] | None = None
-    eval: dict[str, Any] | None = None
-    error: str | None = None
+    artifact: ArtifactRef | None = Field(default=None, description="The candidate as delivered.")
+    eval: EvalRecord | None = Field(default=None, description="Its measurements.")
+    error: str | None = Field(default=None, description="Why it failed or was skipped.")
+
+
+class Best(Candidate):
+    """The best candidate so far, with the rule's verdict on it."""
+
+    rule: str = Field(description="The selection rule (paper or budget).")
+    within_budget: bool = Field(description="Its accuracy drop is within max_acc_drop.")
+    reduction: float = Field(description="Fractional reduction of the objective's target.")
+    accuracy_drop: float = Field(description="Top-1 points lost against the baseline.")
+
+
+class Fallback(_Strict):
+    """A round whose LLM plan was refused, and why (the deterministic plan was applied instead)."""
+
+    iteration: int = Field(default=0, description="The round.")
+    stage: str = Field(description="parse, guard, timeout, error or tool_loop.")
+    reason: str = Field(description="What was wrong.")
+    rejected: list[dict[str, Any]] = Field(default_factory=list, description="The refused answers and reasons.")
+    tool_errors: list[dict[str, Any]] = Field(default_factory=list, description="Tool calls refused or failed.")
+    model: str = Field(default="", description="The LLM.")
+
+
+class ReportRef(_Strict):
+    """Where the report files are, relative to the run folder."""
+
+    markdown: str
+    html: str | None = None
+    plots: list[str] = Field(default_factory=list)
+    result: str = "result.json"
+    best: str | None = Field(default=None, description="The delivered model's folder.")
+
+
+class HistoryEvent(BaseModel):
+    """One node step: which node, which iteration, when, and what it did (extra facts allowed)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    node: str
+    iteration: int = 0
+    time: float
+    message: str
 
 
 # ---------------------------------------------------------------- graph state
@@ -200,28 +355,28 @@ class State(BaseModel):
     run_path: str = Field(default="", description="Absolute run folder RUN_DIR/THREAD_ID (set by acquire).")
     status: str = Field(default="new", description="new, running, done or failed.")
     family: str = Field(default="", description="Model family adapter in use (vit, resnet, ...).")
-    baseline: dict[str, Any] | None = Field(default=None, description="ArtifactRef of the untouched model.")
-    labels: dict[str, Any] | None = Field(default=None, description="Label mapping dataset -> model.")
-    data: dict[str, Any] | None = Field(default=None, description="Prepared evaluation tensors on disk.")
-    input_shape: dict[str, Any] | None = Field(default=None, description="channels/height/width and source.")
-    profile: dict[str, Any] | None = Field(default=None, description="Compact profile summary.")
-    sensitivity: dict[str, Any] | None = Field(default=None, description="Sensitivity probe per group.")
-    baseline_eval: dict[str, Any] | None = Field(default=None, description="EvalRecord of the baseline.")
+    baseline: ArtifactRef | None = Field(default=None, description="The untouched model.")
+    labels: LabelMap | None = Field(default=None, description="Label mapping dataset -> model.")
+    data: DataRef | None = Field(default=None, description="Prepared evaluation tensors on disk.")
+    input_shape: InputShape | None = Field(default=None, description="channels/height/width and source.")
+    profile: ProfileSummary | None = Field(default=None, description="Compact profile summary.")
+    sensitivity: dict[str, GroupSensitivity] | None = Field(default=None, description="Probe result per group.")
+    baseline_eval: EvalRecord | None = Field(default=None, description="The baseline's measurements.")
 
     iteration: int = Field(default=0, description="Current pruning iteration, 1-based once planning starts.")
-    plan: dict[str, Any] | None = Field(default=None, description="Plan of the current iteration.")
+    plan: CompressionPlan | None = Field(default=None, description="Plan of the current iteration.")
     planner_used: str = Field(default="", description="Planner that produced the current plan.")
-    current: dict[str, Any] | None = Field(default=None, description="Candidate being built this iteration.")
-    candidates: Annotated[list[dict[str, Any]], operator.add] = Field(
+    current: Candidate | None = Field(default=None, description="Candidate being built this iteration.")
+    candidates: Annotated[list[Candidate], operator.add] = Field(
         default_factory=list, description="Finished candidates, one per iteration."
     )
-    best: dict[str, Any] | None = Field(default=None, description="Best candidate so far, by the rule.")
-    fallbacks: Annotated[list[dict[str, Any]], operator.add] = Field(
+    best: Best | None = Field(default=None, description="Best candidate so far, by the rule.")
+    fallbacks: Annotated[list[Fallback], operator.add] = Field(
         default_factory=list, description="Planner fallbacks (LLM -> deterministic) with reasons."
     )
     stop_reason: str = Field(default="", description="Why the loop ended.")
-    report: dict[str, Any] | None = Field(default=None, description="Paths of report.md and result.json.")
-    history: Annotated[list[dict[str, Any]], operator.add] = Field(
+    report: ReportRef | None = Field(default=None, description="Paths of the report files.")
+    history: Annotated[list[HistoryEvent], operator.add] = Field(
         default_factory=list, description="One event per node step (node, iteration, message)."
     )
 

@@ -11,6 +11,9 @@ from profiling_agent.nodes.analyze import analyze
 from profiling_agent.nodes.approve import approve
 from profiling_agent.nodes.evaluate import evaluate
 from profiling_agent.nodes.iterate import iterate
+from profiling_agent.nodes.measure_baseline import measure_baseline
+from profiling_agent.nodes.prepare_data import prepare_data
+from profiling_agent.nodes.probe import probe_sensitivity
 from profiling_agent.nodes.profile import profile
 from profiling_agent.nodes.prune import prune
 from profiling_agent.nodes.quantize import quantize
@@ -24,7 +27,10 @@ def build_graph(checkpointer: Checkpointer = None):
     builder = StateGraph(State, context_schema=Context, input_schema=InputState)
     builder.add_node("acquire", acquire)
     builder.add_node("resolve_input_shape", resolve_input_shape)
+    builder.add_node("prepare_data", prepare_data)
     builder.add_node("profile", profile)
+    builder.add_node("probe_sensitivity", probe_sensitivity)
+    builder.add_node("measure_baseline", measure_baseline)
     builder.add_node("analyze", analyze)
     builder.add_node("approve", approve)
     builder.add_node("prune", prune)
@@ -35,15 +41,18 @@ def build_graph(checkpointer: Checkpointer = None):
 
     builder.add_edge(START, "acquire")
     builder.add_edge("acquire", "resolve_input_shape")
-    builder.add_edge("resolve_input_shape", "profile")
-    builder.add_edge("profile", "analyze")
+    builder.add_edge("resolve_input_shape", "prepare_data")
+    builder.add_edge("prepare_data", "profile")
+    builder.add_edge("profile", "probe_sensitivity")
+    builder.add_edge("probe_sensitivity", "measure_baseline")
+    builder.add_edge("measure_baseline", "analyze")
     # a converged planner has nothing new to try: straight to the report; objective.approve pauses for a human
     builder.add_conditional_edges("analyze", routing.after_analyze)
-    # a rejected plan skips pruning, quantization and (once the baseline is measured) evaluation
+    # a rejected plan skips pruning, quantization and evaluation: iterate records it
     builder.add_conditional_edges("approve", routing.after_approve)
-    # a plan the engine could not apply skips quantization; evaluate still records the baseline
+    # a plan the engine could not apply skips quantization and evaluation: iterate records the failure
     builder.add_conditional_edges("prune", routing.after_prune)
-    builder.add_edge("quantize", "evaluate")
+    builder.add_conditional_edges("quantize", routing.after_quantize)
     builder.add_edge("evaluate", "iterate")
     # the iterative pruning loop (paper, Algorithm 1), bounded in the routing function
     builder.add_conditional_edges("iterate", routing.after_iterate)

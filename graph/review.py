@@ -76,9 +76,9 @@ def read_plan_file(path: str, profile_path: Path) -> dict[str, Any]:
     """
     from pydantic import ValidationError
 
-    from profiling_agent.nodes.approve import review_plan, unwrap_plan
     from profiling_agent.state import CompressionPlan
     from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.planning.review import review_plan, unwrap_plan
 
     file = Path(path).expanduser()
     if not file.is_file():

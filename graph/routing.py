@@ -14,16 +14,19 @@ def after_analyze(state: State) -> Literal["approve", "prune", "report"]:
     return "approve" if state.objective.approve else "prune"
 
 
-def after_approve(state: State) -> Literal["prune", "evaluate", "iterate"]:
-    """Apply an approved or edited plan; a rejected one is skipped (evaluate still measures the baseline once)."""
-    if (state.current or {}).get("status") != "rejected":
-        return "prune"
-    return "iterate" if state.baseline_eval else "evaluate"
+def after_approve(state: State) -> Literal["prune", "iterate"]:
+    """Apply an approved or edited plan; a rejected one is recorded and skipped."""
+    return "iterate" if state.current and state.current.status == "rejected" else "prune"
 
 
-def after_prune(state: State) -> Literal["quantize", "evaluate"]:
-    """Skip quantization when pruning failed; evaluate still records the baseline and the failure."""
-    return "quantize" if (state.current or {}).get("status") == "ok" else "evaluate"
+def after_prune(state: State) -> Literal["quantize", "iterate"]:
+    """Quantize a pruned candidate; a plan the engine could not apply is recorded as failed."""
+    return "quantize" if state.current and state.current.status == "ok" else "iterate"
+
+
+def after_quantize(state: State) -> Literal["evaluate", "iterate"]:
+    """Evaluate a finished candidate; one whose quantization failed is recorded as failed."""
+    return "evaluate" if state.current and state.current.status == "ok" else "iterate"
 
 
 def after_iterate(state: State) -> Literal["analyze", "report"]:

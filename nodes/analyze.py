@@ -7,90 +7,30 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import (
+    allowed_ids,
     context_of,
     event,
     iteration_dir,
     load_artifact_model,
-    progress_callback,
+    prepared,
     run_dir,
 )
 from profiling_agent.state import CompressionPlan, Context, State
 
 
-def llm_configured(ctx: Context) -> bool:
-    """Return True when an OpenAI-compatible endpoint or key is configured."""
-    from profiling_agent.tools.planning.llm_client import llm_configured as configured
-
-    return configured(ctx)
-
-
 def plan_evaluator(state: State, ctx: Context):
     """Build the LLM's evaluate_plan function: a plan on a fresh baseline copy, scored on the calibration images."""
-    from profiling_agent.tools.data.prepare import load_prepared
     from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
 
-    tensors = load_prepared(run_dir(state) / state.data["path"])
+    tensors = prepared(state)
     return make_plan_evaluator(
         lambda: load_artifact_model(state, state.baseline).model,
         tensors["calib_pixels"],
         tensors["calib_labels"],
-        allowed_ids=(state.labels or {}).get("allowed_ids"),
+        allowed_ids=allowed_ids(state),
         importance=ctx.importance,
         seed=state.dataset.seed,
     )
-
-
-def planner_history(state: State) -> list[dict[str, Any]]:
-    """Summarize earlier rounds for the deterministic planner: goal, gamma and whether the budget held."""
-    from profiling_agent.tools.evaluation.selection import within_budget
-
-    rounds = []
-    for cand in state.candidates:
-        meta = cand.get("planner_meta") or {}
-        if "goal" not in meta:
-            continue
-        passed = bool(
-            cand.get("status") == "ok"
-            and cand.get("eval")
-            and state.baseline_eval
-            and within_budget(cand["eval"], state.baseline_eval, state.objective)
-        )
-        ev = cand.get("eval") or {}
-        rounds.append(
-            {
-                "iteration": cand["iteration"],
-                "goal": meta["goal"],
-                "gamma": meta["gamma"],
-                "passed": passed,
-                "rejected": cand.get("status") == "rejected",
-                "quant_speedup": ev.get("quant_speedup"),
-                "quant_speedup_batch": ev.get("quant_speedup_batch"),
-            }
-        )
-    return rounds
-
-
-def _sensitivity(state: State, runtime: Runtime[Context], ctx: Context) -> dict[str, Any]:
-    from profiling_agent.tools.compression.families import adapter_for
-    from profiling_agent.tools.data.prepare import load_prepared
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
-
-    loaded = load_artifact_model(state, state.baseline)
-    tensors = load_prepared(run_dir(state) / state.data["path"])
-    groups = adapter_for(loaded.model).prunable_groups(loaded.model)
-    result = probe_sensitivity(
-        loaded.model,
-        groups,
-        tensors["calib_pixels"],
-        tensors["calib_labels"],
-        ratio=ctx.probe_ratio,
-        allowed_ids=(state.labels or {}).get("allowed_ids"),
-        seed=state.dataset.seed,
-        progress=progress_callback(runtime, "sensitivity probe"),
-    )
-    write_json_atomic(run_dir(state) / "sensitivity.json", result)
-    return {name: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for name, r in result.items()}
 
 
 def baseline_round(state: State, iteration: int) -> dict[str, Any]:
@@ -122,7 +62,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Plan this iteration: probe sensitivity once, then ask the planner for a plan from profile and feedback."""
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.io import read_json, write_json_atomic
-    from profiling_agent.tools.planning.deterministic import estimate_key, plan_round
+    from profiling_agent.tools.planning.deterministic import estimate_key, plan_round, planner_history
     from profiling_agent.tools.planning.llm_client import planner_mode
 
     ctx = context_of(runtime)
@@ -132,12 +72,9 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     requested = state.objective.planner
     mode, mode_note = planner_mode(requested, ctx)  # --planner llm without an LLM: ValueError naming the setting
     update: dict[str, Any] = {"iteration": iteration, "current": None}
-    sensitivity = state.sensitivity
-    if sensitivity is None:
-        sensitivity = _sensitivity(state, runtime, ctx)
-        update["sensitivity"] = sensitivity
+    sensitivity = {name: s.model_dump() for name, s in (state.sensitivity or {}).items()}
     full_profile = read_json(run_dir(state) / "profile.json")
-    history = planner_history(state)
+    history = planner_history(state.candidates, state.baseline_eval, state.objective)
     result = plan_round(full_profile["groups"], full_profile["group_costs"], sensitivity, state.objective, history)
     plan: CompressionPlan = result.plan
     planner_used = result.planner

@@ -9,7 +9,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.state import Context, State
+from profiling_agent.state import ArtifactRef, Candidate, Context, State
 
 
 def context_of(runtime: Runtime[Context] | None) -> Context:
@@ -77,11 +77,13 @@ def progress_callback(runtime: Runtime[Context] | None, task: str):
     return progress
 
 
-def load_artifact_model(state: State, ref: dict[str, Any], device: str = "cpu"):
+def load_artifact_model(state: State, ref: ArtifactRef | None, device: str = "cpu"):
     """Load a run artifact (baseline or candidate) by its reference."""
     from profiling_agent.tools.models.artifact_load import load_artifact
 
-    return load_artifact(absolute(state, ref["path"]), device=device)
+    if ref is None:
+        raise RuntimeError("no artifact to load: the step that saves it has not run")
+    return load_artifact(absolute(state, ref.path), device=device)
 
 
 def artifact_ref(state: State, saved: dict[str, Any]) -> dict[str, Any]:
@@ -89,9 +91,35 @@ def artifact_ref(state: State, saved: dict[str, Any]) -> dict[str, Any]:
     return {**saved, "path": rel(state, saved["path"])}
 
 
+def input_chw(state: State) -> tuple[int, int, int]:
+    """Return the resolved (channels, height, width)."""
+    shape = state.input_shape
+    if shape is None:
+        raise RuntimeError("input_shape is not set: the resolve_input_shape node has not run")
+    return shape.channels, shape.height, shape.width
+
+
 def example_input(state: State, batch: int = 1):
     """Return a zero batch at the resolved input shape."""
     import torch
 
-    shape = state.input_shape or {}
-    return torch.zeros(batch, int(shape["channels"]), int(shape["height"]), int(shape["width"]))
+    return torch.zeros(batch, *input_chw(state))
+
+
+def prepared(state: State) -> dict[str, Any]:
+    """Load the prepared evaluation and calibration tensors of the run."""
+    from profiling_agent.tools.data.prepare import load_prepared
+
+    if state.data is None:
+        raise RuntimeError("no prepared data: the prepare_data node has not run")
+    return load_prepared(run_dir(state) / state.data.path)
+
+
+def allowed_ids(state: State) -> list[int] | None:
+    """Return the model ids predictions are restricted to (the dataset's classes), or None for all."""
+    return state.labels.allowed_ids if state.labels else None
+
+
+def current_candidate(state: State) -> Candidate:
+    """Return a copy of this iteration's in-progress candidate (a new one when none exists yet)."""
+    return state.current.model_copy(deep=True) if state.current else Candidate(iteration=state.iteration)

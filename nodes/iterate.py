@@ -6,41 +6,36 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import event
-from profiling_agent.state import Candidate, Context, State
+from profiling_agent.nodes.common import current_candidate, event
+from profiling_agent.state import Candidate, CompressionPlan, Context, State
 
 
-def finished_candidate(state: State) -> dict[str, Any]:
-    """Turn the in-progress `current` dict into a Candidate record."""
-    current = dict(state.current or {})
-    status = current.get("status")
-    record = Candidate(
-        iteration=state.iteration,
-        status="rejected" if status == "rejected" else "ok" if status == "ok" and current.get("eval") else "failed",
-        plan=state.plan or {},
-        planner=state.planner_used or "deterministic",
-        applied=current.get("applied", []),
-        quantized=current.get("quantized", []),
-        artifact=current.get("artifact"),
-        eval=current.get("eval"),
-        error=current.get("error"),
-    ).model_dump()
-    record["planner_meta"] = current.get("planner_meta", {})
-    if current.get("review"):  # the human decision on the plan (objective.approve)
-        record["review"] = current["review"]
-    return record
+def finished_candidate(state: State) -> Candidate:
+    """Turn this iteration's in-progress candidate into its final record (ok only when it was evaluated)."""
+    current = current_candidate(state)
+    status = current.status
+    final = "rejected" if status == "rejected" else "ok" if status == "ok" and current.eval else "failed"
+    return current.model_copy(
+        update={
+            "iteration": state.iteration,
+            "status": final,
+            "plan": state.plan or CompressionPlan(),
+            "planner": state.planner_used or "deterministic",
+        }
+    )
 
 
 def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Append this iteration's candidate, re-select the best by the objective's rule, set the stop reason."""
     from profiling_agent.tools.evaluation.selection import objective_met, quantization_cost_speed, select_best
 
-    cand = finished_candidate(state)
-    candidates = [*state.candidates, cand]
+    cand = finished_candidate(state).model_dump()
+    candidates = [*(c.model_dump() for c in state.candidates), cand]
     objective = state.objective
-    best = select_best(candidates, state.baseline_eval, objective) if state.baseline_eval else None
+    base = state.baseline_eval.model_dump() if state.baseline_eval else None
+    best = select_best(candidates, base, objective) if base else None
     stop = ""
-    if objective_met(best, state.baseline_eval, objective) and quantization_cost_speed(best, candidates, objective):
+    if objective_met(best, base, objective) and quantization_cost_speed(best, candidates, objective):
         if state.iteration < objective.iterations:
             note = (
                 "objective met, but dynamic quantization made the best model slower than the baseline "
@@ -53,7 +48,7 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
                 "current": None,
                 "history": event("iterate", f"candidate {state.iteration} recorded; {note}", state.iteration),
             }
-    if objective_met(best, state.baseline_eval, objective):
+    if objective_met(best, base, objective):
         stop = (
             f"objective met at iteration {best['iteration']}: {best['reduction']:.1%} {objective.target} reduction "
             f"with {best['accuracy_drop']:.2f} pp accuracy drop (budget {objective.max_acc_drop} pp)"

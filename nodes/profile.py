@@ -7,7 +7,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import context_of, emit, event, load_artifact_model, run_dir
+from profiling_agent.nodes.common import context_of, emit, event, input_chw, load_artifact_model, run_dir
 from profiling_agent.state import Context, State
 
 
@@ -23,7 +23,7 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     set_threads(ctx.threads)
     device = resolve_device(ctx.device)
     loaded = load_artifact_model(state, state.baseline)
-    shape = (state.input_shape["channels"], state.input_shape["height"], state.input_shape["width"])
+    shape = input_chw(state)
     emit(runtime, kind="progress", task="profiling", done=0, total=1, label="baseline")
     full = profile_model(loaded.model.to(device), shape, device=str(device))
     adapter = adapter_for(loaded.model)

@@ -9,13 +9,15 @@ from langgraph.runtime import Runtime
 from profiling_agent.nodes.common import (
     artifact_ref,
     context_of,
+    current_candidate,
     emit,
     event,
     example_input,
+    input_chw,
     iteration_dir,
     load_artifact_model,
 )
-from profiling_agent.state import Context, State
+from profiling_agent.state import ArtifactRef, CompressionPlan, Context, State
 
 
 def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -28,7 +30,8 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 
     ctx = context_of(runtime)
     it = state.iteration
-    current = dict(state.current or {"iteration": it})
+    current = current_candidate(state)
+    plan = state.plan or CompressionPlan()
     emit(runtime, kind="progress", task=f"iteration {it}: pruning", done=0, total=1, label="")
     loaded = load_artifact_model(state, state.baseline)
     model = loaded.model
@@ -36,16 +39,13 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     # a uniform baseline (l1/l2/random) is defined by its importance; the other planners use the context's
     importance = state.objective.planner if is_baseline(state.objective.planner) else ctx.importance
     try:
-        report = prune_model(
-            model, state.plan.get("pruning", []), example, importance=importance, seed=state.dataset.seed
-        )
+        report = prune_model(model, plan.pruning, example, importance=importance, seed=state.dataset.seed)
         self_check(model, example, int(model.config.num_labels))
     except Exception as exc:  # a plan the engine cannot apply is a failed candidate, not a failed run
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        current.update({"status": "failed", "error": f"pruning failed: {reason}"})
-        return {"current": current, "history": event("prune", f"candidate failed: {reason}", it)}
-    shape = (state.input_shape["channels"], state.input_shape["height"], state.input_shape["width"])
-    macs = int(static_profile(model, shape)["total_macs"])
+        current.status, current.error = "failed", f"pruning failed: {reason}"
+        return {"current": current.model_dump(), "history": event("prune", f"candidate failed: {reason}", it)}
+    macs = int(static_profile(model, input_chw(state))["total_macs"])
     saved = save_artifact(
         model,
         iteration_dir(state, it) / "pruned",
@@ -54,20 +54,13 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         extra={"role": "pruned", "iteration": it, "applied": report.applied, "macs": macs},
     )
     applied = [{k: v for k, v in a.items() if k != "removed"} for a in report.applied]
-    current.update(
-        {
-            "status": "ok",
-            "applied": applied,
-            "pruned": artifact_ref(state, saved),
-            "macs": macs,
-            "params_before": report.params_before,
-            "params_after": report.params_after,
-        }
-    )
+    current.status, current.applied, current.macs = "ok", applied, macs
+    current.pruned = ArtifactRef.model_validate(artifact_ref(state, saved))
+    current.params_before, current.params_after = report.params_before, report.params_after
     emit(runtime, kind="progress", task=f"iteration {it}: pruning", done=1, total=1, label="")
     removed = report.params_before - report.params_after
     message = (
         f"pruned {sum(a['units_before'] != a['units_after'] for a in applied)} groups: "
         f"{removed:,} params removed ({removed / max(report.params_before, 1):.1%}); self-check passed"
     )
-    return {"current": current, "history": event("prune", message, it)}
+    return {"current": current.model_dump(), "history": event("prune", message, it)}

@@ -6,8 +6,8 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import artifact_ref, event, iteration_dir, load_artifact_model
-from profiling_agent.state import Context, State
+from profiling_agent.nodes.common import artifact_ref, current_candidate, event, iteration_dir, load_artifact_model
+from profiling_agent.state import ArtifactRef, CompressionPlan, Context, State
 
 
 def quantize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -16,15 +16,16 @@ def quantize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.models.artifacts import save_artifact
 
     it = state.iteration
-    current = dict(state.current or {})
-    loaded = load_artifact_model(state, current["pruned"])
-    entries = state.plan.get("quantization", [])
+    current = current_candidate(state)
+    plan = state.plan or CompressionPlan()
+    loaded = load_artifact_model(state, current.pruned)
+    entries = plan.quantization
     try:
         model, quantized = quantize_model(loaded.model, entries)
     except Exception as exc:  # e.g. an unsupported dtype on this backend: the candidate fails, the run goes on
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        current.update({"status": "failed", "error": f"quantization failed: {reason}"})
-        return {"current": current, "history": event("quantize", f"candidate failed: {reason}", it)}
+        current.status, current.error = "failed", f"quantization failed: {reason}"
+        return {"current": current.model_dump(), "history": event("quantize", f"candidate failed: {reason}", it)}
     recipe = loaded.recipe
     saved = save_artifact(
         model,
@@ -32,9 +33,10 @@ def quantize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         processor=loaded.processor,
         quantized=quantized,
         attrs=recipe.get("attrs"),
-        extra={**(recipe.get("extra") or {}), "role": "candidate", "plan": state.plan},
+        extra={**(recipe.get("extra") or {}), "role": "candidate", "plan": plan.model_dump()},
     )
-    current.update({"artifact": artifact_ref(state, saved), "quantized": sorted(quantized)})
+    current.artifact = ArtifactRef.model_validate(artifact_ref(state, saved))
+    current.quantized = sorted(quantized)
     dtypes = sorted(set(quantized.values()))
     message = f"quantized {len(quantized)} Linear layers ({', '.join(dtypes) or 'none'})"
-    return {"current": current, "history": event("quantize", message, it)}
+    return {"current": current.model_dump(), "history": event("quantize", message, it)}

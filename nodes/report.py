@@ -7,26 +7,25 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import absolute, context_of, emit, event, load_artifact_model, run_dir
+from profiling_agent.nodes.common import absolute, context_of, emit, event, load_artifact_model, prepared, run_dir
 from profiling_agent.state import Context, State
 
 
 def final_latency(state: State, ctx: Context) -> dict[str, dict[str, Any]]:
     """Measure the baseline and every finished candidate together, interleaved, in one process run."""
-    from profiling_agent.tools.data.prepare import load_prepared
     from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.latency import measure_latency
 
     set_threads(ctx.threads)
-    ok = [c for c in state.candidates if c.get("status") == "ok" and c.get("artifact")]
+    ok = [c for c in state.candidates if c.status == "ok" and c.artifact]
     if not ok or not state.data:
         return {}
     models = {"baseline": load_artifact_model(state, state.baseline).model}
     for cand in ok:
-        models[f"iter_{cand['iteration']:02d}"] = load_artifact_model(state, cand["artifact"]).model
-    quantized = any(c.get("quantized") for c in ok)
+        models[f"iter_{cand.iteration:02d}"] = load_artifact_model(state, cand.artifact).model
+    quantized = any(c.quantized for c in ok)
     device = "cpu" if quantized else str(resolve_device(ctx.device))
-    pixels = load_prepared(run_dir(state) / state.data["path"])["eval_pixels"][: ctx.latency_batch]
+    pixels = prepared(state)["eval_pixels"][: ctx.latency_batch]
     return measure_latency(
         {k: m.to(device) for k, m in models.items()},
         pixels,
@@ -48,9 +47,9 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     emit(runtime, kind="progress", task="final latency (all models side by side)", done=0, total=2, label="")
     latency = final_latency(state, context_of(runtime))
     emit(runtime, kind="progress", task="final latency (all models side by side)", done=2, total=2, label="")
-    if state.best and state.best.get("artifact"):
+    if state.best and state.best.artifact:
         with atomic_dir(root / "best") as tmp:
-            shutil.copytree(absolute(state, state.best["artifact"]["path"]), tmp, dirs_exist_ok=True)
+            shutil.copytree(absolute(state, state.best.artifact.path), tmp, dirs_exist_ok=True)
     final = state.model_dump()
     final["status"] = "done"
     thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None) or root.name  # forks: RUN/T/forks/
@@ -58,11 +57,12 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     write_json_atomic(root / "result.json", result)
     profile_path = root / "profile.json"
     profile = read_json(profile_path) if profile_path.exists() else None
+    summary = state.profile.model_dump() if state.profile else None
     try:
-        files = write_report_files(root, result, profile, state.profile)
+        files = write_report_files(root, result, profile, summary)
         trouble = ""
     except Exception as exc:  # noqa: BLE001 - charts and HTML must not fail a finished run: keep report.md
-        write_text_atomic(root / "report.md", render_markdown(result, state.profile))
+        write_text_atomic(root / "report.md", render_markdown(result, summary))
         files = {"markdown": "report.md", "html": None, "plots": {}}
         trouble = f"; plots and report.html not written ({type(exc).__name__}: {exc})"
     best = result.get("best")

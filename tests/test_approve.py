@@ -7,8 +7,8 @@ import json
 import pytest
 
 from profiling_agent.graph import routing
-from profiling_agent.nodes.approve import parse_answer, unwrap_plan
 from profiling_agent.state import State
+from profiling_agent.tools.planning.review import parse_answer, unwrap_plan
 
 PROFILE = {
     "groups": [
@@ -30,10 +30,10 @@ def test_routing_goes_through_approve_only_when_asked():
     assert routing.after_analyze(state) == "prune"
     assert routing.after_analyze(State(objective={"approve": True})) == "approve"
     assert routing.after_analyze(State(objective={"approve": True}, stop_reason="converged")) == "report"
-    assert routing.after_approve(State(current={"status": None})) == "prune"
-    rejected = {"status": "rejected"}
-    assert routing.after_approve(State(current=rejected)) == "evaluate"  # the baseline still gets measured once
-    assert routing.after_approve(State(current=rejected, baseline_eval={"accuracy": 90.0})) == "iterate"
+    assert routing.after_approve(State(current={"iteration": 1})) == "prune"
+    assert routing.after_approve(State(current={"iteration": 1, "status": "ok"})) == "prune"
+    # the baseline is measured before planning, so a rejected plan goes straight to the bookkeeping
+    assert routing.after_approve(State(current={"iteration": 1, "status": "rejected"})) == "iterate"
 
 
 @pytest.mark.parametrize(

@@ -84,7 +84,15 @@ def _check_complete(runs: Path) -> dict:
     assert [c["iteration"] for c in values["candidates"]] == list(range(1, iterations + 1))
     steps = Counter((h["node"], h["iteration"]) for h in values["history"])
     assert max(steps.values()) == 1, [k for k, n in steps.items() if n > 1]  # no node step recorded twice
-    for node in ("acquire", "resolve_input_shape", "profile", "report"):
+    for node in (
+        "acquire",
+        "resolve_input_shape",
+        "prepare_data",
+        "profile",
+        "probe_sensitivity",
+        "measure_baseline",
+        "report",
+    ):
         assert sum(n for (name, _), n in steps.items() if name == node) == 1, node
     for it in range(1, iterations + 1):
         assert steps[("analyze", it)] == 1 and steps[("iterate", it)] == 1, it

@@ -147,3 +147,20 @@ def test_eval_config_defaults():
         "cpu",
     )
     assert EvalConfig(repeats=3).repeats == 3
+
+
+def test_model_macs_falls_back_to_the_macs_an_artifact_recorded(tiny_vit, monkeypatch):
+    import profiling_agent.tools.profiling.static as static
+    from profiling_agent.tools.evaluation.evaluate_model import model_macs
+    from profiling_agent.tools.models.loading import LoadedModel
+
+    loaded = LoadedModel(tiny_vit, None, "artifact", "x", {"recipe": {"extra": {"macs": 12345}}})
+    counted = model_macs(loaded, (1, 16, 16))
+    assert counted and counted != 12345  # ptflops counts when it can
+
+    def unsupported(*_args, **_kwargs):
+        raise RuntimeError("ptflops cannot count this module")
+
+    monkeypatch.setattr(static, "static_profile", unsupported)
+    assert model_macs(loaded, (1, 16, 16)) == 12345  # the artifact's recipe, kept in LoadedModel.info
+    assert model_macs(LoadedModel(tiny_vit, None, "local", "x"), (1, 16, 16)) is None

@@ -146,7 +146,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
 
     def flaky_latency(*args, **kwargs):
         calls["latency"] += 1
-        if calls["latency"] == 2:  # iteration 2's evaluation: simulate Ctrl-C mid-loop
+        if calls["latency"] == 3:  # baseline, iteration 1, then iteration 2's evaluation: simulate Ctrl-C mid-loop
             raise KeyboardInterrupt
         return real_latency(*args, **kwargs)
 

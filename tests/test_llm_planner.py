@@ -258,8 +258,23 @@ def test_quantization_is_dropped_when_the_objective_disables_it(tmp_path):
     assert outcome.planner == "llm" and outcome.plan.quantization == []
 
 
+def eval_record(**values):
+    """A complete EvalRecord dict (the state's schema) with the given measurements and neutral defaults."""
+    defaults = {
+        "name": "iter_01",
+        "agreement": 100.0,
+        "n_samples": 100,
+        "latency_batch_ms": 10.0,
+        "batch_size": 16,
+        "baseline_latency_ms": 2.0,
+        "memory_bytes": 1000,
+        "threads": 1,
+    }
+    return {**defaults, **values}
+
+
 def test_later_rounds_use_the_iterative_prompt_with_measurements(tmp_path):
-    base = {"accuracy": 90.0, "params": 100_000, "macs": 1_000_000, "latency_ms": 2.0, "speedup": 1.0, "size_mb": 0.4}
+    base = eval_record(accuracy=90.0, params=100_000, macs=1_000_000, latency_ms=2.0, speedup=1.0, size_mb=0.4)
     cand = {
         "iteration": 1,
         "status": "ok",
@@ -267,14 +282,7 @@ def test_later_rounds_use_the_iterative_prompt_with_measurements(tmp_path):
         "plan": PLAN,
         "error": None,
         "applied": [{"group": "layers.0.mlp", "units_before": 64, "units_after": 38}],
-        "eval": {
-            "accuracy": 87.0,
-            "params": 70_000,
-            "macs": 690_000,
-            "latency_ms": 1.5,
-            "speedup": 1.33,
-            "size_mb": 0.1,
-        },
+        "eval": eval_record(accuracy=87.0, params=70_000, macs=690_000, latency_ms=1.5, speedup=1.33, size_mb=0.1),
     }
     failed = {
         "iteration": 2,

@@ -181,9 +181,9 @@ def test_dynamic_regexes_only_where_guarded():
 def test_plan_regexes_are_length_limited_and_checked():
     from pydantic import ValidationError
 
-    from profiling_agent.nodes.approve import review_plan
     from profiling_agent.state import MAX_REGEX_LEN, PruneEntry, QuantEntry
     from profiling_agent.tools.planning.regex_safety import regex_problem
+    from profiling_agent.tools.planning.review import review_plan
 
     for model in (PruneEntry, QuantEntry):
         kwargs = {"type": "structured", "ratio": 0.5} if model is PruneEntry else {}

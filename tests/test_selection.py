@@ -1,4 +1,4 @@
-from profiling_agent.graph.routing import after_analyze, after_iterate, after_prune
+from profiling_agent.graph.routing import after_analyze, after_iterate, after_prune, after_quantize
 from profiling_agent.state import Objective, State
 from profiling_agent.tools.evaluation.selection import objective_met, reduction, select_best
 
@@ -55,8 +55,10 @@ def test_routing_enforces_the_iteration_bound():
     assert after_iterate(s) == "report"
     assert after_iterate(State(objective=Objective(iterations=3), iteration=2)) == "analyze"
     assert after_iterate(State(iteration=1, stop_reason="objective met")) == "report"
-    assert after_prune(State(current={"status": "failed"})) == "evaluate"
-    assert after_prune(State(current={"status": "ok"})) == "quantize"
+    assert after_prune(State(current={"iteration": 1, "status": "failed"})) == "iterate"
+    assert after_prune(State(current={"iteration": 1, "status": "ok"})) == "quantize"
+    assert after_quantize(State(current={"iteration": 1, "status": "failed"})) == "iterate"
+    assert after_quantize(State(current={"iteration": 1, "status": "ok"})) == "evaluate"
     assert after_analyze(State(stop_reason="converged")) == "report"
     assert after_analyze(State()) == "prune"
 

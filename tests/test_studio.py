@@ -189,7 +189,15 @@ def test_full_run_with_approval_from_studio(studio):
         return nodes, progress, interrupts
 
     nodes, progress, interrupts = stream(input=inputs)
-    assert nodes == ["acquire", "resolve_input_shape", "profile", "analyze"]
+    assert nodes == [
+        "acquire",
+        "resolve_input_shape",
+        "prepare_data",
+        "profile",
+        "probe_sensitivity",
+        "measure_baseline",
+        "analyze",
+    ]
     assert any(p.get("kind") == "progress" and p.get("task") == "sensitivity probe" for p in progress)
     request = interrupts[0]["value"]
     assert request["kind"] == "approve_plan" and request["iteration"] == 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.models.loading import LoadedModel
+
 
 def evaluate_model(
     model_ref: str,
@@ -38,7 +40,6 @@ def evaluate_model(
     from profiling_agent.tools.models.input_shape import resolve_input_shape, verify_input_shape
     from profiling_agent.tools.models.loading import load_model
     from profiling_agent.tools.models.sizes import count_params, state_bytes
-    from profiling_agent.tools.profiling.static import static_profile
 
     loaded = load_model(model_ref)
     model = loaded.model
@@ -80,11 +81,7 @@ def evaluate_model(
         size_mb = sum(f.stat().st_size for f in files) / 1e6 if files else None
     else:
         size_mb = weights.stat().st_size / 1e6 if weights and weights.exists() else None
-    try:
-        macs = int(static_profile(model.to("cpu"), (shape["channels"], shape["height"], shape["width"]))["total_macs"])
-    except Exception:  # ptflops cannot count every quantized module: report what the artifact recorded
-        recipe = getattr(loaded, "recipe", None) or {}
-        macs = int((recipe.get("extra") or {}).get("macs", 0)) or None
+    macs = model_macs(loaded, (shape["channels"], shape["height"], shape["width"]))
     return {
         "model": model_ref,
         "dataset": f"{dataset_ref}:{split}",
@@ -102,3 +99,14 @@ def evaluate_model(
         "label_mapping": mapping["method"],
         "restricted": bool(mapping.get("restricted")),
     }
+
+
+def model_macs(loaded: LoadedModel, chw: tuple[int, int, int]) -> int | None:
+    """Count one image's MACs; when ptflops cannot (some quantized modules), use what the artifact recorded."""
+    from profiling_agent.tools.profiling.static import static_profile
+
+    try:
+        return int(static_profile(loaded.model.to("cpu"), chw)["total_macs"])
+    except Exception:  # noqa: BLE001 - ptflops fails in many ways on modules it does not know
+        recipe = loaded.info.get("recipe") or {}
+        return int((recipe.get("extra") or {}).get("macs", 0)) or None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, Objective, PruneEntry, QuantEntry
+from profiling_agent.state import Candidate, CompressionPlan, EvalRecord, Objective, PruneEntry, QuantEntry
 from profiling_agent.tools.compression.units import removed_units
-from profiling_agent.tools.evaluation.selection import quantization_slowed
+from profiling_agent.tools.evaluation.selection import quantization_slowed, within_budget
 
 
 @dataclass
@@ -267,3 +268,29 @@ def plan_round(
         rationale += f" Note: {quant_note}."
     plan = CompressionPlan(pruning=entries, quantization=quant, rationale=rationale)
     return PlanResult(plan, "deterministic", estimate, gamma, converged=converged, notes=[why])
+
+
+def planner_history(
+    candidates: Sequence[Candidate], baseline: EvalRecord | None, objective: Objective
+) -> list[dict[str, Any]]:
+    """Summarize earlier rounds for the planner: the goal and gamma each aimed at and whether the budget held."""
+    rounds = []
+    base = baseline.model_dump() if baseline else None
+    for cand in candidates:
+        meta = cand.planner_meta
+        if meta.goal is None:
+            continue
+        ev = cand.eval
+        passed = bool(cand.status == "ok" and ev and base and within_budget(ev.model_dump(), base, objective))
+        rounds.append(
+            {
+                "iteration": cand.iteration,
+                "goal": meta.goal,
+                "gamma": meta.gamma,
+                "passed": passed,
+                "rejected": cand.status == "rejected",
+                "quant_speedup": ev.quant_speedup if ev else None,
+                "quant_speedup_batch": ev.quant_speedup_batch if ev else None,
+            }
+        )
+    return rounds

@@ -85,16 +85,6 @@ class _Rejected(Exception):
         self.stage, self.reasons = stage, reasons
 
 
-def sum_usage(items: list[dict[str, Any]]) -> dict[str, int]:
-    """Sum usage counters (missing keys count 0)."""
-    total = empty_usage()
-    for item in items:
-        for key in total:
-            value = (item or {}).get(key, 0)
-            total[key] += int(value) if isinstance(value, int) else 0
-    return total
-
-
 # ---------------------------------------------------------------- the plan policy
 
 
@@ -123,7 +113,7 @@ def apply_quantize_choice(
 
 def planning_round(state: State) -> int:
     """Return the round being planned: `state.iteration`, or one past the last finished candidate if larger."""
-    done = max((int(c.get("iteration", 0)) for c in state.candidates), default=0)
+    done = max((c.iteration for c in state.candidates), default=0)
     return max(state.iteration, done + 1, 1)
 
 
@@ -278,9 +268,9 @@ def render_messages(
         sensitivity,
         state.objective,
         iteration=iteration,
-        candidates=state.candidates,
-        baseline_eval=state.baseline_eval,
-        fallbacks=state.fallbacks,
+        candidates=[c.model_dump() for c in state.candidates],
+        baseline_eval=state.baseline_eval.model_dump() if state.baseline_eval else None,
+        fallbacks=[f.model_dump() for f in state.fallbacks],
         model_info=info,
         guard=guard,
         tool_rounds=ctx.llm_tool_rounds,

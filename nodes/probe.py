@@ -1,0 +1,54 @@
+"""Sensitivity agent: prune each group alone a little on the calibration images and measure the damage (once)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from profiling_agent.nodes.common import (
+    allowed_ids,
+    context_of,
+    event,
+    load_artifact_model,
+    prepared,
+    progress_callback,
+    run_dir,
+)
+from profiling_agent.state import Context, State
+
+
+def probe_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Probe every prunable group once and keep the result for every planning round (uniform baselines skip it)."""
+    from profiling_agent.tools.compression.baselines import is_baseline
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.io import write_json_atomic
+    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity as probe
+
+    if state.sensitivity is not None:
+        return {"history": event("probe_sensitivity", "already probed")}
+    if is_baseline(state.objective.planner):
+        message = f"not needed: the uniform {state.objective.planner} baseline ignores sensitivity"
+        return {"history": event("probe_sensitivity", message)}
+    ctx = context_of(runtime)
+    loaded = load_artifact_model(state, state.baseline)
+    tensors = prepared(state)
+    groups = adapter_for(loaded.model).prunable_groups(loaded.model)
+    result = probe(
+        loaded.model,
+        groups,
+        tensors["calib_pixels"],
+        tensors["calib_labels"],
+        ratio=ctx.probe_ratio,
+        allowed_ids=allowed_ids(state),
+        seed=state.dataset.seed,
+        progress=progress_callback(runtime, "sensitivity probe"),
+    )
+    write_json_atomic(run_dir(state) / "sensitivity.json", result)
+    rounded = {
+        name: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for name, r in result.items()
+    }
+    least = min(rounded, key=lambda g: rounded[g]["damage"]) if rounded else "-"
+    most = max(rounded, key=lambda g: rounded[g]["damage"]) if rounded else "-"
+    message = f"{len(rounded)} groups probed at ratio {ctx.probe_ratio:g}; least sensitive {least}, most {most}"
+    return {"sensitivity": rounded, "history": event("probe_sensitivity", message)}

@@ -1,0 +1,111 @@
+"""The house rules of the package layout, checked on the source: rooms, import direction, no circles, small modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "profiling_agent"
+SOURCE_DIRS = ("graph", "nodes", "tools", "prompts")
+MAX_LINES = 500
+# the rooms of tools/, lowest first: a module may import its own room and the rooms before it, never after
+LAYERS = ("models", "data", "compression", "profiling", "evaluation", "planning", "reporting")
+TOP_HELPERS = {"io", "device", "hub", "text", "versions"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {f"{PACKAGE}.state": ROOT / "state.py", PACKAGE: ROOT / "__init__.py"}
+    for folder in SOURCE_DIRS:
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            found[".".join((PACKAGE, *parts))] = path
+    return found
+
+
+def _imports(path: Path) -> set[str]:
+    """Every profiling_agent module a file imports, at the top or inside functions."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names if alias.name.startswith(PACKAGE))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[1:2] != ["tools"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in LAYERS else "base"
+
+
+def test_no_module_over_the_size_limit():
+    too_long = {name: n for name, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not too_long, too_long
+
+
+def test_tools_holds_rooms_and_few_top_level_modules():
+    top = sorted(p.stem for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__")
+    assert set(top) <= TOP_HELPERS and len(top) <= 8, top
+    rooms = sorted(p.name for p in (ROOT / "tools").iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(LAYERS), rooms
+    for room in rooms:  # each room says what lives there and what it may import
+        doc = ast.get_docstring(ast.parse((ROOT / "tools" / room / "__init__.py").read_text())) or ""
+        assert len(doc) > 80 and "import" in doc, room
+
+
+def test_tools_import_downward_only():
+    wrong = []
+    for module, imported in _graph().items():
+        room = _room(module)
+        if room is None:
+            continue
+        rank = -1 if room == "base" else LAYERS.index(room)
+        for target in imported:
+            prompts_ok = room == "planning" and target.startswith(f"{PACKAGE}.prompts")  # the LLM planner's templates
+            if target.split(".")[1:2] in (["graph"], ["nodes"], ["prompts"]) and not prompts_ok:
+                wrong.append(f"{module} -> {target}")
+            other = _room(target)
+            if other is not None and (-1 if other == "base" else LAYERS.index(other)) > rank:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, wrong
+
+
+def test_graph_only_wires_and_nodes_never_import_graph():
+    wrong = [
+        f"{m} -> {t}"
+        for m, targets in _graph().items()
+        for t in targets
+        if (m.startswith(f"{PACKAGE}.nodes") and t.startswith(f"{PACKAGE}.graph"))
+        or (m.startswith(f"{PACKAGE}.graph") and t.startswith(f"{PACKAGE}.nodes.") and not m.endswith("builder"))
+    ]
+    assert not wrong, wrong
+
+
+def test_no_import_circles():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, cycles

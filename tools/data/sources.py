@@ -157,7 +157,7 @@ def load_split(ref: str, split: str | None) -> Any:
     if ref.startswith("embedded:"):
         if ref not in EMBEDDED_DATASETS:
             raise DataError(f"unknown embedded dataset '{ref}'; choose from {_listing(EMBEDDED_DATASETS)}")
-        from profiling_agent.tools.models.embedded import ensure_dataset
+        from profiling_agent.tools.models.embedded_data import ensure_dataset
 
         return _pick_split(load_from_disk(str(ensure_dataset())), split, ref)
     path = Path(ref).expanduser()

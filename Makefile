@@ -13,9 +13,9 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -qq --upgrade pip
+	$(BIN)/python -m pip install -qq $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -qq -e ".[dev]"
 	touch $@
 
 run: install

@@ -51,8 +51,25 @@ class DatasetRef(_Strict):
         default=EMBEDDED_DATASET,
         description="Hub id, a save_to_disk folder, an imagefolder directory, or embedded:digits.",
     )
-    split: str = Field(default="test", description="Split to evaluate on.")
-    subset: int = Field(default=512, ge=8, le=1_000_000, description="Seeded evaluation subset size.")
+    split: str = Field(default="test", description="Split to evaluate on (validation and, by default, test images).")
+    subset: int = Field(
+        default=512,
+        ge=8,
+        le=1_000_000,
+        description="Seeded validation subset: the images the loop, the planners and the selection rule see.",
+    )
+    test_subset: int = Field(
+        default=512,
+        ge=8,
+        le=1_000_000,
+        description="Seeded held-out test subset, disjoint from validation and calibration: evaluated only for "
+        "the baseline and the delivered model.",
+    )
+    test_split: str | None = Field(
+        default=None,
+        description="Split the test images come from (default: the evaluated split, or `test` when evaluating "
+        "on `validation` and the dataset has one).",
+    )
     calibration: int = Field(
         default=64, ge=4, le=10_000, description="Images (from the other samples) used by the sensitivity probe."
     )
@@ -187,7 +204,8 @@ class DataRef(_Strict):
 
     path: str = Field(description="Tensor file, relative to the run folder.")
     sha256: str = Field(description="sha256 of the tensor file.")
-    n_eval: int = Field(description="Evaluation images.")
+    n_eval: int = Field(description="Validation images (what the loop selects on).")
+    n_test: int = Field(default=0, description="Held-out test images (what the report quotes).")
     n_calib: int = Field(description="Calibration (sensitivity-probe) images.")
     image_column: str = Field(description="Image column read.")
     label_column: str = Field(description="Label column read.")
@@ -195,7 +213,10 @@ class DataRef(_Strict):
     note: str = Field(default="", description="How the subsets were drawn.")
     seed: int = Field(description="Seed of the subsets.")
     shape: list[int] = Field(description="channels, height, width of the stored pixels.")
-    calib_overlaps_eval: bool = Field(description="Calibration images overlap the evaluation subset.")
+    calib_overlaps_eval: bool = Field(default=False, description="Calibration images overlap validation (never now).")
+    test_other_split: bool = Field(default=False, description="The test images come from another split.")
+    calib_other_split: bool = Field(default=False, description="The calibration images come from another split.")
+    subsets: str = Field(default="subsets.json", description="Row indices of every role, relative to the run.")
 
 
 class InputShape(_Strict):
@@ -258,6 +279,9 @@ class EvalRecord(_Strict):
     pruned_latency_batch_ms: float | None = Field(default=None, description="Batch-N latency of the fp32 pruned model.")
     quant_speedup: float | None = Field(default=None, description="Pruned fp32 over quantized latency, batch 1.")
     quant_speedup_batch: float | None = Field(default=None, description="Pruned fp32 over quantized latency, batch N.")
+    acc_delta_ci: list[float] | None = Field(
+        default=None, description="Paired bootstrap 95% interval of the accuracy change vs the baseline, pp."
+    )
 
 
 class PlannerMeta(_Strict):
@@ -269,6 +293,9 @@ class PlannerMeta(_Strict):
     llm: dict[str, Any] | None = Field(default=None, description="The LLM step's facts (model, usage, transcript).")
     baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
     ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
+    backoff: dict[str, Any] | None = Field(
+        default=None, description="Round 1's trials on the calibration images (goal, drop) and the cap they met."
+    )
 
 
 class Review(_Strict):
@@ -308,6 +335,24 @@ class Best(Candidate):
     within_budget: bool = Field(description="Its accuracy drop is within max_acc_drop.")
     reduction: float = Field(description="Fractional reduction of the objective's target.")
     accuracy_drop: float = Field(description="Top-1 points lost against the baseline.")
+    ci_crosses_budget: bool = Field(
+        default=False, description="Within budget on the point estimate, but the 95% interval reaches past it."
+    )
+
+
+class TestEval(_Strict):
+    """Baseline and delivered model on the held-out test images, which no plan, probe or selection saw."""
+
+    __test__ = False  # not a pytest class
+
+    split: str = Field(description="Split the test images come from.")
+    n_samples: int = Field(description="Test images.")
+    baseline_accuracy: float = Field(description="Baseline top-1 on the test images, %.")
+    best_iteration: int | None = Field(default=None, description="The delivered candidate (None: none finished).")
+    best_accuracy: float | None = Field(default=None, description="Delivered model's top-1 on the test images, %.")
+    agreement: float | None = Field(default=None, description="Percent of test predictions equal to the baseline's.")
+    delta: float | None = Field(default=None, description="best_accuracy - baseline_accuracy, pp.")
+    delta_ci: list[float] | None = Field(default=None, description="Paired bootstrap 95% interval of delta, pp.")
 
 
 class Fallback(_Strict):
@@ -361,7 +406,8 @@ class State(BaseModel):
     input_shape: InputShape | None = Field(default=None, description="channels/height/width and source.")
     profile: ProfileSummary | None = Field(default=None, description="Compact profile summary.")
     sensitivity: dict[str, GroupSensitivity] | None = Field(default=None, description="Probe result per group.")
-    baseline_eval: EvalRecord | None = Field(default=None, description="The baseline's measurements.")
+    baseline_eval: EvalRecord | None = Field(default=None, description="The baseline's measurements (validation).")
+    test_eval: TestEval | None = Field(default=None, description="Baseline and best on the held-out test images.")
 
     iteration: int = Field(default=0, description="Current pruning iteration, 1-based once planning starts.")
     plan: CompressionPlan | None = Field(default=None, description="Plan of the current iteration.")

@@ -19,6 +19,7 @@ from profiling_agent.nodes.prune import prune
 from profiling_agent.nodes.quantize import quantize
 from profiling_agent.nodes.report import report
 from profiling_agent.nodes.resolve_shape import resolve_input_shape
+from profiling_agent.nodes.test_best import test_best
 from profiling_agent.state import Context, InputState, State
 
 
@@ -37,6 +38,7 @@ def build_graph(checkpointer: Checkpointer = None):
     builder.add_node("quantize", quantize)
     builder.add_node("evaluate", evaluate)
     builder.add_node("iterate", iterate)
+    builder.add_node("test_best", test_best)
     builder.add_node("report", report)
 
     builder.add_edge(START, "acquire")
@@ -56,5 +58,7 @@ def build_graph(checkpointer: Checkpointer = None):
     builder.add_edge("evaluate", "iterate")
     # the iterative pruning loop (paper, Algorithm 1), bounded in the routing function
     builder.add_conditional_edges("iterate", routing.after_iterate)
+    # the held-out test images are read once, after the loop has chosen: they never steer it
+    builder.add_edge("test_best", "report")
     builder.add_edge("report", END)
     return builder.compile(checkpointer=checkpointer, name="profiling_agent")

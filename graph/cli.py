@@ -255,6 +255,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_images(run_path: Path, part: str, dataset: str | None) -> tuple[str, str, list[int]]:
+    """Return the dataset, split and rows a finished run used for `part` (validation or test), from subsets.json."""
+    from profiling_agent.tools.io import read_json
+
+    path = run_path / "subsets.json"
+    if not path.is_file():
+        raise BadInput(f"--from-run: {path} not found (a run folder RUN_DIR/THREAD_ID that prepared its data)")
+    subsets = read_json(path)
+    return dataset or subsets["dataset"], subsets[part]["split"], [int(i) for i in subsets[part]["indices"]]
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a model (baseline or saved artifact) on a dataset: accuracy, latency, size, params, MACs."""
     import tempfile
@@ -264,12 +275,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.reporting.markdown import format_table
 
+    dataset, split, rows = args.dataset or EMBEDDED_DATASET, args.split, None
+    if args.from_run:
+        dataset, split, rows = run_images(Path(args.from_run), args.part, args.dataset)
     with tempfile.TemporaryDirectory() as tmp:
         metrics = evaluate_model(
             args.model,
-            args.dataset or EMBEDDED_DATASET,
-            split=args.split,
+            dataset,
+            split=split,
             subset=args.subset,
+            rows=rows,
             seed=args.seed,
             image_column=args.image_column,
             label_column=args.label_column,

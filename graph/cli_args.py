@@ -63,7 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", default=None, help="hub id, save_pretrained folder, artifact, or embedded:NAME")
     run.add_argument("--dataset", default=None, help="hub id, save_to_disk folder, imagefolder, or embedded:digits")
     run.add_argument("--split", default=None, help="dataset split (default: test)")
-    run.add_argument("--subset", type=int, default=None, help="evaluation images (seeded subset, default 512)")
+    run.add_argument(
+        "--val-subset",
+        "--subset",
+        dest="subset",
+        type=int,
+        default=None,
+        help="validation images the loop selects on (seeded subset, default 512)",
+    )
+    run.add_argument(
+        "--test-subset",
+        type=int,
+        default=None,
+        help="held-out test images, disjoint from validation and calibration, that report the result (default 512)",
+    )
+    run.add_argument("--test-split", default=None, help="split the test images come from (default: see README)")
     run.add_argument("--calibration", type=int, default=None, help="sensitivity-probe images (default 64)")
     run.add_argument("--image-column", default=None)
     run.add_argument("--label-column", default=None)
@@ -106,7 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True)
     ev.add_argument("--dataset", default=None)
     ev.add_argument("--split", default="test")
-    ev.add_argument("--subset", type=int, default=512)
+    ev.add_argument("--subset", type=int, default=512, help="seeded subset of --split (the run's validation draw)")
+    ev.add_argument(
+        "--from-run",
+        metavar="RUN_DIR/THREAD_ID",
+        default=None,
+        help="evaluate on exactly the images a run used for --part (its subsets.json); dataset and split from the run",
+    )
+    ev.add_argument("--part", choices=["validation", "test"], default="test", help="with --from-run: which images")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--image-column", default=None)
     ev.add_argument("--label-column", default=None)
@@ -137,7 +158,7 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.trust_remote_code:
         model["trust_remote_code"] = True
     dataset: dict[str, Any] = {}
-    for key in ("split", "subset", "calibration", "image_column", "label_column", "seed"):
+    for key in ("split", "subset", "test_subset", "test_split", "calibration", "image_column", "label_column", "seed"):
         _set(dataset, key, getattr(args, key))
     _set(dataset, "ref", args.dataset)
     objective: dict[str, Any] = {}

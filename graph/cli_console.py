@@ -67,7 +67,7 @@ def _drive(graph: Any, payload: Any, config: dict[str, Any], context: Any, banne
 
 def _final_table(run_path: Path) -> str:
     from profiling_agent.tools.io import read_json
-    from profiling_agent.tools.reporting.markdown import comparison_rows, format_table
+    from profiling_agent.tools.reporting.markdown import comparison_rows, format_table, test_lines
 
     result = read_json(run_path / "result.json")
     lines = [format_table(comparison_rows(result)), ""]
@@ -77,8 +77,9 @@ def _final_table(run_path: Path) -> str:
             f"best: iteration {best['iteration']} ({best['rule']} rule"
             + ("" if best.get("within_budget") else ", NOT within the accuracy budget")
             + f"), {best['reduction']:.1%} {result['objective']['target']} reduction, "
-            f"{best['accuracy_drop']:+.2f} pp accuracy drop; saved in {run_path / 'best'}"
+            f"{best['accuracy_drop']:+.2f} pp validation accuracy drop; saved in {run_path / 'best'}"
         )
+        lines += [line for line in test_lines(result) if line]
     lines.append(f"stopped: {result.get('stop_reason')}")
     lines.append(f"report: {run_path / 'report.md'}   result: {run_path / 'result.json'}")
     return "\n".join(lines)

@@ -7,10 +7,10 @@ from typing import Literal
 from profiling_agent.state import State
 
 
-def after_analyze(state: State) -> Literal["approve", "prune", "report"]:
+def after_analyze(state: State) -> Literal["approve", "prune", "test_best"]:
     """Go prune the new plan (through human approval when the run asks for it), unless the planner converged."""
     if state.stop_reason:
-        return "report"
+        return "test_best"
     return "approve" if state.objective.approve else "prune"
 
 
@@ -29,8 +29,8 @@ def after_quantize(state: State) -> Literal["evaluate", "iterate"]:
     return "evaluate" if state.current and state.current.status == "ok" else "iterate"
 
 
-def after_iterate(state: State) -> Literal["analyze", "report"]:
+def after_iterate(state: State) -> Literal["analyze", "test_best"]:
     """Loop back to planning until a stop reason is set or the iteration bound is reached, whatever any planner says."""
     if state.stop_reason or state.iteration >= state.objective.iterations:
-        return "report"
+        return "test_best"
     return "analyze"

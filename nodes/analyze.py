@@ -16,9 +16,10 @@ from profiling_agent.nodes.common import (
     run_dir,
 )
 from profiling_agent.state import CompressionPlan, Context, State
+from profiling_agent.tools.planning.backoff import Backoff
 
 
-def plan_evaluator(state: State, ctx: Context):
+def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None):
     """Build the LLM's evaluate_plan function: a plan on a fresh baseline copy, scored on the calibration images."""
     from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
 
@@ -30,6 +31,21 @@ def plan_evaluator(state: State, ctx: Context):
         allowed_ids=allowed_ids(state),
         importance=ctx.importance,
         seed=state.dataset.seed,
+        **({"max_calls": max_calls} if max_calls else {}),
+    )
+
+
+def first_round_backoff(state: State, ctx: Context, goal: float, groups, costs, sensitivity) -> Backoff:
+    """Try the first plan on the calibration images and back off its goal until it no longer collapses."""
+    from profiling_agent.tools.planning.backoff import BACKOFF_TRIALS, back_off, drop_cap
+    from profiling_agent.tools.planning.deterministic import plan_round
+
+    evaluate = plan_evaluator(state, ctx, max_calls=BACKOFF_TRIALS + 1)
+    return back_off(
+        goal,
+        lambda g: plan_round(groups, costs, sensitivity, state.objective, [], goal=g).plan,
+        lambda plan: evaluate(plan.model_dump()),
+        drop_cap(state.objective.max_acc_drop),
     )
 
 
@@ -75,7 +91,13 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     sensitivity = {name: s.model_dump() for name, s in (state.sensitivity or {}).items()}
     full_profile = read_json(run_dir(state) / "profile.json")
     history = planner_history(state.candidates, state.baseline_eval, state.objective)
-    result = plan_round(full_profile["groups"], full_profile["group_costs"], sensitivity, state.objective, history)
+    groups, costs = full_profile["groups"], full_profile["group_costs"]
+    result = plan_round(groups, costs, sensitivity, state.objective, history)
+    backoff = None
+    if not history and result.plan.pruning and not result.converged:  # round 1: never apply a collapsing plan
+        backoff = first_round_backoff(state, ctx, result.target_estimate, groups, costs, sensitivity)
+        if backoff.backed_off:
+            result = plan_round(groups, costs, sensitivity, state.objective, history, goal=backoff.goal)
     plan: CompressionPlan = result.plan
     planner_used = result.planner
     fallbacks: list[dict[str, Any]] = []
@@ -97,7 +119,9 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     goal = result.target_estimate
     if planner_used == "llm":  # feedback for later deterministic rounds: what the applied plan aimed at
         goal = float(outcome.estimate.get(estimate_key(state.objective.target), goal) or goal)
-    meta = {"goal": goal, "gamma": result.gamma, "converged": result.converged}
+    meta: dict[str, Any] = {"goal": goal, "gamma": result.gamma, "converged": result.converged}
+    if backoff is not None:
+        meta["backoff"] = {"cap_pp": backoff.cap, "kept_goal": round(backoff.goal, 4), "trials": backoff.trials}
     if llm_info:
         meta["llm"] = llm_info
     update.update(
@@ -111,6 +135,12 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if result.converged and planner_used == "deterministic":
         update["stop_reason"] = f"planner converged before iteration {iteration}: {result.notes[0]}"
     message = f"{planner_used} plan: {len(plan.pruning)} pruning and {len(plan.quantization)} quantization entries"
+    if backoff is not None and backoff.backed_off:
+        first = backoff.trials[0]
+        message += (
+            f"; backed off from a {first['goal']:.1%} goal (its trial lost {first['calib_drop_pp']:.1f} pp on the "
+            f"calibration images) to {backoff.goal:.1%} (cap {backoff.cap:g} pp)"
+        )
     for f in fallbacks:
         message = f"LLM plan refused ({f['stage']}: {f['reason'][:160]}); {message}"
     if llm_info:

@@ -25,6 +25,7 @@ def _ratio(numerator: float, denominator: float) -> float:
 def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Evaluate this iteration's candidate on the baseline's subset, latency measured interleaved with the baseline."""
     from profiling_agent.tools.device import resolve_device, set_threads
+    from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
     from profiling_agent.tools.evaluation.latency import measure_latency
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
     from profiling_agent.tools.models.sizes import state_bytes
@@ -83,9 +84,17 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         record.pruned_latency_batch_ms = p_lat["latency_batch_ms"]
         record.quant_speedup = _ratio(p_lat["latency_ms"], c_lat["latency_ms"])
         record.quant_speedup_batch = _ratio(p_lat["latency_batch_ms"], c_lat["latency_batch_ms"])
+    record.acc_delta_ci = list(
+        paired_delta_ci(
+            correct(preds["candidate"], labels), correct(preds["baseline"], labels), seed=state.dataset.seed
+        )
+    )
     current.eval = record
+    low, high = record.acc_delta_ci
     message = (
-        f"top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%), agreement {record.agreement:.1f}%, "
+        f"validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%; change "
+        f"{record.accuracy - base_eval.accuracy:+.2f} pp, 95% CI [{low:+.2f}, {high:+.2f}]), "
+        f"agreement {record.agreement:.1f}%, "
         f"{record.speedup:.2f}x batch-1 speed, {record.params:,} params, {record.size_mb:.2f} MB"
     )
     return {"current": current.model_dump(), "history": event("evaluate", message, it)}

@@ -29,7 +29,7 @@ def test_routing_goes_through_approve_only_when_asked():
     state = State(objective={"approve": False})
     assert routing.after_analyze(state) == "prune"
     assert routing.after_analyze(State(objective={"approve": True})) == "approve"
-    assert routing.after_analyze(State(objective={"approve": True}, stop_reason="converged")) == "report"
+    assert routing.after_analyze(State(objective={"approve": True}, stop_reason="converged")) == "test_best"
     assert routing.after_approve(State(current={"iteration": 1})) == "prune"
     assert routing.after_approve(State(current={"iteration": 1, "status": "ok"})) == "prune"
     # the baseline is measured before planning, so a rejected plan goes straight to the bookkeeping

@@ -91,6 +91,7 @@ def _check_complete(runs: Path) -> dict:
         "profile",
         "probe_sensitivity",
         "measure_baseline",
+        "test_best",
         "report",
     ):
         assert sum(n for (name, _), n in steps.items() if name == node) == 1, node

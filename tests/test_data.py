@@ -322,7 +322,7 @@ def test_prepare_data_with_processor_matches_processor(tmp_path):
     torch.testing.assert_close(data["eval_pixels"][0], expected)
 
 
-def test_prepare_data_small_split_overlaps_with_note(tmp_path):
+def test_prepare_data_small_split_shrinks_validation_never_overlaps(tmp_path):
     info = prepare_data(
         _dataset(10),
         None,
@@ -333,10 +333,33 @@ def test_prepare_data_small_split_overlaps_with_note(tmp_path):
         calibration=4,
         seed=0,
     )
-    assert (info["n_eval"], info["n_calib"]) == (8, 4)
-    assert info["calib_overlaps_eval"] is True and "drawn from the evaluation subset" in info["note"]
+    assert (info["n_eval"], info["n_calib"]) == (6, 4)  # calibration keeps its minimum; validation gives way
+    assert info["calib_overlaps_eval"] is False and "6 validation (of 8 asked)" in info["note"]
     data = load_prepared(info["path"], with_indices=True)
-    assert len(set(data["calib_index"].tolist())) == 4
+    assert not set(data["calib_index"].tolist()) & set(data["eval_index"].tolist())
+
+
+def test_prepare_data_holds_out_a_test_subset_loaded_only_when_asked(tmp_path):
+    ds = _dataset(40)
+    mapping = _identity_mapping(["cat", "dog", "bird"])
+    info = prepare_data(
+        ds, None, SHAPE, mapping, out_path=tmp_path / "t.safetensors", subset=16, test_subset=12, calibration=8
+    )
+    assert (info["n_eval"], info["n_test"], info["n_calib"]) == (16, 12, 8)
+    default = load_prepared(info["path"], with_indices=True)
+    assert "test_pixels" not in default and "test_labels" not in default  # held out unless asked for
+    full = load_prepared(info["path"], with_indices=True, parts=("eval", "test", "calib"))
+    rows = [set(full[f"{p}_index"].tolist()) for p in ("eval", "test", "calib")]
+    assert not (rows[0] & rows[1]) and not (rows[0] & rows[2]) and not (rows[1] & rows[2])
+    assert full["test_pixels"].shape == (12, 1, 8, 8)
+    # the validation draw is the one a run without a test subset makes
+    assert torch.equal(
+        full["eval_index"], load_prepared(_plain(ds, mapping, tmp_path), with_indices=True)["eval_index"]
+    )
+
+
+def _plain(ds, mapping, tmp_path):
+    return prepare_data(ds, None, SHAPE, mapping, out_path=tmp_path / "p.safetensors", subset=16, calibration=8)["path"]
 
 
 def test_prepare_data_rejects_unlabelled(tmp_path):

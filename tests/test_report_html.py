@@ -136,7 +136,7 @@ def test_html_tables_hold_the_numbers_of_result_json(finished_run):
     result = _result(run)
     page = _parse((run / "report.html").read_text())
     header, *rows = page.tables["candidates"]
-    assert header[1][:4] == ["model", "top-1 %", "agree %", "lat b1 ms"]
+    assert header[1][:4] == ["model", "val top-1 %", "agree %", "lat b1 ms"]
     assert len(rows) == 1 + len(result["candidates"]) >= 2
     base = result["baseline"]
     cls, cells = rows[0]

@@ -15,13 +15,14 @@ import torch.nn.functional as F
 
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.sources import DataError, _label_indexer, _listing, detect_columns, label_names
+from profiling_agent.tools.data.subsets import draw_subsets
 from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.io import sha256_file, write_bytes_atomic
 from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
 BATCH = 64  # images per processor call
-PREPARED_KEYS = ("eval_pixels", "eval_labels", "calib_pixels", "calib_labels")
+PARTS = ("eval", "test", "calib")  # validation (selects), held-out test (reports), calibration (probes)
 
 
 # ---------------------------------------------------------------- preprocessing
@@ -119,29 +120,6 @@ def preprocess_images(
     return _fit(torch.as_tensor(pixels).float(), channels, height, width, notes)
 
 
-def _split_indices(n: int, subset: int, calibration: int, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """Draw a seeded evaluation subset and a calibration set disjoint from it when the split allows."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n)
-    n_eval = min(subset, n)
-    eval_idx, rest = order[:n_eval], order[n_eval:]
-    note = ""
-    if subset > n:
-        note = f"split has {n} samples (< subset {subset}): evaluating on all of them. "
-    if len(rest) >= calibration:
-        calib_idx = rest[:calibration]
-    else:
-        extra = min(calibration, n) - len(rest)
-        calib_idx = np.concatenate([rest, rng.choice(eval_idx, size=extra, replace=False)])
-        note += (
-            f"only {len(rest)} samples outside the evaluation subset: {extra} calibration samples are "
-            "drawn from the evaluation subset"
-        )
-        if calibration > n:
-            note += f" (calibration capped at {n})"
-    return np.sort(eval_idx), np.sort(calib_idx), note.strip()
-
-
 def _encode(
     ds: Any,
     indices: np.ndarray,
@@ -188,33 +166,36 @@ def prepare_data(
     subset: int = 512,
     calibration: int = 64,
     seed: int = 0,
+    test_subset: int = 0,
     image_column: str | None = None,
     label_column: str | None = None,
     calibration_ds: Any | None = None,
+    test_ds: Any | None = None,
 ) -> dict[str, Any]:
-    """Preprocess a seeded evaluation subset and a calibration set into tensors saved with safetensors.
+    """Preprocess seeded validation, test and calibration subsets into tensors saved with safetensors.
 
-    The evaluation subset holds `subset` samples (all when the split is smaller); the calibration set
-    holds `calibration` samples drawn from the rest, or partly from the evaluation subset (with a note)
-    when the split is too small. Labels are mapped to model class ids with `mapping`.
+    The three are disjoint by construction (`draw_subsets`): the validation subset is what the loop selects
+    on, the test subset is held out for reporting, the calibration images feed the sensitivity probe. Labels
+    are mapped to model class ids with `mapping`.
 
     Args:
-        ds: A `datasets.Dataset`.
+        ds: A `datasets.Dataset`: the evaluated split.
         processor: The model's image processor, or None (resize + [0, 1] + normalize 0.5/0.5).
         shape: {"channels", "height", "width"} from resolve_input_shape.
         mapping: The dict returned by map_labels for this dataset's label names.
         out_path: Where to write the .safetensors file (atomically).
-        subset: Evaluation samples.
+        subset: Validation samples.
         calibration: Calibration samples.
-        seed: Seed of both draws.
+        seed: Seed of every draw.
+        test_subset: Held-out test samples (0: none).
         image_column: Image column (detected when None).
         label_column: Label column (detected when None).
-        calibration_ds: Another split (same columns and labels) to draw the calibration set from, so it never
-            overlaps the evaluation subset even when the evaluated split is small.
+        calibration_ds: Another split (same columns and labels) to draw the calibration images from.
+        test_ds: Another split (same columns and labels) to draw the test images from.
 
     Returns:
-        {"path", "n_eval", "n_calib", "image_column", "label_column", "label_names", "note", "shape",
-        "seed", "calib_overlaps_eval", "sha256"}.
+        {"path", "n_eval", "n_test", "n_calib", "image_column", "label_column", "label_names", "note", "shape",
+        "seed", "calib_overlaps_eval" (always False now), "test_other_split", "calib_other_split", "sha256"}.
 
     Raises:
         DataError: Empty split, unlabelled samples, unusable images or columns.
@@ -226,18 +207,22 @@ def prepare_data(
     if n == 0:
         raise DataError("the split is empty")
     names = label_names(ds, label_column)
-    eval_idx, calib_idx, note = _split_indices(n, subset, calibration, seed)
-    calib_src = ds
-    if calibration_ds is not None and len(calibration_ds) > 0:
-        calib_src = calibration_ds
-        eval_idx, _, eval_note = _split_indices(n, subset, 0, seed)
-        _, calib_idx, _ = _split_indices(len(calibration_ds), 0, calibration, seed)
-        note = f"{eval_note} calibration images drawn from another split ({len(calib_idx)} of {len(calibration_ds)})"
-    table, to_index = mapping_table(mapping), _label_indexer(ds, label_column, names)
-    eval_labels = _labels(ds, eval_idx, label_column, to_index, table)
-    calib_labels = _labels(calib_src, calib_idx, label_column, _label_indexer(calib_src, label_column, names), table)
+    test_src = test_ds if test_ds is not None and len(test_ds) > 0 else ds
+    calib_src = calibration_ds if calibration_ds is not None and len(calibration_ds) > 0 else ds
+    drawn = draw_subsets(
+        n,
+        val=subset,
+        test=test_subset,
+        calib=calibration,
+        seed=seed,
+        test_rows=len(test_src) if test_src is not ds else None,
+        calib_rows=len(calib_src) if calib_src is not ds else None,
+    )
+    table = mapping_table(mapping)
+    parts = {"eval": (ds, drawn.val), "test": (test_src, drawn.test), "calib": (calib_src, drawn.calib)}
     notes: set[str] = set()
-    total = len(eval_idx) + len(calib_idx)
+    total = sum(len(idx) for _, idx in parts.values())
+    tensors: dict[str, torch.Tensor] = {}
     with tqdm(
         total=total,
         desc="preprocessing images",
@@ -246,32 +231,40 @@ def prepare_data(
         leave=False,
         disable=total < 256 or not sys.stderr.isatty(),
     ) as bar:
-        eval_pixels = _encode(ds, eval_idx, image_column, processor, shape, notes, bar)
-        calib_pixels = _encode(calib_src, calib_idx, image_column, processor, shape, notes, bar)
-    note = " ".join([note, *sorted(notes)]).strip()
-    tensors = {
-        "eval_pixels": eval_pixels,
-        "eval_labels": eval_labels,
-        "calib_pixels": calib_pixels,
-        "calib_labels": calib_labels,
-        "eval_index": torch.from_numpy(eval_idx.astype(np.int64)),
-        "calib_index": torch.from_numpy(calib_idx.astype(np.int64)),
-    }
+        for name, (src, idx) in parts.items():
+            to_index = _label_indexer(src, label_column, names)
+            tensors[f"{name}_labels"] = _labels(src, idx, label_column, to_index, table)
+            tensors[f"{name}_pixels"] = _encode(src, idx, image_column, processor, shape, notes, bar)
+            tensors[f"{name}_index"] = torch.from_numpy(idx.astype(np.int64))
+    where = []
+    if test_src is not ds:
+        where.append(f"test images from another split ({len(drawn.test)} of {len(test_src)})")
+    if calib_src is not ds:
+        where.append(f"calibration images drawn from another split ({len(drawn.calib)} of {len(calib_src)})")
+    note = "; ".join(x for x in [drawn.note, *where, *sorted(notes)] if x)
     shape_list = [int(shape["channels"]), int(shape["height"]), int(shape["width"])]
     _save(out_path, tensors, {"seed": seed, "shape": shape_list, "note": note})
-    overlap = calib_src is ds and bool(np.intersect1d(eval_idx, calib_idx).size)
-    logger.info("prepared %d evaluation and %d calibration images at %s", len(eval_idx), len(calib_idx), out_path)
+    logger.info(
+        "prepared %d validation, %d test and %d calibration images at %s",
+        len(drawn.val),
+        len(drawn.test),
+        len(drawn.calib),
+        out_path,
+    )
     return {
         "path": str(out_path),
-        "n_eval": len(eval_idx),
-        "n_calib": len(calib_idx),
+        "n_eval": len(drawn.val),
+        "n_test": len(drawn.test),
+        "n_calib": len(drawn.calib),
         "image_column": image_column,
         "label_column": label_column,
         "label_names": names,
         "note": note,
         "shape": shape_list,
         "seed": seed,
-        "calib_overlaps_eval": overlap,
+        "calib_overlaps_eval": False,
+        "test_other_split": test_src is not ds,
+        "calib_other_split": calib_src is not ds,
         "sha256": sha256_file(out_path),
     }
 
@@ -285,27 +278,34 @@ def _save(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str
     write_bytes_atomic(path, save({k: v.contiguous() for k, v in tensors.items()}, metadata=header))
 
 
-def load_prepared(path: str | Path, with_indices: bool = False) -> dict[str, torch.Tensor]:
-    """Load tensors written by prepare_data.
+def load_prepared(
+    path: str | Path, with_indices: bool = False, parts: tuple[str, ...] = ("eval", "calib")
+) -> dict[str, torch.Tensor]:
+    """Load tensors written by prepare_data: only the parts asked for, so held-out images stay held out.
 
     Args:
         path: The .safetensors file.
-        with_indices: Also return eval_index and calib_index (row numbers in the split).
+        with_indices: Also return each part's `<part>_index` (row numbers in its split).
+        parts: Which of "eval" (validation), "test" and "calib" to load.
 
     Returns:
-        {"eval_pixels", "eval_labels", "calib_pixels", "calib_labels"} (+ the indices when asked).
+        {"<part>_pixels", "<part>_labels"} for each part (+ the indices when asked).
 
     Raises:
         DataError: The file is missing or lacks a tensor.
     """
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     path = Path(path)
     if not path.is_file():
         raise DataError(f"prepared data not found: {path}")
-    tensors = load_file(str(path))
-    keys = PREPARED_KEYS + (("eval_index", "calib_index") if with_indices else ())
-    missing = [k for k in keys if k not in tensors]
-    if missing:
-        raise DataError(f"{path} lacks tensors: {_listing(missing)}")
-    return {k: tensors[k] for k in keys}
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown parts {unknown}: use {', '.join(PARTS)}")
+    keys = [f"{p}_{k}" for p in parts for k in ("pixels", "labels", *(("index",) if with_indices else ()))]
+    with safe_open(str(path), framework="pt") as handle:
+        present = set(handle.keys())
+        missing = [k for k in keys if k not in present]
+        if missing:
+            raise DataError(f"{path} lacks tensors: {_listing(missing)}")
+        return {k: handle.get_tensor(k) for k in keys}

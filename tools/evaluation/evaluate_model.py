@@ -14,6 +14,7 @@ def evaluate_model(
     *,
     split: str = "test",
     subset: int = 512,
+    rows: list[int] | None = None,
     seed: int = 0,
     image_column: str | None = None,
     label_column: str | None = None,
@@ -24,6 +25,9 @@ def evaluate_model(
     latency_batch: int = 16,
 ) -> dict[str, Any]:
     """Load a model (hub id, folder, or saved artifact) and measure it on a seeded subset of a dataset.
+
+    `rows` (row numbers of `split`, e.g. a run's held-out test images from its subsets.json) replaces the
+    seeded subset: exactly those images are evaluated.
 
     Returns accuracy, latency (batch 1 and `latency_batch`), parameter and buffer bytes, weights size,
     params and MACs, with the label-mapping method, as plain JSON values.
@@ -46,6 +50,10 @@ def evaluate_model(
     shape = resolve_input_shape(model, loaded.processor)
     verify_input_shape(model, shape)
     dataset = load_split(dataset_ref, split)
+    if rows is not None:
+        if not rows or max(rows) >= len(dataset) or min(rows) < 0:
+            raise ValueError(f"rows must be row numbers of {dataset_ref}:{split} (0..{len(dataset) - 1})")
+        dataset, subset = dataset.select(rows), len(rows)
     image_col, label_col = detect_columns(dataset, image_column, label_column)
     names = label_names(dataset, label_col)
     id2label = {int(k): str(v) for k, v in (model.config.id2label or {}).items()}
@@ -56,7 +64,7 @@ def evaluate_model(
         shape,
         mapping,
         subset=subset,
-        calibration=4,
+        calibration=0,
         seed=seed,
         out_path=work_dir / "data.safetensors",
         image_column=image_col,

@@ -70,13 +70,21 @@ def select_best(
             )
         else:
             best = min(pool, key=lambda c: (-c["eval"]["accuracy"], c["iteration"]))
+    fits = within_budget(best["eval"], baseline, objective)
     return {
         **best,
         "rule": objective.select,
-        "within_budget": within_budget(best["eval"], baseline, objective),
+        "within_budget": fits,
         "reduction": round(reduction(best["eval"], baseline, objective.target), 6),
         "accuracy_drop": round(accuracy_drop(best["eval"], baseline), 6),
+        "ci_crosses_budget": fits and interval_crosses_budget(best["eval"], objective),
     }
+
+
+def interval_crosses_budget(record: dict[str, Any], objective: Objective) -> bool:
+    """Return True when the accuracy change's 95% interval reaches below -max_acc_drop (the point may not)."""
+    ci = record.get("acc_delta_ci")
+    return bool(ci) and float(ci[0]) < -objective.max_acc_drop
 
 
 def objective_met(best: dict[str, Any] | None, baseline: dict[str, Any] | None, objective: Objective) -> bool:

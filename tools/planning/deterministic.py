@@ -195,6 +195,7 @@ def plan_round(
     objective: Objective,
     history: list[dict[str, Any]],
     config: PlannerConfig | None = None,
+    goal: float | None = None,
 ) -> PlanResult:
     """Plan one round.
 
@@ -206,6 +207,7 @@ def plan_round(
         history: Earlier rounds as dicts with `goal`, `gamma`, `passed` (kept the accuracy budget) and, when
             the round was quantized, `quant_speedup`/`quant_speedup_batch` (pruned fp32 latency / quantized).
         config: Planner bounds.
+        goal: Plan for this reduction instead of the one the history suggests (a first round backing off).
 
     Returns:
         The plan (valid by construction), the estimated reduction and the gamma used.
@@ -220,7 +222,10 @@ def plan_round(
         )
         return PlanResult(plan, "deterministic", 0.0, config.gamma_start, converged=bool(history))
     feasible = max_feasible(groups, costs, objective.target, config)
-    goal, gamma, converged, why = next_goal(history, objective, feasible, config)
+    chosen, gamma, converged, why = next_goal(history, objective, feasible, config)
+    if goal is not None and goal < chosen:
+        why = f"backing off from {chosen:.1%} to {goal:.1%}: a trial of that plan on the calibration images collapsed"
+    goal = chosen if goal is None else min(goal, feasible)
     last = history[-1] if history else None
     repeat_of = None
     if last and last["passed"] and objective.target != "size" and slowed_round(history) is last:

@@ -7,6 +7,7 @@ from typing import Any
 
 from profiling_agent.tools.reporting.html_parts import _CSS, _card, _data_uri, _e, _facts, _table
 from profiling_agent.tools.reporting.html_plans import _fallbacks, _plans, _profile
+from profiling_agent.tools.reporting.markdown import test_lines
 from profiling_agent.tools.reporting.plots import PLOT_FILES
 from profiling_agent.tools.text import as_number, percent
 
@@ -110,11 +111,12 @@ def _outcome(result: Mapping[str, Any]) -> str:
     target = (result.get("objective") or {}).get("target")
     cards = [
         _card(
-            "Top-1 accuracy",
+            "Top-1, validation (chose it)",
             "-" if acc is None else f"{acc:.2f}%",
             f"{base_acc:.2f}% before ({-drop:+.2f} pp)" if drop is not None and base_acc is not None else "",
             "good" if drop is not None and drop <= 0 else "bad",
         ),
+        _test_card(best, base),
         _ratio_card("Parameters", best.get("params"), base.get("params"), ","),
         _ratio_card("MACs / image", best.get("macs"), base.get("macs"), ","),
         _ratio_card("Weights (MB)", best.get("size_mb"), base.get("size_mb"), ".3f"),
@@ -135,7 +137,29 @@ def _outcome(result: Mapping[str, Any]) -> str:
         f"Best: iteration {_e(best.get('iteration'))} by the {_e(best.get('rule'))} rule, "
         f"{_e(percent(best.get('reduction')))} {_e(target)} reduction, saved in <code>best/</code>. {badge}"
     )
-    return "<h2>Outcome</h2>\n<p>" + text + '</p>\n<div class="cards">' + "".join(c for c in cards if c) + "</div>"
+    caution = "".join(f'<p><span class="badge warn">{_e(line)}</span></p>' for line in test_lines(result)[1:] if line)
+    return (
+        "<h2>Outcome</h2>\n<p>"
+        + text
+        + "</p>\n"
+        + caution
+        + '<div class="cards">'
+        + "".join(c for c in cards if c)
+        + "</div>"
+    )
+
+
+def _test_card(best: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    acc, base_acc, ci = (
+        as_number(best.get("test_accuracy")),
+        as_number(base.get("test_accuracy")),
+        best.get("test_delta_ci"),
+    )
+    if acc is None or base_acc is None:
+        return ""
+    interval = f", 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""
+    detail = f"{base_acc:.2f}% before ({acc - base_acc:+.2f} pp{interval}); images no plan or selection saw"
+    return _card("Top-1, held-out test (reports it)", f"{acc:.2f}%", detail, "good" if acc >= base_acc else "bad")
 
 
 def _candidates(result: Mapping[str, Any]) -> str:

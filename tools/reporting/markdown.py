@@ -21,11 +21,19 @@ def _fmt(value: Any, kind: str) -> str:
     return str(value)
 
 
+def _delta(accuracy: Any, base: Any, ci: Any) -> str:
+    """Format an accuracy change and its interval: "-0.42 [-1.10, +0.20]"."""
+    if accuracy is None or base is None:
+        return "-"
+    text = f"{accuracy - base:+.2f}"
+    return text + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+
+
 def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
     """Rows of the baseline-vs-candidates table (header first) for the CLI and the report."""
     header = [
         "model",
-        "top-1 %",
+        "val top-1 %",
         "agree %",
         "lat b1 ms",
         f"lat b{(result.get('baseline') or {}).get('batch_size') or 'N'} ms",
@@ -33,6 +41,8 @@ def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
         "params",
         "MACs",
         "size MB",
+        "Δ val pp [95% CI]",
+        "test top-1 %",
         "status",
     ]
     rows = [header]
@@ -49,9 +59,12 @@ def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
             _fmt(base.get("macs"), "int"),
             _fmt(base.get("size_mb"), "mb"),
             "",
+            _fmt(base.get("test_accuracy"), "pct"),
+            "",
         ]
     )
-    best_it = (result.get("best") or {}).get("iteration")
+    best = result.get("best") or {}
+    best_it = best.get("iteration")
     for c in result.get("candidates", []):
         status = c["status"] if c["status"] != "ok" else ("best" if c["iteration"] == best_it else "")
         rows.append(
@@ -65,6 +78,8 @@ def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
                 _fmt(c.get("params"), "int"),
                 _fmt(c.get("macs"), "int"),
                 _fmt(c.get("size_mb"), "mb"),
+                _delta(c.get("accuracy"), base.get("accuracy"), c.get("acc_delta_ci")),
+                _fmt(best.get("test_accuracy") if c["iteration"] == best_it else None, "pct"),
                 status,
             ]
         )
@@ -158,6 +173,28 @@ def fallback_lines(fallbacks: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def test_lines(result: dict[str, Any]) -> list[str]:
+    """Say what the held-out test images report and whether the validation interval reaches past the budget."""
+    best, base = result.get("best") or {}, result.get("baseline") or {}
+    lines = []
+    if best.get("test_accuracy") is not None and base.get("test_accuracy") is not None:
+        ci = best.get("test_delta_ci")
+        lines.append(
+            f"On the held-out test images ({(result.get('protocol') or {}).get('test', {}).get('images')} images no "
+            f"plan, probe or selection saw): top-1 {best['test_accuracy']:.2f}% vs {base['test_accuracy']:.2f}% "
+            f"({best['test_delta']:+.2f} pp"
+            + (f", 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+            + "). The validation numbers chose this model; the test numbers report it."
+        )
+    if best.get("ci_crosses_budget"):
+        budget = (result.get("objective") or {}).get("max_acc_drop")
+        lines.append(
+            f"Caution: the accuracy change is within the {budget} pp budget on the validation point estimate, "
+            "but its 95% interval reaches past the budget."
+        )
+    return [*lines, ""] if lines else []
+
+
 def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | None = None) -> str:
     """Write report.md: goal, outcome, comparison table, plans with their justifications, profile highlights."""
     obj = result.get("objective") or {}
@@ -189,6 +226,7 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
             f"{base['size_mb']:.3f} MB, {best['speedup']:.2f}x batch-1 speed (measured side by side)."
             + ("" if best.get("within_budget") else " **No candidate stayed within the accuracy budget.**"),
             "",
+            *test_lines(result),
         ]
     else:
         lines += ["No candidate finished.", ""]

@@ -21,6 +21,7 @@ METRIC_KEYS = (
     "quant_speedup",
     "quant_speedup_batch",
     "pruned_latency_ms",
+    "acc_delta_ci",
 )
 
 
@@ -72,6 +73,39 @@ def planner_facts(history: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mode": events[-1]["planner"].get("mode"), "mode_note": events[-1]["planner"].get("note"), "llm": llm}
 
 
+def _test_fields(test: dict[str, Any], iteration: int) -> dict[str, Any]:
+    """Return the held-out test numbers of the delivered candidate (None when it was not measured there)."""
+    if not test or test.get("best_iteration") != iteration:
+        return {"test_accuracy": None, "test_delta": None, "test_delta_ci": None, "test_agreement": None}
+    return {
+        "test_accuracy": test.get("best_accuracy"),
+        "test_delta": test.get("delta"),
+        "test_delta_ci": test.get("delta_ci"),
+        "test_agreement": test.get("agreement"),
+    }
+
+
+def protocol(state: dict[str, Any]) -> dict[str, Any]:
+    """Say which images did what: validation selects, test reports, calibration probes (all disjoint)."""
+    data, test = state.get("data") or {}, state.get("test_eval") or {}
+    split = (state.get("dataset") or {}).get("split")
+    return {
+        "validation": {"split": split, "images": data.get("n_eval"), "used_for": "planning and selection"},
+        "test": {
+            "split": test.get("split") or split,
+            "images": data.get("n_test"),
+            "used_for": "reporting the baseline and the delivered model only",
+        },
+        "calibration": {
+            "split": "train" if data.get("calib_other_split") else split,
+            "images": data.get("n_calib"),
+            "used_for": "the sensitivity probe and the LLM's evaluate_plan tool",
+        },
+        "subsets": data.get("subsets"),
+        "intervals": "paired bootstrap 95% intervals of accuracy changes against the baseline, same images",
+    }
+
+
 def build_result(
     state: dict[str, Any], thread_id: str, final_latency: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -82,6 +116,7 @@ def build_result(
     """
     final_latency = final_latency or {}
     base_final = final_latency.get("baseline")
+    test = state.get("test_eval") or {}
     baseline_eval = state.get("baseline_eval")
     if baseline_eval and base_final:
         baseline_eval = {
@@ -121,6 +156,8 @@ def build_result(
             "within_budget": best.get("within_budget"),
             "reduction": best.get("reduction"),
             "accuracy_drop": best.get("accuracy_drop"),
+            "ci_crosses_budget": best.get("ci_crosses_budget", False),
+            **_test_fields(test, best["iteration"]),
             "plan": best.get("plan"),
             "path": "best",
             "source_path": (best.get("artifact") or {}).get("path"),
@@ -142,7 +179,12 @@ def build_result(
             "fallbacks": state.get("fallbacks", []),
             **planner_facts(state.get("history") or []),
         },
-        "baseline": {**_metrics(baseline_eval), "path": (state.get("baseline") or {}).get("path")},
+        "protocol": protocol(state),
+        "baseline": {
+            **_metrics(baseline_eval),
+            "test_accuracy": test.get("baseline_accuracy"),
+            "path": (state.get("baseline") or {}).get("path"),
+        },
         "best": best_out,
         "candidates": candidates,
         "latency_method": (

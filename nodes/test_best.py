@@ -1,0 +1,58 @@
+"""Test agent: measure the baseline and the delivered model on the held-out test images, once, after selection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from profiling_agent.nodes.common import allowed_ids, context_of, emit, event, load_artifact_model, run_dir
+from profiling_agent.state import Context, State, TestEval
+
+
+def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
+    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.device import resolve_device
+    from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
+    from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+    from profiling_agent.tools.io import read_json
+
+    data = state.data
+    if data is None or data.n_test == 0:
+        return {"history": event("test_best", "no held-out test images", state.iteration)}
+    ctx = context_of(runtime)
+    tensors = load_prepared(run_dir(state) / data.path, parts=("test",))
+    pixels, labels = tensors["test_pixels"], tensors["test_labels"]
+    best = state.best
+    models = {"baseline": load_artifact_model(state, state.baseline).model}
+    if best and best.artifact:
+        models["best"] = load_artifact_model(state, best.artifact).model
+    device = "cpu" if best and best.quantized else str(resolve_device(ctx.device))
+    emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
+    kw = {"batch_size": ctx.eval_batch, "device": device, "allowed_ids": allowed_ids(state)}
+    preds = {}
+    for i, (name, model) in enumerate(models.items()):
+        preds[name] = predict(model.to(device), pixels, **kw)
+        emit(runtime, kind="progress", task="held-out test images", done=i + 1, total=len(models), label=name)
+    subsets = read_json(run_dir(state) / data.subsets)
+    result = TestEval(
+        split=str(subsets["test"]["split"]),
+        n_samples=len(labels),
+        baseline_accuracy=top1(preds["baseline"], labels),
+    )
+    message = f"held-out test ({result.n_samples} images): baseline {result.baseline_accuracy:.2f}%"
+    if "best" in preds and best:
+        result.best_iteration = best.iteration
+        result.best_accuracy = top1(preds["best"], labels)
+        result.agreement = agreement(preds["best"], preds["baseline"])
+        result.delta = round(result.best_accuracy - result.baseline_accuracy, 6)
+        ci = paired_delta_ci(
+            correct(preds["best"], labels), correct(preds["baseline"], labels), seed=state.dataset.seed
+        )
+        result.delta_ci = list(ci)
+        message += (
+            f", best (iteration {best.iteration}) {result.best_accuracy:.2f}% "
+            f"({result.delta:+.2f} pp, 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}])"
+        )
+    return {"test_eval": result.model_dump(), "history": event("test_best", message, state.iteration)}

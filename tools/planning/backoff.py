@@ -1,0 +1,82 @@
+"""Back off the first round's plan before it is applied when a trial on the calibration images predicts collapse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiling_agent.state import CompressionPlan
+
+FIRST_ROUND_CAP_PP = (3.0, 8.0)  # the allowed calibration drop: twice the budget, within these bounds
+BACKOFF_TRIALS = 4  # bisection steps after the first trial (each prunes a copy and scores the calibration images)
+
+
+@dataclass
+class Backoff:
+    """The goal the first round keeps and the trials that chose it.
+
+    Attributes:
+        goal: The reduction goal to plan for (the planner's own goal when its plan passed the first trial).
+        cap: Largest calibration accuracy drop accepted, pp.
+        trials: One record per trial: goal, calibration accuracy drop, params reduction.
+    """
+
+    goal: float
+    cap: float
+    trials: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def backed_off(self) -> bool:
+        """Return True when the goal is below the planner's first one."""
+        return bool(self.trials) and self.goal < self.trials[0]["goal"]
+
+
+def drop_cap(max_acc_drop: float) -> float:
+    """Return the calibration drop a first plan may show: twice the accuracy budget, clamped to FIRST_ROUND_CAP_PP."""
+    low, high = FIRST_ROUND_CAP_PP
+    return min(high, max(low, 2.0 * max_acc_drop))
+
+
+def back_off(
+    goal: float,
+    plan_at: Callable[[float], CompressionPlan],
+    trial: Callable[[CompressionPlan], dict[str, Any]],
+    cap: float,
+    steps: int = BACKOFF_TRIALS,
+) -> Backoff:
+    """Find the largest goal up to `goal` whose plan loses at most `cap` pp on the calibration images.
+
+    The sensitivity probe prunes one group at a time, so it cannot see groups that fail together; one trial of
+    the whole plan on the same calibration images can. When the planner's plan passes, it is kept unchanged;
+    otherwise the goal is bisected below it, and the largest passing goal is kept (the smallest tried when none
+    passes).
+
+    Args:
+        goal: The planner's goal for round 1 (a fractional reduction of the target).
+        plan_at: Returns the planner's plan for a goal.
+        trial: Prunes a fresh copy by a plan and returns its calibration metrics (`accuracy_drop_pp`, ...).
+        cap: Largest accepted calibration accuracy drop, pp.
+        steps: Bisection steps after the first trial.
+    """
+    out = Backoff(goal=goal, cap=cap)
+
+    def run(g: float) -> bool:
+        metrics = trial(plan_at(g))
+        drop = float(metrics.get("accuracy_drop_pp", 0.0))
+        out.trials.append(
+            {"goal": round(g, 4), "calib_drop_pp": round(drop, 3), "params_reduction": metrics.get("params_reduction")}
+        )
+        return drop <= cap
+
+    if run(goal):
+        return out
+    low, high, passing = 0.0, goal, None
+    for _ in range(steps):
+        mid = (low + high) / 2
+        if run(mid):
+            low, passing = mid, mid
+        else:
+            high = mid
+    out.goal = passing if passing is not None else high
+    return out

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 from collections import Counter
 from typing import TypedDict
@@ -127,3 +129,37 @@ def test_postgres_threads_survive_the_connection(tmp_path, postgres_url):
         assert calls == {"a": 2, "b": 2}  # the resumed thread did not run `a` again
     finally:
         close_checkpointer(second)
+
+
+@pytest.mark.slow
+def test_readme_postgres_example_runs(tmp_path, postgres_url, quick_resnet):
+    """The README's PostgreSQL example runs as written and leaves its thread in the database, none in SQLite."""
+    from test_python_api import readme_python_blocks
+
+    from profiling_agent.graph.builder import build_graph
+    from profiling_agent.tools.io import sha256_path
+
+    blocks = readme_python_blocks("Deployment: shared runs, PostgreSQL, LangGraph Server")
+    assert len(blocks) == 1
+    script = tmp_path / "readme_postgres.py"
+    script.write_text(blocks[0], encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(quick_resnet[2]), "HF_HUB_OFFLINE": "1"}
+    env["PROFILING_AGENT_CHECKPOINT_URL"] = postgres_url
+    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done ['shared-demo']" in proc.stdout
+    runs = work / "runs"
+    assert not (runs / DB_NAME).exists() and not (runs / ".locks").exists()  # PostgreSQL: no SQLite file, no lock file
+
+    saver = open_checkpointer(runs, postgres_url)
+    try:
+        values = build_graph(checkpointer=saver).get_state({"configurable": {"thread_id": "shared-demo"}}).values
+    finally:
+        close_checkpointer(saver)
+    assert values["status"] == "done" and values["model"]["ref"] == "embedded:resnet-digits"
+    for cand in (c for c in values["candidates"] if c["status"] == "ok"):
+        assert sha256_path(runs / "shared-demo" / cand["artifact"]["path"]) == cand["artifact"]["sha256"]

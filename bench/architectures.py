@@ -64,13 +64,21 @@ ARCHITECTURES = {
     "vit": Architecture("ViT-B/16", "ViTConfig", "ViTForImageClassification"),  # the config defaults
     "deit": Architecture("DeiT-B/16 distilled", "DeiTConfig", "DeiTForImageClassificationWithTeacher"),
     "swin": Architecture(
-        "Swin-B", "SwinConfig", "SwinForImageClassification",
+        "Swin-B",
+        "SwinConfig",
+        "SwinForImageClassification",
         {"embed_dim": 128, "depths": [2, 2, 18, 2], "num_heads": [4, 8, 16, 32], "window_size": 7},
     ),
     "resnet": Architecture(
-        "ResNet-101", "ResNetConfig", "ResNetForImageClassification",
-        {"embedding_size": 64, "hidden_sizes": [256, 512, 1024, 2048], "depths": [3, 4, 23, 3],
-         "layer_type": "bottleneck"},
+        "ResNet-101",
+        "ResNetConfig",
+        "ResNetForImageClassification",
+        {
+            "embedding_size": 64,
+            "hidden_sizes": [256, 512, 1024, 2048],
+            "depths": [3, 4, 23, 3],
+            "layer_type": "bottleneck",
+        },
         list(RESNET_PLAN),
     ),
 }
@@ -122,8 +130,9 @@ def measure_family(name: str, work: Path, *, warmup: int, repeats: int) -> dict[
     say(f"[{name}] building {arch.title} from its config (random weights)")
     fp32 = build(arch)
     phases["build"] = time.perf_counter() - start
-    pixels = torch.randn(BATCH, fp32.config.num_channels, IMAGE_SIZE, IMAGE_SIZE,
-                         generator=torch.Generator().manual_seed(0))
+    pixels = torch.randn(
+        BATCH, fp32.config.num_channels, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0)
+    )
     say(f"[{name}] pruning with plan {arch.plan}")
     pruned = copy.deepcopy(fp32)
     t0 = time.perf_counter()
@@ -250,8 +259,13 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line."""
     parser = _Parser(prog="bench/architectures.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", choices=sorted(ARCHITECTURES), default=None,
-                        help="families to measure (default: all four; --quick: vit resnet)")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        choices=sorted(ARCHITECTURES),
+        default=None,
+        help="families to measure (default: all four; --quick: vit resnet)",
+    )
     parser.add_argument("--quick", action="store_true", help="two families, warm-up 1, 3 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7, quick 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed warm-up passes (default 2, quick 1)")
@@ -284,10 +298,18 @@ def main(argv: list[str] | None = None) -> int:
             results.append(measure_family(name, Path(tmp), warmup=warmup, repeats=repeats))
             say(f"[{name}] done in {results[-1]['seconds']:.0f} s")
     settings = {
-        "families": families, "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(),
-        "batch": BATCH, "image_size": IMAGE_SIZE, "quick": args.quick,
-        "loadavg": " ".join(f"{v:.1f}" for v in os.getloadavg()), "seconds": time.perf_counter() - start,
-        "torch": torch.__version__, "transformers": _transformers_version(), "python": platform.python_version(),
+        "families": families,
+        "repeats": repeats,
+        "warmup": warmup,
+        "threads": torch.get_num_threads(),
+        "batch": BATCH,
+        "image_size": IMAGE_SIZE,
+        "quick": args.quick,
+        "loadavg": " ".join(f"{v:.1f}" for v in os.getloadavg()),
+        "seconds": time.perf_counter() - start,
+        "torch": torch.__version__,
+        "transformers": _transformers_version(),
+        "python": platform.python_version(),
     }
     table = markdown(results, settings)
     print(table)

@@ -51,8 +51,12 @@ FULL_SIZE: dict[str, tuple[str, str, dict[str, Any]]] = {
     "resnet-101": (
         "ResNetConfig",
         "ResNetForImageClassification",
-        {"embedding_size": 64, "hidden_sizes": [256, 512, 1024, 2048], "depths": [3, 4, 23, 3],
-         "layer_type": "bottleneck"},
+        {
+            "embedding_size": 64,
+            "hidden_sizes": [256, 512, 1024, 2048],
+            "depths": [3, 4, 23, 3],
+            "layer_type": "bottleneck",
+        },
     ),
 }
 
@@ -219,8 +223,11 @@ def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: 
     say(f"[{name}] accuracy of {len(models)} variants on {len(labels)} images, then latency side by side")
     preds = {k: predict(m, pixels, batch_size=64, allowed_ids=allowed) for k, m in models.items()}
     lat = measure_latency(
-        with_sentinels(models, ort), pixels[: settings["batch"]], batch_size=settings["batch"],
-        warmup=settings["warmup"], repeats=settings["repeats"],
+        with_sentinels(models, ort),
+        pixels[: settings["batch"]],
+        batch_size=settings["batch"],
+        warmup=settings["warmup"],
+        repeats=settings["repeats"],
     )
     variants = {}
     for key, model in models.items():
@@ -250,8 +257,11 @@ def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: 
         "threads": torch.get_num_threads(),
         "variants": variants,
         "agent": agent_info,
-        "onnx": {"exporter": ort["export"]["exporter"], "export_seconds": round(ort["export"]["seconds"], 1),
-                 "quantize_seconds": round(ort["quantize"]["seconds"], 1)},
+        "onnx": {
+            "exporter": ort["export"]["exporter"],
+            "export_seconds": round(ort["export"]["seconds"], 1),
+            "quantize_seconds": round(ort["quantize"]["seconds"], 1),
+        },
         "seconds": round(time.perf_counter() - start, 1),
     }
 
@@ -282,8 +292,9 @@ def measure_full_size(name: str, work: Path, settings: dict[str, Any]) -> dict[s
     base = build_full_size(name)
     size = getattr(base.config, "image_size", 224)  # ResNet configs have no image size: 224 like the others
     size = size if isinstance(size, int) else size[0]
-    x = torch.randn(settings["full_batch"], base.config.num_channels, size, size,
-                    generator=torch.Generator().manual_seed(0))
+    x = torch.randn(
+        settings["full_batch"], base.config.num_channels, size, size, generator=torch.Generator().manual_seed(0)
+    )
     kinds = [g.kind for g in adapter_for(base).prunable_groups(base)]
     params_at = {f"{r:g}": estimate_pruning(base, uniform_entries(kinds, r))["params_after"] for r in RATIOS}
     pruned = copy.deepcopy(base)
@@ -338,48 +349,94 @@ def table1(results: list[dict[str, Any]]) -> str:
     for res in results:
         v, name = res["variants"], res["model"]
         base = v["baseline"]
-        rows.append([name, "baseline (FP32)", "-", f"{base['accuracy']:.2f}", "0.00", f"{base['params']:,}", "-",
-                     f"{base['latency_ms']:.2f}", "1.00x"])
+        rows.append(
+            [
+                name,
+                "baseline (FP32)",
+                "-",
+                f"{base['accuracy']:.2f}",
+                "0.00",
+                f"{base['params']:,}",
+                "-",
+                f"{base['latency_ms']:.2f}",
+                "1.00x",
+            ]
+        )
         for method in METHODS:
             for ratio in RATIOS:
                 r = v[f"{method}@{ratio:g}"]
-                rows.append([name, METHOD_NAMES[method], f"{ratio:.0%}", f"{r['accuracy']:.2f}",
-                             f"{r['accuracy'] - base['accuracy']:+.2f}", f"{r['params']:,}",
-                             _pct(r["params"], base["params"]), f"{r['latency_ms']:.2f}",
-                             f"{base['latency_ms'] / r['latency_ms']:.2f}x"])
+                rows.append(
+                    [
+                        name,
+                        METHOD_NAMES[method],
+                        f"{ratio:.0%}",
+                        f"{r['accuracy']:.2f}",
+                        f"{r['accuracy'] - base['accuracy']:+.2f}",
+                        f"{r['params']:,}",
+                        _pct(r["params"], base["params"]),
+                        f"{r['latency_ms']:.2f}",
+                        f"{base['latency_ms'] / r['latency_ms']:.2f}x",
+                    ]
+                )
         if "agent" in v:
             r, info = v["agent"], res["agent"]
             budget = "" if info["within_budget"] else ", over budget"
             label = f"Agent ({info['iterations_run']} it, best #{info['best_iteration']}{budget})"
-            rows.append([name, label, "per layer",
-                         f"{r['accuracy']:.2f}", f"{r['accuracy'] - base['accuracy']:+.2f}", f"{r['params']:,}",
-                         _pct(r["params"], base["params"]), f"{r['latency_ms']:.2f}",
-                         f"{base['latency_ms'] / r['latency_ms']:.2f}x"])
+            rows.append(
+                [
+                    name,
+                    label,
+                    "per layer",
+                    f"{r['accuracy']:.2f}",
+                    f"{r['accuracy'] - base['accuracy']:+.2f}",
+                    f"{r['params']:,}",
+                    _pct(r["params"], base["params"]),
+                    f"{r['latency_ms']:.2f}",
+                    f"{base['latency_ms'] / r['latency_ms']:.2f}x",
+                ]
+            )
     return _md(rows)
 
 
 def table3(results: list[dict[str, Any]]) -> str:
     """Table 3: torch dynamic qint8 against ONNX Runtime dynamic QInt8."""
-    rows = [["model", "method", "ΔAcc (pp)", "memory MB before→after", "memory −%", "lat b1 ms before→after",
-             "speed b1", "speed b{n} ", "vs torch FP32 b1"]]
+    rows = [
+        [
+            "model",
+            "method",
+            "ΔAcc (pp)",
+            "memory MB before→after",
+            "memory −%",
+            "lat b1 ms before→after",
+            "speed b1",
+            "speed b{n} ",
+            "vs torch FP32 b1",
+        ]
+    ]
     for res in results:
         v, name, n = res["variants"], res["model"], res["batch_size"]
         rows[0][7] = f"speed b{n}"
-        pairs = [("Ours: torch dynamic qint8", "baseline", "torch_qint8"),
-                 ("ONNX Runtime dynamic QInt8", "ort_fp32", "ort_qint8"),
-                 ("ONNX Runtime FP32 (export only)", "baseline", "ort_fp32")]
+        pairs = [
+            ("Ours: torch dynamic qint8", "baseline", "torch_qint8"),
+            ("ONNX Runtime dynamic QInt8", "ort_fp32", "ort_qint8"),
+            ("ONNX Runtime FP32 (export only)", "baseline", "ort_fp32"),
+        ]
         for label, before_key, after_key in pairs:
             before, after = v[before_key], v[after_key]
             base = v["baseline"]
-            rows.append([
-                name, label, f"{after['accuracy'] - base['accuracy']:+.2f}",
-                f"{before['memory_bytes'] / 1e6:.3f}→{after['memory_bytes'] / 1e6:.3f}",
-                _pct(after["memory_bytes"], before["memory_bytes"]),
-                f"{before['latency_ms']:.2f}→{after['latency_ms']:.2f}",
-                f"{before['latency_ms'] / after['latency_ms']:.2f}x",
-                f"{before['latency_batch_ms'] / after['latency_batch_ms']:.2f}x",
-                f"{base['latency_ms'] / after['latency_ms']:.2f}x",
-            ])
+            rows.append(
+                [
+                    name,
+                    label,
+                    f"{after['accuracy'] - base['accuracy']:+.2f}",
+                    f"{before['memory_bytes'] / 1e6:.3f}→{after['memory_bytes'] / 1e6:.3f}",
+                    _pct(after["memory_bytes"], before["memory_bytes"]),
+                    f"{before['latency_ms']:.2f}→{after['latency_ms']:.2f}",
+                    f"{before['latency_ms'] / after['latency_ms']:.2f}x",
+                    f"{before['latency_batch_ms'] / after['latency_batch_ms']:.2f}x",
+                    f"{base['latency_ms'] / after['latency_ms']:.2f}x",
+                ]
+            )
     return _md(rows)
 
 
@@ -389,32 +446,58 @@ def table4(results: list[dict[str, Any]]) -> str:
     for res in results:
         v, name = res["variants"], res["model"]
         base = v["baseline"]
-        for label, key in (("Pruning (agent)", "agent"), ("Quantization (torch qint8)", "torch_qint8"),
-                           ("Pruning + quantization", "agent+qint8"), ("Quantization (ONNX Runtime)", "ort_qint8")):
+        for label, key in (
+            ("Pruning (agent)", "agent"),
+            ("Quantization (torch qint8)", "torch_qint8"),
+            ("Pruning + quantization", "agent+qint8"),
+            ("Quantization (ONNX Runtime)", "ort_qint8"),
+        ):
             if key not in v:
                 continue
             r = v[key]
-            rows.append([name, label, f"{r['accuracy'] - base['accuracy']:+.2f}", f"{r['agreement']:.1f}",
-                         _pct(r["params"], base["params"]), _pct(r["memory_bytes"], base["memory_bytes"]),
-                         f"{base['latency_ms'] / r['latency_ms']:.2f}x",
-                         f"{base['latency_batch_ms'] / r['latency_batch_ms']:.2f}x"])
+            rows.append(
+                [
+                    name,
+                    label,
+                    f"{r['accuracy'] - base['accuracy']:+.2f}",
+                    f"{r['agreement']:.1f}",
+                    _pct(r["params"], base["params"]),
+                    _pct(r["memory_bytes"], base["memory_bytes"]),
+                    f"{base['latency_ms'] / r['latency_ms']:.2f}x",
+                    f"{base['latency_batch_ms'] / r['latency_batch_ms']:.2f}x",
+                ]
+            )
     return _md(rows)
 
 
 def table_full_size(results: list[dict[str, Any]]) -> str:
     """Latency and memory of the full-size configs (random weights: no accuracy)."""
-    labels = {"baseline": "FP32", "l2@0.2": "L2 uniform 20% pruning", "torch_qint8": "torch dynamic qint8",
-              "ort_fp32": "ONNX Runtime FP32", "ort_qint8": "ONNX Runtime dynamic QInt8"}
+    labels = {
+        "baseline": "FP32",
+        "l2@0.2": "L2 uniform 20% pruning",
+        "torch_qint8": "torch dynamic qint8",
+        "ort_fp32": "ONNX Runtime FP32",
+        "ort_qint8": "ONNX Runtime dynamic QInt8",
+    }
     rows = [["model", "variant", "params", "memory MB", "memory −%", "lat b1 ms", "speed b1", "lat bN ms", "speed bN"]]
     for res in results:
         v = res["variants"]
         base = v["baseline"]
         for key, label in labels.items():
             r = v[key]
-            rows.append([f"{res['model']} (b{res['batch_size']})", label, f"{r['params']:,}",
-                         f"{r['memory_bytes'] / 1e6:.1f}", _pct(r["memory_bytes"], base["memory_bytes"]),
-                         f"{r['latency_ms']:.1f}", f"{base['latency_ms'] / r['latency_ms']:.2f}x",
-                         f"{r['latency_batch_ms']:.1f}", f"{base['latency_batch_ms'] / r['latency_batch_ms']:.2f}x"])
+            rows.append(
+                [
+                    f"{res['model']} (b{res['batch_size']})",
+                    label,
+                    f"{r['params']:,}",
+                    f"{r['memory_bytes'] / 1e6:.1f}",
+                    _pct(r["memory_bytes"], base["memory_bytes"]),
+                    f"{r['latency_ms']:.1f}",
+                    f"{base['latency_ms'] / r['latency_ms']:.2f}x",
+                    f"{r['latency_batch_ms']:.1f}",
+                    f"{base['latency_batch_ms'] / r['latency_batch_ms']:.2f}x",
+                ]
+            )
         after = ", ".join(f"{float(k):.0%}: {p:,}" for k, p in res["uniform_params_after"].items())
         rows.append([res["model"], "params after uniform pruning (L1 = L2 = random)", after, "", "", "", "", "", ""])
     return _md(rows)
@@ -453,8 +536,10 @@ def render(report: dict[str, Any]) -> str:
         parts.append(table_full_size(report["full_size"]))
     for res in report["zoo"]:
         a = res["agent"]
-        parts.append(f"\n- {res['model']}: agent stopped: {a['stop_reason']} ({a['seconds']:.0f} s); ONNX export "
-                     f"{res['onnx']['exporter']} {res['onnx']['export_seconds']:.1f} s")
+        parts.append(
+            f"\n- {res['model']}: agent stopped: {a['stop_reason']} ({a['seconds']:.0f} s); ONNX export "
+            f"{res['onnx']['exporter']} {res['onnx']['export_seconds']:.1f} s"
+        )
     return "\n".join(parts) + "\n"
 
 
@@ -470,8 +555,15 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         profile["models"] = tuple(args.models)
     if args.full_size is not None:
         profile["full_size"] = tuple(args.full_size)
-    profile.update({"quick": args.quick, "seed": args.seed, "threads": args.threads,
-                    "max_acc_drop": args.max_acc_drop, "target_reduction": args.target_reduction})
+    profile.update(
+        {
+            "quick": args.quick,
+            "seed": args.seed,
+            "threads": args.threads,
+            "max_acc_drop": args.max_acc_drop,
+            "target_reduction": args.target_reduction,
+        }
+    )
     return profile
 
 
@@ -505,12 +597,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed latency repeats of zoo models (30; quick 20)")
     parser.add_argument("--max-acc-drop", type=float, default=2.0, help="the agent's accuracy budget in pp")
     parser.add_argument(
-        "--target-reduction", type=float, default=0.2, help="the agent's params reduction target (default 0.2, "
-        "the largest uniform ratio)"
+        "--target-reduction",
+        type=float,
+        default=0.2,
+        help="the agent's params reduction target (default 0.2, the largest uniform ratio)",
     )
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads (default 1: two threads on a "
-        "shared 2-core machine measured 10-20x slower and far noisier)"
+        "--threads",
+        type=int,
+        default=1,
+        help="torch and ONNX Runtime intra-op threads (default 1: two threads on a "
+        "shared 2-core machine measured 10-20x slower and far noisier)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="output JSON (default: ZOO/paper_tables[_quick].json)")

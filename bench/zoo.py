@@ -395,8 +395,19 @@ def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, forc
             status = "cached"
         models[name] = {
             "path": str(out / "models" / name),
-            **{k: record[k] for k in ("family", "architecture", "params", "test_accuracy", "train_images", "epochs",
-                                      "build_seconds", "threads")},
+            **{
+                k: record[k]
+                for k in (
+                    "family",
+                    "architecture",
+                    "params",
+                    "test_accuracy",
+                    "train_images",
+                    "epochs",
+                    "build_seconds",
+                    "threads",
+                )
+            },
         }
         log(
             f"{status:6s} {name:6s} {record['architecture']:30s} acc={record['test_accuracy']:.2f}%  "

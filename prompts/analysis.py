@@ -152,16 +152,27 @@ def regex_families(groups: list[dict[str, Any]], protected: list[str]) -> list[d
     out = []
     for (kind, texts), members in families.items():
         slots = [re.split(r"(\d+)", m["module"])[1::2] for m in members]
-        regex = "^" + "".join(
-            re.escape(text) + (_slot([s[i] for s in slots]) if i < len(slots[0]) else "")
-            for i, text in enumerate(texts)
-        ) + "$"
+        regex = (
+            "^"
+            + "".join(
+                re.escape(text) + (_slot([s[i] for s in slots]) if i < len(slots[0]) else "")
+                for i, text in enumerate(texts)
+            )
+            + "$"
+        )
         compiled = re.compile(regex)
         selected = [g["name"] for g in groups if g["kind"] == kind and compiled.search(g["module"])]
         if sorted(selected) != sorted(m["name"] for m in members) or any(compiled.search(p) for p in protected):
             continue
-        out.append({"regex": regex, "kind": kind, "count": len(members), "first": members[0]["name"],
-                    "last": members[-1]["name"]})
+        out.append(
+            {
+                "regex": regex,
+                "kind": kind,
+                "count": len(members),
+                "first": members[0]["name"],
+                "last": members[-1]["name"],
+            }
+        )
     return out
 
 
@@ -193,8 +204,11 @@ def name_templates(names: list[str]) -> list[str]:
         families.setdefault(tuple(parts[0::2]), []).append(parts[1::2])
     out = []
     for texts, slots in families.items():
-        out.append("".join(t + (_display_slot([s[i] for s in slots]) if i < len(slots[0]) else "")
-                           for i, t in enumerate(texts)))
+        out.append(
+            "".join(
+                t + (_display_slot([s[i] for s in slots]) if i < len(slots[0]) else "") for i, t in enumerate(texts)
+            )
+        )
     return out
 
 
@@ -237,7 +251,7 @@ def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_in
 def objective_block(objective: Objective) -> str:
     """Render the objective: target, target reduction, accuracy budget and the quantization choice."""
     quant = (
-        "no quantization (the user disabled it: leave \"quantization\" empty)"
+        'no quantization (the user disabled it: leave "quantization" empty)'
         if objective.quantize == "none"
         else f"dynamic {objective.quantize} quantization of the Linear layers (include it in the plan)"
     )

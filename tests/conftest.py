@@ -25,8 +25,14 @@ def tiny_vit():
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(
-        image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=64, num_labels=10,
+        image_size=16,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=10,
     )
     return _seeded(lambda: ViTForImageClassification(config))
 
@@ -37,8 +43,12 @@ def tiny_resnet():
     from transformers import ResNetConfig, ResNetForImageClassification
 
     config = ResNetConfig(
-        num_channels=1, embedding_size=8, hidden_sizes=[16, 32], depths=[1, 2],
-        layer_type="bottleneck", num_labels=10,
+        num_channels=1,
+        embedding_size=8,
+        hidden_sizes=[16, 32],
+        depths=[1, 2],
+        layer_type="bottleneck",
+        num_labels=10,
     )
     return _seeded(lambda: ResNetForImageClassification(config))
 
@@ -49,8 +59,12 @@ def tiny_resnet_basic():
     from transformers import ResNetConfig, ResNetForImageClassification
 
     config = ResNetConfig(
-        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-        layer_type="basic", num_labels=10,
+        num_channels=3,
+        embedding_size=8,
+        hidden_sizes=[8, 16],
+        depths=[1, 1],
+        layer_type="basic",
+        num_labels=10,
     )
     return _seeded(lambda: ResNetForImageClassification(config))
 

@@ -58,8 +58,9 @@ class ScriptedChatModel(BaseChatModel):
             return self.script[-1]
         raise IndexError(f"script exhausted after {self.position} replies")
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         self.calls.append(list(messages))
         self.call_kwargs.append(dict(kwargs))
         item = self._next_item()
@@ -92,14 +93,18 @@ def sleeper(seconds: float, release: threading.Event, reply: str = "{}") -> Call
 # ---------------------------------------------------------------- OpenAI-compatible server
 
 
-def chat_completion(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
-                    model: str = "fake-model") -> dict[str, Any]:
+def chat_completion(
+    content: str | None = None, tool_calls: list[dict[str, Any]] | None = None, model: str = "fake-model"
+) -> dict[str, Any]:
     """Build an OpenAI chat.completion body; tool_calls items are {"name", "args", "id"}."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = [
-            {"id": c.get("id") or f"call_{next(_ids)}", "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c.get("args", {}))}}
+            {
+                "id": c.get("id") or f"call_{next(_ids)}",
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c.get("args", {}))},
+            }
             for c in tool_calls
         ]
     return {
@@ -197,15 +202,18 @@ def _row(name: str, kind: str, params: int, macs: int) -> dict[str, Any]:
     return {"name": name, "type": kind, "params": params, "macs": macs, "latency_ms": 0.0, "leaf": True}
 
 
-def vit_profile(n_layers: int = 2, hidden: int = 32, inter: int = 64, heads: int = 4, tokens: int = 17,
-                labels: int = 10) -> dict[str, Any]:
+def vit_profile(
+    n_layers: int = 2, hidden: int = 32, inter: int = 64, heads: int = 4, tokens: int = 17, labels: int = 10
+) -> dict[str, Any]:
     """Build a profile.json-shaped dict of a ViT (transformers 5 module names) by hand, with costs and shares.
 
     Latency is proportional to MACs (1 ms per GMAC), so shares are consistent across metrics.
     """
     h, i, t = hidden, inter, tokens
-    rows = [_row("vit.embeddings.patch_embeddings.projection", "Conv2d", 16 * h + h, (t - 1) * 16 * h),
-            _row("vit.embeddings", "ViTEmbeddings", h + t * h, 0)]
+    rows = [
+        _row("vit.embeddings.patch_embeddings.projection", "Conv2d", 16 * h + h, (t - 1) * 16 * h),
+        _row("vit.embeddings", "ViTEmbeddings", h + t * h, 0),
+    ]
     groups = []
     protected = ["vit.embeddings", "vit.layernorm", "classifier"]
     for n in range(n_layers):
@@ -213,20 +221,41 @@ def vit_profile(n_layers: int = 2, hidden: int = 32, inter: int = 64, heads: int
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             rows.append(_row(f"{block}.attention.{proj}", "Linear", h * h + h, t * (h * h + h)))
         rows.append(_row(f"{block}.attention", "ViTAttention", 0, 2 * t * t * h))
-        rows += [_row(f"{block}.layernorm_before", "LayerNorm", 2 * h, 2 * t * h),
-                 _row(f"{block}.layernorm_after", "LayerNorm", 2 * h, 2 * t * h),
-                 _row(f"{block}.mlp.fc1", "Linear", h * i + i, t * (h * i + i)),
-                 _row(f"{block}.mlp.activation_fn", "GELUActivation", 0, t * i),
-                 _row(f"{block}.mlp.fc2", "Linear", i * h + h, t * (i * h + h))]
+        rows += [
+            _row(f"{block}.layernorm_before", "LayerNorm", 2 * h, 2 * t * h),
+            _row(f"{block}.layernorm_after", "LayerNorm", 2 * h, 2 * t * h),
+            _row(f"{block}.mlp.fc1", "Linear", h * i + i, t * (h * i + i)),
+            _row(f"{block}.mlp.activation_fn", "GELUActivation", 0, t * i),
+            _row(f"{block}.mlp.fc2", "Linear", i * h + h, t * (i * h + h)),
+        ]
         protected += [f"{block}.layernorm_before", f"{block}.layernorm_after"]
         attn = f"{block}.attention"
-        groups.append({"name": f"layers.{n}.heads", "kind": "head", "module": attn,
-                       "roots": [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"],
-                       "members": [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj", f"{attn}.o_proj"],
-                       "units": heads, "unit_size": h // heads, "min_units": 1, "block": block})
-        groups.append({"name": f"layers.{n}.mlp", "kind": "structured", "module": f"{block}.mlp.fc1",
-                       "roots": [f"{block}.mlp.fc1"], "members": [f"{block}.mlp.fc1", f"{block}.mlp.fc2"],
-                       "units": i, "unit_size": 1, "min_units": 1, "block": block})
+        groups.append(
+            {
+                "name": f"layers.{n}.heads",
+                "kind": "head",
+                "module": attn,
+                "roots": [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"],
+                "members": [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj", f"{attn}.o_proj"],
+                "units": heads,
+                "unit_size": h // heads,
+                "min_units": 1,
+                "block": block,
+            }
+        )
+        groups.append(
+            {
+                "name": f"layers.{n}.mlp",
+                "kind": "structured",
+                "module": f"{block}.mlp.fc1",
+                "roots": [f"{block}.mlp.fc1"],
+                "members": [f"{block}.mlp.fc1", f"{block}.mlp.fc2"],
+                "units": i,
+                "unit_size": 1,
+                "min_units": 1,
+                "block": block,
+            }
+        )
     rows.append(_row("vit.layernorm", "LayerNorm", 2 * h, 2 * t * h))
     rows.append(_row("classifier", "Linear", h * labels + labels, h * labels + labels))
     total_params = sum(r["params"] for r in rows)
@@ -240,13 +269,34 @@ def vit_profile(n_layers: int = 2, hidden: int = 32, inter: int = 64, heads: int
     for g in groups:
         members = [r for r in rows if any(r["name"] == m or r["name"].startswith(m + ".") for m in g["members"])]
         params, macs = sum(r["params"] for r in members), sum(r["macs"] for r in members)
-        costs[g["name"]] = {"kind": g["kind"], "block": g["block"], "params": params, "macs": macs,
-                            "latency_ms": macs / 1e9, "params_share": params / total_params,
-                            "macs_share": macs / total_macs, "latency_share": macs / total_macs, "missing": []}
-    totals = {"params": total_params, "macs": total_macs, "latency_ms": timed * 1.1, "timed_ms": timed,
-              "act_bytes": 0, "output_bytes": 0}
-    return {"totals": totals, "layers": rows, "groups": groups, "group_costs": costs, "protected": protected,
-            "operators": [], "env": {"device": "cpu", "threads": 1, "input_shape": [1, 16, 16], "batch": 1}}
+        costs[g["name"]] = {
+            "kind": g["kind"],
+            "block": g["block"],
+            "params": params,
+            "macs": macs,
+            "latency_ms": macs / 1e9,
+            "params_share": params / total_params,
+            "macs_share": macs / total_macs,
+            "latency_share": macs / total_macs,
+            "missing": [],
+        }
+    totals = {
+        "params": total_params,
+        "macs": total_macs,
+        "latency_ms": timed * 1.1,
+        "timed_ms": timed,
+        "act_bytes": 0,
+        "output_bytes": 0,
+    }
+    return {
+        "totals": totals,
+        "layers": rows,
+        "groups": groups,
+        "group_costs": costs,
+        "protected": protected,
+        "operators": [],
+        "env": {"device": "cpu", "threads": 1, "input_shape": [1, 16, 16], "batch": 1},
+    }
 
 
 def vit_sensitivity(profile: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -254,6 +304,12 @@ def vit_sensitivity(profile: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out = {}
     for n, g in enumerate(profile["groups"]):
         damage = (0.02 if g["kind"] == "structured" else 0.3) * (1 + n)
-        out[g["name"]] = {"damage": damage, "kl": damage * 0.8, "agreement": 100 - 20 * damage,
-                          "acc_drop": 10 * damage, "ratio": 0.3, "units_removed": 1}
+        out[g["name"]] = {
+            "damage": damage,
+            "kl": damage * 0.8,
+            "agreement": 100 - 20 * damage,
+            "acc_drop": 10 * damage,
+            "ratio": 0.3,
+            "units_removed": 1,
+        }
     return out

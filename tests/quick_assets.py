@@ -34,6 +34,7 @@ def build_quick_assets(cache: Path) -> tuple[Path, Path]:
         run on it when PROFILING_AGENT_CACHE points at `cache`.
     """
     from profiling_agent.tools.models import embedded
+
     with cache_env(cache):
         dataset = embedded.ensure_dataset()
         model_dir = embedded.model_path("vit-digits")
@@ -48,6 +49,7 @@ def build_quick_resnet(cache: Path) -> tuple[Path, Path]:
     keeps iterating (bisecting) instead of converging after one round.
     """
     from profiling_agent.tools.models import embedded
+
     with cache_env(cache):
         dataset = embedded.ensure_dataset()
         model_dir = embedded.model_path("resnet-digits")

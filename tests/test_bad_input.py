@@ -25,6 +25,7 @@ def assets(tmp_path_factory):
     from transformers import BertConfig, BertModel
 
     from profiling_agent.tools.models import embedded
+
     root = tmp_path_factory.mktemp("bad-input")
     with cache_env(root / "cache"):
         digits = embedded.ensure_dataset()

@@ -150,6 +150,7 @@ def test_baseline_planner_runs_one_iteration_through_the_graph(tmp_path, tiny_vi
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
     from profiling_agent.tools.models import embedded
+
     monkeypatch.setenv("PROFILING_AGENT_CACHE", str(tmp_path / "cache"))
     dataset = embedded.ensure_dataset()
     model_dir = tmp_path / "tiny"

@@ -115,10 +115,18 @@ def test_measure_latency_side_by_side(tiny_vit):
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)
-    big = ViTForImageClassification(ViTConfig(
-        image_size=16, patch_size=4, num_channels=1, hidden_size=384, num_hidden_layers=4,
-        num_attention_heads=6, intermediate_size=1536, num_labels=10,
-    )).eval()
+    big = ViTForImageClassification(
+        ViTConfig(
+            image_size=16,
+            patch_size=4,
+            num_channels=1,
+            hidden_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=6,
+            intermediate_size=1536,
+            num_labels=10,
+        )
+    ).eval()
     models = {"tiny": tiny_vit, "big": big, "tiny_q": _quantized(tiny_vit)}
     result = measure_latency(models, _pixels(1)[0], batch_size=8, warmup=1, repeats=5)
     assert set(result) == set(models)
@@ -132,5 +140,10 @@ def test_measure_latency_side_by_side(tiny_vit):
 def test_eval_config_defaults():
     config = EvalConfig()
     assert (config.batch_size, config.warmup, config.repeats, config.eval_batch_size, config.device) == (
-        32, 3, 10, 64, "cpu")
+        32,
+        3,
+        10,
+        64,
+        "cpu",
+    )
     assert EvalConfig(repeats=3).repeats == 3

@@ -21,8 +21,6 @@ def _is_under(name: str, prefixes: list[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-
-
 # ---------------------------------------------------------------- registry
 
 
@@ -123,9 +121,12 @@ def test_vit_fix_up_sets_live_head_counts(tiny_vit):
 def test_resnet_bottleneck_groups(tiny_resnet):
     groups = ResNetAdapter().prunable_groups(tiny_resnet)
     assert [g.name for g in groups] == [
-        "stages.0.layers.0.conv1", "stages.0.layers.0.conv2",
-        "stages.1.layers.0.conv1", "stages.1.layers.0.conv2",
-        "stages.1.layers.1.conv1", "stages.1.layers.1.conv2",
+        "stages.0.layers.0.conv1",
+        "stages.0.layers.0.conv2",
+        "stages.1.layers.0.conv1",
+        "stages.1.layers.0.conv2",
+        "stages.1.layers.1.conv1",
+        "stages.1.layers.1.conv2",
     ]
     assert [g.units for g in groups] == [4, 4, 8, 8, 8, 8]  # hidden_sizes // reduction 4
     g = groups[3]

@@ -45,8 +45,15 @@ def _randomize(model: nn.Module, seed: int) -> nn.Module:
 
 def _deit(cls, attn: str = "sdpa") -> nn.Module:
     config = DeiTConfig(
-        image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=64, num_labels=5, attn_implementation=attn,
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=5,
+        attn_implementation=attn,
     )
     torch.manual_seed(0)
     return _randomize(cls(config), seed=1)
@@ -54,8 +61,15 @@ def _deit(cls, attn: str = "sdpa") -> nn.Module:
 
 def _swin(heads=(2, 4), depths=(2, 2), window: int = 4, attn: str = "sdpa") -> nn.Module:
     config = SwinConfig(
-        image_size=32, patch_size=2, num_channels=3, embed_dim=16, depths=list(depths), num_heads=list(heads),
-        window_size=window, num_labels=5, attn_implementation=attn,
+        image_size=32,
+        patch_size=2,
+        num_channels=3,
+        embed_dim=16,
+        depths=list(depths),
+        num_heads=list(heads),
+        window_size=window,
+        num_labels=5,
+        attn_implementation=attn,
     )
     torch.manual_seed(0)
     return _randomize(SwinForImageClassification(config), seed=2)
@@ -204,8 +218,13 @@ def test_swin_groups_match_architecture(swin):
 def test_deit_protects_embeddings_norms_and_both_heads(deit_teacher):
     adapter = DeiTAdapter()
     protected = set(adapter.protected_modules(deit_teacher))
-    expected = {"deit.embeddings", "deit.embeddings.patch_embeddings.projection", "deit.layernorm",
-                "cls_classifier", "distillation_classifier"}
+    expected = {
+        "deit.embeddings",
+        "deit.embeddings.patch_embeddings.projection",
+        "deit.layernorm",
+        "cls_classifier",
+        "distillation_classifier",
+    }
     assert expected <= protected
     norms = {n for n, m in deit_teacher.named_modules() if isinstance(m, nn.LayerNorm)}
     assert len(norms) == 5 and norms <= protected
@@ -221,15 +240,19 @@ def test_deit_protects_embeddings_norms_and_both_heads(deit_teacher):
 def test_swin_protects_patch_merging_norms_and_classifier(swin):
     adapter = SwinAdapter()
     protected = set(adapter.protected_modules(swin))
-    merging = {"swin.encoder.layers.0.downsample", "swin.encoder.layers.0.downsample.reduction",
-               "swin.encoder.layers.0.downsample.norm"}
+    merging = {
+        "swin.encoder.layers.0.downsample",
+        "swin.encoder.layers.0.downsample.reduction",
+        "swin.encoder.layers.0.downsample.norm",
+    }
     assert merging <= protected
     assert swin.get_submodule("swin.encoder.layers.0.downsample.reduction").in_features == 4 * 16
     assert {"swin.embeddings.patch_embeddings.projection", "swin.layernorm", "classifier"} <= protected
     norms = {n for n, m in swin.named_modules() if isinstance(m, nn.LayerNorm)}
     assert norms <= protected
-    roots_and_consumers = {m for g in adapter.prunable_groups(swin) for m in g.members if m.endswith(("proj", "fc1",
-                                                                                                        "fc2"))}
+    roots_and_consumers = {
+        m for g in adapter.prunable_groups(swin) for m in g.members if m.endswith(("proj", "fc1", "fc2"))
+    }
     assert not roots_and_consumers & protected
 
 
@@ -382,8 +405,11 @@ def _dg_prune(model, adapter, removals, shape, ignore_per_head: bool = True) -> 
     groups = adapter.prunable_groups(model)
     per_head = [model.get_parameter(p) for g in groups for p in g.extra.get("per_head_params", [])]
     graph = tp.DependencyGraph().build_dependency(
-        model, example_inputs=_pixels(shape), forward_fn=lambda m, x: m(pixel_values=x).logits,
-        ignored_params=per_head if ignore_per_head else None, verbose=False,
+        model,
+        example_inputs=_pixels(shape),
+        forward_fn=lambda m, x: m(pixel_values=x).logits,
+        ignored_params=per_head if ignore_per_head else None,
+        verbose=False,
     )
     for g in groups:
         remove = removals.get(g.name, [])

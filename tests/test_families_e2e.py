@@ -25,8 +25,13 @@ def _resnet():
     from transformers import ResNetConfig, ResNetForImageClassification
 
     config = ResNetConfig(
-        num_channels=1, embedding_size=16, hidden_sizes=[32, 64], depths=[1, 1], layer_type="bottleneck",
-        downsample_in_first_stage=False, **_labels(),
+        num_channels=1,
+        embedding_size=16,
+        hidden_sizes=[32, 64],
+        depths=[1, 1],
+        layer_type="bottleneck",
+        downsample_in_first_stage=False,
+        **_labels(),
     )
     return ResNetForImageClassification(config)
 
@@ -35,8 +40,16 @@ def _deit():
     from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
 
     config = DeiTConfig(
-        image_size=32, patch_size=8, num_channels=1, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_labels(),
+        image_size=32,
+        patch_size=8,
+        num_channels=1,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **_labels(),
     )
     return DeiTForImageClassificationWithTeacher(config)
 
@@ -46,8 +59,18 @@ def _swin():
 
     # 4x4 patches, 2x2 windows: stage 0 has shifted windows (attention mask), stage 1 is one window
     config = SwinConfig(
-        image_size=32, patch_size=8, num_channels=1, embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=2,
-        mlp_ratio=2.0, drop_path_rate=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_labels(),
+        image_size=32,
+        patch_size=8,
+        num_channels=1,
+        embed_dim=32,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=2,
+        mlp_ratio=2.0,
+        drop_path_rate=0.0,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **_labels(),
     )
     return SwinForImageClassification(config)
 
@@ -64,6 +87,7 @@ MODELS = {
 def trained(tmp_path_factory):
     """The digits dataset and the three models, briefly trained and saved with save_pretrained + processor."""
     from profiling_agent.tools.models import embedded
+
     root = tmp_path_factory.mktemp("families")
     folders = {}
     with cache_env(root / "cache"):
@@ -85,10 +109,24 @@ def test_run_then_evaluate_reproduces_accuracy(name, trained, tmp_path, capsys):
     model_dir = folders[name]
     _, architecture, family, _, _ = MODELS[name]
     assert AutoConfig.from_pretrained(model_dir).architectures == [architecture]
-    code = main([
-        "run", "--model", str(model_dir), "--dataset", str(dataset), "--iterations", "1",
-        "--planner", "deterministic", "--run-dir", str(tmp_path), "--thread-id", name, *RUN_FLAGS,
-    ])
+    code = main(
+        [
+            "run",
+            "--model",
+            str(model_dir),
+            "--dataset",
+            str(dataset),
+            "--iterations",
+            "1",
+            "--planner",
+            "deterministic",
+            "--run-dir",
+            str(tmp_path),
+            "--thread-id",
+            name,
+            *RUN_FLAGS,
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     run = tmp_path / name
     result = json.loads((run / "result.json").read_text())
@@ -103,10 +141,21 @@ def test_run_then_evaluate_reproduces_accuracy(name, trained, tmp_path, capsys):
     assert settings["input"]["dataset"]["subset"] == int(SUBSET)
 
     out = tmp_path / "eval.json"
-    code = main([
-        "evaluate", "--model", str(run / "best"), "--dataset", str(dataset), "--subset", SUBSET,
-        "--device", "cpu", "--json", str(out),
-    ])
+    code = main(
+        [
+            "evaluate",
+            "--model",
+            str(run / "best"),
+            "--dataset",
+            str(dataset),
+            "--subset",
+            SUBSET,
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     metrics = json.loads(out.read_text())
     assert metrics["n_samples"] == int(SUBSET)

@@ -48,8 +48,14 @@ def _vit():
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(
-        image_size=16, patch_size=4, num_channels=1, hidden_size=40, num_hidden_layers=2, num_attention_heads=10,
-        intermediate_size=80, num_labels=7,
+        image_size=16,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=10,
+        intermediate_size=80,
+        num_labels=7,
     )
     return ViTForImageClassification(config)
 
@@ -58,8 +64,14 @@ def _deit():
     from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
 
     config = DeiTConfig(
-        image_size=16, patch_size=4, num_channels=3, hidden_size=40, num_hidden_layers=2, num_attention_heads=10,
-        intermediate_size=80, num_labels=7,
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=10,
+        intermediate_size=80,
+        num_labels=7,
     )
     return DeiTForImageClassificationWithTeacher(config)
 
@@ -69,8 +81,15 @@ def _swin():
 
     # 8x8 patches, 4x4 windows: stage 0 uses shifted windows, stage 1 (4x4) one window; 10 and 20 heads
     config = SwinConfig(
-        image_size=16, patch_size=2, num_channels=3, embed_dim=40, depths=[2, 2], num_heads=[10, 20], window_size=4,
-        mlp_ratio=1.0, num_labels=7,
+        image_size=16,
+        patch_size=2,
+        num_channels=3,
+        embed_dim=40,
+        depths=[2, 2],
+        num_heads=[10, 20],
+        window_size=4,
+        mlp_ratio=1.0,
+        num_labels=7,
     )
     return SwinForImageClassification(config)
 
@@ -79,7 +98,12 @@ def _resnet(layer_type: str):
     from transformers import ResNetConfig, ResNetForImageClassification
 
     config = ResNetConfig(
-        num_channels=3, embedding_size=8, hidden_sizes=[20, 40], depths=[1, 2], layer_type=layer_type, num_labels=7,
+        num_channels=3,
+        embedding_size=8,
+        hidden_sizes=[20, 40],
+        depths=[1, 2],
+        layer_type=layer_type,
+        num_labels=7,
     )
     return ResNetForImageClassification(config)
 
@@ -129,8 +153,9 @@ def _cases() -> list[tuple[str, tuple[str, ...], float]]:
 # ---------------------------------------------------------------- per family: prune, quantize, save, reload
 
 
-@pytest.mark.parametrize(("family", "kinds", "ratio"), _cases(), ids=lambda v: "+".join(v) if isinstance(v, tuple)
-                         else str(v))
+@pytest.mark.parametrize(
+    ("family", "kinds", "ratio"), _cases(), ids=lambda v: "+".join(v) if isinstance(v, tuple) else str(v)
+)
 def test_prune_quantize_save_reload(family, kinds, ratio, tmp_path):
     model, pixels = _build(family), _pixels(family)
     original = copy.deepcopy(model)
@@ -293,8 +318,11 @@ def test_untraceable_model_gives_a_one_line_error():
             return super().forward(x)
 
     model = NoAutograd(OPS["identity"]).eval()
-    with pytest.raises(PruneError, match=r"^cannot trace NoAutograd for pruning: RuntimeError: this model only runs "
-                                         r"without autograd$"):
+    with pytest.raises(
+        PruneError,
+        match=r"^cannot trace NoAutograd for pruning: RuntimeError: this model only runs "
+        r"without autograd$",
+    ):
         prune_model(model, [{"layer": "fc1", "type": "structured", "ratio": 0.25}], torch.zeros(2, 4))
 
 
@@ -312,8 +340,14 @@ def _beit():
     from transformers import BeitConfig, BeitForImageClassification
 
     config = BeitConfig(
-        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, num_labels=5, use_relative_position_bias=True,
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=5,
+        use_relative_position_bias=True,
     )
     return BeitForImageClassification(config)
 

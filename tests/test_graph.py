@@ -23,6 +23,7 @@ FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads"
 def digits_assets(tmp_path_factory):
     """A transformers ViT trained for a few epochs on digits (save_pretrained) and the digits DatasetDict."""
     from profiling_agent.tools.models import embedded
+
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("PROFILING_AGENT_CACHE")
     os.environ["PROFILING_AGENT_CACHE"] = str(cache)

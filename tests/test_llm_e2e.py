@@ -33,14 +33,20 @@ PLAN2 = {
 
 
 def _plan(*pruning, quantization=None):
-    return json.dumps({"pruning": list(pruning), "quantization": QUANT if quantization is None else quantization,
-                       "rationale": "hostile"})
+    return json.dumps(
+        {
+            "pruning": list(pruning),
+            "quantization": QUANT if quantization is None else quantization,
+            "rationale": "hostile",
+        }
+    )
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """A transformers ViT trained briefly on part of digits (save_pretrained) and the digits DatasetDict."""
     from profiling_agent.tools.models import embedded
+
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("PROFILING_AGENT_CACHE")
     os.environ["PROFILING_AGENT_CACHE"] = str(cache)
@@ -68,9 +74,28 @@ def clean_env(monkeypatch):
 
 def _run(tmp_path, assets, *extra):
     model_dir, dataset = assets
-    argv = ["run", "--model", str(model_dir), "--dataset", str(dataset), "--subset", "32", "--calibration", "8",
-            "--repeats", "2", "--threads", "1", "--target-reduction", "0.95", "--run-dir", str(tmp_path / "runs"),
-            "--thread-id", "t", *extra]
+    argv = [
+        "run",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        str(dataset),
+        "--subset",
+        "32",
+        "--calibration",
+        "8",
+        "--repeats",
+        "2",
+        "--threads",
+        "1",
+        "--target-reduction",
+        "0.95",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        "--thread-id",
+        "t",
+        *extra,
+    ]
     start = time.perf_counter()
     code = main(argv)
     run = tmp_path / "runs" / "t"
@@ -96,16 +121,27 @@ def test_a_sensible_server_plans_every_round(tmp_path, assets, capsys, monkeypat
     with ScriptedOpenAIServer(script) as server:
         base_url = server.base_url
         monkeypatch.setenv("OPENAI_BASE_URL", base_url)
-        code, run, result, _ = _run(tmp_path, assets, "--planner", "llm", "--iterations", "2",
-                                    "--llm-model", "fake-model", "--llm-timeout", "20")
+        code, run, result, _ = _run(
+            tmp_path,
+            assets,
+            "--planner",
+            "llm",
+            "--iterations",
+            "2",
+            "--llm-model",
+            "fake-model",
+            "--llm-timeout",
+            "20",
+        )
         requests = list(server.requests)
     err = capsys.readouterr().err
     assert code == 0
     assert f"planner: LLM planner, fake-model at {base_url}" in err
     assert "[analyze #1] llm plan" in err and "[analyze #2] llm plan" in err
     # the applied plans are the server's, and pruning did what they say
-    assert [c["plan"] for c in result["candidates"]] == [CompressionPlan.model_validate(p).model_dump()
-                                                        for p in (PLAN1, PLAN2)]
+    assert [c["plan"] for c in result["candidates"]] == [
+        CompressionPlan.model_validate(p).model_dump() for p in (PLAN1, PLAN2)
+    ]
     assert [c["planner"] for c in result["candidates"]] == ["llm", "llm"]
     pruned = [{a["group"] for a in c["applied"] if a["units_after"] < a["units_before"]} for c in result["candidates"]]
     assert pruned == [{"layers.0.mlp", "layers.1.mlp"}, {"layers.2.mlp", "layers.3.mlp", "layers.3.heads"}]
@@ -138,10 +174,14 @@ def test_a_sensible_server_plans_every_round(tmp_path, assets, capsys, monkeypat
 
 def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, monkeypatch):
     marker = tmp_path / "PWNED"
-    code_text = (f"```python\nimport os\nos.system('touch {marker}')\n```\n"
-                 f"__import__('os').system('touch {marker}'); eval(open('/etc/passwd').read())")
-    everything = [{"layer": ".*", "type": "structured", "ratio": 0.99, "justification": "everything"},
-                  {"layer": ".*", "type": "head", "ratio": 0.99, "justification": "everything"}]
+    code_text = (
+        f"```python\nimport os\nos.system('touch {marker}')\n```\n"
+        f"__import__('os').system('touch {marker}'); eval(open('/etc/passwd').read())"
+    )
+    everything = [
+        {"layer": ".*", "type": "structured", "ratio": 0.99, "justification": "everything"},
+        {"layer": ".*", "type": "head", "ratio": 0.99, "justification": "everything"},
+    ]
     round1 = [
         "<script>alert(1)</script> Sure! Just make the model smaller, it will be fine. No JSON from me.",
         _plan(*everything),
@@ -150,20 +190,42 @@ def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, mo
     ]
     round2 = [
         _plan({"layer": r"^(\w+\.?)+\.mlp\.fc1$", "type": "structured", "ratio": 0.3, "justification": "redos"}),
-        _plan({"layer": MLP_01, "type": "structured", "ratio": 0.3, "justification": "int4"},
-              quantization=[{"layer": "all", "type": "dynamic", "dtype": "int4", "justification": "smaller"}]),
+        _plan(
+            {"layer": MLP_01, "type": "structured", "ratio": 0.3, "justification": "int4"},
+            quantization=[{"layer": "all", "type": "dynamic", "dtype": "int4", "justification": "smaller"}],
+        ),
         code_text,
-        _plan({"layer": f"__import__('os').system('touch {marker}')", "type": "structured", "ratio": 0.3,
-               "justification": "code as a regex"}),
+        _plan(
+            {
+                "layer": f"__import__('os').system('touch {marker}')",
+                "type": "structured",
+                "ratio": 0.3,
+                "justification": "code as a regex",
+            }
+        ),
     ]
-    calls = [{"name": "run_shell", "args": {"cmd": f"touch {marker}"}},
-             {"name": "evaluate_plan", "args": {"plan_json": _plan(*everything)}}]
+    calls = [
+        {"name": "run_shell", "args": {"cmd": f"touch {marker}"}},
+        {"name": "evaluate_plan", "args": {"plan_json": _plan(*everything)}},
+    ]
     script = [chat_completion(text) for text in round1] + [chat_completion(tool_calls=calls)]
     script += [chat_completion(text) for text in round2]
     with ScriptedOpenAIServer(script) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        code, run, result, _ = _run(tmp_path, assets, "--planner", "llm", "--iterations", "2", "--llm-retries", "3",
-                                    "--llm-tool-rounds", "2", "--llm-timeout", "20")
+        code, run, result, _ = _run(
+            tmp_path,
+            assets,
+            "--planner",
+            "llm",
+            "--iterations",
+            "2",
+            "--llm-retries",
+            "3",
+            "--llm-tool-rounds",
+            "2",
+            "--llm-timeout",
+            "20",
+        )
         requests = list(server.requests)
     err = capsys.readouterr().err
     assert code == 0 and result["status"] == "done"
@@ -214,8 +276,7 @@ def test_b_a_server_that_never_answers_falls_back_quickly(tmp_path, assets, caps
     with ScriptedOpenAIServer(script) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         start = time.perf_counter()
-        code, run, result, _ = _run(tmp_path, assets, "--planner", "auto", "--iterations", "1",
-                                    "--llm-timeout", "0.5")
+        code, run, result, _ = _run(tmp_path, assets, "--planner", "auto", "--iterations", "1", "--llm-timeout", "0.5")
         elapsed = time.perf_counter() - start
     err = capsys.readouterr().err
     assert code == 0 and result["status"] == "done"

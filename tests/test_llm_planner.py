@@ -102,7 +102,9 @@ def test_happy_path_tool_call_then_valid_plan(tmp_path):
     assert len(tool_msgs) == 1 and tool_msgs[0].tool_call_id == call["id"]
     answer = json.loads(tool_msgs[0].content)
     assert answer["matched"] == 2 and {g["module"] for g in answer["groups"]} == {
-        "vit.layers.0.mlp.fc1", "vit.layers.1.mlp.fc1"}
+        "vit.layers.0.mlp.fc1",
+        "vit.layers.1.mlp.fc1",
+    }
     log = events(tmp_path, outcome)
     kinds = [e["event"] for e in log]
     assert kinds[:2] == ["prompt", "prompt"] and "tool_call" in kinds and "tool_result" in kinds
@@ -157,8 +159,10 @@ def test_guard_rejections_go_back_to_the_llm_then_fall_back(tmp_path, entry, fra
 
 def test_ninety_five_percent_everywhere_is_refused(tmp_path):
     """The paper's GPT-4-Turbo failure mode."""
-    greedy = plan_json({"layer": r"mlp\.fc1$", "type": "structured", "ratio": 0.95},
-                       {"layer": r"attention$", "type": "head", "ratio": 0.95})
+    greedy = plan_json(
+        {"layer": r"mlp\.fc1$", "type": "structured", "ratio": 0.95},
+        {"layer": r"attention$", "type": "head", "ratio": 0.95},
+    )
     outcome, _, fallback = run(tmp_path, [greedy], repeat_last=True)
     record = assert_fallback(outcome, fallback, "guard")
     reasons = " ".join(record["rejected"][0]["reasons"])
@@ -255,18 +259,43 @@ def test_quantization_is_dropped_when_the_objective_disables_it(tmp_path):
 
 
 def test_later_rounds_use_the_iterative_prompt_with_measurements(tmp_path):
-    base = {"accuracy": 90.0, "params": 100_000, "macs": 1_000_000, "latency_ms": 2.0, "speedup": 1.0,
-            "size_mb": 0.4}
-    cand = {"iteration": 1, "status": "ok", "planner": "llm", "plan": PLAN, "error": None,
-            "applied": [{"group": "layers.0.mlp", "units_before": 64, "units_after": 38}],
-            "eval": {"accuracy": 87.0, "params": 70_000, "macs": 690_000, "latency_ms": 1.5, "speedup": 1.33,
-                     "size_mb": 0.1}}
-    failed = {"iteration": 2, "status": "failed", "planner": "llm", "plan": PLAN, "error": "self-check failed",
-              "applied": [], "eval": None}
+    base = {"accuracy": 90.0, "params": 100_000, "macs": 1_000_000, "latency_ms": 2.0, "speedup": 1.0, "size_mb": 0.4}
+    cand = {
+        "iteration": 1,
+        "status": "ok",
+        "planner": "llm",
+        "plan": PLAN,
+        "error": None,
+        "applied": [{"group": "layers.0.mlp", "units_before": 64, "units_after": 38}],
+        "eval": {
+            "accuracy": 87.0,
+            "params": 70_000,
+            "macs": 690_000,
+            "latency_ms": 1.5,
+            "speedup": 1.33,
+            "size_mb": 0.1,
+        },
+    }
+    failed = {
+        "iteration": 2,
+        "status": "failed",
+        "planner": "llm",
+        "plan": PLAN,
+        "error": "self-check failed",
+        "applied": [],
+        "eval": None,
+    }
     # the analyze node passes the state before its own iteration update: iteration 2, two finished candidates
-    state = State(run_path=str(tmp_path), family="vit", iteration=2, candidates=[cand, failed],
-                  baseline_eval=base, fallbacks=[{"stage": "guard", "reason": "x", "iteration": 2,
-                                                  "rejected": [{"reasons": ["ratio 0.95 exceeds the cap"]}]}])
+    state = State(
+        run_path=str(tmp_path),
+        family="vit",
+        iteration=2,
+        candidates=[cand, failed],
+        baseline_eval=base,
+        fallbacks=[
+            {"stage": "guard", "reason": "x", "iteration": 2, "rejected": [{"reasons": ["ratio 0.95 exceeds the cap"]}]}
+        ],
+    )
     assert planning_round(state) == 3
     outcome, model, _ = run(tmp_path, [PLAN_TEXT], state=state)
     assert outcome.transcript == "iter_03/llm_transcript.jsonl"
@@ -307,9 +336,17 @@ def test_prompts_for_a_12_layer_vit_b_stay_compact():
     size = sum(len(m.content) for m in messages)
     assert size < 12_000, size
     assert r"^vit\.layers\.\d+\.mlp\.fc1$" in messages[1].content
-    cands = [{"iteration": i, "status": "ok", "planner": "llm", "plan": PLAN, "applied": [],
-              "eval": {"accuracy": 80.0, "params": 8e7, "macs": 1.5e10, "speedup": 1.2, "size_mb": 300}}
-             for i in range(1, 6)]
+    cands = [
+        {
+            "iteration": i,
+            "status": "ok",
+            "planner": "llm",
+            "plan": PLAN,
+            "applied": [],
+            "eval": {"accuracy": 80.0, "params": 8e7, "macs": 1.5e10, "speedup": 1.2, "size_mb": 300},
+        }
+        for i in range(1, 6)
+    ]
     base = {"accuracy": 81.0, "params": 8.6e7, "macs": 1.7e10, "latency_ms": 20.0, "size_mb": 330}
     messages = render_iterative(profile, sens, Objective(), iteration=6, candidates=cands, baseline_eval=base)
     assert sum(len(m.content) for m in messages) < 15_000
@@ -320,8 +357,13 @@ def test_regex_families_are_exact_and_avoid_protected_modules():
     for s in range(2):
         for b in range(3):
             for j in range(2):
-                groups.append({"name": f"stages.{s}.layers.{b}.conv{j + 1}", "kind": "structured",
-                               "module": f"resnet.encoder.stages.{s}.layers.{b}.layer.{j}.convolution"})
+                groups.append(
+                    {
+                        "name": f"stages.{s}.layers.{b}.conv{j + 1}",
+                        "kind": "structured",
+                        "module": f"resnet.encoder.stages.{s}.layers.{b}.layer.{j}.convolution",
+                    }
+                )
     protected = [f"resnet.encoder.stages.{s}.layers.{b}.layer.2" for s in range(2) for b in range(3)]
     protected += [p + ".convolution" for p in protected]
     fams = regex_families(groups, protected)
@@ -350,7 +392,8 @@ def test_match_layers_tool_lists_matches_and_explains_misses():
     answer = json.loads(tools["match_layers"].invoke({"pattern": r"attention$", "kind": "head"}))
     assert answer["matched"] == 2 and answer["groups"][0]["units"] == 4
     assert answer["total_shares"]["params_share"] == pytest.approx(
-        sum(PROFILE["group_costs"][f"layers.{i}.heads"]["params_share"] for i in range(2)), rel=1e-3)
+        sum(PROFILE["group_costs"][f"layers.{i}.heads"]["params_share"] for i in range(2)), rel=1e-3
+    )
     miss = tools["match_layers"].invoke({"pattern": r"attention$", "kind": "structured"})
     assert miss.startswith("error: no structured group") and "other kind" in miss
     assert tools["match_layers"].invoke({"pattern": "(fc", "kind": "head"}).startswith("error: the regex")
@@ -378,8 +421,11 @@ def test_estimate_plan_tool_matches_the_planner_estimate():
     assert answer["valid"] is True
     assert answer["predicted_reduction_from_pruning"]["params"] == pytest.approx(expected, abs=1e-3)
     assert answer["quantized_linear_layers"] == 13
-    bad = json.loads(tools["estimate_plan"].invoke({"plan_json": plan_json(
-        {"layer": r"mlp\.fc1$", "type": "structured", "ratio": 0.95})}))
+    bad = json.loads(
+        tools["estimate_plan"].invoke(
+            {"plan_json": plan_json({"layer": r"mlp\.fc1$", "type": "structured", "ratio": 0.95})}
+        )
+    )
     assert bad["valid"] is False and "cap" in bad["reasons"][0]
     assert tools["estimate_plan"].invoke({"plan_json": "no json"}).startswith("error:")
 
@@ -406,8 +452,11 @@ def test_evaluate_plan_tool_only_with_an_evaluator():
     answer = json.loads(tools["evaluate_plan"].invoke({"plan_json": json.dumps(PLAN)}))
     assert answer == {"valid": True, "measured": {"accuracy": 88.5, "params": 60_000}}
     assert seen == [CompressionPlan.model_validate(PLAN).model_dump()]
-    rejected = json.loads(tools["evaluate_plan"].invoke({"plan_json": plan_json(
-        {"layer": "classifier", "type": "structured", "ratio": 0.5})}))
+    rejected = json.loads(
+        tools["evaluate_plan"].invoke(
+            {"plan_json": plan_json({"layer": "classifier", "type": "structured", "ratio": 0.5})}
+        )
+    )
     assert rejected["valid"] is False and len(seen) == 1
 
     def broken(plan):
@@ -423,12 +472,18 @@ def test_evaluate_plan_tool_only_with_an_evaluator():
 @pytest.mark.parametrize(
     ("script", "expected"),
     [
-        (['{"channels": 3, "height": 224, "width": 224, "reason": "crop_size"}'], {"channels": 3, "height": 224,
-                                                                                   "width": 224}),
-        (['The shape is ```json\n{"channels": 1, "height": 28.0, "width": 28}\n```'], {"channels": 1, "height": 28,
-                                                                                       "width": 28}),
-        (['{"channels": 0, "height": 224, "width": 224}', '{"channels": 3, "height": 384, "width": 384}'],
-         {"channels": 3, "height": 384, "width": 384}),
+        (
+            ['{"channels": 3, "height": 224, "width": 224, "reason": "crop_size"}'],
+            {"channels": 3, "height": 224, "width": 224},
+        ),
+        (
+            ['The shape is ```json\n{"channels": 1, "height": 28.0, "width": 28}\n```'],
+            {"channels": 1, "height": 28, "width": 28},
+        ),
+        (
+            ['{"channels": 0, "height": 224, "width": 224}', '{"channels": 3, "height": 384, "width": 384}'],
+            {"channels": 3, "height": 384, "width": 384},
+        ),
         (['{"channels": true, "height": 224, "width": 224}'] * 3, None),
         (['{"channels": 3, "height": 5000, "width": 224}'] * 3, None),
         (["three by two-twenty-four"] * 3, None),
@@ -533,8 +588,9 @@ def test_guard_accepts_what_the_deterministic_planner_proposes_on_real_profiles(
     assert profile["groups"]
     for objective in (Objective(), Objective(target="macs", target_reduction=0.6, quantize="float16")):
         deterministic = plan_round(profile["groups"], profile["group_costs"], sens, objective, []).plan
-        verdict = check_plan(deterministic, profile["groups"], profile["protected"], profile["group_costs"],
-                             layers=profile["layers"])
+        verdict = check_plan(
+            deterministic, profile["groups"], profile["protected"], profile["group_costs"], layers=profile["layers"]
+        )
         assert verdict.ok, verdict.reasons
     prompt = render_analysis(profile, sens, Objective())[1].content
     assert all(g["module"] in prompt for g in profile["groups"])
@@ -572,8 +628,15 @@ def test_evaluate_fn_adds_the_evaluate_plan_tool(tmp_path):
     evaluated = []
     call = tool_call("evaluate_plan", {"plan_json": json.dumps(PLAN)})
     model = ScriptedChatModel(script=[ai_tool_calls(call), PLAN_TEXT])
-    outcome = plan_with_llm(state, make_ctx(), PROFILE, SENS, fallback_for(state), chat_model=model,
-                            evaluate_fn=lambda plan: evaluated.append(plan) or {"accuracy": 88.0})
+    outcome = plan_with_llm(
+        state,
+        make_ctx(),
+        PROFILE,
+        SENS,
+        fallback_for(state),
+        chat_model=model,
+        evaluate_fn=lambda plan: evaluated.append(plan) or {"accuracy": 88.0},
+    )
     assert outcome.planner == "llm" and "evaluate_plan" in model.bound_tools
     assert len(evaluated) == 1
     assert '"measured":{"accuracy":88.0}' in next(m for m in model.calls[1] if isinstance(m, ToolMessage)).content

@@ -46,32 +46,56 @@ def _one_line_error(capsys, argv):
 def test_planner_llm_without_an_llm_is_a_one_line_error_naming_the_setting(tmp_path, capsys):
     err = _one_line_error(capsys, ["run", "--planner", "llm", "--run-dir", str(tmp_path)])
     assert "--planner llm needs an LLM endpoint" in err and "OPENAI_BASE_URL" in err and "OPENAI_API_KEY" in err
-    err = _one_line_error(capsys, ["run", "--planner", "llm", "--llm-api-key-env", "PA_WIRING_KEY",
-                                   "--run-dir", str(tmp_path)])
+    err = _one_line_error(
+        capsys, ["run", "--planner", "llm", "--llm-api-key-env", "PA_WIRING_KEY", "--run-dir", str(tmp_path)]
+    )
     assert "PA_WIRING_KEY" in err
     assert not list(tmp_path.glob("*/run.json"))  # refused before any thread was created
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    (["--llm-timeout", "0"], "--llm-timeout"),
-    (["--llm-retries", "-1"], "--llm-retries"),
-    (["--llm-tool-rounds", "99"], "--llm-tool-rounds"),
-    (["--temperature", "5"], "--temperature"),
-    (["--llm-api-key-env", "sk-live key"], "--llm-api-key-env"),
-    (["--llm-base-url", "file:///etc/passwd"], "--llm-base-url"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--llm-timeout", "0"], "--llm-timeout"),
+        (["--llm-retries", "-1"], "--llm-retries"),
+        (["--llm-tool-rounds", "99"], "--llm-tool-rounds"),
+        (["--temperature", "5"], "--temperature"),
+        (["--llm-api-key-env", "sk-live key"], "--llm-api-key-env"),
+        (["--llm-base-url", "file:///etc/passwd"], "--llm-base-url"),
+    ],
+)
 def test_bad_llm_flags_are_one_line_errors(tmp_path, capsys, flags, fragment):
     assert fragment in _one_line_error(capsys, ["run", "--run-dir", str(tmp_path), *flags])
 
 
 def test_llm_flags_and_environment_fill_the_context(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_MODEL", "env-model")
-    args = build_parser().parse_args(["run", "--run-dir", str(tmp_path), "--llm-retries", "0", "--llm-tool-rounds",
-                                      "3", "--llm-timeout", "7.5", "--temperature", "0.2", "--llm-api-key-env",
-                                      "PA_WIRING_KEY", "--llm-base-url", "http://127.0.0.1:9/v1"])
+    args = build_parser().parse_args(
+        [
+            "run",
+            "--run-dir",
+            str(tmp_path),
+            "--llm-retries",
+            "0",
+            "--llm-tool-rounds",
+            "3",
+            "--llm-timeout",
+            "7.5",
+            "--temperature",
+            "0.2",
+            "--llm-api-key-env",
+            "PA_WIRING_KEY",
+            "--llm-base-url",
+            "http://127.0.0.1:9/v1",
+        ]
+    )
     ctx = Context(**context_from_args(args))
     assert (ctx.llm_model, ctx.llm_retries, ctx.llm_tool_rounds, ctx.llm_timeout) == ("env-model", 0, 3, 7.5)
-    assert (ctx.llm_temperature, ctx.llm_api_key_env, ctx.llm_base_url) == (0.2, "PA_WIRING_KEY", "http://127.0.0.1:9/v1")
+    assert (ctx.llm_temperature, ctx.llm_api_key_env, ctx.llm_base_url) == (
+        0.2,
+        "PA_WIRING_KEY",
+        "http://127.0.0.1:9/v1",
+    )
     args = build_parser().parse_args(["run", "--run-dir", str(tmp_path), "--llm-model", "flag-model"])
     assert context_from_args(args)["llm_model"] == "flag-model"  # the flag wins over $OPENAI_MODEL
 
@@ -120,19 +144,20 @@ def test_a_wrong_llm_shape_is_not_used(tiny_vit):
     model = ScriptedChatModel(script=['{"channels": 3, "height": 224, "width": 224}'])
     out = settle_input_shape(tiny_vit, processor, shape, _shape_ctx(), use_llm=True, chat_model=model)
     assert (out["channels"], out["height"], out["width"]) == (1, 16, 16) and out["source"] != "llm"
-    assert out["llm"] == {"answer": {"channels": 3, "height": 224, "width": 224}, "verified": False,
-                          "model": "gpt-4o"}
+    assert out["llm"] == {"answer": {"channels": 3, "height": 224, "width": 224}, "verified": False, "model": "gpt-4o"}
     assert out["tried"][0]["from"] == "llm" and "failed" in out["tried"][0]["error"]
 
 
 def test_an_implausibly_large_llm_shape_is_never_run(tiny_vit, monkeypatch):
     from profiling_agent.tools.planning import llm_shape
+
     ran, real = [], llm_shape._verified
     monkeypatch.setattr(llm_shape, "_verified", lambda model, chw: ran.append(chw) or real(model, chw))
     processor, shape = _ambiguous(tiny_vit)
     for answer in ('{"channels": 3, "height": 4096, "width": 4096}', '{"channels": 16, "height": 16, "width": 16}'):
-        out = settle_input_shape(tiny_vit, processor, shape, _shape_ctx(), use_llm=True,
-                                 chat_model=ScriptedChatModel(script=[answer]))
+        out = settle_input_shape(
+            tiny_vit, processor, shape, _shape_ctx(), use_llm=True, chat_model=ScriptedChatModel(script=[answer])
+        )
         assert (out["height"], out["width"]) == (16, 16) and out["tried"][0]["from"] == "llm"
         assert "not tried" in out["tried"][0]["error"]
     assert ran == [[1, 16, 16], [1, 16, 16]]  # only the static shape ran a forward pass
@@ -159,8 +184,15 @@ def test_the_llm_is_not_asked_when_the_shape_is_clear_or_llm_use_is_off(tiny_vit
 
 
 def test_no_working_shape_is_a_one_line_error(tiny_vit):
-    shape = {"channels": 3, "height": 7, "width": 7, "source": "default", "ambiguous": True, "notes": [],
-             "candidates": [[3, 7, 7]]}
+    shape = {
+        "channels": 3,
+        "height": 7,
+        "width": 7,
+        "source": "default",
+        "ambiguous": True,
+        "notes": [],
+        "candidates": [[3, 7, 7]],
+    }
     model = ScriptedChatModel(script=['{"channels": 2, "height": 9, "width": 9}'])
     with pytest.raises(ValueError, match="no input shape passed the forward pass") as err:
         settle_input_shape(tiny_vit, None, shape, _shape_ctx(), use_llm=True, chat_model=model)
@@ -176,13 +208,16 @@ def test_plan_evaluator_prunes_a_fresh_copy_and_measures_it(tiny_vit):
     pixels, labels = torch.randn(12, 1, 16, 16), torch.randint(0, 10, (12,))
     before = {k: v.clone() for k, v in tiny_vit.state_dict().items()}
     evaluate = make_plan_evaluator(lambda: copy.deepcopy(tiny_vit), pixels, labels, max_calls=2)
-    plan = {"pruning": [{"layer": r"^vit\.layers\.0\.mlp\.fc1$", "type": "structured", "ratio": 0.5}],
-            "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8"}]}
+    plan = {
+        "pruning": [{"layer": r"^vit\.layers\.0\.mlp\.fc1$", "type": "structured", "ratio": 0.5}],
+        "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8"}],
+    }
     out = evaluate(plan)
     assert out["images"] == 12 and out["groups_pruned"] == 1 and out["quantized_linear_layers"] > 0
     assert out["params"] == sum(p.numel() for p in tiny_vit.parameters()) - 32 * (32 + 1 + 32)
     assert 0 <= out["agreement"] <= 100 and out["accuracy_drop_pp"] == pytest.approx(
-        out["baseline_calib_accuracy"] - out["calib_accuracy"])
+        out["baseline_calib_accuracy"] - out["calib_accuracy"]
+    )
     assert out["evaluations_left"] == 1
     assert all(torch.equal(before[k], v) for k, v in tiny_vit.state_dict().items())  # the baseline is untouched
     empty = evaluate({"pruning": [], "quantization": []})
@@ -200,8 +235,10 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
     fallback = plan_round(profile["groups"], profile["group_costs"], sens, state.objective, [])
     usage = {"input_tokens": 100, "output_tokens": 20, "total_tokens": 120}
-    script = [AIMessage(content="", tool_calls=[tool_call("rm_rf", {"path": "/"})], usage_metadata=usage),
-              AIMessage(content="nothing useful", usage_metadata=usage)]
+    script = [
+        AIMessage(content="", tool_calls=[tool_call("rm_rf", {"path": "/"})], usage_metadata=usage),
+        AIMessage(content="nothing useful", usage_metadata=usage),
+    ]
     ctx = Context(llm_timeout=2.0, llm_retries=0, llm_api_key_env="PA_WIRING_KEY")
     outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=ScriptedChatModel(script=script))
     assert outcome.planner == "deterministic"
@@ -221,13 +258,22 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
 
 
 def _analyze_event(iteration, mode, llm=None):
-    return {"node": "analyze", "iteration": iteration, "message": "", "llm": llm,
-            "planner": {"requested": "auto", "mode": mode, "note": f"{mode} because"}}
+    return {
+        "node": "analyze",
+        "iteration": iteration,
+        "message": "",
+        "llm": llm,
+        "planner": {"requested": "auto", "mode": mode, "note": f"{mode} because"},
+    }
 
 
 def test_planner_facts_sum_usage_and_list_transcripts():
-    step = {"model": "m", "transcript": "iter_01/llm_transcript.jsonl", "tool_errors": [{"name": "x", "error": "e"}],
-            "usage": {"calls": 2, "input_tokens": 10, "output_tokens": 5, "total_tokens": 15}}
+    step = {
+        "model": "m",
+        "transcript": "iter_01/llm_transcript.jsonl",
+        "tool_errors": [{"name": "x", "error": "e"}],
+        "usage": {"calls": 2, "input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
+    }
     later = {**step, "transcript": "iter_02/llm_transcript.jsonl", "tool_errors": []}
     history = [{"node": "profile", "iteration": 0}, _analyze_event(1, "llm", step), _analyze_event(2, "llm", later)]
     facts = planner_facts(history)
@@ -236,17 +282,30 @@ def test_planner_facts_sum_usage_and_list_transcripts():
     assert facts["llm"]["transcripts"] == ["iter_01/llm_transcript.jsonl", "iter_02/llm_transcript.jsonl"]
     assert facts["llm"]["tool_errors"] == [{"name": "x", "error": "e", "iteration": 1}]
     assert planner_facts([_analyze_event(1, "deterministic")]) == {
-        "mode": "deterministic", "mode_note": "deterministic because", "llm": None}
+        "mode": "deterministic",
+        "mode_note": "deterministic because",
+        "llm": None,
+    }
     assert planner_facts([])["mode"] is None
 
 
 def test_the_fallback_section_lists_stage_reason_and_rejected_items_inertly():
-    fallbacks = [{"iteration": 2, "stage": "guard", "reason": "4 invalid answers; last: ratio 0.99 exceeds the cap",
-                  "rejected": [{"stage": "parse", "reasons": ["no JSON object found"],
-                                "answer": "<img src=x onerror=alert(1)> [click](http://evil) | `rm -rf /`"},
-                               {"stage": "guard", "reasons": [r"pruning[0] layer '^a\.b$': ratio 0.99 exceeds"],
-                                "answer": "{}"}],
-                  "tool_errors": [{"name": "run_shell", "error": "unknown tool: refused, nothing was run"}]}]
+    fallbacks = [
+        {
+            "iteration": 2,
+            "stage": "guard",
+            "reason": "4 invalid answers; last: ratio 0.99 exceeds the cap",
+            "rejected": [
+                {
+                    "stage": "parse",
+                    "reasons": ["no JSON object found"],
+                    "answer": "<img src=x onerror=alert(1)> [click](http://evil) | `rm -rf /`",
+                },
+                {"stage": "guard", "reasons": [r"pruning[0] layer '^a\.b$': ratio 0.99 exceeds"], "answer": "{}"},
+            ],
+            "tool_errors": [{"name": "run_shell", "error": "unknown tool: refused, nothing was run"}],
+        }
+    ]
     text = "\n".join(fallback_lines(fallbacks))
     assert "## Planner fallbacks" in text and "### Iteration 2: guard" in text
     assert "1. rejected at parse: no JSON object found" in text and "ratio 0.99 exceeds" in text
@@ -258,14 +317,39 @@ def test_the_fallback_section_lists_stage_reason_and_rejected_items_inertly():
 
 
 def test_render_markdown_includes_the_planner_facts_and_fallbacks():
-    result = {"thread_id": "t", "model": {"ref": "m"}, "dataset": {"ref": "d", "split": "test"}, "family": "vit",
-              "labels": {"method": "identical"}, "objective": {"target": "params", "target_reduction": 0.4},
-              "planner": {"requested": "auto", "used": ["deterministic"], "mode": "llm", "mode_note": "LLM planner",
-                          "fallbacks": [{"iteration": 1, "stage": "timeout", "reason": "no reply within 1.5 s",
-                                         "rejected": [], "tool_errors": []}],
-                          "llm": {"model": "m", "transcripts": ["iter_01/llm_transcript.jsonl"], "tool_errors": [],
-                                  "usage": {"calls": 1, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}}},
-              "baseline": {}, "best": None, "candidates": [], "versions": {"torch": "x"}}
+    result = {
+        "thread_id": "t",
+        "model": {"ref": "m"},
+        "dataset": {"ref": "d", "split": "test"},
+        "family": "vit",
+        "labels": {"method": "identical"},
+        "objective": {"target": "params", "target_reduction": 0.4},
+        "planner": {
+            "requested": "auto",
+            "used": ["deterministic"],
+            "mode": "llm",
+            "mode_note": "LLM planner",
+            "fallbacks": [
+                {
+                    "iteration": 1,
+                    "stage": "timeout",
+                    "reason": "no reply within 1.5 s",
+                    "rejected": [],
+                    "tool_errors": [],
+                }
+            ],
+            "llm": {
+                "model": "m",
+                "transcripts": ["iter_01/llm_transcript.jsonl"],
+                "tool_errors": [],
+                "usage": {"calls": 1, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+            },
+        },
+        "baseline": {},
+        "best": None,
+        "candidates": [],
+        "versions": {"torch": "x"},
+    }
     text = render_markdown(result)
     assert "fallbacks: 1 (LLM planner)" in text and "- LLM: m, 1 calls, 0 tokens" in text
     assert "`iter_01/llm_transcript.jsonl`" in text

@@ -54,8 +54,9 @@ def test_evaluation_tools_accept_the_session(tmp_path, tiny_vit):
     assert torch.equal(predict(out["fp32"], x, batch_size=8), ref_preds)
     allowed = predict(out["fp32"], x, batch_size=8, allowed_ids=[1, 3])
     assert set(allowed.tolist()) <= {1, 3}
-    lat = measure_latency({"torch": tiny_vit, "ort": out["fp32"], "ort_q": out["int8"]}, x, batch_size=4, warmup=1,
-                          repeats=2)
+    lat = measure_latency(
+        {"torch": tiny_vit, "ort": out["fp32"], "ort_q": out["int8"]}, x, batch_size=4, warmup=1, repeats=2
+    )
     assert set(lat) == {"torch", "ort", "ort_q"}
     assert all(row["latency_ms"] > 0 and row["latency_batch_ms"] > 0 for row in lat.values())
 

@@ -15,8 +15,9 @@ HEADS_ALL = r"^vit\.layers\.\d+\.attention$"
 
 
 def check(plan, config=None):
-    return check_plan(plan, PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"], config,
-                      layers=PROFILE["layers"])
+    return check_plan(
+        plan, PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"], config, layers=PROFILE["layers"]
+    )
 
 
 def prune(layer, kind="structured", ratio=0.3):
@@ -32,8 +33,11 @@ def joined(verdict):
 
 
 def test_valid_plan_passes_with_estimate_and_group_ratios():
-    raw = plan(prune(r"^vit\.layers\.(0|1)\.mlp\.fc1$", ratio=0.5), prune(r"^vit\.layers\.1\.attention$", "head", 0.5),
-               quant=[{"layer": "all", "type": "dynamic", "dtype": "qint8", "justification": ""}])
+    raw = plan(
+        prune(r"^vit\.layers\.(0|1)\.mlp\.fc1$", ratio=0.5),
+        prune(r"^vit\.layers\.1\.attention$", "head", 0.5),
+        quant=[{"layer": "all", "type": "dynamic", "dtype": "qint8", "justification": ""}],
+    )
     verdict = check(raw)
     assert verdict.ok, verdict.reasons
     assert verdict.plan == CompressionPlan.model_validate(raw)
@@ -188,11 +192,15 @@ def test_extract_json_object_from_fences_prose_and_trailing_commas():
 
 
 def test_normalize_unwraps_and_drops_unknown_keys():
-    raw = {"plan": {"pruning": [{"layer": "x", "type": "head", "ratio": 0.5, "expected_gain": 3}],
-                    "quantization": None, "notes": "hi"}}
+    raw = {
+        "plan": {
+            "pruning": [{"layer": "x", "type": "head", "ratio": 0.5, "expected_gain": 3}],
+            "quantization": None,
+            "notes": "hi",
+        }
+    }
     plan_dict, notes = normalize_plan(raw)
-    assert plan_dict == {"pruning": [{"layer": "x", "type": "head", "ratio": 0.5}], "quantization": [],
-                         "rationale": ""}
+    assert plan_dict == {"pruning": [{"layer": "x", "type": "head", "ratio": 0.5}], "quantization": [], "rationale": ""}
     assert any("expected_gain" in n for n in notes) and any("notes" in n for n in notes)
     with pytest.raises(ValueError):
         parse_plan_text("[1, 2, 3]")

@@ -100,8 +100,9 @@ def test_no_groups_gives_quantization_only_plan():
 
 def test_quantization_dropped_after_it_measurably_slowed_the_model():
     objective = Objective(target="params", quantize="qint8")
-    slow = [{"iteration": 1, "goal": 0.3, "gamma": 1.0, "passed": True, "quant_speedup": 0.7,
-             "quant_speedup_batch": 0.8}]
+    slow = [
+        {"iteration": 1, "goal": 0.3, "gamma": 1.0, "passed": True, "quant_speedup": 0.7, "quant_speedup_batch": 0.8}
+    ]
     result = plan_round(GROUPS, COSTS, SENS, objective, history=slow)
     assert result.plan.quantization == [] and "quantization dropped" in result.plan.rationale
     fast = [{**slow[0], "quant_speedup": 1.5, "quant_speedup_batch": 2.0}]
@@ -114,8 +115,16 @@ def test_quantization_dropped_after_it_measurably_slowed_the_model():
 def test_after_quantization_cost_speed_the_same_pruning_is_repeated_without_it():
     objective = Objective(target="params", target_reduction=0.3, quantize="qint8")
     first = plan_round(GROUPS, COSTS, SENS, objective, history=[])
-    slow = [{"iteration": 1, "goal": first.target_estimate, "gamma": first.gamma, "passed": True,
-             "quant_speedup": 0.7, "quant_speedup_batch": 0.8}]
+    slow = [
+        {
+            "iteration": 1,
+            "goal": first.target_estimate,
+            "gamma": first.gamma,
+            "passed": True,
+            "quant_speedup": 0.7,
+            "quant_speedup_batch": 0.8,
+        }
+    ]
     second = plan_round(GROUPS, COSTS, SENS, objective, history=slow)
     assert second.plan.quantization == []
     assert [(e.layer, e.ratio) for e in second.plan.pruning] == [(e.layer, e.ratio) for e in first.plan.pruning]

@@ -100,8 +100,9 @@ def test_per_layer_rows_sum_to_totals(fixture, request):
 def test_resnet_conv_macs_match_output_shapes(tiny_resnet_basic):
     outputs: dict[str, torch.Size] = {}
     convs = {name: m for name, m in tiny_resnet_basic.named_modules() if isinstance(m, nn.Conv2d)}
-    handles = [m.register_forward_hook(lambda mod, i, o, n=name: outputs.__setitem__(n, o.shape))
-               for name, m in convs.items()]
+    handles = [
+        m.register_forward_hook(lambda mod, i, o, n=name: outputs.__setitem__(n, o.shape)) for name, m in convs.items()
+    ]
     with torch.inference_mode():
         tiny_resnet_basic(pixel_values=torch.zeros(1, 3, 16, 16))
     for handle in handles:
@@ -188,11 +189,17 @@ def _vit_groups(layers: int) -> list:
     for i in range(layers):
         att = f"vit.layers.{i}.attention"
         groups.append({"name": f"layers.{i}.heads", "kind": "head", "block": f"vit.layers.{i}", "members": [att]})
-        groups.append(PrunableGroup(
-            name=f"layers.{i}.mlp", kind="structured", module=f"vit.layers.{i}.mlp.fc1",
-            roots=(f"vit.layers.{i}.mlp.fc1",), members=(f"vit.layers.{i}.mlp.fc1", f"vit.layers.{i}.mlp.fc2"),
-            units=MLP, block=f"vit.layers.{i}",
-        ))
+        groups.append(
+            PrunableGroup(
+                name=f"layers.{i}.mlp",
+                kind="structured",
+                module=f"vit.layers.{i}.mlp.fc1",
+                roots=(f"vit.layers.{i}.mlp.fc1",),
+                members=(f"vit.layers.{i}.mlp.fc1", f"vit.layers.{i}.mlp.fc2"),
+                units=MLP,
+                block=f"vit.layers.{i}",
+            )
+        )
     return groups
 
 
@@ -220,8 +227,16 @@ def test_summary_of_a_12_layer_vit_is_small(request):
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)
-    config = ViTConfig(image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=12,
-                       num_attention_heads=4, intermediate_size=64, num_labels=10)
+    config = ViTConfig(
+        image_size=16,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=32,
+        num_hidden_layers=12,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=10,
+    )
     model = ViTForImageClassification(config).eval()
     profile = profile_model(model, (1, 16, 16), warmup=1, repeats=2)
     summary = summarize_profile(profile, _vit_groups(12), top_k=8)
@@ -248,8 +263,9 @@ def test_vit_base_total_matches_analytic_count():
 
     model = ViTForImageClassification(ViTConfig(num_labels=1000)).eval()  # ViT-B/16, 224x224
     tokens, hidden, mlp, layers, heads = 197, 768, 3072, 12, 12
-    linear = layers * (4 * _linear(hidden, hidden, tokens) + _linear(hidden, mlp, tokens)
-                       + _linear(mlp, hidden, tokens)) + _linear(hidden, 1000, 1)
+    linear = layers * (
+        4 * _linear(hidden, hidden, tokens) + _linear(hidden, mlp, tokens) + _linear(mlp, hidden, tokens)
+    ) + _linear(hidden, 1000, 1)
     conv = 196 * hidden * (16 * 16 * 3) + 196 * hidden
     attention = layers * heads * tokens * tokens * (64 + 1 + 64)
     norms = (2 * layers + 1) * tokens * hidden

@@ -30,8 +30,6 @@ from profiling_agent.tools.compression.units import (
 ALL = [{"layer": ".", "type": "structured", "ratio": 0.5}, {"layer": ".", "type": "head", "ratio": 0.5}]
 
 
-
-
 def _randomize(model: nn.Module, seed: int = 1) -> nn.Module:
     """Give every weight a non-trivial scale (HF init is tiny) and BatchNorms non-identity statistics."""
     gen = torch.Generator().manual_seed(seed)
@@ -88,8 +86,15 @@ def _vit_eager():
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(
-        image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=64, num_labels=10, attn_implementation="eager",
+        image_size=16,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=10,
+        attn_implementation="eager",
     )
     torch.manual_seed(0)
     return ViTForImageClassification(config).eval()
@@ -106,7 +111,10 @@ def test_match_groups_later_entries_override(tiny_vit):
         {"layer": "attention", "type": "head", "ratio": 0.5},
     ]
     assert match_groups(groups, entries) == {
-        "layers.0.heads": 0.5, "layers.0.mlp": 0.5, "layers.1.heads": 0.5, "layers.1.mlp": 0.25,
+        "layers.0.heads": 0.5,
+        "layers.0.mlp": 0.5,
+        "layers.1.heads": 0.5,
+        "layers.1.mlp": 0.25,
     }
     assert match_groups(groups, [entries[1], entries[0]])["layers.1.mlp"] == 0.5
 
@@ -157,8 +165,10 @@ def test_unit_scores_mlp_and_heads_match_hand_computation(tiny_vit):
     expected = []
     for h in range(4):
         rows = slice(8 * h, 8 * h + 8)
-        total = sum((p.weight[rows].detach().double() ** 2).sum() + (p.bias[rows].detach().double() ** 2).sum()
-                    for p in (att.q_proj, att.k_proj, att.v_proj))
+        total = sum(
+            (p.weight[rows].detach().double() ** 2).sum() + (p.bias[rows].detach().double() ** 2).sum()
+            for p in (att.q_proj, att.k_proj, att.v_proj)
+        )
         expected.append(math.sqrt(total + (att.o_proj.weight[:, rows].detach().double() ** 2).sum()))
     assert torch.allclose(unit_scores(tiny_vit, head_group, "l2"), torch.tensor(expected, dtype=torch.float64))
 
@@ -224,7 +234,10 @@ def test_vit_pruned_equals_masked(tiny_vit, importance):
     _randomize(tiny_vit)
     pruned, report = _assert_pruned_equals_masked(tiny_vit, ALL, importance=importance, seed=5)
     assert [(r["group"], r["units_after"]) for r in report.applied] == [
-        ("layers.0.heads", 2), ("layers.0.mlp", 32), ("layers.1.heads", 2), ("layers.1.mlp", 32),
+        ("layers.0.heads", 2),
+        ("layers.0.mlp", 32),
+        ("layers.1.heads", 2),
+        ("layers.1.mlp", 32),
     ]
     att = pruned.vit.layers[1].attention
     assert (att.q_proj.out_features, att.o_proj.in_features, att.num_attention_heads) == (16, 16, 2)
@@ -274,8 +287,11 @@ def test_removing_nothing_is_bit_identical(fixture, request):
     x = _pixels(model)
     pruned = copy.deepcopy(model)
     # ratio 0 and ratios too small to remove one unit (4 heads * 0.2 < 1; 4 channels * 0.2 < 1)
-    entries = [{"layer": ".", "type": "structured", "ratio": 0.0}, {"layer": ".", "type": "head", "ratio": 0.2},
-               {"layer": r"stages\.0", "type": "structured", "ratio": 0.2}]
+    entries = [
+        {"layer": ".", "type": "structured", "ratio": 0.0},
+        {"layer": ".", "type": "head", "ratio": 0.2},
+        {"layer": r"stages\.0", "type": "structured", "ratio": 0.2},
+    ]
     report = prune_model(pruned, entries, x)
     assert report.applied and all(r["removed"] == [] for r in report.applied)
     assert report.params_before == report.params_after
@@ -330,16 +346,22 @@ def test_group_reaching_protected_module_raises_before_any_change(tiny_resnet):
     model = copy.deepcopy(tiny_resnet)
     snapshot = copy.deepcopy(model.state_dict())
     with pytest.raises(PruneError, match="protected"):
-        prune_model(model, [{"layer": r"stages\.1\.layers\.1", "type": "structured", "ratio": 0.5}],
-                    _pixels(model), adapter=_LastConvAdapter())
+        prune_model(
+            model,
+            [{"layer": r"stages\.1\.layers\.1", "type": "structured", "ratio": 0.5}],
+            _pixels(model),
+            adapter=_LastConvAdapter(),
+        )
     assert all(torch.equal(snapshot[k], v) for k, v in model.state_dict().items())
 
 
 def test_group_escaping_its_members_raises(tiny_vit):
     class Incomplete(ViTAdapter):
         def prunable_groups(self, model):
-            return [PrunableGroup(g.name, g.kind, g.module, g.roots, g.roots, g.units, g.unit_size)
-                    for g in super().prunable_groups(model)]
+            return [
+                PrunableGroup(g.name, g.kind, g.module, g.roots, g.roots, g.units, g.unit_size)
+                for g in super().prunable_groups(model)
+            ]
 
     with pytest.raises(PruneError, match="not one of its members"):
         prune_model(copy.deepcopy(tiny_vit), ALL, _pixels(tiny_vit), adapter=Incomplete())
@@ -434,8 +456,10 @@ def test_self_check_catches_stale_o_proj(tiny_vit):
 
 def test_vit_param_drop_matches_hand_count(tiny_vit):
     pruned = copy.deepcopy(tiny_vit)
-    entries = [{"layer": r"layers\.0", "type": "structured", "ratio": 0.25},
-               {"layer": r"layers\.1", "type": "head", "ratio": 0.5}]
+    entries = [
+        {"layer": r"layers\.0", "type": "structured", "ratio": 0.25},
+        {"layer": r"layers\.1", "type": "head", "ratio": 0.5},
+    ]
     report = prune_model(pruned, entries, _pixels(tiny_vit))
     hidden, head_dim = 32, 8
     mlp = 16 * (hidden + 1) + 16 * hidden  # fc1 rows with bias + fc2 columns
@@ -464,8 +488,11 @@ def _linear_conv_macs(model: nn.Module, x: torch.Tensor) -> int:
 def test_estimate_predicts_real_drop(fixture, request):
     model = request.getfixturevalue(fixture)
     x = _pixels(model, batch=1)
-    entries = [{"layer": ".", "type": "structured", "ratio": 0.5}, {"layer": r"stages\.1", "type": "structured",
-               "ratio": 0.3}, {"layer": r"layers\.1", "type": "head", "ratio": 0.5}]
+    entries = [
+        {"layer": ".", "type": "structured", "ratio": 0.5},
+        {"layer": r"stages\.1", "type": "structured", "ratio": 0.3},
+        {"layer": r"layers\.1", "type": "head", "ratio": 0.5},
+    ]
     estimate = estimate_pruning(model, entries, x)
     pruned = copy.deepcopy(model)
     report = prune_model(pruned, entries, x)

@@ -53,9 +53,7 @@ def test_readme_python_api_examples_run(tmp_path):
     env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900
-    )
+    proc = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "[profile]" in out and "sensitivity probe: 8/8" in out  # streamed updates and progress events

@@ -40,6 +40,7 @@ def finished_run(tmp_path_factory):
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
     from profiling_agent.tools.models import embedded
+
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("PROFILING_AGENT_CACHE")
     os.environ["PROFILING_AGENT_CACHE"] = str(cache)

@@ -6,8 +6,14 @@ BASE = {"accuracy": 90.0, "params": 1000, "macs": 5000, "size_mb": 4.0, "latency
 
 
 def cand(it, acc, params, lat=1.0, status="ok"):
-    ev = {"accuracy": acc, "params": params, "macs": params * 5, "size_mb": params / 250, "latency_ms": lat,
-          "speedup": 2.0 / lat}
+    ev = {
+        "accuracy": acc,
+        "params": params,
+        "macs": params * 5,
+        "size_mb": params / 250,
+        "latency_ms": lat,
+        "speedup": 2.0 / lat,
+    }
     return {"iteration": it, "status": status, "eval": ev if status == "ok" else None}
 
 
@@ -58,16 +64,29 @@ def test_routing_enforces_the_iteration_bound():
 def test_result_reports_the_final_joint_latency_for_every_candidate():
     from profiling_agent.tools.reporting.result import build_result
 
-    ev = {"accuracy": 90.0, "agreement": 99.0, "latency_ms": 5.0, "latency_batch_ms": 9.0, "speedup": 0.5,
-          "size_mb": 1.0, "memory_bytes": 10, "params": 100, "macs": 1000, "batch_size": 16, "threads": 1}
+    ev = {
+        "accuracy": 90.0,
+        "agreement": 99.0,
+        "latency_ms": 5.0,
+        "latency_batch_ms": 9.0,
+        "speedup": 0.5,
+        "size_mb": 1.0,
+        "memory_bytes": 10,
+        "params": 100,
+        "macs": 1000,
+        "batch_size": 16,
+        "threads": 1,
+    }
     state = {
         "baseline_eval": {**ev, "latency_ms": 2.5, "speedup": 1.0},
         "candidates": [{"iteration": 1, "status": "ok", "eval": ev, "plan": {}, "artifact": {"path": "iter_01/c"}}],
         "best": {"iteration": 1, "eval": ev, "plan": {}, "artifact": {"path": "iter_01/c"}},
         "objective": {"planner": "deterministic"},
     }
-    final = {"baseline": {"latency_ms": 4.0, "latency_batch_ms": 8.0}, "iter_01": {"latency_ms": 2.0,
-             "latency_batch_ms": 6.0}}
+    final = {
+        "baseline": {"latency_ms": 4.0, "latency_batch_ms": 8.0},
+        "iter_01": {"latency_ms": 2.0, "latency_batch_ms": 6.0},
+    }
     result = build_result(state, "t", final)
     for row in (result["candidates"][0], result["best"]):
         assert row["latency_ms"] == 2.0 and row["speedup"] == 2.0 and row["round_latency_ms"] == 5.0

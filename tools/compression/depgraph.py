@@ -165,8 +165,11 @@ def _dependency_groups(
         hit = _check_dep_group(dg, dep_group, group, protected)
         if root not in hit:
             raise PruneError(f"group {group.name}: pruning {root} does not prune its own output channels")
-        layers = {(dg._module2name[i.dep.target.module], i.dep.handler) for i in dep_group.items
-                  if i.dep.target.module in dg._module2name}
+        layers = {
+            (dg._module2name[i.dep.target.module], i.dep.handler)
+            for i in dep_group.items
+            if i.dep.target.module in dg._module2name
+        }
         if layers & touched:
             raise PruneError(f"group {group.name}: roots couple to the same layers without being coupled together")
         touched |= layers

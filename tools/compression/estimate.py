@@ -115,9 +115,15 @@ def estimate_pruning(
             params += step.n_remove * (model.get_parameter(pname).numel() // group.units)
         rows.append(
             {
-                "group": group.name, "module": group.module, "kind": group.kind, "ratio": step.ratio,
-                "units": group.units, "units_removed": step.n_remove, "units_after": group.units - step.n_remove,
-                "params_removed": int(params), "macs_removed": round(macs) if example_inputs is not None else None,
+                "group": group.name,
+                "module": group.module,
+                "kind": group.kind,
+                "ratio": step.ratio,
+                "units": group.units,
+                "units_removed": step.n_remove,
+                "units_after": group.units - step.n_remove,
+                "params_removed": int(params),
+                "macs_removed": round(macs) if example_inputs is not None else None,
             }
         )
     before = count_params(model)

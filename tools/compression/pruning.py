@@ -30,9 +30,6 @@ from profiling_agent.tools.models.sizes import count_params
 logger = logging.getLogger(__name__)
 
 
-
-
-
 def _prune_step(
     dg: tp.DependencyGraph | None,
     model: nn.Module,
@@ -144,7 +141,10 @@ def prune_model(
     if reference is not None:
         _verify_against_masking(reference, model, report, {s.group.name: s.group for s in steps}, example_inputs, seed)
     logger.info(
-        "pruned %d groups (%s): params %d -> %d", len(report.applied), adapter.name, report.params_before,
+        "pruned %d groups (%s): params %d -> %d",
+        len(report.applied),
+        adapter.name,
+        report.params_before,
         report.params_after,
     )
     return report

@@ -31,8 +31,15 @@ def latency_inputs(sample: torch.Tensor, batch_size: int) -> tuple[torch.Tensor,
     return sample[:1].contiguous(), sample[index].contiguous()
 
 
-def measure_latency(models: Mapping[str, nn.Module], sample: torch.Tensor, *, batch_size: int = 32, warmup: int = 3,
-                    repeats: int = 10, device: str = "cpu") -> dict[str, dict[str, Any]]:
+def measure_latency(
+    models: Mapping[str, nn.Module],
+    sample: torch.Tensor,
+    *,
+    batch_size: int = 32,
+    warmup: int = 3,
+    repeats: int = 10,
+    device: str = "cpu",
+) -> dict[str, dict[str, Any]]:
     """Measure batch-1 and batch-`batch_size` forward latency of several models side by side.
 
     Each repeat times every model once at batch 1, then every model once at the larger batch, in a seeded random

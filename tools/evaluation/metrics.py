@@ -28,8 +28,14 @@ class EvalConfig:
 # ---------------------------------------------------------------- accuracy
 
 
-def predict(model: nn.Module, pixels: torch.Tensor, *, batch_size: int = 64, device: str = "cpu",
-            allowed_ids: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+def predict(
+    model: nn.Module,
+    pixels: torch.Tensor,
+    *,
+    batch_size: int = 64,
+    device: str = "cpu",
+    allowed_ids: Sequence[int] | torch.Tensor | None = None,
+) -> torch.Tensor:
     """Predict class ids for a pixel tensor (N, C, H, W), batch by batch.
 
     Args:
@@ -53,7 +59,7 @@ def predict(model: nn.Module, pixels: torch.Tensor, *, batch_size: int = 64, dev
     preds = []
     with torch.inference_mode():
         for start in range(0, len(pixels), batch_size):
-            logits = forward_logits(model, pixels[start:start + batch_size].to(dev)).float().cpu()
+            logits = forward_logits(model, pixels[start : start + batch_size].to(dev)).float().cpu()
             preds.append(_argmax(logits, allowed))
     return torch.cat(preds) if preds else torch.empty(0, dtype=torch.long)
 
@@ -86,12 +92,6 @@ def agreement(preds: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------- memory
-
-
-
-
-
-
 
 
 def file_size_mb(path: str | os.PathLike) -> float:

@@ -31,7 +31,6 @@ CONFIG_FILE = "config.json"
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
-
 class ArtifactError(RuntimeError):
     """A saved artifact is missing, incomplete, corrupt or of an unsupported format version."""
 

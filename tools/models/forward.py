@@ -65,8 +65,9 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def example_input(input_shape: Sequence[int] | Mapping[str, Any], *, batch: int = 1, seed: int = 0,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
+def example_input(
+    input_shape: Sequence[int] | Mapping[str, Any], *, batch: int = 1, seed: int = 0, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Build a seeded standard-normal pixel batch of shape (batch, C, H, W)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randn((batch, *input_chw(input_shape)), generator=generator).to(device)

@@ -17,7 +17,6 @@ EMBEDDED_PREFIX = "embedded:"
 Source = Literal["embedded", "artifact", "local", "hub"]
 
 
-
 @dataclass
 class LoadedModel:
     """A loaded image classifier in eval mode, its processor and where it came from.
@@ -137,6 +136,7 @@ def _check_missing(ref: str, model: nn.Module, missing: list[str]) -> None:
 def _load_embedded(ref: str) -> LoadedModel:
     """Build (first use) and load one of the embedded digits models."""
     from profiling_agent.tools.models import embedded
+
     name = ref[len(EMBEDDED_PREFIX) :]
     if name not in embedded.MODEL_NAMES:
         raise ModelLoadError(f"unknown embedded model '{name}'; choose from {', '.join(embedded.MODEL_NAMES)}")

@@ -34,8 +34,6 @@ def _dynamic_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, module
 
 
-
-
 def linear_packed_params_type() -> type | None:
     """Return torch's LinearPackedParams class (the container of a quantized Linear's weights), or None."""
     try:

@@ -217,8 +217,9 @@ class _Session:
                 reply = call_model(self.final if forced else self.bound, messages, min(self.deadline, left))
             except PlannerFailure as failure:
                 if failure.stage == "timeout" and left < self.deadline:
-                    raise PlannerFailure("timeout", f"the planning step took longer than {budget:.1f} s",
-                                         rejected) from None
+                    raise PlannerFailure(
+                        "timeout", f"the planning step took longer than {budget:.1f} s", rejected
+                    ) from None
                 raise PlannerFailure(failure.stage, failure.reason, rejected) from None
             add_usage(self.usage, reply)
             _record_reply(self.transcript, reply)
@@ -227,9 +228,14 @@ class _Session:
                 if forced:
                     raise PlannerFailure("tool_loop", f"still calling tools after {rounds} tool rounds", rejected)
                 if rounds >= self.ctx.llm_tool_rounds:
-                    messages += [ToolMessage(content=TOOL_BUDGET_SPENT, tool_call_id=c.get("id") or f"call_{n}",
-                                             name=c.get("name") or "unknown")
-                                 for n, c in enumerate([*reply.tool_calls, *reply.invalid_tool_calls])]
+                    messages += [
+                        ToolMessage(
+                            content=TOOL_BUDGET_SPENT,
+                            tool_call_id=c.get("id") or f"call_{n}",
+                            name=c.get("name") or "unknown",
+                        )
+                        for n, c in enumerate([*reply.tool_calls, *reply.invalid_tool_calls])
+                    ]
                     messages.append(HumanMessage(content=FORCE_FINAL))
                     self.transcript.write("prompt", role="human", content=FORCE_FINAL)
                     forced = True
@@ -243,8 +249,9 @@ class _Session:
             except _Rejected as rej:
                 rejected.append({"stage": rej.stage, "reasons": rej.reasons, "answer": text[:MAX_ANSWER_KEPT]})
                 if len(rejected) > self.ctx.llm_retries:
-                    raise PlannerFailure(rej.stage, f"{len(rejected)} invalid answers; last: {rej.reasons[0]}",
-                                         rejected) from None
+                    raise PlannerFailure(
+                        rej.stage, f"{len(rejected)} invalid answers; last: {rej.reasons[0]}", rejected
+                    ) from None
                 template = RETRY_PARSE if rej.stage == "parse" else RETRY_GUARD
                 retry = template.format(reasons="\n".join(f"- {r}" for r in rej.reasons))
                 messages.append(HumanMessage(content=retry))
@@ -254,19 +261,28 @@ class _Session:
 # ---------------------------------------------------------------- entry points
 
 
-def render_messages(state: State, ctx: Context, profile: dict[str, Any], sensitivity: dict[str, Any],
-                    iteration: int, guard: GuardConfig) -> list[BaseMessage]:
+def render_messages(
+    state: State, ctx: Context, profile: dict[str, Any], sensitivity: dict[str, Any], iteration: int, guard: GuardConfig
+) -> list[BaseMessage]:
     """Build the analysis prompt (round 1) or the iterative prompt (later rounds)."""
     from profiling_agent.prompts.analysis import render_analysis
     from profiling_agent.prompts.iterative import render_iterative
 
     info = {"model": state.model.ref, "family": state.family}
     if iteration <= 1:
-        return render_analysis(profile, sensitivity, state.objective, model_info=info, guard=guard,
-                               tool_rounds=ctx.llm_tool_rounds)
+        return render_analysis(
+            profile, sensitivity, state.objective, model_info=info, guard=guard, tool_rounds=ctx.llm_tool_rounds
+        )
     return render_iterative(
-        profile, sensitivity, state.objective, iteration=iteration, candidates=state.candidates,
-        baseline_eval=state.baseline_eval, fallbacks=state.fallbacks, model_info=info, guard=guard,
+        profile,
+        sensitivity,
+        state.objective,
+        iteration=iteration,
+        candidates=state.candidates,
+        baseline_eval=state.baseline_eval,
+        fallbacks=state.fallbacks,
+        model_info=info,
+        guard=guard,
         tool_rounds=ctx.llm_tool_rounds,
     )
 
@@ -307,8 +323,9 @@ def plan_with_llm(
         messages = render_messages(state, ctx, profile, sensitivity, iteration, guard)
         for message in messages:
             transcript.write("prompt", role=message.type, content=message_text(message))
-        session = _Session(model, tools, ctx, transcript, profile, state.objective.quantize, fallback.plan, guard,
-                           usage, tool_errors)
+        session = _Session(
+            model, tools, ctx, transcript, profile, state.objective.quantize, fallback.plan, guard, usage, tool_errors
+        )
         plan, estimate = session.run(messages)
     except PlannerFailure as failure:
         failed = _Failed(failure.stage, failure.reason, failure.rejected, usage, tool_errors)
@@ -332,8 +349,13 @@ class _Failed:
 
 
 def _fall_back(transcript: Transcript, fallback: PlanResult, ctx: Context, failed: _Failed) -> LLMOutcome:
-    record = {"reason": failed.reason, "stage": failed.stage, "rejected": failed.rejected,
-              "tool_errors": failed.tool_errors, "model": ctx.llm_model}
+    record = {
+        "reason": failed.reason,
+        "stage": failed.stage,
+        "rejected": failed.rejected,
+        "tool_errors": failed.tool_errors,
+        "model": ctx.llm_model,
+    }
     logger.warning("LLM planner fell back to the deterministic plan (%s): %s", failed.stage, failed.reason)
     transcript.write("usage", **failed.usage)
     transcript.write("fallback", **record)

@@ -11,10 +11,28 @@ from profiling_agent.state import Context
 MAX_SIDE_FACTOR = 2  # an LLM-proposed side may be at most this times the largest static candidate's side
 MIN_SIDE_CAP = 512  # ... but always at least up to this many pixels
 
-CONFIG_FIELDS = ("model_type", "architectures", "image_size", "patch_size", "num_channels", "embed_dim",
-                 "hidden_size", "window_size", "num_labels")
-PROCESSOR_FIELDS = ("size", "crop_size", "do_resize", "do_center_crop", "crop_pct", "image_mean", "image_std",
-                    "do_normalize", "resample")
+CONFIG_FIELDS = (
+    "model_type",
+    "architectures",
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "embed_dim",
+    "hidden_size",
+    "window_size",
+    "num_labels",
+)
+PROCESSOR_FIELDS = (
+    "size",
+    "crop_size",
+    "do_resize",
+    "do_center_crop",
+    "crop_pct",
+    "image_mean",
+    "image_std",
+    "do_normalize",
+    "resample",
+)
 
 
 def _plain(value: Any) -> Any:
@@ -37,7 +55,9 @@ def shape_metadata(model: nn.Module, processor: Any | None, shape: dict[str, Any
     return {
         "model_class": type(model).__name__,
         "config": {k: _plain(getattr(config, k)) for k in CONFIG_FIELDS if getattr(config, k, None) is not None},
-        "processor": None if processor is None else {
+        "processor": None
+        if processor is None
+        else {
             "class": type(processor).__name__,
             **{k: _plain(getattr(processor, k)) for k in PROCESSOR_FIELDS if getattr(processor, k, None) is not None},
         },
@@ -112,8 +132,10 @@ def settle_input_shape(
         if problem:
             raise ValueError(problem)
         return {**shape, "verified": "forward pass"}
-    static = [[int(v) for v in c] for c in [[shape["channels"], shape["height"], shape["width"]],
-                                             *(shape.get("candidates") or [])]]
+    static = [
+        [int(v) for v in c]
+        for c in [[shape["channels"], shape["height"], shape["width"]], *(shape.get("candidates") or [])]
+    ]
     options = [(c, str(shape.get("source", "static"))) for c in static]
     out = dict(shape)
     tried: list[dict[str, Any]] = []
@@ -133,8 +155,9 @@ def settle_input_shape(
         problem = _verified(model, chw)
         tried.append({"shape": chw, "from": origin, "error": problem})
         if problem is None:
-            out.update({"channels": chw[0], "height": chw[1], "width": chw[2], "verified": "forward pass",
-                        "tried": tried})
+            out.update(
+                {"channels": chw[0], "height": chw[1], "width": chw[2], "verified": "forward pass", "tried": tried}
+            )
             if origin == "llm":
                 out["source"] = "llm"
                 out["llm"]["verified"] = True

@@ -93,15 +93,17 @@ def _match_layers(data: PlanningData, pattern: str, kind: str) -> str:
         return f"error: no {kind} group module matches {pattern!r}.{hint} {kind} modules look like: {examples}"
     rows = [data.group_row(g) for g in hits]
     total = {k: sum(float(r[k] or 0.0) for r in rows) for k in ("params_share", "macs_share", "latency_share")}
-    return dump({
-        "pattern": pattern,
-        "kind": kind,
-        "matched": len(hits),
-        "total_shares": total,
-        "groups": rows[:MAX_LISTED],
-        "protected_matches": guarded[:10],
-        "note": "a plan regex must not match protected modules" if guarded else "",
-    })
+    return dump(
+        {
+            "pattern": pattern,
+            "kind": kind,
+            "matched": len(hits),
+            "total_shares": total,
+            "groups": rows[:MAX_LISTED],
+            "protected_matches": guarded[:10],
+            "note": "a plan regex must not match protected modules" if guarded else "",
+        }
+    )
 
 
 def _layer_profile(data: PlanningData, top: int, sort_by: str) -> str:
@@ -114,18 +116,20 @@ def _layer_profile(data: PlanningData, top: int, sort_by: str) -> str:
     out = []
     for row in rows:
         name = str(row.get("name", ""))
-        out.append({
-            "name": name,
-            "type": row.get("type"),
-            "params": row.get("params", 0),
-            "macs": row.get("macs", 0),
-            "latency_ms": row.get("latency_ms", 0.0),
-            "params_share": (row.get("params", 0) / total_params) if total_params else 0.0,
-            "macs_share": row.get("macs_share", 0.0),
-            "latency_share": row.get("latency_share", 0.0),
-            "group": data.member_of.get(name),
-            "protected": data.is_protected(name),
-        })
+        out.append(
+            {
+                "name": name,
+                "type": row.get("type"),
+                "params": row.get("params", 0),
+                "macs": row.get("macs", 0),
+                "latency_ms": row.get("latency_ms", 0.0),
+                "params_share": (row.get("params", 0) / total_params) if total_params else 0.0,
+                "macs_share": row.get("macs_share", 0.0),
+                "latency_share": row.get("latency_share", 0.0),
+                "group": data.member_of.get(name),
+                "protected": data.is_protected(name),
+            }
+        )
     return dump({"sort_by": sort_by, "totals": data.totals, "layers": out})
 
 
@@ -138,21 +142,25 @@ def _estimate_plan(data: PlanningData, plan_json: str) -> str:
     quant = verdict.plan.quantization if verdict.plan else []
     quantized = [r for r in linear if any(q.layer == "all" or re.search(q.layer, str(r["name"])) for q in quant)]
     total_params = float(data.totals.get("params") or 0.0)
-    return dump({
-        "valid": verdict.ok,
-        "reasons": verdict.reasons,
-        "warnings": verdict.warnings + notes,
-        "predicted_reduction_from_pruning": verdict.estimate,
-        "group_ratios": verdict.ratios,
-        "quantized_linear_layers": len(quantized),
-        "quantized_params_share": sum(r.get("params", 0) for r in quantized) / total_params if total_params else 0.0,
-    })
+    return dump(
+        {
+            "valid": verdict.ok,
+            "reasons": verdict.reasons,
+            "warnings": verdict.warnings + notes,
+            "predicted_reduction_from_pruning": verdict.estimate,
+            "group_ratios": verdict.ratios,
+            "quantized_linear_layers": len(quantized),
+            "quantized_params_share": sum(r.get("params", 0) for r in quantized) / total_params
+            if total_params
+            else 0.0,
+        }
+    )
 
 
 def _group_sensitivity(data: PlanningData, group: str) -> str:
     if group == "all":
         rows = sorted((data.group_row(g) for g in data.groups), key=lambda r: float(r["damage"] or 0.0))
-        return dump({"sorted_by": "damage (least sensitive first)", "groups": rows[:MAX_LISTED * 2]})
+        return dump({"sorted_by": "damage (least sensitive first)", "groups": rows[: MAX_LISTED * 2]})
     found = data.by_name.get(group) or next((g for g in data.groups if g["module"] == group), None)
     if found is None:
         names = [g["name"] for g in data.groups][:6]
@@ -224,8 +232,14 @@ def make_planning_tools(
         kinds: dict[str, int] = {}
         for group in data.groups:
             kinds[group["kind"]] = kinds.get(group["kind"], 0) + 1
-        return dump({"model": data.model_info, "totals": data.totals, "groups_per_kind": kinds,
-                     "protected": data.protected[:30]})
+        return dump(
+            {
+                "model": data.model_info,
+                "totals": data.totals,
+                "groups_per_kind": kinds,
+                "protected": data.protected[:30],
+            }
+        )
 
     tools: list[BaseTool] = [match_layers, layer_profile, estimate_plan, group_sensitivity, model_overview]
     if evaluate_fn is not None:

@@ -131,8 +131,10 @@ class _Checker:
             self.warnings.append("regex timing check skipped (no child process)")
             slow = []
         for layer in slow:
-            self.reasons.append(f"layer {layer!r}: searching module names took longer than "
-                                f"{self.config.match_time_budget:g} s (catastrophic backtracking); simplify it")
+            self.reasons.append(
+                f"layer {layer!r}: searching module names took longer than "
+                f"{self.config.match_time_budget:g} s (catastrophic backtracking); simplify it"
+            )
         self.compiled = {layer: re.compile(layer) for layer in safe if layer not in slow}
 
     def check_pruning(self) -> dict[str, float]:
@@ -151,14 +153,17 @@ class _Checker:
             hits = [g for g in self.groups if g["kind"] == entry.type and pattern.search(g["module"])]
             guarded = [name for name in self.protected if pattern.search(name)]
             if guarded:
-                self.reasons.append(f"{label}: matches protected module(s) {_short(guarded)}; anchor it to group "
-                                    f"modules only, e.g. '^{re.escape(self._example(entry.type))}$'")
+                self.reasons.append(
+                    f"{label}: matches protected module(s) {_short(guarded)}; anchor it to group "
+                    f"modules only, e.g. '^{re.escape(self._example(entry.type))}$'"
+                )
             if not hits:
                 self.reasons.append(self._no_match(label, entry.type, pattern))
                 continue
             if all(effective_ratio(int(g["units"]), int(g.get("min_units", 1)), entry.ratio) <= 0 for g in hits):
-                self.warnings.append(f"{label}: ratio {entry.ratio:g} removes no unit from "
-                                     f"{_short([g['name'] for g in hits])}")
+                self.warnings.append(
+                    f"{label}: ratio {entry.ratio:g} removes no unit from {_short([g['name'] for g in hits])}"
+                )
             for group in hits:
                 ratios[group["name"]] = entry.ratio
         return {g["name"]: ratios[g["name"]] for g in self.groups if g["name"] in ratios}
@@ -181,23 +186,30 @@ class _Checker:
         for i, entry in enumerate(self.plan.quantization):
             label = self._label("quantization", i, entry.layer)
             if entry.dtype not in self.config.allowed_dtypes:
-                self.reasons.append(f"{label}: dtype {entry.dtype!r} is not allowed "
-                                    f"({', '.join(self.config.allowed_dtypes)})")
+                self.reasons.append(
+                    f"{label}: dtype {entry.dtype!r} is not allowed ({', '.join(self.config.allowed_dtypes)})"
+                )
             pattern = self.compiled.get(entry.layer)
             if entry.layer == "all" or pattern is None or not self.has_layers:
                 continue
             if not any(pattern.search(name) for name in self.linear_names):
-                self.reasons.append(f"{label}: matches no nn.Linear layer (dynamic quantization only touches "
-                                    f"Linear layers, e.g. {_short(self.linear_names, 2) or 'none in this model'})")
+                self.reasons.append(
+                    f"{label}: matches no nn.Linear layer (dynamic quantization only touches "
+                    f"Linear layers, e.g. {_short(self.linear_names, 2) or 'none in this model'})"
+                )
 
     def check_size(self, ratios: dict[str, float]) -> dict[str, float]:
         """Bound the predicted parameter reduction; return the predicted reductions."""
-        estimate = {key: round(estimate_reduction(ratios, self.groups, self.costs, key), 4)
-                    for key in ("params", "macs", "latency")}
+        estimate = {
+            key: round(estimate_reduction(ratios, self.groups, self.costs, key), 4)
+            for key in ("params", "macs", "latency")
+        }
         limit = self.config.max_predicted_param_reduction
         if estimate["params"] > limit:
-            self.reasons.append(f"the plan would remove about {estimate['params']:.0%} of the parameters "
-                                f"(at most {limit:.0%}); lower the ratios")
+            self.reasons.append(
+                f"the plan would remove about {estimate['params']:.0%} of the parameters "
+                f"(at most {limit:.0%}); lower the ratios"
+            )
         if not self.plan.pruning and not self.plan.quantization:
             self.reasons.append("the plan is empty: add pruning or quantization entries")
         return estimate

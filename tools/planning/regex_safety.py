@@ -110,8 +110,10 @@ def _walk_problems(items: list[Any], counts: dict[str, int]) -> str | None:
             if (unbounded or high > 16) and _has_variable_repeat(body):
                 return "nested quantifiers such as (a+)+ or (.*)* can backtrack catastrophically"
             if (unbounded or high > 16) and _overlapping_branches(body):
-                return "a repeated alternation whose branches can start alike, such as (a|aa)+, can backtrack " \
-                       "catastrophically"
+                return (
+                    "a repeated alternation whose branches can start alike, such as (a|aa)+, can backtrack "
+                    "catastrophically"
+                )
         for sub in _children(op, av):
             problem = _walk_problems(sub, counts)
             if problem:
@@ -172,11 +174,15 @@ def slow_patterns(patterns: list[str], subjects: list[str], budget: float) -> li
     try:
         subprocess.run(
             [sys.executable, "-I", "-S", "-c", _TIMING_CHILD],
-            input=payload, capture_output=True, text=True, timeout=budget, check=True,
+            input=payload,
+            capture_output=True,
+            text=True,
+            timeout=budget,
+            check=True,
         )
     except subprocess.TimeoutExpired as exc:
         done = (exc.stdout or b"").count(b"." if isinstance(exc.stdout, bytes) else ".")
-        return patterns[done:done + 1]
+        return patterns[done : done + 1]
     except (OSError, subprocess.SubprocessError) as exc:
         logger.warning("regex timing check skipped: %s", exc)
         return None

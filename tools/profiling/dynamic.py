@@ -148,8 +148,17 @@ class _TimingRecorder:
             self.stack[-1][2] += elapsed
             self.stack[-1][3] = True
         tensors = list(_tensors(output))
-        entry = self.current.setdefault(name, {"incl": 0, "self": 0, "calls": 0, "act_bytes": 0, "leaf": True,
-                                               "shape": list(tensors[0].shape) if tensors else []})
+        entry = self.current.setdefault(
+            name,
+            {
+                "incl": 0,
+                "self": 0,
+                "calls": 0,
+                "act_bytes": 0,
+                "leaf": True,
+                "shape": list(tensors[0].shape) if tensors else [],
+            },
+        )
         entry["incl"] += elapsed
         entry["self"] += elapsed - children
         entry["calls"] += 1
@@ -163,24 +172,27 @@ class _TimingRecorder:
         for name in sorted(self.order, key=self.order.get):
             seen = [p[name] for p in self.passes if name in p]
             last = seen[-1]
-            rows.append({
-                "name": name,
-                "type": self.types.get(name, "?"),
-                "leaf": bool(last["leaf"]),
-                "calls": int(last["calls"]),
-                "latency_ms": statistics.median(p.get(name, {}).get("incl", 0) for p in self.passes) / 1e6,
-                "self_ms": statistics.median(p.get(name, {}).get("self", 0) for p in self.passes) / 1e6,
-                "act_bytes": int(last["act_bytes"]),
-                "output_shape": last["shape"],
-            })
+            rows.append(
+                {
+                    "name": name,
+                    "type": self.types.get(name, "?"),
+                    "leaf": bool(last["leaf"]),
+                    "calls": int(last["calls"]),
+                    "latency_ms": statistics.median(p.get(name, {}).get("incl", 0) for p in self.passes) / 1e6,
+                    "self_ms": statistics.median(p.get(name, {}).get("self", 0) for p in self.passes) / 1e6,
+                    "act_bytes": int(last["act_bytes"]),
+                    "output_shape": last["shape"],
+                }
+            )
         total = sum(row["self_ms"] for row in rows)
         for row in rows:
             row["self_share"] = row["self_ms"] / total if total else 0.0
         return rows
 
 
-def module_timings(model: nn.Module, example: torch.Tensor, *, warmup: int = 2,
-                   repeats: int = 5) -> list[dict[str, Any]]:
+def module_timings(
+    model: nn.Module, example: torch.Tensor, *, warmup: int = 2, repeats: int = 5
+) -> list[dict[str, Any]]:
     """Time every module of one forward pass with hooks; return medians over `repeats` passes.
 
     Every called module is timed, leaves and blocks alike; the model itself appears with name "".
@@ -211,8 +223,15 @@ def module_timings(model: nn.Module, example: torch.Tensor, *, warmup: int = 2,
 # ---------------------------------------------------------------- full profile
 
 
-def profile_model(model: nn.Module, input_shape: Sequence[int] | Mapping[str, Any], *, device: str = "cpu",
-                  warmup: int = 2, repeats: int = 5, top_k: int = 15) -> dict[str, Any]:
+def profile_model(
+    model: nn.Module,
+    input_shape: Sequence[int] | Mapping[str, Any],
+    *,
+    device: str = "cpu",
+    warmup: int = 2,
+    repeats: int = 5,
+    top_k: int = 15,
+) -> dict[str, Any]:
     """Profile a classifier on one seeded image: static costs, per-module latency, top operators.
 
     The model is put in eval mode and moved to `device` (in place). Layer rows merge the static rows with the
@@ -256,18 +275,33 @@ def profile_model(model: nn.Module, input_shape: Sequence[int] | Mapping[str, An
     return result
 
 
-def _merge_layers(static_rows: list[dict[str, Any]], timings: list[dict[str, Any]],
-                  total_macs: int) -> list[dict[str, Any]]:
+def _merge_layers(
+    static_rows: list[dict[str, Any]], timings: list[dict[str, Any]], total_macs: int
+) -> list[dict[str, Any]]:
     by_name: dict[str, dict[str, Any]] = {}
     for row in static_rows:
-        by_name[row["name"]] = {"name": row["name"], "type": row["type"], "leaf": row["leaf"], "params": row["params"],
-                                "macs": row["macs"], "latency_ms": 0.0, "act_bytes": 0, "output_shape": []}
+        by_name[row["name"]] = {
+            "name": row["name"],
+            "type": row["type"],
+            "leaf": row["leaf"],
+            "params": row["params"],
+            "macs": row["macs"],
+            "latency_ms": 0.0,
+            "act_bytes": 0,
+            "output_shape": [],
+        }
     for row in timings:
         if not row["name"]:
             continue
         merged = by_name.setdefault(row["name"], {"name": row["name"], "type": row["type"], "params": 0, "macs": 0})
-        merged.update(leaf=row["leaf"], latency_ms=row["self_ms"], latency_share=row["self_share"],
-                      act_bytes=row["act_bytes"], output_shape=row["output_shape"], calls=row["calls"])
+        merged.update(
+            leaf=row["leaf"],
+            latency_ms=row["self_ms"],
+            latency_share=row["self_share"],
+            act_bytes=row["act_bytes"],
+            output_shape=row["output_shape"],
+            calls=row["calls"],
+        )
     for row in by_name.values():
         row["macs_share"] = row["macs"] / total_macs if total_macs else 0.0
         row.setdefault("latency_share", 0.0)

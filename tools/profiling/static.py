@@ -35,12 +35,6 @@ _PATCH_LOCK = threading.Lock()
 # ---------------------------------------------------------------- parameters
 
 
-
-
-
-
-
-
 def type_name(module: nn.Module) -> str:
     """Return the module's class name, prefixed "DynamicQuantized" for torch.ao dynamically quantized modules."""
     cls = type(module)
@@ -52,8 +46,6 @@ def _is_leaf(module: nn.Module) -> bool:
     """Return True when the module has no children (a quantized Linear's packed params do not count)."""
     packed_type = linear_packed_params_type()
     return not any(packed_type is None or not isinstance(child, packed_type) for child in module.children())
-
-
 
 
 # ---------------------------------------------------------------- static profile (ptflops)
@@ -192,9 +184,15 @@ def _count_macs(model: nn.Module, pixels: torch.Tensor) -> tuple[_MacRecorder, i
         try:
             with _functional_counting(recorder), torch.inference_mode():
                 macs, _ = get_model_complexity_info(
-                    wrapper, tuple(pixels.shape[1:]), print_per_layer_stat=False, as_strings=False,
-                    input_constructor=lambda _res: pixels, ost=captured, verbose=False,
-                    custom_modules_hooks=recorder.module_hooks(), backend="pytorch",
+                    wrapper,
+                    tuple(pixels.shape[1:]),
+                    print_per_layer_stat=False,
+                    as_strings=False,
+                    input_constructor=lambda _res: pixels,
+                    ost=captured,
+                    verbose=False,
+                    custom_modules_hooks=recorder.module_hooks(),
+                    backend="pytorch",
                     backend_specific_config={"count_functional": False},
                 )
         finally:
@@ -231,16 +229,24 @@ def static_profile(model: nn.Module, input_shape: Sequence[int] | Mapping[str, A
     if error:
         logger.warning("%s; MACs are not available for this model", error)
     elif sum(recorder.module_macs.values()) != ptflops_macs:
-        logger.warning("per-module MACs %d differ from ptflops' total %d", sum(recorder.module_macs.values()),
-                       ptflops_macs)
+        logger.warning(
+            "per-module MACs %d differ from ptflops' total %d", sum(recorder.module_macs.values()), ptflops_macs
+        )
     seen: set[int] = set()
     layers = []
     for name, module in model.named_modules():
         params = own_params(module, seen)
         macs = 0 if error else recorder.module_macs.get(name, 0) + recorder.functional_macs.get(name, 0)
         if params or macs:
-            layers.append({"name": name or "(model)", "type": type_name(module), "macs": int(macs),
-                           "params": int(params), "leaf": _is_leaf(module)})
+            layers.append(
+                {
+                    "name": name or "(model)",
+                    "type": type_name(module),
+                    "macs": int(macs),
+                    "params": int(params),
+                    "leaf": _is_leaf(module),
+                }
+            )
     result: dict[str, Any] = {
         "total_macs": None if error else sum(row["macs"] for row in layers),
         "total_params": sum(row["params"] for row in layers),

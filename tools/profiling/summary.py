@@ -16,10 +16,18 @@ _PIXEL_KWARG: dict[type, bool] = {}  # model class -> whether forward takes `pix
 
 def _group_fields(group: Any) -> dict[str, Any]:
     if isinstance(group, Mapping):
-        return {"name": group["name"], "members": tuple(group.get("members", ())),
-                "kind": group.get("kind", ""), "block": group.get("block", "")}
-    return {"name": group.name, "members": tuple(group.members), "kind": getattr(group, "kind", ""),
-            "block": getattr(group, "block", "")}
+        return {
+            "name": group["name"],
+            "members": tuple(group.get("members", ())),
+            "kind": group.get("kind", ""),
+            "block": group.get("block", ""),
+        }
+    return {
+        "name": group.name,
+        "members": tuple(group.members),
+        "kind": getattr(group, "kind", ""),
+        "block": getattr(group, "block", ""),
+    }
 
 
 def _matches(row_name: str, members: Iterable[str]) -> bool:
@@ -68,8 +76,9 @@ def _round(value: float, digits: int = 3) -> float:
     return float(f"{value:.{digits}g}") if value else 0.0
 
 
-def summarize_profile(profile: Mapping[str, Any], groups: Iterable[Any] | None = None,
-                      top_k: int = 8) -> dict[str, Any]:
+def summarize_profile(
+    profile: Mapping[str, Any], groups: Iterable[Any] | None = None, top_k: int = 8
+) -> dict[str, Any]:
     """Condense a profile into a small JSON dict for an LLM prompt and the graph state.
 
     Returns:
@@ -82,22 +91,41 @@ def summarize_profile(profile: Mapping[str, Any], groups: Iterable[Any] | None =
     by_latency = sorted(layers, key=lambda row: row["latency_ms"], reverse=True)[:top_k]
     by_macs = sorted((row for row in layers if row["macs"]), key=lambda row: row["macs"], reverse=True)[:top_k]
     summary: dict[str, Any] = {
-        "totals": {"params": totals["params"], "macs": totals["macs"], "latency_ms": _round(totals["latency_ms"]),
-                   "act_bytes": totals["act_bytes"]},
+        "totals": {
+            "params": totals["params"],
+            "macs": totals["macs"],
+            "latency_ms": _round(totals["latency_ms"]),
+            "act_bytes": totals["act_bytes"],
+        },
         "env": {k: env[k] for k in ("device", "threads", "input_shape", "batch")},
-        "top_latency": [{"name": r["name"], "type": r["type"], "latency_ms": _round(r["latency_ms"]),
-                         "latency_share": _round(r["latency_share"]), "macs_share": _round(r["macs_share"])}
-                        for r in by_latency],
+        "top_latency": [
+            {
+                "name": r["name"],
+                "type": r["type"],
+                "latency_ms": _round(r["latency_ms"]),
+                "latency_share": _round(r["latency_share"]),
+                "macs_share": _round(r["macs_share"]),
+            }
+            for r in by_latency
+        ],
         "top_macs": [{"name": r["name"], "macs": r["macs"], "macs_share": _round(r["macs_share"])} for r in by_macs],
-        "operators": [{"op": r["op"], "self_ms": _round(r.get("self_cuda_ms", r["self_cpu_ms"])),
-                       "share": _round(r["self_share"])} for r in profile.get("operators", [])[:top_k]],
+        "operators": [
+            {
+                "op": r["op"],
+                "self_ms": _round(r.get("self_cuda_ms", r["self_cpu_ms"])),
+                "share": _round(r["self_share"]),
+            }
+            for r in profile.get("operators", [])[:top_k]
+        ],
     }
     if groups is not None:
         costs = group_costs(profile, groups)
         summary["groups"] = {
             "columns": ["params_share", "macs_share", "latency_share"],
-            "rows": {name: [_round(c["params_share"]), _round(c["macs_share"]), _round(c["latency_share"])]
-                     for name, c in costs.items()},
+            "rows": {
+                name: [_round(c["params_share"]), _round(c["macs_share"]), _round(c["latency_share"])]
+                for name, c in costs.items()
+            },
         }
     if "error" in profile:
         summary["error"] = profile["error"]
@@ -118,16 +146,19 @@ def format_layer_table(profile: Mapping[str, Any], top: int = 30) -> str:
     rows = sorted(profile["layers"], key=lambda row: row["latency_ms"], reverse=True)[:top]
     width = max([len("layer"), *(len(row["name"]) for row in rows)])
     width = min(width, 60)
-    header = (f"{'layer':<{width}}  {'type':<22}  {'params':>9}  {'MACs':>9}  {'ms':>9}  {'lat %':>6}  "
-              f"{'MACs %':>6}")
+    header = f"{'layer':<{width}}  {'type':<22}  {'params':>9}  {'MACs':>9}  {'ms':>9}  {'lat %':>6}  {'MACs %':>6}"
     lines = [header, "-" * len(header)]
     for row in rows:
-        name = row["name"] if len(row["name"]) <= width else "…" + row["name"][-(width - 1):]
-        lines.append(f"{name:<{width}}  {row['type'][:22]:<22}  {_human(row['params']):>9}  "
-                     f"{_human(row['macs']):>9}  {row['latency_ms']:>9.3f}  {100 * row['latency_share']:>6.1f}  "
-                     f"{100 * row['macs_share']:>6.1f}")
+        name = row["name"] if len(row["name"]) <= width else "…" + row["name"][-(width - 1) :]
+        lines.append(
+            f"{name:<{width}}  {row['type'][:22]:<22}  {_human(row['params']):>9}  "
+            f"{_human(row['macs']):>9}  {row['latency_ms']:>9.3f}  {100 * row['latency_share']:>6.1f}  "
+            f"{100 * row['macs_share']:>6.1f}"
+        )
     totals = profile["totals"]
     lines.append("-" * len(header))
-    lines.append(f"{'total (forward median, no hooks)':<{width}}  {'':<22}  {_human(totals['params']):>9}  "
-                 f"{_human(totals['macs']):>9}  {totals['latency_ms']:>9.3f}")
+    lines.append(
+        f"{'total (forward median, no hooks)':<{width}}  {'':<22}  {_human(totals['params']):>9}  "
+        f"{_human(totals['macs']):>9}  {totals['latency_ms']:>9.3f}"
+    )
     return "\n".join(lines)

@@ -97,8 +97,18 @@ def md_text(text: Any, limit: int = 300) -> str:
     """Make untrusted text (LLM answers, reasons quoting them) one inert Markdown line, cut to `limit` characters."""
     flat = " ".join(str(text).split())
     flat = flat if len(flat) <= limit else flat[: limit - 3] + "..."
-    for raw, safe in (("\\", "\\\\"), ("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("`", "'"), ("|", "\\|"),
-                      ("[", "\\["), ("]", "\\]"), ("*", "\\*"), ("_", "\\_")):
+    for raw, safe in (
+        ("\\", "\\\\"),
+        ("&", "&amp;"),
+        ("<", "&lt;"),
+        (">", "&gt;"),
+        ("`", "'"),
+        ("|", "\\|"),
+        ("[", "\\["),
+        ("]", "\\]"),
+        ("*", "\\*"),
+        ("_", "\\_"),
+    ):
         flat = flat.replace(raw, safe)
     return flat
 
@@ -125,11 +135,19 @@ def fallback_lines(fallbacks: list[dict[str, Any]]) -> list[str]:
     """Render the "Planner fallbacks" section: per fallback its stage, reason, and each rejected item with why."""
     if not fallbacks:
         return []
-    lines = ["## Planner fallbacks", "",
-             "The LLM's plan was not applied in these iterations; the deterministic plan was used instead.", ""]
+    lines = [
+        "## Planner fallbacks",
+        "",
+        "The LLM's plan was not applied in these iterations; the deterministic plan was used instead.",
+        "",
+    ]
     for f in fallbacks:
-        lines += [f"### Iteration {f.get('iteration', '-')}: {md_text(f.get('stage'), 40)}", "",
-                  f"Reason: {md_text(f.get('reason'))}", ""]
+        lines += [
+            f"### Iteration {f.get('iteration', '-')}: {md_text(f.get('stage'), 40)}",
+            "",
+            f"Reason: {md_text(f.get('reason'))}",
+            "",
+        ]
         for n, item in enumerate(f.get("rejected") or [], 1):
             reasons = "; ".join(md_text(r, 200) for r in (item.get("reasons") or [])[:6]) or "-"
             lines.append(f"{n}. rejected at {md_text(item.get('stage'), 40)}: {reasons}")

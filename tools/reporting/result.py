@@ -67,14 +67,20 @@ def planner_facts(history: list[dict[str, Any]]) -> dict[str, Any]:
     steps = [e["llm"] for e in events if e.get("llm")]
     llm = None
     if steps:
-        usage = {k: sum(int((s.get("usage") or {}).get(k) or 0) for s in steps)
-                 for k in ("calls", "input_tokens", "output_tokens", "total_tokens")}
+        usage = {
+            k: sum(int((s.get("usage") or {}).get(k) or 0) for s in steps)
+            for k in ("calls", "input_tokens", "output_tokens", "total_tokens")
+        }
         llm = {
             "model": steps[-1].get("model"),
             "transcripts": [s.get("transcript") for s in steps if s.get("transcript")],
             "usage": usage,
-            "tool_errors": [{**t, "iteration": e["iteration"]} for e in events if e.get("llm")
-                            for t in e["llm"].get("tool_errors") or []],
+            "tool_errors": [
+                {**t, "iteration": e["iteration"]}
+                for e in events
+                if e.get("llm")
+                for t in e["llm"].get("tool_errors") or []
+            ],
         }
     return {"mode": events[-1]["planner"].get("mode"), "mode_note": events[-1]["planner"].get("note"), "llm": llm}
 

@@ -114,8 +114,13 @@ class GenericAdapter(FamilyAdapter):
                 continue
             groups.append(
                 PrunableGroup(
-                    name=name_a, kind="structured", module=name_a, roots=(name_a,), members=(name_a, name_b),
-                    units=a.out_features, block=parent,
+                    name=name_a,
+                    kind="structured",
+                    module=name_a,
+                    roots=(name_a,),
+                    members=(name_a, name_b),
+                    units=a.out_features,
+                    block=parent,
                 )
             )
         return groups
@@ -133,8 +138,13 @@ class GenericAdapter(FamilyAdapter):
                 continue
             groups.append(
                 PrunableGroup(
-                    name=a.conv, kind="structured", module=a.conv, roots=(a.conv,), members=members,
-                    units=a.out_channels, block=parent,
+                    name=a.conv,
+                    kind="structured",
+                    module=a.conv,
+                    roots=(a.conv,),
+                    members=members,
+                    units=a.out_channels,
+                    block=parent,
                 )
             )
         return groups

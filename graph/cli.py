@@ -26,13 +26,13 @@ from profiling_agent.graph.cli_args import (
     input_from_args,
 )
 from profiling_agent.graph.cli_console import _drive, _final_table, _say
+from profiling_agent.graph.cli_store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
 from profiling_agent.graph.review import (
     decision_hint,
     format_request,
     pending_approval,
     pending_nodes,
     read_plan_file,
-    resume_command,
 )
 
 
@@ -82,8 +82,8 @@ def _new_thread_id(model_ref: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Start a new run (a new thread) and drive it to the end."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import open_checkpointer, thread_ids
+    from profiling_agent.graph.checkpoint import thread_ids
+    from profiling_agent.graph.thread_lock import thread_lock
     from profiling_agent.tools.io import write_json_atomic
 
     payload = input_from_args(args)
@@ -98,36 +98,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     thread_id = args.thread_id = args.thread_id or _new_thread_id(payload["model"]["ref"])
-    saver = open_checkpointer(root)
-    if thread_id in thread_ids(saver):
-        raise BadInput(f"thread {thread_id} already exists in {root}: use `{resume_command(thread_id, args.run_dir)}`")
-    write_json_atomic(root / thread_id / RUN_SETTINGS, {"thread_id": thread_id, "input": payload, "context": ctx})
-    banner = [
-        f"run {thread_id} -> {root / thread_id}  (resume with: {resume_command(thread_id, args.run_dir)})",
-        f"planner: {planner_note}",
-    ]
-    graph = build_graph(checkpointer=saver)
-    config = {"configurable": {"thread_id": thread_id}}
-    try:
-        _drive(graph, payload, config, _context(ctx), banner)
-    except _expected_errors():
-        if pending_nodes(graph.get_state(config)) == ("acquire",):  # bad model/dataset: leave no half-made thread
-            saver.delete_thread(thread_id)
-            shutil.rmtree(root / thread_id, ignore_errors=True)
-        raise
-    if _paused(graph, config, root, thread_id, args.run_dir):
-        return EXIT_OK
+    url = checkpoint_url(args)
+    with checkpoints(root, url) as saver, thread_lock(saver, root, thread_id):
+        if thread_id in thread_ids(saver):
+            where = store_name(root, url)
+            raise BadInput(f"thread {thread_id} already exists in {where}: use `{resume_hint(args, thread_id)}`")
+        write_json_atomic(root / thread_id / RUN_SETTINGS, {"thread_id": thread_id, "input": payload, "context": ctx})
+        banner = [
+            f"run {thread_id} -> {root / thread_id}  (resume with: {resume_hint(args, thread_id)})",
+            f"planner: {planner_note}",
+        ]
+        from profiling_agent.graph.builder import build_graph
+
+        graph = build_graph(checkpointer=saver)
+        config = {"configurable": {"thread_id": thread_id}}
+        try:
+            _drive(graph, payload, config, _context(ctx), banner)
+        except _expected_errors():
+            if pending_nodes(graph.get_state(config)) == ("acquire",):  # bad model/dataset: leave no half-made thread
+                saver.delete_thread(thread_id)
+                shutil.rmtree(root / thread_id, ignore_errors=True)
+            raise
+        if _paused(graph, config, root, args):
+            return EXIT_OK
     print(_final_table(root / thread_id))
     return EXIT_OK
 
 
-def _paused(graph: Any, config: dict[str, Any], root: Path, thread_id: str, run_dir: str) -> bool:
+def _paused(graph: Any, config: dict[str, Any], root: Path, args: argparse.Namespace) -> bool:
     """Show the plan a run is waiting on, with the commands that answer it; return False when not paused."""
     request = pending_approval(graph.get_state(config))
     if request is None:
         return False
-    print(format_request(request, root / thread_id))
-    _say(decision_hint(thread_id, run_dir))
+    print(format_request(request, root / args.thread_id))
+    _say(decision_hint(args.thread_id, args.run_dir, shown_url(args)))
     return True
 
 
@@ -156,9 +160,8 @@ def _resume_payload(args: argparse.Namespace, snapshot: Any, root: Path) -> Any:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a thread from its last checkpoint with the settings it was started with."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import open_checkpointer, thread_ids
-    from profiling_agent.tools.io import read_json
+    from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids
+    from profiling_agent.graph.thread_lock import thread_lock
 
     goal_flags = sorted("--" + key[len("goal_") :].replace("_", "-") for key in vars(args) if key.startswith("goal_"))
     if goal_flags:
@@ -171,13 +174,21 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.decision == "edit" and args.plan is None:
         raise BadInput("--decision edit needs --plan FILE.json (e.g. an edited copy of the pending plan.json)")
     root = Path(args.run_dir).resolve()
-    if not (root / "checkpoints.sqlite").exists():
+    url = checkpoint_url(args)
+    if not has_checkpoints(root, url):
         raise BadInput(f"no runs in {root}")
-    saver = open_checkpointer(root)
-    if args.thread_id not in thread_ids(saver):
-        raise BadInput(
-            f"unknown thread {args.thread_id} in {root} (see `profiling-agent runs --run-dir {args.run_dir}`)"
-        )
+    with checkpoints(root, url) as saver:
+        if args.thread_id not in thread_ids(saver):
+            raise BadInput(f"unknown thread {args.thread_id} in {store_name(root, url)} (see `{runs_hint(args)}`)")
+        with thread_lock(saver, root, args.thread_id):  # before reading the state: the holder may be changing it
+            return _resume_locked(args, saver, root)
+
+
+def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
+    """Resume a thread this process holds the lock of."""
+    from profiling_agent.graph.builder import build_graph
+    from profiling_agent.tools.io import read_json
+
     settings_path = root / args.thread_id / RUN_SETTINGS
     ctx = read_json(settings_path)["context"] if settings_path.exists() else {}
     ctx.update(context_from_args(args))  # flags given now override the saved "how" settings
@@ -194,7 +205,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     where = ", ".join(pending_nodes(snapshot))
     _say(f"resuming {args.thread_id} at {where} (iteration {snapshot.values.get('iteration', 0)})")
     _drive(graph, payload, config, _context(ctx))
-    if _paused(graph, config, root, args.thread_id, args.run_dir):
+    if _paused(graph, config, root, args):
         return EXIT_OK
     print(_final_table(root / args.thread_id))
     return EXIT_OK
@@ -203,22 +214,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the threads under a run folder."""
     from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import open_checkpointer, thread_ids, thread_summary
+    from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids, thread_summary
     from profiling_agent.tools.reporting.markdown import format_table
 
     root = Path(args.run_dir).resolve()
-    if not (root / "checkpoints.sqlite").exists():
+    url = checkpoint_url(args)
+    if not has_checkpoints(root, url):
         _say(f"no runs in {root}")
         return EXIT_OK
-    saver = open_checkpointer(root)
-    graph = build_graph(checkpointer=saver)
+    with checkpoints(root, url) as saver:
+        graph = build_graph(checkpointer=saver)
+        summaries = [thread_summary(graph, tid) for tid in thread_ids(saver)]
     rows = [["thread", "status", "iteration", "next", "best", "top-1 %", "model", "updated"]]
-    for tid in thread_ids(saver):
-        s = thread_summary(graph, tid)
+    for s in summaries:
         acc = s["best_accuracy"]
         rows.append(
             [
-                tid,
+                s["thread_id"],
                 s["status"],
                 f"{s['iteration']}/{s['iterations'] or '-'}",
                 ",".join(s["next"]) or "-",
@@ -315,6 +327,8 @@ COMMANDS["report"] = cmd_report
 def _expected_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [BadInput, FileNotFoundError]
     for module, name in (
+        ("profiling_agent.graph.checkpoint", "CheckpointStoreError"),
+        ("profiling_agent.graph.thread_lock", "ThreadBusy"),
         ("profiling_agent.tools.models.loading", "ModelLoadError"),
         ("profiling_agent.tools.data.sources", "DataError"),
         ("profiling_agent.tools.models.artifacts", "ArtifactError"),
@@ -338,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         tid = getattr(args, "thread_id", None)
         resumable = tid and args.command in ("run", "resume")
-        hint = f": resume with `{resume_command(tid, args.run_dir)}`" if resumable else ""
+        hint = f": resume with `{resume_hint(args, tid)}`" if resumable else ""
         _say(f"interrupted{hint}")
         return EXIT_INTERRUPTED
     except _expected_errors() as exc:

@@ -39,6 +39,15 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
 
 
+def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--checkpoint-url",
+        default=None,
+        help="PostgreSQL URL (postgresql://USER:PASSWORD@HOST:PORT/DB) to keep checkpoints in "
+        "(default: $PROFILING_AGENT_CHECKPOINT_URL, else RUN_DIR/checkpoints.sqlite)",
+    )
+
+
 def _refuse_goal_flags(run: argparse.ArgumentParser, resume: argparse.ArgumentParser) -> None:
     """Accept run's goal flags on resume only to refuse them clearly: a resume cannot change what is optimized."""
     taken = {opt for action in resume._actions for opt in action.option_strings}
@@ -99,12 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--thread-id", default=None, help="run id (default: generated)")
     run.add_argument("--approve", action="store_true", help="pause before each plan is applied for your decision")
     _add_context_flags(run)
+    _add_checkpoint_flag(run)
 
     resume = sub.add_parser("resume", help="continue an interrupted run from its last checkpoint")
     resume.add_argument("thread_id")
     resume.add_argument("--decision", choices=["approve", "edit", "reject"], default=None, help="answer a paused plan")
     resume.add_argument("--plan", default=None, help="with --decision edit: the plan to apply instead (JSON file)")
     _add_context_flags(resume)  # "how" settings may change on resume
+    _add_checkpoint_flag(resume)
     _refuse_goal_flags(run, resume)
 
     prof = sub.add_parser("profile", help="profile a model and print its per-layer table")
@@ -115,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list runs and their status")
     runs.add_argument("--run-dir", default="runs")
+    _add_checkpoint_flag(runs)
 
     ev = sub.add_parser("evaluate", help="evaluate a model, a baseline or a saved compressed model")
     ev.add_argument("--model", required=True)

@@ -12,10 +12,14 @@ from profiling_agent.tools.text import percent
 MAX_PLAN_BYTES = 1_000_000
 
 
-def resume_command(thread_id: str, run_dir: str = "runs") -> str:
-    """Return the shell command that resumes `thread_id` (naming --run-dir when it is not the default)."""
+def resume_command(thread_id: str, run_dir: str = "runs", checkpoint_url: str | None = None) -> str:
+    """Return the shell command that resumes `thread_id` (naming --run-dir when it is not the default).
+
+    `checkpoint_url` is the --checkpoint-url given on the command line, printed as given (pass it redacted).
+    """
     cmd = f"profiling-agent resume {shlex.quote(thread_id)}"
-    return cmd if run_dir == "runs" else f"{cmd} --run-dir {shlex.quote(str(run_dir))}"
+    cmd = cmd if run_dir == "runs" else f"{cmd} --run-dir {shlex.quote(str(run_dir))}"
+    return f"{cmd} --checkpoint-url {shlex.quote(checkpoint_url)}" if checkpoint_url else cmd
 
 
 def pending_nodes(snapshot: Any) -> tuple[str, ...]:
@@ -59,9 +63,9 @@ def format_request(request: dict[str, Any], run_path: Path) -> str:
     return "\n".join(lines)
 
 
-def decision_hint(thread_id: str, run_dir: str = "runs") -> str:
+def decision_hint(thread_id: str, run_dir: str = "runs", checkpoint_url: str | None = None) -> str:
     """Return the one-line instruction printed while a run waits for approval."""
-    cmd = resume_command(thread_id, run_dir)
+    cmd = resume_command(thread_id, run_dir, checkpoint_url)
     return f"waiting for approval: {cmd} --decision approve|reject, or --decision edit --plan FILE.json"
 
 

@@ -67,3 +67,38 @@ def tiny_resnet_basic():
         num_labels=10,
     )
     return _seeded(lambda: ResNetForImageClassification(config))
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server for the session (skipped when PostgreSQL is not installed)."""
+    from pg_server import PgServer, find_bin_dir
+
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        pytest.skip(
+            "PostgreSQL is not installed (no initdb/pg_ctl on PATH or in /usr/lib/postgresql/*/bin): "
+            "apt-get install postgresql"
+        )
+    server = PgServer(bin_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """The URL of a fresh, empty database on the session's PostgreSQL server."""
+    return postgres_server.new_database()
+
+
+@pytest.fixture(scope="session")
+def quick_resnet(tmp_path_factory):
+    """(model, dataset, cache): the quickly trained digits ResNet, also `embedded:resnet-digits` in that cache."""
+    from quick_assets import build_quick_resnet
+
+    cache = tmp_path_factory.mktemp("quick-resnet-cache")
+    model, dataset = build_quick_resnet(cache)
+    return model, dataset, cache

@@ -2,120 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from crash_helpers import PHASE_TIMEOUT, THREAD
+from crash_helpers import check_complete as _check_complete
+from crash_helpers import cli as _cli
+from crash_helpers import next_is as _next_is
+from crash_helpers import start as _start
+from crash_helpers import stop_when as _stop_when
 from quick_assets import build_quick_resnet
 
 from profiling_agent.graph.review import pending_nodes
-
-THREAD = "crash"
-PHASE_TIMEOUT = 300.0
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "profiling_agent.graph.cli", *args]
-
-
-def _start(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _snapshot(runs: Path):
-    """Read the thread's latest checkpoint from the database the CLI is writing (None before it exists)."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import open_checkpointer, thread_ids
-
-    if not (runs / "checkpoints.sqlite").exists():
-        return None
-    saver = open_checkpointer(runs)
-    try:
-        if THREAD not in thread_ids(saver):
-            return None
-        return build_graph(checkpointer=saver).get_state({"configurable": {"thread_id": THREAD}})
-    finally:
-        saver.conn.close()
-
-
-def _stop_when(proc: subprocess.Popen, runs: Path, predicate, sig: int) -> tuple[str, tuple, int]:
-    """Poll the checkpoints until `predicate(snapshot)` holds, then send `sig`; return (stderr, pending, exit code)."""
-    deadline = time.monotonic() + PHASE_TIMEOUT
-    while proc.poll() is None and time.monotonic() < deadline:
-        snap = _snapshot(runs)
-        if snap is not None and predicate(snap):
-            proc.send_signal(sig)
-            _, err = proc.communicate(timeout=PHASE_TIMEOUT)
-            return err, pending_nodes(_snapshot(runs)), proc.returncode
-        time.sleep(0.05)
-    proc.kill()
-    _, err = proc.communicate()
-    pytest.fail(f"the phase never came (exit {proc.returncode}):\n{err[-3000:]}")
-
-
-def _next_is(node: str | tuple[str, ...], iteration: int | None = None):
-    """Match a checkpoint whose next node is `node` (or any of several: a wider window is easier to hit)."""
-    nodes = (node,) if isinstance(node, str) else node
-
-    def check(snap) -> bool:
-        return (
-            len(snap.next) == 1
-            and snap.next[0] in nodes
-            and (iteration is None or snap.values.get("iteration") == iteration)
-        )
-
-    return check
-
-
-def _check_complete(runs: Path) -> dict:
-    """Assert the finished thread has every iteration once and every recorded artifact matches its sha256."""
-    from profiling_agent.tools.io import sha256_path
-
-    values = _snapshot(runs).values
-    run = runs / THREAD
-    assert values["status"] == "done"
-    iterations = values["objective"]["iterations"]
-    assert [c["iteration"] for c in values["candidates"]] == list(range(1, iterations + 1))
-    steps = Counter((h["node"], h["iteration"]) for h in values["history"])
-    assert max(steps.values()) == 1, [k for k, n in steps.items() if n > 1]  # no node step recorded twice
-    for node in (
-        "acquire",
-        "resolve_input_shape",
-        "prepare_data",
-        "profile",
-        "probe_sensitivity",
-        "measure_baseline",
-        "test_best",
-        "report",
-    ):
-        assert sum(n for (name, _), n in steps.items() if name == node) == 1, node
-    for it in range(1, iterations + 1):
-        assert steps[("analyze", it)] == 1 and steps[("iterate", it)] == 1, it
-    assert sorted(p.name for p in run.glob("iter_*")) == [f"iter_{i:02d}" for i in range(1, iterations + 1)]
-
-    refs = [values["baseline"]]
-    for cand in values["candidates"]:
-        if cand["status"] == "ok":
-            refs.append(cand["artifact"])
-    assert len(refs) > 1, "no candidate finished"
-    for ref in refs:
-        assert sha256_path(run / ref["path"]) == ref["sha256"], ref["path"]
-    best = values["best"]
-    assert sha256_path(run / "best") == best["artifact"]["sha256"]  # best/ is a whole copy of the candidate
-    result = json.loads((run / "result.json").read_text())
-    assert {c["iteration"]: c["sha256"] for c in result["candidates"]} == {
-        c["iteration"]: (c.get("artifact") or {}).get("sha256") for c in values["candidates"]
-    }
-    for path in run.rglob("*.json"):  # atomic writes: no half-written JSON anywhere (temp files are hidden)
-        if not any(part.startswith(".") for part in path.relative_to(run).parts):
-            json.loads(path.read_text())
-    return values
 
 
 def test_a_step_saved_without_its_checkpoint_is_still_pending():

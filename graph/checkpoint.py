@@ -13,10 +13,6 @@ DB_NAME = "checkpoints.sqlite"
 CHECKPOINT_URL_ENV = "PROFILING_AGENT_CHECKPOINT_URL"
 
 
-class CheckpointStoreError(Exception):
-    """The checkpoint database cannot be opened or is not a valid URL (one line, for the user)."""
-
-
 def open_checkpointer(run_root: str | Path, url: str | None = None) -> BaseCheckpointSaver:
     """Open the checkpointer of a run root; one database holds every thread.
 

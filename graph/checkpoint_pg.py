@@ -7,7 +7,10 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from profiling_agent.graph.checkpoint import CheckpointStoreError
+
+class CheckpointStoreError(Exception):
+    """The checkpoint database cannot be opened or is not a valid URL (one line, for the user)."""
+
 
 SCHEMES = ("postgresql", "postgres")
 CONNECT_TIMEOUT = 10  # seconds; used unless the URL sets connect_timeout

@@ -327,7 +327,7 @@ COMMANDS["report"] = cmd_report
 def _expected_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [BadInput, FileNotFoundError]
     for module, name in (
-        ("profiling_agent.graph.checkpoint", "CheckpointStoreError"),
+        ("profiling_agent.graph.checkpoint_pg", "CheckpointStoreError"),
         ("profiling_agent.graph.thread_lock", "ThreadBusy"),
         ("profiling_agent.tools.models.loading", "ModelLoadError"),
         ("profiling_agent.tools.data.sources", "DataError"),

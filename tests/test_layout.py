@@ -109,3 +109,15 @@ def test_no_import_circles():
         if node not in state:
             visit(node, [node])
     assert not cycles, cycles
+
+
+def test_every_package_is_listed_for_installs():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {PACKAGE} | {
+        ".".join((PACKAGE, *init.parent.relative_to(ROOT).parts))
+        for folder in SOURCE_DIRS
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert listed == found, sorted(found ^ listed)

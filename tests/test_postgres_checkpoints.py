@@ -11,15 +11,8 @@ from typing import TypedDict
 
 import pytest
 
-from profiling_agent.graph.checkpoint import (
-    DB_NAME,
-    CheckpointStoreError,
-    close_checkpointer,
-    is_postgres,
-    open_checkpointer,
-    thread_ids,
-)
-from profiling_agent.graph.checkpoint_pg import EXTRA_HINT, redact
+from profiling_agent.graph.checkpoint import DB_NAME, close_checkpointer, is_postgres, open_checkpointer, thread_ids
+from profiling_agent.graph.checkpoint_pg import EXTRA_HINT, CheckpointStoreError, redact
 from profiling_agent.graph.cli import main
 
 

@@ -73,6 +73,11 @@ class DatasetRef(_Strict):
     calibration: int = Field(
         default=64, ge=4, le=10_000, description="Images (from the other samples) used by the sensitivity probe."
     )
+    train_split: str | None = Field(
+        default=None,
+        description="Split recovery trains on (default: `train` when the dataset has one, else the evaluated "
+        "split's images outside the validation, test and calibration subsets).",
+    )
     image_column: str | None = Field(default=None, description="Image column; detected when omitted.")
     label_column: str | None = Field(default=None, description="Label column; detected when omitted.")
     seed: int = Field(default=0, description="Seed for the subset and every random choice.")
@@ -282,6 +287,8 @@ class EvalRecord(_Strict):
     acc_delta_ci: list[float] | None = Field(
         default=None, description="Paired bootstrap 95% interval of the accuracy change vs the baseline, pp."
     )
+    accuracy_before_recovery: float | None = Field(default=None, description="Top-1 before recovery (fp32 pruned), %.")
+    agreement_before_recovery: float | None = Field(default=None, description="Its agreement with the baseline, %.")
 
 
 class PlannerMeta(_Strict):
@@ -306,6 +313,27 @@ class Review(_Strict):
     estimate: dict[str, float] | None = Field(default=None, description="Estimated reductions of an edited plan.")
 
 
+class RecoveryRecord(_Strict):
+    """What the recover step did to a pruned candidate, measured on the images it was allowed to see."""
+
+    requested: str = Field(default="none", description="The context's recover setting (none, reconstruct, ...).")
+    method: str = Field(default="none", description="What ran: none, reconstruct, distill or reconstruct+distill.")
+    note: str = Field(default="", description="Why a step was skipped, or where the training images came from.")
+    seconds: float = Field(default=0.0, description="Wall-clock seconds of the whole step.")
+    consumers: int = Field(default=0, description="Layers refitted by reconstruction.")
+    fit_error_before: float | None = Field(default=None, description="Mean relative output error before the refit.")
+    fit_error_after: float | None = Field(default=None, description="Mean relative output error after the refit.")
+    train_images: int = Field(default=0, description="Images distillation could train on.")
+    steps: int = Field(default=0, description="Distillation steps done.")
+    steps_planned: int = Field(default=0, description="Distillation steps planned.")
+    resumed_from: int = Field(default=0, description="Step a resumed distillation continued from (0: fresh).")
+    loss: float | None = Field(default=None, description="Last distillation loss.")
+    calib_agreement_before: float | None = Field(default=None, description="Calibration agreement before, %.")
+    calib_agreement_after: float | None = Field(default=None, description="Calibration agreement after, %.")
+    curve: str | None = Field(default=None, description="JSON file of the recovery curve, relative to the run.")
+    error: str | None = Field(default=None, description="Why recovery was abandoned (the pruned weights go on).")
+
+
 class Candidate(_Strict):
     """One iteration's plan, what pruning actually did, its artifacts and its evaluation."""
 
@@ -322,6 +350,8 @@ class Candidate(_Strict):
     macs: int | None = Field(default=None, description="MACs of one image after pruning.")
     params_before: int | None = Field(default=None, description="Parameters before pruning.")
     params_after: int | None = Field(default=None, description="Parameters after pruning.")
+    recovery: RecoveryRecord | None = Field(default=None, description="What the recover step did.")
+    recovered: ArtifactRef | None = Field(default=None, description="The pruned model after recovery (fp32).")
     quantized: list[str] = Field(default_factory=list, description="Modules dynamically quantized.")
     artifact: ArtifactRef | None = Field(default=None, description="The candidate as delivered.")
     eval: EvalRecord | None = Field(default=None, description="Its measurements.")
@@ -462,3 +492,9 @@ class Context:
     eval_batch: int = _ctx(64, "Batch size for accuracy evaluation.")
     probe_ratio: float = _ctx(0.3, "Ratio each group is pruned at by the sensitivity probe.")
     importance: str = _ctx("l2", "Channel/head importance: l2, l1 or random.")
+    recover: str = _ctx("auto", "Recovery after pruning: none, reconstruct, distill or auto (both when it can).")
+    recover_steps: int = _ctx(0, "Distillation steps (0: scaled to the training images and the model size).")
+    recover_minutes: float = _ctx(2.0, "Wall-clock cap of one candidate's distillation, minutes (0: none).")
+    recover_lr: float = _ctx(3e-4, "Peak AdamW learning rate of distillation.")
+    recover_batch: int = _ctx(32, "Images per distillation step.")
+    recover_augment: bool = _ctx(True, "Augment training images (random resized crop; flips for RGB images).")

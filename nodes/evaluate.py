@@ -42,14 +42,20 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "baseline": load_artifact_model(state, state.baseline).model,
         "candidate": load_artifact_model(state, current.artifact).model,
     }
-    if current.quantized and current.pruned:  # fp32 pruned model too, so the effect of quantization is measured
-        models["pruned"] = load_artifact_model(state, current.pruned).model
+    fp32 = current.recovered or current.pruned
+    if current.quantized and fp32:  # fp32 pruned model too, so the effect of quantization is measured
+        models["pruned"] = load_artifact_model(state, fp32).model
+    if current.recovered and current.pruned:  # the one-shot pruned weights: accuracy before recovery
+        models["unrecovered"] = load_artifact_model(state, current.pruned).model
     # dynamically quantized torch models run on the CPU only: then both are measured there
     device = "cpu" if current.quantized else str(resolve_device(ctx.device))
     models = {name: m.to(device) for name, m in models.items()}
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=0, total=2, label="accuracy")
     kw = {"batch_size": ctx.eval_batch, "device": device, "allowed_ids": allowed_ids(state)}
-    preds = {name: predict(models[name], pixels, **kw) for name in ("baseline", "candidate")}
+    preds = {
+        name: predict(models[name], pixels, **kw) for name in ("baseline", "candidate", "unrecovered") if name in models
+    }
+    models.pop("unrecovered", None)  # its latency is the recovered model's
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=1, total=2, label="latency")
     lat = measure_latency(
         models,
@@ -89,10 +95,19 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             correct(preds["candidate"], labels), correct(preds["baseline"], labels), seed=state.dataset.seed
         )
     )
+    if "unrecovered" in preds:
+        record.accuracy_before_recovery = top1(preds["unrecovered"], labels)
+        record.agreement_before_recovery = agreement(preds["unrecovered"], preds["baseline"])
     current.eval = record
     low, high = record.acc_delta_ci
     message = (
-        f"validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%; change "
+        f"validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%"
+        + (
+            f", {record.accuracy_before_recovery:.2f}% before recovery"
+            if record.accuracy_before_recovery is not None
+            else ""
+        )
+        + "; change "
         f"{record.accuracy - base_eval.accuracy:+.2f} pp, 95% CI [{low:+.2f}, {high:+.2f}]), "
         f"agreement {record.agreement:.1f}%, "
         f"{record.speedup:.2f}x batch-1 speed, {record.params:,} params, {record.size_mb:.2f} MB"

@@ -28,7 +28,7 @@ from profiling_agent.tools.reporting.plots import (
 
 pytestmark = pytest.mark.slow
 
-FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
+FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 

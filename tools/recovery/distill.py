@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -16,6 +17,7 @@ from torch import nn
 from profiling_agent.tools.models.forward import forward_logits, model_device
 from profiling_agent.tools.recovery import distill_state
 
+PROBE_STEPS = 5  # steps timed (median) before the schedule is shrunk to fit the wall-clock cap
 Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # step -> (pixels, labels; -1 = no label)
 
 
@@ -118,7 +120,8 @@ def distill(
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     key = {"config": config.fingerprint(), **(fingerprint or {})}
-    state = {"total": config.steps, "spent": 0.0, "curve": [], "agreement": None, "loss": None}
+    state = {"total": config.steps, "spent": 0.0, "curve": [], "agreement": None, "loss": None, "fitted": False}
+    timings: list[float] = []
     start = 0
     if checkpoint_dir is not None:
         peeked = distill_state.peek(checkpoint_dir)
@@ -161,9 +164,10 @@ def distill(
         state.update(loss=round(float(loss.detach()), 6), agreement=round(ema, 3))
         state["curve"].append([step, state["loss"], state["agreement"]])
         state["spent"] = spent0 + time.perf_counter() - began
-        if step == min(start + 4, state["total"] - 1) and cap_s > 0:  # a few steps in: fit the rest into the cap
-            per_step = (time.perf_counter() - tick) if step == start else (state["spent"] - spent0) / (step - start + 1)
-            state["total"] = _decide_total(state["total"], step, state["spent"], per_step, cap_s)
+        timings.append(time.perf_counter() - tick)
+        if cap_s > 0 and not state["fitted"] and len(timings) == PROBE_STEPS:  # fit the rest into the cap, once
+            state["total"] = _decide_total(state["total"], step, state["spent"], statistics.median(timings), cap_s)
+            state["fitted"] = True
         last = step + 1 >= state["total"] or (cap_s > 0 and state["spent"] >= cap_s)
         if checkpoint_dir is not None and ((step + 1) % every == 0 or last):
             distill_state.save_step(checkpoint_dir, step, student, optimizer, {**state, "key": key})

@@ -22,6 +22,8 @@ METRIC_KEYS = (
     "quant_speedup_batch",
     "pruned_latency_ms",
     "acc_delta_ci",
+    "accuracy_before_recovery",
+    "agreement_before_recovery",
 )
 
 
@@ -139,6 +141,7 @@ def build_result(
                 "llm": (c.get("planner_meta") or {}).get("llm"),
                 "applied": c.get("applied"),
                 "quantized": len(c.get("quantized") or []),
+                "recovery": c.get("recovery"),
                 "path": (c.get("artifact") or {}).get("path"),
                 "sha256": (c.get("artifact") or {}).get("sha256"),
                 "error": c.get("error"),

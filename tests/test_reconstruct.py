@@ -92,3 +92,21 @@ def test_reconstruction_on_a_trained_resnet_wins_back_accuracy_on_held_out_digit
     assert lost > 2.0, (base_acc, pruned_acc)  # the plan must hurt for the test to mean anything
     print(f"digits ResNet: baseline {base_acc:.2f}%, pruned {pruned_acc:.2f}%, reconstructed {recovered_acc:.2f}%")
     assert recovered_acc >= pruned_acc + 0.5 * lost, (base_acc, pruned_acc, recovered_acc)
+
+
+@pytest.mark.parametrize("family", ["deit_teacher", "swin"])
+def test_reconstruction_on_deit_with_teacher_and_swin(family):
+    from test_families_deit_swin import _deit, _swin
+    from transformers import DeiTForImageClassificationWithTeacher
+
+    baseline = _deit(DeiTForImageClassificationWithTeacher) if family == "deit_teacher" else _swin()
+    size = 16 if family == "deit_teacher" else 32
+    gen = torch.Generator().manual_seed(3)
+    calib, held_out = torch.randn(64, 3, size, size, generator=gen), torch.randn(64, 3, size, size, generator=gen)
+    pruned = copy.deepcopy(baseline)
+    report = prune_model(pruned, [MLP_HARD, HEADS_HALF], calib[:1])
+    damage = _mse(pruned, baseline, held_out)
+    reconstruct(baseline, pruned, calib, report.applied)
+    recovered = _mse(pruned, baseline, held_out)
+    print(f"{family}: logit MSE pruned {damage:.4g}, reconstructed {recovered:.4g}")
+    assert damage > 0 and recovered <= 0.5 * damage, (damage, recovered)

@@ -1,0 +1,45 @@
+"""The recovery curve: distillation loss and running agreement with the baseline, per candidate."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from profiling_agent.tools.reporting.plots import _figure, _png
+
+
+def recovery_curves(run_path: str | os.PathLike, result: Mapping[str, Any]) -> list[tuple[int, list[list[float]]]]:
+    """Return (iteration, [[step, loss, agreement], ...]) for every candidate whose recovery distilled."""
+    from profiling_agent.tools.io import read_json
+
+    curves = []
+    for cand in result.get("candidates") or []:
+        path = (cand.get("recovery") or {}).get("curve")
+        file = Path(run_path) / path if path else None
+        if file is None or not file.is_file():
+            continue
+        points = (read_json(file).get("distill") or {}).get("curve") or []
+        if points:
+            curves.append((int(cand["iteration"]), points))
+    return curves
+
+
+def plot_recovery(run_path: str | os.PathLike, result: Mapping[str, Any]) -> bytes | None:
+    """Plot loss and running agreement against the step, one line per candidate (None without distillation)."""
+    curves = recovery_curves(run_path, result)
+    if not curves:
+        return None
+    fig = _figure(9.0, 3.4)
+    loss_ax, agree_ax = fig.subplots(1, 2)
+    for iteration, points in curves:
+        steps = [p[0] + 1 for p in points]
+        loss_ax.plot(steps, [p[1] for p in points], label=f"iter {iteration}", linewidth=1.2)
+        agree_ax.plot(steps, [p[2] for p in points], label=f"iter {iteration}", linewidth=1.2)
+    loss_ax.set(xlabel="distillation step", ylabel="loss (KL x T^2 + CE)", title="Distillation loss")
+    agree_ax.set(xlabel="distillation step", ylabel="agreement with the baseline, %", title="Running agreement")
+    for ax in (loss_ax, agree_ax):
+        ax.grid(alpha=0.3)
+    agree_ax.legend(fontsize=8, loc="lower right")
+    return _png(fig)

@@ -10,7 +10,7 @@ import torch
 
 from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.data.train_stream import TrainBatches, batch_rows, find_train_source, usable_rows
-from profiling_agent.tools.recovery.distill import DistillConfig, distill, lr_at
+from profiling_agent.tools.recovery.distill import DistillConfig, distill, distill_loss, lr_at
 
 
 def test_schedule_warms_up_then_decays_to_zero():
@@ -179,3 +179,32 @@ def test_distillation_recovers_accuracy_of_a_hard_pruned_digits_resnet(quick_res
     base = accuracy(teacher, test_x, test_y)
     print(f"digits ResNet distillation: baseline {base:.2f}%, pruned {pruned_acc:.2f}%, distilled {recovered:.2f}%")
     assert recovered >= pruned_acc + 20.0, (pruned_acc, recovered)
+
+
+@pytest.mark.parametrize("family", ["deit_teacher", "swin"])
+def test_distillation_trains_pruned_deit_with_teacher_and_swin_heads(family):
+    """Swin's bias table is pruned through param.data; DeiT-with-teacher predicts with the mean of its two heads."""
+    from test_families_deit_swin import _deit, _swin
+    from transformers import DeiTForImageClassificationWithTeacher
+
+    teacher = _deit(DeiTForImageClassificationWithTeacher) if family == "deit_teacher" else _swin()
+    size = 16 if family == "deit_teacher" else 32
+    student = copy.deepcopy(teacher)
+    entries = [{"layer": ".", "type": "head", "ratio": 0.5}, {"layer": ".", "type": "structured", "ratio": 0.5}]
+    prune_model(student, entries, torch.zeros(1, 3, size, size))
+    pixels = torch.randn(64, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+    def batches(step):
+        return pixels[(step % 4) * 16 : (step % 4 + 1) * 16], torch.full((16,), -1)  # no labels: KL only
+
+    config = DistillConfig(steps=30, lr=1e-3, ce_weight=0.0)
+
+    def gap() -> float:  # the objective: T^2 KL(teacher || student) on the training images
+        with torch.inference_mode():
+            s, t = student(pixel_values=pixels).logits, teacher(pixel_values=pixels).logits
+        return float(distill_loss(s, t, torch.full((64,), -1), config)[0])
+
+    before = gap()
+    distill(student, teacher, batches, config)
+    after = gap()
+    assert after < 0.8 * before, (before, after)

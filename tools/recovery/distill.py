@@ -69,6 +69,20 @@ def distill_loss(
     return loss, parts
 
 
+def fresh_parameters(model: nn.Module) -> None:
+    """Replace every parameter by a new one with the same values (tied parameters stay tied).
+
+    Pruning that reassigns `param.data` in place (e.g. Swin's relative-position bias table) leaves autograd's
+    cached shape of the old parameter behind, and the first backward pass then fails; new parameters do not.
+    """
+    fresh: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in fresh:
+                fresh[id(param)] = nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad)
+            setattr(module, name, fresh[id(param)])
+
+
 def _train_mode(student: nn.Module) -> None:
     """Train mode with frozen BatchNorm statistics (small batches would spoil them; reconstruction set them)."""
     student.train()
@@ -117,6 +131,7 @@ def distill(
     """
     device = model_device(student)
     teacher.eval()
+    fresh_parameters(student)
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     key = {"config": config.fingerprint(), **(fingerprint or {})}

@@ -253,9 +253,10 @@ def test_cli_report_rebuilds_from_files_deterministically(finished_run, tmp_path
     assert sorted(p.name for p in (copy_dir / "plots").iterdir()) == [
         "pareto_latency.png",
         "pareto_params.png",
+        "recovery_curve.png",  # from result.json's distillation curves
         "stale.png",
     ]
-    assert len(_parse((copy_dir / "report.html").read_text()).images) == 2
+    assert len(_parse((copy_dir / "report.html").read_text()).images) == 3
 
 
 @pytest.mark.parametrize("case", ["missing", "no-result", "running", "not-json", "not-a-result", "bad-field"])

@@ -66,7 +66,7 @@ def write_report_files(
     root = Path(run_path)
     summary = profile_summary if profile_summary is not None else _summary_from_profile(profile)
     images = render_plots(result, profile)
-    recovery = plot_recovery(root, result)
+    recovery = plot_recovery(result)
     if recovery is not None:  # keyed like the others, so it takes its place in PLOT_FILES order
         images = {key: made for key in PLOT_FILES if (made := {**images, "recovery_curve": recovery}.get(key))}
     written = write_plots(root, images)

@@ -9,26 +9,34 @@ from typing import Any
 
 from profiling_agent.tools.reporting.plots import _figure, _png
 
+CURVE_POINTS = 120  # points kept per candidate in result.json (the full curve stays in iter_NN/recovery.json)
 
-def recovery_curves(run_path: str | os.PathLike, result: Mapping[str, Any]) -> list[tuple[int, list[list[float]]]]:
-    """Return (iteration, [[step, loss, agreement], ...]) for every candidate whose recovery distilled."""
+
+def attach_curves(result: dict[str, Any], run_path: str | os.PathLike) -> dict[str, Any]:
+    """Copy each candidate's distillation curve (thinned to CURVE_POINTS) from its recovery.json into `result`.
+
+    The report is then rebuilt from result.json alone. Returns `result`, changed in place.
+    """
     from profiling_agent.tools.io import read_json
 
-    curves = []
     for cand in result.get("candidates") or []:
         path = (cand.get("recovery") or {}).get("curve")
         file = Path(run_path) / path if path else None
         if file is None or not file.is_file():
             continue
         points = (read_json(file).get("distill") or {}).get("curve") or []
-        if points:
-            curves.append((int(cand["iteration"]), points))
-    return curves
+        stride = max(1, -(-len(points) // CURVE_POINTS))
+        kept = points[::stride]
+        if points and kept[-1] != points[-1]:
+            kept.append(points[-1])
+        if kept:
+            cand["recovery_curve"] = kept
+    return result
 
 
-def plot_recovery(run_path: str | os.PathLike, result: Mapping[str, Any]) -> bytes | None:
+def plot_recovery(result: Mapping[str, Any]) -> bytes | None:
     """Plot loss and running agreement against the step, one line per candidate (None without distillation)."""
-    curves = recovery_curves(run_path, result)
+    curves = [(c["iteration"], c["recovery_curve"]) for c in result.get("candidates") or [] if c.get("recovery_curve")]
     if not curves:
         return None
     fig = _figure(9.0, 3.4)

@@ -62,6 +62,7 @@ FLAG_FIELDS = {
     "run_dir": "context.run_root",
     "temperature": "context.llm_temperature",
     "repeats": "context.latency_repeats",
+    "no_augment": "context.recover_augment",
     "thread_id": "config.configurable.thread_id",
 }
 # run flags with no graph field because the server provides the thing itself

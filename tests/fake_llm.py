@@ -128,6 +128,7 @@ class ScriptedOpenAIServer:
     def __init__(self, script: list[Any], lifetime: float = 60.0):
         self.script, self.lifetime = list(script), lifetime
         self.requests: list[dict[str, Any]] = []
+        self.slept_out = 0  # requests whose scripted sleep ran to its end (the client was still waiting, or gone)
         self.release = threading.Event()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -154,7 +155,9 @@ class ScriptedOpenAIServer:
                     owner.requests.append({"path": self.path, "body": json.loads(body or b"{}")})
                 item = owner._next()
                 while isinstance(item, tuple) and item and item[0] == "sleep":
-                    owner.release.wait(item[1])
+                    if not owner.release.wait(item[1]):
+                        with owner._lock:
+                            owner.slept_out += 1
                     item = item[2]
                 status, payload = item if isinstance(item, tuple) else (200, item)
                 data = json.dumps(payload).encode()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,25 +18,10 @@ pytestmark = pytest.mark.slow
 FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
 
 
-@pytest.fixture(scope="session")
-def digits_assets(tmp_path_factory):
-    """A transformers ViT trained for a few epochs on digits (save_pretrained) and the digits DatasetDict."""
-    from profiling_agent.tools.models import embedded
-
-    cache = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("PROFILING_AGENT_CACHE")
-    os.environ["PROFILING_AGENT_CACHE"] = str(cache)
-    try:
-        dataset = embedded.ensure_dataset()
-        model_dir = cache / "vit-small"
-        record = embedded.build_model("vit-digits", model_dir, embedded.TrainConfig(epochs=12, threads=2))
-    finally:
-        if old is None:
-            os.environ.pop("PROFILING_AGENT_CACHE", None)
-        else:
-            os.environ["PROFILING_AGENT_CACHE"] = old
-    assert record["test_accuracy"] > 60.0  # trained: well above chance (10%)
-    return model_dir, dataset
+@pytest.fixture
+def digits_assets(digits_vit):
+    """The session's digits ViT (save_pretrained) and the digits DatasetDict."""
+    return digits_vit.model, digits_vit.dataset
 
 
 def _inputs(model_dir, dataset, **objective):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from fake_llm import ScriptedOpenAIServer, chat_completion
@@ -41,25 +40,10 @@ def _plan(*pruning, quantization=None):
     )
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    """A transformers ViT trained briefly on part of digits (save_pretrained) and the digits DatasetDict."""
-    from profiling_agent.tools.models import embedded
-
-    cache = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("PROFILING_AGENT_CACHE")
-    os.environ["PROFILING_AGENT_CACHE"] = str(cache)
-    try:
-        dataset = embedded.ensure_dataset()
-        model_dir = cache / "vit-small"
-        record = embedded.build_model("vit-digits", model_dir, embedded.TrainConfig(epochs=8, threads=1))
-    finally:
-        if old is None:
-            os.environ.pop("PROFILING_AGENT_CACHE", None)
-        else:
-            os.environ["PROFILING_AGENT_CACHE"] = old
-    assert record["test_accuracy"] > 40.0  # trained: well above chance (10%)
-    return model_dir, dataset
+@pytest.fixture
+def assets(digits_vit):
+    """The session's digits ViT (save_pretrained) and the digits DatasetDict."""
+    return digits_vit.model, digits_vit.dataset
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ import base64
 import copy
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,25 +33,13 @@ EVIL = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """One real run: a digits ViT (barely trained: accuracy is not under test), two iterations through the graph."""
+def finished_run(tmp_path_factory, digits_vit):
+    """One real run of the session's digits ViT: two iterations through the graph (accuracy is not under test)."""
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
-    from profiling_agent.tools.models import embedded
 
-    cache = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("PROFILING_AGENT_CACHE")
-    os.environ["PROFILING_AGENT_CACHE"] = str(cache)
-    try:
-        dataset = embedded.ensure_dataset()
-        model_dir = cache / "vit"
-        embedded.build_model("vit-digits", model_dir, embedded.TrainConfig(epochs=2, max_train=300, threads=2))
-    finally:
-        if old is None:
-            os.environ.pop("PROFILING_AGENT_CACHE", None)
-        else:
-            os.environ["PROFILING_AGENT_CACHE"] = old
+    model_dir, dataset = digits_vit.model, digits_vit.dataset
     root = tmp_path_factory.mktemp("runs")
     inputs = {
         "model": {"ref": str(model_dir)},

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from quick_assets import FAST_CONTEXT, FAST_DATASET, build_quick_assets
+from quick_assets import FAST_CONTEXT, FAST_DATASET
 
 REPO = Path(__file__).resolve().parent.parent
 LANGGRAPH = Path(sys.executable).with_name("langgraph")
@@ -92,15 +92,15 @@ def test_every_run_flag_is_a_field_of_the_input_or_the_context():
 
 
 @pytest.fixture(scope="module")
-def studio(tmp_path_factory):
+def studio(tmp_path_factory, digits_vit):
     """A `langgraph dev` server started in the repository, offline, with a tiny model as the embedded default."""
     if not LANGGRAPH.exists():
         pytest.fail(f"{LANGGRAPH} missing: install the studio extra (pip install -e '.[studio]')")
     tmp = tmp_path_factory.mktemp("studio")
-    model_dir, dataset = build_quick_assets(tmp / "cache")
+    model_dir, dataset = digits_vit.model, digits_vit.dataset
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in SECRETS}
-    env.update(OFFLINE_ENV, PROFILING_AGENT_CACHE=str(tmp / "cache"), OMP_NUM_THREADS="1")
+    env.update(OFFLINE_ENV, PROFILING_AGENT_CACHE=str(digits_vit.cache), OMP_NUM_THREADS="1")
     state_dir = REPO / ".langgraph_api"  # the dev server keeps its in-memory state here, beside langgraph.json
     had_state = state_dir.exists()
     log = tmp / "langgraph-dev.log"

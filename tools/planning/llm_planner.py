@@ -304,12 +304,12 @@ def plan_with_llm(
     """
     iteration = planning_round(state)
     transcript = Transcript.open(state.run_path, iteration)
-    guard = GuardConfig()
+    guard = GuardConfig(target=state.objective.target, target_reduction=state.objective.target_reduction)
     usage, tool_errors = empty_usage(), []
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         info = {"model": state.model.ref, "family": state.family}
-        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn)
+        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, guard)
         messages = render_messages(state, ctx, profile, sensitivity, iteration, guard)
         for message in messages:
             transcript.write("prompt", role=message.type, content=message_text(message))

@@ -456,6 +456,11 @@ class Context:
     llm_timeout: float = _ctx(60.0, "Seconds before one LLM request times out.")
     llm_retries: int = _ctx(2, "Times an invalid LLM plan goes back to the LLM before the fallback.")
     llm_tool_rounds: int = _ctx(6, "Tool-call rounds allowed per planning step.")
+    llm_structured: Literal["auto", "json_schema", "json_object", "off"] = _ctx(
+        "auto",
+        "Schema-constrained final answers: json_schema (OpenAI, vLLM, llama.cpp server), json_object with a "
+        "schema (llama-cpp-python), off (plain text and the repairing parser); auto finds what the server takes.",
+    )
     latency_warmup: int = _ctx(3, "Warm-up forward passes before timing.")
     latency_repeats: int = _ctx(15, "Timed repeats; the median is reported.")
     latency_batch: int = _ctx(16, "Batch size of the larger-batch latency.")

@@ -35,6 +35,13 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-timeout", type=float, default=None, help="seconds per LLM request (default 60)")
     p.add_argument("--llm-retries", type=int, default=None, help="invalid LLM plans sent back before the fallback")
     p.add_argument("--llm-tool-rounds", type=int, default=None, help="LLM tool-call rounds per planning step")
+    p.add_argument(
+        "--llm-structured",
+        choices=["auto", "json_schema", "json_object", "off"],
+        default=None,
+        help="schema-constrained final answers: json_schema (OpenAI, vLLM, llama.cpp server), json_object with a "
+        "schema (llama-cpp-python), off; auto (default) finds what the server accepts",
+    )
     p.add_argument("--temperature", type=float, default=None, help="LLM sampling temperature")
     p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
 
@@ -199,6 +206,7 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(ctx, "llm_timeout", args.llm_timeout)
     _set(ctx, "llm_retries", args.llm_retries)
     _set(ctx, "llm_tool_rounds", args.llm_tool_rounds)
+    _set(ctx, "llm_structured", args.llm_structured)
     _set(ctx, "llm_temperature", args.temperature)
     _check_llm_flags(args)
     _set(ctx, "latency_repeats", args.repeats)

@@ -248,7 +248,7 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
     summary = outcome.summary("m")
     assert summary["transcript"] == "iter_01/llm_transcript.jsonl" and summary["usage"]["total_tokens"] == 240
     lines = (tmp_path / summary["transcript"]).read_text().splitlines()
-    assert [json.loads(line)["event"] for line in lines[-3:]] == ["usage", "fallback", "final"]
+    assert [json.loads(line)["event"] for line in lines[-4:]] == ["usage", "structured", "fallback", "final"]
     bad_args = ScriptedChatModel(script=[ai_tool_calls(tool_call("layer_profile", {"top": "many"})), "{}"])
     outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=bad_args)
     assert outcome.tool_errors and outcome.tool_errors[0]["name"] == "layer_profile"
@@ -357,7 +357,7 @@ def test_render_markdown_includes_the_planner_facts_and_fallbacks():
 
 
 def test_a_server_answering_just_in_time_cannot_stall_the_step(tmp_path, monkeypatch):
-    import profiling_agent.tools.planning.llm_planner as llm_planner
+    import profiling_agent.tools.planning.llm_session as llm_session
     from profiling_agent.tools.planning.llm_client import request_deadline
     from profiling_agent.tools.planning.llm_planner import STEP_BUDGET_REQUESTS
 
@@ -369,7 +369,7 @@ def test_a_server_answering_just_in_time_cannot_stall_the_step(tmp_path, monkeyp
     budget = STEP_BUDGET_REQUESTS * request_deadline(ctx)
     # an injected clock: every exchange with the server costs 0.25 s (each reply comes just before its 0.3 s deadline)
     ticks = iter(i * 0.25 for i in range(1000))
-    monkeypatch.setattr(llm_planner, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    monkeypatch.setattr(llm_session, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     slow = ScriptedChatModel(script=["not a plan"], repeat_last=True)
     outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=slow)
     assert outcome.planner == "deterministic" and outcome.fallbacks[0]["stage"] == "timeout"

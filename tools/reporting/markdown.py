@@ -142,8 +142,29 @@ def _llm_line(llm: dict[str, Any] | None) -> list[str]:
     return [
         f"- LLM: {md_text(llm.get('model'), 80)}, {usage.get('calls', 0)} calls, {usage.get('total_tokens', 0):,} "
         f"tokens ({usage.get('input_tokens', 0):,} in, {usage.get('output_tokens', 0):,} out); transcripts "
-        f"{transcripts}; {len(llm.get('tool_errors') or [])} refused or failed tool calls"
+        f"{transcripts}; {len(llm.get('tool_errors') or [])} refused or failed tool calls",
+        *_structured_line(llm.get("structured") or []),
     ]
+
+
+def structured_summary(steps: list[dict[str, Any]]) -> str:
+    """Say which schema-constrained mode the server took and which it refused or ignored (for humans)."""
+    if not steps:
+        return ""
+    last = steps[-1]
+    mode = str(last.get("mode") or "off")
+    given_up = list(dict.fromkeys(str(g.get("mode")) for s in steps for g in s.get("given_up") or []))
+    text = f"{mode}{' (confirmed by the server)' if any(s.get('confirmed') for s in steps) else ''}"
+    if last.get("choice") not in (None, "auto"):
+        text += f", forced with --llm-structured {last['choice']}"
+    if given_up:
+        text += f"; given up: {', '.join(given_up)}"
+    return text
+
+
+def _structured_line(steps: list[dict[str, Any]]) -> list[str]:
+    text = structured_summary(steps)
+    return [f"- Structured output: {md_text(text, 200)}"] if text else []
 
 
 def fallback_lines(fallbacks: list[dict[str, Any]]) -> list[str]:

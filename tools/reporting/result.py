@@ -69,6 +69,9 @@ def planner_facts(history: list[dict[str, Any]]) -> dict[str, Any]:
                 if e.get("llm")
                 for t in e["llm"].get("tool_errors") or []
             ],
+            "structured": [
+                {**(e["llm"].get("structured") or {}), "iteration": e["iteration"]} for e in events if e.get("llm")
+            ],
         }
     return {"mode": events[-1]["planner"].get("mode"), "mode_note": events[-1]["planner"].get("note"), "llm": llm}
 

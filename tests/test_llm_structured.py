@@ -153,3 +153,15 @@ def test_refusal_detection_and_mode_order():
     assert finder.give_up("y") and finder.mode == "off" and not finder.give_up("z")
     forced = ModeFinder("json_object")
     assert forced.mode == "json_object" and not forced.give_up("refused")  # a forced mode is never dropped
+
+
+def test_the_schema_bounds_what_grammar_decoders_cannot():
+    from profiling_agent.tools.planning.structured import plan_schema, ratio_grid
+
+    assert ratio_grid(0.01, 0.8) == [round(0.05 * k, 2) for k in range(1, 17)]
+    linears = ["vit.layers.0.mlp.fc1", "classifier"]
+    schema = plan_schema(PROFILE["groups"], ("qint8",), {"structured": 0.8, "head": 0.75}, 0.01, linears)
+    entry = schema["properties"]["pruning"]["items"]["properties"]
+    assert max(entry["ratio"]["enum"]) == 0.8 and 2 not in entry["ratio"]["enum"]  # a real 135M model wrote 2
+    quant = schema["properties"]["quantization"]["items"]["properties"]
+    assert quant["layer"]["enum"] == ["all", *linears] and quant["dtype"]["enum"] == ["qint8"]  # never ""

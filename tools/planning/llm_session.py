@@ -114,7 +114,8 @@ class Session:
         self.bound, self.final, self.has_tools = self._bind()
         caps = {"structured": self.guard.max_ratio_structured, "head": self.guard.max_ratio_head}
         groups = self.profile.get("groups") or []
-        self.schema = plan_schema(groups, self.guard.allowed_dtypes, caps, self.guard.min_ratio)
+        linears = [str(r["name"]) for r in self.profile.get("layers") or [] if "Linear" in str(r.get("type", ""))]
+        self.schema = plan_schema(groups, self.guard.allowed_dtypes, caps, self.guard.min_ratio, linears)
 
     def _bind(self) -> tuple[Any, Any, bool]:
         if not self.tools or self.ctx.llm_tool_rounds <= 0:

@@ -17,15 +17,32 @@ AUTO_ORDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "off")
 _FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|schema|grammar", re.IGNORECASE)
 
 
+MAX_ENUM_LINEARS = 256  # Linear layer names listed for quantization entries (beyond: "all" only)
+
+
+def ratio_grid(min_ratio: float, max_ratio: float, step: float = 0.05) -> list[float]:
+    """Return the ratios a constrained answer may use: multiples of `step` within [min_ratio, max_ratio].
+
+    Grammar-constrained decoders (llama.cpp) honour enums but not numeric bounds; a real 135M model wrote a
+    ratio of 2 under a schema with "maximum": 0.8.
+    """
+    grid = [round(step * k, 4) for k in range(1, int(max_ratio / step + 1e-9) + 1)]
+    return [r for r in grid if r >= min_ratio] or [round(max_ratio, 4)]
+
+
 def plan_schema(
-    groups: list[dict[str, Any]], dtypes: tuple[str, ...], caps: dict[str, float], min_ratio: float
+    groups: list[dict[str, Any]],
+    dtypes: tuple[str, ...],
+    caps: dict[str, float],
+    min_ratio: float,
+    linears: list[str] | None = None,
 ) -> dict[str, Any]:
     """Return the JSON schema of a plan for this model, the one the server constrains decoding to.
 
     Under constraint a pruning entry names exact groups (`groups`, an enum of this model's group names, so a
     constrained model can neither invent a group nor mis-escape a regex). The guard checks this form and, for
-    unconstrained answers, also the `layer` regex form; ratios are bounded here by the larger cap and then
-    per type by the guard.
+    unconstrained answers, also the `layer` regex form. Ratios come from a grid up to the larger cap (the guard
+    then applies each type's cap), and quantization entries name "all" or one exact Linear layer.
     """
     names = [str(g["name"]) for g in groups]
     kinds = sorted({str(g["kind"]) for g in groups}) or ["structured", "head"]
@@ -34,16 +51,17 @@ def plan_schema(
         "properties": {
             "groups": {"type": "array", "items": {"type": "string", "enum": names}, "minItems": 1},
             "type": {"type": "string", "enum": kinds},
-            "ratio": {"type": "number", "minimum": min_ratio, "maximum": max(caps.values(), default=0.8)},
+            "ratio": {"type": "number", "enum": ratio_grid(min_ratio, max(caps.values(), default=0.8))},
             "justification": {"type": "string"},
         },
         "required": ["groups", "type", "ratio", "justification"],
         "additionalProperties": False,
     }
+    quant_layers = ["all", *(linears or [])] if len(linears or []) <= MAX_ENUM_LINEARS else ["all"]
     quant_entry = {
         "type": "object",
         "properties": {
-            "layer": {"type": "string", "maxLength": 200},
+            "layer": {"type": "string", "enum": quant_layers},
             "type": {"type": "string", "enum": ["dynamic"]},
             "dtype": {"type": "string", "enum": list(dtypes)},
             "justification": {"type": "string"},

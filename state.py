@@ -456,6 +456,7 @@ class Context:
     llm_timeout: float = _ctx(60.0, "Seconds before one LLM request times out.")
     llm_retries: int = _ctx(2, "Times an invalid LLM plan goes back to the LLM before the fallback.")
     llm_tool_rounds: int = _ctx(6, "Tool-call rounds allowed per planning step.")
+    llm_max_tokens: int = _ctx(2048, "Most tokens one LLM reply may have (a rambling small model stops there).")
     llm_structured: Literal["auto", "json_schema", "json_object", "off"] = _ctx(
         "auto",
         "Schema-constrained final answers: json_schema (OpenAI, vLLM, llama.cpp server), json_object with a "

@@ -35,6 +35,7 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-timeout", type=float, default=None, help="seconds per LLM request (default 60)")
     p.add_argument("--llm-retries", type=int, default=None, help="invalid LLM plans sent back before the fallback")
     p.add_argument("--llm-tool-rounds", type=int, default=None, help="LLM tool-call rounds per planning step")
+    p.add_argument("--llm-max-tokens", type=int, default=None, help="most tokens per LLM reply (default 2048)")
     p.add_argument(
         "--llm-structured",
         choices=["auto", "json_schema", "json_object", "off"],
@@ -207,6 +208,7 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(ctx, "llm_retries", args.llm_retries)
     _set(ctx, "llm_tool_rounds", args.llm_tool_rounds)
     _set(ctx, "llm_structured", args.llm_structured)
+    _set(ctx, "llm_max_tokens", args.llm_max_tokens)
     _set(ctx, "llm_temperature", args.temperature)
     _check_llm_flags(args)
     _set(ctx, "latency_repeats", args.repeats)
@@ -227,6 +229,8 @@ def _check_llm_flags(args: argparse.Namespace) -> None:
 
     if args.llm_timeout is not None and not 0 < args.llm_timeout <= 3600:
         raise BadInput("invalid --llm-timeout: must be in (0, 3600] seconds")
+    if args.llm_max_tokens is not None and not 64 <= args.llm_max_tokens <= 1_000_000:
+        raise BadInput("invalid --llm-max-tokens: must be in 64..1000000")
     if args.llm_retries is not None and not 0 <= args.llm_retries <= 10:
         raise BadInput("invalid --llm-retries: must be in 0..10")
     if args.llm_tool_rounds is not None and not 0 <= args.llm_tool_rounds <= 50:

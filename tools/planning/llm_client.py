@@ -160,13 +160,18 @@ def build_chat_model(ctx: Context) -> Any:
     """Build the OpenAI-compatible chat model from the run context (the key is read from the environment)."""
     from langchain_openai import ChatOpenAI
 
+    url = llm_base_url(ctx)
+    # langchain sends OpenAI's max_completion_tokens; llama-cpp-python and older servers only read max_tokens
+    extra = {} if "api.openai.com" in url or not url else {"extra_body": {"max_tokens": ctx.llm_max_tokens}}
     return ChatOpenAI(
         model=ctx.llm_model,
-        base_url=llm_base_url(ctx) or None,
+        base_url=url or None,
         api_key=os.environ.get(ctx.llm_api_key_env) or "no-key",  # keyless local servers accept any key
         temperature=ctx.llm_temperature,
         timeout=ctx.llm_timeout,
         max_retries=1,
+        max_tokens=ctx.llm_max_tokens,
+        **extra,
     )
 
 

@@ -37,6 +37,13 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-tool-rounds", type=int, default=None, help="LLM tool-call rounds per planning step")
     p.add_argument("--temperature", type=float, default=None, help="LLM sampling temperature")
     p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
+    p.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime", "auto"],
+        default=None,
+        help="forms of each candidate to measure and deliver: torch, onnxruntime (ORT FP32, dynamic and static "
+        "int8) or auto (all; default): the fastest within the accuracy budget is delivered",
+    )
 
 
 def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -202,6 +209,7 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(ctx, "llm_temperature", args.temperature)
     _check_llm_flags(args)
     _set(ctx, "latency_repeats", args.repeats)
+    _set(ctx, "backend", args.backend)
     if args.threads is not None and args.threads < 1:
         raise BadInput("invalid --threads: must be at least 1")
     if args.repeats is not None and args.repeats < 1:

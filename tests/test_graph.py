@@ -62,7 +62,7 @@ def _run(tmp_path, inputs, thread="t1", **kw):
 
 
 def test_two_iterations_end_to_end(tmp_path, digits_assets):
-    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.models.loading import load_model
 
     model_dir, dataset = digits_assets
     graph, config, out = _run(tmp_path, _inputs(model_dir, dataset))
@@ -91,7 +91,7 @@ def test_two_iterations_end_to_end(tmp_path, digits_assets):
     from profiling_agent.tools.evaluation.metrics import predict, top1
 
     tensors = load_prepared(run / "data.safetensors")
-    best_model = load_artifact(run / "best").model
+    best_model = load_model(str(run / "best")).model  # the delivered form: an ONNX folder or a torch artifact
     acc = top1(predict(best_model, tensors["eval_pixels"]), tensors["eval_labels"])
     assert acc == pytest.approx(best["accuracy"], abs=1e-9)
     assert (run / "report.md").read_text().count("iter ") >= 2

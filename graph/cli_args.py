@@ -153,6 +153,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     ev.add_argument("--json", dest="json_out", default=None, help="write the metrics as JSON here")
 
+    exp = sub.add_parser("export", help="export a finished run's best model to ONNX (optionally int8)")
+    exp.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
+    exp.add_argument("--format", choices=["onnx"], default="onnx", help="file format (onnx)")
+    exp.add_argument(
+        "--quantize",
+        choices=["dynamic", "static", "none"],
+        default="none",
+        help="ONNX Runtime int8: dynamic (Linear layers) or static (QDQ, calibrated; convolutions too)",
+    )
+    exp.add_argument("--out", default=None, help="destination folder (default: RUN/THREAD/export/onnx-QUANTIZE)")
+    exp.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the check")
+
     rep = sub.add_parser("report", help="rebuild plots, report.md and report.html of a finished run")
     rep.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
     return parser

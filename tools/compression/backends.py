@@ -70,6 +70,7 @@ class Variant:
     max_abs_diff: float | None = None  # against the torch logits on the check images
     logit_agreement: float | None = None  # % of check images with the same top-1 as torch
     error: str | None = None
+    seconds: float = 0.0  # export (FP32) or export + quantization time; kept out of the recipe (files stay stable)
     recipe: dict[str, Any] = field(default_factory=dict)
     model: OrtClassifier | None = field(default=None, repr=False)  # the open session (ok variants only)
 
@@ -132,7 +133,7 @@ def quantize_static_onnx(src: Path, dst: Path, calib: torch.Tensor, settings: Ba
 
     Returns:
         The quantization recipe: method, format, types, per-channel, calibration method and sample count,
-        operator types, excluded nodes, pre-processing, seconds.
+        operator types, excluded nodes, pre-processing.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -141,7 +142,6 @@ def quantize_static_onnx(src: Path, dst: Path, calib: torch.Tensor, settings: Ba
         "entropy": CalibrationMethod.Entropy,
         "percentile": CalibrationMethod.Percentile,
     }
-    start = time.perf_counter()
     pre = dst.with_name("pre_process.onnx")
     how = _pre_process(src, pre)
     images = calib[: settings.calibration_samples].detach().to("cpu", torch.float32)
@@ -173,7 +173,6 @@ def quantize_static_onnx(src: Path, dst: Path, calib: torch.Tensor, settings: Ba
         "op_types": list(settings.static_op_types),
         "excluded_nodes": list(settings.exclude_nodes),
         "pre_process": how,
-        "seconds": round(time.perf_counter() - start, 3),
     }
 
 
@@ -259,7 +258,7 @@ def build_ort_variants(
         "model_file": ONNX_FILE,
         "input": {"name": "pixel_values", "shape": list(check.shape[1:]), "dynamic_batch": True},
         "output": "logits",
-        "export": {"exporter": exported["exporter"], "opset": settings.opset, "seconds": round(exported["seconds"], 3)},
+        "export": {"exporter": exported["exporter"], "opset": settings.opset},
         "versions": versions("onnx", "onnxruntime"),
         "extra": dict(extra or {}),
     }
@@ -272,7 +271,9 @@ def build_ort_variants(
         try:
             if not fp32_ok:
                 raise RuntimeError(f"the FP32 export is wrong ({fp32_error})")
+            start = time.perf_counter()
             quant = _quantize(variant.method, Path(exported["path"]), folder / ONNX_FILE, calib_pixels, settings)
+            variant.seconds = round(exported["seconds"] + time.perf_counter() - start, 3)
             variant.model = OrtClassifier(folder / ONNX_FILE, threads)
             tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
             _check(variant, reference, check, tolerance)
@@ -307,7 +308,7 @@ def _quantize(method: str, src: Path, dst: Path, calib: torch.Tensor, settings: 
         return None
     dst.parent.mkdir(parents=True, exist_ok=True)
     if method == "dynamic":
-        done = quantize_onnx(
+        quantize_onnx(
             src,
             dst,
             op_types=settings.dynamic_op_types,
@@ -321,7 +322,6 @@ def _quantize(method: str, src: Path, dst: Path, calib: torch.Tensor, settings: 
             "per_channel": settings.dynamic_per_channel,
             "op_types": list(settings.dynamic_op_types),
             "excluded_nodes": list(settings.exclude_nodes),
-            "seconds": round(done["seconds"], 3),
         }
     if len(calib) == 0:
         raise RuntimeError("static int8 needs calibration images and the run has none")

@@ -34,7 +34,8 @@ def _build_ort(state: State, fp32: Any, processor: Any, tensors: dict[str, Any],
     if backend == "torch":
         return []
     current = state.current
-    extra = {"params": current.params_after if current else None, "macs": current.macs if current else None}
+    params = (current.params_after or (current.pruned.params if current.pruned else None)) if current else None
+    extra = {"params": params, "macs": current.macs if current else None}
     return build_ort_variants(
         fp32,
         tensors["calib_pixels"],

@@ -229,6 +229,19 @@ def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
         == 0
     )
     assert json.loads(metrics.read_text())["accuracy"] == pytest.approx(result["best"]["accuracy"], abs=1e-9)
+    # export: a plain onnxruntime.InferenceSession runs the file with the accuracy its variant recorded
+    ort = pytest.importorskip("onnxruntime")
+    from profiling_agent.tools.data.prepare import load_prepared
+
+    assert main(["export", str(tmp_path / "cli"), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
+    assert "validation top-1" in capsys.readouterr().out
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    tensors = load_prepared(tmp_path / "cli" / "data.safetensors")
+    logits = session.run(None, {"pixel_values": tensors["eval_pixels"].numpy()})[0]
+    acc = 100.0 * float((logits.argmax(-1) == tensors["eval_labels"].numpy()).mean())
+    recorded = {v["name"]: v for v in result["best"]["variants"]}["ort_fp32"]["accuracy"]
+    assert acc == pytest.approx(recorded, abs=1e-9)
+    assert main(["export", str(tmp_path / "nope")]) == 2
     # resume of a finished run says so and exits 0; runs lists it as done
     assert main(["resume", "cli", "--run-dir", str(tmp_path)]) == 0
     assert main(["runs", "--run-dir", str(tmp_path)]) == 0

@@ -39,9 +39,30 @@ from paper_tables import FULL_SIZE, build_full_size  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 TRAINED = ("embedded:vit-digits", "embedded:resnet-digits")
+ALL = ("fp32", "dynamic", "static")
+# quick: the unpruned model only as torch FP32/qint8 and ORT dynamic (the reference the targets name), every form
+# of the pruned one; static calibration of a full-size model is the slowest step
 PROFILES = {
-    "quick": {"repeats": 2, "warmup": 1, "batch": 8, "calib": 8, "check": 8, "trained_repeats": 20},
-    "full": {"repeats": 7, "warmup": 2, "batch": 8, "calib": 32, "check": 16, "trained_repeats": 40},
+    "quick": {
+        "repeats": 2,
+        "warmup": 1,
+        "batch": 8,
+        "calib": 8,
+        "check": 8,
+        "trained_repeats": 20,
+        "base_methods": ("dynamic",),
+        "pruned_qint8": False,
+    },
+    "full": {
+        "repeats": 7,
+        "warmup": 2,
+        "batch": 8,
+        "calib": 32,
+        "check": 16,
+        "trained_repeats": 40,
+        "base_methods": ALL,
+        "pruned_qint8": True,
+    },
 }
 
 
@@ -65,17 +86,21 @@ def _size_mb(model: torch.nn.Module) -> float:
 
 
 def forms(prefix: str, fp32: torch.nn.Module, calib, check, work: Path, settings: dict) -> tuple[dict, dict]:
-    """Torch FP32 and qint8 plus the three ONNX Runtime variants of one model; and the ORT build facts."""
+    """Torch FP32 (and qint8) plus the ONNX Runtime variants of one model; and the ORT build facts."""
     from profiling_agent.tools.compression.backends import BackendSettings, build_ort_variants
 
-    models = {f"{prefix}torch_fp32": fp32, f"{prefix}torch_qint8": _qint8(fp32)}
+    pruned = bool(prefix)
+    models = {f"{prefix}torch_fp32": fp32}
+    if not pruned or settings["pruned_qint8"]:
+        models[f"{prefix}torch_qint8"] = _qint8(fp32)
+    methods = ALL if pruned else settings["base_methods"]
     start = time.perf_counter()
     built = build_ort_variants(
         fp32,
         calib,
         check,
         work / (prefix.strip(":") or "base"),
-        settings=BackendSettings(calibration_samples=settings["calib"]),
+        settings=BackendSettings(methods=methods, calibration_samples=settings["calib"]),
         threads=torch.get_num_threads(),
     )
     facts = {"seconds": round(time.perf_counter() - start, 1)}
@@ -170,6 +195,7 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     allowed = (state.get("labels") or {}).get("allowed_ids")
     base = load_artifact(run / state["baseline"]["path"]).model
     best = state.get("best") or {}
+    settings = {**settings, "base_methods": ALL, "pruned_qint8": True}  # small models: every form is cheap
     models, facts = forms("", base, tensors["calib_pixels"], pixels[:32], work / name, settings)
     if best.get("pruned"):
         pruned = load_artifact(run / best["pruned"]["path"]).model

@@ -18,6 +18,7 @@ PlannerChoice = Literal["deterministic", "llm", "auto", "l1", "l2", "random"]
 BASELINE_PLANNERS = ("l1", "l2", "random")  # uniform pruning baselines (tools/compression/baselines.py)
 SelectRule = Literal["paper", "budget"]
 TargetMetric = Literal["params", "macs", "latency", "size"]
+BackendChoice = Literal["torch", "onnxruntime", "auto"]
 
 
 class _Strict(BaseModel):
@@ -257,6 +258,25 @@ class GroupSensitivity(_Strict):
     ratio: float = Field(description="Ratio the probe pruned at.")
 
 
+class VariantRecord(_Strict):
+    """One deployable form of a candidate (a backend and quantization method), measured beside the baseline."""
+
+    name: str = Field(description="torch_fp32, torch_qint8, torch_float16, ort_fp32, ort_dynamic or ort_static.")
+    backend: Literal["torch", "onnxruntime"] = Field(description="The runtime that executes it.")
+    status: Literal["ok", "failed"] = Field(description="failed: not built, not loadable or not matching torch.")
+    error: str | None = Field(default=None, description="Why it failed.")
+    accuracy: float | None = Field(default=None, description="Top-1 % on the validation subset.")
+    agreement: float | None = Field(default=None, description="% of predictions equal to the baseline's.")
+    latency_ms: float | None = Field(default=None, description="Median batch-1 latency, ms (beside the baseline).")
+    latency_batch_ms: float | None = Field(default=None, description="Median batch-N latency, ms.")
+    speedup: float | None = Field(default=None, description="Baseline over this variant's latency, batch 1.")
+    speedup_batch: float | None = Field(default=None, description="Baseline over this variant's latency, batch N.")
+    size_mb: float | None = Field(default=None, description="Bytes of its weights file (safetensors or .onnx), MB.")
+    path: str | None = Field(default=None, description="Its folder, relative to the run folder.")
+    max_abs_diff: float | None = Field(default=None, description="Largest |logit| difference from the torch FP32.")
+    recipe: dict[str, Any] = Field(default_factory=dict, description="Exporter, opset and quantization recipe.")
+
+
 class EvalRecord(_Strict):
     """Measured quality and cost of one model, taken side by side with the baseline."""
 
@@ -282,6 +302,9 @@ class EvalRecord(_Strict):
     acc_delta_ci: list[float] | None = Field(
         default=None, description="Paired bootstrap 95% interval of the accuracy change vs the baseline, pp."
     )
+    variants: list[VariantRecord] = Field(default_factory=list, description="Every backend form, side by side.")
+    delivered: str = Field(default="torch", description="The variant the fields above describe (handed over).")
+    delivery_note: str = Field(default="", description="Why that variant was delivered (or why ORT was not).")
 
 
 class PlannerMeta(_Strict):
@@ -323,7 +346,10 @@ class Candidate(_Strict):
     params_before: int | None = Field(default=None, description="Parameters before pruning.")
     params_after: int | None = Field(default=None, description="Parameters after pruning.")
     quantized: list[str] = Field(default_factory=list, description="Modules dynamically quantized.")
-    artifact: ArtifactRef | None = Field(default=None, description="The candidate as delivered.")
+    artifact: ArtifactRef | None = Field(default=None, description="The torch candidate (the plan's quantization).")
+    delivered: ArtifactRef | None = Field(
+        default=None, description="The delivered form when it is another variant (e.g. an ONNX folder)."
+    )
     eval: EvalRecord | None = Field(default=None, description="Its measurements.")
     error: str | None = Field(default=None, description="Why it failed or was skipped.")
 
@@ -468,3 +494,8 @@ class Context:
     eval_batch: int = _ctx(64, "Batch size for accuracy evaluation.")
     probe_ratio: float = _ctx(0.3, "Ratio each group is pruned at by the sensitivity probe.")
     importance: str = _ctx("l2", "Channel/head importance: l2, l1 or random.")
+    backend: str = _ctx(
+        "auto",
+        "torch (the plan's torch model), onnxruntime (ONNX Runtime variants) or auto (every variant): each "
+        "candidate is delivered in its fastest measured form within the accuracy budget.",
+    )

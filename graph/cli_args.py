@@ -45,6 +45,13 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--temperature", type=float, default=None, help="LLM sampling temperature")
     p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
+    p.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime", "auto"],
+        default=None,
+        help="forms of each candidate to measure and deliver: torch, onnxruntime (ORT FP32, dynamic and static "
+        "int8) or auto (all; default): the fastest within the accuracy budget is delivered",
+    )
 
 
 def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -154,6 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     ev.add_argument("--json", dest="json_out", default=None, help="write the metrics as JSON here")
 
+    exp = sub.add_parser("export", help="export a finished run's best model to ONNX (optionally int8)")
+    exp.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
+    exp.add_argument("--format", choices=["onnx"], default="onnx", help="file format (onnx)")
+    exp.add_argument(
+        "--quantize",
+        choices=["dynamic", "static", "none"],
+        default="none",
+        help="ONNX Runtime int8: dynamic (Linear layers) or static (QDQ, calibrated; convolutions too)",
+    )
+    exp.add_argument("--out", default=None, help="destination folder (default: RUN/THREAD/export/onnx-QUANTIZE)")
+    exp.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the check")
+
     rep = sub.add_parser("report", help="rebuild plots, report.md and report.html of a finished run")
     rep.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
     return parser
@@ -212,6 +231,7 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(ctx, "llm_temperature", args.temperature)
     _check_llm_flags(args)
     _set(ctx, "latency_repeats", args.repeats)
+    _set(ctx, "backend", args.backend)
     if args.threads is not None and args.threads < 1:
         raise BadInput("invalid --threads: must be at least 1")
     if args.repeats is not None and args.repeats < 1:

@@ -46,7 +46,7 @@ def _run(tmp_path, inputs, thread="t1", **kw):
 
 
 def test_two_iterations_end_to_end(tmp_path, digits_assets):
-    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.models.loading import load_model
 
     model_dir, dataset = digits_assets
     graph, config, out = _run(tmp_path, _inputs(model_dir, dataset))
@@ -75,7 +75,7 @@ def test_two_iterations_end_to_end(tmp_path, digits_assets):
     from profiling_agent.tools.evaluation.metrics import predict, top1
 
     tensors = load_prepared(run / "data.safetensors")
-    best_model = load_artifact(run / "best").model
+    best_model = load_model(str(run / "best")).model  # the delivered form: an ONNX folder or a torch artifact
     acc = top1(predict(best_model, tensors["eval_pixels"]), tensors["eval_labels"])
     assert acc == pytest.approx(best["accuracy"], abs=1e-9)
     assert (run / "report.md").read_text().count("iter ") >= 2
@@ -213,6 +213,19 @@ def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
         == 0
     )
     assert json.loads(metrics.read_text())["accuracy"] == pytest.approx(result["best"]["accuracy"], abs=1e-9)
+    # export: a plain onnxruntime.InferenceSession runs the file with the accuracy its variant recorded
+    ort = pytest.importorskip("onnxruntime")
+    from profiling_agent.tools.data.prepare import load_prepared
+
+    assert main(["export", str(tmp_path / "cli"), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
+    assert "validation top-1" in capsys.readouterr().out
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    tensors = load_prepared(tmp_path / "cli" / "data.safetensors")
+    logits = session.run(None, {"pixel_values": tensors["eval_pixels"].numpy()})[0]
+    acc = 100.0 * float((logits.argmax(-1) == tensors["eval_labels"].numpy()).mean())
+    recorded = {v["name"]: v for v in result["best"]["variants"]}["ort_fp32"]["accuracy"]
+    assert acc == pytest.approx(recorded, abs=1e-9)
+    assert main(["export", str(tmp_path / "nope")]) == 2
     # resume of a finished run says so and exits 0; runs lists it as done
     assert main(["resume", "cli", "--run-dir", str(tmp_path)]) == 0
     assert main(["runs", "--run-dir", str(tmp_path)]) == 0

@@ -22,6 +22,9 @@ METRIC_KEYS = (
     "quant_speedup_batch",
     "pruned_latency_ms",
     "acc_delta_ci",
+    "delivered",
+    "delivery_note",
+    "variants",
 )
 
 
@@ -142,8 +145,8 @@ def build_result(
                 "llm": (c.get("planner_meta") or {}).get("llm"),
                 "applied": c.get("applied"),
                 "quantized": len(c.get("quantized") or []),
-                "path": (c.get("artifact") or {}).get("path"),
-                "sha256": (c.get("artifact") or {}).get("sha256"),
+                "path": (c.get("delivered") or c.get("artifact") or {}).get("path"),
+                "sha256": (c.get("delivered") or c.get("artifact") or {}).get("sha256"),
                 "error": c.get("error"),
             }
         )
@@ -163,7 +166,8 @@ def build_result(
             **_test_fields(test, best["iteration"]),
             "plan": best.get("plan"),
             "path": "best",
-            "source_path": (best.get("artifact") or {}).get("path"),
+            "source_path": (best.get("delivered") or best.get("artifact") or {}).get("path"),
+            "pruned_path": (best.get("pruned") or {}).get("path"),
         }
     objective = state.get("objective") or {}
     return {

@@ -123,7 +123,7 @@ class ModeFinder:
             self.order: list[StructuredMode] = [self.choice]
         else:
             first = [self.known] if self.known in AUTO_ORDER else []
-            self.order = list(dict.fromkeys([*first, *AUTO_ORDER]))  # type: ignore[list-item]
+            self.order = list(dict.fromkeys([*first, *AUTO_ORDER]))
 
     @property
     def mode(self) -> StructuredMode:

@@ -166,3 +166,23 @@ def test_the_schema_bounds_what_grammar_decoders_cannot():
     assert max(entry["ratio"]["enum"]) == 0.8 and 2 not in entry["ratio"]["enum"]  # a real 135M model wrote 2
     quant = schema["properties"]["quantization"]["items"]["properties"]
     assert quant["layer"]["enum"] == ["all", *linears] and quant["dtype"]["enum"] == ["qint8"]  # never ""
+
+
+def test_a_constrained_answer_cut_off_at_the_token_limit_is_retried_with_the_reason(tmp_path):
+    cut = chat_completion(content='{"pruning": [{"groups": ["layers.0.mlp"], "type": "structured", "ratio": 0.4')
+    cut["choices"][0]["finish_reason"] = "length"  # what a server sends when max_tokens ends the answer
+
+    def answer(body):
+        if (body.get("response_format") or {}).get("type") != "json_schema":
+            return chat_completion(content=PROSE)
+        return (
+            cut
+            if len([r for r in server.requests if r["body"].get("response_format")]) == 1
+            else (chat_completion(content=json.dumps(GROUP_PLAN)))
+        )
+
+    with ScriptedOpenAIServer([answer] * 4) as server:
+        outcome, _ = plan_with(server, tmp_path)
+    assert outcome.planner == "llm"  # the retry after the cut-off answer gave the plan
+    retry = server.requests[-1]["body"]["messages"][-1]["content"]
+    assert "cut off at the token limit (2048 tokens)" in retry

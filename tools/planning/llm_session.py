@@ -33,6 +33,9 @@ RETRY_PARSE = (
     "Your answer could not be used: {reasons}\nAnswer with exactly one JSON object in the required plan format: no "
     "code, no comments."
 )
+CUT_OFF = (
+    "the answer was cut off at the token limit ({tokens} tokens): give a shorter plan with one-line justifications"
+)
 FORCE_FINAL = "The tool budget is used up. Answer now with the final JSON plan only, without calling tools."
 TOOL_BUDGET_SPENT = "error: tool budget exhausted; no more tool calls this step"
 MAX_ANSWER_KEPT = 600  # characters of a rejected answer kept in the fallback record
@@ -206,6 +209,18 @@ class Session:
             try:
                 reply = self._request(messages, constrained, forced, left)
             except PlannerFailure as failure:
+                if "LengthFinishReasonError" in failure.reason:  # a constrained answer hit the token cap
+                    reason = CUT_OFF.format(tokens=self.ctx.llm_max_tokens)
+                    rejected.append(
+                        {"stage": "parse", "reasons": [reason], "answer": "", "structured": self.finder.mode}
+                    )
+                    self.transcript.write("parse_error", reason=reason)
+                    if len(rejected) > self.ctx.llm_retries:
+                        raise PlannerFailure(
+                            "parse", f"{len(rejected)} invalid answers; last: {reason}", rejected
+                        ) from None
+                    messages.append(HumanMessage(content=RETRY_PARSE.format(reasons=f"- {reason}")))
+                    continue
                 if failure.stage == "timeout" and stop_at - time.monotonic() < self.deadline:
                     raise PlannerFailure(
                         "timeout", f"the planning step took longer than {budget:.1f} s", rejected

@@ -484,9 +484,7 @@ class Context:
     llm_tool_rounds: int = _ctx(6, "Tool-call rounds allowed per planning step.")
     llm_max_tokens: int = _ctx(2048, "Most tokens one LLM reply may have (a rambling small model stops there).")
     llm_structured: Literal["auto", "json_schema", "json_object", "off"] = _ctx(
-        "auto",
-        "Schema-constrained final answers: json_schema (OpenAI, vLLM, llama.cpp server), json_object with a "
-        "schema (llama-cpp-python), off (plain text and the repairing parser); auto finds what the server takes.",
+        "auto", "Schema-constrained final answers (json_schema, json_object + schema, off); auto asks the server."
     )
     latency_warmup: int = _ctx(3, "Warm-up forward passes before timing.")
     latency_repeats: int = _ctx(15, "Timed repeats; the median is reported.")

@@ -255,6 +255,7 @@ def build_ort_variants(
         "format": ONNX_FORMAT,
         "format_version": ONNX_FORMAT_VERSION,
         "runtime": "onnxruntime",
+        "architecture": type(model).__name__,
         "model_file": ONNX_FILE,
         "input": {"name": "pixel_values", "shape": list(check.shape[1:]), "dynamic_batch": True},
         "output": "logits",

@@ -34,7 +34,7 @@ def _build_ort(state: State, fp32: Any, processor: Any, tensors: dict[str, Any],
     if backend == "torch":
         return []
     current = state.current
-    params = (current.params_after or (current.pruned.params if current.pruned else None)) if current else None
+    params = current.artifact.params if current and current.artifact else None  # what EvalRecord.params says
     extra = {"params": params, "macs": current.macs if current else None}
     return build_ort_variants(
         fp32,

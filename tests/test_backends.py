@@ -7,6 +7,8 @@ logits, so top-1 agreement is not a fair bar for them).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -51,10 +53,13 @@ def _pixels(n: int, size: int, seed: int = 1) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", ["vit", "deit", "swin", "resnet"])
-def test_round_trip_per_family(tmp_path, family):
+def test_round_trip_per_family(tmp_path, family, monkeypatch):
+    cwd = tmp_path / "cwd"  # ONNX Runtime's shape inference dumps files into the cwd when it fails: none may stay
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     model, size = _model(family)
     x = _pixels(48, size)
-    variants = build_ort_variants(model, x[:24], x[24:], tmp_path, threads=1, extra={"params": 123})
+    variants = build_ort_variants(model, x[:24], x[24:], tmp_path / "out", threads=1, extra={"params": 123})
     assert [v.name for v in variants] == ["ort_fp32", "ort_dynamic", "ort_static"]
     assert all(v.status == "ok" for v in variants), [v.error for v in variants]
     fresh = _pixels(5, size, seed=7)  # other images and another batch size than the check and the trace
@@ -82,6 +87,8 @@ def test_round_trip_per_family(tmp_path, family):
     assert static["calibration"] == {"method": "minmax", "samples": 24, "batch": 8}
     assert "Conv" in static["op_types"]
     assert not list(tmp_path.rglob("augmented_model*.onnx")) and not list(tmp_path.rglob("pre_process.onnx"))
+    assert list(cwd.iterdir()) == []
+    assert static["pre_process"].startswith("quant_pre_process")
 
 
 def test_static_int8_quantizes_convolutions(tmp_path):
@@ -144,3 +151,27 @@ def test_only_requested_methods_are_built(tmp_path):
     variants = build_ort_variants(model, x[:4], x[4:], tmp_path, threads=1, settings=settings)
     assert [v.name for v in variants] == ["ort_dynamic"] and variants[0].status == "ok"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ort_dynamic"]
+
+
+def test_symbolic_shape_failure_falls_back_and_leaves_the_cwd_clean(tmp_path, monkeypatch):
+    import onnxruntime.quantization.shape_inference as shape_inference
+
+    real = shape_inference.quant_pre_process
+
+    def like_ort(src, dst, *args, skip_symbolic_shape=False, **kwargs):
+        if not skip_symbolic_shape:  # what onnxruntime does when symbolic inference is incomplete
+            Path("sym_shape_infer_temp.onnx").write_bytes(b"x")
+            raise Exception("Incomplete symbolic shape inference")
+        return real(src, dst, *args, skip_symbolic_shape=True, **kwargs)
+
+    monkeypatch.setattr(shape_inference, "quant_pre_process", like_ort)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    model, size = _model("resnet")
+    x = _pixels(16, size)
+    settings = BackendSettings(methods=("static",))
+    (variant,) = build_ort_variants(model, x[:8], x[8:], tmp_path / "out", threads=1, settings=settings)
+    assert variant.status == "ok", variant.error
+    assert variant.recipe["quantization"]["pre_process"].startswith("quant_pre_process without symbolic")
+    assert list(cwd.iterdir()) == []

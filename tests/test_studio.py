@@ -224,7 +224,10 @@ def test_full_run_with_approval_from_studio(studio):
     assert best["iteration"] == 1 and best["review"]["decision"] == "approve"
     assert best["eval"]["params"] < values["baseline_eval"]["params"]
     best_dir = run_root / thread_id / "best"
-    assert (best_dir / "model.safetensors").exists()
+    onnx = best["eval"]["delivered"].startswith("ort_")  # the delivered form: ONNX Runtime or torch
+    assert (best_dir / ("model.onnx" if onnx else "model.safetensors")).exists()
     from profiling_agent.tools.io import sha256_path
 
-    assert sha256_path(run_root / thread_id / best["artifact"]["path"]) == best["artifact"]["sha256"]
+    delivered = best.get("delivered") or best["artifact"]
+    assert sha256_path(run_root / thread_id / delivered["path"]) == delivered["sha256"]
+    assert sha256_path(best_dir) == delivered["sha256"]

@@ -8,11 +8,13 @@ keeps the torch model, never loses the run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -113,17 +115,30 @@ def _calibration_reader(input_name: str, pixels: torch.Tensor, batch: int) -> An
     return Reader(input_name, pixels, batch)
 
 
+@contextlib.contextmanager
+def _scratch_cwd() -> Iterator[None]:
+    """Run in a throw-away working directory: symbolic shape inference dumps a model into the cwd when it fails."""
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="ort-pre-") as tmp:
+        os.chdir(tmp)
+        try:
+            yield
+        finally:
+            os.chdir(here)
+
+
 def _pre_process(src: Path, dst: Path) -> str:
     """Run ONNX Runtime's quantization pre-processing (shape inference, graph optimization); say what ran."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    src, dst = src.resolve(), dst.resolve()
     try:
-        with _quiet():
+        with _quiet(), _scratch_cwd():
             quant_pre_process(str(src), str(dst))
         return "quant_pre_process (symbolic shape inference, optimization, ONNX shape inference)"
     except Exception as exc:  # noqa: BLE001 - symbolic shape inference fails on some graphs: plain ONNX shapes
         logger.info("quant_pre_process failed (%s): retrying without symbolic shape inference", _reason(exc))
-    with _quiet():
+    with _quiet(), _scratch_cwd():
         quant_pre_process(str(src), str(dst), skip_symbolic_shape=True)
     return "quant_pre_process without symbolic shape inference (it failed on this graph)"
 
@@ -255,6 +270,7 @@ def build_ort_variants(
         "format": ONNX_FORMAT,
         "format_version": ONNX_FORMAT_VERSION,
         "runtime": "onnxruntime",
+        "architecture": type(model).__name__,
         "model_file": ONNX_FILE,
         "input": {"name": "pixel_values", "shape": list(check.shape[1:]), "dynamic_batch": True},
         "output": "logits",

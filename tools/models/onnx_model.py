@@ -47,7 +47,7 @@ def onnxruntime_missing() -> str | None:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build failing on import
-        return f"ONNX Runtime is unavailable ({type(exc).__name__}: {exc}); install profiling-agent[onnx]"
+        return f"ONNX Runtime is unavailable ({type(exc).__name__}: {exc}); pip install onnx onnxruntime"
     return None
 
 

@@ -145,9 +145,9 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         message = f"LLM plan refused ({f['stage']}: {f['reason'][:160]}); {message}"
     if llm_info:
         u = llm_info["usage"]
-        mode = (llm_info.get("structured") or {}).get("mode", "off")
+        structured = (llm_info.get("structured") or {}).get("mode", "off")
         message += (
-            f" [LLM: {u['calls']} calls, {u['total_tokens']} tokens, structured output {mode}; "
+            f" [LLM: {u['calls']} calls, {u['total_tokens']} tokens, structured output {structured}; "
             f"transcript {llm_info['transcript']}]"
         )
     update["history"] = event(

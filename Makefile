@@ -7,7 +7,11 @@ BIN     = $(VENV)/bin
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint typecheck bench clean
+# mypy sees the repository root as the package profiling_agent through this link (the editable install's
+# import hook is invisible to it)
+TYPECHECK_ROOT = .typecheck
+PACKAGES = state graph nodes tools prompts
 
 install: $(VENV)/.installed
 
@@ -21,13 +25,16 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/profiling-agent run
 
-test: install
-	$(BIN)/ruff check .
+test: lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+typecheck: install
+	mkdir -p $(TYPECHECK_ROOT) && ln -sfn .. $(TYPECHECK_ROOT)/profiling_agent
+	cd $(TYPECHECK_ROOT) && ../$(BIN)/mypy --config-file ../pyproject.toml $(addprefix -p profiling_agent.,$(PACKAGES))
 
 bench: install
 	$(BIN)/python bench/architectures.py --quick --threads 1

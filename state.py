@@ -18,25 +18,15 @@ PlannerChoice = Literal["deterministic", "llm", "auto", "l1", "l2", "random"]
 BASELINE_PLANNERS = ("l1", "l2", "random")  # uniform pruning baselines (tools/compression/baselines.py)
 SelectRule = Literal["paper", "budget"]
 TargetMetric = Literal["params", "macs", "latency", "size"]
+BackendChoice = Literal["torch", "onnxruntime", "auto"]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# ---------------------------------------------------------------- run inputs ("what")
-
-
-class ModelRef(_Strict):
-    """Which model to compress."""
-
-    ref: str = Field(
-        default=EMBEDDED_MODEL,
-        description="Hub id (e.g. google/vit-base-patch16-224), local save_pretrained folder, a saved "
-        "profiling-agent artifact, or embedded:vit-digits / embedded:resnet-digits.",
-    )
-    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
-    trust_remote_code: bool = Field(default=False, description="Allow custom modelling code from the hub.")
+class _Ref(_Strict):
+    """A reference that may also be given as its bare string."""
 
     @model_validator(mode="before")
     @classmethod
@@ -44,62 +34,49 @@ class ModelRef(_Strict):
         return {"ref": data} if isinstance(data, str) else data
 
 
-class DatasetRef(_Strict):
-    """Which labelled images to evaluate on."""
+# ---------------------------------------------------------------- run inputs ("what")
+
+
+class ModelRef(_Ref):
+    """Which model to compress."""
 
     ref: str = Field(
-        default=EMBEDDED_DATASET,
-        description="Hub id, a save_to_disk folder, an imagefolder directory, or embedded:digits.",
+        default=EMBEDDED_MODEL, description="Hub id, save_pretrained or artifact folder, or embedded:vit-digits."
     )
+    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
+    trust_remote_code: bool = Field(default=False, description="Allow custom modelling code from the hub.")
+
+
+class DatasetRef(_Ref):
+    """Which labelled images to evaluate on."""
+
+    ref: str = Field(default=EMBEDDED_DATASET, description="Hub id, save_to_disk or imagefolder, embedded:digits.")
     split: str = Field(default="test", description="Split to evaluate on (validation and, by default, test images).")
     subset: int = Field(
-        default=512,
-        ge=8,
-        le=1_000_000,
-        description="Seeded validation subset: the images the loop, the planners and the selection rule see.",
+        default=512, ge=8, le=1_000_000, description="Seeded validation subset: all the loop and selection see."
     )
     test_subset: int = Field(
-        default=512,
-        ge=8,
-        le=1_000_000,
-        description="Seeded held-out test subset, disjoint from validation and calibration: evaluated only for "
-        "the baseline and the delivered model.",
+        default=512, ge=8, le=1_000_000, description="Held-out test subset: only the baseline and delivered model."
     )
     test_split: str | None = Field(
-        default=None,
-        description="Split the test images come from (default: the evaluated split, or `test` when evaluating "
-        "on `validation` and the dataset has one).",
+        default=None, description="Test images' split (default: the evaluated one, or `test` beside `validation`)."
     )
-    calibration: int = Field(
-        default=64, ge=4, le=10_000, description="Images (from the other samples) used by the sensitivity probe."
-    )
+    calibration: int = Field(default=64, ge=4, le=10_000, description="Probe and refit images (unused rows).")
     train_split: str | None = Field(
-        default=None,
-        description="Split recovery trains on (default: `train` when the dataset has one, else the evaluated "
-        "split's images outside the validation, test and calibration subsets).",
+        default=None, description="Split recovery trains on (default: `train`, else unused evaluated-split rows)."
     )
     image_column: str | None = Field(default=None, description="Image column; detected when omitted.")
     label_column: str | None = Field(default=None, description="Label column; detected when omitted.")
     seed: int = Field(default=0, description="Seed for the subset and every random choice.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _from_string(cls, data: Any) -> Any:
-        return {"ref": data} if isinstance(data, str) else data
-
 
 class Objective(_Strict):
     """What the run optimizes and the rule that picks the best candidate."""
 
-    max_acc_drop: float = Field(
-        default=2.0, ge=0.0, le=100.0, description="Largest accepted top-1 drop, in percentage points."
-    )
+    max_acc_drop: float = Field(default=2.0, ge=0.0, le=100.0, description="Largest accepted top-1 drop, in pp.")
     target: TargetMetric = Field(default="params", description="Metric the `budget` rule reduces.")
     target_reduction: float = Field(
-        default=0.4,
-        gt=0.0,
-        lt=1.0,
-        description="Fractional reduction of `target` that counts as success (the loop stops early).",
+        default=0.4, gt=0.0, lt=1.0, description="Fractional reduction of `target` that counts as success."
     )
     select: SelectRule = Field(
         default="budget",
@@ -114,10 +91,7 @@ class Objective(_Strict):
         "l1, l2 or random (needs `ratio`).",
     )
     ratio: float | None = Field(
-        default=None,
-        gt=0.0,
-        lt=1.0,
-        description="Uniform pruning ratio of the l1/l2/random baselines (required for them, unused otherwise).",
+        default=None, gt=0.0, lt=1.0, description="Uniform ratio of the l1/l2/random baselines (required by them)."
     )
     approve: bool = Field(
         default=False,
@@ -262,6 +236,25 @@ class GroupSensitivity(_Strict):
     ratio: float = Field(description="Ratio the probe pruned at.")
 
 
+class VariantRecord(_Strict):
+    """One deployable form of a candidate (a backend and quantization method), measured beside the baseline."""
+
+    name: str = Field(description="torch_fp32, torch_qint8, torch_float16, ort_fp32, ort_dynamic or ort_static.")
+    backend: Literal["torch", "onnxruntime"] = Field(description="The runtime that executes it.")
+    status: Literal["ok", "failed"] = Field(description="failed: not built, not loadable or not matching torch.")
+    error: str | None = Field(default=None, description="Why it failed.")
+    accuracy: float | None = Field(default=None, description="Top-1 % on the validation subset.")
+    agreement: float | None = Field(default=None, description="% of predictions equal to the baseline's.")
+    latency_ms: float | None = Field(default=None, description="Median batch-1 latency, ms (beside the baseline).")
+    latency_batch_ms: float | None = Field(default=None, description="Median batch-N latency, ms.")
+    speedup: float | None = Field(default=None, description="Baseline over this variant's latency, batch 1.")
+    speedup_batch: float | None = Field(default=None, description="Baseline over this variant's latency, batch N.")
+    size_mb: float | None = Field(default=None, description="Bytes of its weights file (safetensors or .onnx), MB.")
+    path: str | None = Field(default=None, description="Its folder, relative to the run folder.")
+    max_abs_diff: float | None = Field(default=None, description="Largest |logit| difference from the torch FP32.")
+    recipe: dict[str, Any] = Field(default_factory=dict, description="Exporter, opset and quantization recipe.")
+
+
 class EvalRecord(_Strict):
     """Measured quality and cost of one model, taken side by side with the baseline."""
 
@@ -289,6 +282,9 @@ class EvalRecord(_Strict):
     )
     accuracy_before_recovery: float | None = Field(default=None, description="Top-1 before recovery (fp32 pruned), %.")
     agreement_before_recovery: float | None = Field(default=None, description="Its agreement with the baseline, %.")
+    variants: list[VariantRecord] = Field(default_factory=list, description="Every backend form, side by side.")
+    delivered: str = Field(default="torch", description="The variant the fields above describe (handed over).")
+    delivery_note: str = Field(default="", description="Why that variant was delivered (or why ORT was not).")
 
 
 class PlannerMeta(_Strict):
@@ -353,7 +349,8 @@ class Candidate(_Strict):
     recovery: RecoveryRecord | None = Field(default=None, description="What the recover step did.")
     recovered: ArtifactRef | None = Field(default=None, description="The pruned model after recovery (fp32).")
     quantized: list[str] = Field(default_factory=list, description="Modules dynamically quantized.")
-    artifact: ArtifactRef | None = Field(default=None, description="The candidate as delivered.")
+    artifact: ArtifactRef | None = Field(default=None, description="The torch candidate (the plan's quantization).")
+    delivered: ArtifactRef | None = Field(default=None, description="The delivered form when not `artifact`.")
     eval: EvalRecord | None = Field(default=None, description="Its measurements.")
     error: str | None = Field(default=None, description="Why it failed or was skipped.")
 
@@ -443,18 +440,12 @@ class State(BaseModel):
     plan: CompressionPlan | None = Field(default=None, description="Plan of the current iteration.")
     planner_used: str = Field(default="", description="Planner that produced the current plan.")
     current: Candidate | None = Field(default=None, description="Candidate being built this iteration.")
-    candidates: Annotated[list[Candidate], operator.add] = Field(
-        default_factory=list, description="Finished candidates, one per iteration."
-    )
+    candidates: Annotated[list[Candidate], operator.add] = Field(default_factory=list, description="One per round.")
     best: Best | None = Field(default=None, description="Best candidate so far, by the rule.")
-    fallbacks: Annotated[list[Fallback], operator.add] = Field(
-        default_factory=list, description="Planner fallbacks (LLM -> deterministic) with reasons."
-    )
+    fallbacks: Annotated[list[Fallback], operator.add] = Field(default_factory=list, description="LLM refusals.")
     stop_reason: str = Field(default="", description="Why the loop ended.")
     report: ReportRef | None = Field(default=None, description="Paths of the report files.")
-    history: Annotated[list[HistoryEvent], operator.add] = Field(
-        default_factory=list, description="One event per node step (node, iteration, message)."
-    )
+    history: Annotated[list[HistoryEvent], operator.add] = Field(default_factory=list, description="Node steps.")
 
 
 class InputState(BaseModel):
@@ -486,6 +477,10 @@ class Context:
     llm_timeout: float = _ctx(60.0, "Seconds before one LLM request times out.")
     llm_retries: int = _ctx(2, "Times an invalid LLM plan goes back to the LLM before the fallback.")
     llm_tool_rounds: int = _ctx(6, "Tool-call rounds allowed per planning step.")
+    llm_max_tokens: int = _ctx(2048, "Most tokens one LLM reply may have (a rambling small model stops there).")
+    llm_structured: Literal["auto", "json_schema", "json_object", "off"] = _ctx(
+        "auto", "Schema-constrained final answers (json_schema, json_object + schema, off); auto asks the server."
+    )
     latency_warmup: int = _ctx(3, "Warm-up forward passes before timing.")
     latency_repeats: int = _ctx(15, "Timed repeats; the median is reported.")
     latency_batch: int = _ctx(16, "Batch size of the larger-batch latency.")
@@ -498,3 +493,6 @@ class Context:
     recover_lr: float = _ctx(3e-4, "Peak AdamW learning rate of distillation.")
     recover_batch: int = _ctx(32, "Images per distillation step.")
     recover_augment: bool = _ctx(True, "Augment training images (random resized crop; flips for RGB images).")
+    backend: str = _ctx(
+        "auto", "torch, onnxruntime or auto (every form): the fastest measured form within budget is delivered."
+    )

@@ -324,6 +324,15 @@ COMMANDS = {"run": cmd_run, "resume": cmd_resume, "runs": cmd_runs, "profile": c
 COMMANDS["report"] = cmd_report
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from profiling_agent.graph.cli_export import cmd_export
+
+    return cmd_export(args)
+
+
+COMMANDS["export"] = _cmd_export
+
+
 def _expected_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [BadInput, FileNotFoundError]
     for module, name in (

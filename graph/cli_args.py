@@ -35,6 +35,14 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-timeout", type=float, default=None, help="seconds per LLM request (default 60)")
     p.add_argument("--llm-retries", type=int, default=None, help="invalid LLM plans sent back before the fallback")
     p.add_argument("--llm-tool-rounds", type=int, default=None, help="LLM tool-call rounds per planning step")
+    p.add_argument("--llm-max-tokens", type=int, default=None, help="most tokens per LLM reply (default 2048)")
+    p.add_argument(
+        "--llm-structured",
+        choices=["auto", "json_schema", "json_object", "off"],
+        default=None,
+        help="schema-constrained final answers: json_schema (OpenAI, vLLM, llama.cpp server), json_object with a "
+        "schema (llama-cpp-python), off; auto (default) finds what the server accepts",
+    )
     p.add_argument("--temperature", type=float, default=None, help="LLM sampling temperature")
     p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
     p.add_argument(
@@ -48,6 +56,13 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recover-lr", type=float, default=None, help="peak distillation learning rate (default 3e-4)")
     p.add_argument("--recover-batch", type=int, default=None, help="images per distillation step (default 32)")
     p.add_argument("--no-augment", action="store_true", help="train recovery on the images as they are")
+    p.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime", "auto"],
+        default=None,
+        help="forms of each candidate to measure and deliver: torch, onnxruntime (ORT FP32, dynamic and static "
+        "int8) or auto (all; default): the fastest within the accuracy budget is delivered",
+    )
 
 
 def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -158,6 +173,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     ev.add_argument("--json", dest="json_out", default=None, help="write the metrics as JSON here")
 
+    exp = sub.add_parser("export", help="export a finished run's best model to ONNX (optionally int8)")
+    exp.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
+    exp.add_argument("--format", choices=["onnx"], default="onnx", help="file format (onnx)")
+    exp.add_argument(
+        "--quantize",
+        choices=["dynamic", "static", "none"],
+        default="none",
+        help="ONNX Runtime int8: dynamic (Linear layers) or static (QDQ, calibrated; convolutions too)",
+    )
+    exp.add_argument("--out", default=None, help="destination folder (default: RUN/THREAD/export/onnx-QUANTIZE)")
+    exp.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the check")
+
     rep = sub.add_parser("report", help="rebuild plots, report.md and report.html of a finished run")
     rep.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
     return parser
@@ -221,10 +248,13 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(ctx, "llm_timeout", args.llm_timeout)
     _set(ctx, "llm_retries", args.llm_retries)
     _set(ctx, "llm_tool_rounds", args.llm_tool_rounds)
+    _set(ctx, "llm_structured", args.llm_structured)
+    _set(ctx, "llm_max_tokens", args.llm_max_tokens)
     _set(ctx, "llm_temperature", args.temperature)
     _check_llm_flags(args)
     _set(ctx, "latency_repeats", args.repeats)
     _recover_flags(args, ctx)
+    _set(ctx, "backend", args.backend)
     if args.threads is not None and args.threads < 1:
         raise BadInput("invalid --threads: must be at least 1")
     if args.repeats is not None and args.repeats < 1:
@@ -260,6 +290,8 @@ def _check_llm_flags(args: argparse.Namespace) -> None:
 
     if args.llm_timeout is not None and not 0 < args.llm_timeout <= 3600:
         raise BadInput("invalid --llm-timeout: must be in (0, 3600] seconds")
+    if args.llm_max_tokens is not None and not 64 <= args.llm_max_tokens <= 1_000_000:
+        raise BadInput("invalid --llm-max-tokens: must be in 64..1000000")
     if args.llm_retries is not None and not 0 <= args.llm_retries <= 10:
         raise BadInput("invalid --llm-retries: must be in 0..10")
     if args.llm_tool_rounds is not None and not 0 <= args.llm_tool_rounds <= 50:

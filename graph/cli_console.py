@@ -78,6 +78,7 @@ def _final_table(run_path: Path) -> str:
             + ("" if best.get("within_budget") else ", NOT within the accuracy budget")
             + f"), {best['reduction']:.1%} {result['objective']['target']} reduction, "
             f"{best['accuracy_drop']:+.2f} pp validation accuracy drop; saved in {run_path / 'best'}"
+            + (f" as {best['delivered']} ({best.get('delivery_note')})" if best.get("delivered") else "")
         )
         lines += [line for line in test_lines(result) if line]
     lines.append(f"stopped: {result.get('stop_reason')}")

@@ -160,7 +160,11 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         message = f"LLM plan refused ({f['stage']}: {f['reason'][:160]}); {message}"
     if llm_info:
         u = llm_info["usage"]
-        message += f" [LLM: {u['calls']} calls, {u['total_tokens']} tokens; transcript {llm_info['transcript']}]"
+        structured = (llm_info.get("structured") or {}).get("mode", "off")
+        message += (
+            f" [LLM: {u['calls']} calls, {u['total_tokens']} tokens, structured output {structured}; "
+            f"transcript {llm_info['transcript']}]"
+        )
     update["history"] = event(
         "analyze",
         message,

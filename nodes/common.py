@@ -86,6 +86,31 @@ def load_artifact_model(state: State, ref: ArtifactRef | None, device: str = "cp
     return load_artifact(absolute(state, ref.path), device=device)
 
 
+def delivered_ref(cand: Candidate | None) -> ArtifactRef | None:
+    """Return the folder of a candidate's delivered form: its variant folder, else its torch artifact."""
+    if cand is None:
+        return None
+    return cand.delivered or cand.artifact
+
+
+def load_delivered(state: State, cand: Candidate, threads: int | None = None):
+    """Load a candidate in its delivered form: an ONNX Runtime session or the torch artifact's model."""
+    from profiling_agent.tools.models.onnx_model import is_onnx_folder, load_onnx_folder
+
+    ref = delivered_ref(cand)
+    if ref is not None and is_onnx_folder(absolute(state, ref.path)):
+        return load_onnx_folder(absolute(state, ref.path), threads)
+    return load_artifact_model(state, ref).model
+
+
+def runs_on_cpu_only(cand: Candidate | None) -> bool:
+    """Return True when a candidate's delivered form runs on the CPU only (torch dynamic quantization, ORT)."""
+    if cand is None:
+        return False
+    name = cand.eval.delivered if cand.eval else "torch"
+    return name.startswith("ort_") or (bool(cand.quantized) and name != "torch_fp32")
+
+
 def artifact_ref(state: State, saved: dict[str, Any]) -> dict[str, Any]:
     """Turn save_artifact's result into an ArtifactRef with a run-relative path."""
     return {**saved, "path": rel(state, saved["path"])}

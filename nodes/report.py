@@ -7,7 +7,18 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import absolute, context_of, emit, event, load_artifact_model, prepared, run_dir
+from profiling_agent.nodes.common import (
+    absolute,
+    context_of,
+    delivered_ref,
+    emit,
+    event,
+    load_artifact_model,
+    load_delivered,
+    prepared,
+    run_dir,
+    runs_on_cpu_only,
+)
 from profiling_agent.state import Context, State
 
 
@@ -16,15 +27,14 @@ def final_latency(state: State, ctx: Context) -> dict[str, dict[str, Any]]:
     from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.latency import measure_latency
 
-    set_threads(ctx.threads)
+    threads = set_threads(ctx.threads)
     ok = [c for c in state.candidates if c.status == "ok" and c.artifact]
     if not ok or not state.data:
         return {}
     models = {"baseline": load_artifact_model(state, state.baseline).model}
-    for cand in ok:
-        models[f"iter_{cand.iteration:02d}"] = load_artifact_model(state, cand.artifact).model
-    quantized = any(c.quantized for c in ok)
-    device = "cpu" if quantized else str(resolve_device(ctx.device))
+    for cand in ok:  # each in its delivered form
+        models[f"iter_{cand.iteration:02d}"] = load_delivered(state, cand, threads)
+    device = "cpu" if any(runs_on_cpu_only(c) for c in ok) else str(resolve_device(ctx.device))
     pixels = prepared(state)["eval_pixels"][: ctx.latency_batch]
     return measure_latency(
         {k: m.to(device) for k, m in models.items()},
@@ -48,9 +58,10 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     emit(runtime, kind="progress", task="final latency (all models side by side)", done=0, total=2, label="")
     latency = final_latency(state, context_of(runtime))
     emit(runtime, kind="progress", task="final latency (all models side by side)", done=2, total=2, label="")
-    if state.best and state.best.artifact:
+    delivered = delivered_ref(state.best)
+    if delivered is not None:  # the delivered form: an ONNX folder (model.onnx + recipe.json) or the torch artifact
         with atomic_dir(root / "best") as tmp:
-            shutil.copytree(absolute(state, state.best.artifact.path), tmp, dirs_exist_ok=True)
+            shutil.copytree(absolute(state, delivered.path), tmp, dirs_exist_ok=True)
     final = state.model_dump()
     final["status"] = "done"
     thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None) or root.name  # forks: RUN/T/forks/

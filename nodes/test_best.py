@@ -6,14 +6,23 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import allowed_ids, context_of, emit, event, load_artifact_model, run_dir
+from profiling_agent.nodes.common import (
+    allowed_ids,
+    context_of,
+    emit,
+    event,
+    load_artifact_model,
+    load_delivered,
+    run_dir,
+    runs_on_cpu_only,
+)
 from profiling_agent.state import Context, State, TestEval
 
 
 def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
     from profiling_agent.tools.data.prepare import load_prepared
-    from profiling_agent.tools.device import resolve_device
+    from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
     from profiling_agent.tools.io import read_json
@@ -26,9 +35,9 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     pixels, labels = tensors["test_pixels"], tensors["test_labels"]
     best = state.best
     models = {"baseline": load_artifact_model(state, state.baseline).model}
-    if best and best.artifact:
-        models["best"] = load_artifact_model(state, best.artifact).model
-    device = "cpu" if best and best.quantized else str(resolve_device(ctx.device))
+    if best and best.artifact:  # in its delivered form: the ONNX Runtime session when ORT was fastest
+        models["best"] = load_delivered(state, best, threads=set_threads(ctx.threads))
+    device = "cpu" if runs_on_cpu_only(best) else str(resolve_device(ctx.device))
     emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
     kw = {"batch_size": ctx.eval_batch, "device": device, "allowed_ids": allowed_ids(state)}
     preds = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -11,12 +12,13 @@ from profiling_agent.state import Objective
 from profiling_agent.tools.planning.plan_guard import GuardConfig
 from profiling_agent.tools.text import human
 
-# The plan format of the paper's Figure 4 (plus a whole-plan rationale), shown verbatim to the LLM.
-# tests/test_llm_planner.py checks that its keys are exactly CompressionPlan's fields.
+# The plan format of the paper's Figure 4 (plus a whole-plan rationale and exact group names as an alternative
+# to regexes), shown verbatim to the LLM. tests/test_llm_planner.py checks that its keys are exactly
+# CompressionPlan's fields plus "groups".
 PLAN_SCHEMA = """{
   "pruning": [
-    {"layer": "<regex searched in group module names>", "type": "structured" | "head",
-     "ratio": <fraction removed, e.g. 0.3>, "justification": "<why, citing the profile>"}
+    {"groups": ["<exact group name from the table>", ...] OR "layer": "<regex searched in group module names>",
+     "type": "structured" | "head", "ratio": <fraction removed, e.g. 0.3>, "justification": "<why>"}
   ],
   "quantization": [
     {"layer": "all" | "<regex searched in nn.Linear names>", "type": "dynamic",
@@ -33,15 +35,18 @@ and measured latency per layer and per prunable group) and a sensitivity probe, 
 compression plan that meets the objective while keeping the accuracy drop within budget.
 
 How a plan is applied (always to the original, uncompressed model):
-- A pruning entry selects every prunable group of its "type" whose module name contains a match of its \
-"layer" regex (Python re.search). When entries overlap, the later entry's ratio wins.
+- A pruning entry selects the groups it lists by exact name in "groups" (the simplest way: no regex, no \
+escaping), or else every prunable group of its "type" whose module name contains a match of its "layer" regex \
+(Python re.search). When entries overlap, the later entry's ratio wins.
 - "structured" removes that fraction of a group's channels (conv filters or MLP hidden units); "head" removes \
 that fraction of an attention module's heads, rounded down (a ratio below 1/heads removes nothing).
 - A quantization entry dynamically quantizes the nn.Linear layers whose name matches "layer" ("all" = every \
 Linear). Convolutions are never quantized.
 
 Rules (a guard checks every plan and sends back the reasons when it rejects one):
-- Use module names from the tables only. Anchor and escape regexes, e.g. ^vit\\.layers\\.(0|1|2)\\.mlp\\.fc1$.
+- Use group and module names from the tables only; a group's "type" is its kind in the table. Anchor and \
+escape regexes, e.g. ^vit\\.layers\\.(0|1|2)\\.mlp\\.fc1$, and inside JSON write each backslash twice \
+("^vit\\\\.layers"), as in the example plan below the tables.
 - Never match a protected module (classifier, embeddings, norms, residual outputs...).
 - ratio from {min_ratio} to {max_structured} for "structured", up to {max_head} for "head"; the predicted \
 parameter reduction must stay at or below {max_reduction:.0%}.
@@ -235,8 +240,27 @@ def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_in
             f"{group_table(groups, profile.get('group_costs') or {}, sensitivity)}",
             f"Regexes that select whole families of groups:\n{regex_help(groups, protected)}",
             protected_line(protected),
+            f"A valid plan for this model (an example of the format, not a recommendation):\n"
+            f"{example_plan(groups, protected)}",
         ]
     )
+
+
+def example_plan(groups: list[dict[str, Any]], protected: list[str]) -> str:
+    """Return a short valid plan for this model as JSON: exact group names, and one correctly escaped regex."""
+    structured = [g["name"] for g in groups if g["kind"] == "structured"][:2]
+    pruning: list[dict[str, Any]] = []
+    if structured:
+        pruning.append({"groups": structured, "type": "structured", "ratio": 0.3, "justification": "..."})
+    family = next((f for f in regex_families(groups, protected) if f["kind"] == "head"), None)
+    if family is not None:
+        pruning.append({"layer": family["regex"], "type": "head", "ratio": 0.25, "justification": "..."})
+    plan = {
+        "pruning": pruning,
+        "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8", "justification": "..."}],
+        "rationale": "...",
+    }
+    return json.dumps(plan)
 
 
 def objective_block(objective: Objective) -> str:

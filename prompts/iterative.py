@@ -91,6 +91,17 @@ def applied_line(applied: list[dict[str, Any]]) -> str:
     return "pruned " + ", ".join(shown) + more
 
 
+def forms_line(record: dict[str, Any]) -> str:
+    """Summarize the backend forms measured for a candidate (speed vs the baseline, accuracy) and the delivered one."""
+    parts = [
+        f"{v.get('name')} {float(v.get('speedup') or 0.0):.2f}x {float(v.get('accuracy') or 0.0):.1f}%"
+        if v.get("status") == "ok"
+        else f"{v.get('name')} failed"
+        for v in record.get("variants") or []
+    ]
+    return f"forms (delivered {record.get('delivered')}): " + "; ".join(parts)
+
+
 def history_block(candidates: list[dict[str, Any]], baseline: dict[str, Any] | None, objective: Objective) -> str:
     """Render the most recent candidates: plan, pruning applied, measured evaluation or error."""
     if not candidates:
@@ -108,6 +119,8 @@ def history_block(candidates: list[dict[str, Any]], baseline: dict[str, Any] | N
         lines.append(head)
         lines.append("   " + plan_line(cand.get("plan") or {}))
         lines.append("   " + applied_line(cand.get("applied") or []))
+        if cand.get("status") == "ok" and (cand.get("eval") or {}).get("variants"):
+            lines.append("   " + forms_line(cand["eval"]))
     return "\n".join(lines)
 
 

@@ -95,6 +95,29 @@ def postgres_url(postgres_server) -> str:
 
 
 @pytest.fixture(scope="session")
+def digits_vit(tmp_path_factory):
+    """The digits ViT every whole-run test shares, trained once per session (save_pretrained, 12 epochs).
+
+    Returns a namespace with `model` (its folder), `dataset` (the digits DatasetDict folder), `cache` (a
+    PROFILING_AGENT_CACHE in which it is also `embedded:vit-digits`, so `{}` inputs run on it) and `record`
+    (its training record). Tests only read it: runs write their own folders.
+    """
+    from types import SimpleNamespace
+
+    from quick_assets import cache_env
+
+    from profiling_agent.tools.models import embedded
+
+    cache = tmp_path_factory.mktemp("digits-vit-cache")
+    with cache_env(cache):
+        dataset = embedded.ensure_dataset()
+        model = embedded.model_path("vit-digits")
+        record = embedded.build_model("vit-digits", model, embedded.TrainConfig(epochs=12, threads=2))
+    assert record["test_accuracy"] > 60.0, record  # trained: well above chance (10%)
+    return SimpleNamespace(model=model, dataset=dataset, cache=cache, record=record)
+
+
+@pytest.fixture(scope="session")
 def quick_resnet(tmp_path_factory):
     """(model, dataset, cache): the quickly trained digits ResNet, also `embedded:resnet-digits` in that cache."""
     from quick_assets import build_quick_resnet

@@ -104,15 +104,16 @@ def check_complete(runs: Path, url: str | None = None) -> dict:
     refs = [values["baseline"]]
     for cand in values["candidates"]:
         if cand["status"] == "ok":
-            refs.append(cand["artifact"])
+            refs += [cand["artifact"], *([cand["delivered"]] if cand.get("delivered") else [])]
     assert len(refs) > 1, "no candidate finished"
     for ref in refs:
         assert sha256_path(run / ref["path"]) == ref["sha256"], ref["path"]
     best = values["best"]
-    assert sha256_path(run / "best") == best["artifact"]["sha256"]  # best/ is a whole copy of the candidate
+    delivered = best.get("delivered") or best["artifact"]  # an ONNX Runtime form or the torch artifact
+    assert sha256_path(run / "best") == delivered["sha256"]  # best/ is a whole copy of the delivered form
     result = json.loads((run / "result.json").read_text())
     assert {c["iteration"]: c["sha256"] for c in result["candidates"]} == {
-        c["iteration"]: (c.get("artifact") or {}).get("sha256") for c in values["candidates"]
+        c["iteration"]: (c.get("delivered") or c.get("artifact") or {}).get("sha256") for c in values["candidates"]
     }
     for path in run.rglob("*.json"):  # atomic writes: no half-written JSON anywhere (temp files are hidden)
         if not any(part.startswith(".") for part in path.relative_to(run).parts):

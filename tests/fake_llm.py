@@ -120,14 +120,17 @@ def chat_completion(
 class ScriptedOpenAIServer:
     """OpenAI-compatible chat-completions server on 127.0.0.1 answering from a script (use as a context manager).
 
-    Script items: a dict (200 JSON body), a (status, body) tuple, or ("sleep", seconds, item) to delay the
-    answer. Past the end of the script it answers 500. Request bodies are recorded in `requests`. The server
+    Script items: a dict (200 JSON body), a (status, body) tuple, ("sleep", seconds, item) to delay the
+    answer, or a callable taking the request body and returning one of those (a server that looks at the
+    request, e.g. at its `response_format`). Past the end of the script it answers 500. Request bodies are
+    recorded in `requests`. The server
     stops on exit, and by itself after `lifetime` seconds.
     """
 
     def __init__(self, script: list[Any], lifetime: float = 60.0):
         self.script, self.lifetime = list(script), lifetime
         self.requests: list[dict[str, Any]] = []
+        self.slept_out = 0  # requests whose scripted sleep ran to its end (the client was still waiting, or gone)
         self.release = threading.Event()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -153,8 +156,12 @@ class ScriptedOpenAIServer:
                 with owner._lock:
                     owner.requests.append({"path": self.path, "body": json.loads(body or b"{}")})
                 item = owner._next()
+                if callable(item):
+                    item = item(owner.requests[-1]["body"])
                 while isinstance(item, tuple) and item and item[0] == "sleep":
-                    owner.release.wait(item[1])
+                    if not owner.release.wait(item[1]):
+                        with owner._lock:
+                            owner.slept_out += 1
                     item = item[2]
                 status, payload = item if isinstance(item, tuple) else (200, item)
                 data = json.dumps(payload).encode()

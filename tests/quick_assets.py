@@ -1,4 +1,4 @@
-"""A quickly trained digits ViT and the digits dataset in a private cache, for tests that drive whole runs."""
+"""Quickly trained digits models in private caches and fast run settings, for tests that drive whole runs."""
 
 from __future__ import annotations
 
@@ -25,22 +25,6 @@ def cache_env(cache: Path):
             os.environ.pop("PROFILING_AGENT_CACHE", None)
         else:
             os.environ["PROFILING_AGENT_CACHE"] = old
-
-
-def build_quick_assets(cache: Path) -> tuple[Path, Path]:
-    """Build the digits dataset and a briefly trained ViT in `cache`, where `embedded:vit-digits` finds it.
-
-    Returns:
-        (model folder, dataset folder); the model is also the cache's `embedded:vit-digits`, so `{}` inputs
-        run on it when PROFILING_AGENT_CACHE points at `cache`.
-    """
-    from profiling_agent.tools.models import embedded
-
-    with cache_env(cache):
-        dataset = embedded.ensure_dataset()
-        model_dir = embedded.model_path("vit-digits")
-        embedded.build_model("vit-digits", model_dir, embedded.TrainConfig(epochs=3, max_train=600, threads=1))
-    return model_dir, dataset
 
 
 def build_quick_resnet(cache: Path) -> tuple[Path, Path]:

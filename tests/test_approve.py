@@ -67,19 +67,13 @@ def test_parse_answer_accepts_an_edited_plan_and_estimates_it():
 
 
 @pytest.mark.slow
-def test_cli_approval_flow(tmp_path, capfd):
-    from quick_assets import cache_env
-
+def test_cli_approval_flow(tmp_path, capfd, digits_vit):
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.graph.cli import main
     from profiling_agent.tools.io import sha256_path
-    from profiling_agent.tools.models import embedded
 
-    with cache_env(tmp_path / "cache"):
-        dataset = embedded.ensure_dataset()
-        model = tmp_path / "vit"
-        embedded.build_model("vit-digits", model, embedded.TrainConfig(epochs=1, max_train=64, threads=1))
+    dataset, model = digits_vit.dataset, digits_vit.model
     runs = tmp_path / "runs"
     base = ["--run-dir", str(runs)]
     run = ["run", "--model", str(model), "--dataset", str(dataset), "--planner", "deterministic", "--iterations", "3",

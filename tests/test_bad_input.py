@@ -18,19 +18,13 @@ PAUSED = "paused"
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    """A briefly trained digits ViT, the digits dataset and broken variants of both."""
+def assets(tmp_path_factory, digits_vit):
+    """The session's digits ViT, the digits dataset and broken variants of both."""
     from datasets import ClassLabel, load_from_disk
-    from quick_assets import cache_env
     from transformers import BertConfig, BertModel
 
-    from profiling_agent.tools.models import embedded
-
     root = tmp_path_factory.mktemp("bad-input")
-    with cache_env(root / "cache"):
-        digits = embedded.ensure_dataset()
-        model = root / "vit"
-        embedded.build_model("vit-digits", model, embedded.TrainConfig(epochs=1, max_train=64, threads=1))
+    digits, model = digits_vit.dataset, digits_vit.model
     test = load_from_disk(str(digits))["test"]
     no_image = root / "no-image"
     test.remove_columns("image").save_to_disk(str(no_image))

@@ -134,9 +134,11 @@ def test_run_then_evaluate_reproduces_accuracy(name, trained, tmp_path, capsys):
     assert result["planner"]["used"] == ["deterministic"]
     best, baseline = result["best"], result["baseline"]
     assert best["iteration"] == 1 and best["params"] < baseline["params"]
-    recipe = json.loads((run / "best" / "recipe.json").read_text())
+    recipe = json.loads((run / "best" / "recipe.json").read_text())  # the delivered form: torch or ONNX Runtime
     assert recipe["architecture"] == architecture
-    assert recipe["params"] == best["params"]
+    onnx = best["delivered"].startswith("ort_")
+    assert recipe["format"] == ("profiling-agent-onnx" if onnx else "profiling-agent-artifact")
+    assert (recipe["extra"]["params"] if onnx else recipe["params"]) == best["params"]
     settings = json.loads((run / "run.json").read_text())  # what `resume` would continue with
     assert settings["input"]["dataset"]["subset"] == int(SUBSET)
 

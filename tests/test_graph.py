@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,25 +18,10 @@ pytestmark = pytest.mark.slow
 FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
 
 
-@pytest.fixture(scope="session")
-def digits_assets(tmp_path_factory):
-    """A transformers ViT trained for a few epochs on digits (save_pretrained) and the digits DatasetDict."""
-    from profiling_agent.tools.models import embedded
-
-    cache = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("PROFILING_AGENT_CACHE")
-    os.environ["PROFILING_AGENT_CACHE"] = str(cache)
-    try:
-        dataset = embedded.ensure_dataset()
-        model_dir = cache / "vit-small"
-        record = embedded.build_model("vit-digits", model_dir, embedded.TrainConfig(epochs=12, threads=2))
-    finally:
-        if old is None:
-            os.environ.pop("PROFILING_AGENT_CACHE", None)
-        else:
-            os.environ["PROFILING_AGENT_CACHE"] = old
-    assert record["test_accuracy"] > 60.0  # trained: well above chance (10%)
-    return model_dir, dataset
+@pytest.fixture
+def digits_assets(digits_vit):
+    """The session's digits ViT (save_pretrained) and the digits DatasetDict."""
+    return digits_vit.model, digits_vit.dataset
 
 
 def _inputs(model_dir, dataset, **objective):
@@ -62,7 +46,7 @@ def _run(tmp_path, inputs, thread="t1", **kw):
 
 
 def test_two_iterations_end_to_end(tmp_path, digits_assets):
-    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.models.loading import load_model
 
     model_dir, dataset = digits_assets
     graph, config, out = _run(tmp_path, _inputs(model_dir, dataset))
@@ -91,7 +75,7 @@ def test_two_iterations_end_to_end(tmp_path, digits_assets):
     from profiling_agent.tools.evaluation.metrics import predict, top1
 
     tensors = load_prepared(run / "data.safetensors")
-    best_model = load_artifact(run / "best").model
+    best_model = load_model(str(run / "best")).model  # the delivered form: an ONNX folder or a torch artifact
     acc = top1(predict(best_model, tensors["eval_pixels"]), tensors["eval_labels"])
     assert acc == pytest.approx(best["accuracy"], abs=1e-9)
     assert (run / "report.md").read_text().count("iter ") >= 2
@@ -230,6 +214,19 @@ def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
         == 0
     )
     assert json.loads(metrics.read_text())["accuracy"] == pytest.approx(result["best"]["accuracy"], abs=1e-9)
+    # export: a plain onnxruntime.InferenceSession runs the file with the accuracy its variant recorded
+    ort = pytest.importorskip("onnxruntime")
+    from profiling_agent.tools.data.prepare import load_prepared
+
+    assert main(["export", str(tmp_path / "cli"), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
+    assert "validation top-1" in capsys.readouterr().out
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    tensors = load_prepared(tmp_path / "cli" / "data.safetensors")
+    logits = session.run(None, {"pixel_values": tensors["eval_pixels"].numpy()})[0]
+    acc = 100.0 * float((logits.argmax(-1) == tensors["eval_labels"].numpy()).mean())
+    recorded = {v["name"]: v for v in result["best"]["variants"]}["ort_fp32"]["accuracy"]
+    assert acc == pytest.approx(recorded, abs=1e-9)
+    assert main(["export", str(tmp_path / "nope")]) == 2
     # resume of a finished run says so and exits 0; runs lists it as done
     assert main(["resume", "cli", "--run-dir", str(tmp_path)]) == 0
     assert main(["runs", "--run-dir", str(tmp_path)]) == 0

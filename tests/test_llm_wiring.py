@@ -248,7 +248,7 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
     summary = outcome.summary("m")
     assert summary["transcript"] == "iter_01/llm_transcript.jsonl" and summary["usage"]["total_tokens"] == 240
     lines = (tmp_path / summary["transcript"]).read_text().splitlines()
-    assert [json.loads(line)["event"] for line in lines[-3:]] == ["usage", "fallback", "final"]
+    assert [json.loads(line)["event"] for line in lines[-4:]] == ["usage", "structured", "fallback", "final"]
     bad_args = ScriptedChatModel(script=[ai_tool_calls(tool_call("layer_profile", {"top": "many"})), "{}"])
     outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=bad_args)
     assert outcome.tool_errors and outcome.tool_errors[0]["name"] == "layer_profile"
@@ -356,12 +356,8 @@ def test_render_markdown_includes_the_planner_facts_and_fallbacks():
     assert "### Iteration 1: timeout" in text and "Reason: no reply within 1.5 s" in text
 
 
-def test_a_server_answering_just_in_time_cannot_stall_the_step(tmp_path):
-    import threading
-    import time
-
-    from fake_llm import sleeper
-
+def test_a_server_answering_just_in_time_cannot_stall_the_step(tmp_path, monkeypatch):
+    import profiling_agent.tools.planning.llm_session as llm_session
     from profiling_agent.tools.planning.llm_client import request_deadline
     from profiling_agent.tools.planning.llm_planner import STEP_BUDGET_REQUESTS
 
@@ -370,11 +366,14 @@ def test_a_server_answering_just_in_time_cannot_stall_the_step(tmp_path):
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
     fallback = plan_round(profile["groups"], profile["group_costs"], sens, state.objective, [])
     ctx = Context(llm_timeout=0.1, llm_retries=10, llm_api_key_env="PA_WIRING_KEY")
-    slow = ScriptedChatModel(script=[sleeper(0.25, threading.Event(), "not a plan")], repeat_last=True)
-    start = time.perf_counter()
-    outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=slow)
-    elapsed = time.perf_counter() - start
     budget = STEP_BUDGET_REQUESTS * request_deadline(ctx)
+    # an injected clock: every exchange with the server costs 0.25 s (each reply comes just before its 0.3 s deadline)
+    ticks = iter(i * 0.25 for i in range(1000))
+    monkeypatch.setattr(llm_session, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    slow = ScriptedChatModel(script=["not a plan"], repeat_last=True)
+    outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=slow)
     assert outcome.planner == "deterministic" and outcome.fallbacks[0]["stage"] == "timeout"
-    assert "planning step took longer" in outcome.fallbacks[0]["reason"]
-    assert budget <= elapsed < budget + 1.0 and len(slow.calls) < 11  # cut before the 11 retries ran out
+    assert f"planning step took longer than {budget:.1f} s" in outcome.fallbacks[0]["reason"]
+    # the budget is 4 deadlines (1.2 s): replies at 0.25, 0.5, 0.75 and 1.0 s; at 1.25 s the step stops, long
+    # before the 11 attempts llm_retries=10 would allow
+    assert budget == pytest.approx(1.2) and len(slow.calls) == 4

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from quick_assets import build_quick_assets
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,17 +39,16 @@ def test_readme_has_the_documented_examples():
 
 
 @pytest.mark.slow
-def test_readme_python_api_examples_run(tmp_path):
+def test_readme_python_api_examples_run(tmp_path, digits_vit):
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer, thread_ids
     from profiling_agent.tools.io import sha256_path
 
-    build_quick_assets(tmp_path / "cache")
     script = tmp_path / "readme_python_api.py"
     script.write_text("\n\n".join(readme_python_blocks()), encoding="utf-8")
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(digits_vit.cache), "HF_HUB_OFFLINE": "1"}
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         env.pop(key, None)
     proc = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900)

@@ -6,7 +6,6 @@ import base64
 import copy
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,25 +33,13 @@ EVIL = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """One real run: a digits ViT (barely trained: accuracy is not under test), two iterations through the graph."""
+def finished_run(tmp_path_factory, digits_vit):
+    """One real run of the session's digits ViT: two iterations through the graph (accuracy is not under test)."""
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
-    from profiling_agent.tools.models import embedded
 
-    cache = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("PROFILING_AGENT_CACHE")
-    os.environ["PROFILING_AGENT_CACHE"] = str(cache)
-    try:
-        dataset = embedded.ensure_dataset()
-        model_dir = cache / "vit"
-        embedded.build_model("vit-digits", model_dir, embedded.TrainConfig(epochs=2, max_train=300, threads=2))
-    finally:
-        if old is None:
-            os.environ.pop("PROFILING_AGENT_CACHE", None)
-        else:
-            os.environ["PROFILING_AGENT_CACHE"] = old
+    model_dir, dataset = digits_vit.model, digits_vit.dataset
     root = tmp_path_factory.mktemp("runs")
     inputs = {
         "model": {"ref": str(model_dir)},
@@ -299,8 +286,14 @@ def test_pareto_points_front_and_extra_baselines(finished_run):
     points = pareto_points(result)
     assert [p["kind"] for p in points].count("baseline") == 1 and [p["kind"] for p in points].count("best") == 1
     assert points[0]["latency_rel"] == 1.0
-    for p, cand in zip(points[1:], result["candidates"], strict=True):
+    rounds = [p for p in points if p["kind"] in ("candidate", "best")]
+    for p, cand in zip(rounds, result["candidates"], strict=True):
         assert p["params"] == cand["params"] and p["latency_rel"] == pytest.approx(1 / cand["speedup"])
+    best = result["best"]  # the best's other backend forms are drawn too, each at its own measured speed
+    others = [v for v in best["variants"] if v["status"] == "ok" and v["name"] != best["delivered"]]
+    forms = [p for p in points if p["kind"] == "variant"]
+    assert [p["label"] for p in forms] == [f"iter {best['iteration']} {v['name']}" for v in others]
+    assert [p["latency_rel"] for p in forms] == pytest.approx([1 / v["speedup"] for v in others])
     result["baselines"] = {
         "uniform 40%": {"accuracy": 90.0, "params": 1000, "speedup": 2.0},
         "onnx int8": {"accuracy": 95.0, "latency_ms": result["baseline"]["latency_ms"] / 4},

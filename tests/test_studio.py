@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from quick_assets import FAST_CONTEXT, FAST_DATASET, build_quick_assets
+from quick_assets import FAST_CONTEXT, FAST_DATASET
 
 REPO = Path(__file__).resolve().parent.parent
 LANGGRAPH = Path(sys.executable).with_name("langgraph")
@@ -93,15 +93,15 @@ def test_every_run_flag_is_a_field_of_the_input_or_the_context():
 
 
 @pytest.fixture(scope="module")
-def studio(tmp_path_factory):
+def studio(tmp_path_factory, digits_vit):
     """A `langgraph dev` server started in the repository, offline, with a tiny model as the embedded default."""
     if not LANGGRAPH.exists():
         pytest.fail(f"{LANGGRAPH} missing: install the studio extra (pip install -e '.[studio]')")
     tmp = tmp_path_factory.mktemp("studio")
-    model_dir, dataset = build_quick_assets(tmp / "cache")
+    model_dir, dataset = digits_vit.model, digits_vit.dataset
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in SECRETS}
-    env.update(OFFLINE_ENV, PROFILING_AGENT_CACHE=str(tmp / "cache"), OMP_NUM_THREADS="1")
+    env.update(OFFLINE_ENV, PROFILING_AGENT_CACHE=str(digits_vit.cache), OMP_NUM_THREADS="1")
     state_dir = REPO / ".langgraph_api"  # the dev server keeps its in-memory state here, beside langgraph.json
     had_state = state_dir.exists()
     log = tmp / "langgraph-dev.log"
@@ -225,7 +225,10 @@ def test_full_run_with_approval_from_studio(studio):
     assert best["iteration"] == 1 and best["review"]["decision"] == "approve"
     assert best["eval"]["params"] < values["baseline_eval"]["params"]
     best_dir = run_root / thread_id / "best"
-    assert (best_dir / "model.safetensors").exists()
+    onnx = best["eval"]["delivered"].startswith("ort_")  # the delivered form: ONNX Runtime or torch
+    assert (best_dir / ("model.onnx" if onnx else "model.safetensors")).exists()
     from profiling_agent.tools.io import sha256_path
 
-    assert sha256_path(run_root / thread_id / best["artifact"]["path"]) == best["artifact"]["sha256"]
+    delivered = best.get("delivered") or best["artifact"]
+    assert sha256_path(run_root / thread_id / delivered["path"]) == delivered["sha256"]
+    assert sha256_path(best_dir) == delivered["sha256"]

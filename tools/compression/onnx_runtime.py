@@ -9,7 +9,6 @@ import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.models.forward import PixelWrapper
+from profiling_agent.tools.models.onnx_model import OrtClassifier, OrtOutput, ort_session
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ def quantize_onnx(
     *,
     op_types: Sequence[str] = ("MatMul", "Gemm"),
     per_channel: bool = False,
+    exclude_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Quantize an ONNX model dynamically with ONNX Runtime: QInt8 weights, activations quantized at run time.
 
@@ -119,6 +120,7 @@ def quantize_onnx(
         dst: The quantized .onnx file to write.
         op_types: Operator types to quantize (MatMul and Gemm: the Linear layers; convolutions stay FP32).
         per_channel: Per-output-channel weight scales instead of one per tensor.
+        exclude_nodes: ONNX node names left in float.
 
     Returns:
         {"path", "size_bytes", "seconds", "op_types"}.
@@ -135,54 +137,10 @@ def quantize_onnx(
             weight_type=QuantType.QInt8,
             op_types_to_quantize=list(op_types),
             per_channel=per_channel,
+            nodes_to_exclude=list(exclude_nodes),
         )
     seconds = time.perf_counter() - start
     return {"path": str(dst), "size_bytes": dst.stat().st_size, "seconds": seconds, "op_types": list(op_types)}
-
-
-def ort_session(path: str | os.PathLike, threads: int | None = None) -> Any:
-    """Open a CPU InferenceSession with `threads` intra-op threads (default: torch's current count)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = int(threads or torch.get_num_threads())
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3  # errors only
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-
-
-@dataclass
-class OrtOutput:
-    """What `OrtClassifier.forward` returns: the logits, like a transformers ImageClassifierOutput."""
-
-    logits: torch.Tensor
-
-
-class OrtClassifier(nn.Module):
-    """An ONNX Runtime session that behaves like an HF image classifier: forward(pixel_values=...).logits.
-
-    It has no parameters; evaluation.predict and evaluation.measure_latency use it unchanged. Inputs are handed
-    to ONNX Runtime as float32 CPU arrays (zero-copy for contiguous CPU tensors).
-    """
-
-    def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
-        super().__init__()
-        self.path = str(path)
-        self.session = ort_session(path, threads)
-        self.input_name = self.session.get_inputs()[0].name
-
-    def forward(self, pixel_values: torch.Tensor) -> OrtOutput:
-        """Run the session on a pixel batch and return its logits as a CPU float tensor."""
-        array = pixel_values.detach().to("cpu", torch.float32).contiguous().numpy()
-        (logits,) = self.session.run(None, {self.input_name: array})[:1]
-        return OrtOutput(logits=torch.from_numpy(logits))
-
-    @property
-    def size_bytes(self) -> int:
-        """Bytes of the .onnx file this session runs."""
-        return Path(self.path).stat().st_size
 
 
 def onnx_runtime_baseline(

@@ -72,7 +72,8 @@ def evaluate_model(
     )
     tensors = load_prepared(prepared["path"])
     quantized = any("quantized" in type(m).__module__ for m in model.modules())
-    dev = "cpu" if quantized else str(resolve_device(device))
+    onnx = loaded.source == "onnx"  # an ONNX Runtime session: CPU, sizes and counts from its recipe
+    dev = "cpu" if quantized or onnx else str(resolve_device(device))
     model = model.to(dev)
     preds = predict(model, tensors["eval_pixels"], device=dev, allowed_ids=mapping.get("allowed_ids"))
     lat = measure_latency(
@@ -84,12 +85,15 @@ def evaluate_model(
         device=dev,
     )["model"]
     weights = Path(loaded.path) / "model.safetensors" if loaded.path and is_artifact(loaded.path) else None
+    if onnx:
+        weights = Path(loaded.path) / "model.onnx"
     if weights is None and loaded.path and Path(loaded.path).is_dir():
         files = list(Path(loaded.path).glob("*.safetensors")) + list(Path(loaded.path).glob("*.bin"))
         size_mb = sum(f.stat().st_size for f in files) / 1e6 if files else None
     else:
         size_mb = weights.stat().st_size / 1e6 if weights and weights.exists() else None
     macs = model_macs(loaded, (shape["channels"], shape["height"], shape["width"]))
+    extra = ((loaded.info.get("recipe") or {}).get("extra") or {}) if onnx else {}
     return {
         "model": model_ref,
         "dataset": f"{dataset_ref}:{split}",
@@ -100,9 +104,10 @@ def evaluate_model(
         "batch_size": latency_batch,
         "threads": torch.get_num_threads(),
         "device": dev,
-        "memory_bytes": state_bytes(model),
+        "memory_bytes": state_bytes(model) or (weights.stat().st_size if onnx and weights else 0),
         "size_mb": size_mb,
-        "params": count_params(model),
+        "params": int(extra.get("params") or 0) if onnx else count_params(model),
+        "backend": f"onnxruntime ({(loaded.info['recipe'] or {}).get('method')})" if onnx else "torch",
         "macs": macs,
         "label_mapping": mapping["method"],
         "restricted": bool(mapping.get("restricted")),
@@ -113,6 +118,8 @@ def model_macs(loaded: LoadedModel, chw: tuple[int, int, int]) -> int | None:
     """Count one image's MACs; when ptflops cannot (some quantized modules), use what the artifact recorded."""
     from profiling_agent.tools.profiling.static import static_profile
 
+    if loaded.source == "onnx":  # no torch modules to count: the MACs the run recorded for this architecture
+        return int(((loaded.info.get("recipe") or {}).get("extra") or {}).get("macs") or 0) or None
     try:
         return int(static_profile(loaded.model.to("cpu"), chw)["total_macs"])
     except Exception:  # noqa: BLE001 - ptflops fails in many ways on modules it does not know

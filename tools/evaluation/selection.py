@@ -122,7 +122,57 @@ def quantization_cost_speed(
     if not best or objective.target == "size" or objective.quantize == "none":
         return False
     ev = best.get("eval") or {}
+    if not torch_quantized_delivery(ev.get("delivered")):  # another backend's form is delivered: torch's cost moot
+        return False
     slowed = ev.get("speedup", 1.0) < 1.0 and quantization_slowed(
         ev.get("quant_speedup", 1.0), ev.get("quant_speedup_batch", 1.0)
     )
     return slowed and all(c.get("quantized") for c in candidates if c.get("status") == "ok")
+
+
+LATENCY_TIE = 0.02  # variants within 2% of the fastest batch-1 latency count as equally fast (ties: smaller)
+
+
+def choose_variant(
+    variants: list[dict[str, Any]],
+    baseline: dict[str, Any],
+    objective: Objective,
+    eligible: list[str] | None = None,
+) -> dict[str, Any] | None:
+    """Pick the form of a candidate to deliver: the fastest variant within the accuracy budget (ties: smaller).
+
+    Batch-1 latency decides; variants within LATENCY_TIE of the fastest are tied and the smallest file wins.
+    When the objective's target is size, the smallest within budget wins (ties: faster). When no variant keeps
+    the budget, the most accurate one (ties: faster) is delivered, so the candidate is still comparable.
+
+    Args:
+        variants: VariantRecord dicts (status, accuracy, latency_ms, size_mb, name).
+        baseline: The baseline's EvalRecord dict (its accuracy is the budget's reference).
+        objective: Budget (max_acc_drop) and target.
+        eligible: Names that may be delivered (None: all).
+
+    Returns:
+        The chosen variant dict, or None when no eligible variant was measured.
+    """
+    pool = [
+        v
+        for v in variants
+        if v.get("status") == "ok"
+        and v.get("accuracy") is not None
+        and v.get("latency_ms")
+        and (eligible is None or v["name"] in eligible)
+    ]
+    if not pool:
+        return None
+    fitting = [v for v in pool if within_budget(v, baseline, objective)]
+    if not fitting:
+        return min(pool, key=lambda v: (-float(v["accuracy"]), float(v["latency_ms"])))
+    primary, secondary = ("size_mb", "latency_ms") if objective.target == "size" else ("latency_ms", "size_mb")
+    best = min(float(v[primary] or 0.0) for v in fitting)
+    tied = [v for v in fitting if float(v[primary] or 0.0) <= best * (1 + LATENCY_TIE)]
+    return min(tied, key=lambda v: (float(v[secondary] or 0.0), float(v[primary] or 0.0)))
+
+
+def torch_quantized_delivery(name: str | None) -> bool:
+    """Return True when a delivered variant name is the plan's dynamically quantized torch model (or unknown)."""
+    return not name or name == "torch" or (name.startswith("torch_") and name != "torch_fp32")

@@ -15,7 +15,7 @@ from profiling_agent.tools.text import one_line
 logger = logging.getLogger(__name__)
 
 EMBEDDED_PREFIX = "embedded:"
-Source = Literal["embedded", "artifact", "local", "hub"]
+Source = Literal["embedded", "artifact", "onnx", "local", "hub"]
 
 
 @dataclass
@@ -25,7 +25,7 @@ class LoadedModel:
     Attributes:
         model: The classifier (eval mode, CPU).
         processor: Its image processor, or None when the source has none.
-        source: "embedded", "artifact", "local" or "hub".
+        source: "embedded", "artifact", "onnx" (an ONNX Runtime folder), "local" or "hub".
         path: The resolved folder (embedded, artifact, local) or the hub id.
         info: Extra facts: the artifact recipe, the embedded training record, the hub revision.
     """
@@ -158,6 +158,19 @@ def _load_artifact(ref: str, path: Path) -> LoadedModel:
     return LoadedModel(loaded.model, loaded.processor, "artifact", str(path), {"recipe": loaded.recipe})
 
 
+def _load_onnx(ref: str, path: Path) -> LoadedModel:
+    """Open an ONNX folder (model.onnx + recipe.json) as an ONNX Runtime classifier with its processor."""
+    from profiling_agent.tools.models.artifact_load import load_processor
+    from profiling_agent.tools.models.onnx_model import load_onnx_folder
+
+    try:
+        model = load_onnx_folder(path)
+        processor = load_processor(path)
+    except Exception as err:  # noqa: BLE001 - any failure becomes a one-line user message
+        raise ModelLoadError(f"cannot load ONNX model {ref}: {one_line(err)}") from None
+    return LoadedModel(model, processor, "onnx", str(path), {"recipe": model.recipe})
+
+
 def _load_local(ref: str, path: Path, trust_remote_code: bool) -> LoadedModel:
     """Load a save_pretrained folder."""
     if not path.is_dir():
@@ -192,7 +205,8 @@ def load_model(ref: str, *, revision: str | None = None, trust_remote_code: bool
 
     Args:
         ref: "embedded:vit-digits" / "embedded:resnet-digits" (trained on first use), a profiling-agent
-            artifact folder (with recipe.json), a local save_pretrained folder, or a hub id.
+            artifact folder (with recipe.json), an ONNX folder a run delivered (model.onnx + recipe.json), a
+            local save_pretrained folder, or a hub id.
         revision: Hub revision (branch, tag or commit); ignored for local references.
         trust_remote_code: Allow custom modelling code from a hub repository.
 
@@ -213,7 +227,10 @@ def load_model(ref: str, *, revision: str | None = None, trust_remote_code: bool
     path = Path(ref).expanduser()
     if path.exists():
         from profiling_agent.tools.models.artifacts import is_artifact
+        from profiling_agent.tools.models.onnx_model import is_onnx_folder
 
+        if is_onnx_folder(path):
+            return _load_onnx(ref, path)
         if is_artifact(path):
             return _load_artifact(ref, path)
         return _load_local(ref, path, trust_remote_code)

@@ -10,7 +10,7 @@ from typing import Any
 
 from profiling_agent.state import Candidate, CompressionPlan, EvalRecord, Objective, PruneEntry, QuantEntry
 from profiling_agent.tools.compression.units import removed_units
-from profiling_agent.tools.evaluation.selection import quantization_slowed, within_budget
+from profiling_agent.tools.evaluation.selection import quantization_slowed, torch_quantized_delivery, within_budget
 
 
 @dataclass
@@ -161,10 +161,16 @@ def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], 
 
 
 def slowed_round(history: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Return the latest measured round if its quantization made the pruned model slower at batch 1 and batch N."""
+    """Return the latest measured round if its quantization made the pruned model slower at batch 1 and batch N.
+
+    A round delivered in another backend's form (ONNX Runtime quantizes the FP32 export itself) says nothing
+    against the plan's quantization: torch quantization being slow there is no reason to drop it.
+    """
     for h in reversed(history):
         q1, qn = h.get("quant_speedup"), h.get("quant_speedup_batch")
         if q1 is not None and qn is not None:
+            if not torch_quantized_delivery(h.get("delivered")):
+                return None
             return h if quantization_slowed(q1, qn) else None
     return None
 
@@ -296,6 +302,11 @@ def planner_history(
                 "rejected": cand.status == "rejected",
                 "quant_speedup": ev.quant_speedup if ev else None,
                 "quant_speedup_batch": ev.quant_speedup_batch if ev else None,
+                "delivered": ev.delivered if ev else None,
+                "variants": [
+                    {k: v.get(k) for k in ("name", "status", "accuracy", "speedup", "speedup_batch", "size_mb")}
+                    for v in (ev.model_dump()["variants"] if ev else [])
+                ],
             }
         )
     return rounds

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -22,9 +23,11 @@ Stage = Literal["parse", "guard", "timeout", "error", "tool_loop"]
 class PlannerFailure(Exception):
     """The LLM could not deliver a valid plan; carries the fallback stage and the rejected answers."""
 
-    def __init__(self, stage: Stage, reason: str, rejected: list[dict[str, Any]] | None = None):
+    def __init__(
+        self, stage: Stage, reason: str, rejected: list[dict[str, Any]] | None = None, status: int | None = None
+    ):
         super().__init__(reason)
-        self.stage, self.reason, self.rejected = stage, reason, list(rejected or [])
+        self.stage, self.reason, self.rejected, self.status = stage, reason, list(rejected or []), status
 
 
 # ---------------------------------------------------------------- transcript
@@ -157,13 +160,18 @@ def build_chat_model(ctx: Context) -> Any:
     """Build the OpenAI-compatible chat model from the run context (the key is read from the environment)."""
     from langchain_openai import ChatOpenAI
 
+    url = llm_base_url(ctx)
+    # langchain sends OpenAI's max_completion_tokens; llama-cpp-python and older servers only read max_tokens
+    extra = {} if "api.openai.com" in url or not url else {"extra_body": {"max_tokens": ctx.llm_max_tokens}}
     return ChatOpenAI(
         model=ctx.llm_model,
-        base_url=llm_base_url(ctx) or None,
+        base_url=url or None,
         api_key=os.environ.get(ctx.llm_api_key_env) or "no-key",  # keyless local servers accept any key
         temperature=ctx.llm_temperature,
         timeout=ctx.llm_timeout,
         max_retries=1,
+        max_tokens=ctx.llm_max_tokens,
+        **extra,
     )
 
 
@@ -174,6 +182,15 @@ def request_deadline(ctx: Context) -> float:
 
 def _is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or any("Timeout" in cls.__name__ for cls in type(exc).__mro__)
+
+
+def http_status(exc: BaseException) -> int | None:
+    """Return the HTTP status of a failed request (openai's status_code, or "Error code: NNN" in the text)."""
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status
+    match = re.search(r"Error code: (\d{3})", str(exc))
+    return int(match.group(1)) if match else None
 
 
 def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> AIMessage:
@@ -198,7 +215,7 @@ def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> A
     if "error" in box:
         exc = box["error"]
         stage = "timeout" if _is_timeout(exc) else "error"
-        raise PlannerFailure(stage, f"{type(exc).__name__}: {str(exc)[:300]}")
+        raise PlannerFailure(stage, f"{type(exc).__name__}: {str(exc)[:300]}", status=http_status(exc))
     reply = box.get("reply")
     if not isinstance(reply, AIMessage):
         raise PlannerFailure("error", f"the model returned {type(reply).__name__}, not an AIMessage")

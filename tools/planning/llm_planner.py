@@ -3,45 +3,29 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import BaseMessage
 
-from profiling_agent.state import CompressionPlan, Context, QuantEntry, State
+from profiling_agent.state import CompressionPlan, Context, State
 from profiling_agent.tools.planning.deterministic import PlanResult
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
     Stage,
     Transcript,
-    _record_reply,
-    add_usage,
     build_chat_model,
-    call_model,
     empty_usage,
     message_text,
-    request_deadline,
 )
+from profiling_agent.tools.planning.llm_session import STEP_BUDGET_REQUESTS, Session
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
-from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
-from profiling_agent.tools.planning.plan_parse import parse_plan_text
+from profiling_agent.tools.planning.plan_guard import GuardConfig
+from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, StructuredMode
 
 logger = logging.getLogger(__name__)
-
-RETRY_GUARD = (
-    "Your plan was rejected:\n{reasons}\nFix every problem (call the tools if that helps) and answer with the "
-    "corrected JSON plan only."
-)
-RETRY_PARSE = (
-    "Your answer could not be used: {reasons}\nAnswer with exactly one JSON object in the required plan format: no "
-    "code, no comments."
-)
-FORCE_FINAL = "The tool budget is used up. Answer now with the final JSON plan only, without calling tools."
-TOOL_BUDGET_SPENT = "error: tool budget exhausted; no more tool calls this step"
-MAX_ANSWER_KEPT = 600  # characters of a rejected answer kept in the fallback record
-STEP_BUDGET_REQUESTS = 4  # a planning step may take at most this many request deadlines in all
+__all__ = ["STEP_BUDGET_REQUESTS", "LLMOutcome", "plan_with_llm", "planning_round", "render_messages"]
 
 
 @dataclass
@@ -58,6 +42,7 @@ class LLMOutcome:
         usage: Token usage summed over the step's replies ({"calls", "input_tokens", "output_tokens",
             "total_tokens"}), as reported by the server.
         tool_errors: Tool calls refused or failed this step ({"name", "error"}): unknown tools, bad arguments.
+        structured: The schema-constrained mode used and found ({"choice", "mode", "confirmed", "given_up"}).
     """
 
     plan: CompressionPlan
@@ -67,6 +52,7 @@ class LLMOutcome:
     estimate: dict[str, float] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: empty_usage())
     tool_errors: list[dict[str, str]] = field(default_factory=list)
+    structured: dict[str, Any] = field(default_factory=dict)
 
     def summary(self, model: str) -> dict[str, Any]:
         """Return the JSON facts about this step for the state history and result.json (never the API key)."""
@@ -76,176 +62,24 @@ class LLMOutcome:
             "transcript": self.transcript,
             "usage": dict(self.usage),
             "tool_errors": list(self.tool_errors),
+            "structured": dict(self.structured),
         }
 
 
-class _Rejected(Exception):
-    def __init__(self, stage: Stage, reasons: list[str]):
-        super().__init__("; ".join(reasons))
-        self.stage, self.reasons = stage, reasons
-
-
-# ---------------------------------------------------------------- the plan policy
-
-
-def apply_quantize_choice(
-    plan: dict[str, Any], quantize: str, fallback_plan: CompressionPlan
-) -> tuple[dict[str, Any], list[str]]:
-    """Make a parsed plan respect the objective's quantization choice.
-
-    With quantize "none" the LLM's quantization entries are dropped; otherwise, when the LLM left quantization
-    out, the fallback plan's entries (or one "all" entry of the chosen dtype) are added. The LLM's own dtype
-    choices are kept when it did quantize.
-    """
-    entries = plan.get("quantization")
-    if not isinstance(entries, list):
-        return plan, []
-    if quantize == "none":
-        if entries:
-            return {**plan, "quantization": []}, ["dropped the quantization entries: the objective disables it"]
-        return plan, []
-    if entries:
-        return plan, []
-    added = [q.model_dump() for q in fallback_plan.quantization]
-    added = added or [QuantEntry(layer="all", dtype=quantize).model_dump()]
-    return {**plan, "quantization": added}, [f"added the objective's {quantize} quantization the plan left out"]
+def known_structured_mode(state: State) -> StructuredMode | None:
+    """Return the structured-output mode an earlier round of this run confirmed with the server, if any."""
+    for candidate in reversed(state.candidates):
+        llm = candidate.planner_meta.llm if candidate.planner_meta else None
+        found = (llm or {}).get("structured") or {}
+        if found.get("confirmed") and found.get("mode") in AUTO_ORDER:
+            return found["mode"]
+    return None
 
 
 def planning_round(state: State) -> int:
     """Return the round being planned: `state.iteration`, or one past the last finished candidate if larger."""
     done = max((c.iteration for c in state.candidates), default=0)
     return max(state.iteration, done + 1, 1)
-
-
-@dataclass
-class _Session:
-    """One planning step: the tool loop, parsing, the guard and retries."""
-
-    model: Any
-    tools: list[Any]
-    ctx: Context
-    transcript: Transcript
-    profile: dict[str, Any]
-    quantize: str
-    fallback_plan: CompressionPlan
-    guard: GuardConfig = field(default_factory=GuardConfig)
-    usage: dict[str, int] = field(default_factory=empty_usage)
-    tool_errors: list[dict[str, str]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.by_name = {t.name: t for t in self.tools}
-        self.deadline = request_deadline(self.ctx)
-        self.bound, self.final = self._bind()
-
-    def _bind(self) -> tuple[Any, Any]:
-        try:
-            bound = self.model.bind_tools(self.tools)
-        except NotImplementedError:
-            self.transcript.write("note", message="the model does not support tools; planning without them")
-            return self.model, self.model
-        try:
-            final = self.model.bind_tools(self.tools, tool_choice="none")
-        except (NotImplementedError, TypeError, ValueError):
-            final = bound
-        return bound, final
-
-    def _run_tools(self, reply: AIMessage) -> list[ToolMessage]:
-        out = []
-        for n, call in enumerate(reply.tool_calls):
-            name, args, call_id = call.get("name", ""), call.get("args") or {}, call.get("id") or f"call_{n}"
-            self.transcript.write("tool_call", name=name, args=args, id=call_id)
-            tool = self.by_name.get(name)
-            if tool is None:
-                content = f"error: unknown tool {name!r}; available tools: {', '.join(self.by_name)}"
-                self.tool_errors.append({"name": str(name)[:80], "error": "unknown tool: refused, nothing was run"})
-            else:
-                try:
-                    content = str(tool.invoke(args))
-                except Exception as exc:  # noqa: BLE001 - bad arguments go back to the LLM
-                    content = f"error: {type(exc).__name__}: {str(exc)[:400]}"
-                    self.tool_errors.append({"name": str(name)[:80], "error": content[7:207]})
-            self.transcript.write("tool_result", name=name, id=call_id, content=content)
-            out.append(ToolMessage(content=content, tool_call_id=call_id, name=name or "unknown"))
-        for n, call in enumerate(getattr(reply, "invalid_tool_calls", []) or []):
-            call_id = call.get("id") or f"invalid_{n}"
-            content = f"error: the arguments of {call.get('name')!r} are not valid JSON: {call.get('error') or ''}"
-            self.tool_errors.append({"name": str(call.get("name"))[:80], "error": "arguments are not valid JSON"})
-            self.transcript.write("tool_result", name=call.get("name"), id=call_id, content=content)
-            out.append(ToolMessage(content=content, tool_call_id=call_id, name=call.get("name") or "unknown"))
-        return out
-
-    def _accept(self, text: str) -> tuple[CompressionPlan, dict[str, float]]:
-        try:
-            raw, notes = parse_plan_text(text)
-        except ValueError as exc:
-            self.transcript.write("parse_error", reason=str(exc))
-            raise _Rejected("parse", [str(exc)]) from exc
-        raw, policy = apply_quantize_choice(raw, self.quantize, self.fallback_plan)
-        verdict = check_plan(
-            raw,
-            self.profile.get("groups") or [],
-            self.profile.get("protected") or [],
-            self.profile.get("group_costs") or {},
-            self.guard,
-            layers=self.profile.get("layers"),
-        )
-        self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
-        if not verdict.ok:
-            raise _Rejected("guard", verdict.reasons)
-        return verdict.plan, verdict.estimate
-
-    def run(self, messages: list[BaseMessage]) -> tuple[CompressionPlan, dict[str, float]]:
-        """Talk to the model until it gives a plan the guard accepts (returned with its estimate), or raise."""
-        rounds, forced, rejected = 0, False, []
-        budget = STEP_BUDGET_REQUESTS * self.deadline
-        stop_at = time.monotonic() + budget
-        while True:
-            left = stop_at - time.monotonic()
-            if left <= 0:  # a server that answers every request just in time must not stall the run forever
-                raise PlannerFailure("timeout", f"the planning step took longer than {budget:.1f} s", rejected)
-            try:
-                reply = call_model(self.final if forced else self.bound, messages, min(self.deadline, left))
-            except PlannerFailure as failure:
-                if failure.stage == "timeout" and left < self.deadline:
-                    raise PlannerFailure(
-                        "timeout", f"the planning step took longer than {budget:.1f} s", rejected
-                    ) from None
-                raise PlannerFailure(failure.stage, failure.reason, rejected) from None
-            add_usage(self.usage, reply)
-            _record_reply(self.transcript, reply)
-            messages.append(reply)
-            if reply.tool_calls or getattr(reply, "invalid_tool_calls", None):
-                if forced:
-                    raise PlannerFailure("tool_loop", f"still calling tools after {rounds} tool rounds", rejected)
-                if rounds >= self.ctx.llm_tool_rounds:
-                    messages += [
-                        ToolMessage(
-                            content=TOOL_BUDGET_SPENT,
-                            tool_call_id=c.get("id") or f"call_{n}",
-                            name=c.get("name") or "unknown",
-                        )
-                        for n, c in enumerate([*reply.tool_calls, *reply.invalid_tool_calls])
-                    ]
-                    messages.append(HumanMessage(content=FORCE_FINAL))
-                    self.transcript.write("prompt", role="human", content=FORCE_FINAL)
-                    forced = True
-                    continue
-                messages += self._run_tools(reply)
-                rounds += 1
-                continue
-            text = message_text(reply)
-            try:
-                return self._accept(text)
-            except _Rejected as rej:
-                rejected.append({"stage": rej.stage, "reasons": rej.reasons, "answer": text[:MAX_ANSWER_KEPT]})
-                if len(rejected) > self.ctx.llm_retries:
-                    raise PlannerFailure(
-                        rej.stage, f"{len(rejected)} invalid answers; last: {rej.reasons[0]}", rejected
-                    ) from None
-                template = RETRY_PARSE if rej.stage == "parse" else RETRY_GUARD
-                retry = template.format(reasons="\n".join(f"- {r}" for r in rej.reasons))
-                messages.append(HumanMessage(content=retry))
-                self.transcript.write("prompt", role="human", content=retry)
 
 
 # ---------------------------------------------------------------- entry points
@@ -304,29 +138,41 @@ def plan_with_llm(
     """
     iteration = planning_round(state)
     transcript = Transcript.open(state.run_path, iteration)
-    guard = GuardConfig()
+    guard = GuardConfig(target=state.objective.target, target_reduction=state.objective.target_reduction)
     usage, tool_errors = empty_usage(), []
+    finder = ModeFinder(ctx.llm_structured, known_structured_mode(state))
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         info = {"model": state.model.ref, "family": state.family}
-        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn)
+        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, guard)
         messages = render_messages(state, ctx, profile, sensitivity, iteration, guard)
         for message in messages:
             transcript.write("prompt", role=message.type, content=message_text(message))
-        session = _Session(
-            model, tools, ctx, transcript, profile, state.objective.quantize, fallback.plan, guard, usage, tool_errors
+        session = Session(
+            model,
+            tools,
+            ctx,
+            transcript,
+            profile,
+            state.objective.quantize,
+            fallback.plan,
+            guard,
+            usage,
+            tool_errors,
+            finder,
         )
         plan, estimate = session.run(messages)
     except PlannerFailure as failure:
         failed = _Failed(failure.stage, failure.reason, failure.rejected, usage, tool_errors)
-        return _fall_back(transcript, fallback, ctx, failed)
+        return _fall_back(transcript, fallback, ctx, failed, finder)
     except Exception as exc:  # noqa: BLE001 - the LLM path must never crash the run
         logger.debug("LLM planner failed", exc_info=True)
         failed = _Failed("error", f"{type(exc).__name__}: {str(exc)[:300]}", [], usage, tool_errors)
-        return _fall_back(transcript, fallback, ctx, failed)
+        return _fall_back(transcript, fallback, ctx, failed, finder)
     transcript.write("usage", **usage)
+    transcript.write("structured", **finder.record())
     transcript.write("final", planner="llm", plan=plan.model_dump())
-    return LLMOutcome(plan, "llm", [], transcript.rel, estimate, usage, tool_errors)
+    return LLMOutcome(plan, "llm", [], transcript.rel, estimate, usage, tool_errors, finder.record())
 
 
 @dataclass
@@ -338,7 +184,9 @@ class _Failed:
     tool_errors: list[dict[str, str]]
 
 
-def _fall_back(transcript: Transcript, fallback: PlanResult, ctx: Context, failed: _Failed) -> LLMOutcome:
+def _fall_back(
+    transcript: Transcript, fallback: PlanResult, ctx: Context, failed: _Failed, finder: ModeFinder
+) -> LLMOutcome:
     record = {
         "reason": failed.reason,
         "stage": failed.stage,
@@ -348,6 +196,16 @@ def _fall_back(transcript: Transcript, fallback: PlanResult, ctx: Context, faile
     }
     logger.warning("LLM planner fell back to the deterministic plan (%s): %s", failed.stage, failed.reason)
     transcript.write("usage", **failed.usage)
+    transcript.write("structured", **finder.record())
     transcript.write("fallback", **record)
     transcript.write("final", planner="deterministic", plan=fallback.plan.model_dump())
-    return LLMOutcome(fallback.plan, "deterministic", [record], transcript.rel, {}, failed.usage, failed.tool_errors)
+    return LLMOutcome(
+        fallback.plan,
+        "deterministic",
+        [record],
+        transcript.rel,
+        {},
+        failed.usage,
+        failed.tool_errors,
+        finder.record(),
+    )

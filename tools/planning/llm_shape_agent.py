@@ -9,6 +9,7 @@ from typing import Any
 from langchain_core.messages import HumanMessage
 
 from profiling_agent.state import Context
+from profiling_agent.tools.planning.json_extract import find_object
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
     build_chat_model,
@@ -16,12 +17,20 @@ from profiling_agent.tools.planning.llm_client import (
     message_text,
     request_deadline,
 )
-from profiling_agent.tools.planning.plan_parse import extract_json_object
 
 logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- input shape
+
+SHAPE_FORM = '{"channels": 3, "height": 224, "width": 224}'
+
+
+def _shape_like(value: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the object holding "channels" (`value` itself or one it wraps), else None."""
+    if "channels" in value:
+        return value
+    return next((v for v in value.values() if isinstance(v, dict) and "channels" in v), None)
 
 
 def validate_shape(value: Any) -> dict[str, int]:
@@ -60,7 +69,7 @@ def resolve_shape_with_llm(metadata: dict[str, Any], ctx: Context, *, chat_model
         for _ in range(1 + max(0, ctx.llm_retries)):
             reply = call_model(model, messages, request_deadline(ctx))
             try:
-                return validate_shape(extract_json_object(message_text(reply)))
+                return validate_shape(find_object(message_text(reply), _shape_like, "input shape", SHAPE_FORM).value)
             except ValueError as exc:
                 messages += [reply, HumanMessage(content=f"Invalid answer: {exc}. Reply with the JSON object only.")]
     except PlannerFailure as failure:

@@ -44,6 +44,7 @@ class PlanningData:
         self.totals: dict[str, Any] = dict(profile.get("totals") or {})
         self.sensitivity = sensitivity or {}
         self.model_info = model_info or {}
+        self.guard_config = GuardConfig()
         self.by_name = {g["name"]: g for g in self.groups}
         self.member_of: dict[str, str] = {}
         for group in self.groups:
@@ -75,7 +76,7 @@ class PlanningData:
     def guard(self, plan_json: str) -> tuple[GuardVerdict, list[str]]:
         """Parse plan text and run the guard; return (verdict, notes) or raise ValueError."""
         plan, notes = parse_plan_text(plan_json)
-        verdict = check_plan(plan, self.groups, self.protected, self.costs, GuardConfig(), layers=self.layers)
+        verdict = check_plan(plan, self.groups, self.protected, self.costs, self.guard_config, layers=self.layers)
         return verdict, notes
 
 
@@ -173,6 +174,7 @@ def make_planning_tools(
     sensitivity: dict[str, Any],
     model_info: dict[str, Any] | None = None,
     evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    guard: GuardConfig | None = None,
 ) -> list[BaseTool]:
     """Build the planner's tools over one profile and probe result.
 
@@ -182,11 +184,14 @@ def make_planning_tools(
         model_info: Optional facts about the model (ref, family) shown by `model_overview`.
         evaluate_fn: Optional callable applying a plan dict to a copy of the model and returning measured
             metrics; adds the `evaluate_plan` tool.
+        guard: The bounds the planner's guard applies (the `check_plan` tool uses the same).
 
     Returns:
         The tools; their functions never raise, they return "error: ..." strings the LLM can act on.
     """
     data = PlanningData(profile, sensitivity, model_info)
+    if guard is not None:
+        data.guard_config = guard
 
     @tool(parse_docstring=True)
     def match_layers(pattern: str, kind: Literal["structured", "head"]) -> str:

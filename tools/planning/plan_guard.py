@@ -26,6 +26,8 @@ class GuardConfig:
     max_entries: int = 256  # pruning plus quantization entries
     allowed_dtypes: tuple[str, ...] = ("qint8", "float16")  # dynamic quantization weight dtypes
     match_time_budget: float = 1.0  # seconds for all regex searches in a child process; 0 skips that check
+    target: str | None = None  # the objective's target: with params or macs a plan must prune something
+    target_reduction: float = 0.0  # the objective's reduction of `target` (for the refusal's message)
 
 
 @dataclass
@@ -175,7 +177,10 @@ class _Checker:
         other = [g["name"] for g in self.groups if g["kind"] != kind and pattern.search(g["module"])]
         if other:
             other_kind = "structured" if kind == "head" else "head"
-            return f"{label}: matches no {kind} group, only {other[0]} (kind {other_kind}); change the type or regex"
+            return (
+                f"{label}: matches no {kind} group, only {_short(other, 2)} (a {other_kind} group): use type "
+                f"{other_kind!r} for it, or change the regex"
+            )
         examples = [g["module"] for g in self.groups if g["kind"] == kind][:2]
         if not examples:
             return f"{label}: this model has no {kind} groups"
@@ -215,6 +220,60 @@ class _Checker:
         return estimate
 
 
+def _expand_group_entry(entry: dict[str, Any], i: int, groups: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
+    """Turn one `{"groups": [names], "type", "ratio"}` entry into one anchored-module entry per group."""
+    label = f"pruning[{i}]"
+    if "layer" in entry:
+        return [entry], [f"{label}: give either 'layer' (a regex) or 'groups' (exact group names), not both"]
+    names = entry["groups"]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return [], [f"{label}: 'groups' must be a non-empty list of group names from the profile"]
+    by_name = {g["name"]: g for g in groups} | {g["module"]: g for g in groups}
+    kind = entry.get("type")
+    reasons, out = [], []
+    for name in names[:256]:
+        group = by_name.get(name)
+        if group is None:
+            reasons.append(f"{label}: unknown group {name[:80]!r}; group names look like {_short(list(by_name), 2)}")
+        elif kind in ("structured", "head") and group["kind"] != kind:
+            reasons.append(f"{label}: group {name!r} is a {group['kind']} group: use type {group['kind']!r} for it")
+        else:
+            rest = {k: v for k, v in entry.items() if k != "groups"}
+            out.append({**rest, "layer": f"^{re.escape(group['module'])}$"})
+    return out, reasons
+
+
+def expand_groups(plan: dict[str, Any], groups: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """Replace pruning entries that name exact groups with one regex entry per group (same type and ratio).
+
+    Returns:
+        (the plan with only `layer` entries, reasons to refuse it: unknown names, a type that does not fit).
+    """
+    entries = plan.get("pruning")
+    if not isinstance(entries, list) or not any(isinstance(e, dict) and "groups" in e for e in entries):
+        return plan, []
+    out: list[Any] = []
+    reasons: list[str] = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict) and "groups" in entry:
+            expanded, why = _expand_group_entry(entry, i, groups)
+            out += expanded
+            reasons += why
+        else:
+            out.append(entry)
+    return {**plan, "pruning": out}, reasons
+
+
+def _needs_pruning(plan: CompressionPlan, target: str | None, target_reduction: float) -> list[str]:
+    if plan.pruning or target not in ("params", "macs"):
+        return []
+    what = "parameters" if target == "params" else "MACs"
+    return [
+        f"the plan prunes nothing, but the objective asks for {target_reduction:.0%} fewer {what}, which "
+        f"quantization cannot give: add pruning entries"
+    ]
+
+
 def check_plan(
     plan: dict[str, Any] | CompressionPlan,
     groups: list[dict[str, Any]],
@@ -231,7 +290,8 @@ def check_plan(
         groups: Prunable groups as dicts (name, kind, module, units, min_units).
         protected: Module names that must never be pruned (a regex matching them, or a layer inside them, fails).
         group_costs: Per-group cost shares (`params_share`, `macs_share`, `latency_share`).
-        config: Bounds; defaults to GuardConfig().
+        config: Bounds and the objective's target (a plan without pruning is refused when the target is
+            params or macs, which quantization cannot reduce); defaults to GuardConfig().
         layers: Profile layer rows (name, type); quantization regexes must match one of their Linear layers.
             Without them only the quantization regexes' syntax is checked.
 
@@ -243,6 +303,9 @@ def check_plan(
         n = sum(len(plan.get(k) or []) for k in ("pruning", "quantization") if isinstance(plan.get(k), list))
         if n > config.max_entries:
             return GuardVerdict(False, None, [f"the plan has {n} entries (at most {config.max_entries})"])
+        plan, reasons = expand_groups(plan, groups)
+        if reasons:
+            return GuardVerdict(False, None, reasons)
     try:
         parsed = plan if isinstance(plan, CompressionPlan) else CompressionPlan.model_validate(plan)
     except ValidationError as exc:
@@ -255,5 +318,7 @@ def check_plan(
     ratios = checker.check_pruning()
     checker.check_quantization()
     estimate = checker.check_size(ratios)
+    if not checker.reasons:
+        checker.reasons += _needs_pruning(parsed, config.target, config.target_reduction)
     ok = not checker.reasons
     return GuardVerdict(ok, parsed if ok else None, checker.reasons, checker.warnings, ratios, estimate)

@@ -2,89 +2,62 @@
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 from profiling_agent.state import CompressionPlan
+from profiling_agent.tools.planning.json_extract import find_object
 
-_MAX_TEXT = 200_000  # characters of LLM text scanned for a JSON object
-_MAX_SCAN = 200  # '{' positions tried by the JSON scanner
 PLAN_KEYS = ("pruning", "quantization", "rationale")
-PRUNE_KEYS = ("layer", "type", "ratio", "justification")
+PRUNE_KEYS = ("layer", "groups", "type", "ratio", "justification")
 QUANT_KEYS = ("layer", "type", "dtype", "justification")
+WRAPPER_KEYS = ("plan", "compression_plan", "CompressionPlan")
+PLAN_FORM = (
+    '{"pruning": [{"groups" or "layer", "type", "ratio", "justification"}], "quantization": [...], "rationale": ""}'
+)
 
 
-# ---------------------------------------------------------------- parsing untrusted text
+# ---------------------------------------------------------------- finding the plan in untrusted text
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in a plan")
+def plan_shaped(value: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the plan `value` is or wraps, or None: a plan has a `pruning` or `quantization` list.
 
-
-def _loads(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant)
-
-
-def _fenced_blocks(text: str) -> list[str]:
-    return [m.group(1) for m in re.finditer(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", text, flags=re.DOTALL)]
-
-
-def _without_trailing_commas(text: str) -> str:
-    return re.sub(r",(\s*[}\]])", r"\1", text)
-
-
-def _try_object(text: str) -> dict[str, Any] | None:
-    for variant in (text, _without_trailing_commas(text)):
-        try:
-            value = _loads(variant.strip())
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
+    An entry (an object with `layer` and `type`) never has that shape, so it can never pass for the plan.
+    """
+    if any(isinstance(value.get(key), list) for key in ("pruning", "quantization")):
+        return value
+    for key in WRAPPER_KEYS:
+        inner = value.get(key)
+        if isinstance(inner, dict) and any(isinstance(inner.get(k), list) for k in ("pruning", "quantization")):
+            return inner
     return None
 
 
-def _scan_objects(text: str) -> list[dict[str, Any]]:
-    decoder = json.JSONDecoder(parse_constant=_reject_constant)
-    found = []
-    for tried, match in enumerate(re.finditer(r"\{", text)):
-        if tried >= _MAX_SCAN:
-            break
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-    return found
-
-
-def _looks_like_plan(value: dict[str, Any]) -> bool:
-    return any(key in value for key in (*PLAN_KEYS, "plan", "compression_plan"))
-
-
 def extract_json_object(text: str) -> dict[str, Any]:
-    """Find the JSON object in an LLM reply: plain JSON, a fenced block, or an object inside prose.
-
-    The text is only parsed as JSON (NaN and Infinity rejected), never evaluated. Objects that look like a
-    plan (a `pruning`, `quantization` or `plan` key) win over other objects.
+    """Return the JSON plan object of an LLM reply (plain, fenced, inside prose, or repaired), never a fragment.
 
     Raises:
-        ValueError: When the text holds no JSON object.
+        ValueError: When no top-level object of the reply is a plan; the message says what was wrong.
     """
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("the reply is empty: answer with the JSON plan")
-    text = text[:_MAX_TEXT]
-    candidates: list[dict[str, Any]] = []
-    for chunk in (*_fenced_blocks(text), text):
-        value = _try_object(chunk)
-        if value is not None:
-            candidates.append(value)
-    candidates += _scan_objects(text) + _scan_objects(_without_trailing_commas(text))
-    if not candidates:
-        raise ValueError("no JSON object found in the reply: answer with one JSON object, no code")
-    return next((c for c in candidates if _looks_like_plan(c)), candidates[0])
+    return find_object(text, plan_shaped, "plan", PLAN_FORM).value
+
+
+def _holds_content(value: Any) -> bool:
+    return isinstance(value, (list, dict)) and bool(value)
+
+
+def _drop_unknown(obj: dict[str, Any], allowed: tuple[str, ...], label: str, notes: list[str]) -> dict[str, Any]:
+    """Drop unknown keys with a note; refuse (ValueError) when a dropped key holds lists or objects."""
+    extra = sorted(set(obj) - set(allowed))
+    lost = [key for key in extra if _holds_content(obj[key])]
+    if lost:
+        raise ValueError(
+            f"{label}: unknown key(s) {lost} hold content the plan format has no place for; "
+            f"use only {', '.join(allowed)}"
+        )
+    if extra:
+        notes.append(f"{label}: ignored unknown keys {extra}")
+    return {k: v for k, v in obj.items() if k in allowed}
 
 
 def _clean_entries(raw: Any, allowed: tuple[str, ...], label: str, notes: list[str]) -> Any:
@@ -92,36 +65,30 @@ def _clean_entries(raw: Any, allowed: tuple[str, ...], label: str, notes: list[s
         return []
     if not isinstance(raw, list):
         return raw  # left for schema validation to reject with a precise message
-    out = []
-    for i, entry in enumerate(raw):
-        if isinstance(entry, dict):
-            extra = sorted(set(entry) - set(allowed))
-            if extra:
-                notes.append(f"{label}[{i}]: ignored unknown keys {extra}")
-            entry = {k: v for k, v in entry.items() if k in allowed}
-        out.append(entry)
-    return out
+    return [
+        _drop_unknown(entry, allowed, f"{label}[{i}]", notes) if isinstance(entry, dict) else entry
+        for i, entry in enumerate(raw)
+    ]
 
 
 def normalize_plan(value: Any) -> tuple[dict[str, Any], list[str]]:
-    """Unwrap and tidy a parsed plan: {"plan": {...}} wrappers, null lists, unknown keys dropped with a note.
+    """Unwrap and tidy a parsed plan: {"plan": {...}} wrappers, null lists, unknown scalar keys dropped with a note.
 
     Raises:
-        ValueError: When `value` is not an object.
+        ValueError: When `value` is not an object, or an unknown key holds content (lists or objects) that
+            dropping it would lose: the LLM meant something the format cannot say, so the plan is refused.
     """
     if isinstance(value, CompressionPlan):
         return value.model_dump(), []
     if isinstance(value, dict) and not any(k in value for k in PLAN_KEYS):
-        for key in ("plan", "compression_plan", "CompressionPlan"):
+        for key in WRAPPER_KEYS:
             if isinstance(value.get(key), dict):
                 value = value[key]
                 break
     if not isinstance(value, dict):
         raise ValueError(f"the plan must be a JSON object, got {type(value).__name__}")
     notes: list[str] = []
-    extra = sorted(set(value) - set(PLAN_KEYS))
-    if extra:
-        notes.append(f"ignored unknown top-level keys {extra}")
+    value = _drop_unknown(value, PLAN_KEYS, "plan", notes)
     plan = {
         "pruning": _clean_entries(value.get("pruning"), PRUNE_KEYS, "pruning", notes),
         "quantization": _clean_entries(value.get("quantization"), QUANT_KEYS, "quantization", notes),
@@ -131,8 +98,11 @@ def normalize_plan(value: Any) -> tuple[dict[str, Any], list[str]]:
 
 
 def parse_plan_text(text: str) -> tuple[dict[str, Any], list[str]]:
-    """Extract and normalize a plan from LLM text; raise ValueError with a readable reason on failure."""
-    try:
-        return normalize_plan(extract_json_object(text))
-    except RecursionError as exc:
-        raise ValueError("the JSON is nested too deeply") from exc
+    """Find, repair and normalize the plan in LLM text; raise ValueError with a readable reason on failure.
+
+    Returns:
+        (plan dict, notes): the notes name each repair applied and each harmless key dropped.
+    """
+    found = find_object(text, plan_shaped, "plan", PLAN_FORM)
+    plan, notes = normalize_plan(found.value)
+    return plan, [f"repaired the reply's JSON: {r}" for r in found.repairs] + notes

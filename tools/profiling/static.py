@@ -51,7 +51,7 @@ def _is_leaf(module: nn.Module) -> bool:
 # ---------------------------------------------------------------- static profile (ptflops)
 
 
-def _quantized_linear_macs_hook(module: nn.Module, inputs: tuple, output: Any) -> None:
+def _quantized_linear_macs_hook(module: Any, inputs: tuple, output: Any) -> None:
     x = inputs[0]
     tokens = x.numel() // max(x.shape[-1], 1)
     bias = module.bias() if callable(getattr(module, "bias", None)) else None
@@ -59,7 +59,7 @@ def _quantized_linear_macs_hook(module: nn.Module, inputs: tuple, output: Any) -
     module.__flops__ += int(tokens * per_token)
 
 
-def _numel_macs_hook(module: nn.Module, inputs: tuple, output: Any) -> None:
+def _numel_macs_hook(module: Any, inputs: tuple, output: Any) -> None:
     if torch.is_tensor(output):
         module.__flops__ += int(output.numel())
 
@@ -114,7 +114,7 @@ class _MacRecorder:
         return hooks
 
     def _recording(self, base: Any) -> Any:
-        def hook(module: nn.Module, inputs: tuple, output: Any) -> None:
+        def hook(module: Any, inputs: tuple, output: Any) -> None:  # ptflops adds __flops__ to modules
             before = module.__flops__
             base(module, inputs, output)
             self.module_macs[self.names.get(id(module), "")] += int(module.__flops__ - before)

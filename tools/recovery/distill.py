@@ -135,7 +135,14 @@ def distill(
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     key = {"config": config.fingerprint(), **(fingerprint or {})}
-    state = {"total": config.steps, "spent": 0.0, "curve": [], "agreement": None, "loss": None, "fitted": False}
+    state: dict[str, Any] = {
+        "total": config.steps,
+        "spent": 0.0,
+        "curve": [],
+        "agreement": None,
+        "loss": None,
+        "fitted": False,
+    }
     timings: list[float] = []
     start = 0
     if checkpoint_dir is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,8 @@ from torch import nn
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.units import _channels_of
 from profiling_agent.tools.models.forward import forward_logits
+
+Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
 
 RIDGE = 1e-2  # ridge strength relative to the mean diagonal of the activations' Gram matrix
 MAX_ROWS_PER_BATCH = 4096  # activation rows (tokens or pixel positions) sampled per batch and consumer
@@ -83,7 +85,7 @@ def find_consumers(
         width = group.units * group.unit_size
         kept = tuple(c for c in range(width) if c not in set(removed))
         for name in group.members:
-            base, new = baseline.get_submodule(name), pruned.get_submodule(name)
+            base, new = baseline.get_submodule(name), cast(Layer, pruned.get_submodule(name))
             if name in group.roots or not isinstance(base, (nn.Linear, nn.Conv2d)) or getattr(base, "groups", 1) != 1:
                 continue
             if base.weight.shape[1] == width and new.weight.shape[1] == len(kept):
@@ -112,7 +114,7 @@ def _capture(model: nn.Module, name: str, pixels: torch.Tensor) -> tuple[torch.T
     return box["x"], box["y"]
 
 
-def _rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _rows(module: Layer, x: torch.Tensor) -> torch.Tensor:
     """Return the layer's input as rows (one per token or output position) of the features its weights read."""
     if isinstance(module, nn.Linear):
         return x.reshape(-1, x.shape[-1])
@@ -129,13 +131,13 @@ def _targets(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
     return y.flatten(2).transpose(1, 2).reshape(-1, y.shape[1])
 
 
-def _columns(module: nn.Module, channels: Iterable[int]) -> list[int]:
+def _columns(module: Layer, channels: Iterable[int]) -> list[int]:
     """Expand input channels into the weight columns (flattened kernels) they own."""
     per = 1 if isinstance(module, nn.Linear) else int(module.kernel_size[0] * module.kernel_size[1])
     return [c * per + j for c in channels for j in range(per)]
 
 
-def _bias_sink(model: nn.Module, name: str, module: nn.Module) -> tuple[str, nn.Module | None]:
+def _bias_sink(model: nn.Module, name: str, module: Layer) -> tuple[str, nn.BatchNorm2d | Layer | None]:
     """Find where a fitted bias goes: the layer's own bias, else the BatchNorm right after it (its running mean)."""
     if module.bias is not None:
         return "bias", module
@@ -165,7 +167,8 @@ def _fit_one(
     seed: int,
 ) -> ConsumerFit:
     """Accumulate the Gram matrices of one consumer over the calibration batches and solve the ridge problem."""
-    base_mod, mod = baseline.get_submodule(consumer.name), pruned.get_submodule(consumer.name)
+    base_mod = cast(Layer, baseline.get_submodule(consumer.name))
+    mod = cast(Layer, pruned.get_submodule(consumer.name))
     sink, sink_mod = _bias_sink(pruned, consumer.name, mod)
     with_bias = sink != "none"
     w_full = base_mod.weight.detach().reshape(base_mod.weight.shape[0], -1).double().cpu()
@@ -224,15 +227,16 @@ def _fit_one(
     return ConsumerFit(consumer.group, consumer.name, n_rows, round(before, 6), round(after, 6), sink)
 
 
-def _write(mod: nn.Module, theta: torch.Tensor, sink: str, sink_mod: nn.Module | None, n_cols: int) -> None:
+def _write(mod: Layer, theta: torch.Tensor, sink: str, sink_mod: nn.Module | None, n_cols: int) -> None:
     """Copy a solved weight (and bias) back into the layer, in its dtype and device."""
     weight = mod.weight
     with torch.no_grad():
         weight.copy_(theta[:n_cols].T.reshape(weight.shape).to(weight.dtype))
         if sink == "bias":
+            assert mod.bias is not None
             mod.bias.copy_(theta[n_cols].to(mod.bias.dtype))
         elif sink == "batchnorm":  # BN(y + b) with running mean m equals BN(y) with running mean m - b
-            assert sink_mod is not None
+            assert isinstance(sink_mod, nn.BatchNorm2d) and sink_mod.running_mean is not None
             mean = sink_mod.running_mean
             mean.copy_(mean - theta[n_cols].to(mean.dtype).to(mean.device))
 

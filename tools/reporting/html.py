@@ -181,9 +181,23 @@ def _candidates(result: Mapping[str, Any]) -> str:
         + _table(rows, row_classes=classes, table_id="candidates")
         + "\n"
         + note
+        + _variants(result)
         + _other_baselines(result)
         + _best_details(result)
     )
+
+
+def _variants(result: Mapping[str, Any]) -> str:
+    """Render every candidate's backend forms (torch, ONNX Runtime), the delivered one marked."""
+    from profiling_agent.tools.reporting.markdown import variant_rows
+
+    rows = variant_rows(dict(result))
+    if len(rows) == 1:
+        return ""
+    best = result.get("best") or {}
+    classes = ["best" if "(delivered)" in r[1] and r[0] == str(best.get("iteration")) else "" for r in rows[1:]]
+    note = f'<p class="sub">Delivered: {_e(best.get("delivered"))} ({_e(best.get("delivery_note"))}).</p>'
+    return "<h3>Backend forms of each candidate</h3>\n" + _table(rows, row_classes=classes, table_id="variants") + note
 
 
 def _other_baselines(result: Mapping[str, Any]) -> str:

@@ -145,8 +145,29 @@ def _llm_line(llm: dict[str, Any] | None) -> list[str]:
     return [
         f"- LLM: {md_text(llm.get('model'), 80)}, {usage.get('calls', 0)} calls, {usage.get('total_tokens', 0):,} "
         f"tokens ({usage.get('input_tokens', 0):,} in, {usage.get('output_tokens', 0):,} out); transcripts "
-        f"{transcripts}; {len(llm.get('tool_errors') or [])} refused or failed tool calls"
+        f"{transcripts}; {len(llm.get('tool_errors') or [])} refused or failed tool calls",
+        *_structured_line(llm.get("structured") or []),
     ]
+
+
+def structured_summary(steps: list[dict[str, Any]]) -> str:
+    """Say which schema-constrained mode the server took and which it refused or ignored (for humans)."""
+    if not steps:
+        return ""
+    last = steps[-1]
+    mode = str(last.get("mode") or "off")
+    given_up = list(dict.fromkeys(str(g.get("mode")) for s in steps for g in s.get("given_up") or []))
+    text = f"{mode}{' (confirmed by the server)' if any(s.get('confirmed') for s in steps) else ''}"
+    if last.get("choice") not in (None, "auto"):
+        text += f", forced with --llm-structured {last['choice']}"
+    if given_up:
+        text += f"; given up: {', '.join(given_up)}"
+    return text
+
+
+def _structured_line(steps: list[dict[str, Any]]) -> list[str]:
+    text = structured_summary(steps)
+    return [f"- Structured output: {md_text(text, 200)}"] if text else []
 
 
 def fallback_lines(fallbacks: list[dict[str, Any]]) -> list[str]:
@@ -198,6 +219,58 @@ def test_lines(result: dict[str, Any]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def variant_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Rows (header first) of every candidate's backend variants, measured beside the baseline in its round."""
+    rows = [["iter", "variant", "status", "val top-1 %", "agree %", "speed b1", "speed bN", "MB", "recipe", "note"]]
+    for c in result.get("candidates", []):
+        for v in c.get("variants") or []:
+            recipe = v.get("recipe") or {}
+            calib = recipe.get("calibration") or {}
+            how = ", ".join(
+                str(x)
+                for x in (
+                    recipe.get("method"),
+                    "per-channel" if recipe.get("per_channel") else None,
+                    f"{calib.get('method')} x{calib.get('samples')}" if calib else None,
+                    f"{recipe.get('exporter')} opset {recipe.get('opset')}" if recipe.get("exporter") else None,
+                )
+                if x
+            )
+            rows.append(
+                [
+                    str(c["iteration"]),
+                    v["name"] + (" (delivered)" if v["name"] == c.get("delivered") else ""),
+                    v["status"],
+                    _fmt(v.get("accuracy"), "pct"),
+                    _fmt(v.get("agreement"), "pct"),
+                    _fmt(v.get("speedup"), "x"),
+                    _fmt(v.get("speedup_batch"), "x"),
+                    _fmt(v.get("size_mb"), "mb"),
+                    how or "-",
+                    md_text(v.get("error"), 160) if v.get("error") else "",
+                ]
+            )
+    return rows
+
+
+def variant_lines(result: dict[str, Any]) -> list[str]:
+    """Render the "Backend variants" section (nothing when no round measured variants)."""
+    rows = variant_rows(result)
+    if len(rows) == 1:
+        return []
+    best = result.get("best") or {}
+    note = f" Delivered: `{best.get('delivered')}` ({md_text(best.get('delivery_note'), 400)})." if best else ""
+    return [
+        "## Backend variants",
+        "",
+        "Each candidate's forms, measured side by side with the baseline in its round (same images, same threads); "
+        "speeds are baseline latency over the variant's, batch 1 and batch N." + note,
+        "",
+        markdown_table(rows),
+        "",
+    ]
+
+
 def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | None = None) -> str:
     """Write report.md: goal, outcome, comparison table, plans with their justifications, profile highlights."""
     obj = result.get("objective") or {}
@@ -223,7 +296,8 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
     if best:
         base = result["baseline"]
         lines += [
-            f"Best: iteration {best['iteration']} (saved in `best/`): top-1 {best['accuracy']:.2f}% vs "
+            f"Best: iteration {best['iteration']} (saved in `best/` as `{best.get('delivered') or 'torch'}`): "
+            f"top-1 {best['accuracy']:.2f}% vs "
             f"{base['accuracy']:.2f}% ({-best['accuracy_drop']:+.2f} pp), {best['params']:,} vs {base['params']:,} "
             f"params ({best['params'] / max(base['params'], 1) - 1:+.1%}), {best['size_mb']:.3f} vs "
             f"{base['size_mb']:.3f} MB, {best['speedup']:.2f}x batch-1 speed (measured side by side)."
@@ -234,6 +308,7 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
     else:
         lines += ["No candidate finished.", ""]
     lines += ["## Baseline vs candidates", "", markdown_table(comparison_rows(result)), ""]
+    lines += variant_lines(result)
     lines += ["## Plans", ""]
     for c in result.get("candidates", []):
         plan = c.get("plan") or {}

@@ -8,6 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.reporting.pareto import (  # noqa: F401 - re-exported: the plots' data live there
+    extra_baselines,
+    pareto_front,
+    pareto_points,
+)
 from profiling_agent.tools.text import as_number, human
 
 PLOTS_DIR = "plots"
@@ -23,103 +28,6 @@ PLOT_FILES: dict[str, tuple[str, str]] = {
 
 _BASE_COLOR, _CAND_COLOR, _BEST_COLOR, _REF_COLOR, _FRONT_COLOR = "#444444", "#4c78a8", "#e45756", "#9467bd", "#f58518"
 _DPI = 110
-
-
-# ------------------------------------------------------------------------------------------- points
-
-
-def _relative_latency(entry: Mapping[str, Any], base_latency: float | None) -> float | None:
-    """Batch-1 latency over the baseline's: 1/speedup (measured side by side), else a ratio of medians."""
-    speedup = as_number(entry.get("speedup"))
-    if speedup and speedup > 0:
-        return 1.0 / speedup
-    latency = as_number(entry.get("latency_ms"))
-    return latency / base_latency if latency is not None and base_latency else None
-
-
-def extra_baselines(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Other reference models in result.json's optional "baselines" key (a dict by name or a list of dicts).
-
-    Returns:
-        [{"name", **metrics}] in a stable order; entries that are not dicts are skipped.
-    """
-    raw = result.get("baselines")
-    if isinstance(raw, Mapping):
-        items = [{"name": str(name), **entry} for name, entry in raw.items() if isinstance(entry, Mapping)]
-    elif isinstance(raw, list):
-        items = [
-            {**entry, "name": str(entry.get("name") or entry.get("label") or entry.get("method") or f"ref {i + 1}")}
-            for i, entry in enumerate(raw)
-            if isinstance(entry, Mapping)
-        ]
-    else:
-        items = []
-    return items
-
-
-def pareto_points(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One point per measured model: baseline, every finished candidate and any extra baselines.
-
-    Returns:
-        [{"label", "kind" ("baseline" | "candidate" | "best" | "reference"), "accuracy", "latency_rel",
-        "params"}]; a metric that is missing is None. Candidate numbers are the candidate rows of result.json.
-    """
-    base = result.get("baseline") or {}
-    base_latency = as_number(base.get("latency_ms"))
-    points = []
-    if as_number(base.get("accuracy")) is not None:
-        points.append(
-            {
-                "label": "baseline",
-                "kind": "baseline",
-                "accuracy": as_number(base.get("accuracy")),
-                "latency_rel": 1.0,
-                "params": as_number(base.get("params")),
-            }
-        )
-    best_it = (result.get("best") or {}).get("iteration")
-    for cand in result.get("candidates") or []:
-        if cand.get("status") != "ok" or as_number(cand.get("accuracy")) is None:
-            continue
-        points.append(
-            {
-                "label": f"iter {cand['iteration']}",
-                "kind": "best" if cand["iteration"] == best_it else "candidate",
-                "accuracy": as_number(cand.get("accuracy")),
-                "latency_rel": _relative_latency(cand, base_latency),
-                "params": as_number(cand.get("params")),
-            }
-        )
-    for ref in extra_baselines(result):
-        if as_number(ref.get("accuracy")) is None:
-            continue
-        points.append(
-            {
-                "label": ref["name"],
-                "kind": "reference",
-                "accuracy": as_number(ref.get("accuracy")),
-                "latency_rel": _relative_latency(ref, base_latency),
-                "params": as_number(ref.get("params")),
-            }
-        )
-    return points
-
-
-def pareto_front(points: list[dict[str, Any]], cost: str) -> list[dict[str, Any]]:
-    """Return the points no other point beats on both accuracy (higher) and `cost` (lower), sorted by cost."""
-    usable = [p for p in points if p.get(cost) is not None and p.get("accuracy") is not None]
-    front = [
-        p
-        for p in usable
-        if not any(
-            q is not p
-            and q[cost] <= p[cost]
-            and q["accuracy"] >= p["accuracy"]
-            and (q[cost] < p[cost] or q["accuracy"] > p["accuracy"])
-            for q in usable
-        )
-    ]
-    return sorted(front, key=lambda p: (p[cost], -p["accuracy"]))
 
 
 # ------------------------------------------------------------------------------------------- figures
@@ -188,6 +96,7 @@ def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
         "candidate": dict(marker="o", s=45, color=_CAND_COLOR, label="candidates"),
         "best": dict(marker="*", s=240, color=_BEST_COLOR, label="best", edgecolor="black", linewidths=0.6),
         "reference": dict(marker="D", s=50, color=_REF_COLOR, label="other baselines"),
+        "variant": dict(marker="^", s=30, color=_CAND_COLOR, alpha=0.45, label="best's other backend forms"),
     }
     for kind, kw in style.items():
         chosen = [p for p in points if p["kind"] == kind]

@@ -24,6 +24,9 @@ METRIC_KEYS = (
     "acc_delta_ci",
     "accuracy_before_recovery",
     "agreement_before_recovery",
+    "delivered",
+    "delivery_note",
+    "variants",
 )
 
 
@@ -70,6 +73,9 @@ def planner_facts(history: list[dict[str, Any]]) -> dict[str, Any]:
                 for e in events
                 if e.get("llm")
                 for t in e["llm"].get("tool_errors") or []
+            ],
+            "structured": [
+                {**(e["llm"].get("structured") or {}), "iteration": e["iteration"]} for e in events if e.get("llm")
             ],
         }
     return {"mode": events[-1]["planner"].get("mode"), "mode_note": events[-1]["planner"].get("note"), "llm": llm}
@@ -142,8 +148,8 @@ def build_result(
                 "applied": c.get("applied"),
                 "quantized": len(c.get("quantized") or []),
                 "recovery": c.get("recovery"),
-                "path": (c.get("artifact") or {}).get("path"),
-                "sha256": (c.get("artifact") or {}).get("sha256"),
+                "path": (c.get("delivered") or c.get("artifact") or {}).get("path"),
+                "sha256": (c.get("delivered") or c.get("artifact") or {}).get("sha256"),
                 "error": c.get("error"),
             }
         )
@@ -163,7 +169,8 @@ def build_result(
             **_test_fields(test, best["iteration"]),
             "plan": best.get("plan"),
             "path": "best",
-            "source_path": (best.get("artifact") or {}).get("path"),
+            "source_path": (best.get("delivered") or best.get("artifact") or {}).get("path"),
+            "pruned_path": (best.get("pruned") or {}).get("path"),
         }
     objective = state.get("objective") or {}
     return {

@@ -1,0 +1,132 @@
+"""The evaluate node with backend variants: every form measured, the delivered one reloadable, failures fall back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+
+from profiling_agent.nodes.common import load_delivered  # noqa: E402
+from profiling_agent.nodes.evaluate import evaluate  # noqa: E402
+from profiling_agent.state import ArtifactRef, Candidate, Context, DataRef, EvalRecord, QuantEntry, State  # noqa: E402
+from profiling_agent.tools.compression import backends  # noqa: E402
+from profiling_agent.tools.compression.quantization import quantize_model  # noqa: E402
+from profiling_agent.tools.evaluation.metrics import predict, top1  # noqa: E402
+from profiling_agent.tools.evaluation.selection import choose_variant  # noqa: E402
+from profiling_agent.tools.models.artifacts import save_artifact  # noqa: E402
+from profiling_agent.tools.models.onnx_model import OrtClassifier  # noqa: E402
+
+FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 4, "threads": 1, "eval_batch": 16}
+
+
+def _ref(run, saved):
+    return ArtifactRef(**{**saved, "path": str(saved["path"]).replace(f"{run}/", "")})
+
+
+@pytest.fixture
+def run_state(tmp_path, tiny_vit):
+    """A run folder with a baseline, a pruned FP32 and a qint8 candidate of the tiny ViT, and prepared images."""
+    from safetensors.torch import save_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    pixels = torch.randn(72, 1, 16, 16, generator=gen)
+    with torch.inference_mode():
+        labels = tiny_vit(pixel_values=pixels).logits.argmax(-1)  # the baseline is 100% right by construction
+    save_file(
+        {
+            "eval_pixels": pixels[:48].contiguous(),
+            "eval_labels": labels[:48].contiguous(),
+            "calib_pixels": pixels[48:].contiguous(),
+            "calib_labels": labels[48:].contiguous(),
+        },
+        str(run / "data.safetensors"),
+    )
+    base = _ref(run, save_artifact(tiny_vit, run / "baseline"))
+    pruned = _ref(run, save_artifact(tiny_vit, run / "iter_01" / "pruned"))
+    qmodel, quantized = quantize_model(tiny_vit, [QuantEntry(layer="all", dtype="qint8")])
+    cand = _ref(run, save_artifact(qmodel, run / "iter_01" / "candidate", quantized=quantized))
+    data = DataRef(
+        path="data.safetensors",
+        sha256="-",
+        n_eval=48,
+        n_calib=24,
+        image_column="image",
+        label_column="label",
+        seed=0,
+        shape=[1, 16, 16],
+    )
+    base_eval = EvalRecord(
+        name="baseline",
+        accuracy=100.0,
+        agreement=100.0,
+        n_samples=48,
+        latency_ms=1.0,
+        latency_batch_ms=1.0,
+        batch_size=4,
+        baseline_latency_ms=1.0,
+        speedup=1.0,
+        memory_bytes=1,
+        size_mb=base.size_bytes / 1e6,
+        params=base.params,
+        macs=1,
+        threads=1,
+    )
+    current = Candidate(iteration=1, status="ok", pruned=pruned, artifact=cand, quantized=sorted(quantized), macs=1)
+    return State(run_path=str(run), baseline=base, data=data, baseline_eval=base_eval, iteration=1, current=current)
+
+
+def _evaluate(state, backend):
+    out = evaluate(state, SimpleNamespace(context=Context(backend=backend, **FAST)))
+    return Candidate.model_validate(out["current"])
+
+
+def test_auto_measures_every_form_and_delivers_the_chosen_one(run_state):
+    cand = _evaluate(run_state, "auto")
+    ev = cand.eval
+    names = [v.name for v in ev.variants]
+    assert names == ["torch_qint8", "torch_fp32", "ort_fp32", "ort_dynamic", "ort_static"]
+    assert all(v.status == "ok" and v.latency_ms > 0 and v.speedup > 0 for v in ev.variants)
+    records = [v.model_dump() for v in ev.variants]
+    assert ev.delivered == choose_variant(records, run_state.baseline_eval.model_dump(), run_state.objective)["name"]
+    chosen = next(v for v in ev.variants if v.name == ev.delivered)
+    assert (ev.accuracy, ev.latency_ms, ev.speedup) == (chosen.accuracy, chosen.latency_ms, chosen.speedup)
+    assert next(v for v in ev.variants if v.name == "ort_fp32").accuracy == 100.0  # the FP32 export is exact
+    static = next(v for v in ev.variants if v.name == "ort_static")
+    assert static.recipe["method"] == "static" and static.recipe["calibration"]["samples"] == 24
+    # the delivered form reloads (an ONNX session or a torch artifact) and reproduces its recorded accuracy
+    model = load_delivered(run_state, cand, threads=1)
+    assert isinstance(model, OrtClassifier) == ev.delivered.startswith("ort_")
+    from safetensors.torch import load_file
+
+    data = load_file(f"{run_state.run_path}/data.safetensors")
+    acc = top1(predict(model, data["eval_pixels"], batch_size=16), data["eval_labels"])
+    assert acc == pytest.approx(ev.accuracy, abs=1e-9)
+
+
+def test_failed_export_falls_back_to_torch_with_the_reason(run_state, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("ONNX export failed: torchscript: unsupported op; dynamo: unsupported op")
+
+    monkeypatch.setattr(backends, "export_onnx", refuse)
+    cand = _evaluate(run_state, "onnxruntime")
+    ev = cand.eval
+    assert ev.delivered == "torch_qint8" and cand.delivered is None
+    assert "no ONNX Runtime variant works" in ev.delivery_note and "unsupported op" in ev.delivery_note
+    ort = [v for v in ev.variants if v.backend == "onnxruntime"]
+    assert [v.status for v in ort] == ["failed"] * 3 and all("unsupported op" in v.error for v in ort)
+    auto = _evaluate(run_state, "auto").eval
+    assert auto.delivered in ("torch_qint8", "torch_fp32") and "failed: ort_fp32" in auto.delivery_note
+
+
+def test_torch_backend_builds_no_onnx_and_keeps_the_plans_model(run_state):
+    cand = _evaluate(run_state, "torch")
+    assert [v.name for v in cand.eval.variants] == ["torch_qint8", "torch_fp32"]
+    assert cand.eval.delivered == "torch_qint8" and cand.delivered is None
+    assert cand.eval.quant_speedup is not None
+    assert not list(Path(run_state.run_path).rglob("*.onnx"))

@@ -1,0 +1,344 @@
+"""Backend variants of a pruned FP32 candidate: ONNX Runtime FP32, dynamic QInt8 and static int8 (QDQ).
+
+Each variant is a folder (`model.onnx`, `recipe.json`, the model's `config.json` and image processor) checked
+against the torch model's logits on the evaluation images. Whatever goes wrong (ONNX Runtime missing, an export
+or a quantizer failing, logits that do not match) marks that variant failed with a one-line reason; the caller
+keeps the torch model, never loses the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.compression.onnx_runtime import OPSET, Exporter, _quiet, export_onnx, quantize_onnx
+from profiling_agent.tools.io import write_json_atomic
+from profiling_agent.tools.models.forward import forward_logits
+from profiling_agent.tools.models.onnx_model import (
+    ONNX_FILE,
+    ONNX_FORMAT,
+    ONNX_FORMAT_VERSION,
+    ONNX_RECIPE,
+    OrtClassifier,
+    onnxruntime_missing,
+)
+from profiling_agent.tools.versions import versions
+
+logger = logging.getLogger(__name__)
+
+OrtMethod = Literal["fp32", "dynamic", "static"]
+ORT_METHODS: tuple[OrtMethod, ...] = ("fp32", "dynamic", "static")
+CalibrationName = Literal["minmax", "entropy", "percentile"]
+
+
+@dataclass
+class BackendSettings:
+    """How the ONNX Runtime variants are built and checked (defaults measured on ViT, DeiT, Swin and ResNet)."""
+
+    methods: tuple[OrtMethod, ...] = ORT_METHODS  # which ORT variants to build
+    exporter: Exporter = "auto"  # TorchScript first, dynamo as the fallback (dynamo fails on Swin)
+    opset: int = OPSET
+    dynamic_op_types: tuple[str, ...] = ("MatMul", "Gemm")  # dynamic quantization: the Linear layers
+    dynamic_per_channel: bool = True  # per-output-channel weight scales: closer logits at no speed cost
+    static_op_types: tuple[str, ...] = ("Conv", "MatMul", "Gemm")  # static QDQ: convolutions too
+    static_per_channel: bool = True  # per-channel conv/Linear weights (per-tensor conv int8 loses accuracy)
+    calibration: CalibrationName = "minmax"  # activation ranges from the calibration images
+    calibration_samples: int = 64  # at most this many calibration images
+    calibration_batch: int = 8  # images per calibration forward pass
+    exclude_nodes: tuple[str, ...] = ()  # ONNX node names kept in float by both quantizers
+    fp32_tolerance: float = 1e-3  # FP32 export must match torch: max |diff| <= this x the largest |logit|
+
+
+@dataclass
+class Variant:
+    """One built backend variant: where it is, how it was made, how close it is to torch, or why it failed."""
+
+    name: str  # ort_fp32, ort_dynamic, ort_static
+    method: OrtMethod
+    status: Literal["ok", "failed"] = "failed"
+    path: str | None = None  # the variant's folder
+    size_bytes: int = 0  # bytes of model.onnx
+    max_abs_diff: float | None = None  # against the torch logits on the check images
+    logit_agreement: float | None = None  # % of check images with the same top-1 as torch
+    error: str | None = None
+    seconds: float = 0.0  # export (FP32) or export + quantization time; kept out of the recipe (files stay stable)
+    recipe: dict[str, Any] = field(default_factory=dict)
+    model: OrtClassifier | None = field(default=None, repr=False)  # the open session (ok variants only)
+
+    def record(self) -> dict[str, Any]:
+        """Return the JSON facts of the variant (without the session)."""
+        out = asdict(self)
+        out.pop("model")
+        return out
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+
+
+class _Reader:
+    """Calibration images for onnxruntime.quantization.quantize_static, `batch` at a time."""
+
+    def __init__(self, input_name: str, pixels: torch.Tensor, batch: int) -> None:
+        self.input_name = input_name
+        self.batches = [pixels[i : i + batch].contiguous().numpy() for i in range(0, len(pixels), batch)]
+        self.index = 0
+
+    def get_next(self) -> dict[str, Any] | None:
+        if self.index >= len(self.batches):
+            return None
+        self.index += 1
+        return {self.input_name: self.batches[self.index - 1]}
+
+    def rewind(self) -> None:
+        self.index = 0
+
+
+def _calibration_reader(input_name: str, pixels: torch.Tensor, batch: int) -> Any:
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(_Reader, CalibrationDataReader):
+        pass
+
+    return Reader(input_name, pixels, batch)
+
+
+@contextlib.contextmanager
+def _scratch_cwd() -> Iterator[None]:
+    """Run in a throw-away working directory: symbolic shape inference dumps a model into the cwd when it fails."""
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="ort-pre-") as tmp:
+        os.chdir(tmp)
+        try:
+            yield
+        finally:
+            os.chdir(here)
+
+
+def _pre_process(src: Path, dst: Path) -> str:
+    """Run ONNX Runtime's quantization pre-processing (shape inference, graph optimization); say what ran."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    src, dst = src.resolve(), dst.resolve()
+    try:
+        with _quiet(), _scratch_cwd():
+            quant_pre_process(str(src), str(dst))
+        return "quant_pre_process (symbolic shape inference, optimization, ONNX shape inference)"
+    except Exception as exc:  # noqa: BLE001 - symbolic shape inference fails on some graphs: plain ONNX shapes
+        logger.info("quant_pre_process failed (%s): retrying without symbolic shape inference", _reason(exc))
+    with _quiet(), _scratch_cwd():
+        quant_pre_process(str(src), str(dst), skip_symbolic_shape=True)
+    return "quant_pre_process without symbolic shape inference (it failed on this graph)"
+
+
+def quantize_static_onnx(src: Path, dst: Path, calib: torch.Tensor, settings: BackendSettings) -> dict[str, Any]:
+    """Quantize an FP32 ONNX file to static int8 QDQ with activation ranges calibrated on `calib`.
+
+    Returns:
+        The quantization recipe: method, format, types, per-channel, calibration method and sample count,
+        operator types, excluded nodes, pre-processing.
+    """
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    methods = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }
+    pre = dst.with_name("pre_process.onnx")
+    how = _pre_process(src, pre)
+    images = calib[: settings.calibration_samples].detach().to("cpu", torch.float32)
+    try:
+        with _quiet():
+            quantize_static(
+                str(pre),
+                str(dst),
+                _calibration_reader("pixel_values", images, settings.calibration_batch),
+                quant_format=QuantFormat.QDQ,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=list(settings.static_op_types),
+                nodes_to_exclude=list(settings.exclude_nodes),
+                per_channel=settings.static_per_channel,
+                calibrate_method=methods[settings.calibration],
+            )
+    finally:
+        pre.unlink(missing_ok=True)
+        for extra in dst.parent.glob("augmented_model*.onnx"):  # the calibrator's scratch files
+            extra.unlink(missing_ok=True)
+    return {
+        "method": "static",
+        "format": "QDQ",
+        "activation_type": "QUInt8",
+        "weight_type": "QInt8",
+        "per_channel": settings.static_per_channel,
+        "calibration": {"method": settings.calibration, "samples": len(images), "batch": settings.calibration_batch},
+        "op_types": list(settings.static_op_types),
+        "excluded_nodes": list(settings.exclude_nodes),
+        "pre_process": how,
+    }
+
+
+def _check(variant: Variant, reference: torch.Tensor, pixels: torch.Tensor, tolerance: float | None) -> None:
+    """Compare the variant's logits with torch's; a shape mismatch, NaN or (FP32) a large difference fails it."""
+    got = variant.model(pixel_values=pixels).logits if variant.model is not None else None
+    if got is None or got.shape != reference.shape:
+        raise RuntimeError(
+            f"logits shape {None if got is None else tuple(got.shape)} != torch {tuple(reference.shape)}"
+        )
+    if not torch.isfinite(got).all():
+        raise RuntimeError("logits are not finite")
+    diff = (got - reference).abs().max().item()
+    variant.max_abs_diff = diff
+    variant.logit_agreement = round(100.0 * (got.argmax(-1) == reference.argmax(-1)).float().mean().item(), 4)
+    scale = max(reference.abs().max().item(), 1e-6)
+    if tolerance is not None and diff > tolerance * scale:
+        raise RuntimeError(f"logits differ from torch by {diff:.3g} (> {tolerance:g} x max |logit| {scale:.3g})")
+
+
+def _write_folder(folder: Path, variant: Variant, recipe: dict[str, Any], config: Any, processor: Any) -> None:
+    """Write recipe.json, config.json and the processor next to model.onnx."""
+    variant.recipe = recipe
+    write_json_atomic(folder / ONNX_RECIPE, recipe)
+    if config is not None:
+        config.to_json_file(str(folder / "config.json"))
+    if processor is not None:
+        processor.save_pretrained(str(folder))
+
+
+def build_ort_variants(
+    model: nn.Module,
+    calib_pixels: torch.Tensor,
+    check_pixels: torch.Tensor,
+    out_dir: str | os.PathLike,
+    *,
+    settings: BackendSettings | None = None,
+    threads: int | None = None,
+    processor: Any = None,
+    extra: Mapping[str, Any] | None = None,
+) -> list[Variant]:
+    """Export a pruned FP32 torch classifier to ONNX, quantize it with ONNX Runtime, check every file against torch.
+
+    Args:
+        model: The FP32 model (pruned or not; not dynamically quantized).
+        calib_pixels: Calibration images (N, C, H, W) for the static quantizer's activation ranges.
+        check_pixels: Images whose logits each variant must reproduce (the evaluation images).
+        out_dir: Parent folder; each variant writes OUT/ort_<method>/.
+        settings: Which variants and how (defaults: all three, per-channel, MinMax calibration).
+        threads: ONNX Runtime intra-op threads (default: torch's).
+        processor: The image processor, saved into each folder so it can be evaluated on its own.
+        extra: JSON facts copied into each recipe (e.g. params, MACs, the source artifact).
+
+    Returns:
+        One Variant per requested method, in order; failed ones carry the reason.
+    """
+    settings = settings or BackendSettings()
+    out = Path(out_dir)
+    variants = [Variant(name=f"ort_{m}", method=m) for m in settings.methods]
+    missing = onnxruntime_missing()
+    if missing or not variants:
+        for v in variants:
+            v.error = missing
+        return variants
+    model = model.eval().to("cpu")
+    check = check_pixels.detach().to("cpu", torch.float32)
+    with torch.inference_mode():
+        reference = forward_logits(model, check).float()
+    shutil.rmtree(out / "ort_fp32", ignore_errors=True)
+    fp32_folder = out / "ort_fp32"
+    try:
+        exported = export_onnx(
+            model, check[:2], fp32_folder / ONNX_FILE, exporter=settings.exporter, opset=settings.opset
+        )
+    except Exception as exc:  # noqa: BLE001 - every variant needs the export: all fail with its reason
+        for v in variants:
+            v.error = f"ONNX export failed: {_reason(exc)}"
+        return variants
+    base = {
+        "format": ONNX_FORMAT,
+        "format_version": ONNX_FORMAT_VERSION,
+        "runtime": "onnxruntime",
+        "architecture": type(model).__name__,
+        "model_file": ONNX_FILE,
+        "input": {"name": "pixel_values", "shape": list(check.shape[1:]), "dynamic_batch": True},
+        "output": "logits",
+        "export": {"exporter": exported["exporter"], "opset": settings.opset},
+        "versions": versions("onnx", "onnxruntime"),
+        "extra": dict(extra or {}),
+    }
+    config = getattr(model, "config", None)
+    fp32_ok, fp32_error = True, ""
+    for variant in variants:
+        folder = out / variant.name
+        if variant.method != "fp32":
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            if not fp32_ok:
+                raise RuntimeError(f"the FP32 export is wrong ({fp32_error})")
+            start = time.perf_counter()
+            quant = _quantize(variant.method, Path(exported["path"]), folder / ONNX_FILE, calib_pixels, settings)
+            variant.seconds = round(exported["seconds"] + time.perf_counter() - start, 3)
+            variant.model = OrtClassifier(folder / ONNX_FILE, threads)
+            tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
+            _check(variant, reference, check, tolerance)
+            variant.status, variant.path = "ok", str(folder)
+            variant.size_bytes = (folder / ONNX_FILE).stat().st_size
+            recipe = {
+                **base,
+                "variant": variant.name,
+                "method": variant.method,
+                "quantization": quant,
+                "check": {
+                    "images": len(check),
+                    "max_abs_diff": variant.max_abs_diff,
+                    "agreement": variant.logit_agreement,
+                    "fp32_tolerance": settings.fp32_tolerance if variant.method == "fp32" else None,
+                },
+            }
+            _write_folder(folder, variant, recipe, config, processor)
+        except Exception as exc:  # noqa: BLE001 - this variant fails, the others and the run go on
+            variant.status, variant.model, variant.error = "failed", None, _reason(exc)
+            if variant.method == "fp32":
+                fp32_ok, fp32_error = False, variant.error
+            logger.info("backend variant %s failed: %s", variant.name, variant.error)
+    if "fp32" not in settings.methods:
+        shutil.rmtree(fp32_folder, ignore_errors=True)
+    return variants
+
+
+def _quantize(method: str, src: Path, dst: Path, calib: torch.Tensor, settings: BackendSettings) -> dict | None:
+    """Write the `method` variant of the FP32 file `src` to `dst`; return its quantization recipe."""
+    if method == "fp32":
+        return None
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if method == "dynamic":
+        quantize_onnx(
+            src,
+            dst,
+            op_types=settings.dynamic_op_types,
+            per_channel=settings.dynamic_per_channel,
+            exclude_nodes=settings.exclude_nodes,
+        )
+        return {
+            "method": "dynamic",
+            "weight_type": "QInt8",
+            "activations": "quantized at run time (uint8)",
+            "per_channel": settings.dynamic_per_channel,
+            "op_types": list(settings.dynamic_op_types),
+            "excluded_nodes": list(settings.exclude_nodes),
+        }
+    if len(calib) == 0:
+        raise RuntimeError("static int8 needs calibration images and the run has none")
+    return quantize_static_onnx(src, dst, calib, settings)

@@ -1,0 +1,122 @@
+"""Measure every deployable form of a candidate beside the baseline and turn the numbers into variant records."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.evaluation import latency
+from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+
+BASELINE = "baseline"
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0
+
+
+def measure_forms(
+    models: Mapping[str, nn.Module],
+    pixels: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    batch_size: int,
+    eval_batch: int,
+    warmup: int,
+    repeats: int,
+    device: str = "cpu",
+    allowed_ids: list[int] | None = None,
+    timed: list[str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Predict with every model on the same images and time them interleaved in one `measure_latency` call.
+
+    Args:
+        models: Name -> model; must include "baseline".
+        pixels: Validation images (N, C, H, W).
+        labels: Their labels (model ids).
+        batch_size: The larger latency batch.
+        eval_batch: Batch size of the accuracy pass.
+        warmup: Warm-up passes before timing.
+        repeats: Timed repeats (median reported).
+        device: Where every model runs.
+        allowed_ids: Model ids predictions are restricted to.
+        timed: Names to time (default: all).
+
+    Returns:
+        {name: {"preds", "accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch"}},
+        ratios against the baseline measured in the same run (latency fields absent for untimed models).
+    """
+    if BASELINE not in models:
+        raise ValueError("measure_forms needs a 'baseline' model")
+    preds = {
+        name: predict(m, pixels, batch_size=eval_batch, device=device, allowed_ids=allowed_ids)
+        for name, m in models.items()
+    }
+    names = [n for n in models if timed is None or n in timed or n == BASELINE]
+    lat = latency.measure_latency(  # through the module, so tests can stand in for the clock
+        {n: models[n] for n in names},
+        pixels[:batch_size],
+        batch_size=batch_size,
+        warmup=warmup,
+        repeats=repeats,
+        device=device,
+    )
+    base = lat[BASELINE]
+    out: dict[str, dict[str, Any]] = {}
+    for name in models:
+        row: dict[str, Any] = {
+            "preds": preds[name],
+            "accuracy": top1(preds[name], labels),
+            "agreement": agreement(preds[name], preds[BASELINE]),
+        }
+        if name in lat:
+            row.update(
+                latency_ms=lat[name]["latency_ms"],
+                latency_batch_ms=lat[name]["latency_batch_ms"],
+                speedup=_ratio(base["latency_ms"], lat[name]["latency_ms"]),
+                speedup_batch=_ratio(base["latency_batch_ms"], lat[name]["latency_batch_ms"]),
+            )
+        out[name] = row
+    return out
+
+
+def variant_record(
+    name: str,
+    measured: Mapping[str, Any] | None,
+    *,
+    size_bytes: int,
+    path: str | None = None,
+    error: str | None = None,
+    max_abs_diff: float | None = None,
+    recipe: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build a VariantRecord dict from `measure_forms`' row (None: the variant failed with `error`)."""
+    record: dict[str, Any] = {
+        "name": name,
+        "backend": "onnxruntime" if name.startswith("ort_") else "torch",
+        "status": "ok" if measured is not None and error is None else "failed",
+        "error": error,
+        "path": path,
+        "max_abs_diff": max_abs_diff,
+        "recipe": dict(recipe or {}),
+        "size_mb": size_bytes / 1e6 if size_bytes else None,
+    }
+    if measured is not None:
+        for key in ("accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch"):
+            record[key] = measured.get(key)
+    return record
+
+
+def recipe_summary(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep what a person or a planner needs from an ONNX recipe: exporter, opset, quantization and check."""
+    quant = recipe.get("quantization") or {}
+    summary = {**(recipe.get("export") or {})}
+    summary.pop("seconds", None)
+    for key in ("method", "per_channel", "calibration", "op_types", "excluded_nodes", "format"):
+        if key in quant:
+            summary[key] = quant[key]
+    summary.setdefault("method", recipe.get("method"))
+    return summary

@@ -1,0 +1,144 @@
+"""ONNX models as classifiers: an ONNX Runtime session that runs like a torch model, and ONNX folders on disk.
+
+An ONNX folder is what a run delivers when ONNX Runtime is the fastest backend: `model.onnx`, a `recipe.json`
+(format `profiling-agent-onnx`: how the file was exported and quantized, how it was checked), the model's
+`config.json` (labels) and its image processor. Nothing in it is unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.io import read_json
+
+ONNX_FORMAT = "profiling-agent-onnx"
+ONNX_FORMAT_VERSION = 1
+ONNX_FILE = "model.onnx"
+ONNX_RECIPE = "recipe.json"
+
+__all__ = [
+    "ONNX_FILE",
+    "ONNX_FORMAT",
+    "ONNX_FORMAT_VERSION",
+    "ONNX_RECIPE",
+    "OnnxFolderError",
+    "OrtClassifier",
+    "OrtOutput",
+    "is_onnx_folder",
+    "load_onnx_folder",
+    "onnxruntime_missing",
+    "ort_session",
+]
+
+
+class OnnxFolderError(RuntimeError):
+    """An ONNX folder is incomplete, of an unknown format version, or cannot be opened by ONNX Runtime."""
+
+
+def onnxruntime_missing() -> str | None:
+    """Return why ONNX Runtime cannot be used here (one line), or None when `onnxruntime` and `onnx` import."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build failing on import
+        return f"ONNX Runtime is unavailable ({type(exc).__name__}: {exc}); pip install onnx onnxruntime"
+    return None
+
+
+def ort_session(path: str | os.PathLike, threads: int | None = None) -> Any:
+    """Open a CPU InferenceSession with `threads` intra-op threads (default: torch's current count)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(threads or torch.get_num_threads())
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+@dataclass
+class OrtOutput:
+    """What `OrtClassifier.forward` returns: the logits, like a transformers ImageClassifierOutput."""
+
+    logits: torch.Tensor
+
+
+class OrtClassifier(nn.Module):
+    """An ONNX Runtime session that behaves like an HF image classifier: forward(pixel_values=...).logits.
+
+    It has no parameters; evaluation.predict and evaluation.measure_latency use it unchanged. Inputs are handed
+    to ONNX Runtime as float32 CPU arrays (zero-copy for contiguous CPU tensors). `config` (the transformers
+    config, for labels) and `recipe` are set when it is loaded from an ONNX folder.
+    """
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.session = ort_session(path, threads)
+        self.input_name = self.session.get_inputs()[0].name
+        self.config: Any = None
+        self.recipe: dict[str, Any] = {}
+
+    def forward(self, pixel_values: torch.Tensor) -> OrtOutput:
+        """Run the session on a pixel batch and return its logits as a CPU float tensor."""
+        array = pixel_values.detach().to("cpu", torch.float32).contiguous().numpy()
+        (logits,) = self.session.run(None, {self.input_name: array})[:1]
+        return OrtOutput(logits=torch.from_numpy(logits))
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the .onnx file this session runs."""
+        return Path(self.path).stat().st_size
+
+
+def read_onnx_recipe(path: str | os.PathLike) -> dict[str, Any] | None:
+    """Return an ONNX folder's recipe, or None when `path` is not an ONNX folder."""
+    path = Path(path)
+    if not (path.is_dir() and (path / ONNX_FILE).is_file() and (path / ONNX_RECIPE).is_file()):
+        return None
+    try:
+        recipe = read_json(path / ONNX_RECIPE)
+    except (OSError, ValueError):
+        return None
+    return recipe if isinstance(recipe, dict) and recipe.get("format") == ONNX_FORMAT else None
+
+
+def is_onnx_folder(path: str | os.PathLike) -> bool:
+    """Return True when `path` holds model.onnx and a `profiling-agent-onnx` recipe.json."""
+    return read_onnx_recipe(path) is not None
+
+
+def load_onnx_folder(path: str | os.PathLike, threads: int | None = None) -> OrtClassifier:
+    """Open an ONNX folder as an `OrtClassifier` with its transformers config (labels) and recipe attached.
+
+    Raises:
+        OnnxFolderError: Not an ONNX folder, a newer format version, ONNX Runtime missing, or the file unreadable.
+    """
+    path = Path(path)
+    recipe = read_onnx_recipe(path)
+    if recipe is None:
+        raise OnnxFolderError(f"{path} is not an ONNX folder ({ONNX_FILE} plus a {ONNX_FORMAT} {ONNX_RECIPE})")
+    if int(recipe.get("format_version", 0)) > ONNX_FORMAT_VERSION:
+        raise OnnxFolderError(f"{path / ONNX_RECIPE}: format version {recipe.get('format_version')} is too new")
+    missing = onnxruntime_missing()
+    if missing:
+        raise OnnxFolderError(f"cannot run {path / ONNX_FILE}: {missing}")
+    try:
+        model = OrtClassifier(path / ONNX_FILE, threads)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own error types for bad files
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise OnnxFolderError(f"ONNX Runtime cannot open {path / ONNX_FILE}: {first}") from None
+    model.recipe = recipe
+    if (path / "config.json").is_file():
+        from transformers import AutoConfig
+
+        model.config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    return model.eval()

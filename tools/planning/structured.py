@@ -1,0 +1,150 @@
+"""Schema-constrained answers: the plan's JSON schema and which `response_format` a server accepts.
+
+Servers differ: OpenAI, vLLM and llama.cpp's own server take `{"type": "json_schema", ...}`;
+llama-cpp-python's server refuses that type but constrains `{"type": "json_object", "schema": ...}`; others
+ignore `response_format` altogether. The mode is found from the server's answers, once per run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+StructuredMode = Literal["json_schema", "json_object", "off"]
+StructuredChoice = Literal["auto", "json_schema", "json_object", "off"]
+AUTO_ORDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "off")
+_FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|schema|grammar", re.IGNORECASE)
+
+
+MAX_ENUM_LINEARS = 256  # Linear layer names listed for quantization entries (beyond: "all" only)
+
+
+def ratio_grid(min_ratio: float, max_ratio: float, step: float = 0.05) -> list[float]:
+    """Return the ratios a constrained answer may use: multiples of `step` within [min_ratio, max_ratio].
+
+    Grammar-constrained decoders (llama.cpp) honour enums but not numeric bounds; a real 135M model wrote a
+    ratio of 2 under a schema with "maximum": 0.8.
+    """
+    grid = [round(step * k, 4) for k in range(1, int(max_ratio / step + 1e-9) + 1)]
+    return [r for r in grid if r >= min_ratio] or [round(max_ratio, 4)]
+
+
+def plan_schema(
+    groups: list[dict[str, Any]],
+    dtypes: tuple[str, ...],
+    caps: dict[str, float],
+    min_ratio: float,
+    linears: list[str] | None = None,
+) -> dict[str, Any]:
+    """Return the JSON schema of a plan for this model, the one the server constrains decoding to.
+
+    Under constraint a pruning entry names exact groups (`groups`, an enum of this model's group names, so a
+    constrained model can neither invent a group nor mis-escape a regex). The guard checks this form and, for
+    unconstrained answers, also the `layer` regex form. Ratios come from a grid up to the larger cap (the guard
+    then applies each type's cap), and quantization entries name "all" or one exact Linear layer.
+    """
+    names = [str(g["name"]) for g in groups]
+    kinds = sorted({str(g["kind"]) for g in groups}) or ["structured", "head"]
+    prune_entry = {
+        "type": "object",
+        "properties": {
+            "groups": {"type": "array", "items": {"type": "string", "enum": names}, "minItems": 1},
+            "type": {"type": "string", "enum": kinds},
+            "ratio": {"type": "number", "enum": ratio_grid(min_ratio, max(caps.values(), default=0.8))},
+            "justification": {"type": "string"},
+        },
+        "required": ["groups", "type", "ratio", "justification"],
+        "additionalProperties": False,
+    }
+    quant_layers = ["all", *(linears or [])] if len(linears or []) <= MAX_ENUM_LINEARS else ["all"]
+    quant_entry = {
+        "type": "object",
+        "properties": {
+            "layer": {"type": "string", "enum": quant_layers},
+            "type": {"type": "string", "enum": ["dynamic"]},
+            "dtype": {"type": "string", "enum": list(dtypes)},
+            "justification": {"type": "string"},
+        },
+        "required": ["layer", "type", "dtype", "justification"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "pruning": {"type": "array", "items": prune_entry},
+            "quantization": {"type": "array", "items": quant_entry},
+            "rationale": {"type": "string"},
+        },
+        "required": ["pruning", "quantization", "rationale"],
+        "additionalProperties": False,
+    }
+
+
+def response_format(mode: StructuredMode, schema: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the request's `response_format` for `mode` (None for "off")."""
+    if mode == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": "compression_plan", "schema": schema, "strict": False}}
+    if mode == "json_object":
+        return {"type": "json_object", "schema": schema}
+    return None
+
+
+def refuses_format(status: int | None, reason: str) -> bool:
+    """Return True when a failed request reads as "this server does not take that response_format".
+
+    A 4xx answer is a refusal of the request as sent; a 5xx counts only when its message is about the format
+    (llama-cpp-python answers an unknown `response_format.type` with a 500 validation error).
+    """
+    if status is None:
+        return False
+    if 400 <= status < 500 and status not in (401, 403, 404, 408, 429):
+        return True
+    return status >= 500 and bool(_FORMAT_WORDS.search(reason))
+
+
+@dataclass
+class ModeFinder:
+    """Which structured-output mode to use next, learnt from the server's answers (one per run).
+
+    Attributes:
+        choice: What the user asked for (`--llm-structured`); "auto" tries json_schema, json_object, off.
+        known: A mode an earlier round of this run found working; tried first.
+        tried: One record per mode given up: {"mode", "why"}.
+    """
+
+    choice: StructuredChoice = "auto"
+    known: StructuredMode | None = None
+    tried: list[dict[str, str]] = field(default_factory=list)
+    confirmed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.choice != "auto":
+            self.order: list[StructuredMode] = [self.choice]
+        else:
+            first = [self.known] if self.known in AUTO_ORDER else []
+            self.order = list(dict.fromkeys([*first, *AUTO_ORDER]))
+
+    @property
+    def mode(self) -> StructuredMode:
+        """The mode the next constrained request uses ("off" once every mode was given up)."""
+        return self.order[0] if self.order else "off"
+
+    def give_up(self, why: str) -> bool:
+        """Drop the current mode (refused or ignored by the server); return True when another one is left.
+
+        A forced mode (`choice` other than auto) is never dropped: its failures are the request's failures.
+        """
+        if self.choice != "auto" or self.mode == "off":
+            return False
+        self.tried.append({"mode": self.mode, "why": why[:200]})
+        self.order.pop(0)
+        return True
+
+    def worked(self) -> None:
+        """Note that the server answered a request in the current mode with a parseable plan."""
+        self.confirmed = True
+
+    def record(self) -> dict[str, Any]:
+        """Return the JSON facts for the transcript and result.json."""
+        return {"choice": self.choice, "mode": self.mode, "confirmed": self.confirmed, "given_up": list(self.tried)}

@@ -10,7 +10,7 @@ from profiling_agent.graph.checkpoint import open_checkpointer
 from profiling_agent.state import Context
 
 pytestmark = pytest.mark.slow
-FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
+FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "backend": "torch"}
 
 
 def _run(tmp_path, quick_resnet, thread: str, **ctx):

@@ -170,7 +170,7 @@ def build_result(
             "plan": best.get("plan"),
             "path": "best",
             "source_path": (best.get("delivered") or best.get("artifact") or {}).get("path"),
-            "pruned_path": (best.get("pruned") or {}).get("path"),
+            "pruned_path": (best.get("recovered") or best.get("pruned") or {}).get("path"),  # fp32, after recovery
         }
     objective = state.get("objective") or {}
     return {

@@ -25,19 +25,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# ---------------------------------------------------------------- run inputs ("what")
-
-
-class ModelRef(_Strict):
-    """Which model to compress."""
-
-    ref: str = Field(
-        default=EMBEDDED_MODEL,
-        description="Hub id (e.g. google/vit-base-patch16-224), local save_pretrained folder, a saved "
-        "profiling-agent artifact, or embedded:vit-digits / embedded:resnet-digits.",
-    )
-    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
-    trust_remote_code: bool = Field(default=False, description="Allow custom modelling code from the hub.")
+class _Ref(_Strict):
+    """A reference that may also be given as its bare string."""
 
     @model_validator(mode="before")
     @classmethod
@@ -45,57 +34,49 @@ class ModelRef(_Strict):
         return {"ref": data} if isinstance(data, str) else data
 
 
-class DatasetRef(_Strict):
-    """Which labelled images to evaluate on."""
+# ---------------------------------------------------------------- run inputs ("what")
+
+
+class ModelRef(_Ref):
+    """Which model to compress."""
 
     ref: str = Field(
-        default=EMBEDDED_DATASET,
-        description="Hub id, a save_to_disk folder, an imagefolder directory, or embedded:digits.",
+        default=EMBEDDED_MODEL, description="Hub id, save_pretrained or artifact folder, or embedded:vit-digits."
     )
+    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
+    trust_remote_code: bool = Field(default=False, description="Allow custom modelling code from the hub.")
+
+
+class DatasetRef(_Ref):
+    """Which labelled images to evaluate on."""
+
+    ref: str = Field(default=EMBEDDED_DATASET, description="Hub id, save_to_disk or imagefolder, embedded:digits.")
     split: str = Field(default="test", description="Split to evaluate on (validation and, by default, test images).")
     subset: int = Field(
-        default=512,
-        ge=8,
-        le=1_000_000,
-        description="Seeded validation subset: the images the loop, the planners and the selection rule see.",
+        default=512, ge=8, le=1_000_000, description="Seeded validation subset: all the loop and selection see."
     )
     test_subset: int = Field(
-        default=512,
-        ge=8,
-        le=1_000_000,
-        description="Seeded held-out test subset, disjoint from validation and calibration: evaluated only for "
-        "the baseline and the delivered model.",
+        default=512, ge=8, le=1_000_000, description="Held-out test subset: only the baseline and delivered model."
     )
     test_split: str | None = Field(
-        default=None,
-        description="Split the test images come from (default: the evaluated split, or `test` when evaluating "
-        "on `validation` and the dataset has one).",
+        default=None, description="Test images' split (default: the evaluated one, or `test` beside `validation`)."
     )
-    calibration: int = Field(
-        default=64, ge=4, le=10_000, description="Images (from the other samples) used by the sensitivity probe."
+    calibration: int = Field(default=64, ge=4, le=10_000, description="Probe and refit images (unused rows).")
+    train_split: str | None = Field(
+        default=None, description="Split recovery trains on (default: `train`, else unused evaluated-split rows)."
     )
     image_column: str | None = Field(default=None, description="Image column; detected when omitted.")
     label_column: str | None = Field(default=None, description="Label column; detected when omitted.")
     seed: int = Field(default=0, description="Seed for the subset and every random choice.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _from_string(cls, data: Any) -> Any:
-        return {"ref": data} if isinstance(data, str) else data
-
 
 class Objective(_Strict):
     """What the run optimizes and the rule that picks the best candidate."""
 
-    max_acc_drop: float = Field(
-        default=2.0, ge=0.0, le=100.0, description="Largest accepted top-1 drop, in percentage points."
-    )
+    max_acc_drop: float = Field(default=2.0, ge=0.0, le=100.0, description="Largest accepted top-1 drop, in pp.")
     target: TargetMetric = Field(default="params", description="Metric the `budget` rule reduces.")
     target_reduction: float = Field(
-        default=0.4,
-        gt=0.0,
-        lt=1.0,
-        description="Fractional reduction of `target` that counts as success (the loop stops early).",
+        default=0.4, gt=0.0, lt=1.0, description="Fractional reduction of `target` that counts as success."
     )
     select: SelectRule = Field(
         default="budget",
@@ -110,10 +91,7 @@ class Objective(_Strict):
         "l1, l2 or random (needs `ratio`).",
     )
     ratio: float | None = Field(
-        default=None,
-        gt=0.0,
-        lt=1.0,
-        description="Uniform pruning ratio of the l1/l2/random baselines (required for them, unused otherwise).",
+        default=None, gt=0.0, lt=1.0, description="Uniform ratio of the l1/l2/random baselines (required by them)."
     )
     approve: bool = Field(
         default=False,
@@ -302,6 +280,8 @@ class EvalRecord(_Strict):
     acc_delta_ci: list[float] | None = Field(
         default=None, description="Paired bootstrap 95% interval of the accuracy change vs the baseline, pp."
     )
+    accuracy_before_recovery: float | None = Field(default=None, description="Top-1 before recovery (fp32 pruned), %.")
+    agreement_before_recovery: float | None = Field(default=None, description="Its agreement with the baseline, %.")
     variants: list[VariantRecord] = Field(default_factory=list, description="Every backend form, side by side.")
     delivered: str = Field(default="torch", description="The variant the fields above describe (handed over).")
     delivery_note: str = Field(default="", description="Why that variant was delivered (or why ORT was not).")
@@ -329,6 +309,27 @@ class Review(_Strict):
     estimate: dict[str, float] | None = Field(default=None, description="Estimated reductions of an edited plan.")
 
 
+class RecoveryRecord(_Strict):
+    """What the recover step did to a pruned candidate, measured on the images it was allowed to see."""
+
+    requested: str = Field(default="none", description="The context's recover setting (none, reconstruct, ...).")
+    method: str = Field(default="none", description="What ran: none, reconstruct, distill or reconstruct+distill.")
+    note: str = Field(default="", description="Why a step was skipped, or where the training images came from.")
+    seconds: float = Field(default=0.0, description="Wall-clock seconds of the whole step.")
+    consumers: int = Field(default=0, description="Layers refitted by reconstruction.")
+    fit_error_before: float | None = Field(default=None, description="Mean relative output error before the refit.")
+    fit_error_after: float | None = Field(default=None, description="Mean relative output error after the refit.")
+    train_images: int = Field(default=0, description="Images distillation could train on.")
+    steps: int = Field(default=0, description="Distillation steps done.")
+    steps_planned: int = Field(default=0, description="Distillation steps planned.")
+    resumed_from: int = Field(default=0, description="Step a resumed distillation continued from (0: fresh).")
+    loss: float | None = Field(default=None, description="Last distillation loss.")
+    calib_agreement_before: float | None = Field(default=None, description="Calibration agreement before, %.")
+    calib_agreement_after: float | None = Field(default=None, description="Calibration agreement after, %.")
+    curve: str | None = Field(default=None, description="JSON file of the recovery curve, relative to the run.")
+    error: str | None = Field(default=None, description="Why recovery was abandoned (the pruned weights go on).")
+
+
 class Candidate(_Strict):
     """One iteration's plan, what pruning actually did, its artifacts and its evaluation."""
 
@@ -345,11 +346,11 @@ class Candidate(_Strict):
     macs: int | None = Field(default=None, description="MACs of one image after pruning.")
     params_before: int | None = Field(default=None, description="Parameters before pruning.")
     params_after: int | None = Field(default=None, description="Parameters after pruning.")
+    recovery: RecoveryRecord | None = Field(default=None, description="What the recover step did.")
+    recovered: ArtifactRef | None = Field(default=None, description="The pruned model after recovery (fp32).")
     quantized: list[str] = Field(default_factory=list, description="Modules dynamically quantized.")
     artifact: ArtifactRef | None = Field(default=None, description="The torch candidate (the plan's quantization).")
-    delivered: ArtifactRef | None = Field(
-        default=None, description="The delivered form when it is another variant (e.g. an ONNX folder)."
-    )
+    delivered: ArtifactRef | None = Field(default=None, description="The delivered form when not `artifact`.")
     eval: EvalRecord | None = Field(default=None, description="Its measurements.")
     error: str | None = Field(default=None, description="Why it failed or was skipped.")
 
@@ -439,18 +440,12 @@ class State(BaseModel):
     plan: CompressionPlan | None = Field(default=None, description="Plan of the current iteration.")
     planner_used: str = Field(default="", description="Planner that produced the current plan.")
     current: Candidate | None = Field(default=None, description="Candidate being built this iteration.")
-    candidates: Annotated[list[Candidate], operator.add] = Field(
-        default_factory=list, description="Finished candidates, one per iteration."
-    )
+    candidates: Annotated[list[Candidate], operator.add] = Field(default_factory=list, description="One per round.")
     best: Best | None = Field(default=None, description="Best candidate so far, by the rule.")
-    fallbacks: Annotated[list[Fallback], operator.add] = Field(
-        default_factory=list, description="Planner fallbacks (LLM -> deterministic) with reasons."
-    )
+    fallbacks: Annotated[list[Fallback], operator.add] = Field(default_factory=list, description="LLM refusals.")
     stop_reason: str = Field(default="", description="Why the loop ended.")
     report: ReportRef | None = Field(default=None, description="Paths of the report files.")
-    history: Annotated[list[HistoryEvent], operator.add] = Field(
-        default_factory=list, description="One event per node step (node, iteration, message)."
-    )
+    history: Annotated[list[HistoryEvent], operator.add] = Field(default_factory=list, description="Node steps.")
 
 
 class InputState(BaseModel):
@@ -492,8 +487,12 @@ class Context:
     eval_batch: int = _ctx(64, "Batch size for accuracy evaluation.")
     probe_ratio: float = _ctx(0.3, "Ratio each group is pruned at by the sensitivity probe.")
     importance: str = _ctx("l2", "Channel/head importance: l2, l1 or random.")
+    recover: str = _ctx("auto", "Recovery after pruning: none, reconstruct, distill or auto (both when it can).")
+    recover_steps: int = _ctx(0, "Distillation steps (0: scaled to the training images and the model size).")
+    recover_minutes: float = _ctx(2.0, "Wall-clock cap of one candidate's distillation, minutes (0: none).")
+    recover_lr: float = _ctx(3e-4, "Peak AdamW learning rate of distillation.")
+    recover_batch: int = _ctx(32, "Images per distillation step.")
+    recover_augment: bool = _ctx(True, "Augment training images (random resized crop; flips for RGB images).")
     backend: str = _ctx(
-        "auto",
-        "torch (the plan's torch model), onnxruntime (ONNX Runtime variants) or auto (every variant): each "
-        "candidate is delivered in its fastest measured form within the accuracy budget.",
+        "auto", "torch, onnxruntime or auto (every form): the fastest measured form within budget is delivered."
     )

@@ -17,6 +17,7 @@ from profiling_agent.nodes.probe import probe_sensitivity
 from profiling_agent.nodes.profile import profile
 from profiling_agent.nodes.prune import prune
 from profiling_agent.nodes.quantize import quantize
+from profiling_agent.nodes.recover import recover
 from profiling_agent.nodes.report import report
 from profiling_agent.nodes.resolve_shape import resolve_input_shape
 from profiling_agent.nodes.test_best import test_best
@@ -35,6 +36,7 @@ def build_graph(checkpointer: Checkpointer = None):
     builder.add_node("analyze", analyze)
     builder.add_node("approve", approve)
     builder.add_node("prune", prune)
+    builder.add_node("recover", recover)
     builder.add_node("quantize", quantize)
     builder.add_node("evaluate", evaluate)
     builder.add_node("iterate", iterate)
@@ -54,6 +56,8 @@ def build_graph(checkpointer: Checkpointer = None):
     builder.add_conditional_edges("approve", routing.after_approve)
     # a plan the engine could not apply skips quantization and evaluation: iterate records the failure
     builder.add_conditional_edges("prune", routing.after_prune)
+    # recovery never fails a candidate (it keeps the one-shot weights), and quantization follows it
+    builder.add_edge("recover", "quantize")
     builder.add_conditional_edges("quantize", routing.after_quantize)
     builder.add_edge("evaluate", "iterate")
     # the iterative pruning loop (paper, Algorithm 1), bounded in the routing function

@@ -46,6 +46,17 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None, help="LLM sampling temperature")
     p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
     p.add_argument(
+        "--recover",
+        choices=["none", "reconstruct", "distill", "auto"],
+        default=None,
+        help="accuracy recovery after pruning (default auto: reconstruct, then distill when training images exist)",
+    )
+    p.add_argument("--recover-steps", type=int, default=None, help="distillation steps (default: scaled to the data)")
+    p.add_argument("--recover-minutes", type=float, default=None, help="wall-clock cap per candidate (default 2)")
+    p.add_argument("--recover-lr", type=float, default=None, help="peak distillation learning rate (default 3e-4)")
+    p.add_argument("--recover-batch", type=int, default=None, help="images per distillation step (default 32)")
+    p.add_argument("--no-augment", action="store_true", help="train recovery on the images as they are")
+    p.add_argument(
         "--backend",
         choices=["torch", "onnxruntime", "auto"],
         default=None,
@@ -103,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--test-split", default=None, help="split the test images come from (default: see README)")
     run.add_argument("--calibration", type=int, default=None, help="sensitivity-probe images (default 64)")
+    run.add_argument("--train-split", default=None, help="split recovery trains on (default: train, when there is one)")
     run.add_argument("--image-column", default=None)
     run.add_argument("--label-column", default=None)
     run.add_argument("--seed", type=int, default=None)
@@ -197,7 +209,17 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.trust_remote_code:
         model["trust_remote_code"] = True
     dataset: dict[str, Any] = {}
-    for key in ("split", "subset", "test_subset", "test_split", "calibration", "image_column", "label_column", "seed"):
+    for key in (
+        "split",
+        "subset",
+        "test_subset",
+        "test_split",
+        "train_split",
+        "calibration",
+        "image_column",
+        "label_column",
+        "seed",
+    ):
         _set(dataset, key, getattr(args, key))
     _set(dataset, "ref", args.dataset)
     objective: dict[str, Any] = {}
@@ -231,6 +253,7 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(ctx, "llm_temperature", args.temperature)
     _check_llm_flags(args)
     _set(ctx, "latency_repeats", args.repeats)
+    _recover_flags(args, ctx)
     _set(ctx, "backend", args.backend)
     if args.threads is not None and args.threads < 1:
         raise BadInput("invalid --threads: must be at least 1")
@@ -242,6 +265,24 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if not torch.cuda.is_available():
             raise BadInput("--device cuda was requested but no CUDA device is available")
     return ctx
+
+
+def _recover_flags(args: argparse.Namespace, ctx: dict[str, Any]) -> None:
+    """Copy the recovery flags into the context, refusing values out of range."""
+    checks = {
+        "recover_steps": (lambda v: 0 <= v <= 1_000_000, "must be in 0..1000000 (0: scaled to the data)"),
+        "recover_minutes": (lambda v: 0 <= v <= 10_000, "must be in [0, 10000] minutes (0: no cap)"),
+        "recover_lr": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        "recover_batch": (lambda v: 1 <= v <= 4096, "must be in 1..4096"),
+    }
+    for key, (ok, why) in checks.items():
+        value = getattr(args, key, None)
+        if value is not None and not ok(value):
+            raise BadInput(f"invalid --{key.replace('_', '-')}: {why}")
+        _set(ctx, key, value)
+    _set(ctx, "recover", args.recover)
+    if getattr(args, "no_augment", False):
+        ctx["recover_augment"] = False
 
 
 def _check_llm_flags(args: argparse.Namespace) -> None:

@@ -19,9 +19,9 @@ def after_approve(state: State) -> Literal["prune", "iterate"]:
     return "iterate" if state.current and state.current.status == "rejected" else "prune"
 
 
-def after_prune(state: State) -> Literal["quantize", "iterate"]:
-    """Quantize a pruned candidate; a plan the engine could not apply is recorded as failed."""
-    return "quantize" if state.current and state.current.status == "ok" else "iterate"
+def after_prune(state: State) -> Literal["recover", "iterate"]:
+    """Recover (then quantize) a pruned candidate; a plan the engine could not apply is recorded as failed."""
+    return "recover" if state.current and state.current.status == "ok" else "iterate"
 
 
 def after_quantize(state: State) -> Literal["evaluate", "iterate"]:

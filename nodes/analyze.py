@@ -20,17 +20,32 @@ from profiling_agent.tools.planning.backoff import Backoff
 
 
 def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None):
-    """Build the LLM's evaluate_plan function: a plan on a fresh baseline copy, scored on the calibration images."""
+    """Build evaluate_plan: a plan on a fresh baseline copy, reconstructed when recovery is on, on calibration images.
+
+    The reconstruction fits the baseline's activations on those images, never their labels.
+    """
     from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
 
     tensors = prepared(state)
+
+    def load_baseline():
+        return load_artifact_model(state, state.baseline).model
+
+    recover = None
+    if ctx.recover != "none":  # trials see what the recover step will at least do: the least-squares refit
+        from profiling_agent.tools.recovery.reconstruct import reconstruct
+
+        def recover(model, applied) -> None:
+            reconstruct(load_baseline(), model, tensors["calib_pixels"], applied, seed=state.dataset.seed)
+
     return make_plan_evaluator(
-        lambda: load_artifact_model(state, state.baseline).model,
+        load_baseline,
         tensors["calib_pixels"],
         tensors["calib_labels"],
         allowed_ids=allowed_ids(state),
         importance=ctx.importance,
         seed=state.dataset.seed,
+        recover=recover,
         **({"max_calls": max_calls} if max_calls else {}),
     )
 

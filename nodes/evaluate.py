@@ -69,8 +69,9 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     torch_name = f"torch_{sorted(set(_dtypes(cand.recipe)))[0]}" if current.quantized else "torch_fp32"
     models = {"baseline": load_artifact_model(state, state.baseline).model, torch_name: cand.model}
     fp32 = cand.model
-    if current.quantized and current.pruned:  # the fp32 pruned model: its own variant and what ORT exports
-        fp32 = models["torch_fp32"] = load_artifact_model(state, current.pruned).model
+    fp32_ref = current.recovered or current.pruned  # the fp32 pruned model, after recovery when it ran
+    if current.quantized and fp32_ref:  # the fp32 pruned model: its own variant and what ORT exports
+        fp32 = models["torch_fp32"] = load_artifact_model(state, fp32_ref).model
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=0, total=3, label="backends")
     built = _build_ort(state, fp32, cand.processor, tensors, backend, threads)
     models.update({v.name: v.model for v in built if v.status == "ok"})
@@ -89,13 +90,14 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         device=device,
         allowed_ids=allowed_ids(state),
     )
+    before = _before_recovery(state, pixels, labels, measured["baseline"]["preds"], device, ctx.eval_batch)
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=3, total=3, label="")
     sizes = {torch_name: current.artifact.size_bytes}
-    if "torch_fp32" in models and current.pruned and torch_name != "torch_fp32":
-        sizes["torch_fp32"] = current.pruned.size_bytes
+    if "torch_fp32" in models and fp32_ref and torch_name != "torch_fp32":
+        sizes["torch_fp32"] = fp32_ref.size_bytes
     paths = {torch_name: current.artifact.path}
-    if current.pruned and torch_name != "torch_fp32":
-        paths["torch_fp32"] = current.pruned.path
+    if fp32_ref and torch_name != "torch_fp32":
+        paths["torch_fp32"] = fp32_ref.path
     variants = [variant_record(n, measured[n], size_bytes=sizes[n], path=paths.get(n)) for n in sizes]
     for v in built:
         variants.append(
@@ -151,6 +153,8 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             seed=state.dataset.seed,
         )
     )
+    if before is not None:
+        record.accuracy_before_recovery, record.agreement_before_recovery = before
     current.eval = record
     current.delivered = None
     if name != torch_name and chosen["path"]:
@@ -162,12 +166,32 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         )
     low, high = record.acc_delta_ci
     message = (
-        f"delivered {name}: validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%; change "
+        f"delivered {name}: validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%"
+        + (
+            f", {record.accuracy_before_recovery:.2f}% before recovery"
+            if record.accuracy_before_recovery is not None
+            else ""
+        )
+        + "; change "
         f"{record.accuracy - base_eval.accuracy:+.2f} pp, 95% CI [{low:+.2f}, {high:+.2f}]), "
         f"agreement {record.agreement:.1f}%, {record.speedup:.2f}x batch-1 speed, {record.params:,} params, "
         f"{record.size_mb:.2f} MB; " + _variants_line(variants)
     )
     return {"current": current.model_dump(), "history": event("evaluate", message, it)}
+
+
+def _before_recovery(
+    state: State, pixels: Any, labels: Any, base_preds: Any, device: str, eval_batch: int
+) -> tuple[float, float] | None:
+    """Top-1 and agreement of the one-shot pruned weights (before recovery), when recovery changed them."""
+    from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+
+    current = current_candidate(state)
+    if not (current.recovered and current.pruned):
+        return None
+    model = load_artifact_model(state, current.pruned).model.to(device)
+    preds = predict(model, pixels, batch_size=eval_batch, device=device, allowed_ids=allowed_ids(state))
+    return top1(preds, labels), agreement(preds, base_preds)
 
 
 def _dtypes(recipe: dict[str, Any]) -> list[str]:

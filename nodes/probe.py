@@ -43,6 +43,7 @@ def probe_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         allowed_ids=allowed_ids(state),
         seed=state.dataset.seed,
         progress=progress_callback(runtime, "sensitivity probe"),
+        recover=ctx.recover != "none",  # damage after the least-squares refit the recover step will do
     )
     write_json_atomic(run_dir(state) / "sensitivity.json", result)
     rounded = {
@@ -51,4 +52,6 @@ def probe_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     least = min(rounded, key=lambda g: rounded[g]["damage"]) if rounded else "-"
     most = max(rounded, key=lambda g: rounded[g]["damage"]) if rounded else "-"
     message = f"{len(rounded)} groups probed at ratio {ctx.probe_ratio:g}; least sensitive {least}, most {most}"
+    if ctx.recover != "none":
+        message += " (after reconstruction)"
     return {"sensitivity": rounded, "history": event("probe_sensitivity", message)}

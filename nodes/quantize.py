@@ -18,7 +18,7 @@ def quantize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     it = state.iteration
     current = current_candidate(state)
     plan = state.plan or CompressionPlan()
-    loaded = load_artifact_model(state, current.pruned)
+    loaded = load_artifact_model(state, current.recovered or current.pruned)  # quantize after recovery
     entries = plan.quantization
     try:
         model, quantized = quantize_model(loaded.model, entries)

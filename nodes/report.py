@@ -51,6 +51,7 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.io import atomic_dir, read_json, write_json_atomic, write_text_atomic
     from profiling_agent.tools.reporting.files import write_report_files
     from profiling_agent.tools.reporting.markdown import render_markdown
+    from profiling_agent.tools.reporting.plot_recovery import attach_curves
     from profiling_agent.tools.reporting.result import build_result
 
     root = run_dir(state)
@@ -64,7 +65,7 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     final = state.model_dump()
     final["status"] = "done"
     thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None) or root.name  # forks: RUN/T/forks/
-    result = build_result(final, str(thread), latency)
+    result = attach_curves(build_result(final, str(thread), latency), root)  # the report rebuilds from result.json
     write_json_atomic(root / "result.json", result)
     profile_path = root / "profile.json"
     profile = read_json(profile_path) if profile_path.exists() else None

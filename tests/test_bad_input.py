@@ -148,6 +148,10 @@ def test_unreachable_hub_is_one_line(tmp_path):
         ("--ratio", "0.3"),  # only for the l1/l2/random baselines
         ("--threads", "0"),
         ("--repeats", "0"),
+        ("--recover-batch", "0"),
+        ("--recover-lr", "0"),
+        ("--recover-steps", "-1"),
+        ("--recover-minutes", "-1"),
     ],
 )
 def test_out_of_range_values(tmp_path, capfd, flag, value):

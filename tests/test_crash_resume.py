@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -87,13 +88,13 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
     assert code == -signal.SIGKILL and nxt in (("quantize",), ("evaluate",), ("iterate",)), err
 
     # 3. Ctrl-C (SIGINT) in the middle of iteration 2: exit 130 and one line naming the resume command
-    mid_loop = _next_is(("prune", "quantize", "evaluate"), 2)  # a quick step alone can fall between two polls
+    mid_loop = _next_is(("prune", "recover", "quantize", "evaluate"), 2)  # a quick step can fall between two polls
     err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, mid_loop, signal.SIGINT)
     assert code == 130, err
     assert "Traceback" not in err
     expected = f"interrupted: resume with `profiling-agent resume {THREAD} --run-dir {runs}`"
     assert err.strip().splitlines()[-1] == expected
-    assert nxt in (("prune",), ("quantize",), ("evaluate",), ("iterate",))  # unfinished, or writes saved
+    assert nxt in (("prune",), ("recover",), ("quantize",), ("evaluate",), ("iterate",))  # unfinished, or saved
 
     # 4. SIGKILL while the report measures and writes
     err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, _next_is("report"), signal.SIGKILL)
@@ -104,3 +105,34 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "resuming crash at report" in done.stderr and "best:" in done.stdout
     _check_complete(runs)
+
+
+@pytest.mark.slow
+def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_path):
+    model, dataset = build_quick_resnet(tmp_path / "cache")
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        env.pop(key, None)
+    run_args = _cli(
+        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
+        "--iterations", "1", "--planner", "deterministic", "--repeats", "2", "--threads", "1",
+        "--recover", "auto", "--recover-steps", "120", "--recover-batch", "16", "--recover-minutes", "0",
+        "--run-dir", str(runs), "--thread-id", THREAD,
+    )  # fmt: skip
+    saved = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"
+
+    def distilling(snap) -> bool:  # a step is saved and the recover node is still running
+        return snap.next == ("recover",) and saved.is_file() and json.loads(saved.read_text())["step"] >= 11
+
+    err, nxt, code = _stop_when(_start(run_args, env, tmp_path), runs, distilling, signal.SIGKILL)
+    assert code == -signal.SIGKILL and nxt == ("recover",), err
+    killed_at = json.loads(saved.read_text())["step"]
+    resume_args = _cli("resume", THREAD, "--run-dir", str(runs))
+    done = subprocess.run(resume_args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PHASE_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    values = _check_complete(runs)
+    recovery = values["candidates"][0]["recovery"]
+    assert recovery["method"] == "reconstruct+distill" and recovery["steps"] == 120
+    assert recovery["resumed_from"] >= killed_at + 1 > 1, (recovery, killed_at)
+    assert not saved.parent.exists()  # the finished artifact replaced the step checkpoints

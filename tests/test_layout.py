@@ -10,7 +10,7 @@ PACKAGE = "profiling_agent"
 SOURCE_DIRS = ("graph", "nodes", "tools", "prompts")
 MAX_LINES = 500
 # the rooms of tools/, lowest first: a module may import its own room and the rooms before it, never after
-LAYERS = ("models", "data", "compression", "profiling", "evaluation", "planning", "reporting")
+LAYERS = ("models", "data", "compression", "recovery", "profiling", "evaluation", "planning", "reporting")
 TOP_HELPERS = {"io", "device", "hub", "text", "versions"}
 
 

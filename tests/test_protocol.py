@@ -10,7 +10,7 @@ import pytest
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.state import Context
 
-FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
+FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
 
 
 @pytest.mark.slow

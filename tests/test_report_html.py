@@ -27,7 +27,7 @@ from profiling_agent.tools.reporting.plots import (
 
 pytestmark = pytest.mark.slow
 
-FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
+FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 
@@ -240,9 +240,10 @@ def test_cli_report_rebuilds_from_files_deterministically(finished_run, tmp_path
     assert sorted(p.name for p in (copy_dir / "plots").iterdir()) == [
         "pareto_latency.png",
         "pareto_params.png",
+        "recovery_curve.png",  # from result.json's distillation curves
         "stale.png",
     ]
-    assert len(_parse((copy_dir / "report.html").read_text()).images) == 2
+    assert len(_parse((copy_dir / "report.html").read_text()).images) == 3
 
 
 @pytest.mark.parametrize("case", ["missing", "no-result", "running", "not-json", "not-a-result", "bad-field"])

@@ -56,7 +56,7 @@ def test_routing_enforces_the_iteration_bound():
     assert after_iterate(State(objective=Objective(iterations=3), iteration=2)) == "analyze"
     assert after_iterate(State(iteration=1, stop_reason="objective met")) == "test_best"
     assert after_prune(State(current={"iteration": 1, "status": "failed"})) == "iterate"
-    assert after_prune(State(current={"iteration": 1, "status": "ok"})) == "quantize"
+    assert after_prune(State(current={"iteration": 1, "status": "ok"})) == "recover"
     assert after_quantize(State(current={"iteration": 1, "status": "failed"})) == "iterate"
     assert after_quantize(State(current={"iteration": 1, "status": "ok"})) == "evaluate"
     assert after_analyze(State(stop_reason="converged")) == "test_best"

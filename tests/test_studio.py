@@ -62,6 +62,7 @@ FLAG_FIELDS = {
     "run_dir": "context.run_root",
     "temperature": "context.llm_temperature",
     "repeats": "context.latency_repeats",
+    "no_augment": "context.recover_augment",
     "thread_id": "config.configurable.thread_id",
 }
 # run flags with no graph field because the server provides the thing itself
@@ -214,7 +215,7 @@ def test_full_run_with_approval_from_studio(studio):
 
     nodes, progress, interrupts = stream(command={"resume": {"decision": "approve"}})
     assert not interrupts
-    assert nodes == ["approve", "prune", "quantize", "evaluate", "iterate", "test_best", "report"]
+    assert nodes == ["approve", "prune", "recover", "quantize", "evaluate", "iterate", "test_best", "report"]
     assert {p["task"] for p in progress} >= {"iteration 1: evaluating", "final latency (all models side by side)"}
 
     state = client.threads.get_state(thread_id)

@@ -18,9 +18,11 @@ class ExportError(ValueError):
 
 
 def _pruned_folder(run: Path, best: dict[str, Any]) -> Path:
-    """Return the best candidate's FP32 pruned artifact (what ONNX Runtime exports and quantizes itself)."""
+    """Return the best candidate's FP32 pruned artifact, after recovery (what ONNX Runtime exports and quantizes)."""
     recorded = best.get("pruned_path")
-    folder = run / recorded if recorded else run / f"iter_{int(best['iteration']):02d}" / "pruned"
+    iteration = run / f"iter_{int(best['iteration']):02d}"
+    fallback = iteration / "recovered" if (iteration / "recovered" / "recipe.json").is_file() else iteration / "pruned"
+    folder = run / recorded if recorded else fallback
     if not (folder / "recipe.json").is_file():
         raise ExportError(f"{folder} (the best candidate's FP32 pruned model) is missing")
     return folder

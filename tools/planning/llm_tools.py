@@ -288,6 +288,7 @@ def make_plan_evaluator(
     importance: str = "l2",
     seed: int = 0,
     max_calls: int = MAX_EVALUATIONS,
+    recover: Callable[[Any, list[dict[str, Any]]], None] | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Build `evaluate_fn` for the evaluate_plan tool: apply a plan to a fresh copy of the baseline and measure it.
 
@@ -302,6 +303,8 @@ def make_plan_evaluator(
         importance: Channel/head importance for pruning.
         seed: Seed for pruning.
         max_calls: Evaluations allowed; later calls raise RuntimeError (returned to the LLM as an error).
+        recover: Called as recover(pruned model, applied rows) after pruning and before quantization (the
+            run's reconstruction), so the metrics are those of a recovered candidate.
 
     Returns:
         A callable taking a plan dict and returning measured metrics.
@@ -330,6 +333,9 @@ def make_plan_evaluator(
         example = pixels[:1].clone()
         report = prune_model(model, plan.get("pruning") or [], example, importance=importance, seed=seed)
         self_check(model, example, int(model.config.num_labels))
+        if recover is not None:
+            recover(model, report.applied)
+            self_check(model, example, int(model.config.num_labels))
         params = count_params(model)
         quantized, layers = quantize_model(model, plan.get("quantization") or [])
         preds = predict(quantized, pixels, allowed_ids=allowed_ids)

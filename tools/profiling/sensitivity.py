@@ -51,6 +51,7 @@ def probe_sensitivity(
     batch_size: int = 64,
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
+    recover: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Prune each group alone at `ratio` (at least one unit) on a copy and measure the damage.
 
@@ -64,12 +65,16 @@ def probe_sensitivity(
         batch_size: Inference batch size.
         seed: Seed for the pruning engine.
         progress: Called as progress(done, total, group_name).
+        recover: Refit the group's consumer layer by least squares (tools/recovery/reconstruct.py) on the same
+            images before measuring, so the damage is what is left after the run's recovery: a group that
+            recovers well looks less sensitive and gets pruned harder.
 
     Returns:
         Per group name: `damage` (KL divergence of the probed model's predictions from the baseline's, plus
         the fraction of changed predictions), `kl`, `agreement`, `acc_drop`, `units_removed`, `ratio`.
     """
     from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.recovery.reconstruct import reconstruct
 
     reference = _restrict(batched_logits(model, pixels, batch_size), allowed_ids)
     example = pixels[:1]
@@ -81,6 +86,8 @@ def probe_sensitivity(
         try:
             report = prune_model(trial, [entry], example, seed=seed)
             removed = sum(a["units_before"] - a["units_after"] for a in report.applied if a["group"] == group.name)
+            if recover:
+                reconstruct(model, trial, pixels, report.applied, seed=seed)
             stats = compare_logits(reference, _restrict(batched_logits(trial, pixels, batch_size), allowed_ids), labels)
             damage = stats["kl"] + (100.0 - stats["agreement"]) / 100.0
             results[group.name] = {**stats, "damage": damage, "units_removed": removed, "ratio": round(probe, 4)}

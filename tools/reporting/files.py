@@ -60,11 +60,15 @@ def write_report_files(
     """
     from profiling_agent.tools.io import write_text_atomic
     from profiling_agent.tools.reporting.markdown import render_markdown
-    from profiling_agent.tools.reporting.plots import render_plots, write_plots
+    from profiling_agent.tools.reporting.plot_recovery import plot_recovery
+    from profiling_agent.tools.reporting.plots import PLOT_FILES, render_plots, write_plots
 
     root = Path(run_path)
     summary = profile_summary if profile_summary is not None else _summary_from_profile(profile)
     images = render_plots(result, profile)
+    recovery = plot_recovery(result)
+    if recovery is not None:  # keyed like the others, so it takes its place in PLOT_FILES order
+        images = {key: made for key in PLOT_FILES if (made := {**images, "recovery_curve": recovery}.get(key))}
     written = write_plots(root, images)
     markdown = render_markdown(dict(result), dict(summary) if summary else None)
     write_text_atomic(root / REPORT_MD, markdown_with_plots(markdown, written))

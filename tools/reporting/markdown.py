@@ -43,6 +43,7 @@ def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
         "size MB",
         "Δ val pp [95% CI]",
         "test top-1 %",
+        "val before recovery %",
         "status",
     ]
     rows = [header]
@@ -60,6 +61,7 @@ def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
             _fmt(base.get("size_mb"), "mb"),
             "",
             _fmt(base.get("test_accuracy"), "pct"),
+            "",
             "",
         ]
     )
@@ -80,6 +82,7 @@ def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
                 _fmt(c.get("size_mb"), "mb"),
                 _delta(c.get("accuracy"), base.get("accuracy"), c.get("acc_delta_ci")),
                 _fmt(best.get("test_accuracy") if c["iteration"] == best_it else None, "pct"),
+                _fmt(c.get("accuracy_before_recovery"), "pct"),
                 status,
             ]
         )

@@ -23,6 +23,7 @@ PLOT_FILES: dict[str, tuple[str, str]] = {
     "layer_latency": ("layer_latency.png", "Slowest layers of the baseline (module self time, batch 1)"),
     "cost_by_group": ("cost_by_group.png", "Params, MACs and latency share of each prunable group"),
     "cost_by_type": ("cost_by_type.png", "Params and MACs of the baseline by layer type"),
+    "recovery_curve": ("recovery_curve.png", "Recovery: distillation loss and agreement with the baseline per step"),
 }
 
 _BASE_COLOR, _CAND_COLOR, _BEST_COLOR, _REF_COLOR, _FRONT_COLOR = "#444444", "#4c78a8", "#e45756", "#9467bd", "#f58518"

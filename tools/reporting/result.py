@@ -22,6 +22,8 @@ METRIC_KEYS = (
     "quant_speedup_batch",
     "pruned_latency_ms",
     "acc_delta_ci",
+    "accuracy_before_recovery",
+    "agreement_before_recovery",
     "delivered",
     "delivery_note",
     "variants",
@@ -145,6 +147,7 @@ def build_result(
                 "llm": (c.get("planner_meta") or {}).get("llm"),
                 "applied": c.get("applied"),
                 "quantized": len(c.get("quantized") or []),
+                "recovery": c.get("recovery"),
                 "path": (c.get("delivered") or c.get("artifact") or {}).get("path"),
                 "sha256": (c.get("delivered") or c.get("artifact") or {}).get("sha256"),
                 "error": c.get("error"),
@@ -167,7 +170,7 @@ def build_result(
             "plan": best.get("plan"),
             "path": "best",
             "source_path": (best.get("delivered") or best.get("artifact") or {}).get("path"),
-            "pruned_path": (best.get("pruned") or {}).get("path"),
+            "pruned_path": (best.get("recovered") or best.get("pruned") or {}).get("path"),  # fp32, after recovery
         }
     objective = state.get("objective") or {}
     return {

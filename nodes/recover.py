@@ -1,0 +1,191 @@
+"""Recovery agent: win back the accuracy pruning lost (reconstruction, then distillation from the baseline)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from profiling_agent.nodes.common import (
+    allowed_ids,
+    artifact_ref,
+    context_of,
+    current_candidate,
+    emit,
+    event,
+    example_input,
+    iteration_dir,
+    load_artifact_model,
+    prepared,
+    rel,
+    run_dir,
+)
+from profiling_agent.state import ArtifactRef, Context, RecoveryRecord, State
+
+
+def _agreement(model, reference_preds, pixels, ids, device: str = "cpu") -> float:
+    from profiling_agent.tools.evaluation.metrics import agreement, predict
+
+    return agreement(predict(model, pixels, allowed_ids=ids, device=device), reference_preds)
+
+
+def training_source(state: State):
+    """Find the images recovery may train on (never a validation, test or calibration image), or None."""
+    from profiling_agent.tools.data.train_stream import find_train_source
+    from profiling_agent.tools.io import read_json
+
+    assert state.labels is not None
+    subsets = read_json(run_dir(state) / (state.data.subsets if state.data else "subsets.json"))
+    return find_train_source(
+        state.dataset.ref,
+        state.dataset.split,
+        subsets,
+        image_column=state.labels.image_column,
+        label_column=state.labels.label_column,
+        train_split=state.dataset.train_split,
+    )
+
+
+def _distill(state: State, ctx: Context, runtime, student, teacher, source, processor, record) -> dict[str, Any]:
+    """Run (or resume) the distillation of one candidate and return distill's summary."""
+    from profiling_agent.tools.data.train_stream import TrainBatches
+    from profiling_agent.tools.models.sizes import count_params
+    from profiling_agent.tools.recovery.distill import DistillConfig, distill
+    from profiling_agent.tools.recovery.policy import auto_steps
+
+    assert state.input_shape is not None and state.labels is not None and state.current is not None
+    it = state.iteration
+    batch = max(1, ctx.recover_batch)
+    steps = ctx.recover_steps or auto_steps(len(source.rows), batch, count_params(student))
+    config = DistillConfig(steps=steps, lr=ctx.recover_lr, seed=state.dataset.seed, minutes=ctx.recover_minutes)
+    batches = TrainBatches(
+        source,
+        processor,
+        state.input_shape.model_dump(),
+        state.labels.model_dump(),
+        batch=batch,
+        seed=state.dataset.seed,
+        augmentation=ctx.recover_augment,
+    )
+    task = f"iteration {it}: distilling"
+
+    def progress(p: dict[str, Any]) -> None:
+        label = f"loss {p['loss']:.3f}, agreement {p['agreement']:.0f}%"
+        emit(
+            runtime,
+            kind="progress",
+            task=task,
+            done=p["step"],
+            total=p["total"],
+            label=label,
+            loss=p["loss"],
+            agreement=p["agreement"],
+        )
+
+    pruned = state.current.pruned
+    return distill(
+        student,
+        teacher,
+        batches,
+        config,
+        checkpoint_dir=iteration_dir(state, it) / "recovery_steps",
+        fingerprint={"pruned": pruned.sha256 if pruned else "", "record": record.method, "batch": batch},
+        progress=progress,
+    )
+
+
+def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Recover the pruned candidate's accuracy as the context says; a failure keeps the one-shot pruned weights."""
+    from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.device import resolve_device
+    from profiling_agent.tools.evaluation.metrics import predict
+    from profiling_agent.tools.io import write_json_atomic
+    from profiling_agent.tools.models.artifacts import save_artifact
+    from profiling_agent.tools.recovery import distill_state
+    from profiling_agent.tools.recovery.policy import method_name, recovery_steps
+    from profiling_agent.tools.recovery.reconstruct import reconstruct
+    from profiling_agent.tools.text import one_line
+
+    ctx = context_of(runtime)
+    it, started = state.iteration, time.perf_counter()
+    current = current_candidate(state)
+    record = RecoveryRecord(requested=ctx.recover)
+    loaded = load_artifact_model(state, current.pruned)
+    applied = (loaded.recipe.get("extra") or {}).get("applied") or []
+    if ctx.recover == "none" or not any(row.get("removed") for row in applied):
+        record.note = "recovery off" if ctx.recover == "none" else "nothing was pruned"
+        current.recovery = record
+        return {"current": current.model_dump(), "history": event("recover", f"{record.note}: weights unchanged", it)}
+    source = training_source(state) if ctx.recover in ("distill", "auto") else None
+    steps, record.note = recovery_steps(ctx.recover, source is not None)
+    record.method = method_name(steps)
+    if source is not None and "distill" in steps:
+        from profiling_agent.tools.data.train_stream import describe
+
+        record.train_images, record.note = len(source.rows), f"distilled on {describe(source)}"
+    device = "cpu" if "distill" not in steps else str(resolve_device(ctx.device))
+    teacher = load_artifact_model(state, state.baseline, device=device).model
+    student = loaded.model.to(device)
+    tensors = prepared(state)
+    calib = tensors["calib_pixels"]
+    ids = allowed_ids(state)
+    reference = predict(teacher, calib, allowed_ids=ids, device=device)
+    record.calib_agreement_before = _agreement(student, reference, calib, ids, device)
+    curve: dict[str, Any] = {}
+    try:
+        if "reconstruct" in steps:
+            task = f"iteration {it}: reconstructing"
+            info = reconstruct(
+                teacher,
+                student,
+                calib,
+                applied,
+                seed=state.dataset.seed,
+                progress=lambda d, n, name: emit(runtime, kind="progress", task=task, done=d, total=n, label=name),
+            )
+            fits = info["consumers"]
+            record.consumers = len(fits)
+            record.fit_error_before = round(sum(f["error_before"] for f in fits) / max(1, len(fits)), 5)
+            record.fit_error_after = round(sum(f["error_after"] for f in fits) / max(1, len(fits)), 5)
+            curve["reconstruct"] = info
+        if "distill" in steps:
+            info = _distill(state, ctx, runtime, student, teacher, source, loaded.processor, record)
+            record.steps, record.steps_planned = info["steps_done"], info["steps_planned"]
+            record.resumed_from, record.loss = info["resumed_from"], info["loss"]
+            curve["distill"] = info
+        student = student.cpu().eval()
+        self_check(student, example_input(state), int(student.config.num_labels))
+    except Exception as exc:  # recovery that fails leaves the one-shot pruned candidate as it was
+        record.error = f"recovery abandoned: {one_line(exc)[:400]}"
+        record.seconds = round(time.perf_counter() - started, 2)
+        current.recovery = record
+        return {"current": current.model_dump(), "history": event("recover", record.error, it)}
+    record.calib_agreement_after = _agreement(student, reference.cpu(), calib, ids)
+    folder = iteration_dir(state, it)
+    write_json_atomic(folder / "recovery.json", {"iteration": it, "method": record.method, **curve})
+    record.curve = rel(state, folder / "recovery.json")
+    saved = save_artifact(
+        student,
+        folder / "recovered",
+        processor=loaded.processor,
+        attrs=loaded.recipe.get("attrs"),
+        extra={**(loaded.recipe.get("extra") or {}), "role": "recovered", "recovery": record.method},
+    )
+    distill_state.clear(folder / "recovery_steps")  # the artifact now holds the result
+    record.seconds = round(time.perf_counter() - started, 2)
+    current.recovered = ArtifactRef.model_validate(artifact_ref(state, saved))
+    current.recovery = record
+    message = (
+        f"{record.method}: calibration agreement with the baseline {record.calib_agreement_before:.1f}% -> "
+        f"{record.calib_agreement_after:.1f}% in {record.seconds:.1f} s"
+    )
+    if record.consumers:
+        message += f"; {record.consumers} layers refitted (output error {record.fit_error_before:.3f} -> "
+        message += f"{record.fit_error_after:.3f})"
+    if record.steps:
+        resumed = f", resumed at step {record.resumed_from}" if record.resumed_from else ""
+        message += f"; {record.steps}/{record.steps_planned} distillation steps{resumed}"
+    if record.note:
+        message += f"; {record.note}"
+    return {"current": current.model_dump(), "history": event("recover", message, it)}

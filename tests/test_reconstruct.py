@@ -1,0 +1,124 @@
+"""Least-squares reconstruction: hard-pruned tiny models win back most of the damage on held-out inputs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from profiling_agent.tools.compression.pruning import prune_model
+from profiling_agent.tools.compression.self_check import self_check
+from profiling_agent.tools.recovery.reconstruct import find_consumers, reconstruct
+
+
+def _mse(model, reference, pixels) -> float:
+    with torch.inference_mode():
+        return float((model(pixel_values=pixels).logits - reference(pixel_values=pixels).logits).pow(2).mean())
+
+
+def _warm_batchnorm(model, shape):
+    """Give BatchNorm layers non-trivial running statistics (a random-init model has mean 0, var 1)."""
+    model.train()
+    with torch.no_grad():
+        model(pixel_values=torch.randn(64, *shape, generator=torch.Generator().manual_seed(5)))
+    model.eval()
+
+
+MLP_HARD = {"layer": "mlp", "type": "structured", "ratio": 0.7}
+HEADS_HALF = {"layer": "attention", "type": "head", "ratio": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("fixture", "entries"),
+    [
+        ("tiny_vit", [MLP_HARD, HEADS_HALF]),
+        ("tiny_resnet", [{"layer": "conv", "type": "structured", "ratio": 0.6}]),
+    ],
+)  # fmt: skip
+def test_reconstruction_wins_back_at_least_half_of_the_logit_damage(request, fixture, entries):
+    baseline = request.getfixturevalue(fixture)
+    shape = (1, 16, 16)
+    if fixture == "tiny_resnet":
+        _warm_batchnorm(baseline, shape)
+    gen = torch.Generator().manual_seed(1)
+    calib, held_out = torch.randn(64, *shape, generator=gen), torch.randn(64, *shape, generator=gen)
+    pruned = copy.deepcopy(baseline)
+    report = prune_model(pruned, entries, calib[:1])
+    damage = _mse(pruned, baseline, held_out)
+    info = reconstruct(baseline, pruned, calib, report.applied)
+    recovered = _mse(pruned, baseline, held_out)
+    assert damage > 0 and recovered <= 0.5 * damage, (damage, recovered)
+    assert all(c["error_after"] <= c["error_before"] for c in info["consumers"])
+    assert len(info["consumers"]) == sum(1 for row in report.applied if row["removed"])
+    self_check(pruned, calib[:2], 10)  # shapes unchanged, finite logits
+
+
+def test_reconstruction_changes_only_consumers_and_leaves_the_baseline_alone(tiny_vit):
+    baseline = tiny_vit
+    before = {k: v.clone() for k, v in baseline.state_dict().items()}
+    pruned = copy.deepcopy(baseline)
+    report = prune_model(pruned, [{"layer": "mlp", "type": "structured", "ratio": 0.5}], torch.zeros(1, 1, 16, 16))
+    pruned_state = {k: v.clone() for k, v in pruned.state_dict().items()}
+    reconstruct(
+        baseline, pruned, torch.randn(16, 1, 16, 16, generator=torch.Generator().manual_seed(0)), report.applied
+    )
+    assert all(torch.equal(before[k], v) for k, v in baseline.state_dict().items())
+    consumers = {c.name for c in find_consumers(baseline, pruned, report.applied)}
+    assert consumers == {"vit.layers.0.mlp.fc2", "vit.layers.1.mlp.fc2"}
+    changed = {k.rsplit(".", 1)[0] for k, v in pruned.state_dict().items() if not torch.equal(pruned_state[k], v)}
+    assert changed == consumers
+
+
+def test_reconstruction_on_a_trained_resnet_wins_back_accuracy_on_held_out_digits(quick_resnet):
+    """Real digits: calibration images from the train split, accuracy measured on test images none of them saw."""
+    from datasets import load_from_disk
+    from transformers import AutoModelForImageClassification
+
+    from profiling_agent.tools.models.embedded import _pixels, _processor, accuracy
+
+    model_dir, dataset, _ = quick_resnet
+    splits = load_from_disk(str(dataset))
+    processor = _processor()
+    train_x, _ = _pixels(splits["train"], processor)
+    test_x, test_y = _pixels(splits["test"], processor)
+    baseline = AutoModelForImageClassification.from_pretrained(model_dir).eval()
+    pruned = copy.deepcopy(baseline)
+    report = prune_model(pruned, [{"layer": "conv", "type": "structured", "ratio": 0.75}], train_x[:1])
+    base_acc, pruned_acc = accuracy(baseline, test_x, test_y), accuracy(pruned, test_x, test_y)
+    reconstruct(baseline, pruned, train_x[:128], report.applied)
+    recovered_acc = accuracy(pruned, test_x, test_y)
+    lost = base_acc - pruned_acc
+    assert lost > 2.0, (base_acc, pruned_acc)  # the plan must hurt for the test to mean anything
+    print(f"digits ResNet: baseline {base_acc:.2f}%, pruned {pruned_acc:.2f}%, reconstructed {recovered_acc:.2f}%")
+    assert recovered_acc >= pruned_acc + 0.5 * lost, (base_acc, pruned_acc, recovered_acc)
+
+
+@pytest.mark.parametrize("family", ["deit_teacher", "swin"])
+def test_reconstruction_on_deit_with_teacher_and_swin(family):
+    from test_families_deit_swin import _deit, _swin
+    from transformers import DeiTForImageClassificationWithTeacher
+
+    baseline = _deit(DeiTForImageClassificationWithTeacher) if family == "deit_teacher" else _swin()
+    size = 16 if family == "deit_teacher" else 32
+    gen = torch.Generator().manual_seed(3)
+    calib, held_out = torch.randn(64, 3, size, size, generator=gen), torch.randn(64, 3, size, size, generator=gen)
+    pruned = copy.deepcopy(baseline)
+    report = prune_model(pruned, [MLP_HARD, HEADS_HALF], calib[:1])
+    damage = _mse(pruned, baseline, held_out)
+    reconstruct(baseline, pruned, calib, report.applied)
+    recovered = _mse(pruned, baseline, held_out)
+    print(f"{family}: logit MSE pruned {damage:.4g}, reconstructed {recovered:.4g}")
+    assert damage > 0 and recovered <= 0.5 * damage, (damage, recovered)
+
+
+def test_the_sensitivity_probe_measures_damage_after_reconstruction_when_asked(tiny_vit):
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+
+    pixels = torch.randn(32, 1, 16, 16, generator=torch.Generator().manual_seed(2))
+    groups = adapter_for(tiny_vit).prunable_groups(tiny_vit)
+    plain = probe_sensitivity(tiny_vit, groups, pixels, ratio=0.5)
+    refit = probe_sensitivity(tiny_vit, groups, pixels, ratio=0.5, recover=True)
+    assert plain.keys() == refit.keys()
+    assert sum(r["kl"] for r in refit.values()) < 0.5 * sum(r["kl"] for r in plain.values())

@@ -1,0 +1,56 @@
+"""The recover step in the graph: none leaves the pruned weights alone; auto records accuracy before and after."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from profiling_agent.graph.builder import build_graph
+from profiling_agent.graph.checkpoint import open_checkpointer
+from profiling_agent.state import Context
+
+pytestmark = pytest.mark.slow
+FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "backend": "torch"}
+
+
+def _run(tmp_path, quick_resnet, thread: str, **ctx):
+    model, dataset, _ = quick_resnet
+    inputs = {
+        "model": {"ref": str(model)},
+        "dataset": {"ref": str(dataset), "subset": 96, "calibration": 16, "test_subset": 64},
+        "objective": {"planner": "l2", "ratio": 0.6, "iterations": 1, "quantize": "none"},
+    }
+    graph = build_graph(checkpointer=open_checkpointer(tmp_path))
+    config = {"configurable": {"thread_id": thread}}
+    context = Context(run_root=str(tmp_path), **FAST, **ctx)
+    return graph.invoke(inputs, config, context=context, durability="sync")
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_recover_none_leaves_the_pruned_weights_untouched(tmp_path, quick_resnet):
+    out = _run(tmp_path, quick_resnet, "off", recover="none")
+    cand = out["candidates"][0]
+    assert cand["status"] == "ok" and cand["recovered"] is None
+    assert cand["recovery"]["method"] == "none" and cand["eval"]["accuracy_before_recovery"] is None
+    pruned, delivered = _weights(tmp_path / "off" / cand["pruned"]["path"]), _weights(tmp_path / "off" / "best")
+    assert pruned.keys() == delivered.keys()
+    assert all(torch.equal(pruned[k], delivered[k]) for k in pruned)
+
+
+def test_recover_auto_refits_and_distills_and_records_before_and_after(tmp_path, quick_resnet):
+    out = _run(tmp_path, quick_resnet, "auto", recover="auto", recover_steps=12)
+    cand = out["candidates"][0]
+    record = cand["recovery"]
+    assert record["method"] == "reconstruct+distill" and record["steps"] == 12 and record["consumers"] > 0
+    assert record["fit_error_after"] < record["fit_error_before"]
+    assert "split 'train'" in record["note"] and record["train_images"] > 0
+    assert cand["eval"]["accuracy_before_recovery"] is not None
+    pruned, recovered = _weights(tmp_path / "auto" / cand["pruned"]["path"]), _weights(tmp_path / "auto" / "best")
+    assert any(not torch.equal(pruned[k], recovered[k]) for k in pruned)
+    report = (tmp_path / "auto" / "report.md").read_text()
+    assert "val before recovery %" in report

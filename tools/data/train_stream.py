@@ -1,0 +1,190 @@
+"""Training images for recovery: a split, minus every image that selects, reports or calibrates, streamed by step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from profiling_agent.tools.data.labels import mapping_table
+from profiling_agent.tools.data.prepare import preprocess_images
+from profiling_agent.tools.data.sources import _label_indexer, label_names, load_split
+
+MIN_TRAIN_IMAGES = 32  # fewer usable images than this: no training source (reconstruction only)
+
+
+@dataclass
+class TrainSource:
+    """The rows of one split that recovery may train on.
+
+    Attributes:
+        ds: The split (a `datasets.Dataset`, or anything with `select` and `__getitem__` by column).
+        split: Its name.
+        rows: Row indices recovery may read, sorted; never a validation, test or calibration row of that split.
+        excluded: How many rows of the split were left out, by role.
+        image_column: Image column.
+        label_column: Label column.
+        note: Where the images come from, for people.
+    """
+
+    ds: Any
+    split: str
+    rows: np.ndarray
+    image_column: str
+    label_column: str
+    excluded: dict[str, int] = field(default_factory=dict)
+    note: str = ""
+
+
+def _same_data(a: Any, b: Any) -> bool:
+    """Return True when two loaded splits are the same data (a plain Dataset ignores the split name)."""
+    fa, fb = getattr(a, "_fingerprint", None), getattr(b, "_fingerprint", None)
+    return a is b or (fa is not None and fa == fb)
+
+
+def usable_rows(n: int, split: str, roles: Mapping[str, Mapping[str, Any]]) -> tuple[np.ndarray, dict[str, int]]:
+    """Return the rows of an n-row split outside every role (validation, test, calibration) drawn from it.
+
+    Args:
+        n: Rows in the split.
+        split: The split's name.
+        roles: subsets.json's roles: {role: {"split": name, "indices": [...]}}.
+    """
+    mask = np.ones(n, dtype=bool)
+    excluded = {}
+    for role, entry in roles.items():
+        if entry.get("split") == split:
+            idx = np.asarray(entry.get("indices") or [], dtype=np.int64)
+            idx = idx[(idx >= 0) & (idx < n)]
+            mask[idx] = False
+            excluded[role] = int(len(idx))
+    return np.flatnonzero(mask), excluded
+
+
+def find_train_source(
+    ref: str,
+    evaluated_split: str,
+    subsets: Mapping[str, Any],
+    *,
+    image_column: str,
+    label_column: str,
+    train_split: str | None = None,
+    loader: Callable[[str, str], Any] = load_split,
+) -> TrainSource | None:
+    """Pick where recovery trains: `train_split`, else a `train` split, else the evaluated split's spare images.
+
+    Every row that a validation, test or calibration subset drew from the chosen split is excluded. None when
+    fewer than MIN_TRAIN_IMAGES rows remain.
+
+    Args:
+        ref: The dataset reference.
+        evaluated_split: The split the validation images come from.
+        subsets: The run's subsets.json ({"validation"|"test"|"calibration": {"split", "indices"}}).
+        image_column: Image column.
+        label_column: Label column.
+        train_split: A split the user named (an error when it does not exist).
+        loader: Loads (ref, split) -> dataset; raises when the split does not exist.
+    """
+    roles = {k: v for k, v in subsets.items() if k in ("validation", "test", "calibration") and isinstance(v, Mapping)}
+    evaluated = loader(ref, evaluated_split)
+    candidates: list[tuple[str, Any]] = []
+    if train_split:
+        candidates.append((train_split, loader(ref, train_split)))
+    elif evaluated_split != "train":
+        try:
+            candidates.append(("train", loader(ref, "train")))
+        except Exception:  # noqa: BLE001 - no train split: fall back to the evaluated split's spare images
+            pass
+    candidates.append((evaluated_split, evaluated))
+    for split, ds in candidates:
+        name = evaluated_split if _same_data(ds, evaluated) else split
+        rows, excluded = usable_rows(len(ds), name, roles)
+        if len(rows) >= MIN_TRAIN_IMAGES:
+            spare = " (images outside the validation, test and calibration subsets)" if excluded else ""
+            note = f"{len(rows)} images of split '{name}'{spare}"
+            return TrainSource(ds, name, rows, image_column, label_column, excluded, note)
+        if train_split:
+            break
+    return None
+
+
+def batch_rows(rows: np.ndarray, step: int, batch: int, seed: int) -> np.ndarray:
+    """Return the rows of training step `step`: consecutive slices of one seeded permutation per epoch."""
+    n = len(rows)
+    positions = np.arange(step * batch, (step + 1) * batch)
+    out = np.empty(batch, dtype=np.int64)
+    for epoch in np.unique(positions // n):
+        order = np.random.default_rng([seed, int(epoch)]).permutation(n)
+        hit = positions // n == epoch
+        out[hit] = rows[order[positions[hit] % n]]
+    return out
+
+
+def augment(pixels: torch.Tensor, generator: torch.Generator, flip: bool, scale: tuple[float, float]) -> torch.Tensor:
+    """Random resized crop (area fraction in `scale`, aspect kept) and, when `flip`, horizontal flips, per image."""
+    n, _, height, width = pixels.shape
+    out = torch.empty_like(pixels)
+    for i in range(n):
+        area = float(torch.empty(1).uniform_(*scale, generator=generator))
+        h, w = max(1, round(height * area**0.5)), max(1, round(width * area**0.5))
+        top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
+        left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
+        crop = pixels[i : i + 1, :, top : top + h, left : left + w]
+        image = F.interpolate(crop, size=(height, width), mode="bilinear", align_corners=False)
+        if flip and bool(torch.rand(1, generator=generator) < 0.5):
+            image = image.flip(-1)
+        out[i] = image[0]
+    return out
+
+
+class TrainBatches:
+    """Decode, preprocess and (optionally) augment the batch of any step on demand: nothing is materialized.
+
+    The batch of step s depends only on (seed, s), so a resumed run reads exactly the batches it would have read.
+    """
+
+    def __init__(
+        self,
+        source: TrainSource,
+        processor: Any,
+        shape: Mapping[str, Any],
+        mapping: Mapping[str, Any],
+        *,
+        batch: int,
+        seed: int = 0,
+        augmentation: bool = True,
+    ) -> None:
+        self.source, self.processor, self.shape = source, processor, dict(shape)
+        self.batch, self.seed, self.augmentation = batch, seed, augmentation
+        self.table = mapping_table(mapping)
+        names = label_names(source.ds, source.label_column)
+        self.to_index = _label_indexer(source.ds, source.label_column, names)
+        self.flip = int(self.shape["channels"]) == 3  # natural RGB images; digits and other grayscale never flip
+        self.scale = (0.6, 1.0) if self.flip else (0.8, 1.0)
+
+    def rows(self, step: int) -> np.ndarray:
+        """Return the split rows step `step` reads."""
+        return batch_rows(self.source.rows, step, min(self.batch, len(self.source.rows)), self.seed)
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (pixels, model label ids; -1 for unlabelled or unmapped) of step `step`."""
+        picked = self.source.ds.select(self.rows(step).tolist())
+        images = picked[self.source.image_column]
+        labels = [self.table.get(self.to_index(v), -1) for v in picked[self.source.label_column]]
+        pixels = preprocess_images(images, self.processor, self.shape)
+        if self.augmentation:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+            pixels = augment(pixels, generator, self.flip, self.scale)
+        return pixels, torch.tensor(labels, dtype=torch.long)
+
+
+def describe(source: TrainSource | None, roles: Sequence[str] = ("validation", "test", "calibration")) -> str:
+    """Say in one line where recovery trains and what it leaves out."""
+    if source is None:
+        return "no training images (every image of the split selects, reports or calibrates)"
+    left = ", ".join(f"{source.excluded[r]} {r}" for r in roles if source.excluded.get(r))
+    return source.note + (f"; left out: {left}" if left else "")

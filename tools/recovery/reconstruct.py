@@ -1,0 +1,307 @@
+"""Refit the layers that consume pruned channels by ridge least squares so they reproduce the baseline's outputs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from profiling_agent.tools.compression.families import adapter_for
+from profiling_agent.tools.compression.units import _channels_of
+from profiling_agent.tools.models.forward import forward_logits
+
+Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
+
+RIDGE = 1e-2  # ridge strength relative to the mean diagonal of the activations' Gram matrix
+MAX_ROWS_PER_BATCH = 4096  # activation rows (tokens or pixel positions) sampled per batch and consumer
+
+
+class ReconstructError(RuntimeError):
+    """A consumer layer cannot be reconstructed (not called, unsupported layer, shapes that do not line up)."""
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """A layer whose input channels pruning removed, and which of the baseline's input channels it kept."""
+
+    group: str
+    name: str
+    kept: tuple[int, ...]
+    removed: tuple[int, ...]
+    outputs: tuple[int, ...] | None = None  # baseline output channels it keeps when it is also a pruned root
+
+
+@dataclass
+class ConsumerFit:
+    """How one consumer's refit went: relative squared error of its outputs before and after, on the fit rows."""
+
+    group: str
+    name: str
+    rows: int
+    error_before: float
+    error_after: float
+    bias_into: str
+
+
+class _Stop(Exception):
+    """Raised by a capture hook to end a forward pass once the layer of interest has run."""
+
+
+def find_consumers(
+    baseline: nn.Module, pruned: nn.Module, applied: Iterable[Mapping[str, Any]], adapter: Any = None
+) -> list[Consumer]:
+    """List, in forward order, the non-root members of each pruned group that lost input channels.
+
+    Args:
+        baseline: The unpruned model.
+        pruned: The pruned model.
+        applied: `PruneReport.applied` rows with their `removed` unit indices.
+        adapter: The family adapter (picked for `baseline` when omitted).
+    """
+    adapter = adapter or adapter_for(baseline)
+    groups = {g.name: g for g in adapter.prunable_groups(baseline)}
+    rows = list(applied)
+    outputs: dict[str, tuple[int, ...]] = {}  # a root that lost output channels keeps these
+    for row in rows:
+        if row.get("removed") and row["group"] in groups:
+            group = groups[row["group"]]
+            gone = set(_channels_of(group, row["removed"]))
+            for root in group.roots:
+                outputs[root] = tuple(c for c in range(group.units * group.unit_size) if c not in gone)
+    found = []
+    for row in rows:
+        removed_units = list(row.get("removed") or [])
+        if not removed_units:
+            continue
+        if row["group"] not in groups:
+            raise ReconstructError(f"group {row['group']} is not a group of the baseline")
+        group = groups[row["group"]]
+        removed = _channels_of(group, removed_units)
+        width = group.units * group.unit_size
+        kept = tuple(c for c in range(width) if c not in set(removed))
+        for name in group.members:
+            base, new = baseline.get_submodule(name), cast(Layer, pruned.get_submodule(name))
+            if name in group.roots or not isinstance(base, (nn.Linear, nn.Conv2d)) or getattr(base, "groups", 1) != 1:
+                continue
+            if base.weight.shape[1] == width and new.weight.shape[1] == len(kept):
+                found.append(Consumer(group.name, name, kept, tuple(removed), outputs.get(name)))
+    return found
+
+
+def _capture(model: nn.Module, name: str, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `model` on `pixels` until module `name` has run; return its input and output."""
+    box: dict[str, torch.Tensor] = {}
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        box["x"], box["y"] = args[0].detach(), output.detach()
+        raise _Stop
+
+    handle = model.get_submodule(name).register_forward_hook(hook)
+    try:
+        with torch.inference_mode():
+            forward_logits(model, pixels)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    if not box:
+        raise ReconstructError(f"{name} is not called in the forward pass")
+    return box["x"], box["y"]
+
+
+def _rows(module: Layer, x: torch.Tensor) -> torch.Tensor:
+    """Return the layer's input as rows (one per token or output position) of the features its weights read."""
+    if isinstance(module, nn.Linear):
+        return x.reshape(-1, x.shape[-1])
+    if module.padding_mode != "zeros" or isinstance(module.padding, str):
+        raise ReconstructError(f"convolution with padding {module.padding!r}/{module.padding_mode} is not supported")
+    cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
+    return cols.transpose(1, 2).reshape(-1, cols.shape[1])
+
+
+def _targets(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
+    """Return the layer's output as rows matching `_rows`."""
+    if isinstance(module, nn.Linear):
+        return y.reshape(-1, y.shape[-1])
+    return y.flatten(2).transpose(1, 2).reshape(-1, y.shape[1])
+
+
+def _columns(module: Layer, channels: Iterable[int]) -> list[int]:
+    """Expand input channels into the weight columns (flattened kernels) they own."""
+    per = 1 if isinstance(module, nn.Linear) else int(module.kernel_size[0] * module.kernel_size[1])
+    return [c * per + j for c in channels for j in range(per)]
+
+
+def _bias_sink(model: nn.Module, name: str, module: Layer) -> tuple[str, nn.BatchNorm2d | Layer | None]:
+    """Find where a fitted bias goes: the layer's own bias, else the BatchNorm right after it (its running mean)."""
+    if module.bias is not None:
+        return "bias", module
+    parent_name, _, _ = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    norms = [
+        m
+        for m in parent.children()
+        if isinstance(m, nn.BatchNorm2d) and m.num_features == module.weight.shape[0] and m.running_mean is not None
+    ]
+    return ("batchnorm", norms[0]) if len(norms) == 1 else ("none", None)
+
+
+def _sample(rows: int, cap: int, generator: torch.Generator) -> torch.Tensor | None:
+    return None if rows <= cap else torch.randperm(rows, generator=generator)[:cap]
+
+
+def _fit_one(
+    baseline: nn.Module,
+    pruned: nn.Module,
+    consumer: Consumer,
+    pixels: torch.Tensor,
+    *,
+    ridge: float,
+    batch_size: int,
+    max_rows: int,
+    seed: int,
+) -> ConsumerFit:
+    """Accumulate the Gram matrices of one consumer over the calibration batches and solve the ridge problem."""
+    base_mod = cast(Layer, baseline.get_submodule(consumer.name))
+    mod = cast(Layer, pruned.get_submodule(consumer.name))
+    sink, sink_mod = _bias_sink(pruned, consumer.name, mod)
+    with_bias = sink != "none"
+    w_full = base_mod.weight.detach().reshape(base_mod.weight.shape[0], -1).double().cpu()
+    outs = list(consumer.outputs) if consumer.outputs is not None else list(range(w_full.shape[0]))
+    w_full = w_full[outs]
+    kept_cols, removed_cols = _columns(base_mod, consumer.kept), _columns(base_mod, consumer.removed)
+    d = len(kept_cols) + int(with_bias)
+    gram = torch.zeros(d, d, dtype=torch.float64)
+    cross = torch.zeros(d, w_full.shape[0], dtype=torch.float64)
+    base_sum = torch.zeros(w_full.shape[1], dtype=torch.float64)
+    yy, n_rows = 0.0, 0
+    generator = torch.Generator().manual_seed(seed)
+    device = next(pruned.parameters()).device
+    for start in range(0, len(pixels), batch_size):
+        batch = pixels[start : start + batch_size].to(device)
+        x_base, y_base = _capture(baseline, consumer.name, batch)
+        x_new, _ = _capture(pruned, consumer.name, batch)
+        rows_base = _rows(base_mod, x_base).double().cpu()
+        target = _targets(base_mod, y_base).double().cpu()[:, outs]
+        rows_new = _rows(mod, x_new).double().cpu()
+        if rows_new.shape[0] != target.shape[0] or rows_new.shape[1] != len(kept_cols):
+            raise ReconstructError(f"{consumer.name}: pruned activations {tuple(rows_new.shape)} do not line up")
+        pick = _sample(target.shape[0], max_rows, generator)
+        if pick is not None:
+            rows_base, target, rows_new = rows_base[pick], target[pick], rows_new[pick]
+        if with_bias:
+            rows_new = torch.cat([rows_new, torch.ones(rows_new.shape[0], 1, dtype=torch.float64)], 1)
+        gram += rows_new.T @ rows_new
+        cross += rows_new.T @ target
+        base_sum += rows_base.sum(0)
+        yy += float(target.pow(2).sum())
+        n_rows += target.shape[0]
+    if n_rows == 0:
+        raise ReconstructError("no calibration images to reconstruct from")
+    # the prior: the kept weights, with the removed inputs' mean contribution folded into the bias
+    own_bias = (
+        mod.bias.detach().double().cpu() if mod.bias is not None else torch.zeros(w_full.shape[0], dtype=torch.float64)
+    )
+    if sink == "batchnorm":  # the BatchNorm's running mean already absorbs any earlier shift: start from zero
+        own_bias = torch.zeros(w_full.shape[0], dtype=torch.float64)
+    current = mod.weight.detach().reshape(mod.weight.shape[0], -1).double().cpu().T
+    folded = own_bias + w_full[:, removed_cols] @ (base_sum[removed_cols] / n_rows)
+    prior = torch.cat([current, folded[None]]) if with_bias else current
+    untouched = torch.cat([current, own_bias[None]]) if with_bias else current
+    scale = float(gram.diagonal()[: len(kept_cols)].mean()) or 1.0
+    lam = ridge * scale
+    solved = torch.linalg.solve(gram + lam * torch.eye(d, dtype=torch.float64), cross + lam * prior)
+
+    def error(theta: torch.Tensor) -> float:
+        return float((theta * (gram @ theta)).sum() - 2 * (theta * cross).sum() + yy) / max(yy, 1e-30)
+
+    before, after = error(untouched), error(solved)
+    if not torch.isfinite(solved).all() or after > before:
+        solved, after = untouched, before
+    _write(mod, solved, sink, sink_mod, len(kept_cols))
+    return ConsumerFit(consumer.group, consumer.name, n_rows, round(before, 6), round(after, 6), sink)
+
+
+def _write(mod: Layer, theta: torch.Tensor, sink: str, sink_mod: nn.Module | None, n_cols: int) -> None:
+    """Copy a solved weight (and bias) back into the layer, in its dtype and device."""
+    weight = mod.weight
+    with torch.no_grad():
+        weight.copy_(theta[:n_cols].T.reshape(weight.shape).to(weight.dtype))
+        if sink == "bias":
+            assert mod.bias is not None
+            mod.bias.copy_(theta[n_cols].to(mod.bias.dtype))
+        elif sink == "batchnorm":  # BN(y + b) with running mean m equals BN(y) with running mean m - b
+            assert isinstance(sink_mod, nn.BatchNorm2d) and sink_mod.running_mean is not None
+            mean = sink_mod.running_mean
+            mean.copy_(mean - theta[n_cols].to(mean.dtype).to(mean.device))
+
+
+def reconstruct(
+    baseline: nn.Module,
+    pruned: nn.Module,
+    pixels: torch.Tensor,
+    applied: Iterable[Mapping[str, Any]],
+    *,
+    ridge: float = RIDGE,
+    batch_size: int = 32,
+    max_rows: int = MAX_ROWS_PER_BATCH,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict[str, Any]:
+    """Refit, in place and in forward order, every layer of `pruned` that reads pruned channels.
+
+    For each consumer (an MLP's second Linear, the attention output projection, the next convolution) the
+    pruned model's activations at its input, X, are regressed on the baseline's outputs of that layer, Y, on the
+    calibration images: minimize |[X 1] theta - Y|^2 + lam |theta - prior|^2, where the prior is the kept
+    weights with the removed inputs' mean contribution folded into the bias, and lam = `ridge` times the mean
+    diagonal of X'X. Consumers are fitted one after another, so each sees the already-refitted layers before
+    it. A convolution without a bias hands its fitted bias to the BatchNorm right after it (its running mean).
+    A fit that does not lower the error on its own rows keeps the pruned weights. No labels, no gradients.
+
+    Args:
+        baseline: The untouched model (the teacher); not changed.
+        pruned: The pruned model; changed in place and left in eval mode.
+        pixels: Calibration images (N, C, H, W).
+        applied: `PruneReport.applied` rows, with `removed` unit indices.
+        ridge: Relative ridge strength.
+        batch_size: Images per forward pass.
+        max_rows: Activation rows sampled per batch and consumer (seeded).
+        seed: Seed of the row sampling.
+        progress: Called as progress(done, total, consumer name).
+
+    Returns:
+        {"consumers": [ConsumerFit as dict...], "seconds": float, "images": int}.
+
+    Raises:
+        ReconstructError: A consumer cannot be refitted.
+    """
+    started = time.perf_counter()
+    baseline.eval()
+    pruned.eval()
+    consumers = find_consumers(baseline, pruned, list(applied))
+    fits = []
+    for i, consumer in enumerate(consumers):
+        fits.append(
+            _fit_one(
+                baseline,
+                pruned,
+                consumer,
+                pixels,
+                ridge=ridge,
+                batch_size=batch_size,
+                max_rows=max_rows,
+                seed=seed + i,
+            )
+        )
+        if progress is not None:
+            progress(i + 1, len(consumers), consumer.name)
+    return {
+        "consumers": [asdict(f) for f in fits],
+        "seconds": round(time.perf_counter() - started, 3),
+        "images": int(len(pixels)),
+    }

@@ -6,7 +6,9 @@ Usage:
     python bench/paper_tables.py --json out.json --zoo /tmp/zoo --threads 2   # on a quiet machine
 
 Table 1: uniform L1, L2 and random pruning at 1%, 10% and 20% (tools/compression/baselines.py) against the agent
-(the real LangGraph loop, deterministic planner, pruning only) on each zoo model: accuracy change and parameters.
+(the real LangGraph loop, deterministic planner, pruning only, no recovery) on each zoo model: held-out test
+accuracy change and parameters (the uniform ratios remove different fractions: the matched-budget section
+compares methods at equal parameter reductions, with Torch-Pruning's global pruning, with and without recovery).
 Table 3: quantization, ours (torch dynamic qint8) against ONNX Runtime's dynamic QInt8: accuracy change, memory,
 latency before -> after and speed ratio. Table 4: pruning (the agent's best) against quantization per model.
 A last table repeats the latency and memory columns on full-size configs with random weights (ViT-B/16,
@@ -132,6 +134,8 @@ def run_agent(model_dir: str, dataset_dir: str, run_root: Path, thread: str, set
         latency_repeats=settings["agent_repeats"],
         latency_warmup=settings["warmup"],
         latency_batch=settings["batch"],
+        recover="none",  # Table 1 compares one-shot pruning with one-shot pruning; recovery: the matched table
+        backend="torch",  # pruning only: the torch model, not its ONNX Runtime forms (Table 3 measures those)
     )
     graph = build_graph(checkpointer=open_checkpointer(run_root))
     return graph.invoke(inputs, {"configurable": {"thread_id": thread}}, context=context, durability="sync")
@@ -203,7 +207,7 @@ def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: 
     state = run_agent(entry["path"], dataset_dir, work / "runs", name, settings)
     agent_seconds = time.perf_counter() - start
     run = Path(state["run_path"])
-    tensors = load_prepared(run / state["data"]["path"])
+    tensors = load_prepared(run / state["data"]["path"], parts=("test",))
     # accuracy on the held-out test images: the validation images chose the agent's best, so they cannot report it
     pixels, labels = tensors["test_pixels"], tensors["test_labels"]
     allowed = (state.get("labels") or {}).get("allowed_ids")

@@ -162,8 +162,15 @@ def test_the_schema_bounds_what_grammar_decoders_cannot():
     assert ratio_grid(0.01, 0.8) == [round(0.05 * k, 2) for k in range(1, 17)]
     linears = ["vit.layers.0.mlp.fc1", "classifier"]
     schema = plan_schema(PROFILE["groups"], ("qint8",), {"structured": 0.8, "head": 0.75}, 0.01, linears)
-    entry = schema["properties"]["pruning"]["items"]["properties"]
-    assert max(entry["ratio"]["enum"]) == 0.8 and 2 not in entry["ratio"]["enum"]  # a real 135M model wrote 2
+    shapes = {
+        e["properties"]["type"]["enum"][0]: e["properties"] for e in schema["properties"]["pruning"]["items"]["anyOf"]
+    }
+    assert max(shapes["structured"]["ratio"]["enum"]) == 0.8 and 2 not in shapes["structured"]["ratio"]["enum"]
+    assert max(shapes["head"]["ratio"]["enum"]) == 0.75  # each kind's cap; a real 135M model wrote ratio 2
+    # a head group can only be named under type "head" (the same real model wrote "structured" for heads)
+    kinds = {g["name"]: g["kind"] for g in PROFILE["groups"]}
+    for kind, entry in shapes.items():
+        assert entry["groups"]["items"]["enum"] and {kinds[n] for n in entry["groups"]["items"]["enum"]} == {kind}
     quant = schema["properties"]["quantization"]["items"]["properties"]
     assert quant["layer"]["enum"] == ["all", *linears] and quant["dtype"]["enum"] == ["qint8"]  # never ""
 

@@ -40,23 +40,31 @@ def plan_schema(
     """Return the JSON schema of a plan for this model, the one the server constrains decoding to.
 
     Under constraint a pruning entry names exact groups (`groups`, an enum of this model's group names, so a
-    constrained model can neither invent a group nor mis-escape a regex). The guard checks this form and, for
-    unconstrained answers, also the `layer` regex form. Ratios come from a grid up to the larger cap (the guard
-    then applies each type's cap), and quantization entries name "all" or one exact Linear layer.
+    constrained model can neither invent a group nor mis-escape a regex), one entry shape per unit kind (`anyOf`:
+    "head" entries list head groups only, with ratios up to the head cap; a real 135M model kept writing
+    "structured" for head groups). The guard checks this form and, for unconstrained answers, also the `layer`
+    regex form. Ratios come from a grid, and quantization entries name "all" or one exact Linear layer.
     """
-    names = [str(g["name"]) for g in groups]
     kinds = sorted({str(g["kind"]) for g in groups}) or ["structured", "head"]
-    prune_entry = {
-        "type": "object",
-        "properties": {
-            "groups": {"type": "array", "items": {"type": "string", "enum": names}, "minItems": 1},
-            "type": {"type": "string", "enum": kinds},
-            "ratio": {"type": "number", "enum": ratio_grid(min_ratio, max(caps.values(), default=0.8))},
-            "justification": {"type": "string"},
-        },
-        "required": ["groups", "type", "ratio", "justification"],
-        "additionalProperties": False,
-    }
+
+    def entry(kind: str) -> dict[str, Any]:  # one entry shape per unit kind: a head group cannot get "structured"
+        names = [str(g["name"]) for g in groups if str(g["kind"]) == kind] or [str(g["name"]) for g in groups]
+        return {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string", "enum": [kind]},
+                "groups": {"type": "array", "items": {"type": "string", "enum": names}, "minItems": 1},
+                "ratio": {
+                    "type": "number",
+                    "enum": ratio_grid(min_ratio, caps.get(kind, max(caps.values(), default=0.8))),
+                },
+                "justification": {"type": "string"},
+            },
+            "required": ["type", "groups", "ratio", "justification"],
+            "additionalProperties": False,
+        }
+
+    prune_entry = entry(kinds[0]) if len(kinds) == 1 else {"anyOf": [entry(kind) for kind in kinds]}
     quant_layers = ["all", *(linears or [])] if len(linears or []) <= MAX_ENUM_LINEARS else ["all"]
     quant_entry = {
         "type": "object",

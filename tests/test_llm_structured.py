@@ -167,6 +167,8 @@ def test_the_schema_bounds_what_grammar_decoders_cannot():
     }
     assert max(shapes["structured"]["ratio"]["enum"]) == 0.8 and 2 not in shapes["structured"]["ratio"]["enum"]
     assert max(shapes["head"]["ratio"]["enum"]) == 0.75  # each kind's cap; a real 135M model wrote ratio 2
+    assert shapes["head"]["justification"]["maxLength"] <= 300 and schema["properties"]["rationale"]["maxLength"]
+    assert schema["properties"]["pruning"]["maxItems"] == len(PROFILE["groups"])  # no endless list of entries
     # a head group can only be named under type "head" (the same real model wrote "structured" for heads)
     kinds = {g["name"]: g["kind"] for g in PROFILE["groups"]}
     for kind, entry in shapes.items():

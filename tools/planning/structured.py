@@ -30,6 +30,11 @@ def ratio_grid(min_ratio: float, max_ratio: float, step: float = 0.05) -> list[f
     return [r for r in grid if r >= min_ratio] or [round(max_ratio, 4)]
 
 
+# string caps a grammar decoder enforces: a small model otherwise writes one justification until the token limit
+MAX_JUSTIFICATION = 240
+MAX_RATIONALE = 600
+
+
 def plan_schema(
     groups: list[dict[str, Any]],
     dtypes: tuple[str, ...],
@@ -58,7 +63,7 @@ def plan_schema(
                     "type": "number",
                     "enum": ratio_grid(min_ratio, caps.get(kind, max(caps.values(), default=0.8))),
                 },
-                "justification": {"type": "string"},
+                "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
             },
             "required": ["type", "groups", "ratio", "justification"],
             "additionalProperties": False,
@@ -72,7 +77,7 @@ def plan_schema(
             "layer": {"type": "string", "enum": quant_layers},
             "type": {"type": "string", "enum": ["dynamic"]},
             "dtype": {"type": "string", "enum": list(dtypes)},
-            "justification": {"type": "string"},
+            "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
         },
         "required": ["layer", "type", "dtype", "justification"],
         "additionalProperties": False,
@@ -80,9 +85,9 @@ def plan_schema(
     return {
         "type": "object",
         "properties": {
-            "pruning": {"type": "array", "items": prune_entry},
+            "pruning": {"type": "array", "items": prune_entry, "maxItems": max(1, len(groups))},
             "quantization": {"type": "array", "items": quant_entry},
-            "rationale": {"type": "string"},
+            "rationale": {"type": "string", "maxLength": MAX_RATIONALE},
         },
         "required": ["pruning", "quantization", "rationale"],
         "additionalProperties": False,

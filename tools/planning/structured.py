@@ -58,7 +58,12 @@ def plan_schema(
             "type": "object",
             "properties": {
                 "type": {"type": "string", "enum": [kind]},
-                "groups": {"type": "array", "items": {"type": "string", "enum": names}, "minItems": 1},
+                "groups": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": names},
+                    "minItems": 1,
+                    "maxItems": len(names),
+                },
                 "ratio": {
                     "type": "number",
                     "enum": ratio_grid(min_ratio, caps.get(kind, max(caps.values(), default=0.8))),

@@ -13,6 +13,7 @@ from profiling_agent.nodes.common import (
     event,
     load_artifact_model,
     load_delivered,
+    prepared,
     run_dir,
     runs_on_cpu_only,
 )
@@ -21,7 +22,6 @@ from profiling_agent.state import Context, State, TestEval
 
 def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
-    from profiling_agent.tools.data.prepare import load_prepared
     from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
@@ -31,7 +31,7 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if data is None or data.n_test == 0:
         return {"history": event("test_best", "no held-out test images", state.iteration)}
     ctx = context_of(runtime)
-    tensors = load_prepared(run_dir(state) / data.path, parts=("test",))
+    tensors = prepared(state, parts=("test",))  # streamed: the held-out images are read here only
     pixels, labels = tensors["test_pixels"], tensors["test_labels"]
     best = state.best
     models = {"baseline": load_artifact_model(state, state.baseline).model}
@@ -48,6 +48,7 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     result = TestEval(
         split=str(subsets["test"]["split"]),
         n_samples=len(labels),
+        device=device,
         baseline_accuracy=top1(preds["baseline"], labels),
     )
     message = f"held-out test ({result.n_samples} images): baseline {result.baseline_accuracy:.2f}%"

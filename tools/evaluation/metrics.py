@@ -28,7 +28,25 @@ class EvalConfig:
     device: str = "cpu"  # cpu | cuda | auto (dynamically quantized models run on CPU only)
 
 
+GPU_EVAL_BATCH = 256  # fewest images per accuracy forward pass on a GPU
+
+
 # ---------------------------------------------------------------- accuracy
+
+
+def accuracy_batch(eval_batch: int, device: str | torch.device) -> int:
+    """Return the accuracy batch size: the context's, and at least GPU_EVAL_BATCH images on a GPU."""
+    return max(eval_batch, GPU_EVAL_BATCH) if str(device).startswith("cuda") else eval_batch
+
+
+def concurrent_models(device: str | torch.device, threads: int, models: int) -> int:
+    """Return how many models may predict at once: CPU cores / torch threads on the CPU (1 on a GPU: one stream).
+
+    More would only make the models' intra-op threads fight for the same cores.
+    """
+    if str(device).startswith("cuda"):
+        return 1
+    return max(1, min(models, (os.cpu_count() or 1) // max(1, threads)))
 
 
 def predict(

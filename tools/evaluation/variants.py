@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.evaluation import latency
-from profiling_agent.tools.evaluation.metrics import agreement, predict_many, top1
+from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict_many, top1
 
 BASELINE = "baseline"
 
@@ -57,8 +57,9 @@ def measure_forms(
     if BASELINE not in models:
         raise ValueError("measure_forms needs a 'baseline' model")
     preds = predict_many(
-        models, pixels, batch_size=eval_batch, device=device, allowed_ids=allowed_ids, parallel=parallel
-    )
+        models, pixels, batch_size=accuracy_batch(eval_batch, device), device=device, allowed_ids=allowed_ids,
+        parallel=parallel,
+    )  # fmt: skip
     names = [n for n in models if timed is None or n in timed or n == BASELINE]
     lat = latency.measure_latency(  # through the module, so tests can stand in for the clock
         {n: models[n] for n in names},

@@ -6,7 +6,9 @@ Usage:
     python bench/paper_tables.py --json out.json --zoo /tmp/zoo --threads 2   # on a quiet machine
 
 Table 1: uniform L1, L2 and random pruning at 1%, 10% and 20% (tools/compression/baselines.py) against the agent
-(the real LangGraph loop, deterministic planner, pruning only) on each zoo model: accuracy change and parameters.
+(the real LangGraph loop, deterministic planner, pruning only, no recovery) on each zoo model: held-out test
+accuracy change and parameters (the uniform ratios remove different fractions: the matched-budget section
+compares methods at equal parameter reductions, with Torch-Pruning's global pruning, with and without recovery).
 Table 3: quantization, ours (torch dynamic qint8) against ONNX Runtime's dynamic QInt8: accuracy change, memory,
 latency before -> after and speed ratio. Table 4: pruning (the agent's best) against quantization per model.
 A last table repeats the latency and memory columns on full-size configs with random weights (ViT-B/16,
@@ -31,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import matched_budgets as matched_lib  # noqa: E402
 import zoo as zoo_lib  # noqa: E402
 
 from profiling_agent.state import QuantEntry  # noqa: E402
@@ -65,6 +68,7 @@ PROFILES = {
         "models": ("vit", "resnet"),
         "iterations": 3,
         "subset": 300,
+        "test_subset": 500,
         "calibration": 32,
         "repeats": 20,  # zoo models run in milliseconds: many repeats are cheap and steady the medians
         "agent_repeats": 5,
@@ -78,6 +82,7 @@ PROFILES = {
         "models": zoo_lib.FAMILIES,
         "iterations": 5,
         "subset": 1000,
+        "test_subset": 2000,
         "calibration": 64,
         "repeats": 30,
         "agent_repeats": 10,
@@ -110,6 +115,7 @@ def run_agent(model_dir: str, dataset_dir: str, run_root: Path, thread: str, set
             "ref": dataset_dir,
             "split": "test",
             "subset": settings["subset"],
+            "test_subset": settings["test_subset"],
             "calibration": settings["calibration"],
             "seed": settings["seed"],
         },
@@ -128,6 +134,8 @@ def run_agent(model_dir: str, dataset_dir: str, run_root: Path, thread: str, set
         latency_repeats=settings["agent_repeats"],
         latency_warmup=settings["warmup"],
         latency_batch=settings["batch"],
+        recover="none",  # Table 1 compares one-shot pruning with one-shot pruning; recovery: the matched table
+        backend="torch",  # pruning only: the torch model, not its ONNX Runtime forms (Table 3 measures those)
     )
     graph = build_graph(checkpointer=open_checkpointer(run_root))
     return graph.invoke(inputs, {"configurable": {"thread_id": thread}}, context=context, durability="sync")
@@ -199,8 +207,9 @@ def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: 
     state = run_agent(entry["path"], dataset_dir, work / "runs", name, settings)
     agent_seconds = time.perf_counter() - start
     run = Path(state["run_path"])
-    tensors = open_run_data(run, materialize=("eval", "calib"))  # a few hundred images: in memory
-    pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
+    # accuracy on the held-out test images: the validation images chose the agent's best, so they cannot report it
+    tensors = open_run_data(run, parts=("test",), materialize=("test",))  # a few hundred images: in memory
+    pixels, labels = tensors["test_pixels"], tensors["test_labels"]
     allowed = (state.get("labels") or {}).get("allowed_ids")
     base = load_artifact(run / state["baseline"]["path"]).model.eval()
     example = torch.zeros(1, *pixels.shape[1:])
@@ -510,7 +519,8 @@ def render(report: dict[str, Any]) -> str:
         f"# Paper tables ({'quick' if s['quick'] else 'full'} run, {s['threads']} thread(s), "
         f"{report['seconds']:.0f} s)",
         "",
-        f"Zoo models trained on Fashion-MNIST; accuracy on a seeded subset of {s['subset']} test images; the agent "
+        f"Zoo models trained on Fashion-MNIST; accuracy on {s['test_subset']} held-out test images (the agent selects "
+        f"on {s['subset']} other validation images, which report nothing here); the agent "
         f"runs the LangGraph loop (deterministic planner, pruning only, up to {s['iterations']} iterations, "
         f"budget {s['max_acc_drop']} pp, target {s['target_reduction']:.0%} params). Latency: median of "
         f"{s['repeats']} interleaved repeats, batch 1 and batch {s['batch']}.",
@@ -531,6 +541,10 @@ def render(report: dict[str, Any]) -> str:
         "",
         table4(report["zoo"]),
     ]
+    if report.get("matched"):
+        parts += ["", "## Matched budgets: the agent against uniform and Torch-Pruning global pruning", ""]
+        parts.append(matched_lib.render(report["matched"]))
+        parts += [f"Plots: {', '.join(report['matched'].get('plots', []))}", ""]
     if report["full_size"]:
         parts += ["", "## Full-size configs (random weights): latency and memory", ""]
         parts.append(table_full_size(report["full_size"]))
@@ -640,16 +654,23 @@ def main(argv: list[str] | None = None) -> int:
             for name in settings["models"]
         ]
         full = [measure_full_size(name, work, settings) for name in settings["full_size"]]
+    say("matched budgets: every method solved to 10/20/30/40% fewer parameters (bench/matched_budgets.py)")
+    matched = matched_lib.run(
+        settings["models"], quick=args.quick, zoo_dir=zoo_dir, threads=args.threads, seed=args.seed
+    )
     report = {
         "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()},
         "zoo_dir": str(zoo_dir),
         "zoo": zoo_results,
         "full_size": full,
+        "matched": matched,
         "seconds": round(time.perf_counter() - start, 1),
     }
+    out = Path(args.json) if args.json else zoo_dir / f"paper_tables{'_quick' if args.quick else ''}.json"
+    plots = out.parent / f"{out.stem}_plots"
+    matched["plots"] = [str(matched_lib.plot(r, matched_lib.RECOVERY, plots)) for r in matched["results"]]
     text = render(report)
     print(text)
-    out = Path(args.json) if args.json else zoo_dir / f"paper_tables{'_quick' if args.quick else ''}.json"
     from profiling_agent.tools.io import write_json_atomic, write_text_atomic
 
     write_json_atomic(out, report)

@@ -68,7 +68,8 @@ def _data(held_out: int, calib: int, train: int, seed: int = 0) -> dict[str, tor
         "test_x": zoo_lib.pixels(test_x[pick], proc),
         "test_y": torch.from_numpy(test_y[pick]),
         "calib_x": zoo_lib.pixels(train_x[calib_idx], proc),
-        "train_x": zoo_lib.pixels(train_x[train_idx], proc),
+        "calib_y": torch.from_numpy(train_y[calib_idx]),
+        "train_x": zoo_lib.pixels(train_x[train_idx], proc) if train else torch.empty(0),
         "train_y": torch.from_numpy(train_y[train_idx]),
     }
 

@@ -186,3 +186,18 @@ def test_a_constrained_answer_cut_off_at_the_token_limit_is_retried_with_the_rea
     assert outcome.planner == "llm"  # the retry after the cut-off answer gave the plan
     retry = server.requests[-1]["body"]["messages"][-1]["content"]
     assert "cut off at the token limit (2048 tokens)" in retry
+
+
+def test_a_rambling_refused_answer_is_cut_short_in_the_retry_conversation(tmp_path):
+    from profiling_agent.tools.planning.llm_session import MAX_REFUSED_IN_HISTORY
+
+    ramble = "Let me think about which layers matter most. " * 200  # ~9,000 characters, no JSON: a 2k-token ramble
+    script = [chat_completion(content=ramble), llama_cpp_like(json.dumps(GROUP_PLAN))]
+    with ScriptedOpenAIServer(script + [llama_cpp_like(json.dumps(GROUP_PLAN))] * 3) as server:
+        outcome, _ = plan_with(server, tmp_path)
+    assert outcome.planner == "llm"
+    retry = server.requests[1]["body"]["messages"]
+    kept = [m["content"] for m in retry if m["role"] == "assistant"]
+    assert len(kept) == 1 and kept[0].startswith(ramble[:MAX_REFUSED_IN_HISTORY])
+    assert len(kept[0]) < MAX_REFUSED_IN_HISTORY + 100 and "more characters of this refused answer" in kept[0]
+    assert outcome.fallbacks == [] and len(json.dumps(retry)) < len(ramble)  # the whole retry is smaller

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,9 +38,19 @@ def _prune_step(
     protected: list[str],
     importance: Importance,
     seed: int,
+    chosen: Mapping[str, Sequence[int]] | None = None,
 ) -> list[int]:
-    """Remove the chosen units of one group and return their indices."""
-    removed = select_units(model, step.group, step.n_remove, importance, seed)
+    """Remove the chosen units of one group (given, or picked by `importance`) and return their indices."""
+    if chosen is not None and step.group.name in chosen:
+        removed = sorted(int(u) for u in chosen[step.group.name])
+        if (
+            len(removed) != step.n_remove
+            or len(set(removed)) != len(removed)
+            or not set(removed) <= set(range(step.group.units))
+        ):
+            raise PruneError(f"group {step.group.name}: chosen units {removed} do not match {step.n_remove} removals")
+    else:
+        removed = select_units(model, step.group, step.n_remove, importance, seed)
     if not removed:
         return removed
     if dg is None:
@@ -86,6 +96,7 @@ def prune_model(
     protected: Iterable[str] | None = None,
     adapter: FamilyAdapter | None = None,
     verify: bool | None = None,
+    chosen: Mapping[str, Sequence[int]] | None = None,
 ) -> PruneReport:
     """Prune `model` in place by the plan entries and repair it with its family adapter.
 
@@ -108,6 +119,8 @@ def prune_model(
         verify: Compare the pruned model's logits with an unpruned copy whose removed units are masked (see
             `mask_removed_units`) on seeded random inputs shaped like `example_inputs`. None (the default)
             verifies only with an unsafe (generic fallback) adapter; it costs a copy of the model and two forwards.
+        chosen: {group name: unit indices} to remove instead of the ones `importance` picks (e.g. Torch-Pruning's
+            global ranking, `global_pruning.py`); each list must have the entry's number of removals.
 
     Returns:
         A PruneReport.
@@ -131,7 +144,8 @@ def prune_model(
             dg = build_dependency_graph(model, example_inputs, per_head_params(adapter.prunable_groups(model)))
             steps = _validate_steps(dg, model, steps, guard, adapter, report)
         for step in steps:
-            report.applied.append(_applied_row(step, _prune_step(dg, model, step, adapter, guard, importance, seed)))
+            removed = _prune_step(dg, model, step, adapter, guard, importance, seed, chosen)
+            report.applied.append(_applied_row(step, removed))
         report.attrs = adapter.fix_up(model)
     _verify_sizes(model, steps, report.applied)
     for name, param in model.named_parameters():  # torch-pruning replaces pruned Parameters with trainable ones

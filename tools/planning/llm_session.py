@@ -39,7 +39,20 @@ CUT_OFF = (
 FORCE_FINAL = "The tool budget is used up. Answer now with the final JSON plan only, without calling tools."
 TOOL_BUDGET_SPENT = "error: tool budget exhausted; no more tool calls this step"
 MAX_ANSWER_KEPT = 600  # characters of a rejected answer kept in the fallback record
+MAX_REFUSED_IN_HISTORY = 1200  # characters of a refused answer the retry's conversation keeps
 STEP_BUDGET_REQUESTS = 4  # a planning step may take at most this many request deadlines in all
+
+
+def _shortened(reply: AIMessage, text: str) -> AIMessage:
+    """Return the refused answer as the retry's conversation keeps it: at most MAX_REFUSED_IN_HISTORY characters.
+
+    A small model that rambles to the token cap would otherwise carry thousands of tokens into every retry,
+    and a server with an 8k context refuses the second retry outright (seen with SmolLM2 on llama-cpp-python).
+    """
+    if len(text) <= MAX_REFUSED_IN_HISTORY:
+        return reply
+    cut = len(text) - MAX_REFUSED_IN_HISTORY
+    return AIMessage(content=f"{text[:MAX_REFUSED_IN_HISTORY]}\n[... {cut} more characters of this refused answer]")
 
 
 class _Rejected(Exception):
@@ -264,6 +277,7 @@ class Session:
                     raise PlannerFailure(
                         rej.stage, f"{len(rejected)} invalid answers; last: {rej.reasons[0]}", rejected
                     ) from None
+                messages[-1] = _shortened(reply, text)  # a rambling refused answer must not fill the context
                 template = RETRY_PARSE if rej.stage == "parse" else RETRY_GUARD
                 retry = template.format(reasons="\n".join(f"- {r}" for r in rej.reasons))
                 messages.append(HumanMessage(content=retry))

@@ -71,6 +71,29 @@ def group_costs(profile: Mapping[str, Any], groups: Iterable[Any]) -> dict[str, 
     return out
 
 
+def planner_profile(model: Any, input_shape: Any, *, device: str = "cpu") -> dict[str, Any]:
+    """Profile `model` (see `profile_model`) and add what planners read: groups, their costs, protected modules.
+
+    Returns:
+        The profile dict plus "groups" (the family adapter's prunable groups as dicts), "group_costs" (see
+        `group_costs`; a head group also owns the attention matmuls booked on its attention module) and
+        "protected" (modules pruning never touches).
+    """
+    import dataclasses
+
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.profiling.dynamic import profile_model
+
+    full = profile_model(model, input_shape, device=device)
+    adapter = adapter_for(model)
+    groups = [dataclasses.asdict(g) for g in adapter.prunable_groups(model)]
+    owned = [{**g, "members": (*g["members"], g["module"])} if g["kind"] == "head" else g for g in groups]
+    full["groups"] = groups
+    full["group_costs"] = group_costs(full, owned)
+    full["protected"] = adapter.protected_modules(model)
+    return full
+
+
 def _round(value: float, digits: int = 3) -> float:
     return float(f"{value:.{digits}g}") if value else 0.0
 

@@ -21,6 +21,12 @@ TargetMetric = Literal["params", "macs", "latency", "size"]
 BackendChoice = Literal["torch", "onnxruntime", "auto"]
 
 
+def _subset_size(value: int) -> int:
+    if 0 < value < 8:
+        raise ValueError("Input should be 0 (the whole split) or at least 8")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -52,8 +58,8 @@ class DatasetRef(_Ref):
 
     ref: str = Field(default=EMBEDDED_DATASET, description="Hub id, save_to_disk or imagefolder, embedded:digits.")
     split: str = Field(default="test", description="Split to evaluate on (validation and, by default, test images).")
-    subset: int = Field(
-        default=512, ge=8, le=1_000_000, description="Seeded validation subset: all the loop and selection see."
+    subset: Annotated[int, AfterValidator(_subset_size)] = Field(
+        default=512, ge=0, le=10_000_000, description="Seeded validation subset the loop selects on (0: all rows left)."
     )
     test_subset: int = Field(
         default=512, ge=8, le=1_000_000, description="Held-out test subset: only the baseline and delivered model."
@@ -86,17 +92,13 @@ class Objective(_Strict):
     iterations: int = Field(default=5, ge=1, le=50, description="Upper bound on pruning iterations.")
     quantize: QuantizeChoice = Field(default="qint8", description="Dynamic quantization added to each plan.")
     planner: PlannerChoice = Field(
-        default="auto",
-        description="deterministic, llm, auto (the LLM when one is configured), or a uniform pruning baseline: "
-        "l1, l2 or random (needs `ratio`).",
+        default="auto", description="deterministic, llm, auto (the LLM when configured), or l1, l2, random (+ ratio)."
     )
     ratio: float | None = Field(
         default=None, gt=0.0, lt=1.0, description="Uniform ratio of the l1/l2/random baselines (required by them)."
     )
     approve: bool = Field(
-        default=False,
-        description="Pause before each plan is applied for a human decision: approve, edit (a replacement plan) "
-        "or reject (the iteration's candidate is skipped and recorded as rejected).",
+        default=False, description="Pause before each plan is applied: approve, edit (a new plan) or reject it."
     )
 
     @model_validator(mode="after")
@@ -181,7 +183,7 @@ class LabelMap(_Strict):
 class DataRef(_Strict):
     """The prepared evaluation and calibration images on disk."""
 
-    path: str = Field(description="Tensor file, relative to the run folder.")
+    path: str = Field(description="Row numbers and labels (no pixels: streamed), relative to the run folder.")
     sha256: str = Field(description="sha256 of the tensor file.")
     n_eval: int = Field(description="Validation images (what the loop selects on).")
     n_test: int = Field(default=0, description="Held-out test images (what the report quotes).")
@@ -272,7 +274,7 @@ class EvalRecord(_Strict):
     params: int
     macs: int = Field(description="Multiply-accumulates of one image (pruned architecture, fp32 count).")
     threads: int
-    device: str = Field(default="cpu", description="Device the latency was measured on.")
+    device: str = Field(default="cpu", description="Device every number (accuracy and latency) was measured on.")
     pruned_latency_ms: float | None = Field(default=None, description="Batch-1 latency of the fp32 pruned model.")
     pruned_latency_batch_ms: float | None = Field(default=None, description="Batch-N latency of the fp32 pruned model.")
     quant_speedup: float | None = Field(default=None, description="Pruned fp32 over quantized latency, batch 1.")
@@ -296,9 +298,7 @@ class PlannerMeta(_Strict):
     llm: dict[str, Any] | None = Field(default=None, description="The LLM step's facts (model, usage, transcript).")
     baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
     ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
-    backoff: dict[str, Any] | None = Field(
-        default=None, description="Round 1's trials on the calibration images (goal, drop) and the cap they met."
-    )
+    backoff: dict[str, Any] | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
 
 
 class Review(_Strict):
@@ -362,9 +362,7 @@ class Best(Candidate):
     within_budget: bool = Field(description="Its accuracy drop is within max_acc_drop.")
     reduction: float = Field(description="Fractional reduction of the objective's target.")
     accuracy_drop: float = Field(description="Top-1 points lost against the baseline.")
-    ci_crosses_budget: bool = Field(
-        default=False, description="Within budget on the point estimate, but the 95% interval reaches past it."
-    )
+    ci_crosses_budget: bool = Field(default=False, description="Within budget, but its 95% interval reaches past.")
 
 
 class TestEval(_Strict):
@@ -374,6 +372,7 @@ class TestEval(_Strict):
 
     split: str = Field(description="Split the test images come from.")
     n_samples: int = Field(description="Test images.")
+    device: str = Field(default="cpu", description="Device both accuracy passes ran on.")
     baseline_accuracy: float = Field(description="Baseline top-1 on the test images, %.")
     best_iteration: int | None = Field(default=None, description="The delivered candidate (None: none finished).")
     best_accuracy: float | None = Field(default=None, description="Delivered model's top-1 on the test images, %.")

@@ -176,7 +176,7 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
-    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.models.artifact_load import load_artifact
 
     start = time.perf_counter()
@@ -191,7 +191,7 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     graph = build_graph(checkpointer=open_checkpointer(work / "runs"))
     state = graph.invoke(inputs, {"configurable": {"thread_id": name}}, context=ctx, durability="sync")
     run = Path(state["run_path"])
-    tensors = load_prepared(run / state["data"]["path"])
+    tensors = open_run_data(run, materialize=("eval", "calib"))  # a few hundred images: in memory
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
     allowed = (state.get("labels") or {}).get("allowed_ids")
     base = load_artifact(run / state["baseline"]["path"]).model

@@ -197,7 +197,7 @@ def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: 
     """Run the agent, build every baseline variant of one zoo model, and measure all of them side by side."""
     from profiling_agent.tools.compression.baselines import prune_uniform
     from profiling_agent.tools.compression.onnx_runtime import onnx_runtime_baseline
-    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.evaluation.latency import measure_latency
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
     from profiling_agent.tools.models.artifact_load import load_artifact
@@ -207,8 +207,8 @@ def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: 
     state = run_agent(entry["path"], dataset_dir, work / "runs", name, settings)
     agent_seconds = time.perf_counter() - start
     run = Path(state["run_path"])
-    tensors = load_prepared(run / state["data"]["path"], parts=("test",))
     # accuracy on the held-out test images: the validation images chose the agent's best, so they cannot report it
+    tensors = open_run_data(run, parts=("test",), materialize=("test",))  # a few hundred images: in memory
     pixels, labels = tensors["test_pixels"], tensors["test_labels"]
     allowed = (state.get("labels") or {}).get("allowed_ids")
     base = load_artifact(run / state["baseline"]["path"]).model.eval()

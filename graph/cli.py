@@ -24,6 +24,7 @@ from profiling_agent.graph.cli_args import (
     build_parser,
     context_from_args,
     input_from_args,
+    subset_size,
 )
 from profiling_agent.graph.cli_console import _drive, _final_table, _say
 from profiling_agent.graph.cli_store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
@@ -295,7 +296,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             args.model,
             dataset,
             split=split,
-            subset=args.subset,
+            subset=subset_size(args.subset) or 0,
             rows=rows,
             seed=args.seed,
             image_column=args.image_column,

@@ -23,6 +23,20 @@ class _Parser(argparse.ArgumentParser):
 # ------------------------------------------------------------------------------------------- parser
 
 
+def images(text: str) -> int | str:
+    """Parse an image count: a whole number, or `all` (the whole split minus the test and calibration rows)."""
+    return "all" if text.strip().lower() == "all" else int(text)
+
+
+def subset_size(value: int | str | None, flag: str = "--subset") -> int | None:
+    """Turn a parsed --subset into DatasetRef.subset (0: all); a count below 1 is bad input."""
+    if value == "all":
+        return 0
+    if value is not None and int(value) < 1:
+        raise BadInput(f"invalid {flag}: give a number of images (at least 8) or all")
+    return None if value is None else int(value)
+
+
 def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default="runs", help="folder holding one sub-folder per run (default: runs)")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="device (default: auto)")
@@ -102,9 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--val-subset",
         "--subset",
         dest="subset",
-        type=int,
+        type=images,
         default=None,
-        help="validation images the loop selects on (seeded subset, default 512)",
+        help="validation images the loop selects on (seeded subset, default 512; all: the whole split minus "
+        "the test and calibration images)",
     )
     run.add_argument(
         "--test-subset",
@@ -159,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True)
     ev.add_argument("--dataset", default=None)
     ev.add_argument("--split", default="test")
-    ev.add_argument("--subset", type=int, default=512, help="seeded subset of --split (the run's validation draw)")
+    ev.add_argument(
+        "--subset", type=images, default=512, help="seeded subset of --split (the run's validation draw), or all"
+    )
     ev.add_argument(
         "--from-run",
         metavar="RUN_DIR/THREAD_ID",
@@ -211,7 +228,6 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     dataset: dict[str, Any] = {}
     for key in (
         "split",
-        "subset",
         "test_subset",
         "test_split",
         "train_split",
@@ -222,6 +238,7 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     ):
         _set(dataset, key, getattr(args, key))
     _set(dataset, "ref", args.dataset)
+    _set(dataset, "subset", subset_size(args.subset))
     objective: dict[str, Any] = {}
     for key in ("iterations", "planner", "ratio", "quantize", "select", "max_acc_drop", "target", "target_reduction"):
         _set(objective, key, getattr(args, key))

@@ -131,13 +131,21 @@ def example_input(state: State, batch: int = 1):
     return torch.zeros(batch, *input_chw(state))
 
 
-def prepared(state: State) -> dict[str, Any]:
-    """Load the prepared evaluation and calibration tensors of the run."""
-    from profiling_agent.tools.data.prepare import load_prepared
+def prepared(state: State, parts: tuple[str, ...] = ("eval", "calib")) -> dict[str, Any]:
+    """Open the run's images and labels: validation and test streamed batch by batch, calibration as a tensor."""
+    from profiling_agent.tools.data.stream import open_run_data
+    from profiling_agent.tools.models.artifact_load import load_processor
 
     if state.data is None:
         raise RuntimeError("no prepared data: the prepare_data node has not run")
-    return load_prepared(run_dir(state) / state.data.path)
+    processor = load_processor(absolute(state, state.baseline.path)) if state.baseline else None
+    return open_run_data(
+        run_dir(state),
+        parts=parts,
+        processor=processor,
+        data_file=state.data.path,
+        image_column=state.data.image_column,
+    )
 
 
 def allowed_ids(state: State) -> list[int] | None:

@@ -51,6 +51,7 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Measure the candidate's forms (torch FP32, torch quantized, ORT FP32/dynamic/static) beside the baseline."""
     from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
+    from profiling_agent.tools.evaluation.metrics import concurrent_models
     from profiling_agent.tools.evaluation.selection import choose_variant
     from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
     from profiling_agent.tools.io import sha256_path
@@ -89,6 +90,7 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         repeats=ctx.latency_repeats,
         device=device,
         allowed_ids=allowed_ids(state),
+        parallel=concurrent_models(device, threads, len(models)),  # accuracy passes only; timing runs alone
     )
     before = _before_recovery(state, pixels, labels, measured["baseline"]["preds"], device, ctx.eval_batch)
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=3, total=3, label="")
@@ -184,13 +186,14 @@ def _before_recovery(
     state: State, pixels: Any, labels: Any, base_preds: Any, device: str, eval_batch: int
 ) -> tuple[float, float] | None:
     """Top-1 and agreement of the one-shot pruned weights (before recovery), when recovery changed them."""
-    from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+    from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict, top1
 
     current = current_candidate(state)
     if not (current.recovered and current.pruned):
         return None
     model = load_artifact_model(state, current.pruned).model.to(device)
-    preds = predict(model, pixels, batch_size=eval_batch, device=device, allowed_ids=allowed_ids(state))
+    batch = accuracy_batch(eval_batch, device)
+    preds = predict(model, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids(state))
     return top1(preds, labels), agreement(preds, base_preds)
 
 

@@ -14,7 +14,7 @@ def measure_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Measure the baseline on the evaluation subset; every candidate is compared with this record."""
     from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.latency import measure_latency
-    from profiling_agent.tools.evaluation.metrics import predict, top1
+    from profiling_agent.tools.evaluation.metrics import accuracy_batch, predict, top1
     from profiling_agent.tools.models.sizes import state_bytes
 
     assert state.baseline is not None  # saved by acquire
@@ -25,7 +25,8 @@ def measure_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
     model = load_artifact_model(state, state.baseline).model.to(device)
     emit(runtime, kind="progress", task="measuring the baseline", done=0, total=2, label="accuracy")
-    preds = predict(model, pixels, batch_size=ctx.eval_batch, device=device, allowed_ids=allowed_ids(state))
+    batch = accuracy_batch(ctx.eval_batch, device)  # on a GPU: large batches
+    preds = predict(model, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids(state))
     emit(runtime, kind="progress", task="measuring the baseline", done=1, total=2, label="latency")
     lat = measure_latency(
         {"baseline": model},

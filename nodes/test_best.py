@@ -13,6 +13,7 @@ from profiling_agent.nodes.common import (
     event,
     load_artifact_model,
     load_delivered,
+    prepared,
     run_dir,
     runs_on_cpu_only,
 )
@@ -21,17 +22,22 @@ from profiling_agent.state import Context, State, TestEval
 
 def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
-    from profiling_agent.tools.data.prepare import load_prepared
     from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
-    from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+    from profiling_agent.tools.evaluation.metrics import (
+        accuracy_batch,
+        agreement,
+        concurrent_models,
+        predict_many,
+        top1,
+    )
     from profiling_agent.tools.io import read_json
 
     data = state.data
     if data is None or data.n_test == 0:
         return {"history": event("test_best", "no held-out test images", state.iteration)}
     ctx = context_of(runtime)
-    tensors = load_prepared(run_dir(state) / data.path, parts=("test",))
+    tensors = prepared(state, parts=("test",))  # streamed: the held-out images are read here only
     pixels, labels = tensors["test_pixels"], tensors["test_labels"]
     best = state.best
     models = {"baseline": load_artifact_model(state, state.baseline).model}
@@ -39,15 +45,20 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         models["best"] = load_delivered(state, best, threads=set_threads(ctx.threads))
     device = "cpu" if runs_on_cpu_only(best) else str(resolve_device(ctx.device))
     emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
-    kw = {"batch_size": ctx.eval_batch, "device": device, "allowed_ids": allowed_ids(state)}
-    preds = {}
-    for i, (name, model) in enumerate(models.items()):
-        preds[name] = predict(model.to(device), pixels, **kw)
-        emit(runtime, kind="progress", task="held-out test images", done=i + 1, total=len(models), label=name)
+    preds = predict_many(  # one streamed pass feeds both models (concurrently when cores allow)
+        models,
+        pixels,
+        batch_size=accuracy_batch(ctx.eval_batch, device),
+        device=device,
+        allowed_ids=allowed_ids(state),
+        parallel=concurrent_models(device, set_threads(ctx.threads), len(models)),
+    )
+    emit(runtime, kind="progress", task="held-out test images", done=len(models), total=len(models), label="")
     subsets = read_json(run_dir(state) / data.subsets)
     result = TestEval(
         split=str(subsets["test"]["split"]),
         n_samples=len(labels),
+        device=device,
         baseline_accuracy=top1(preds["baseline"], labels),
     )
     message = f"held-out test ({result.n_samples} images): baseline {result.baseline_accuracy:.2f}%"

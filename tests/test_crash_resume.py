@@ -64,13 +64,18 @@ def test_a_step_saved_without_its_checkpoint_is_still_pending():
     assert calls["a"] == 1  # resumed from the saved writes, not re-run
 
 
-@pytest.mark.slow
-def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
+def _offline_resnet_setup(tmp_path):
+    """The quick digits ResNet in a private cache, a runs folder, and an offline environment without LLM keys."""
     model, dataset = build_quick_resnet(tmp_path / "cache")
-    runs = tmp_path / "runs"
     env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         env.pop(key, None)
+    return model, dataset, tmp_path / "runs", env
+
+
+@pytest.mark.slow
+def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
+    model, dataset, runs, env = _offline_resnet_setup(tmp_path)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "3", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
@@ -109,11 +114,7 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_path):
-    model, dataset = build_quick_resnet(tmp_path / "cache")
-    runs = tmp_path / "runs"
-    env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
-        env.pop(key, None)
+    model, dataset, runs, env = _offline_resnet_setup(tmp_path)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "1", "--planner", "deterministic", "--repeats", "2", "--threads", "1",

@@ -11,6 +11,7 @@ from PIL import Image as PILImage
 from profiling_agent.tools.data.labels import map_labels, mapping_table, wnids_from_config
 from profiling_agent.tools.data.prepare import load_prepared, prepare_data, preprocess_images
 from profiling_agent.tools.data.sources import DataError, detect_columns, label_names, load_split
+from profiling_agent.tools.data.stream import ImageStream, open_prepared
 
 # ---------------------------------------------------------------- fixtures
 
@@ -291,12 +292,17 @@ def test_prepare_data_seeded_disjoint_and_mapped(tmp_path):
 
     a, b = load_prepared(info["path"], with_indices=True), load_prepared(again["path"], with_indices=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert a["eval_pixels"].shape == (16, 1, 8, 8) and a["calib_pixels"].shape == (8, 1, 8, 8)
     assert not set(a["eval_index"].tolist()) & set(a["calib_index"].tolist())
+    opened = open_prepared(info["path"], {"eval": ds, "calib": ds}, None, with_indices=True)
+    stream = opened["eval_pixels"]  # validation streamed, calibration (small) in memory
+    assert isinstance(stream, ImageStream) and len(stream) == 16 and opened["calib_pixels"].shape == (8, 1, 8, 8)
+    eval_pixels = torch.cat(list(stream.batches(5)))
+    assert eval_pixels.shape == (16, 1, 8, 8)
 
     # Independent check: row r has gray value 5r and dataset label r % 3 (cat, dog, bird -> model 1, 2, 0).
     rows = a["eval_index"]
-    torch.testing.assert_close(a["eval_pixels"].mean(dim=(1, 2, 3)), (5.0 * rows.float()) / 255 * 2 - 1)
+    assert torch.equal(opened["eval_index"], rows)
+    torch.testing.assert_close(eval_pixels.mean(dim=(1, 2, 3)), (5.0 * rows.float()) / 255 * 2 - 1)
     assert a["eval_labels"].tolist() == [[1, 2, 0][r % 3] for r in rows.tolist()]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.safetensors"]
 
@@ -316,10 +322,10 @@ def test_prepare_data_with_processor_matches_processor(tmp_path):
         calibration=4,
         seed=0,
     )
-    data = load_prepared(info["path"], with_indices=True)
+    data = open_prepared(info["path"], {"eval": ds, "calib": ds}, processor, with_indices=True)
     row = int(data["eval_index"][0])
     expected = processor(images=[ds[row]["image"]], return_tensors="pt")["pixel_values"][0]
-    torch.testing.assert_close(data["eval_pixels"][0], expected)
+    torch.testing.assert_close(data["eval_pixels"][0:1][0], expected)
 
 
 def test_prepare_data_small_split_shrinks_validation_never_overlaps(tmp_path):
@@ -346,12 +352,13 @@ def test_prepare_data_holds_out_a_test_subset_loaded_only_when_asked(tmp_path):
         ds, None, SHAPE, mapping, out_path=tmp_path / "t.safetensors", subset=16, test_subset=12, calibration=8
     )
     assert (info["n_eval"], info["n_test"], info["n_calib"]) == (16, 12, 8)
-    default = load_prepared(info["path"], with_indices=True)
+    default = open_prepared(info["path"], {"eval": ds, "calib": ds}, None, with_indices=True)
     assert "test_pixels" not in default and "test_labels" not in default  # held out unless asked for
-    full = load_prepared(info["path"], with_indices=True, parts=("eval", "test", "calib"))
-    rows = [set(full[f"{p}_index"].tolist()) for p in ("eval", "test", "calib")]
+    parts = ("eval", "test", "calib")
+    full = open_prepared(info["path"], dict.fromkeys(parts, ds), None, with_indices=True, parts=parts)
+    rows = [set(full[f"{p}_index"].tolist()) for p in parts]
     assert not (rows[0] & rows[1]) and not (rows[0] & rows[2]) and not (rows[1] & rows[2])
-    assert full["test_pixels"].shape == (12, 1, 8, 8)
+    assert len(full["test_pixels"]) == 12 and full["test_pixels"][:].shape == (12, 1, 8, 8)
     # the validation draw is the one a run without a test subset makes
     assert torch.equal(
         full["eval_index"], load_prepared(_plain(ds, mapping, tmp_path), with_indices=True)["eval_index"]

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
-from profiling_agent.nodes.common import load_delivered  # noqa: E402
+from profiling_agent.nodes.common import load_delivered, prepared  # noqa: E402
 from profiling_agent.nodes.evaluate import evaluate  # noqa: E402
 from profiling_agent.state import ArtifactRef, Candidate, Context, DataRef, EvalRecord, QuantEntry, State  # noqa: E402
 from profiling_agent.tools.compression import backends  # noqa: E402
@@ -29,24 +29,33 @@ def _ref(run, saved):
 
 @pytest.fixture
 def run_state(tmp_path, tiny_vit):
-    """A run folder with a baseline, a pruned FP32 and a qint8 candidate of the tiny ViT, and prepared images."""
-    from safetensors.torch import save_file
+    """A run folder with a baseline, a pruned FP32 and a qint8 candidate of the tiny ViT, and prepared images.
+
+    The images are a save_to_disk dataset of random 16x16 gray images; the run keeps their rows and labels (the
+    baseline's predictions, so the baseline is 100% right by construction) and streams the pixels.
+    """
+    import numpy as np
+    from datasets import Dataset, Features, Image, Value
+    from PIL import Image as PILImage
+
+    from profiling_agent.tools.data.prepare import _save, preprocess_images
+    from profiling_agent.tools.io import write_json_atomic
 
     run = tmp_path / "run"
     run.mkdir()
-    gen = torch.Generator().manual_seed(0)
-    pixels = torch.randn(72, 1, 16, 16, generator=gen)
+    rng = np.random.default_rng(0)
+    images = [PILImage.fromarray(rng.integers(0, 256, (16, 16), dtype=np.uint8), mode="L") for _ in range(72)]
+    shape = {"channels": 1, "height": 16, "width": 16}
     with torch.inference_mode():
-        labels = tiny_vit(pixel_values=pixels).logits.argmax(-1)  # the baseline is 100% right by construction
-    save_file(
-        {
-            "eval_pixels": pixels[:48].contiguous(),
-            "eval_labels": labels[:48].contiguous(),
-            "calib_pixels": pixels[48:].contiguous(),
-            "calib_labels": labels[48:].contiguous(),
-        },
-        str(run / "data.safetensors"),
-    )
+        labels = tiny_vit(pixel_values=preprocess_images(images, None, shape)).logits.argmax(-1)
+    features = Features({"image": Image(), "label": Value("int64")})
+    Dataset.from_dict({"image": images, "label": labels.tolist()}, features=features).save_to_disk(tmp_path / "ds")
+    rows = {"eval": torch.arange(48), "calib": torch.arange(48, 72)}
+    tensors = {f"{p}_{k}": v for p, idx in rows.items() for k, v in (("labels", labels[idx]), ("index", idx))}
+    _save(run / "data.safetensors", tensors, {"shape": [1, 16, 16], "image_column": "image", "rows": {"eval": 72}})
+    roles = {"validation": rows["eval"].tolist(), "test": [], "calibration": rows["calib"].tolist()}
+    subsets = {role: {"split": "train", "indices": idx} for role, idx in roles.items()}
+    write_json_atomic(run / "subsets.json", {"dataset": str(tmp_path / "ds"), "seed": 0, **subsets})
     base = _ref(run, save_artifact(tiny_vit, run / "baseline"))
     pruned = _ref(run, save_artifact(tiny_vit, run / "iter_01" / "pruned"))
     qmodel, quantized = quantize_model(tiny_vit, [QuantEntry(layer="all", dtype="qint8")])
@@ -102,9 +111,7 @@ def test_auto_measures_every_form_and_delivers_the_chosen_one(run_state):
     # the delivered form reloads (an ONNX session or a torch artifact) and reproduces its recorded accuracy
     model = load_delivered(run_state, cand, threads=1)
     assert isinstance(model, OrtClassifier) == ev.delivered.startswith("ort_")
-    from safetensors.torch import load_file
-
-    data = load_file(f"{run_state.run_path}/data.safetensors")
+    data = prepared(run_state)
     acc = top1(predict(model, data["eval_pixels"], batch_size=16), data["eval_labels"])
     assert acc == pytest.approx(ev.accuracy, abs=1e-9)
 

@@ -71,10 +71,14 @@ def test_two_iterations_end_to_end(tmp_path, digits_assets):
     for cand in out["candidates"]:
         assert sha256_path(run / cand["artifact"]["path"]) == cand["artifact"]["sha256"]
     # the best model reloads without pickle and reproduces its recorded accuracy
-    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.evaluation.metrics import predict, top1
 
-    tensors = load_prepared(run / "data.safetensors")
+    tensors = open_run_data(run)  # the validation images, streamed from the dataset rows
+    from safetensors import safe_open
+
+    with safe_open(str(run / "data.safetensors"), framework="pt") as handle:  # no float copy of the images
+        assert {handle.get_slice(key).get_dtype() for key in handle.keys()} == {"I64"}
     best_model = load_model(str(run / "best")).model  # the delivered form: an ONNX folder or a torch artifact
     acc = top1(predict(best_model, tensors["eval_pixels"]), tensors["eval_labels"])
     assert acc == pytest.approx(best["accuracy"], abs=1e-9)
@@ -216,13 +220,13 @@ def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
     assert json.loads(metrics.read_text())["accuracy"] == pytest.approx(result["best"]["accuracy"], abs=1e-9)
     # export: a plain onnxruntime.InferenceSession runs the file with the accuracy its variant recorded
     ort = pytest.importorskip("onnxruntime")
-    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.data.stream import open_run_data
 
     assert main(["export", str(tmp_path / "cli"), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
     assert "validation top-1" in capsys.readouterr().out
     session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
-    tensors = load_prepared(tmp_path / "cli" / "data.safetensors")
-    logits = session.run(None, {"pixel_values": tensors["eval_pixels"].numpy()})[0]
+    tensors = open_run_data(tmp_path / "cli")
+    logits = session.run(None, {"pixel_values": tensors["eval_pixels"][:].numpy()})[0]
     acc = 100.0 * float((logits.argmax(-1) == tensors["eval_labels"].numpy()).mean())
     recorded = {v["name"]: v for v in result["best"]["variants"]}["ort_fp32"]["accuracy"]
     assert acc == pytest.approx(recorded, abs=1e-9)

@@ -19,10 +19,11 @@ def test_test_images_are_read_only_after_selection_and_reported_with_intervals(t
 
     real, readers = prepare.load_prepared, []
 
-    def spying(path, with_indices=False, parts=("eval", "calib")):
-        callers = [f.function for f in inspect.stack()[1:6]]
-        readers.append((tuple(parts), callers))
-        return real(path, with_indices=with_indices, parts=parts)
+    def spying(path, with_indices=False, parts=("eval", "calib"), **kwargs):
+        callers = [f.function for f in inspect.stack()[1:8]]
+        node = next(f for f in callers if f not in ("open_prepared", "open_run_data", "prepared"))
+        readers.append((tuple(parts), [node, *callers]))
+        return real(path, with_indices=with_indices, parts=parts, **kwargs)
 
     monkeypatch.setattr(prepare, "load_prepared", spying)
     inputs = {  # plain strings, as people type them in Studio
@@ -34,7 +35,8 @@ def test_test_images_are_read_only_after_selection_and_reported_with_intervals(t
     assert out["best"] is not None and out["status"] == "done"
 
     test_readers = [callers for parts, callers in readers if "test" in parts]
-    # prepare_data reads every role's row numbers once to write subsets.json; only test_best reads test images
+    # prepare_data reads every role's row numbers once to write subsets.json; only test_best opens test images
+    # (through nodes.common.prepared, which streams them)
     assert [c[0] for c in test_readers] == ["prepare_data", "test_best"], test_readers
     assert all("test" not in parts for parts, _ in readers[1:] if "test_best" not in _)
 

@@ -1,10 +1,10 @@
-"""Preprocess seeded evaluation and calibration subsets with the model's processor and store them."""
+"""Draw seeded evaluation, test and calibration subsets; store their rows and labels; preprocess images per batch."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from profiling_agent.tools.io import sha256_file, write_bytes_atomic
 from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
-BATCH = 64  # images per processor call
+CHECK = 8  # images of each role preprocessed by prepare_data to fail early on unusable images
 PARTS = ("eval", "test", "calib")  # validation (selects), held-out test (reports), calibration (probes)
 
 
@@ -120,25 +120,19 @@ def preprocess_images(
     return _fit(torch.as_tensor(pixels).float(), channels, height, width, notes)
 
 
-def _encode(
-    ds: Any,
-    indices: np.ndarray,
-    image_column: str,
-    processor: Any | None,
-    shape: Mapping[str, Any],
-    notes: set[str],
-    bar: Any,
-) -> torch.Tensor:
-    channels, height, width = int(shape["channels"]), int(shape["height"]), int(shape["width"])
-    if len(indices) == 0:
-        return torch.zeros(0, channels, height, width)
-    images = ds.select_columns([image_column]).select(indices.tolist())
-    chunks = []
-    for start in range(0, len(images), BATCH):
-        batch = images[start : start + BATCH][image_column]
-        chunks.append(preprocess_images(batch, processor, shape, notes))
-        bar.update(len(batch))
-    return torch.cat(chunks)
+def _check_images(
+    ds: Any, indices: np.ndarray, image_column: str, processor: Any | None, shape: Mapping[str, Any], notes: set[str]
+) -> None:
+    """Preprocess a role's first few images, so unusable images or processors fail here, with the conversions noted."""
+    if len(indices):
+        images = ds.select_columns([image_column]).select(indices[:CHECK].tolist())[image_column]
+        preprocess_images(images, processor, shape, notes)
+
+
+def raw_labels_digest(ds: Any, label_column: str, indices: np.ndarray) -> str:
+    """Return a sha256 of the raw label values at `indices`: what tells a changed dataset from the one drawn."""
+    values = ds.select_columns([label_column])[indices.tolist()][label_column] if len(indices) else []
+    return hashlib.sha256(json.dumps([str(v) for v in values]).encode()).hexdigest()
 
 
 def _labels(
@@ -172,11 +166,13 @@ def prepare_data(
     calibration_ds: Any | None = None,
     test_ds: Any | None = None,
 ) -> dict[str, Any]:
-    """Preprocess seeded validation, test and calibration subsets into tensors saved with safetensors.
+    """Draw seeded validation, test and calibration subsets and save their row numbers and labels (safetensors).
 
     The three are disjoint by construction (`draw_subsets`): the validation subset is what the loop selects
     on, the test subset is held out for reporting, the calibration images feed the sensitivity probe. Labels
-    are mapped to model class ids with `mapping`.
+    are mapped to model class ids with `mapping`. No pixels are stored: `stream.open_prepared` decodes and
+    preprocesses the images batch by batch from these rows, so the file stays small whatever the subset size
+    (a few images of each role are preprocessed here, so unusable images fail now, and conversions are noted).
 
     Args:
         ds: A `datasets.Dataset`: the evaluated split.
@@ -184,7 +180,7 @@ def prepare_data(
         shape: {"channels", "height", "width"} from resolve_input_shape.
         mapping: The dict returned by map_labels for this dataset's label names.
         out_path: Where to write the .safetensors file (atomically).
-        subset: Validation samples.
+        subset: Validation samples (0: every row of the split outside the test and calibration subsets).
         calibration: Calibration samples.
         seed: Seed of every draw.
         test_subset: Held-out test samples (0: none).
@@ -200,8 +196,6 @@ def prepare_data(
     Raises:
         DataError: Empty split, unlabelled samples, unusable images or columns.
     """
-    from tqdm.auto import tqdm
-
     image_column, label_column = detect_columns(ds, image_column, label_column)
     n = len(ds)
     if n == 0:
@@ -211,31 +205,26 @@ def prepare_data(
     calib_src = calibration_ds if calibration_ds is not None and len(calibration_ds) > 0 else ds
     drawn = draw_subsets(
         n,
-        val=subset,
+        val=subset if subset > 0 else n,
         test=test_subset,
         calib=calibration,
         seed=seed,
         test_rows=len(test_src) if test_src is not ds else None,
         calib_rows=len(calib_src) if calib_src is not ds else None,
+        val_all=subset <= 0,
     )
     table = mapping_table(mapping)
     parts = {"eval": (ds, drawn.val), "test": (test_src, drawn.test), "calib": (calib_src, drawn.calib)}
     notes: set[str] = set()
-    total = sum(len(idx) for _, idx in parts.values())
     tensors: dict[str, torch.Tensor] = {}
-    with tqdm(
-        total=total,
-        desc="preprocessing images",
-        unit="img",
-        file=sys.stderr,
-        leave=False,
-        disable=total < 256 or not sys.stderr.isatty(),
-    ) as bar:
-        for name, (src, idx) in parts.items():
-            to_index = _label_indexer(src, label_column, names)
-            tensors[f"{name}_labels"] = _labels(src, idx, label_column, to_index, table)
-            tensors[f"{name}_pixels"] = _encode(src, idx, image_column, processor, shape, notes, bar)
-            tensors[f"{name}_index"] = torch.from_numpy(idx.astype(np.int64))
+    rows: dict[str, int] = {}
+    digests: dict[str, str] = {}
+    for name, (src, idx) in parts.items():
+        to_index = _label_indexer(src, label_column, names)
+        tensors[f"{name}_labels"] = _labels(src, idx, label_column, to_index, table)
+        tensors[f"{name}_index"] = torch.from_numpy(idx.astype(np.int64))
+        rows[name], digests[name] = len(src), raw_labels_digest(src, label_column, idx)
+        _check_images(src, idx, image_column, processor, shape, notes)
     where = []
     if test_src is not ds:
         where.append(f"test images from another split ({len(drawn.test)} of {len(test_src)})")
@@ -243,7 +232,9 @@ def prepare_data(
         where.append(f"calibration images drawn from another split ({len(drawn.calib)} of {len(calib_src)})")
     note = "; ".join(x for x in [drawn.note, *where, *sorted(notes)] if x)
     shape_list = [int(shape["channels"]), int(shape["height"]), int(shape["width"])]
-    _save(out_path, tensors, {"seed": seed, "shape": shape_list, "note": note})
+    meta = {"seed": seed, "shape": shape_list, "note": note, "image_column": image_column}
+    meta.update(label_column=label_column, rows=rows, labels_sha256=digests)
+    _save(out_path, tensors, meta)
     logger.info(
         "prepared %d validation, %d test and %d calibration images at %s",
         len(drawn.val),
@@ -279,17 +270,21 @@ def _save(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str
 
 
 def load_prepared(
-    path: str | Path, with_indices: bool = False, parts: tuple[str, ...] = ("eval", "calib")
-) -> dict[str, torch.Tensor]:
-    """Load tensors written by prepare_data: only the parts asked for, so held-out images stay held out.
+    path: str | Path, with_indices: bool = False, parts: tuple[str, ...] = ("eval", "calib"), with_meta: bool = False
+) -> dict[str, Any]:
+    """Load what prepare_data wrote for the parts asked for: labels (and row numbers), never pixels.
+
+    The images themselves are streamed from the dataset rows (`stream.open_prepared`).
 
     Args:
         path: The .safetensors file.
         with_indices: Also return each part's `<part>_index` (row numbers in its split).
+        with_meta: Also return "meta": how the subsets were drawn (seed, shape, note, image and label columns,
+            rows of each source split, digests of the raw labels at the drawn rows).
         parts: Which of "eval" (validation), "test" and "calib" to load.
 
     Returns:
-        {"<part>_pixels", "<part>_labels"} for each part (+ the indices when asked).
+        {"<part>_labels"} for each part (+ "<part>_index" and "meta" when asked).
 
     Raises:
         DataError: The file is missing or lacks a tensor.
@@ -302,10 +297,13 @@ def load_prepared(
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise ValueError(f"unknown parts {unknown}: use {', '.join(PARTS)}")
-    keys = [f"{p}_{k}" for p in parts for k in ("pixels", "labels", *(("index",) if with_indices else ()))]
+    keys = [f"{p}_{k}" for p in parts for k in ("labels", *(("index",) if with_indices else ()))]
     with safe_open(str(path), framework="pt") as handle:
         present = set(handle.keys())
         missing = [k for k in keys if k not in present]
         if missing:
             raise DataError(f"{path} lacks tensors: {_listing(missing)}")
-        return {k: handle.get_tensor(k) for k in keys}
+        out: dict[str, Any] = {k: handle.get_tensor(k) for k in keys}
+        if with_meta:
+            out["meta"] = json.loads((handle.metadata() or {}).get("profiling_agent", "{}"))
+        return out

@@ -35,6 +35,7 @@ def draw_subsets(
     seed: int = 0,
     test_rows: int | None = None,
     calib_rows: int | None = None,
+    val_all: bool = False,
 ) -> Subsets:
     """Draw validation, test and calibration rows from one seeded permutation, so they are disjoint by construction.
 
@@ -51,9 +52,11 @@ def draw_subsets(
         seed: Seed of every draw.
         test_rows: Rows of another split the test images come from (None: the evaluated split).
         calib_rows: Rows of another split the calibration images come from (None: the evaluated split).
+        val_all: Validate on every row the test and calibration subsets leave (`val` is ignored).
     """
     if n < 1:
         raise ValueError("the split is empty")
+    val = n if val_all else val
     order = np.random.default_rng(seed).permutation(n)
     test_here = test if test_rows is None else 0
     calib_here = calib if calib_rows is None else 0
@@ -63,7 +66,7 @@ def draw_subsets(
     n_test = max(0, min(test_here, n - n_val - calib_min))
     n_calib = max(0, min(calib_here, n - n_val - n_test))
     notes = []
-    if n_val < val:
+    if n_val < val and not val_all:
         notes.append(f"the split has {n} images: {n_val} validation (of {val} asked)")
     if n_test < test_here:
         notes.append(f"{n_test} test images (of {test_here} asked)")

@@ -35,8 +35,9 @@ def evaluate_model(
     import torch
 
     from profiling_agent.tools.data.labels import map_labels, wnids_from_config
-    from profiling_agent.tools.data.prepare import load_prepared, prepare_data
+    from profiling_agent.tools.data.prepare import prepare_data
     from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
+    from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.device import resolve_device
     from profiling_agent.tools.evaluation.latency import measure_latency
     from profiling_agent.tools.evaluation.metrics import predict, top1
@@ -70,7 +71,7 @@ def evaluate_model(
         image_column=image_col,
         label_column=label_col,
     )
-    tensors = load_prepared(prepared["path"])
+    tensors = open_prepared(prepared["path"], {"eval": dataset, "calib": dataset}, loaded.processor)
     quantized = any("quantized" in type(m).__module__ for m in model.modules())
     onnx = loaded.source == "onnx"  # an ONNX Runtime session: CPU, sizes and counts from its recipe
     dev = "cpu" if quantized or onnx else str(resolve_device(device))

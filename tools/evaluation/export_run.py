@@ -55,7 +55,7 @@ def export_run(
         ExportError: Bad run folder; RuntimeError: the export or quantization failed (with the reason).
     """
     from profiling_agent.tools.compression.backends import BackendSettings, build_ort_variants
-    from profiling_agent.tools.data.prepare import load_prepared
+    from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.evaluation.metrics import predict, top1
     from profiling_agent.tools.models.artifact_load import load_artifact
 
@@ -67,7 +67,7 @@ def export_run(
     if not best:
         raise ExportError(f"run {run} has no finished candidate to export")
     loaded = load_artifact(_pruned_folder(run, best))
-    tensors = load_prepared(run / "data.safetensors")
+    tensors = open_run_data(run)  # validation streamed, calibration in memory
     method = {"none": "fp32", "dynamic": "dynamic", "static": "static"}[quantize]
     settings = BackendSettings(methods=(method,))
     target = Path(out) if out else run / "export" / f"onnx-{quantize}"

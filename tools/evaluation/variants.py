@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.evaluation import latency
-from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict_many, top1
 
 BASELINE = "baseline"
 
@@ -20,7 +20,7 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 def measure_forms(
     models: Mapping[str, nn.Module],
-    pixels: torch.Tensor,
+    pixels: Any,
     labels: torch.Tensor,
     *,
     batch_size: int,
@@ -30,12 +30,16 @@ def measure_forms(
     device: str = "cpu",
     allowed_ids: list[int] | None = None,
     timed: list[str] | None = None,
+    parallel: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """Predict with every model on the same images and time them interleaved in one `measure_latency` call.
 
+    The accuracy pass reads the images once (streamed) and feeds each batch to every model, `parallel` of them at
+    a time; timing starts only after it has finished, so nothing runs beside a timed forward pass.
+
     Args:
         models: Name -> model; must include "baseline".
-        pixels: Validation images (N, C, H, W).
+        pixels: Validation images (N, C, H, W), or an ImageStream of them.
         labels: Their labels (model ids).
         batch_size: The larger latency batch.
         eval_batch: Batch size of the accuracy pass.
@@ -44,6 +48,7 @@ def measure_forms(
         device: Where every model runs.
         allowed_ids: Model ids predictions are restricted to.
         timed: Names to time (default: all).
+        parallel: Models predicting concurrently in the accuracy pass (1: one after the other).
 
     Returns:
         {name: {"preds", "accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch"}},
@@ -51,10 +56,10 @@ def measure_forms(
     """
     if BASELINE not in models:
         raise ValueError("measure_forms needs a 'baseline' model")
-    preds = {
-        name: predict(m, pixels, batch_size=eval_batch, device=device, allowed_ids=allowed_ids)
-        for name, m in models.items()
-    }
+    preds = predict_many(
+        models, pixels, batch_size=accuracy_batch(eval_batch, device), device=device, allowed_ids=allowed_ids,
+        parallel=parallel,
+    )  # fmt: skip
     names = [n for n in models if timed is None or n in timed or n == BASELINE]
     lat = latency.measure_latency(  # through the module, so tests can stand in for the clock
         {n: models[n] for n in names},

@@ -271,6 +271,17 @@ def variant_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _devices_line(result: dict[str, Any]) -> str:
+    """Say which device each number comes from (accuracy passes and latency of a record share its device)."""
+    base = (result.get("baseline") or {}).get("device") or "-"
+    cands = sorted({str(c.get("device")) for c in result.get("candidates") or [] if c.get("device")})
+    test = ((result.get("protocol") or {}).get("test") or {}).get("device") or "-"
+    return (
+        f"- Measured on: baseline {base}; candidates {', '.join(cands) or '-'} (CPU-only forms: torch dynamic "
+        f"quantization, ONNX Runtime); held-out test {test}"
+    )
+
+
 def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | None = None) -> str:
     """Write report.md: goal, outcome, comparison table, plans with their justifications, profile highlights."""
     obj = result.get("objective") or {}
@@ -282,6 +293,7 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
         f"- Dataset: `{(result.get('dataset') or {}).get('ref')}` split `{(result.get('dataset') or {}).get('split')}`,"
         f" labels mapped by {result['labels'].get('method')}"
         + (" (predictions restricted to the dataset's classes)" if result["labels"].get("restricted") else ""),
+        _devices_line(result),
         f"- Objective: reduce {obj.get('target')} by {obj.get('target_reduction', 0):.0%} within "
         f"{obj.get('max_acc_drop')} pp top-1; rule `{obj.get('select')}`; at most {obj.get('iterations')} iterations",
         f"- Planner: requested {result['planner']['requested']}, used {', '.join(result['planner']['used']) or '-'}"

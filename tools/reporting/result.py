@@ -18,6 +18,7 @@ METRIC_KEYS = (
     "macs",
     "batch_size",
     "threads",
+    "device",
     "quant_speedup",
     "quant_speedup_batch",
     "pruned_latency_ms",
@@ -102,6 +103,7 @@ def protocol(state: dict[str, Any]) -> dict[str, Any]:
         "test": {
             "split": test.get("split") or split,
             "images": data.get("n_test"),
+            "device": test.get("device"),
             "used_for": "reporting the baseline and the delivered model only",
         },
         "calibration": {

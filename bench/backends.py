@@ -198,8 +198,9 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     best = state.get("best") or {}
     settings = {**settings, "base_methods": ALL, "pruned_qint8": True}  # small models: every form is cheap
     models, facts = forms("", base, tensors["calib_pixels"], pixels[:32], work / name, settings)
-    if best.get("pruned"):
-        pruned = load_artifact(run / best["pruned"]["path"]).model
+    fp32_ref = best.get("recovered") or best.get("pruned")  # what the run's ONNX forms were built from
+    if fp32_ref:
+        pruned = load_artifact(run / fp32_ref["path"]).model
         more, more_facts = forms("pruned:", pruned, tensors["calib_pixels"], pixels[:32], work / name, settings)
         models.update(more)
         facts.update(more_facts)

@@ -61,6 +61,7 @@ class Setting:
 
         from profiling_agent.tools.compression.families import adapter_for
         from profiling_agent.tools.compression.global_pruning import unit_scores
+        from profiling_agent.tools.models.sizes import count_params
         from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
         from profiling_agent.tools.profiling.summary import planner_profile
 
@@ -80,7 +81,7 @@ class Setting:
             crit: unit_scores(self.baseline, self.example, crit, pixels=data["calib_x"], labels=data["calib_y"])
             for crit in ("magnitude", "taylor")
         }
-        self.params = sum(p.numel() for p in self.baseline.parameters())
+        self.params = count_params(self.baseline)
 
     def plan(
         self, method: str, knob: float, mode: str, budget: float, heads: float | None = None
@@ -130,11 +131,10 @@ def measure(setting: Setting, method: str, budget: float, modes: tuple[str, ...]
     from profiling_agent.tools.recovery.reconstruct import reconstruct
 
     data, rows = setting.data, []
-    plans: dict[tuple, Any] = {}
+    plans: dict[str, Any] = {}
     for mode in modes:
         plan_mode = mode if method == "agent" else modes[0]  # only the agent plans differently with recovery
-        key = (plan_mode,)
-        if key not in plans:
+        if plan_mode not in plans:
             lo, hi = setting.knob_range(method, plan_mode)
             solved = solve_knob(
                 lambda k, m=plan_mode: setting.reduction(setting.plan(method, k, m, budget)[0]), budget, lo, hi
@@ -153,9 +153,9 @@ def measure(setting: Setting, method: str, budget: float, modes: tuple[str, ...]
             entries, chosen, importance = setting.plan(method, solved.knob, plan_mode, budget, heads)
             tick = time.perf_counter()
             pruned = copy.deepcopy(setting.baseline)
-            report = prune_model(pruned, entries, setting.example, importance=importance, chosen=chosen, adapter=None)
-            plans[key] = (solved, pruned, report, time.perf_counter() - tick)
-        solved, pruned, report, seconds = plans[key]
+            report = prune_model(pruned, entries, setting.example, importance=importance, chosen=chosen)
+            plans[plan_mode] = (solved, pruned, report, time.perf_counter() - tick)
+        solved, pruned, report, seconds = plans[plan_mode]
         model = pruned
         if mode == "reconstruct":
             model = copy.deepcopy(pruned)

@@ -20,6 +20,7 @@ from profiling_agent.nodes.common import (
 )
 from profiling_agent.state import ArtifactRef, Context, EvalRecord, State
 
+UNRECOVERED = "unrecovered"  # the one-shot pruned weights, predicted beside the forms for the before-recovery accuracy
 CHECK_IMAGES = 32  # validation images each ONNX variant's logits are compared on against torch
 
 
@@ -73,6 +74,8 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     fp32_ref = current.recovered or current.pruned  # the fp32 pruned model, after recovery when it ran
     if current.quantized and fp32_ref:  # the fp32 pruned model: its own variant and what ORT exports
         fp32 = models["torch_fp32"] = load_artifact_model(state, fp32_ref).model
+    if current.recovered and current.pruned:  # the one-shot weights: accuracy before recovery (not timed)
+        models[UNRECOVERED] = load_artifact_model(state, current.pruned).model
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=0, total=3, label="backends")
     built = _build_ort(state, fp32, cand.processor, tensors, backend, threads)
     models.update({v.name: v.model for v in built if v.status == "ok"})
@@ -90,9 +93,9 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         repeats=ctx.latency_repeats,
         device=device,
         allowed_ids=allowed_ids(state),
+        timed=[n for n in models if n != UNRECOVERED],
         parallel=concurrent_models(device, threads, len(models)),  # accuracy passes only; timing runs alone
     )
-    before = _before_recovery(state, pixels, labels, measured["baseline"]["preds"], device, ctx.eval_batch)
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=3, total=3, label="")
     sizes = {torch_name: current.artifact.size_bytes}
     if "torch_fp32" in models and fp32_ref and torch_name != "torch_fp32":
@@ -155,8 +158,9 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             seed=state.dataset.seed,
         )
     )
-    if before is not None:
-        record.accuracy_before_recovery, record.agreement_before_recovery = before
+    if UNRECOVERED in measured:
+        before = measured[UNRECOVERED]
+        record.accuracy_before_recovery, record.agreement_before_recovery = before["accuracy"], before["agreement"]
     current.eval = record
     current.delivered = None
     if name != torch_name and chosen["path"]:
@@ -180,21 +184,6 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         f"{record.size_mb:.2f} MB; " + _variants_line(variants)
     )
     return {"current": current.model_dump(), "history": event("evaluate", message, it)}
-
-
-def _before_recovery(
-    state: State, pixels: Any, labels: Any, base_preds: Any, device: str, eval_batch: int
-) -> tuple[float, float] | None:
-    """Top-1 and agreement of the one-shot pruned weights (before recovery), when recovery changed them."""
-    from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict, top1
-
-    current = current_candidate(state)
-    if not (current.recovered and current.pruned):
-        return None
-    model = load_artifact_model(state, current.pruned).model.to(device)
-    batch = accuracy_batch(eval_batch, device)
-    preds = predict(model, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids(state))
-    return top1(preds, labels), agreement(preds, base_preds)
 
 
 def _dtypes(recipe: dict[str, Any]) -> list[str]:

@@ -304,7 +304,10 @@ def test_prepare_data_seeded_disjoint_and_mapped(tmp_path):
     assert torch.equal(opened["eval_index"], rows)
     torch.testing.assert_close(eval_pixels.mean(dim=(1, 2, 3)), (5.0 * rows.float()) / 255 * 2 - 1)
     assert a["eval_labels"].tolist() == [[1, 2, 0][r % 3] for r in rows.tolist()]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.safetensors"]
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["a.safetensors", "b.safetensors", "c.safetensors", "image_cache"]  # reading cached uint8 images
+    shards = [np.load(p) for p in (tmp_path / "image_cache").rglob("*.npy")]
+    assert shards and all(s.dtype == np.uint8 for s in shards)
 
 
 def test_prepare_data_with_processor_matches_processor(tmp_path):

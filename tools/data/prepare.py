@@ -1,123 +1,26 @@
-"""Draw seeded evaluation, test and calibration subsets; store their rows and labels; preprocess images per batch."""
+"""Draw seeded evaluation, test and calibration subsets; store their rows and labels (images are streamed later)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from profiling_agent.tools.data.labels import mapping_table
+from profiling_agent.tools.data.preprocess import preprocess_images
 from profiling_agent.tools.data.sources import DataError, _label_indexer, _listing, detect_columns, label_names
 from profiling_agent.tools.data.subsets import draw_subsets
-from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.io import sha256_file, write_bytes_atomic
-from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
 CHECK = 8  # images of each role preprocessed by prepare_data to fail early on unusable images
 PARTS = ("eval", "test", "calib")  # validation (selects), held-out test (reports), calibration (probes)
-
-
-# ---------------------------------------------------------------- preprocessing
-
-
-def _to_pil(image: Any, mode: str) -> Any:
-    """Convert a decoded dataset image (PIL, array, tensor or {"bytes"/"path"}) to a PIL image in `mode`."""
-    from PIL import Image
-
-    if isinstance(image, Mapping):
-        import io
-
-        image = Image.open(io.BytesIO(image["bytes"])) if image.get("bytes") else Image.open(image["path"])
-    if isinstance(image, torch.Tensor):
-        image = image.numpy()
-    if isinstance(image, (np.ndarray, list)):
-        arr = np.asarray(image)
-        if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[-1] not in (1, 3, 4):
-            arr = np.moveaxis(arr, 0, -1)
-        if arr.ndim == 3 and arr.shape[-1] == 1:
-            arr = arr[..., 0]
-        if arr.dtype != np.uint8:
-            scale = 255.0 if arr.max(initial=0) <= 1.0 else 1.0
-            arr = np.clip(arr.astype(np.float32) * scale, 0, 255).round().astype(np.uint8)
-        image = Image.fromarray(arr)
-    if not hasattr(image, "convert"):
-        raise DataError(f"unsupported image value of type {type(image).__name__}")
-    return image.convert(mode)
-
-
-def _fallback_pixels(images: list, height: int, width: int) -> torch.Tensor:
-    """Resize to (height, width), scale to [0, 1] and normalize with mean 0.5, std 0.5 (no processor)."""
-    from PIL import Image
-
-    arrays = []
-    for image in images:
-        arr = np.asarray(image.resize((width, height), Image.BILINEAR), dtype=np.float32) / 255.0
-        arrays.append(arr[None] if arr.ndim == 2 else np.moveaxis(arr, -1, 0))
-    return (torch.from_numpy(np.stack(arrays)) - 0.5) / 0.5
-
-
-def _fit(pixels: torch.Tensor, channels: int, height: int, width: int, notes: set[str]) -> torch.Tensor:
-    """Bring processor output to (N, channels, height, width), noting any conversion made."""
-    got = pixels.shape[1]
-    if got != channels:
-        if got == 3 and channels == 1:
-            pixels = pixels.mean(dim=1, keepdim=True)
-        elif got == 1 and channels == 3:
-            pixels = pixels.repeat(1, 3, 1, 1)
-        else:
-            raise DataError(f"processor gives {got} channels but the model expects {channels}")
-        notes.add(f"processor output converted from {got} to {channels} channels")
-    if tuple(pixels.shape[-2:]) != (height, width):
-        notes.add(f"processor output {tuple(pixels.shape[-2:])} resized to {height}x{width}")
-        pixels = F.interpolate(pixels, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
-    return pixels.contiguous()
-
-
-def preprocess_images(
-    images: Sequence[Any], processor: Any | None, shape: Mapping[str, Any], notes: set[str] | None = None
-) -> torch.Tensor:
-    """Turn decoded images into a float32 (N, C, H, W) tensor at `shape`.
-
-    Images are converted to grayscale ("L") or "RGB" as the processor's image_mean expects (else as the
-    model expects) and passed through the processor; without one they are converted to the model's
-    channels, resized, scaled to [0, 1] and normalized with mean 0.5 and std 0.5. Processor output at
-    another size or channel count than `shape` is adapted: RGB -> gray by channel mean, gray -> RGB by
-    repetition, bilinear resize (each noted).
-
-    Args:
-        images: PIL images, arrays, tensors or datasets {"bytes", "path"} dicts.
-        processor: A transformers image processor or None.
-        shape: {"channels", "height", "width"}.
-        notes: A set that collects notes on conversions made.
-
-    Returns:
-        float32 tensor (N, C, H, W).
-    """
-    notes = notes if notes is not None else set()
-    channels, height, width = int(shape["channels"]), int(shape["height"]), int(shape["width"])
-    modes = {1: "L", 3: "RGB", 4: "RGBA"}
-    if channels not in modes:
-        raise DataError(f"cannot build {channels}-channel inputs from images (supported: 1, 3, 4)")
-    if processor is None:
-        pil = [_to_pil(image, modes[channels]) for image in images]
-        return _fit(_fallback_pixels(pil, height, width), channels, height, width, notes)
-    mean = getattr(processor, "image_mean", None)
-    fed = len(mean) if isinstance(mean, (list, tuple)) and len(mean) in modes else channels
-    pil = [_to_pil(image, modes[fed]) for image in images]  # give the processor the channels it normalizes
-    try:
-        with quiet_hf():
-            pixels = processor(images=pil, return_tensors="pt")["pixel_values"]
-    except Exception as err:  # noqa: BLE001 - processors raise many types
-        raise DataError(f"the image processor failed: {one_line(err)}") from None
-    return _fit(torch.as_tensor(pixels).float(), channels, height, width, notes)
 
 
 def _check_images(

@@ -13,10 +13,14 @@ import numpy as np
 import torch
 
 from profiling_agent.tools.data import prepare
-from profiling_agent.tools.data.prepare import PARTS, preprocess_images, raw_labels_digest
+from profiling_agent.tools.data.image_cache import ShardCache, budget_mb, cache_key
+from profiling_agent.tools.data.prepare import PARTS, raw_labels_digest
+from profiling_agent.tools.data.preprocess import Preprocessing
 from profiling_agent.tools.data.sources import DataError, load_split
 
 WORKERS_ENV = "PROFILING_AGENT_DATA_WORKERS"  # DataLoader worker processes that decode ahead (default 0: a thread)
+SPLIT_CHECK = 4  # first images of a stream on which the two-step preprocessing is compared with the processor
+CACHE_FOLDER = "image_cache"  # beside the prepared data file: RUN/THREAD/image_cache/<role>-<key>/NNNNNN.npy
 ROLES = {"eval": "validation", "test": "test", "calib": "calibration"}  # prepare_data's parts -> subsets.json roles
 
 
@@ -48,6 +52,12 @@ class ImageStream:
     so the baseline and every candidate see the same images in the same order. Only the current batch (and the
     one decoded ahead) is ever held as float32. Slicing (`stream[a:b]`) returns those images as a tensor, so code
     written for a pixel tensor (`len`, slices, `predict`) works on a stream.
+
+    With a `cache_dir`, the images are decoded, resized and cropped once: the uint8 result is kept in small shard
+    files (`image_cache.ShardCache`) that later passes read instead, scaling and normalizing as they go. Every pass,
+    cached or not, preprocesses the same way (uint8 geometry, then normalization), so its pixels do not depend on
+    which shards were already written. A processor that cannot be split that way (checked on the first images)
+    is called whole, uncached. A role larger than the cache budget ($PROFILING_AGENT_IMAGE_CACHE_MB) is not cached.
     """
 
     def __init__(
@@ -60,15 +70,31 @@ class ImageStream:
         processor: Any | None,
         shape: Mapping[str, Any],
         workers: int | None = None,
+        cache_dir: str | Path | None = None,
+        role: str = "images",
     ) -> None:
         self.images = ds.select_columns([image_column])
         self.rows = np.asarray(rows, dtype=np.int64)
         self.labels = labels
         self.image_column, self.processor = image_column, processor
         self.shape = {k: int(shape[k]) for k in ("channels", "height", "width")}
+        self.preprocessing = Preprocessing(processor, self.shape)
         self.workers = data_workers() if workers is None else workers
+        self.cache_dir, self.role = (None if cache_dir is None else Path(cache_dir)), role
         if len(self.rows) != len(labels):
             raise ValueError(f"{len(self.rows)} rows but {len(labels)} labels")
+        self.split_note: str | None = None  # why the two-step path is not used (None: it is, or not checked yet)
+        self._split: bool | None = None  # decided on the first images, once
+        self._cache: ShardCache | None = None
+        self._held: tuple[int, np.ndarray] | None = None  # the shard last read
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers get a copy without the lock or the held shard
+        return {**self.__dict__, "_lock": None, "_held": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -78,13 +104,72 @@ class ImageStream:
         """(channels, height, width) of every image."""
         return self.shape["channels"], self.shape["height"], self.shape["width"]
 
+    @property
+    def cache(self) -> ShardCache | None:
+        """The uint8 shard cache in use (None: not cached, or no image read yet)."""
+        return self._cache
+
     def pixels(self, positions: Sequence[int] | range) -> torch.Tensor:
         """Decode and preprocess the images at `positions` (0..len-1) into a float32 (N, C, H, W) tensor."""
-        picked = [int(self.rows[p]) for p in positions]
-        if not picked:
+        positions = list(positions)
+        if not positions:
             return torch.zeros(0, *self.chw)
-        images = self.images[picked][self.image_column]
-        return preprocess_images(images, self.processor, self.shape)
+        with self._lock:
+            if not self._decide_split():
+                return self.preprocessing.full(self._decode(positions))
+            geometry = self._geometry(positions)
+        return self.preprocessing.normalize(geometry)
+
+    def _decode(self, positions: Sequence[int] | range) -> list:
+        return self.images[[int(self.rows[p]) for p in positions]][self.image_column]
+
+    def _decide_split(self) -> bool:
+        """Check once, on the first images, that uint8 geometry + normalization equals the processor; open the cache."""
+        if self._split is None and len(self):
+            sample = self._decode(range(min(SPLIT_CHECK, len(self))))
+            geometry, self.split_note = self.preprocessing.check(sample)
+            self._split = geometry is not None
+            if geometry is not None and self.cache_dir is not None:
+                image_shape = tuple(geometry.shape[1:])
+                cache = ShardCache.open(self.cache_dir, self.role, self._key(), len(self), image_shape)
+                if cache.nbytes() <= budget_mb() * 2**20:
+                    self._cache = cache
+        return bool(self._split)
+
+    def _key(self) -> str:
+        return cache_key(self.rows, self.processor, self.shape)
+
+    def _geometry(self, positions: list[int]) -> torch.Tensor:
+        """uint8 images at `positions`: from the cache's shards (decoding and storing missing ones) or decoded."""
+        cache = self._cache
+        if cache is None:
+            return self.preprocessing.geometry(self._decode(positions))
+        wanted = np.asarray(positions, dtype=np.int64)
+        shards = wanted // cache.per_shard
+        out: list[np.ndarray] = []
+        start = 0
+        while start < len(wanted):  # runs of positions in one shard (a batch spans one or two)
+            end = start + 1
+            while end < len(wanted) and shards[end] == shards[start]:
+                end += 1
+            arr, local = self._shard(int(shards[start])), wanted[start:end] - int(shards[start]) * cache.per_shard
+            contiguous = local[-1] - local[0] == end - start - 1 and bool(np.all(np.diff(local) == 1))
+            out.append(arr[local[0] : local[-1] + 1] if contiguous else arr[local])  # a view when it can be
+            start = end
+        return torch.from_numpy(out[0] if len(out) == 1 else np.concatenate(out))
+
+    def _shard(self, shard: int) -> np.ndarray:
+        """Return one shard's uint8 images: the one held, the stored file, or decoded now and stored."""
+        if self._held is not None and self._held[0] == shard:
+            return self._held[1]
+        cache = self._cache
+        assert cache is not None
+        arr = cache.load(shard)
+        if arr is None:
+            arr = self.preprocessing.geometry(self._decode(cache.span(shard))).numpy()
+            cache.save(shard, arr)
+        self._held = (shard, arr)
+        return arr
 
     def __getitem__(self, key: slice) -> torch.Tensor:
         if not isinstance(key, slice):
@@ -100,6 +185,8 @@ class ImageStream:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         chunks = _Chunks(self, batch_size)
+        with self._lock:  # decided here, so DataLoader workers inherit the decision and the cache
+            self._decide_split()
         if self.workers > 0:
             loader = torch.utils.data.DataLoader(
                 chunks, batch_size=None, shuffle=False, num_workers=self.workers, pin_memory=pin_memory
@@ -171,6 +258,7 @@ def open_prepared(
     with_indices: bool = False,
     image_column: str | None = None,
     workers: int | None = None,
+    cache: bool = True,
 ) -> dict[str, Any]:
     """Open the roles prepare_data drew: labels in memory, images streamed from their dataset rows.
 
@@ -183,6 +271,8 @@ def open_prepared(
         with_indices: Also return `<part>_index`.
         image_column: Image column (default: the one recorded by prepare_data).
         workers: DataLoader workers (default: $PROFILING_AGENT_DATA_WORKERS).
+        cache: Keep each role's resized uint8 images in `image_cache/` beside `path`, so only the first pass
+            decodes them (within $PROFILING_AGENT_IMAGE_CACHE_MB per role).
 
     Returns:
         {"<part>_pixels": ImageStream or tensor, "<part>_labels": tensor} for each part (+ indices).
@@ -202,7 +292,7 @@ def open_prepared(
         _check_source(ds, part, rows, meta)
         stream = ImageStream(
             ds, rows.numpy(), stored[f"{part}_labels"], image_column=column, processor=processor, shape=shape,
-            workers=workers,
+            workers=workers, cache_dir=Path(path).parent / CACHE_FOLDER if cache else None, role=ROLES[part],
         )  # fmt: skip
         out[f"{part}_pixels"] = stream.materialize() if part in materialize else stream
         out[f"{part}_labels"] = stored[f"{part}_labels"]

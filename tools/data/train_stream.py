@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from profiling_agent.tools.data.labels import mapping_table
-from profiling_agent.tools.data.prepare import preprocess_images
+from profiling_agent.tools.data.preprocess import preprocess_images
 from profiling_agent.tools.data.sources import _label_indexer, label_names, load_split
 
 MIN_TRAIN_IMAGES = 32  # fewer usable images than this: no training source (reconstruction only)

@@ -23,10 +23,12 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 CLASSES = 10
 SIZE = 224
@@ -80,6 +82,16 @@ def processor():
     return ViTImageProcessorPil(size={"height": SIZE, "width": SIZE})
 
 
+def old_float_pixels(ds: Any, rows: Any, proc: Any, shape: dict) -> Any:
+    """Return what prepare_data stored before streaming: the rows' images through the processor, 64 at a time."""
+    import torch
+
+    from profiling_agent.tools.data.preprocess import preprocess_images
+
+    images = ds.select_columns(["image"]).select(rows.tolist())
+    return torch.cat([preprocess_images(images[s : s + 64]["image"], proc, shape) for s in range(0, len(images), 64)])
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
 
@@ -89,7 +101,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from profiling_agent.tools.data.labels import map_labels
-    from profiling_agent.tools.data.prepare import prepare_data
+    from profiling_agent.tools.data.prepare import load_prepared, prepare_data
     from profiling_agent.tools.data.sources import load_split
     from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.evaluation.metrics import predict, predict_many
@@ -126,8 +138,7 @@ def child(args: argparse.Namespace) -> None:
         from safetensors.torch import save_file
 
         start = time.perf_counter()
-        stream = data["eval_pixels"]
-        pixels = torch.cat(list(stream.batches(64)))
+        pixels = old_float_pixels(ds, load_prepared(info["path"], with_indices=True)["eval_index"], proc, shape)
         save_file({"eval_pixels": pixels}, str(run / "data_float32.safetensors"))
         out["prepare_s"] += time.perf_counter() - start
         start = time.perf_counter()
@@ -178,7 +189,7 @@ def zoo_child(args: argparse.Namespace) -> None:
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     from profiling_agent.tools.data.labels import map_labels
-    from profiling_agent.tools.data.prepare import prepare_data
+    from profiling_agent.tools.data.prepare import load_prepared, prepare_data
     from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.evaluation.metrics import predict
 
@@ -192,7 +203,7 @@ def zoo_child(args: argparse.Namespace) -> None:
     shape = {"channels": 1, "height": size["height"], "width": size["width"]}
     mapping = map_labels(ds.features["label"].names, model.config.id2label)
     run = Path(args.run)
-    out: dict = {"model": args.model}
+    out: dict[str, Any] = {"model": args.model}
 
     def prepared(subset: int, name: str) -> dict:
         info = prepare_data(ds, proc, shape, mapping, out_path=run / name, subset=subset, calibration=16)
@@ -200,26 +211,39 @@ def zoo_child(args: argparse.Namespace) -> None:
 
     with torch.inference_mode():
         model(pixel_values=torch.zeros(8, *shape.values()))
-    start = time.perf_counter()  # the old path: every image preprocessed into one float32 tensor, saved, then passes
-    pixels = torch.cat(list(prepared(1000, "old.safetensors")["eval_pixels"].batches(64)))
-    save_file({"eval_pixels": pixels}, str(run / "old_float32.safetensors"))
-    out["old_n"], out["old_prepare_s"] = len(pixels), time.perf_counter() - start
-    start = time.perf_counter()
-    reference = predict(model, pixels, batch_size=64)
-    out["old_pass_s"] = time.perf_counter() - start
-    shutil.rmtree(run / "image_cache", ignore_errors=True)
-    start = time.perf_counter()
-    stream = prepared(0, "all.safetensors")["eval_pixels"]  # --subset all: the split minus the calibration rows
-    out["prepare_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    first = predict(model, stream, batch_size=64)
-    out["n"], out["pass_s"] = len(stream), time.perf_counter() - start
-    stream = prepared(0, "all.safetensors")["eval_pixels"]
-    start = time.perf_counter()
-    warm = predict(model, stream, batch_size=64)
-    out["warm_pass_s"] = time.perf_counter() - start
-    assert torch.equal(first, warm), "the cached pass predicted differently"
-    del reference
+
+    def timed(work: Any) -> tuple[float, Any]:
+        start = time.perf_counter()
+        result = work()
+        return time.perf_counter() - start, result
+
+    def old_prepare() -> torch.Tensor:  # the old path: every image preprocessed into one float32 tensor, saved
+        info = prepare_data(ds, proc, shape, mapping, out_path=run / "old.safetensors", subset=1000, calibration=16)
+        pixels = old_float_pixels(ds, load_prepared(info["path"], with_indices=True)["eval_index"], proc, shape)
+        save_file({"eval_pixels": pixels}, str(run / "old_float32.safetensors"))
+        return pixels
+
+    def first_pass() -> tuple[float, torch.Tensor]:  # --subset all from scratch: prepare, then a pass that caches
+        shutil.rmtree(run / "image_cache", ignore_errors=True)
+        prepare_s, stream = timed(lambda: prepared(0, "all.safetensors")["eval_pixels"])
+        out["n"] = len(stream)
+        return prepare_s, predict(model, stream, batch_size=64)
+
+    rows: dict[str, list[float]] = {k: [] for k in ("old_prepare_s", "old_pass_s", "prepare_s", "pass_s", "warm")}
+    for _ in range(args.repeats):  # interleaved, medians: the passes take seconds on a noisy machine
+        seconds, pixels = timed(old_prepare)
+        rows["old_prepare_s"].append(seconds)
+        rows["old_pass_s"].append(timed(lambda: predict(model, pixels, batch_size=64))[0])  # noqa: B023
+        seconds, (prepare_s, first) = timed(first_pass)
+        rows["prepare_s"].append(prepare_s)
+        rows["pass_s"].append(seconds - prepare_s)
+        stream = prepared(0, "all.safetensors")["eval_pixels"]  # the next candidate's pass reads the shards
+        seconds, warm = timed(lambda: predict(model, stream, batch_size=64))  # noqa: B023
+        rows["warm"].append(seconds)
+        assert torch.equal(first, warm), "the cached pass predicted differently"
+    out["old_n"] = 1000
+    out.update({k: statistics.median(v) for k, v in rows.items()})
+    out["warm_pass_s"] = out.pop("warm")
     print(json.dumps(out))
 
 
@@ -235,7 +259,7 @@ def zoo_report(args: argparse.Namespace) -> None:
         run = Path(args.work) / f"run-zoo-{name}"
         shutil.rmtree(run, ignore_errors=True)
         cmd = [sys.executable, __file__, "--child", "--mode", "zoo", "--model", name, "--run", str(run)]
-        cmd += ["--data", str(zoo), "--threads", str(args.threads)]
+        cmd += ["--data", str(zoo), "--threads", str(args.threads), "--repeats", str(args.repeats)]
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         r = json.loads(done.stdout.strip().splitlines()[-1])
         shutil.rmtree(run, ignore_errors=True)
@@ -300,6 +324,7 @@ def main() -> None:
     parser.add_argument("--parallel-images", type=int, default=0, help="measure one-pass/parallel accuracy here")
     parser.add_argument("--cli", type=int, default=0, help="only run profiling-agent run --subset N on the images")
     parser.add_argument("--zoo", default="", help="only time the zoo models (bench/zoo.py's folder) on Fashion-MNIST")
+    parser.add_argument("--repeats", type=int, default=3, help="--zoo: interleaved repeats (medians are printed)")
     parser.add_argument("--work", default="/tmp/profiling-agent-bench-streaming")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

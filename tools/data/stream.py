@@ -111,14 +111,21 @@ class ImageStream:
 
     def pixels(self, positions: Sequence[int] | range) -> torch.Tensor:
         """Decode and preprocess the images at `positions` (0..len-1) into a float32 (N, C, H, W) tensor."""
+        return self._finish(self._read(positions))
+
+    def _read(self, positions: Sequence[int] | range) -> torch.Tensor:
+        """Return the images at `positions` as uint8 geometry (two-step path) or float32 pixels (processor whole)."""
         positions = list(positions)
         if not positions:
             return torch.zeros(0, *self.chw)
         with self._lock:
             if not self._decide_split():
                 return self.preprocessing.full(self._decode(positions))
-            geometry = self._geometry(positions)
-        return self.preprocessing.normalize(geometry)
+            return self._geometry(positions)
+
+    def _finish(self, read: torch.Tensor) -> torch.Tensor:
+        """Turn what _read returned into float32 pixels (normalizing uint8 geometry)."""
+        return self.preprocessing.normalize(read) if read.dtype == torch.uint8 else read
 
     def _decode(self, positions: Sequence[int] | range) -> list:
         return self.images[[int(self.rows[p]) for p in positions]][self.image_column]
@@ -193,7 +200,12 @@ class ImageStream:
             )
             yield from loader
             return
-        for batch in _ahead(chunks.__getitem__, len(chunks)):
+        # The thread only reads (cached shards are views, not copies); the float batch is made here, in the thread
+        # that frees it: float batches made in one thread and freed in another fragmented glibc's per-thread
+        # arenas, and peak memory grew with the number of images (+36% at 8,000 224x224 images).
+        size = chunks.size
+        for read in _ahead(lambda i: self._read(range(i * size, min(len(self), (i + 1) * size))), len(chunks)):
+            batch = self._finish(read)
             yield batch.pin_memory() if pin_memory else batch
 
     def materialize(self) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -18,6 +19,7 @@ from profiling_agent.tools.data.prepare import PARTS, raw_labels_digest
 from profiling_agent.tools.data.preprocess import Preprocessing
 from profiling_agent.tools.data.sources import DataError, load_split
 
+logger = logging.getLogger(__name__)
 WORKERS_ENV = "PROFILING_AGENT_DATA_WORKERS"  # DataLoader worker processes that decode ahead (default 0: a thread)
 SPLIT_CHECK = 4  # first images of a stream on which the two-step preprocessing is compared with the processor
 CACHE_FOLDER = "image_cache"  # beside the prepared data file: RUN/THREAD/image_cache/<role>-<key>/NNNNNN.npy
@@ -136,6 +138,8 @@ class ImageStream:
             sample = self._decode(range(min(SPLIT_CHECK, len(self))))
             geometry, self.split_note = self.preprocessing.check(sample)
             self._split = geometry is not None
+            if self.split_note:
+                logger.warning("%s images are preprocessed whole and not cached: %s", self.role, self.split_note)
             if geometry is not None and self.cache_dir is not None:
                 image_shape = tuple(geometry.shape[1:])
                 cache = ShardCache.open(self.cache_dir, self.role, self._key(), len(self), image_shape)

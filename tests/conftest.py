@@ -70,6 +70,22 @@ def tiny_resnet_basic():
 
 
 @pytest.fixture(scope="session")
+def digits():
+    """The embedded digits test split (real 8x8 handwritten digits), for the streamed-evaluation tests."""
+    from profiling_agent.tools.data.sources import load_split
+
+    return load_split("embedded:digits", "test")
+
+
+@pytest.fixture
+def processor():
+    """A 16x16 one-channel ViT image processor (mean/std 0.5): what the streamed-evaluation tests preprocess with."""
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    return ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5])
+
+
+@pytest.fixture(scope="session")
 def postgres_server():
     """A throwaway PostgreSQL server for the session (skipped when PostgreSQL is not installed)."""
     from pg_server import PgServer, find_bin_dir

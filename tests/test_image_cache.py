@@ -10,22 +10,9 @@ from profiling_agent.tools.data import image_cache
 from profiling_agent.tools.data.labels import map_labels
 from profiling_agent.tools.data.prepare import prepare_data
 from profiling_agent.tools.data.preprocess import Preprocessing, preprocess_images
-from profiling_agent.tools.data.sources import load_split
 from profiling_agent.tools.data.stream import open_prepared
 
-SHAPE = {"channels": 1, "height": 16, "width": 16}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_split("embedded:digits", "test")
-
-
-@pytest.fixture
-def processor():
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
-
-    return ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5])
+SHAPE = {"channels": 1, "height": 16, "width": 16}  # `digits` and `processor` come from conftest.py
 
 
 @pytest.fixture

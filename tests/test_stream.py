@@ -8,24 +8,11 @@ import torch
 
 from profiling_agent.tools.data.labels import map_labels
 from profiling_agent.tools.data.prepare import load_prepared, prepare_data, preprocess_images
-from profiling_agent.tools.data.sources import DataError, load_split
+from profiling_agent.tools.data.sources import DataError
 from profiling_agent.tools.data.stream import ImageStream, open_prepared
 from profiling_agent.tools.evaluation.metrics import predict, predict_many
 
-SHAPE = {"channels": 1, "height": 16, "width": 16}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    """The embedded digits test split (real 8x8 handwritten digits, upscaled by the processor)."""
-    return load_split("embedded:digits", "test")
-
-
-@pytest.fixture
-def processor():
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
-
-    return ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5])
+SHAPE = {"channels": 1, "height": 16, "width": 16}  # `digits` and `processor` come from conftest.py
 
 
 def _mapping(ds):

@@ -7,26 +7,35 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` through a temp file and os.replace, so readers never see half a file."""
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, durable: bool = True) -> None:
+    """Call `write(handle)` on a temp file beside `path`, then os.replace it: readers never see half a file.
+
+    `durable` fsyncs before the rename (artifacts); a cache that can be rebuilt may skip it.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            write(handle)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` through a temp file and os.replace (fsynced), so readers never see half a file."""
+    write_atomic(path, lambda handle: handle.write(data))
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -7,12 +7,13 @@ import json
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from profiling_agent.tools.io import write_atomic
 
 logger = logging.getLogger(__name__)
 BUDGET_ENV = "PROFILING_AGENT_IMAGE_CACHE_MB"  # largest cache of one role in MB (0: never cache)
@@ -44,7 +45,7 @@ def cache_key(rows: np.ndarray, processor: Any | None, shape: Mapping[str, Any])
 class ShardCache:
     """`count` images of one shape (uint8, (C, H, W)) stored as .npy shards of `per_shard` images in `folder`.
 
-    A shard is written once, atomically (temp file + rename, no fsync: it is only a cache), by whoever decodes it
+    A shard is written once, atomically (tools.io.write_atomic without fsync: it is only a cache), by whoever decodes it
     first; a missing, partial or unreadable shard is simply decoded again. Only the shard being read is held in
     memory.
     """
@@ -63,9 +64,6 @@ class ShardCache:
                 if old.name != f"{role}-{key}":
                     shutil.rmtree(old, ignore_errors=True)
         return cls(root / f"{role}-{key}", count, image_shape)
-
-    def __len__(self) -> int:
-        return (self.count + self.per_shard - 1) // self.per_shard
 
     def span(self, shard: int) -> range:
         """Return the positions (0..count-1) `shard` holds."""
@@ -95,15 +93,9 @@ class ShardCache:
         expected = (len(self.span(shard)), *self.image_shape)
         if arr.dtype != np.uint8 or arr.shape != expected:
             raise ValueError(f"shard {shard} must be uint8 {expected}, got {arr.dtype} {arr.shape}")
-        path = self.path(shard)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as handle:  # written in place, not copied into a buffer first
-                np.save(handle, arr, allow_pickle=False)
-            os.replace(tmp, path)
-        except OSError as err:
-            tmp.unlink(missing_ok=True)  # a full disk or read-only run folder costs speed, not the run
+        try:  # written in place (no copy into a buffer first), not fsynced: a lost shard is only decoded again
+            write_atomic(self.path(shard), lambda handle: np.save(handle, arr, allow_pickle=False), durable=False)
+        except OSError as err:  # a full disk or read-only run folder costs speed, not the run
             logger.warning("image cache shard %s not written (%s): it will be decoded again", self.path(shard), err)
 
     def nbytes(self) -> int:

@@ -99,12 +99,8 @@ class Preprocessing:
         pil = [_to_pil(image, self.mode) for image in images]
         if self.processor is None:
             return self.normalize(self._fallback_geometry(pil), notes)
-        try:
-            with quiet_hf():
-                pixels = self.processor(images=pil, return_tensors="pt")["pixel_values"]
-        except Exception as err:  # noqa: BLE001 - processors raise many types
-            raise DataError(f"the image processor failed: {one_line(err)}") from None
-        return _fit(torch.as_tensor(pixels).float(), self.channels, self.height, self.width, notes)
+        pixels = self._call(pil, "the image processor failed")
+        return _fit(pixels.float(), self.channels, self.height, self.width, notes)
 
     def geometry(self, images: Sequence[Any]) -> torch.Tensor:
         """Convert, resize and crop as the processor does, without scaling: uint8 (N, C', H', W').
@@ -116,12 +112,8 @@ class Preprocessing:
         pil = [_to_pil(image, self.mode) for image in images]
         if self.processor is None:
             return self._fallback_geometry(pil)
-        try:
-            with quiet_hf():
-                out = self.processor(images=pil, do_rescale=False, do_normalize=False, return_tensors="pt")
-            pixels = torch.as_tensor(out["pixel_values"])
-        except Exception as err:  # noqa: BLE001 - processors raise many types
-            raise DataError(f"the image processor cannot leave out normalization: {one_line(err)}") from None
+        pixels = self._call(pil, "the image processor cannot leave out normalization", do_rescale=False,
+                            do_normalize=False)  # fmt: skip
         if pixels.dtype != torch.uint8:
             if pixels.numel() and (pixels.min() < 0 or pixels.max() > 255 or not torch.equal(pixels, pixels.round())):
                 raise DataError("the image processor resizes to fractional values: it cannot be cached as uint8")
@@ -160,6 +152,15 @@ class Preprocessing:
         if gap > SPLIT_TOLERANCE:
             return None, f"two-step preprocessing differs from the processor by {gap:.2g}"
         return geometry, None
+
+    def _call(self, pil: list, failure: str, **options: Any) -> torch.Tensor:
+        """Run the processor on PIL images; a failure becomes a one-line DataError starting with `failure`."""
+        processor: Any = self.processor
+        try:
+            with quiet_hf():
+                return torch.as_tensor(processor(images=pil, return_tensors="pt", **options)["pixel_values"])
+        except Exception as err:  # noqa: BLE001 - processors raise many types
+            raise DataError(f"{failure}: {one_line(err)}") from None
 
     def _fallback_geometry(self, pil: list) -> torch.Tensor:
         from PIL import Image

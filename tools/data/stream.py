@@ -142,13 +142,11 @@ class ImageStream:
                 logger.warning("%s images are preprocessed whole and not cached: %s", self.role, self.split_note)
             if geometry is not None and self.cache_dir is not None:
                 image_shape = tuple(geometry.shape[1:])
-                cache = ShardCache.open(self.cache_dir, self.role, self._key(), len(self), image_shape)
+                key = cache_key(self.rows, self.processor, self.shape)
+                cache = ShardCache.open(self.cache_dir, self.role, key, len(self), image_shape)
                 if cache.nbytes() <= budget_mb() * 2**20:
                     self._cache = cache
         return bool(self._split)
-
-    def _key(self) -> str:
-        return cache_key(self.rows, self.processor, self.shape)
 
     def _geometry(self, positions: list[int]) -> torch.Tensor:
         """uint8 images at `positions`: from the cache's shards (decoding and storing missing ones) or decoded."""
@@ -164,7 +162,7 @@ class ImageStream:
             while end < len(wanted) and shards[end] == shards[start]:
                 end += 1
             arr, local = self._shard(int(shards[start])), wanted[start:end] - int(shards[start]) * cache.per_shard
-            contiguous = local[-1] - local[0] == end - start - 1 and bool(np.all(np.diff(local) == 1))
+            contiguous = bool(np.all(np.diff(local) == 1))
             out.append(arr[local[0] : local[-1] + 1] if contiguous else arr[local])  # a view when it can be
             start = end
         return torch.from_numpy(out[0] if len(out) == 1 else np.concatenate(out))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -13,7 +15,40 @@ DB_NAME = "checkpoints.sqlite"
 CHECKPOINT_URL_ENV = "PROFILING_AGENT_CHECKPOINT_URL"
 
 
-def open_checkpointer(run_root: str | Path, url: str | None = None) -> BaseCheckpointSaver:
+class CheckpointDatabaseError(RuntimeError):
+    """The checkpoint database cannot be opened or read (damaged, or not a database): a fault, exit code 1."""
+
+
+def writable(folder: str | Path) -> bool:
+    """Return whether files can be created in `folder` (tried, so a read-only mount is caught even for root)."""
+    probe = Path(folder) / f".write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError:
+        return False
+    return True
+
+
+def _damaged(path: Path, exc: sqlite3.Error) -> CheckpointDatabaseError:
+    return CheckpointDatabaseError(
+        f"checkpoint database {path} cannot be read ({exc}): it is damaged or not a checkpoint database; move it "
+        "aside to start afresh (the run folders beside it stay)"
+    )
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """Open a SQLite file for reading only; a WAL file in a read-only folder is read as immutable."""
+    uri = f"file:{quote(str(path))}"
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:  # WAL needs its -shm file, which a read-only folder cannot hold
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
+
+
+def open_checkpointer(run_root: str | Path, url: str | None = None, *, read_only: bool = False) -> BaseCheckpointSaver:
     """Open the checkpointer of a run root; one database holds every thread.
 
     Args:
@@ -21,20 +56,38 @@ def open_checkpointer(run_root: str | Path, url: str | None = None) -> BaseCheck
             RUN_ROOT/checkpoints.sqlite (created if missing).
         url: A PostgreSQL URL (`postgresql://user:password@host:port/dbname`): LangGraph's PostgresSaver on that
             database instead, its tables created if missing. Run folders still live under `run_root`.
+        read_only: Only read (SQLite: the file is opened read-only and never set up, so a read-only run folder can
+            be listed and inspected).
 
     Raises:
         CheckpointStoreError: The URL is malformed, the server cannot be reached, or the postgres extra is missing.
+        CheckpointDatabaseError: The SQLite file is damaged or not a database (the message names it).
     """
     if url:
         from profiling_agent.graph.checkpoint_pg import open_postgres
 
         return open_postgres(url)
     root = Path(run_root)
-    root.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(root / DB_NAME, check_same_thread=False)
-    saver = SqliteSaver(conn)
-    saver.setup()
-    return saver
+    path = root / DB_NAME
+    conn = None
+    try:
+        if read_only:
+            conn = _open_read_only(path)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            saver = SqliteSaver(conn)
+            saver.is_setup = True  # setting up writes (journal mode, tables): a reader must not
+            return saver
+        root.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, check_same_thread=False)
+        saver = SqliteSaver(conn)
+        saver.setup()
+        return saver
+    except sqlite3.DatabaseError as exc:
+        if conn is not None:
+            conn.close()
+        if isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc):
+            raise
+        raise _damaged(path, exc) from None
 
 
 def close_checkpointer(saver: BaseCheckpointSaver) -> None:
@@ -60,18 +113,29 @@ def thread_ids(saver: BaseCheckpointSaver) -> list[str]:
         from profiling_agent.graph.checkpoint_pg import postgres_thread_ids
 
         return postgres_thread_ids(saver)
-    cur = saver.conn.execute("SELECT thread_id, MIN(rowid) FROM checkpoints GROUP BY thread_id ORDER BY 2")
+    try:
+        cur = saver.conn.execute("SELECT thread_id, MIN(rowid) FROM checkpoints GROUP BY thread_id ORDER BY 2")
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):  # a read-only open of a database nothing was ever saved in
+            return []
+        raise
     return [row[0] for row in cur.fetchall()]
 
 
-def thread_summary(graph: Any, thread_id: str) -> dict[str, Any]:
-    """Summarize one thread's latest checkpoint: status, iteration, next nodes, best candidate."""
+def thread_summary(graph: Any, thread_id: str, holder: str | None = None) -> dict[str, Any]:
+    """Summarize one thread's latest checkpoint: status, iteration, next nodes, best candidate.
+
+    `holder` names the process running the thread now (graph.thread_lock.thread_holder): its status is "running",
+    not "interrupted".
+    """
     snapshot = graph.get_state({"configurable": {"thread_id": thread_id}})
     values = snapshot.values or {}
     best = values.get("best") or {}
     nxt = list(dict.fromkeys(t.name for t in snapshot.tasks or ()))  # next misses a step whose writes were saved
     status = values.get("status", "new")
-    if nxt:
+    if holder:
+        status = f"running ({holder})"
+    elif nxt:
         status = "waiting for approval" if any(t.interrupts for t in snapshot.tasks) else "interrupted"
     return {
         "thread_id": thread_id,

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import sqlite3
 import sys
 import time
 import uuid
@@ -25,6 +26,7 @@ from profiling_agent.graph.cli_args import (
     context_from_args,
     input_from_args,
     subset_size,
+    thread_id_arg,
 )
 from profiling_agent.graph.cli_console import _drive, _final_table, _say
 from profiling_agent.graph.cli_store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
@@ -43,6 +45,13 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    embedded = logging.getLogger("profiling_agent.tools.models.embedded")  # first-use training: show progress
+    if not embedded.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        embedded.addHandler(handler)
+        embedded.setLevel(logging.INFO)
+        embedded.propagate = False
 
 
 def _context(ctx: dict[str, Any]):
@@ -87,6 +96,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from profiling_agent.graph.thread_lock import thread_lock
     from profiling_agent.tools.io import write_json_atomic
 
+    if args.thread_id is not None:
+        thread_id_arg(args.thread_id)
     payload = input_from_args(args)
     preflight(payload)
     ctx = context_from_args(args)
@@ -159,11 +170,28 @@ def _resume_payload(args: argparse.Namespace, snapshot: Any, root: Path) -> Any:
     return Command(resume=answer)
 
 
+def _resume_read_only(args: argparse.Namespace, root: Path) -> int:
+    """Resume in a read-only run folder: a finished thread says so; any other cannot go on there (exit 2)."""
+    from profiling_agent.graph.builder import build_graph
+    from profiling_agent.graph.checkpoint import thread_ids
+
+    with checkpoints(root, None, read_only=True) as saver:
+        if args.thread_id not in thread_ids(saver):
+            raise BadInput(f"unknown thread {args.thread_id} in {root} (see `{runs_hint(args)}`)")
+        snapshot = build_graph(checkpointer=saver).get_state({"configurable": {"thread_id": args.thread_id}})
+    if not pending_nodes(snapshot) and (snapshot.values or {}).get("status") == "done":
+        _say(f"run {args.thread_id} is already finished")
+        print(_final_table(root / args.thread_id))
+        return EXIT_OK
+    raise BadInput(f"run folder {root} is read-only: thread {args.thread_id} cannot go on there (make it writable)")
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a thread from its last checkpoint with the settings it was started with."""
-    from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids
+    from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids, writable
     from profiling_agent.graph.thread_lock import thread_lock
 
+    thread_id_arg(args.thread_id)
     goal_flags = sorted("--" + key[len("goal_") :].replace("_", "-") for key in vars(args) if key.startswith("goal_"))
     if goal_flags:
         raise BadInput(
@@ -178,6 +206,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     url = checkpoint_url(args)
     if not has_checkpoints(root, url):
         raise BadInput(f"no runs in {root}")
+    if url is None and not writable(root):
+        return _resume_read_only(args, root)
     with checkpoints(root, url) as saver:
         if args.thread_id not in thread_ids(saver):
             raise BadInput(f"unknown thread {args.thread_id} in {store_name(root, url)} (see `{runs_hint(args)}`)")
@@ -216,6 +246,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     """List the threads under a run folder."""
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids, thread_summary
+    from profiling_agent.graph.thread_lock import thread_holder
     from profiling_agent.tools.reporting.markdown import format_table
 
     root = Path(args.run_dir).resolve()
@@ -223,9 +254,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not has_checkpoints(root, url):
         _say(f"no runs in {root}")
         return EXIT_OK
-    with checkpoints(root, url) as saver:
+    with checkpoints(root, url, read_only=True) as saver:
         graph = build_graph(checkpointer=saver)
-        summaries = [thread_summary(graph, tid) for tid in thread_ids(saver)]
+        summaries = [thread_summary(graph, tid, thread_holder(saver, root, tid)) for tid in thread_ids(saver)]
     rows = [["thread", "status", "iteration", "next", "best", "top-1 %", "model", "updated"]]
     for s in summaries:
         acc = s["best_accuracy"]
@@ -313,9 +344,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild plots, report.md and report.html of a finished run from its files, re-running nothing."""
+    from profiling_agent.graph.checkpoint import writable
     from profiling_agent.tools.reporting.files import rebuild_report
 
     root = Path(args.run_path)
+    if (root / "result.json").is_file() and not writable(root):
+        raise BadInput(f"run folder {root} is read-only: `report` rewrites plots/, report.md and report.html there")
     files = rebuild_report(root)
     print(f"report: {root / files['html']}   markdown: {root / files['markdown']}   plots: {len(files['plots'])}")
     return EXIT_OK
@@ -350,37 +384,102 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; return the exit code (0 done, 1 failed, 2 bad input, 130 interrupted)."""
-    _quiet_libraries()
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.command:
-        args = parser.parse_args(["run", *(argv or [])])
+def _resume_line(args: argparse.Namespace) -> str:
+    """Return "resume with `...`" for a run or resume command with a thread, else ""."""
+    tid = getattr(args, "thread_id", None)
+    return f"resume with `{resume_hint(args, tid)}`" if tid and args.command in ("run", "resume") else ""
+
+
+def _stopped(args: argparse.Namespace, how: str) -> str:
+    """Return the line printed when a signal stops the CLI: what stopped it and how to resume."""
+    hint = _resume_line(args)
+    head = "interrupted" if how in ("", "SIGINT") else f"stopped by {how}"
+    return f"{head}: {hint}" if hint else head
+
+
+def _force_exit(args: argparse.Namespace) -> Any:
+    """Return the handler of a second Ctrl-C/SIGTERM: stop at once (every file is written atomically)."""
+
+    def force(how: str) -> None:
+        _say(_stopped(args, how) + " (stopped at once)")
+        os._exit(EXIT_INTERRUPTED)
+
+    return force
+
+
+def _fault(args: argparse.Namespace, message: str) -> int:
+    """Print a fault of the machine (exit 1) in one line, with the resume command when a run was going."""
+    hint = _resume_line(args)
+    _say(f"profiling-agent: error: {message}" + (f" (then {hint})" if hint else ""))
+    return EXIT_FAILED
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the chosen command; map every failure to one line and an exit code."""
+    from profiling_agent.graph.checkpoint import DB_NAME, CheckpointDatabaseError
+
     try:
         return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        tid = getattr(args, "thread_id", None)
-        resumable = tid and args.command in ("run", "resume")
-        hint = f": resume with `{resume_hint(args, tid)}`" if resumable else ""
-        _say(f"interrupted{hint}")
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, or a step that saw the stop request (tools.interrupt)
+        _say(_stopped(args, str(exc)))
         return EXIT_INTERRUPTED
+    except CheckpointDatabaseError as exc:
+        return _fault(args, str(exc))
     except _expected_errors() as exc:
         _say(f"profiling-agent: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         return EXIT_BAD_INPUT
     except ValueError as exc:
         _say(f"profiling-agent: error: {str(exc).splitlines()[0]}")
         return EXIT_BAD_INPUT
+    except sqlite3.DatabaseError as exc:  # damaged, or read-only under a writer: name the file
+        where = Path(getattr(args, "run_dir", None) or "runs").resolve() / DB_NAME
+        return _fault(args, f"checkpoint database {where}: {str(exc).splitlines()[0]}")
+    except OSError as exc:  # a full disk, a read-only or vanished folder: the machine's fault, named
+        where = f": {exc.filename}" if exc.filename else ""
+        return _fault(args, f"{exc.strerror or str(exc).splitlines()[0]}{where}")
     except Exception as exc:  # unexpected: one line plus where the details are, never a bare traceback
         logging.getLogger(__name__).debug("unexpected failure", exc_info=True)
+        hint = _resume_line(args)
         _say(
             f"profiling-agent: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            " (set PROFILING_AGENT_DEBUG=1 for the traceback)"
+            " (set PROFILING_AGENT_DEBUG=1 for the traceback" + (f"; {hint})" if hint else ")")
         )
         if os.environ.get("PROFILING_AGENT_DEBUG"):
             raise
         return EXIT_FAILED
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit code (0 done, 1 failed, 2 bad input, 130 interrupted or terminated).
+
+    Without a command it prints the help (exit 0); Ctrl-C and SIGTERM stop the running step within moments
+    (tools.interrupt) and print the resume command; a second one stops at once.
+    """
+    from profiling_agent.tools import interrupt
+
+    _quiet_libraries()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return EXIT_OK
+    with interrupt.stop_on_signals(on_second=_force_exit(args)):
+        return _run_command(args)
+
+
+def entry() -> None:
+    """Run the CLI as a program (the `profiling-agent` script).
+
+    After a stop (exit 130) the process ends at once: everything is closed and written by then, and the
+    interpreter's teardown of a large heap took 20 s on a busy machine, which Ctrl-C should not wait for.
+    """
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -106,7 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Profiling-guided pruning and quantization of HF image "
         "classifiers, driven by a LangGraph agent graph.",
     )
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    from profiling_agent import __version__
+
+    parser.add_argument("--version", action="version", version=f"profiling-agent {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     run = sub.add_parser("run", help="compress a model (no arguments: the embedded offline default)")
     run.add_argument("--model", default=None, help="hub id, save_pretrained folder, artifact, or embedded:NAME")
@@ -147,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", choices=["params", "macs", "latency", "size"], default=None)
     run.add_argument("--target-reduction", type=float, default=None, help="e.g. 0.4 = 40%% reduction of --target")
     run.add_argument("--trust-remote-code", action="store_true")
-    run.add_argument("--thread-id", default=None, help="run id (default: generated)")
+    run.add_argument(
+        "--thread-id", default=None, help="run id and folder name: letters, digits, . _ - (default: generated)"
+    )
     run.add_argument("--approve", action="store_true", help="pause before each plan is applied for your decision")
     _add_context_flags(run)
     _add_checkpoint_flag(run)
@@ -213,6 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _set(target: dict[str, Any], key: str, value: Any) -> None:
     if value is not None:
         target[key] = value
+
+
+def thread_id_arg(thread_id: str) -> str:
+    """Return a --thread-id or resume's THREAD_ID when it is a safe folder name, else raise BadInput (exit 2)."""
+    from profiling_agent.tools.io import check_thread_id
+
+    try:
+        return check_thread_id(thread_id)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def input_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,9 +26,9 @@ def shown_url(args: argparse.Namespace) -> str | None:
 
 
 @contextmanager
-def checkpoints(root: Path, url: str | None) -> Iterator[Any]:
+def checkpoints(root: Path, url: str | None, *, read_only: bool = False) -> Iterator[Any]:
     """Open the run root's checkpointer (SQLite, or PostgreSQL at `url`) for the block, then close it."""
-    saver = open_checkpointer(root, url)
+    saver = open_checkpointer(root, url, read_only=read_only)
     try:
         yield saver
     finally:

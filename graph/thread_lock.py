@@ -24,6 +24,7 @@ HOLDER_WAIT = 2.0  # seconds to wait for a just-started holder to write its name
 # seconds to retry an advisory lock: the server frees a killed holder's lock once it notices the closed connection
 DEAD_HOLDER_WAIT = 2.0
 APP_PREFIX = "profiling-agent"
+PEEK_WAIT = 0.3  # seconds a runner retries the lock, so `runs` peeking at it (a shared lock) never refuses it
 
 
 class ThreadBusy(Exception):
@@ -74,10 +75,15 @@ def file_lock(path: Path, thread_id: str) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ThreadBusy(thread_id, _describe(_read_holder(fd))) from None
+        deadline = time.monotonic() + PEEK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:  # not a `runs` peeking for a moment: a runner holds it
+                    raise ThreadBusy(thread_id, _describe(_read_holder(fd))) from None
+                time.sleep(0.02)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(_me()).encode(), 0)
         yield
@@ -191,3 +197,40 @@ def thread_lock(saver: Any, run_root: str | Path, thread_id: str) -> Iterator[No
     else:
         with file_lock(lock_path(run_root, thread_id), thread_id):
             yield
+
+
+def _file_holder(path: Path) -> str | None:
+    """Describe the process holding the lock file `path`, or None when no process does (or there is no file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a runner's exclusive lock refuses this at once
+        except BlockingIOError:
+            return _describe(_read_holder(fd))
+        return None
+    finally:
+        os.close(fd)  # releases the shared lock, if taken
+
+
+def thread_holder(saver: Any, run_root: str | Path, thread_id: str) -> str | None:
+    """Describe the process running `thread_id` now ("pid 4242 on HOST since ..."), or None when none is.
+
+    Reads the lock without taking it from a runner: `runs` uses it to tell a running thread from an interrupted one.
+    """
+    from profiling_agent.graph.checkpoint import is_postgres
+
+    if not is_postgres(saver):
+        return _file_holder(lock_path(run_root, thread_id))
+    from profiling_agent.graph.checkpoint_pg import is_pool
+
+    key = advisory_key(thread_id)
+    if is_pool(saver.conn):
+        with saver.conn.connection() as conn:
+            holder = _pg_holder(conn, key)
+    else:
+        with saver.lock:
+            holder = _pg_holder(saver.conn, key)
+    return _describe(holder) if holder else None

@@ -13,21 +13,31 @@ from profiling_agent.state import ArtifactRef, Candidate, Context, State
 
 
 def context_of(runtime: Runtime[Context] | None) -> Context:
-    """Return the run context, or the defaults when the graph was invoked without one."""
+    """Return the run context (the defaults when the graph was invoked without one) and apply its thread count.
+
+    LangGraph runs nodes on pool threads, and a thread that has already run parallel torch work keeps its own
+    OpenMP thread count whatever another thread sets: each node applies `threads` on the thread it runs on, so a
+    resumed process (whose first node may run on a fresh thread) computes with the same count as the first one.
+    """
+    from profiling_agent.tools.device import set_threads
+
     ctx = getattr(runtime, "context", None)
     if ctx is None:
-        return Context()
-    if isinstance(ctx, dict):
+        ctx = Context()
+    elif isinstance(ctx, dict):
         names = {f.name for f in dataclasses.fields(Context)}
-        return Context(**{k: v for k, v in ctx.items() if k in names})
+        ctx = Context(**{k: v for k, v in ctx.items() if k in names})
+    set_threads(ctx.threads)
     return ctx
 
 
 def thread_id_of(runtime: Runtime[Context] | None) -> str:
     """Return the LangGraph thread id, or a time-based id when the graph runs without a checkpointer."""
+    from profiling_agent.tools.io import check_thread_id
+
     info = getattr(runtime, "execution_info", None)
     thread = getattr(info, "thread_id", None)
-    return str(thread) if thread else time.strftime("run-%Y%m%d-%H%M%S")
+    return check_thread_id(str(thread)) if thread else time.strftime("run-%Y%m%d-%H%M%S")
 
 
 def run_dir(state: State) -> Path:
@@ -58,7 +68,13 @@ def event(node: str, message: str, iteration: int = 0, **data: Any) -> list[dict
 
 
 def emit(runtime: Runtime[Context] | None, **payload: Any) -> None:
-    """Send a custom stream event (progress) when the caller streams `custom`; ignore otherwise."""
+    """Send a custom stream event (progress) when the caller streams `custom`; ignore otherwise.
+
+    Progress is reported between the steps of long loops, so it is also where a requested stop (Ctrl-C) is raised.
+    """
+    from profiling_agent.tools import interrupt
+
+    interrupt.check()
     writer = getattr(runtime, "stream_writer", None)
     if writer is None:
         return

@@ -95,10 +95,52 @@ def _distill(state: State, ctx: Context, runtime, student, teacher, source, proc
     )
 
 
+DONE = "recovery_done.json"  # in the iteration folder: a finished recovery, so a re-run of the node reuses it
+
+
+def _done_key(state: State, ctx: Context) -> dict[str, Any]:
+    """Return what a finished recovery depends on: the pruned weights and the recovery settings."""
+    pruned = state.current.pruned if state.current else None
+    return {
+        "pruned": pruned.sha256 if pruned else "",
+        "settings": [ctx.recover, ctx.recover_steps, ctx.recover_lr, ctx.recover_batch, ctx.recover_augment],
+        "seed": state.dataset.seed,
+    }
+
+
+def _finished_before(state: State, ctx: Context, current) -> dict[str, Any] | None:
+    """Return the update of a recovery this iteration already finished (same weights and settings), else None."""
+    from profiling_agent.tools.io import read_json, sha256_path
+
+    path = iteration_dir(state, state.iteration) / DONE
+    if not path.is_file():
+        return None
+    done = read_json(path)
+    recovered = ArtifactRef.model_validate(done["recovered"])
+    if done.get("key") != _done_key(state, ctx) or not (run_dir(state) / recovered.path).exists():
+        return None
+    if sha256_path(run_dir(state) / recovered.path) != recovered.sha256:
+        return None
+    current.recovered, current.recovery = recovered, RecoveryRecord.model_validate(done["record"])
+    message = f"{done['message']} (finished before the interruption: reused, not redone)"
+    return {"current": current.model_dump(), "history": event("recover", message, state.iteration)}
+
+
+def _write_failed(exc: OSError, it: int) -> OSError:
+    """Return the OSError that stops the run: a recovery that cannot save its work is not silently skipped."""
+    where = f": {exc.filename}" if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    return OSError(exc.errno, f"iteration {it}'s recovery could not write its files ({reason}){where}")
+
+
 def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Recover the pruned candidate's accuracy as the context says; a failure keeps the one-shot pruned weights."""
+    """Recover the pruned candidate's accuracy as the context says.
+
+    A recovery that fails to train keeps the one-shot pruned weights (recorded); one that cannot write its files
+    (a full disk) stops the run with OSError, so a resume redoes it; one finished before an interruption is reused.
+    """
     from profiling_agent.tools.compression.self_check import self_check
-    from profiling_agent.tools.device import resolve_device
+    from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.metrics import predict
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.models.artifacts import save_artifact
@@ -108,8 +150,12 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.text import one_line
 
     ctx = context_of(runtime)
+    set_threads(ctx.threads)  # as the other nodes do: a resumed process starts here, with torch's default count
     it, started = state.iteration, time.perf_counter()
     current = current_candidate(state)
+    reused = _finished_before(state, ctx, current)
+    if reused is not None:
+        return reused
     record = RecoveryRecord(requested=ctx.recover)
     loaded = load_artifact_model(state, current.pruned)
     applied = (loaded.recipe.get("extra") or {}).get("applied") or []
@@ -156,26 +202,39 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             curve["distill"] = info
         student = student.cpu().eval()
         self_check(student, example_input(state), int(student.config.num_labels))
-    except Exception as exc:  # recovery that fails leaves the one-shot pruned candidate as it was
+    except OSError as exc:  # a full disk, a vanished folder: stop, so that a resume redoes the recovery
+        raise _write_failed(exc, it) from exc
+    except Exception as exc:  # recovery that fails to train leaves the one-shot pruned candidate as it was
         record.error = f"recovery abandoned: {one_line(exc)[:400]}"
         record.seconds = round(time.perf_counter() - started, 2)
         current.recovery = record
         return {"current": current.model_dump(), "history": event("recover", record.error, it)}
     record.calib_agreement_after = _agreement(student, reference.cpu(), calib, ids)
     folder = iteration_dir(state, it)
-    write_json_atomic(folder / "recovery.json", {"iteration": it, "method": record.method, **curve})
-    record.curve = rel(state, folder / "recovery.json")
-    saved = save_artifact(
-        student,
-        folder / "recovered",
-        processor=loaded.processor,
-        attrs=loaded.recipe.get("attrs"),
-        extra={**(loaded.recipe.get("extra") or {}), "role": "recovered", "recovery": record.method},
-    )
-    distill_state.clear(folder / "recovery_steps")  # the artifact now holds the result
+    try:
+        write_json_atomic(folder / "recovery.json", {"iteration": it, "method": record.method, **curve})
+        record.curve = rel(state, folder / "recovery.json")
+        saved = save_artifact(
+            student,
+            folder / "recovered",
+            processor=loaded.processor,
+            attrs=loaded.recipe.get("attrs"),
+            extra={**(loaded.recipe.get("extra") or {}), "role": "recovered", "recovery": record.method},
+        )
+    except OSError as exc:
+        raise _write_failed(exc, it) from exc
     record.seconds = round(time.perf_counter() - started, 2)
     current.recovered = ArtifactRef.model_validate(artifact_ref(state, saved))
     current.recovery = record
+    message = _message(record)
+    done = {"key": _done_key(state, ctx), "record": record.model_dump(), "recovered": current.recovered.model_dump()}
+    write_json_atomic(folder / DONE, {**done, "message": message})
+    distill_state.clear(folder / "recovery_steps")  # the artifact (and DONE) now hold the result
+    return {"current": current.model_dump(), "history": event("recover", message, it)}
+
+
+def _message(record: RecoveryRecord) -> str:
+    """Describe a finished recovery in one line."""
     message = (
         f"{record.method}: calibration agreement with the baseline {record.calib_agreement_before:.1f}% -> "
         f"{record.calib_agreement_after:.1f}% in {record.seconds:.1f} s"
@@ -188,4 +247,4 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         message += f"; {record.steps}/{record.steps_planned} distillation steps{resumed}"
     if record.note:
         message += f"; {record.note}"
-    return {"current": current.model_dump(), "history": event("recover", message, it)}
+    return message

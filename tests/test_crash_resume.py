@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 from collections import Counter
 
@@ -16,6 +17,7 @@ from crash_helpers import next_is as _next_is
 from crash_helpers import start as _start
 from crash_helpers import stop_when as _stop_when
 from quick_assets import build_quick_resnet
+from safetensors.torch import load_file
 
 from profiling_agent.graph.review import pending_nodes
 
@@ -117,7 +119,7 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
     model, dataset, runs, env = _offline_resnet_setup(tmp_path)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--iterations", "1", "--planner", "deterministic", "--repeats", "2", "--threads", "1",
+        "--iterations", "1", "--planner", "l2", "--ratio", "0.4", "--repeats", "2", "--threads", "1",
         "--recover", "auto", "--recover-steps", "120", "--recover-batch", "16", "--recover-minutes", "0",
         "--run-dir", str(runs), "--thread-id", THREAD,
     )  # fmt: skip
@@ -137,3 +139,26 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
     assert recovery["method"] == "reconstruct+distill" and recovery["steps"] == 120
     assert recovery["resumed_from"] >= killed_at + 1 > 1, (recovery, killed_at)
     assert not saved.parent.exists()  # the finished artifact replaced the step checkpoints
+
+    # the same run, uninterrupted: the same steps and the same weights; every attempt ran on the same threads
+    whole_runs = tmp_path / "whole"
+    whole_args = [a if a != str(runs) else str(whole_runs) for a in run_args]
+    done = subprocess.run(whole_args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PHASE_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    curves = {
+        name: json.loads((root / THREAD / "iter_01" / "recovery.json").read_text())["distill"]
+        for name, root in (("resumed", runs), ("whole", whole_runs))
+    }
+    assert curves["resumed"]["steps_done"] == curves["whole"]["steps_done"] == 120
+    assert [a["from"] for a in curves["resumed"]["attempts"]] == [0, recovery["resumed_from"]]
+    assert {a["threads"] for a in curves["resumed"]["attempts"] + curves["whole"]["attempts"]} == {1}  # --threads 1
+    weights = [
+        load_file(str(root / THREAD / "iter_01" / "recovered" / "model.safetensors")) for root in (runs, whole_runs)
+    ]
+    gap = max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0])
+    median = statistics.median(curves["whole"]["step_seconds"])
+    slowest = max(curves["resumed"]["step_seconds"][recovery["resumed_from"] :])
+    print(
+        f"largest weight difference, resumed vs uninterrupted: {gap:.3g}; slowest resumed step {slowest / median:.2f}x"
+    )
+    assert gap <= 1e-6, gap

@@ -11,7 +11,7 @@ SOURCE_DIRS = ("graph", "nodes", "tools", "prompts")
 MAX_LINES = 500
 # the rooms of tools/, lowest first: a module may import its own room and the rooms before it, never after
 LAYERS = ("models", "data", "compression", "recovery", "profiling", "evaluation", "planning", "reporting")
-TOP_HELPERS = {"io", "device", "hub", "text", "versions"}
+TOP_HELPERS = {"io", "device", "hub", "text", "versions", "interrupt"}
 
 
 def _modules() -> dict[str, Path]:

@@ -54,3 +54,32 @@ def test_recover_auto_refits_and_distills_and_records_before_and_after(tmp_path,
     assert any(not torch.equal(pruned[k], recovered[k]) for k in pruned)
     report = (tmp_path / "auto" / "report.md").read_text()
     assert "val before recovery %" in report
+
+
+def test_a_recovery_finished_before_an_interruption_is_reused_not_redone(tmp_path, quick_resnet, monkeypatch):
+    """The recover step ran to the end but its checkpoint was lost (a double Ctrl-C): the re-run reuses its result."""
+    from profiling_agent.tools.recovery import distill as distill_module
+
+    model, dataset, _ = quick_resnet
+    inputs = {
+        "model": {"ref": str(model)},
+        "dataset": {"ref": str(dataset), "subset": 96, "calibration": 16, "test_subset": 64},
+        "objective": {"planner": "l2", "ratio": 0.6, "iterations": 1, "quantize": "none"},
+    }
+    graph = build_graph(checkpointer=open_checkpointer(tmp_path))
+    config = {"configurable": {"thread_id": "again"}}
+    context = Context(run_root=str(tmp_path), **FAST, recover="auto", recover_steps=12)
+    graph.invoke(inputs, config, context=context, durability="sync", interrupt_after=["recover"])
+    first = graph.get_state(config).values["candidates"] or [graph.get_state(config).values["current"]]
+    before = next(s for s in graph.get_state_history(config) if s.next == ("recover",))
+
+    def never(*args, **kwargs):
+        raise AssertionError("distillation ran again")
+
+    monkeypatch.setattr(distill_module, "distill", never)
+    graph.invoke(None, before.config, context=context, durability="sync", interrupt_after=["recover"])
+    values = graph.get_state(config).values
+    again = values["current"]
+    assert again["recovered"] == first[0]["recovered"] and again["recovery"] == first[0]["recovery"]
+    assert again["recovery"]["steps"] == 12
+    assert "reused, not redone" in values["history"][-1]["message"]

@@ -5,12 +5,55 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
+
+THREAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a run's folder name under the run root
+
+
+def check_thread_id(thread_id: str) -> str:
+    """Return `thread_id` when it is safe as a folder name under the run root, else raise ValueError.
+
+    Letters, digits, `.`, `_` and `-`, starting with a letter or digit, at most 128 characters: no path
+    separator, no `..`, nothing hidden, so a run can never write outside its run root.
+    """
+    if not THREAD_ID.fullmatch(thread_id) or ".." in thread_id:
+        raise ValueError(
+            f"invalid thread id {thread_id!r}: use letters, digits, '.', '_' and '-' (at most 128, starting with a "
+            "letter or digit; no '/' or '..')"
+        )
+    return thread_id
+
+
+def _umask() -> int:
+    """Return the process umask without changing it (Linux: /proc; elsewhere set and restore it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def shared_mode(path: str | os.PathLike) -> None:
+    """Add the permissions the umask allows (0666 for a file, 0777 for a folder) to `path` and what it holds.
+
+    mkstemp/mkdtemp create 0600/0700 and some writers (safetensors 0.8) write 0600: a colleague could not read the
+    run. Plain open/mkdir honour the umask; this makes every run file do so.
+    """
+    mask = _umask()
+    for item in [Path(path), *(Path(path).rglob("*") if Path(path).is_dir() else [])]:
+        mode = item.lstat().st_mode
+        if not item.is_symlink():
+            os.chmod(item, (mode & 0o7777) | ((0o777 if item.is_dir() else 0o666) & ~mask))
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, durable: bool = True) -> None:
@@ -22,6 +65,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, d
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # colleagues may read run files as the umask allows
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             if durable:
@@ -66,6 +110,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         yield tmp
+        shared_mode(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

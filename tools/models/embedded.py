@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from profiling_agent.tools import interrupt
 from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.io import atomic_dir, write_json_atomic
 from profiling_agent.tools.models.embedded_data import (
@@ -154,16 +155,27 @@ def _lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> None:
-    """Train `model` in place with AdamW and a warm-up + cosine schedule."""
+PROGRESS_SECONDS = 10.0  # seconds between progress log lines while an embedded model trains
+
+
+def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig, name: str = "") -> None:
+    """Train `model` in place with AdamW and a warm-up + cosine schedule.
+
+    Logs its progress (INFO, about every PROGRESS_SECONDS) and honours a stop request between steps.
+
+    Raises:
+        tools.interrupt.Interrupted: A stop was requested (Ctrl-C); nothing is saved.
+    """
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(x) / cfg.batch_size)
-    total, step = cfg.epochs * steps_per_epoch, 0
+    total, step = int(cfg.epochs or 0) * steps_per_epoch, 0
+    began = last_log = time.perf_counter()
     model.train()
-    for _ in range(cfg.epochs):
+    for epoch in range(int(cfg.epochs or 0)):
         order = torch.randperm(len(x), generator=gen)
         for start in range(0, len(x), cfg.batch_size):
+            interrupt.check()
             batch = order[start : start + cfg.batch_size]
             xb = _augment(x[batch], cfg.shift, gen) if cfg.shift > 0 else x[batch]
             for group in opt.param_groups:
@@ -173,6 +185,14 @@ def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainC
             loss.backward()
             opt.step()
             step += 1
+            now = time.perf_counter()
+            if now - last_log >= PROGRESS_SECONDS:
+                last_log, spent = now, now - began
+                logger.info(
+                    "training %s: %d%% (epoch %d/%d, loss %.3f), %.0f s so far, about %.0f s left",
+                    name or "the model", 100 * step // total, epoch + 1, cfg.epochs, float(loss.detach()), spent,
+                    spent * (total - step) / step,
+                )  # fmt: skip
     model.eval()
 
 
@@ -257,7 +277,7 @@ def train_model(
     x_test, y_test = _pixels(splits["test"], processor)
     with _threads(config.threads) as threads:
         start = time.perf_counter()
-        _train(model, x_train, y_train, config)
+        _train(model, x_train, y_train, config, name)
         seconds = time.perf_counter() - start
         test_acc = accuracy(model, x_test, y_test)
     record = {
@@ -310,7 +330,7 @@ def ensure_model(name: str, force: bool = False, config: TrainConfig | None = No
         return target
     with _file_lock(f"model-{name}"):
         if force or not (target / _MODEL_MARKER).exists():
-            logger.info("training the embedded model %s into %s (first use)", name, target)
+            logger.info("training the embedded model %s (first use, once; a few minutes) into %s", name, target)
             build_model(name, target, config)
     return target
 

@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from profiling_agent.tools import interrupt
 from profiling_agent.tools.models.forward import forward_logits, model_device
 from profiling_agent.tools.recovery import distill_state
 
-PROBE_STEPS = 5  # steps timed (median) before the schedule is shrunk to fit the wall-clock cap
+PROBE_STEPS = 5  # steps timed (median) before the wall-clock budget fixes the step count, once
 Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # step -> (pixels, labels; -1 = no label)
 
 
@@ -34,7 +35,7 @@ class DistillConfig:
     ce_weight: float = 0.5  # weight of cross-entropy on labels, where labels exist
     clip: float = 1.0  # gradient-norm clipping
     seed: int = 0  # reseeds torch before every step (dropout), so a resumed run draws the same numbers
-    minutes: float = 0.0  # wall-clock cap over all attempts (0: none); the schedule shrinks to fit it
+    minutes: float = 0.0  # wall-clock budget over all attempts (0: none): fixes the step count once, see distill
     save_every: int = 0  # steps between checkpoints (0: about 20 per run)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -91,11 +92,96 @@ def _train_mode(student: nn.Module) -> None:
             module.eval()
 
 
-def _decide_total(total: int, step: int, spent: float, step_seconds: float, cap_s: float) -> int:
-    """Shrink the planned steps so the rest fits the wall-clock cap."""
-    if cap_s <= 0 or step_seconds <= 0:
-        return total
-    return max(step + 1, min(total, step + int((cap_s - spent) / step_seconds)))
+@dataclass
+class Progress:
+    """The resumable state of one distillation, saved with every checkpoint (JSON; the tensors go beside it).
+
+    `total` is the number of steps the run does. With a wall-clock budget it is decided once, after PROBE_STEPS
+    timed steps, from their median time and the time already spent (earlier attempts included), and saved with
+    the step that decided it: every later attempt does exactly that many steps, however fast it runs, so a
+    resumed run ends at the step an uninterrupted one ends at.
+    """
+
+    total: int  # steps this run does (config.steps until the budget decides)
+    done: int = 0  # steps finished (the next step to run)
+    spent: float = 0.0  # seconds spent in steps, over all attempts
+    decided: bool = False  # whether the budget has fixed `total`
+    budget_minutes: float = 0.0  # the budget that fixed `total` (a different one on resume decides again)
+    probe_seconds: float = 0.0  # median seconds of the timed steps that decided `total`
+    loss: float | None = None  # last step's loss
+    agreement: float | None = None  # moving average of top-1 agreement with the teacher, %
+    curve: list[list[float]] = field(default_factory=list)  # [step, loss, agreement] per step
+    step_seconds: list[float] = field(default_factory=list)  # wall seconds of every step, over all attempts
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # {"from": step, "threads": torch threads}
+
+    @classmethod
+    def from_json(cls, saved: dict[str, Any]) -> Progress:
+        """Rebuild from a saved step's JSON (unknown keys, e.g. the fingerprint, are ignored)."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in saved.items() if k in names})
+
+
+def decide_total(steps: int, done: int, spent: float, step_seconds: float, budget_s: float) -> int:
+    """Return the steps that fit the budget: those done plus what the remaining time allows, at most `steps`."""
+    if budget_s <= 0 or step_seconds <= 0:
+        return steps
+    return max(done, min(steps, done + int(max(0.0, budget_s - spent) / step_seconds)))
+
+
+def train_step(
+    student: nn.Module,
+    teacher: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    pixels: torch.Tensor,
+    labels: torch.Tensor,
+    config: DistillConfig,
+    lr: float,
+) -> tuple[float, float]:
+    """Run one optimizer step of distillation on a batch; return (loss, top-1 agreement with the teacher in %).
+
+    Pure in the step's inputs (the caller seeds torch from the step), so a data-parallel version only has to
+    average the gradients between `backward` and `optimizer.step`.
+    """
+    device = pixels.device
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.no_grad():
+        teacher_logits = forward_logits(teacher, pixels).float()
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        student_logits = forward_logits(student, pixels).float()
+    loss, _ = distill_loss(student_logits, teacher_logits, labels, config)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, config.clip)
+    optimizer.step()
+    agree = float((student_logits.argmax(-1) == teacher_logits.argmax(-1)).float().mean()) * 100
+    return float(loss.detach()), agree
+
+
+def _restore(
+    folder: Path, key: dict[str, Any], student: nn.Module, optimizer: torch.optim.Optimizer, steps: int
+) -> Progress:
+    """Load the saved steps of the same distillation (same key), or start afresh (clearing another one's)."""
+    peeked = distill_state.peek(folder)
+    if peeked is not None and peeked.get("key") == key:
+        saved = distill_state.load_latest(folder, student, optimizer)
+        assert saved is not None
+        restored = Progress.from_json(saved)
+        restored.done = int(saved["step"]) + 1  # the saved step folder is what counts
+        restored.decided = bool(saved.get("decided", saved.get("fitted", False)))  # "fitted": before 2026-11
+        return restored
+    if peeked is not None:  # saved by another plan or config: start afresh
+        distill_state.clear(folder)
+    return Progress(total=steps)
+
+
+def _rebudget(progress: Progress, config: DistillConfig) -> None:
+    """Decide `total` again when a resume brings another budget than the one that decided it."""
+    if progress.decided and progress.budget_minutes != config.minutes and progress.done < config.steps:
+        budget_s = config.minutes * 60.0
+        progress.total = decide_total(config.steps, progress.done, progress.spent, progress.probe_seconds, budget_s)
+        progress.budget_minutes = config.minutes
 
 
 def distill(
@@ -112,22 +198,31 @@ def distill(
 
     AdamW with warm-up and cosine decay, gradient clipping, torch reseeded from (seed, step) before each step;
     batch s is `batches(s)`, so the data position is the step. With `checkpoint_dir`, the student, the optimizer
-    state and the progress are saved every `save_every` steps (safetensors + JSON); a later call with the same
-    config and `fingerprint` continues from the last saved step, so an interrupted run ends with the weights an
-    uninterrupted one would have (up to floating-point nondeterminism of the device). On CUDA it runs in bfloat16
-    autocast. The student is left in eval mode.
+    state and the `Progress` are saved every `save_every` steps, at the step that fixes the budget and at the
+    last step (safetensors + JSON); a later call with the same config and `fingerprint` continues from the last
+    saved step (a finished one does nothing), so an interrupted run ends with the weights an uninterrupted one
+    would have (up to floating-point nondeterminism of the device). `config.minutes` is a budget applied once:
+    after PROBE_STEPS timed steps the step count is fixed to what fits (time already spent counts) and never
+    changes again, so neither a slower resumed attempt nor a busier machine cuts the run at another step; the
+    run may overrun the budget when its steps get slower. A stop request (`tools.interrupt`) is honoured
+    between steps. On CUDA it runs in bfloat16 autocast. The student is left in eval mode.
 
     Args:
         student: The pruned model; trained in place.
         teacher: The untouched baseline; never changed.
         batches: Returns (pixels, labels) of a step; labels of -1 are ignored by the cross-entropy.
-        config: Steps, learning rate, loss weights, seed and the wall-clock cap.
+        config: Steps, learning rate, loss weights, seed and the wall-clock budget.
         checkpoint_dir: Where steps are saved (None: not resumable).
         fingerprint: Facts that must match for saved steps to be reused (e.g. the student's starting weights).
-        progress: Called after each step with {"step", "total", "loss", "agreement", "lr"}.
+        progress: Called after each step with {"step", "total", "loss", "agreement"}.
 
     Returns:
-        {"steps_planned", "steps_done", "resumed_from", "seconds", "loss", "agreement", "curve", "capped"}.
+        {"steps_planned", "steps_done", "resumed_from", "seconds", "loss", "agreement", "curve", "capped",
+        "step_seconds", "attempts"}.
+
+    Raises:
+        tools.interrupt.Interrupted: A stop was requested; the last saved step is where a resume continues.
+        OSError: A checkpoint could not be written (e.g. a full disk); nothing half-written is left.
     """
     device = model_device(student)
     teacher.eval()
@@ -135,79 +230,52 @@ def distill(
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     key = {"config": config.fingerprint(), **(fingerprint or {})}
-    state: dict[str, Any] = {
-        "total": config.steps,
-        "spent": 0.0,
-        "curve": [],
-        "agreement": None,
-        "loss": None,
-        "fitted": False,
-    }
-    timings: list[float] = []
-    start = 0
+    state = Progress(total=config.steps)
     if checkpoint_dir is not None:
-        peeked = distill_state.peek(checkpoint_dir)
-        if peeked is not None and peeked.get("key") == key:
-            saved = distill_state.load_latest(checkpoint_dir, student, optimizer)
-            assert saved is not None
-            state = {k: saved[k] for k in state}
-            start = int(saved["step"]) + 1
-        elif peeked is not None:  # saved by another plan or config: start afresh
-            distill_state.clear(checkpoint_dir)
-    resumed_from = start
+        state = _restore(checkpoint_dir, key, student, optimizer, config.steps)
+    _rebudget(state, config)
+    resumed_from = state.done
+    if state.done < state.total:
+        state.attempts.append({"from": state.done, "threads": torch.get_num_threads()})
     every = config.save_every or max(1, config.steps // 20)
-    cap_s = config.minutes * 60.0
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
-    began = time.perf_counter()
-    spent0 = float(state["spent"])
-    step = start
+    budget_s = config.minutes * 60.0
+    timings: list[float] = []
     _train_mode(student)
-    while step < state["total"]:
-        tick = time.perf_counter()
+    while state.done < state.total:
+        interrupt.check()
+        step, tick = state.done, time.perf_counter()
         torch.manual_seed(config.seed * 1_000_003 + step)
         pixels, labels = batches(step)
-        pixels, labels = pixels.to(device), labels.to(device)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, state["total"], config.lr, config.warmup)
-        with torch.no_grad():
-            teacher_logits = forward_logits(teacher, pixels).float()
-        if autocast is not None:
-            with autocast:
-                student_logits = forward_logits(student, pixels).float()
-        else:
-            student_logits = forward_logits(student, pixels).float()
-        loss, _ = distill_loss(student_logits, teacher_logits, labels, config)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.clip)
-        optimizer.step()
-        agree = float((student_logits.argmax(-1) == teacher_logits.argmax(-1)).float().mean()) * 100
-        ema = agree if state["agreement"] is None else 0.9 * state["agreement"] + 0.1 * agree
-        state.update(loss=round(float(loss.detach()), 6), agreement=round(ema, 3))
-        state["curve"].append([step, state["loss"], state["agreement"]])
-        state["spent"] = spent0 + time.perf_counter() - began
-        timings.append(time.perf_counter() - tick)
-        if cap_s > 0 and not state["fitted"] and len(timings) == PROBE_STEPS:  # fit the rest into the cap, once
-            state["total"] = _decide_total(state["total"], step, state["spent"], statistics.median(timings), cap_s)
-            state["fitted"] = True
-        last = step + 1 >= state["total"] or (cap_s > 0 and state["spent"] >= cap_s)
-        if checkpoint_dir is not None and ((step + 1) % every == 0 or last):
-            distill_state.save_step(checkpoint_dir, step, student, optimizer, {**state, "key": key})
+        lr = lr_at(step, state.total, config.lr, config.warmup)
+        loss, agree = train_step(student, teacher, optimizer, pixels.to(device), labels.to(device), config, lr)
+        ema = agree if state.agreement is None else 0.9 * state.agreement + 0.1 * agree
+        state.loss, state.agreement = round(loss, 6), round(ema, 3)
+        state.curve.append([step, state.loss, state.agreement])
+        seconds = time.perf_counter() - tick
+        timings.append(seconds)
+        state.step_seconds.append(round(seconds, 4))
+        state.spent += seconds
+        state.done = step + 1
+        deciding = budget_s > 0 and not state.decided and len(timings) == PROBE_STEPS
+        if deciding:  # fix the step count once, from this attempt's timed steps and all the time spent so far
+            state.probe_seconds = statistics.median(timings)
+            state.total = decide_total(config.steps, state.done, state.spent, state.probe_seconds, budget_s)
+            state.decided, state.budget_minutes = True, config.minutes
+        last = state.done >= state.total
+        if checkpoint_dir is not None and (state.done % every == 0 or last or deciding):
+            distill_state.save_step(checkpoint_dir, step, student, optimizer, {**asdict(state), "key": key})
         if progress is not None:
-            progress(
-                {"step": step + 1, "total": state["total"], "loss": state["loss"], "agreement": state["agreement"]}
-            )
-        step += 1
-        if cap_s > 0 and state["spent"] >= cap_s:
-            break
+            progress({"step": state.done, "total": state.total, "loss": state.loss, "agreement": state.agreement})
     student.eval()
     return {
         "steps_planned": config.steps,
-        "steps_done": step,
+        "steps_done": state.done,
         "resumed_from": resumed_from,
-        "seconds": round(float(state["spent"]), 3),
-        "loss": state["loss"],
-        "agreement": state["agreement"],
-        "curve": state["curve"],
-        "capped": step < config.steps,
+        "seconds": round(state.spent, 3),
+        "loss": state.loss,
+        "agreement": state.agreement,
+        "curve": state.curve,
+        "capped": state.done < config.steps,
+        "step_seconds": state.step_seconds,
+        "attempts": state.attempts,
     }

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.tools.io import read_json, write_json_atomic
+from profiling_agent.tools.io import read_json, write_bytes_atomic, write_json_atomic
 
 LATEST = "latest.json"
 
@@ -30,9 +30,13 @@ def save_step(
     """Write step `step` to folder/step_NNNNNN, then point latest.json at it and drop older steps.
 
     A step folder is complete before latest.json names it (the pointer is replaced atomically), so a kill at any
-    moment leaves the last complete step readable.
+    moment leaves the last complete step readable. The tensors are serialized in memory and written by Python, so
+    a failed write (a full disk) raises OSError naming the file, never a library-specific error.
+
+    Raises:
+        OSError: A file could not be written; the previous step stays the latest.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"step_{step:06d}"
@@ -44,10 +48,14 @@ def save_step(
     partial.mkdir()
     names = {id(p): n for n, p in student.named_parameters()}
     weights = {k: v.detach().cpu().contiguous().clone() for k, v in student.state_dict().items()}
-    save_file(weights, str(partial / "student.safetensors"))
-    save_file(_optimizer_tensors(optimizer, names), str(partial / "optimizer.safetensors"))
     groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    write_json_atomic(partial / "state.json", {**info, "step": step, "param_groups": groups})
+    try:
+        write_bytes_atomic(partial / "student.safetensors", save(weights))
+        write_bytes_atomic(partial / "optimizer.safetensors", save(_optimizer_tensors(optimizer, names)))
+        write_json_atomic(partial / "state.json", {**info, "step": step, "param_groups": groups})
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     partial.rename(target)
     write_json_atomic(folder / LATEST, {"step": step, "folder": target.name})
     for old in folder.glob("step_*"):

@@ -1,0 +1,101 @@
+"""Distillation killed (SIGKILL) and resumed vs uninterrupted, side by side: weights, steps, step times, threads.
+
+    .venv/bin/python bench/resume_distill.py [--steps 120] [--kill-at 40] [--threads 1] [--work /tmp/resume-bench]
+
+Prints the largest weight difference of the recovered models, both runs' step counts, the median step time of
+every attempt (with its torch thread count) and the slowest resumed step over the uninterrupted median, next to
+`uptime`'s load and the process CPU time, since wall times on a busy machine say little alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "profiling_agent.graph.cli", *args]
+
+
+def _run_args(model: Path, dataset: Path, runs: Path, thread: str, args: argparse.Namespace) -> list[str]:
+    return _cli(
+        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
+        "--iterations", "1", "--planner", "l2", "--ratio", "0.4", "--repeats", "2", "--threads", str(args.threads),
+        "--recover", "auto", "--recover-steps", str(args.steps), "--recover-batch", "16",
+        "--recover-minutes", str(args.minutes), "--backend", "torch", "--run-dir", str(runs), "--thread-id", thread,
+    )  # fmt: skip
+
+
+def _weights(run: Path):
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "iter_01" / "recovered" / "model.safetensors"))
+
+
+def main() -> int:
+    """Run the comparison and print its figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--kill-at", type=int, default=40, help="SIGKILL once this step is saved")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=0.0, help="--recover-minutes of both runs")
+    parser.add_argument("--work", default="/tmp/resume-bench")
+    args = parser.parse_args()
+    from quick_assets import build_quick_resnet
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model, dataset = build_quick_resnet(work / "cache")
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1"}
+    runs = work / f"runs-{int(time.time())}"
+    cpu0 = os.times()
+    whole = subprocess.run(_run_args(model, dataset, runs, "whole", args), env=env, capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    saved = runs / "cut" / "iter_01" / "recovery_steps" / "latest.json"
+    proc = subprocess.Popen(_run_args(model, dataset, runs, "cut", args), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    while proc.poll() is None:
+        if saved.is_file() and json.loads(saved.read_text())["step"] + 1 >= args.kill_at:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    killed_at = json.loads(saved.read_text())["step"] + 1
+    resumed = subprocess.run(_cli("resume", "cut", "--run-dir", str(runs)), env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    cpu1 = os.times()
+    a, b = _weights(runs / "whole"), _weights(runs / "cut")
+    gap = max(float((a[k] - b[k]).abs().max()) for k in a)
+    info = {n: json.loads((runs / n / "iter_01" / "recovery.json").read_text())["distill"] for n in ("whole", "cut")}
+    base = statistics.median(info["whole"]["step_seconds"])
+    cpu = cpu1.children_user + cpu1.children_system - cpu0.children_user - cpu0.children_system
+    print(f"load (uptime) {os.getloadavg()}; CPU seconds of the runs {cpu:.1f}")
+    print(f"killed after step {killed_at}: steps whole {info['whole']['steps_done']}, cut {info['cut']['steps_done']}")
+    print(f"largest weight difference, resumed vs uninterrupted: {gap:.3g}")
+    for name, rec in info.items():
+        times, attempts = rec["step_seconds"], rec["attempts"]
+        for i, att in enumerate(attempts):
+            end = attempts[i + 1]["from"] if i + 1 < len(attempts) else len(times)
+            part = times[att["from"] : end]
+            print(
+                f"{name:5s} attempt from step {att['from']:4d}: threads {att['threads']}, median step "
+                f"{statistics.median(part) * 1000:.1f} ms, slowest {max(part) * 1000:.1f} ms over {len(part)} steps"
+            )
+    rest = info["cut"]["step_seconds"][killed_at:]
+    ratio, worst = statistics.median(rest) / base, max(rest) / base
+    print(f"resumed steps: median {ratio:.2f}x, slowest {worst:.2f}x the uninterrupted median")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

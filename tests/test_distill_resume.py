@@ -1,0 +1,153 @@
+"""Resumed distillation: the budget fixes the step count once, a finished run is not redone, a failed write stops."""
+
+from __future__ import annotations
+
+import copy
+import errno
+
+import pytest
+import torch
+
+from profiling_agent.tools import interrupt
+from profiling_agent.tools.compression.pruning import prune_model
+from profiling_agent.tools.recovery import distill as distill_module
+from profiling_agent.tools.recovery.distill import PROBE_STEPS, DistillConfig, decide_total, distill
+
+
+def _synthetic(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    return torch.randn(8, 1, 16, 16, generator=gen), torch.randint(0, 10, (8,), generator=gen)
+
+
+class _Clock:
+    """A perf_counter that advances `step_s` per call: distill reads it before and after each step."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now, self.step_s = 1000.0, step_s
+
+    def perf_counter(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+
+class _Stop(Exception):
+    pass
+
+
+def _die_after(step: int):
+    def progress(p):
+        if p["step"] == step:
+            raise _Stop
+
+    return progress
+
+
+@pytest.fixture
+def pruned(tiny_vit):
+    start = copy.deepcopy(tiny_vit)
+    prune_model(start, [{"layer": "mlp", "type": "structured", "ratio": 0.5}], torch.zeros(1, 1, 16, 16))
+    return tiny_vit, start
+
+
+def _gap(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max(
+        (x - y).abs().max().item() for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+
+
+def test_the_budget_fixes_the_steps_once_and_a_slower_resume_ends_at_the_same_step(pruned, tmp_path, monkeypatch):
+    teacher, start = pruned
+    config = DistillConfig(steps=40, lr=1e-3, save_every=4, seed=1, minutes=0.5)  # 30 s budget
+    monkeypatch.setattr(distill_module, "time", _Clock(1.0))  # 1 s per step: 5 timed, 25 more fit
+    whole = copy.deepcopy(start)
+    info = distill(whole, teacher, _synthetic, config, checkpoint_dir=tmp_path / "a")
+    assert info["steps_done"] == 30 and info["capped"]
+
+    monkeypatch.setattr(distill_module, "time", _Clock(1.0))
+    with pytest.raises(_Stop):
+        distill(
+            copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path / "b", progress=_die_after(14)
+        )
+    monkeypatch.setattr(distill_module, "time", _Clock(20.0))  # the resumed attempt is 20x slower
+    resumed = copy.deepcopy(start)
+    info_b = distill(resumed, teacher, _synthetic, config, checkpoint_dir=tmp_path / "b")
+    assert info_b["resumed_from"] == 12 and info_b["steps_done"] == 30  # the decided count, not what 30 s allow
+    assert info_b["seconds"] == pytest.approx(12 * 1.0 + 18 * 20.0)  # every attempt's time is counted
+    gap = _gap(whole, resumed)
+    print(f"largest weight difference, resumed vs uninterrupted: {gap:.3g}")
+    assert gap <= 1e-6
+
+
+def test_time_spent_before_the_decision_counts_toward_the_budget(pruned, tmp_path, monkeypatch):
+    teacher, start = pruned
+    config = DistillConfig(steps=40, lr=1e-3, save_every=1, seed=1, minutes=0.5)
+    monkeypatch.setattr(distill_module, "time", _Clock(1.0))
+    with pytest.raises(_Stop):
+        distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path, progress=_die_after(3))
+    monkeypatch.setattr(distill_module, "time", _Clock(2.0))
+    info = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path)
+    # 3 steps at 1 s, then 5 timed steps at 2 s: 13 s spent, 17 s left for 8 more steps
+    assert info["steps_done"] == 3 + PROBE_STEPS + 8 == decide_total(40, 8, 13.0, 2.0, 30.0)
+
+
+def test_a_finished_distillation_is_not_redone(pruned, tmp_path):
+    teacher, start = pruned
+    config = DistillConfig(steps=6, lr=1e-3, save_every=2, seed=2)
+    done = copy.deepcopy(start)
+    distill(done, teacher, _synthetic, config, checkpoint_dir=tmp_path)
+    again = copy.deepcopy(start)
+    info = distill(again, teacher, _synthetic, config, checkpoint_dir=tmp_path, progress=_die_after(1))
+    assert info["resumed_from"] == info["steps_done"] == 6 and len(info["curve"]) == 6
+    assert _gap(done, again) == 0
+
+
+def test_step_times_and_threads_of_every_attempt_are_recorded(pruned, tmp_path):
+    teacher, start = pruned
+    config = DistillConfig(steps=6, lr=1e-3, save_every=1, seed=2)
+    with pytest.raises(_Stop):
+        distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path, progress=_die_after(2))
+    info = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path)
+    assert [a["from"] for a in info["attempts"]] == [0, 2]
+    assert all(a["threads"] == torch.get_num_threads() for a in info["attempts"])
+    assert len(info["step_seconds"]) == 6 and all(s > 0 for s in info["step_seconds"])
+
+
+def test_a_full_disk_stops_distillation_with_oserror_and_keeps_the_last_step(pruned, tmp_path, monkeypatch):
+    from profiling_agent.tools import io
+
+    teacher, start = pruned
+    config = DistillConfig(steps=8, lr=1e-3, save_every=2, seed=3)
+    real = io.write_atomic
+    writes = {"n": 0}
+
+    def full_disk(path, write, **kw):
+        writes["n"] += 1
+        if writes["n"] > 4:  # the first saved step (tensors, its JSON, latest.json) fits, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, write, **kw)
+
+    monkeypatch.setattr(io, "write_atomic", full_disk)
+    with pytest.raises(OSError) as caught:
+        distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path)
+    assert caught.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "step_000001"]  # no half-written step
+    monkeypatch.setattr(io, "write_atomic", real)
+    info = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path)
+    assert info["resumed_from"] == 2 and info["steps_done"] == 8
+
+
+def test_a_stop_request_ends_distillation_between_steps(pruned, tmp_path):
+    teacher, start = pruned
+    config = DistillConfig(steps=50, lr=1e-3, save_every=1, seed=2)
+
+    def stop_at_three(p):
+        if p["step"] == 3:
+            interrupt.request_stop("SIGINT")
+
+    try:
+        with pytest.raises(interrupt.Interrupted):
+            distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path, progress=stop_at_three)
+    finally:
+        interrupt.clear()
+    info = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path, progress=None)
+    assert info["resumed_from"] == 3 and info["steps_done"] == 50

@@ -1,0 +1,79 @@
+"""Cooperative stop: a stop request ends forward passes and loops at once, and is never swallowed as a failure."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import pytest
+import torch
+
+from profiling_agent.tools import interrupt
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_left():
+    interrupt.clear()
+    yield
+    interrupt.clear()
+
+
+def test_a_stop_request_makes_every_forward_raise_until_cleared(tiny_vit):
+    x = torch.zeros(1, 1, 16, 16)
+    tiny_vit(pixel_values=x)
+    interrupt.request_stop("SIGINT")
+    assert interrupt.stop_requested() and interrupt.stop_reason() == "SIGINT"
+    with pytest.raises(interrupt.Interrupted):
+        tiny_vit(pixel_values=x)
+    with pytest.raises(interrupt.Interrupted):
+        interrupt.check()
+    interrupt.clear()
+    tiny_vit(pixel_values=x)  # the hook is gone again
+    interrupt.check()
+
+
+def test_a_step_that_records_failures_does_not_swallow_a_stop():
+    def step() -> str:
+        try:
+            interrupt.check()
+        except Exception:  # noqa: BLE001 - what a step that records failures and goes on does
+            return "recorded as a failure"
+        return "ran"
+
+    interrupt.request_stop()
+    with pytest.raises(interrupt.Interrupted):
+        step()
+
+
+def test_signals_raise_in_the_main_thread_and_a_second_one_calls_the_fallback():
+    seconds = []
+    with interrupt.stop_on_signals(on_second=seconds.append):
+        with pytest.raises(interrupt.Interrupted) as caught:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        assert str(caught.value) == "SIGTERM" and interrupt.stop_requested()
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal while the step winds down
+        for _ in range(1000):
+            pass
+        assert seconds == ["SIGINT"]
+    assert not interrupt.stop_requested()  # the block restores the handlers and the flag
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_first_use_training_logs_progress_and_stops_on_request(monkeypatch, caplog):
+    from profiling_agent.tools.models import embedded
+
+    model = embedded.build_architecture("resnet-digits")
+    x, y = torch.randn(32, 1, 32, 32), torch.randint(0, 10, (32,))
+    cfg = embedded.TrainConfig(epochs=2, lr=1e-3, batch_size=8)
+    monkeypatch.setattr(embedded, "PROGRESS_SECONDS", 0.0)
+    with caplog.at_level(logging.INFO, logger=embedded.__name__):
+        embedded._train(model, x, y, cfg, "resnet-digits")
+    lines = [r.getMessage() for r in caplog.records if r.name == embedded.__name__]
+    assert len(lines) == 8 and lines[0].startswith("training resnet-digits: 12% (epoch 1/2")
+    assert "100% (epoch 2/2" in lines[-1] and "s left" in lines[-1]
+    interrupt.request_stop("SIGINT")
+    with pytest.raises(interrupt.Interrupted):
+        embedded._train(model, x, y, cfg, "resnet-digits")

@@ -28,7 +28,7 @@ from profiling_agent.graph.cli_args import (
     subset_size,
     thread_id_arg,
 )
-from profiling_agent.graph.cli_console import _drive, _final_table, _say
+from profiling_agent.graph.cli_console import _drive, _final_table, _say, fault, force_exit, resume_line, stopped_line
 from profiling_agent.graph.cli_store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
 from profiling_agent.graph.review import (
     decision_hint,
@@ -384,34 +384,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _resume_line(args: argparse.Namespace) -> str:
-    """Return "resume with `...`" for a run or resume command with a thread, else ""."""
-    tid = getattr(args, "thread_id", None)
-    return f"resume with `{resume_hint(args, tid)}`" if tid and args.command in ("run", "resume") else ""
-
-
-def _stopped(args: argparse.Namespace, how: str) -> str:
-    """Return the line printed when a signal stops the CLI: what stopped it and how to resume."""
-    hint = _resume_line(args)
-    head = "interrupted" if how in ("", "SIGINT") else f"stopped by {how}"
-    return f"{head}: {hint}" if hint else head
-
-
-def _force_exit(args: argparse.Namespace) -> Any:
-    """Return the handler of a second Ctrl-C/SIGTERM: stop at once (every file is written atomically)."""
-
-    def force(how: str) -> None:
-        _say(_stopped(args, how) + " (stopped at once)")
-        os._exit(EXIT_INTERRUPTED)
-
-    return force
-
-
-def _fault(args: argparse.Namespace, message: str) -> int:
-    """Print a fault of the machine (exit 1) in one line, with the resume command when a run was going."""
-    hint = _resume_line(args)
-    _say(f"profiling-agent: error: {message}" + (f" (then {hint})" if hint else ""))
-    return EXIT_FAILED
+STOP_GRACE_S = 10.0  # after Ctrl-C, seconds the running step has to stop by itself before the CLI exits anyway
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -421,10 +394,10 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, or a step that saw the stop request (tools.interrupt)
-        _say(_stopped(args, str(exc)))
+        _say(stopped_line(args, str(exc)))
         return EXIT_INTERRUPTED
     except CheckpointDatabaseError as exc:
-        return _fault(args, str(exc))
+        return fault(args, str(exc))
     except _expected_errors() as exc:
         _say(f"profiling-agent: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         return EXIT_BAD_INPUT
@@ -433,13 +406,13 @@ def _run_command(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     except sqlite3.DatabaseError as exc:  # damaged, or read-only under a writer: name the file
         where = Path(getattr(args, "run_dir", None) or "runs").resolve() / DB_NAME
-        return _fault(args, f"checkpoint database {where}: {str(exc).splitlines()[0]}")
+        return fault(args, f"checkpoint database {where}: {str(exc).splitlines()[0]}")
     except OSError as exc:  # a full disk, a read-only or vanished folder: the machine's fault, named
         where = f": {exc.filename}" if exc.filename else ""
-        return _fault(args, f"{exc.strerror or str(exc).splitlines()[0]}{where}")
+        return fault(args, f"{exc.strerror or str(exc).splitlines()[0]}{where}")
     except Exception as exc:  # unexpected: one line plus where the details are, never a bare traceback
         logging.getLogger(__name__).debug("unexpected failure", exc_info=True)
-        hint = _resume_line(args)
+        hint = resume_line(args)
         _say(
             f"profiling-agent: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             " (set PROFILING_AGENT_DEBUG=1 for the traceback" + (f"; {hint})" if hint else ")")
@@ -453,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (0 done, 1 failed, 2 bad input, 130 interrupted or terminated).
 
     Without a command it prints the help (exit 0); Ctrl-C and SIGTERM stop the running step within moments
-    (tools.interrupt) and print the resume command; a second one stops at once.
+    (tools.interrupt) and print the resume command; a second one, or STOP_GRACE_S seconds without the step
+    stopping (library code that never reaches a check), stops the process at once: every file is written
+    atomically, so that is as safe as a SIGKILL.
     """
     from profiling_agent.tools import interrupt
 
@@ -463,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_OK
-    with interrupt.stop_on_signals(on_second=_force_exit(args)):
+    with interrupt.stop_on_signals(on_second=force_exit(args), grace_s=STOP_GRACE_S):
         return _run_command(args)
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from profiling_agent.graph.cli_args import EXIT_FAILED, EXIT_INTERRUPTED
+from profiling_agent.graph.cli_store import resume_hint
 
 
 def _say(message: str) -> None:
@@ -84,3 +89,33 @@ def _final_table(run_path: Path) -> str:
     lines.append(f"stopped: {result.get('stop_reason')}")
     lines.append(f"report: {run_path / 'report.md'}   result: {run_path / 'result.json'}")
     return "\n".join(lines)
+
+
+def resume_line(args: argparse.Namespace) -> str:
+    """Return "resume with `...`" for a run or resume command with a thread, else ""."""
+    tid = getattr(args, "thread_id", None)
+    return f"resume with `{resume_hint(args, tid)}`" if tid and args.command in ("run", "resume") else ""
+
+
+def stopped_line(args: argparse.Namespace, how: str) -> str:
+    """Return the line printed when a signal stops the CLI: what stopped it and how to resume."""
+    hint = resume_line(args)
+    head = "interrupted" if how in ("", "SIGINT") else f"stopped by {how}"
+    return f"{head}: {hint}" if hint else head
+
+
+def force_exit(args: argparse.Namespace) -> Any:
+    """Return the handler of a second Ctrl-C/SIGTERM: stop at once (every file is written atomically)."""
+
+    def force(how: str) -> None:
+        _say(stopped_line(args, how) + " (stopped at once)")
+        os._exit(EXIT_INTERRUPTED)
+
+    return force
+
+
+def fault(args: argparse.Namespace, message: str) -> int:
+    """Print a fault of the machine (exit 1) in one line, with the resume command when a run was going."""
+    hint = resume_line(args)
+    _say(f"profiling-agent: error: {message}" + (f" (then {hint})" if hint else ""))
+    return EXIT_FAILED

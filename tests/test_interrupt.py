@@ -77,3 +77,23 @@ def test_first_use_training_logs_progress_and_stops_on_request(monkeypatch, capl
     interrupt.request_stop("SIGINT")
     with pytest.raises(interrupt.Interrupted):
         embedded._train(model, x, y, cfg, "resnet-digits")
+
+
+def test_a_step_that_never_stops_gets_the_fallback_after_the_grace_time():
+    import time
+
+    fallback = []
+    with interrupt.stop_on_signals(on_second=fallback.append, grace_s=0.2):
+        with pytest.raises(interrupt.Interrupted):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+        time.sleep(1.0)  # a step stuck in library code: the block does not end
+    assert fallback == ["SIGINT"]
+    with interrupt.stop_on_signals(on_second=fallback.append, grace_s=0.2):
+        with pytest.raises(interrupt.Interrupted):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+    time.sleep(0.5)  # the block ended in time: the timer was cancelled
+    assert fallback == ["SIGINT"]

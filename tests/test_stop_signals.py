@@ -36,39 +36,42 @@ def _run_flags(model, dataset, runs, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _stop_while_distilling(proc, runs, sig) -> tuple[str, float]:
-    """Wait until the recover step has run a few seconds, send `sig`; return stderr and seconds until exit."""
+def _saved_step(runs) -> int:
+    latest = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"
+    return json.loads(latest.read_text())["step"] if latest.is_file() else -1
+
+
+def _stop_while_distilling(proc, runs, sig, after_step: int) -> tuple[str, float]:
+    """Wait until distillation has saved a step past `after_step`, send `sig`; return stderr and seconds to exit."""
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        snap = snapshot(runs)
-        if snap is not None and pending_nodes(snap) == ("recover",):
-            break
-        time.sleep(0.1)
-    time.sleep(6)  # reconstruction, then distillation steps (3000 of them: far from done)
+    while time.monotonic() < deadline and proc.poll() is None and _saved_step(runs) <= after_step:
+        time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     sent = time.monotonic()
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=180)  # a guard against a hang: the whole distillation would take far longer
+    _, err = proc.communicate(timeout=180)  # a guard against a hang
     return err, time.monotonic() - sent
 
 
 def test_ctrl_c_and_sigterm_stop_distillation_at_once_and_print_the_resume_command(setup):
     model, dataset, runs, env = setup
-    proc = start(cli("run", *_run_flags(model, dataset, runs, 3000)), env, runs.parent)
-    err, waited = _stop_while_distilling(proc, runs, signal.SIGINT)
+    proc = start(cli("run", *_run_flags(model, dataset, runs, 400)), env, runs.parent)  # a step saved every 20
+    err, waited = _stop_while_distilling(proc, runs, signal.SIGINT, -1)
     print(f"SIGINT during distillation: exit {proc.returncode} after {waited:.1f} s")
     hint = f"resume with `profiling-agent resume {THREAD} --run-dir {runs}`"
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == f"interrupted: {hint}"
+    assert err.strip().splitlines()[-1] == f"interrupted: {hint}"  # the step stopped itself: no forced exit
     assert pending_nodes(snapshot(runs)) == ("recover",)  # resumable at the step that was stopped
     assert not (runs / THREAD / "iter_01" / "recovered").exists()
+    stopped_at = _saved_step(runs)
+    assert 0 <= stopped_at < 399
 
     proc = start(cli("resume", THREAD, "--run-dir", str(runs)), env, runs.parent)
-    err, waited = _stop_while_distilling(proc, runs, signal.SIGTERM)
+    err, waited = _stop_while_distilling(proc, runs, signal.SIGTERM, stopped_at)
     print(f"SIGTERM during distillation: exit {proc.returncode} after {waited:.1f} s")
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == f"stopped by SIGTERM: {hint}"
-    assert pending_nodes(snapshot(runs)) == ("recover",)
+    assert pending_nodes(snapshot(runs)) == ("recover",) and _saved_step(runs) < 399
 
 
 def test_a_full_disk_during_recovery_stops_the_run_and_resume_redoes_it(setup, monkeypatch, capsys):

@@ -7,12 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from crash_helpers import PHASE_TIMEOUT, THREAD, check_complete, cli, next_is, start, stop_when
 
 from profiling_agent.graph.checkpoint import CHECKPOINT_URL_ENV, DB_NAME, close_checkpointer, open_checkpointer
-from profiling_agent.graph.thread_lock import ThreadBusy, thread_lock
+from profiling_agent.graph.thread_lock import ThreadBusy, thread_holder, thread_lock
 
 HOST = socket.gethostname()[:24]  # the advisory lock's holder name keeps at most 24 characters of the host
 
@@ -58,8 +59,16 @@ def test_a_held_thread_is_refused_until_its_holder_dies(store):
             assert len(message.splitlines()) == 1
             with thread_lock(saver, root, "another thread"):  # other threads are free
                 pass
+            # `runs` reads who holds a thread without taking the lock from a runner
+            assert (thread_holder(saver, root, "t") or "").startswith(f"pid {holder.pid} on {HOST}")
+            assert thread_holder(saver, root, "another thread") is None
             holder.send_signal(signal.SIGKILL)  # no cleanup runs: the kernel or the server drops the lock
             holder.wait(timeout=60)
+            for _ in range(50):  # the server notices the closed connection within moments
+                if thread_holder(saver, root, "t") is None:
+                    break
+                time.sleep(0.1)
+            assert thread_holder(saver, root, "t") is None
             with thread_lock(saver, root, "t"):
                 second = open_checkpointer(root, url)  # a second runner in this very process is refused too
                 me = f"pid {os.getpid()} on {HOST}"

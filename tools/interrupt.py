@@ -66,19 +66,22 @@ def clear() -> None:
 
 
 @contextmanager
-def stop_on_signals(on_second: Callable[[str], None] | None = None) -> Iterator[None]:
+def stop_on_signals(on_second: Callable[[str], None] | None = None, grace_s: float = 0.0) -> Iterator[None]:
     """Turn SIGINT and SIGTERM into a cooperative stop for the block (main thread only; elsewhere a no-op).
 
     The first signal requests a stop and raises `Interrupted` in the main thread (so SIGTERM ends a run like
-    Ctrl-C); a second one calls `on_second(signal name)`, which may end the process at once. Previous handlers
-    and the flag are restored after the block.
+    Ctrl-C); a second one, or `grace_s` seconds without the block having ended, calls `on_second(signal name)`,
+    which may end the process at once (a step stuck in library code that never reaches a check). Previous
+    handlers and the flag are restored after the block.
 
     Args:
         on_second: Called on a repeated signal while the running step winds down (None: ignore repeats).
+        grace_s: Seconds after the first signal before `on_second` is called anyway (0: never).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    timers: list[threading.Timer] = []
 
     def handle(signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
@@ -87,12 +90,19 @@ def stop_on_signals(on_second: Callable[[str], None] | None = None) -> Iterator[
                 on_second(name)
             return
         request_stop(name)
+        if on_second is not None and grace_s > 0:
+            timer = threading.Timer(grace_s, on_second, args=(name,))
+            timer.daemon = True
+            timers.append(timer)
+            timer.start()
         raise Interrupted(name)
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
+        for timer in timers:
+            timer.cancel()
         for sig, old in previous.items():
             signal.signal(sig, old)
         clear()

@@ -118,6 +118,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.io import read_json, write_json_atomic
     from profiling_agent.tools.planning.deterministic import estimate_key, plan_round, planner_history
     from profiling_agent.tools.planning.llm_client import planner_mode
+    from profiling_agent.tools.profiling.backend_profile import planning_costs
 
     ctx = context_of(runtime)
     iteration = state.iteration + 1
@@ -129,7 +130,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     sensitivity = {name: s.model_dump() for name, s in (state.sensitivity or {}).items()}
     full_profile = read_json(run_dir(state) / "profile.json")
     history = planner_history(state.candidates, state.baseline_eval, state.objective)
-    groups, costs = full_profile["groups"], full_profile["group_costs"]
+    groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
     result = plan_round(groups, costs, sensitivity, state.objective, history)
     backoff, search, predicted = None, None, None
     if not history and result.plan.pruning and not result.converged:  # round 1: never apply a collapsing plan

@@ -24,6 +24,9 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     emit(runtime, kind="progress", task="profiling", done=0, total=1, label="baseline")
     full = planner_profile(loaded.model.to(device), shape, device=str(device))
     groups = full["groups"]
+    backend_note = ""
+    if ctx.backend != "torch" and device.type == "cpu":
+        full["backend_profile"], backend_note = backend_profile(loaded.model, shape, groups, ctx.backend, full)
     write_json_atomic(run_dir(state) / "profile.json", full)
     summary = summarize_profile(full, groups)
     summary["path"] = "profile.json"
@@ -33,4 +36,21 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         f"{totals.get('params', 0):,} params, {totals.get('macs', 0):,} MACs, "
         f"{totals.get('latency_ms', 0):.2f} ms batch-1 on {device}; {len(groups)} prunable groups"
     )
-    return {"profile": summary, "history": event("profile", message)}
+    return {"profile": summary, "history": event("profile", message + backend_note)}
+
+
+def backend_profile(model, shape, groups, backend: str, full: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Profile the deliverable backend forms per node and name the one the planners read (tools/profiling)."""
+    import torch
+
+    from profiling_agent.tools.models.onnx_model import onnxruntime_missing
+    from profiling_agent.tools.profiling.backend_profile import planned_form, profile_backends
+
+    if onnxruntime_missing():
+        return {"forms": {}, "planned_on": "torch", "note": "onnxruntime is not installed"}, ""
+    example = torch.randn((1, *shape), generator=torch.Generator().manual_seed(0))
+    out = profile_backends(model.cpu(), example, groups)
+    torch_ms = float(full.get("totals", {}).get("latency_ms", 0.0))
+    out["planned_on"] = planned_form(out, backend, torch_ms)
+    times = ", ".join(f"{name} {row['total_ms']:.2f} ms" for name, row in out["forms"].items() if "total_ms" in row)
+    return out, f"; backend profile: {times}; planners read {out['planned_on']}'s latency shares"

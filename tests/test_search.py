@@ -74,3 +74,16 @@ def test_when_no_trial_fits_the_goal_falls_below_the_smallest_failing_trial():
     step = search_step(history, 2.0, plan_at, trial, steps=3)
     assert step is not None and len(calls) == 3
     assert 0.0 < step.goal < min(calls)
+
+
+def test_each_round_says_how_its_prediction_compared_with_validation():
+    from profiling_agent.nodes.iterate import latency_check, prediction_check
+
+    base = {"accuracy": 99.0}
+    cand = {"planner_meta": {"predicted_drop": 3.1, "goal": 0.4}, "eval": {"accuracy": 88.4, "speedup": 2.0}}
+    text = prediction_check(cand, base)
+    assert "predicted a 3.10 pp loss" in text and "showed 10.60 pp" in text and "x3.42" in text
+    assert prediction_check({"planner_meta": {}, "eval": cand["eval"]}, base) == ""
+    assert latency_check(cand, base, "params") == ""
+    lat = latency_check(cand, base, "latency")
+    assert "predicted 40.0%" in lat and "measured 50.0% on torch" in lat and "+10.0%" in lat

@@ -83,3 +83,24 @@ def test_planners_read_the_fastest_form_the_backend_choice_can_deliver():
     costs = planning_costs(full)
     assert costs["g"]["latency_share"] == 0.2 and costs["g"]["torch_latency_share"] == 0.6
     assert full["group_costs"]["g"]["latency_share"] == 0.6  # the profile itself is not changed
+
+
+def test_a_latency_table_of_the_planned_form_shapes_the_latency_estimate():
+    from profiling_agent.tools.planning.deterministic import estimate_reduction
+
+    groups = [{"name": "g", "units": 100, "min_units": 1}, {"name": "h", "units": 100, "min_units": 1}]
+    table = {"form": "ort_dynamic", "ratios": [0.0, 0.5], "groups": {"g": [4.0, 1.0]}, "total_ms": [10.0, 7.0]}
+    profile = {
+        "group_costs": {"g": {"latency_share": 0.1}, "h": {"latency_share": 0.2}},
+        "backend_profile": {
+            "planned_on": "ort_dynamic",
+            "forms": {"ort_dynamic": {"backend": "onnxruntime", "total_ms": 10.0, "group_latency_share": {"g": 0.4}}},
+            "latency_table": table,
+        },
+    }
+    costs = planning_costs(profile)
+    assert costs["g"]["latency_curve"] == {"ratios": [0.0, 0.5], "saved_share": [0.0, pytest.approx(0.3)]}
+    # g saves 30% of the latency at 0.5 (measured, not 0.5 x its 40% share); h has no curve: ratio x share
+    assert estimate_reduction({"g": 0.5}, groups, costs, "latency") == pytest.approx(0.3)
+    assert estimate_reduction({"h": 0.5}, groups, costs, "latency") == pytest.approx(0.0)  # h's share there is 0
+    assert estimate_reduction({"g": 0.5}, groups, costs, "params") == pytest.approx(0.0)

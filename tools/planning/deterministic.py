@@ -94,8 +94,22 @@ def estimate_reduction(
     total = 0.0
     for g in groups:
         r = effective_ratio(int(g["units"]), int(g.get("min_units", 1)), ratios.get(g["name"], 0.0))
-        total += r * _share(costs.get(g["name"], {}), key)
+        curve = costs.get(g["name"], {}).get("latency_curve") if key == "latency" else None
+        if curve:  # measured on the delivered backend at a few ratios (tools/profiling/latency_model.py)
+            total += float(np_interp(r, curve["ratios"], curve["saved_share"]))
+        else:
+            total += r * _share(costs.get(g["name"], {}), key)
     return total
+
+
+def np_interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Interpolate linearly in (xs, ys), extending the last segment beyond the last point."""
+    if x <= xs[0]:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i] or i == len(xs) - 1:
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[-1]
 
 
 def solve_ratios(

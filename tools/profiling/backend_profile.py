@@ -204,7 +204,11 @@ def planning_costs(profile: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     shares = backend.get("forms", {}).get(form, {}).get("group_latency_share")
     if form == "torch" or not shares:
         return costs
+    table = backend.get("latency_table")
     for name, c in costs.items():
         c["torch_latency_share"] = c.get("latency_share", 0.0)
         c["latency_share"] = float(shares.get(name, 0.0))
+        if table and table.get("form") == form and name in table["groups"]:
+            times, base = table["groups"][name], float(table["total_ms"][0]) or 1.0
+            c["latency_curve"] = {"ratios": table["ratios"], "saved_share": [(times[0] - t) / base for t in times]}
     return costs

@@ -19,7 +19,8 @@ def test_correction_is_measured_over_predicted_loss_of_the_latest_round():
     rounds = [_round(0.37, False, 10.6, 3.1), _round(0.2, True, 1.0, 2.0)]
     assert prediction_correction(rounds) == pytest.approx(0.5)
     assert prediction_correction([_round(0.3, False, 6.0, 0.0)]) == pytest.approx(6.0 / 0.5)  # floor on predicted
-    assert prediction_correction([_round(0.3, True, -1.0, 2.0)]) == pytest.approx(0.25)  # clamped
+    assert prediction_correction([_round(0.3, True, -1.0, 2.0)]) == pytest.approx(0.25)  # floored, then clamped
+    assert prediction_correction([_round(0.3, True, 0.0, 0.0)]) == pytest.approx(1.0)  # no evidence either way
 
 
 def test_bracket_is_the_largest_pass_and_the_smallest_failure_above_it():

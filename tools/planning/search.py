@@ -60,14 +60,15 @@ def prediction_correction(history: list[dict[str, Any]]) -> float | None:
     """Return measured / predicted accuracy loss, from the latest round that has both (None when none has).
 
     A round's `predicted_drop` is its plan's calibration trial; its `drop` is what validation showed after
-    recovery. Predicted losses below MIN_PREDICTED_PP count as MIN_PREDICTED_PP, and the ratio is clamped to
+    recovery. Losses below MIN_PREDICTED_PP count as MIN_PREDICTED_PP (two losses too small to tell apart give 1),
+    and the ratio is clamped to
     CORRECTION_BOUNDS, so one lucky or unlucky image cannot swing the next round.
     """
     for h in reversed(history):
         measured, predicted = h.get("drop"), h.get("predicted_drop")
         if measured is None or predicted is None or h.get("rejected"):
             continue
-        ratio = max(float(measured), 0.0) / max(float(predicted), MIN_PREDICTED_PP)
+        ratio = max(float(measured), MIN_PREDICTED_PP) / max(float(predicted), MIN_PREDICTED_PP)
         low, high = CORRECTION_BOUNDS
         return min(high, max(low, ratio))
     return None

@@ -144,16 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"settings": vars(args), "load_before": os.getloadavg(), "models": {}}
     for kind in args.models.split(","):
         model = build_model(kind, work, args.tiny)
+        label = f"{MODELS[kind]} (tiny)" if args.tiny else MODELS[kind]
         thread = f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
-        print(f"{MODELS[kind]}: run {thread} (load {os.getloadavg()[0]:.1f})", flush=True)
+        print(f"{label}: run {thread} (load {os.getloadavg()[0]:.1f})", flush=True)
         rows = run_pipeline(model, dataset, work / "runs", thread, args)
         total = sum(r["cpu_s"] for r in rows)
         summary["models"][kind] = {"thread": thread, "steps": rows, "total_cpu_s": total}
-        print(f"\n{MODELS[kind]}  step                  round      CPU-s     wall-s")
+        print(f"\n{label}  step                  round      CPU-s     wall-s")
         for r in rows:
-            print(f"{'':<{len(MODELS[kind])}}  {r['step']:<20}  {r['round']:>5}  {r['cpu_s']:9.1f}  {r['wall_s']:9.1f}")
+            print(f"{'':<{len(label)}}  {r['step']:<20}  {r['round']:>5}  {r['cpu_s']:9.1f}  {r['wall_s']:9.1f}")
         wall = sum(r["wall_s"] for r in rows)
-        print(f"{MODELS[kind]}  total: {total:.1f} CPU-s ({total / 60:.1f} CPU-min), {wall:.1f} s wall\n", flush=True)
+        print(f"{label}  total: {total:.1f} CPU-s ({total / 60:.1f} CPU-min), {wall:.1f} s wall\n", flush=True)
     summary["load_after"] = os.getloadavg()
     (work / "time_to_result.json").write_text(json.dumps(summary, indent=1))
     print(

@@ -299,6 +299,8 @@ class PlannerMeta(_Strict):
     baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
     ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
     backoff: dict[str, Any] | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
+    predicted_drop: float | None = Field(default=None, description="Calibration trial's loss of this plan, pp.")
+    search: dict[str, Any] | None = Field(default=None, description="Searching round: interval, correction, trials.")
 
 
 class Review(_Strict):

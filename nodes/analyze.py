@@ -64,6 +64,29 @@ def first_round_backoff(state: State, ctx: Context, goal: float, groups, costs, 
     )
 
 
+def search_round(state: State, ctx: Context, history, groups, costs, sensitivity):
+    """Round k+1: bisect inside the measured interval on calibration trials corrected by validation (tool policy)."""
+    from profiling_agent.tools.planning.deterministic import plan_round
+    from profiling_agent.tools.planning.search import SEARCH_TRIALS, search_step
+
+    evaluate = plan_evaluator(state, ctx, max_calls=SEARCH_TRIALS + 1)
+    step = search_step(
+        history,
+        state.objective.max_acc_drop,
+        lambda g: plan_round(groups, costs, sensitivity, state.objective, history, goal=g, reason="trial").plan,
+        lambda plan: evaluate(plan.model_dump()),
+    )
+    return step, evaluate
+
+
+def predicted_loss(trials: list[dict[str, Any]], goal: float, key: str) -> float | None:
+    """Return the calibration loss a trial measured at `goal` (rounded as the trials record it), or None."""
+    for t in trials:
+        if abs(t["goal"] - round(goal, 4)) < 1e-9:
+            return float(t[key])
+    return None
+
+
 def baseline_round(state: State, iteration: int) -> dict[str, Any]:
     """Plan a uniform l1/l2/random baseline: no sensitivity probe; the plan never changes, so one round is enough."""
     from profiling_agent.tools.compression.baselines import uniform_plan
@@ -95,6 +118,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.io import read_json, write_json_atomic
     from profiling_agent.tools.planning.deterministic import estimate_key, plan_round, planner_history
     from profiling_agent.tools.planning.llm_client import planner_mode
+    from profiling_agent.tools.profiling.backend_profile import planning_costs
 
     ctx = context_of(runtime)
     iteration = state.iteration + 1
@@ -106,13 +130,23 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     sensitivity = {name: s.model_dump() for name, s in (state.sensitivity or {}).items()}
     full_profile = read_json(run_dir(state) / "profile.json")
     history = planner_history(state.candidates, state.baseline_eval, state.objective)
-    groups, costs = full_profile["groups"], full_profile["group_costs"]
+    groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
     result = plan_round(groups, costs, sensitivity, state.objective, history)
-    backoff = None
+    backoff, search, predicted = None, None, None
     if not history and result.plan.pruning and not result.converged:  # round 1: never apply a collapsing plan
         backoff = first_round_backoff(state, ctx, result.target_estimate, groups, costs, sensitivity)
         if backoff.backed_off:
             result = plan_round(groups, costs, sensitivity, state.objective, history, goal=backoff.goal)
+        predicted = predicted_loss(backoff.trials, backoff.goal, "calib_drop_pp")
+    elif history and result.plan.pruning and not result.converged:  # later rounds: search what was measured
+        search, evaluate = search_round(state, ctx, history, groups, costs, sensitivity)
+        if search is not None:
+            result = plan_round(
+                groups, costs, sensitivity, state.objective, history, goal=search.goal, reason=search.why
+            )
+            predicted = predicted_loss(search.trials, search.goal, "predicted_pp")
+            if predicted is None:  # the chosen goal was not one of the trials: measure the plan itself
+                predicted = float(evaluate(result.plan.model_dump())["accuracy_drop_pp"])
     plan: CompressionPlan = result.plan
     planner_used = result.planner
     fallbacks: list[dict[str, Any]] = []
@@ -135,6 +169,10 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if planner_used == "llm":  # feedback for later deterministic rounds: what the applied plan aimed at
         goal = float(outcome.estimate.get(estimate_key(state.objective.target), goal) or goal)
     meta: dict[str, Any] = {"goal": goal, "gamma": result.gamma, "converged": result.converged}
+    if planner_used == "deterministic" and predicted is not None:
+        meta["predicted_drop"] = round(predicted, 3)
+    if search is not None:
+        meta["search"] = search.to_dict()
     if backoff is not None:
         meta["backoff"] = {"cap_pp": backoff.cap, "kept_goal": round(backoff.goal, 4), "trials": backoff.trials}
     if llm_info:
@@ -156,6 +194,8 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             f"; backed off from a {first['goal']:.1%} goal (its trial lost {first['calib_drop_pp']:.1f} pp on the "
             f"calibration images) to {backoff.goal:.1%} (cap {backoff.cap:g} pp)"
         )
+    if search is not None:
+        message += f"; {search.why}"
     for f in fallbacks:
         message = f"LLM plan refused ({f['stage']}: {f['reason'][:160]}); {message}"
     if llm_info:

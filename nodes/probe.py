@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -15,7 +16,7 @@ from profiling_agent.nodes.common import (
     progress_callback,
     run_dir,
 )
-from profiling_agent.state import Context, State
+from profiling_agent.state import Context, GroupSensitivity, State
 
 
 def probe_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -23,7 +24,7 @@ def probe_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.compression.families import adapter_for
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity as probe
+    from profiling_agent.tools.profiling.probe_fast import probe_sensitivity_fast as probe
 
     if state.sensitivity is not None:
         return {"history": event("probe_sensitivity", "already probed")}
@@ -34,6 +35,12 @@ def probe_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     loaded = load_artifact_model(state, state.baseline)
     tensors = prepared(state)
     groups = adapter_for(loaded.model).prunable_groups(loaded.model)
+    started, wall = time.process_time(), time.perf_counter()
+    report = progress_callback(runtime, "sensitivity probe")
+
+    def progress(done: int, total: int, label: str) -> None:
+        report(done, total, f"{label} ({time.process_time() - started:.0f} CPU-s, {time.perf_counter() - wall:.0f} s)")
+
     result = probe(
         loaded.model,
         groups,
@@ -42,16 +49,23 @@ def probe_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         ratio=ctx.probe_ratio,
         allowed_ids=allowed_ids(state),
         seed=state.dataset.seed,
-        progress=progress_callback(runtime, "sensitivity probe"),
+        progress=progress,
         recover=ctx.recover != "none",  # damage after the least-squares refit the recover step will do
     )
     write_json_atomic(run_dir(state) / "sensitivity.json", result)
+    fields = GroupSensitivity.model_fields  # sensitivity.json keeps the probe's extra facts (fast, refit_error)
     rounded = {
-        name: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for name, r in result.items()
+        name: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in fields or k == "error"}
+        for name, r in result.items()
     }
     least = min(rounded, key=lambda g: rounded[g]["damage"]) if rounded else "-"
     most = max(rounded, key=lambda g: rounded[g]["damage"]) if rounded else "-"
-    message = f"{len(rounded)} groups probed at ratio {ctx.probe_ratio:g}; least sensitive {least}, most {most}"
+    cpu, seconds = time.process_time() - started, time.perf_counter() - wall
+    fast = sum(1 for r in result.values() if r.get("fast"))
+    message = (
+        f"{len(rounded)} groups probed at ratio {ctx.probe_ratio:g} in {cpu:.1f} CPU-s ({seconds:.1f} s wall; "
+        f"{fast} from their own block onward); least sensitive {least}, most {most}"
+    )
     if ctx.recover != "none":
         message += " (after reconstruction)"
     return {"sensitivity": rounded, "history": event("probe_sensitivity", message)}

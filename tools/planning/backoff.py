@@ -29,7 +29,7 @@ class Backoff:
     @property
     def backed_off(self) -> bool:
         """Return True when the goal is below the planner's first one."""
-        return bool(self.trials) and self.goal < self.trials[0]["goal"]
+        return bool(self.trials) and round(self.goal, 4) < self.trials[0]["goal"]
 
 
 def drop_cap(max_acc_drop: float) -> float:

@@ -10,7 +10,12 @@ from typing import Any
 
 from profiling_agent.state import Candidate, CompressionPlan, EvalRecord, Objective, PruneEntry, QuantEntry
 from profiling_agent.tools.compression.units import removed_units
-from profiling_agent.tools.evaluation.selection import quantization_slowed, torch_quantized_delivery, within_budget
+from profiling_agent.tools.evaluation.selection import (
+    accuracy_drop,
+    quantization_slowed,
+    torch_quantized_delivery,
+    within_budget,
+)
 
 
 @dataclass
@@ -89,8 +94,22 @@ def estimate_reduction(
     total = 0.0
     for g in groups:
         r = effective_ratio(int(g["units"]), int(g.get("min_units", 1)), ratios.get(g["name"], 0.0))
-        total += r * _share(costs.get(g["name"], {}), key)
+        curve = costs.get(g["name"], {}).get("latency_curve") if key == "latency" else None
+        if curve:  # measured on the delivered backend at a few ratios (tools/profiling/latency_model.py)
+            total += float(np_interp(r, curve["ratios"], curve["saved_share"]))
+        else:
+            total += r * _share(costs.get(g["name"], {}), key)
     return total
+
+
+def np_interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Interpolate linearly in (xs, ys), extending the last segment beyond the last point."""
+    if x <= xs[0]:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i] or i == len(xs) - 1:
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[-1]
 
 
 def solve_ratios(
@@ -202,6 +221,7 @@ def plan_round(
     history: list[dict[str, Any]],
     config: PlannerConfig | None = None,
     goal: float | None = None,
+    reason: str | None = None,
 ) -> PlanResult:
     """Plan one round.
 
@@ -213,7 +233,9 @@ def plan_round(
         history: Earlier rounds as dicts with `goal`, `gamma`, `passed` (kept the accuracy budget) and, when
             the round was quantized, `quant_speedup`/`quant_speedup_batch` (pruned fp32 latency / quantized).
         config: Planner bounds.
-        goal: Plan for this reduction instead of the one the history suggests (a first round backing off).
+        goal: Plan for this reduction instead of the one the history suggests (a first round backing off, or a
+            searching round's choice).
+        reason: Why `goal` was chosen, for the rationale (default: a first round backing off).
 
     Returns:
         The plan (valid by construction), the estimated reduction and the gamma used.
@@ -229,7 +251,9 @@ def plan_round(
         return PlanResult(plan, "deterministic", 0.0, config.gamma_start, converged=bool(history))
     feasible = max_feasible(groups, costs, objective.target, config)
     chosen, gamma, converged, why = next_goal(history, objective, feasible, config)
-    if goal is not None and goal < chosen:
+    if goal is not None and reason is not None:
+        why, converged = reason, False
+    elif goal is not None and goal < chosen:
         why = f"backing off from {chosen:.1%} to {goal:.1%}: a trial of that plan on the calibration images collapsed"
     goal = chosen if goal is None else min(goal, feasible)
     last = history[-1] if history else None
@@ -293,6 +317,7 @@ def planner_history(
             continue
         ev = cand.eval
         passed = bool(cand.status == "ok" and ev and base and within_budget(ev.model_dump(), base, objective))
+        drop = accuracy_drop(ev.model_dump(), base) if cand.status == "ok" and ev and base else None
         rounds.append(
             {
                 "iteration": cand.iteration,
@@ -300,6 +325,8 @@ def planner_history(
                 "gamma": meta.gamma,
                 "passed": passed,
                 "rejected": cand.status == "rejected",
+                "drop": drop,  # validation accuracy loss after recovery, pp
+                "predicted_drop": meta.predicted_drop,  # the plan's calibration trial, pp
                 "quant_speedup": ev.quant_speedup if ev else None,
                 "quant_speedup_batch": ev.quant_speedup_batch if ev else None,
                 "delivered": ev.delivered if ev else None,

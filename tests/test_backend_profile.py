@@ -1,0 +1,106 @@
+"""Backend profile: ONNX Runtime per-node times mapped back to the prunable groups, and the form planners read."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from profiling_agent.tools.compression.families import adapter_for
+from profiling_agent.tools.profiling.backend_profile import (
+    ORT_FORMS,
+    BackendForm,
+    form_profile,
+    module_of,
+    planned_form,
+    planning_costs,
+    profile_backends,
+)
+
+
+def test_node_names_map_to_module_paths():
+    assert module_of("/model/vit/layers.0/mlp/fc1/MatMul") == "vit.layers.0.mlp.fc1"
+    assert module_of("/model/vit/layers.0/attention/MatMul/MatMulScaleFusion/") == "vit.layers.0.attention.MatMul"
+    assert module_of("SkipLayerNormalization") == ""
+
+
+def test_form_profile_books_node_times_on_groups():
+    groups = [
+        {"name": "layers.0.mlp", "kind": "structured", "module": "vit.layers.0.mlp.fc1",
+         "members": ("vit.layers.0.mlp.fc1", "vit.layers.0.mlp.fc2")},
+        {"name": "layers.0.heads", "kind": "head", "module": "vit.layers.0.attention",
+         "members": ("vit.layers.0.attention.q_proj",)},
+    ]  # fmt: skip
+    nodes = {
+        "/model/vit/layers.0/mlp/fc1/MatMul": 3.0,
+        "/model/vit/layers.0/mlp/fc2/MatMul_quant": 1.0,
+        "/model/vit/layers.0/attention/Softmax": 2.0,  # booked on the attention module: the heads group owns it
+        "/model/vit/layers.0/layernorm_before/LayerNormalization": 2.0,
+        "Fused": 2.0,
+    }
+    out = form_profile(nodes, groups)
+    assert out["total_ms"] == pytest.approx(10.0)
+    assert out["group_latency_share"] == {"layers.0.mlp": pytest.approx(0.4), "layers.0.heads": pytest.approx(0.2)}
+    assert out["unmapped_share"] == pytest.approx(0.2)
+
+
+def test_ort_profile_of_a_tiny_vit_covers_every_group(tiny_vit):
+    groups = [dataclasses.asdict(g) for g in adapter_for(tiny_vit).prunable_groups(tiny_vit)]
+    out = profile_backends(tiny_vit, torch.randn(1, 1, 16, 16), groups, repeats=3)
+    assert set(out["forms"]) == {f.name for f in ORT_FORMS}
+    for row in out["forms"].values():
+        assert "error" not in row, row
+        shares = row["group_latency_share"]
+        assert set(shares) == {g["name"] for g in groups} and all(s > 0 for s in shares.values())
+        assert sum(shares.values()) + row["unmapped_share"] <= 1.0 + 1e-6
+
+
+def test_a_form_that_fails_is_reported_not_fatal(tiny_vit):
+    def broken(model, example, folder):
+        raise RuntimeError("no such backend here")
+
+    form = BackendForm("ov_int8", "openvino", broken, lambda *a: {})
+    out = profile_backends(tiny_vit, torch.randn(1, 1, 16, 16), [], [form])
+    assert "no such backend here" in out["forms"]["ov_int8"]["error"]
+
+
+def test_planners_read_the_fastest_form_the_backend_choice_can_deliver():
+    profile = {
+        "forms": {
+            "ort_fp32": {"backend": "onnxruntime", "total_ms": 4.0, "group_latency_share": {"g": 0.5}},
+            "ort_dynamic": {"backend": "onnxruntime", "total_ms": 2.0, "group_latency_share": {"g": 0.2}},
+            "ov_int8": {"backend": "openvino", "error": "x"},
+        }
+    }
+    assert planned_form(profile, "torch", 1.0) == "torch"
+    assert planned_form(profile, "onnxruntime", 1.0) == "ort_dynamic"
+    assert planned_form(profile, "auto", 1.0) == "torch"
+    assert planned_form(profile, "auto", 9.0) == "ort_dynamic"
+    full = {"group_costs": {"g": {"latency_share": 0.6, "macs_share": 0.3}}, "backend_profile": profile}
+    assert planning_costs(full)["g"]["latency_share"] == 0.6  # no planned form: the torch profile
+    full["backend_profile"] = {**profile, "planned_on": "ort_dynamic"}
+    costs = planning_costs(full)
+    assert costs["g"]["latency_share"] == 0.2 and costs["g"]["torch_latency_share"] == 0.6
+    assert full["group_costs"]["g"]["latency_share"] == 0.6  # the profile itself is not changed
+
+
+def test_a_latency_table_of_the_planned_form_shapes_the_latency_estimate():
+    from profiling_agent.tools.planning.deterministic import estimate_reduction
+
+    groups = [{"name": "g", "units": 100, "min_units": 1}, {"name": "h", "units": 100, "min_units": 1}]
+    table = {"form": "ort_dynamic", "ratios": [0.0, 0.5], "groups": {"g": [4.0, 1.0]}, "total_ms": [10.0, 7.0]}
+    profile = {
+        "group_costs": {"g": {"latency_share": 0.1}, "h": {"latency_share": 0.2}},
+        "backend_profile": {
+            "planned_on": "ort_dynamic",
+            "forms": {"ort_dynamic": {"backend": "onnxruntime", "total_ms": 10.0, "group_latency_share": {"g": 0.4}}},
+            "latency_table": table,
+        },
+    }
+    costs = planning_costs(profile)
+    assert costs["g"]["latency_curve"] == {"ratios": [0.0, 0.5], "saved_share": [0.0, pytest.approx(0.3)]}
+    # g saves 30% of the latency at 0.5 (measured, not 0.5 x its 40% share); h has no curve: ratio x share
+    assert estimate_reduction({"g": 0.5}, groups, costs, "latency") == pytest.approx(0.3)
+    assert estimate_reduction({"h": 0.5}, groups, costs, "latency") == pytest.approx(0.0)  # h's share there is 0
+    assert estimate_reduction({"g": 0.5}, groups, costs, "params") == pytest.approx(0.0)

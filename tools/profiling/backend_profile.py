@@ -1,0 +1,218 @@
+"""Per-layer profile of the backend forms a run can deliver, mapped back to the prunable groups.
+
+A backend is a pluggable pair: `build` turns the FP32 model into a deployable file, `time_nodes` runs it and
+returns the time of each of its nodes. ONNX Runtime comes first (its profiler: `SessionOptions.enable_profiling`,
+one `Node` event per kernel run); another backend (OpenVINO's per-layer PERF_COUNT counters) adds a `BackendForm`
+with its own two functions. Node names of the TorchScript export carry the module path
+("/vit/layers.0/mlp/fc1/MatMul" is module "vit.layers.0.mlp.fc1"), so node times sum to module rows the planners'
+group costs (`summary.group_costs`) read as they read the torch profile's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.profiling.summary import group_costs
+
+log = logging.getLogger(__name__)
+
+Builder = Callable[[nn.Module, torch.Tensor, Path], Path]
+NodeTimer = Callable[[Path, torch.Tensor, int, int], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class BackendForm:
+    """One deployable form: how to build it and how to time its nodes.
+
+    Attributes:
+        name: The form's name as the variants call it (ort_fp32, ort_dynamic; later ov_fp32, ov_int8...).
+        backend: The runtime (`onnxruntime`, `openvino`).
+        build: build(model, example pixels, folder) -> the file to run.
+        time_nodes: time_nodes(file, pixels, warmup, repeats) -> {node name: median ms per run}.
+    """
+
+    name: str
+    backend: str
+    build: Builder
+    time_nodes: NodeTimer
+
+
+WRAPPER = "model"  # the export wraps the classifier as `PixelWrapper.model`: node paths start with /model/
+
+
+def module_of(node: str) -> str:
+    """Return the module path a TorchScript-exported node name carries ('' when it carries none)."""
+    parts = [p for p in node.split("/") if p]
+    if parts and parts[0] == WRAPPER:
+        parts = parts[1:]
+    return ".".join(parts[:-1]) if len(parts) > 1 else ""
+
+
+def _build_ort_fp32(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
+    from profiling_agent.tools.compression.onnx_runtime import export_onnx
+
+    return Path(export_onnx(model, example, folder / "model.onnx", exporter="torchscript")["path"])
+
+
+def _build_ort_dynamic(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
+    from profiling_agent.tools.compression.onnx_runtime import quantize_onnx
+
+    src = _build_ort_fp32(model, example, folder)
+    return Path(quantize_onnx(src, folder / "model_dynamic.onnx", per_channel=True)["path"])
+
+
+def time_ort_nodes(path: Path, pixels: torch.Tensor, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
+    """Run an ONNX file with ONNX Runtime's profiler on; return each node's median kernel time per run, in ms.
+
+    The profile file is written to a scratch folder and deleted. Runs are single-threaded and sequential (as the
+    side-by-side latency measurements), with intra-op spinning off.
+    """
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="ort-profile-") as scratch:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(scratch) / "ort")
+        session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        feed = {session.get_inputs()[0].name: pixels.detach().cpu().numpy()}
+        for _ in range(warmup + repeats):
+            session.run(None, feed)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    runs: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time"):
+            runs.setdefault(e["name"][: -len("_kernel_time")], []).append(float(e["dur"]) / 1e3)
+    return {node: statistics.median(times[-repeats:]) for node, times in runs.items()}
+
+
+def _time_ort(path: Path, pixels: torch.Tensor, warmup: int, repeats: int) -> dict[str, float]:
+    return time_ort_nodes(path, pixels, warmup, repeats)  # looked up per call, so tests can steady the timings
+
+
+ORT_FORMS = (
+    BackendForm("ort_fp32", "onnxruntime", _build_ort_fp32, _time_ort),
+    BackendForm("ort_dynamic", "onnxruntime", _build_ort_dynamic, _time_ort),
+)
+
+
+def form_profile(node_ms: Mapping[str, float], groups: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Turn node times into module rows, per-group latency shares and the share no module claims.
+
+    Returns:
+        {"total_ms", "layers": [{"name", "latency_ms", "latency_share"}], "group_latency_share": {group: share},
+        "unmapped_share", "top_nodes": the 10 slowest nodes}.
+    """
+    total = sum(node_ms.values()) or 1.0
+    rows: dict[str, float] = {}
+    for node, ms in node_ms.items():
+        module = module_of(node)
+        rows[module] = rows.get(module, 0.0) + ms
+    layers = [
+        {"name": name, "params": 0, "macs": 0, "latency_ms": ms, "latency_share": ms / total}
+        for name, ms in sorted(rows.items(), key=lambda kv: -kv[1])
+        if name
+    ]
+    owned = [{**g, "members": (*g["members"], g["module"])} if g["kind"] == "head" else g for g in groups]
+    costs = group_costs({"totals": {"params": 0, "macs": 0}, "layers": layers}, owned)
+    top = sorted(node_ms.items(), key=lambda kv: -kv[1])[:10]
+    return {
+        "total_ms": round(sum(node_ms.values()), 4),
+        "layers": layers,
+        "group_latency_share": {name: round(c["latency_share"], 5) for name, c in costs.items()},
+        "unmapped_share": round(rows.get("", 0.0) / total, 5),
+        "top_nodes": [{"node": n, "ms": round(ms, 4)} for n, ms in top],
+    }
+
+
+def profile_backends(
+    model: nn.Module,
+    example: torch.Tensor,
+    groups: list[Mapping[str, Any]],
+    forms: Iterable[BackendForm] = ORT_FORMS,
+    *,
+    folder: Path | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+) -> dict[str, Any]:
+    """Build and profile each form of the FP32 model; a form that fails is recorded with its reason.
+
+    Args:
+        model: The FP32 baseline.
+        example: A batch-1 pixel tensor (the batch the planners' torch profile times).
+        groups: The profile's prunable groups (dicts with name, kind, module, members).
+        forms: The backend forms to profile.
+        folder: Where the built files go (a scratch folder when None).
+        warmup: Untimed runs per form.
+        repeats: Timed runs per form (per node: the median).
+
+    Returns:
+        {"forms": {name: form_profile(...) + backend, seconds | error}}.
+    """
+    out: dict[str, Any] = {"forms": {}}
+    with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch:
+        base = folder or Path(scratch)
+        for form in forms:
+            started = time.process_time()
+            try:
+                path = form.build(model, example, base / form.name)
+                node_ms = form.time_nodes(path, example, warmup, repeats)
+                row = {"backend": form.backend, **form_profile(node_ms, groups)}
+            except Exception as exc:  # noqa: BLE001 - a form that cannot be built or run is reported, not fatal
+                log.warning("backend profile of %s failed: %s", form.name, exc)
+                row = {"backend": form.backend, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            row["cpu_seconds"] = round(time.process_time() - started, 2)
+            out["forms"][form.name] = row
+    return out
+
+
+def planned_form(backend_profile: Mapping[str, Any] | None, backend: str, torch_ms: float) -> str:
+    """Name the form the planners should read: the fastest profiled form the `--backend` choice can deliver.
+
+    `torch` (or no backend profile) plans on the torch profile; `onnxruntime` on the fastest ONNX Runtime form;
+    `auto` on the fastest of those and torch eager (`torch_ms`, the torch profile's batch-1 total).
+    """
+    if backend == "torch" or not backend_profile:
+        return "torch"
+    forms = {
+        name: row["total_ms"]
+        for name, row in backend_profile.get("forms", {}).items()
+        if "error" not in row and (backend in ("auto", row.get("backend")))
+    }
+    if backend == "auto":
+        forms["torch"] = torch_ms
+    return min(forms, key=lambda n: forms[n]) if forms else "torch"
+
+
+def planning_costs(profile: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Return the profile's group costs with `latency_share` taken from the planned form (unchanged for torch)."""
+    costs = {name: dict(c) for name, c in profile["group_costs"].items()}
+    backend = profile.get("backend_profile") or {}
+    form = backend.get("planned_on", "torch")
+    shares = backend.get("forms", {}).get(form, {}).get("group_latency_share")
+    if form == "torch" or not shares:
+        return costs
+    table = backend.get("latency_table")
+    for name, c in costs.items():
+        c["torch_latency_share"] = c.get("latency_share", 0.0)
+        c["latency_share"] = float(shares.get(name, 0.0))
+        if table and table.get("form") == form and name in table["groups"]:
+            times, base = table["groups"][name], float(table["total_ms"][0]) or 1.0
+            c["latency_curve"] = {"ratios": table["ratios"], "saved_share": [(times[0] - t) / base for t in times]}
+    return costs

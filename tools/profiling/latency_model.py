@@ -1,0 +1,114 @@
+"""A latency model of the delivered backend: per group, its node time measured at a few pruning ratios.
+
+NetAdapt-style lookup table, measured rather than assumed: the model is pruned uniformly at each ratio (every group
+at once), built in the backend's form and profiled per node (`backend_profile`); each group's node time at each
+ratio is read off the same profile. A plan's latency on that backend is then predicted by interpolating every
+group's time at its own ratio, plus the time no group owns. Tables are cached per model (weights digest) and form.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.profiling.backend_profile import BackendForm, form_profile
+
+log = logging.getLogger(__name__)
+
+RATIOS = (0.0, 0.25, 0.5, 0.75)
+
+
+def model_digest(model: nn.Module) -> str:
+    """Return a short digest of the model's weights and shapes (the cache key of its tables)."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(str(tuple(tensor.shape)).encode())
+        h.update(tensor.detach().float().flatten()[:64].cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def measure_table(
+    model: nn.Module,
+    example: torch.Tensor,
+    form: BackendForm,
+    *,
+    ratios: Sequence[float] = RATIOS,
+    folder: Path,
+    repeats: int = 5,
+) -> dict[str, Any]:
+    """Measure every group's node time in `form` at each ratio (all groups pruned uniformly by L2 norm).
+
+    Returns:
+        {"form", "ratios", "groups": {group: [ms at each ratio]}, "other_ms": [ms no group owns, per ratio],
+        "total_ms": [per ratio]}.
+    """
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.compression.pruning import prune_model
+
+    groups = adapter_for(model).prunable_groups(model)
+    rows = [dataclasses.asdict(g) for g in groups]
+    table: dict[str, Any] = {"form": form.name, "ratios": list(ratios), "groups": {g.name: [] for g in groups}}
+    table["other_ms"], table["total_ms"] = [], []
+    for ratio in ratios:
+        trial = copy.deepcopy(model)
+        if ratio > 0:
+            entries = [{"layer": f"^{g.module}$", "type": g.kind, "ratio": ratio} for g in groups]
+            prune_model(trial, entries, example)
+        path = form.build(trial, example, folder / f"r{int(ratio * 100):02d}")
+        prof = form_profile(form.time_nodes(path, example, 2, repeats), rows)
+        total = prof["total_ms"]
+        owned = 0.0
+        for name, share in prof["group_latency_share"].items():
+            table["groups"][name].append(round(share * total, 5))
+            owned += share * total
+        table["other_ms"].append(round(total - owned, 5))
+        table["total_ms"].append(round(total, 5))
+    return table
+
+
+def cached_table(
+    model: nn.Module, example: torch.Tensor, form: BackendForm, cache: Path, **kwargs: Any
+) -> dict[str, Any]:
+    """Return the table of (model, form) from `cache`, measuring and writing it on a miss."""
+    from profiling_agent.tools.io import write_json_atomic
+
+    path = cache / f"latency-{model_digest(model)}-{form.name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    table = measure_table(model, example, form, folder=cache / "forms", **kwargs)
+    write_json_atomic(path, table)
+    return table
+
+
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    x0, x1, y0, y1 = xs[-2], xs[-1], ys[-2], ys[-1]  # beyond the last ratio: extend the last segment
+    return max(0.0, y1 + (y1 - y0) * (x - x1) / (x1 - x0))
+
+
+def predict_latency(table: Mapping[str, Any], ratios: Mapping[str, float]) -> dict[str, float]:
+    """Predict a plan's latency in the table's form: each group's time at its ratio, plus the rest (at ratio 0).
+
+    Returns:
+        {"baseline_ms", "predicted_ms", "reduction"}.
+    """
+    xs = table["ratios"]
+    base = float(table["total_ms"][0])
+    predicted = float(table["other_ms"][0])
+    for name, times in table["groups"].items():
+        predicted += _interp(xs, times, float(ratios.get(name, 0.0)))
+    return {"baseline_ms": base, "predicted_ms": predicted, "reduction": 1.0 - predicted / base if base else 0.0}

@@ -96,6 +96,7 @@ def _distill(state: State, ctx: Context, runtime, student, teacher, source, proc
         attrs = read_recipe(absolute(state, pruned.path)).get("attrs")
         task = f"iteration {it}: distilling on {ctx.recover_procs} processes"
         folder = iteration_dir(state, it)
+        record.note = f"{record.note}; {ctx.recover_procs} processes distilled".lstrip("; ")
         return distill_in_job(
             student, absolute(state, state.baseline.path), batches, config, dataset_ref=state.dataset.ref,
             mapping=state.labels.model_dump(), procs=ctx.recover_procs, job_dir=folder / "recovery_job",

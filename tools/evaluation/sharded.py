@@ -9,6 +9,7 @@ Run as `python -m profiling_agent.tools.evaluation.sharded SPEC` under a launche
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -126,13 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         part = spec["part"]
         data = open_run_data(spec["run"], parts=(part,), materialize=())
         models = {name: load_artifact(path).model for name, path in spec["models"].items()}
+        began = time.perf_counter()
         preds = predict_sharded(
             models, data[f"{part}_pixels"], where.rank, where.world, batch_size=int(spec["batch"]),
             device=str(where.device), allowed_ids=spec.get("allowed_ids"),
         )  # fmt: skip
         if rank == 0:
             save_file({k: v.contiguous() for k, v in preds.items()}, str(job_dir / "predictions.safetensors"))
-            write_json_atomic(job_dir / "result.json", {"procs": where.world, "images": len(data[f"{part}_labels"])})
+            seconds = round(time.perf_counter() - began, 4)  # the pass and the gather, models and data open
+            write_json_atomic(job_dir / "result.json", {"procs": where.world, "images": len(preds[next(iter(preds))]),
+                                                        "seconds": seconds})  # fmt: skip
         close_group()
     except BaseException as exc:  # noqa: BLE001 - the parent reports this rank's one-line reason
         record_failure(job_dir, rank, exc)

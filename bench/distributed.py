@@ -11,9 +11,9 @@ accuracy pass's seconds after the models and data are open), with the job's wall
 processes, from getrusage of the children) beside them. Runs alternate (1, N, 1, N, ...) and medians are reported.
 
 1. Distillation: the zoo model is the teacher; the student is a copy with 40% of its conv channels pruned (50% of
-   MLP channels for transformers). Training images: the zoo dataset's 2,000-image train split, augmented, batch
-   32. Both runs read the same global batches; the students are compared weight by weight and on the 10,000 test
-   images (predicted by a sharded pass).
+   MLP channels for transformers). Training images: the zoo dataset's 2,000-image train split, augmented, global
+   batch --batch (32, the run's default). Both runs read the same global batches; the students are compared
+   weight by weight and on the 10,000 test images (predicted by a sharded pass).
 2. Accuracy pass: the teacher and the pruned student over Fashion-MNIST's 10,000 test images (a run folder written
    as prepare_data writes it; calibration from the train split, so all 10,000 are validation images), batch 64,
    uncached streams (each pass decodes and preprocesses its images). Predictions must be identical.
@@ -103,15 +103,18 @@ def bench_distill(args, work: Path, teacher_dir: Path, start: torch.nn.Module, b
                 threads=args.threads,
             ))  # fmt: skip
             rate = info["steps_done"] / info["seconds"]
-            runs[procs].append({"steps_per_s": rate, "loop_s": info["seconds"], "wall_s": wall, "cpu_s": cpu})
+            runs[procs].append({"steps_per_s": rate, "loop_s": info["seconds"], "wall_s": wall, "cpu_s": cpu,
+                                "rank0_loop_cpu_s": info["cpu_seconds"]})  # fmt: skip
             students[procs] = student
-            print(f"  distill {procs} proc: {rate:.2f} steps/s, loop {info['seconds']:.1f} s, job wall {wall:.1f} s, "
-                  f"CPU {cpu:.1f} s, load {_load()}", flush=True)  # fmt: skip
+            print(f"  distill {procs} proc: {rate:.2f} steps/s, loop {info['seconds']:.1f} s (rank 0 CPU "
+                  f"{info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, load {_load()}",
+                  flush=True)  # fmt: skip
     pairs = zip(students[1].state_dict().values(), students[args.procs].state_dict().values(), strict=True)
     gap = max((a.float() - b.float()).abs().max().item() for a, b in pairs)
     med = {p: statistics.median(r["steps_per_s"] for r in rs) for p, rs in runs.items()}
+    cpu = {p: statistics.median(r["rank0_loop_cpu_s"] for r in rs) for p, rs in runs.items()}
     return {"runs": runs, "median_steps_per_s": med, "ratio": med[args.procs] / med[1], "max_weight_diff": gap,
-            "students": students}  # fmt: skip
+            "cpu_ratio": cpu[1] / cpu[args.procs], "students": students}  # fmt: skip
 
 
 def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
@@ -127,14 +130,17 @@ def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
             ))  # fmt: skip
             info = read_json(job / "result.json")
             rate = info["images"] / info["seconds"]
-            runs[procs].append({"images_per_s": rate, "pass_s": info["seconds"], "wall_s": wall, "cpu_s": cpu})
+            runs[procs].append({"images_per_s": rate, "pass_s": info["seconds"], "wall_s": wall, "cpu_s": cpu,
+                                "rank0_pass_cpu_s": info["cpu_seconds"]})  # fmt: skip
             preds[procs] = out
-            print(f"  pass {procs} proc: {rate:.0f} images/s ({len(models)} models), pass {info['seconds']:.1f} s, "
-                  f"job wall {wall:.1f} s, CPU {cpu:.1f} s, load {_load()}", flush=True)  # fmt: skip
+            print(f"  pass {procs} proc: {rate:.0f} images/s ({len(models)} models), pass {info['seconds']:.1f} s "
+                  f"(rank 0 CPU {info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, "
+                  f"load {_load()}", flush=True)  # fmt: skip
     same = all(torch.equal(preds[1][k], preds[args.procs][k]) for k in models)
     med = {p: statistics.median(r["images_per_s"] for r in rs) for p, rs in runs.items()}
+    cpu = {p: statistics.median(r["rank0_pass_cpu_s"] for r in rs) for p, rs in runs.items()}
     return {"runs": runs, "median_images_per_s": med, "ratio": med[args.procs] / med[1], "identical": same,
-            "preds": preds}  # fmt: skip
+            "cpu_ratio": cpu[1] / cpu[args.procs], "preds": preds}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--steps", type=int, default=60, help="distillation steps")
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--batch", type=int, default=32, help="global batch of a distillation step (the run's default)")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each side (medians)")
     parser.add_argument("--skip", choices=["distill", "pass"], default=None)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
@@ -181,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.skip != "distill":
             train = load_split(ref, "train")
             source = TrainSource(train, "train", np.arange(len(train)), "image", "label")
-            batches = TrainBatches(source, processor, shape, mapping, batch=32, seed=0)
-            print(f"distillation: {args.steps} steps of 32 images, lr {args.lr}", flush=True)
+            batches = TrainBatches(source, processor, shape, mapping, batch=args.batch, seed=0)
+            print(f"distillation: {args.steps} steps of {args.batch} images, lr {args.lr}", flush=True)
             dist = bench_distill(args, work, work / "teacher", start, batches, mapping, ref)
             for procs, student in dist.pop("students").items():
                 save_artifact(student, work / f"student-{procs}", processor=processor)
@@ -213,12 +220,14 @@ def _print(report: dict[str, Any], procs: int) -> None:
         d = report["distill"]
         m = d["median_steps_per_s"]
         print(f"distillation steps/s: 1 proc {m[1]:.2f}, {procs} procs {m[procs]:.2f}, ratio {d['ratio']:.2f}x "
-              f"(target >= 1.6x); max weight difference {d['max_weight_diff']:.3g}")  # fmt: skip
+              f"(target >= 1.6x); max weight difference {d['max_weight_diff']:.3g}; rank-0 loop CPU time 1 proc / "
+              f"{procs} procs {d['cpu_ratio']:.2f}x")  # fmt: skip
     if "pass" in report:
         p = report["pass"]
         m = p["median_images_per_s"]
         print(f"accuracy pass images/s: 1 proc {m[1]:.0f}, {procs} procs {m[procs]:.0f}, ratio {p['ratio']:.2f}x "
-              f"(target >= 1.6x); identical predictions: {p['identical']}")  # fmt: skip
+              f"(target >= 1.6x); identical predictions: {p['identical']}; rank-0 pass CPU time 1 proc / {procs} "
+              f"procs {p['cpu_ratio']:.2f}x")  # fmt: skip
     if "accuracy" in report:
         print("top-1 on the 10,000 test images: " + ", ".join(f"{k} {v:.2f}%" for k, v in report["accuracy"].items()))
 

@@ -100,6 +100,17 @@ def test_rank_slices_put_together_are_the_single_process_batch(digits, processor
     assert [shard_bounds(10, r, 3) for r in range(3)] == [(0, 3), (3, 6), (6, 10)]
 
 
+def test_augmenting_a_slice_draws_what_the_whole_batch_draws():
+    from profiling_agent.tools.data.train_stream import augment
+    from profiling_agent.tools.recovery.distributed import augment_slice
+
+    pixels = torch.randn(11, 3, 20, 24, generator=torch.Generator().manual_seed(0))
+    whole = augment(pixels, torch.Generator().manual_seed(5), True, (0.6, 1.0))
+    for lo, hi in ((0, 4), (4, 11), (3, 3), (10, 11)):
+        part = augment_slice(pixels[lo:hi], torch.Generator().manual_seed(5), True, (0.6, 1.0), lo, 11)
+        assert torch.equal(part, whole[lo:hi]), (lo, hi)
+
+
 def test_launcher_template_gets_the_process_count_and_the_module():
     cmd = launcher_command("srun -n {procs} python", 4, "m.n", ["spec.json"])
     assert cmd == ["srun", "-n", "4", "python", "-m", "m.n", "spec.json"]

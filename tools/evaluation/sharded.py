@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         part = spec["part"]
         data = open_run_data(spec["run"], parts=(part,), materialize=())
         models = {name: load_artifact(path).model for name, path in spec["models"].items()}
-        began = time.perf_counter()
+        began, cpu0 = time.perf_counter(), time.process_time()
         preds = predict_sharded(
             models, data[f"{part}_pixels"], where.rank, where.world, batch_size=int(spec["batch"]),
             device=str(where.device), allowed_ids=spec.get("allowed_ids"),
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             save_file({k: v.contiguous() for k, v in preds.items()}, str(job_dir / "predictions.safetensors"))
             seconds = round(time.perf_counter() - began, 4)  # the pass and the gather, models and data open
             write_json_atomic(job_dir / "result.json", {"procs": where.world, "images": len(preds[next(iter(preds))]),
-                                                        "seconds": seconds})  # fmt: skip
+                                                        "seconds": seconds, "cpu_seconds": round(
+                                                            time.process_time() - cpu0, 3)})  # fmt: skip
         close_group()
     except BaseException as exc:  # noqa: BLE001 - the parent reports this rank's one-line reason
         record_failure(job_dir, rank, exc)

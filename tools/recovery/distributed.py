@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource, augment
+from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
 from profiling_agent.tools.recovery import distill_state
 from profiling_agent.tools.recovery.distill import PROBE_STEPS, DistillConfig, distill_loss, fresh_parameters, lr_at
 from profiling_agent.tools.recovery.distributed_launch import (
@@ -60,23 +61,48 @@ class ShardBatches(TrainBatches):
     def __init__(self, *args: Any, rank: int = 0, world: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rank, self.world = rank, world
+        self.counts: tuple[int, int] = (0, 0)  # the last step's global batch: images, labelled images
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (pixels, labels) of this rank's slice of step `step`."""
+        """Return (pixels, labels) of this rank's slice of step `step`; `counts` then holds the global batch's."""
         rows = self.rows(step)
         lo, hi = shard_bounds(len(rows), self.rank, self.world)
-        picked = self.source.ds.select(rows[lo:hi].tolist())
-        images = picked[self.source.image_column]
-        labels = [self.table.get(self.to_index(v), -1) for v in picked[self.source.label_column]]
+        every = self.source.ds.select(rows.tolist())[self.source.label_column]  # labels only: no image decoded
+        every = [self.table.get(self.to_index(v), -1) for v in every]
+        self.counts = (len(every), sum(1 for v in every if v >= 0))
+        labels = every[lo:hi]
+        images = self.source.ds.select(rows[lo:hi].tolist())[self.source.image_column]
         from profiling_agent.tools.data.preprocess import preprocess_images
 
         pixels = preprocess_images(images, self.processor, self.shape)
         if self.augmentation:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-            whole = torch.zeros((len(rows), *pixels.shape[1:]), dtype=pixels.dtype)
-            whole[lo:hi] = pixels  # the other ranks' images are not needed, only their random draws
-            pixels = augment(whole, generator, self.flip, self.scale)[lo:hi].contiguous()
+            pixels = augment_slice(pixels, generator, self.flip, self.scale, lo, len(rows))
         return pixels, torch.tensor(labels, dtype=torch.long)
+
+
+def augment_slice(
+    pixels: torch.Tensor, generator: torch.Generator, flip: bool, scale: tuple[float, float], start: int, total: int
+) -> torch.Tensor:
+    """Augment images start.. of a `total`-image batch as `train_stream.augment` augments the whole batch.
+
+    The random numbers of every image of the batch are drawn, in `augment`'s order, so each image of the slice gets
+    the crop and flip it gets in a single process; only the slice is cropped and resized.
+    (`tests/test_distributed.py` checks the slices against `augment` itself.)
+    """
+    n, _, height, width = pixels.shape
+    out = torch.empty_like(pixels)
+    for i in range(total):
+        area = float(torch.empty(1).uniform_(*scale, generator=generator))
+        h, w = max(1, round(height * area**0.5)), max(1, round(width * area**0.5))
+        top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
+        left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
+        flipped = flip and bool(torch.rand(1, generator=generator) < 0.5)
+        if start <= i < start + n:
+            crop = pixels[i - start : i - start + 1, :, top : top + h, left : left + w]
+            image = F.interpolate(crop, size=(height, width), mode="bilinear", align_corners=False)
+            out[i - start] = image[0].flip(-1) if flipped else image[0]
+    return out
 
 
 def _frozen_bn_train(student: nn.Module) -> None:
@@ -158,7 +184,7 @@ def distill_ranked(
     every = config.save_every or max(1, config.steps // 20)
     cap_s = config.minutes * 60.0
     cast = device.type == "cuda"
-    began, spent0, timings = time.perf_counter(), float(state["spent"]), []
+    began, spent0, timings, cpu0 = time.perf_counter(), float(state["spent"]), [], time.process_time()
     step, stop = start, False
     _frozen_bn_train(student)
     while step < state["total"] and not stop:
@@ -169,7 +195,10 @@ def distill_ranked(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, state["total"], config.lr, config.warmup)
         n_local, lab_local = len(labels), int((labels >= 0).sum())
-        n_all, lab_all = _sum([float(n_local), float(lab_local)], world)
+        if isinstance(batches, ShardBatches):  # the global batch's counts without a collective
+            n_all, lab_all = (float(c) for c in batches.counts)
+        else:
+            n_all, lab_all = _sum([float(n_local), float(lab_local)], world)
         with torch.no_grad():
             teacher_logits = _logits(teacher, pixels)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cast):
@@ -220,6 +249,7 @@ def distill_ranked(
         "curve": state["curve"],
         "capped": step < config.steps,
         "procs": world,
+        "cpu_seconds": round(time.process_time() - cpu0, 3),  # this rank's CPU time in the loop (this attempt)
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +180,29 @@ def test_a_rank_killed_mid_job_leaves_steps_that_either_kind_of_run_resumes(job_
     )
     assert info_single["resumed_from"] == saved["step"] + 1 and info_single["steps_done"] == 12
     _assert_equivalent(whole, single, digits, processor)
+
+
+def test_process_count_and_launcher_flags_reach_the_context_and_bad_values_are_refused():
+    from profiling_agent.graph.cli_args import BadInput, build_parser, context_from_args
+
+    args = build_parser().parse_args(["run", "--recover-procs", "4", "--launcher", "srun -n {procs} python"])
+    ctx = context_from_args(args)
+    assert ctx["recover_procs"] == 4 and ctx["launcher"] == "srun -n {procs} python"
+    for bad in (["--recover-procs", "0"], ["--launcher", "  "]):
+        with pytest.raises(BadInput):
+            context_from_args(build_parser().parse_args(["run", *bad]))
+
+
+def test_a_stop_request_stops_the_job_and_its_ranks(tmp_path):
+    from profiling_agent.tools.recovery.distributed_launch import run_job
+
+    script = (
+        "import time\nfor i in range(600):\n    print('@@profiling-agent-progress {}', flush=True)\n    time.sleep(0.1)"
+    )
+    asked = []
+    with pytest.raises(KeyboardInterrupt):
+        run_job([sys.executable, "-c", script], tmp_path, progress=asked.append, should_stop=lambda: len(asked) >= 3)
+    assert len(asked) == 3
 
 
 def test_a_job_that_cannot_start_is_one_line(job_setup, processor):

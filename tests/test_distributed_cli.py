@@ -1,5 +1,5 @@
-"""`run --recover-procs 2`: the recover node distills in a 2-process gloo job; a SIGKILLed rank stops the run
-with one line and exit code 1, and `resume` finishes it with every step and every iteration once."""
+"""`run --recover-procs 2`: the recover node distills in a 2-process gloo job (and the held-out test pass is sharded);
+a SIGKILLed rank stops the run with one line and exit code 1, and `resume` finishes it with every step once."""
 
 from __future__ import annotations
 
@@ -57,5 +57,7 @@ def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(
     assert "2 processes distilled" in recovery["note"]
     history = [h["message"] for h in values["history"] if h["node"] == "recover"]
     assert len(history) == 1 and "2 processes distilled" in history[0], history
+    tested = [h["message"] for h in values["history"] if h["node"] == "test_best"]
+    assert "2 processes" in tested[0] and values["test_eval"]["best_accuracy"] is not None, tested
     curve = json.loads((runs / THREAD / "iter_01" / "recovery.json").read_text())["distill"]
     assert curve["procs"] == 2 and [c[0] for c in curve["curve"]] == list(range(60))  # every step once

@@ -110,13 +110,20 @@ def summarize(preds: Mapping[str, torch.Tensor], labels: torch.Tensor, reference
     return out
 
 
+def load_model(path: str | Path, threads: int = 1) -> nn.Module:
+    """Open a saved model as a run delivers it: an ONNX Runtime folder, or a torch artifact."""
+    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.models.onnx_model import is_onnx_folder, load_onnx_folder
+
+    return load_onnx_folder(path, threads) if is_onnx_folder(path) else load_artifact(path).model
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one rank of a sharded pass over a run's role (spec file argv[0]); rank 0 writes the predictions."""
     from safetensors.torch import save_file
 
     from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.io import read_json, write_json_atomic
-    from profiling_agent.tools.models.artifact_load import load_artifact
 
     spec_path = Path((argv if argv is not None else sys.argv[1:])[0])
     spec, job_dir, rank = read_json(spec_path), spec_path.parent, 0
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         rank = where.rank
         part = spec["part"]
         data = open_run_data(spec["run"], parts=(part,), materialize=())
-        models = {name: load_artifact(path).model for name, path in spec["models"].items()}
+        models = {name: load_model(path, int(spec.get("threads") or 1)) for name, path in spec["models"].items()}
         began, cpu0 = time.perf_counter(), time.process_time()
         preds = predict_sharded(
             models, data[f"{part}_pixels"], where.rank, where.world, batch_size=int(spec["batch"]),

@@ -62,15 +62,16 @@ class ShardBatches(TrainBatches):
         super().__init__(*args, **kwargs)
         self.rank, self.world = rank, world
         self.counts: tuple[int, int] = (0, 0)  # the last step's global batch: images, labelled images
+        column = self.source.ds[self.source.label_column]  # every label once (8 bytes a row): no read per step
+        self.model_ids = np.array([self.table.get(self.to_index(v), -1) for v in column], dtype=np.int64)
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (pixels, labels) of this rank's slice of step `step`; `counts` then holds the global batch's."""
         rows = self.rows(step)
         lo, hi = shard_bounds(len(rows), self.rank, self.world)
-        every = self.source.ds.select(rows.tolist())[self.source.label_column]  # labels only: no image decoded
-        every = [self.table.get(self.to_index(v), -1) for v in every]
-        self.counts = (len(every), sum(1 for v in every if v >= 0))
-        labels = every[lo:hi]
+        every = self.model_ids[rows]
+        self.counts = (len(every), int((every >= 0).sum()))
+        labels = every[lo:hi].tolist()
         images = self.source.ds.select(rows[lo:hi].tolist())[self.source.image_column]
         from profiling_agent.tools.data.preprocess import preprocess_images
 

@@ -72,11 +72,14 @@ def run_job(
     progress: Callable[[dict[str, Any]], None] | None = None,
     env: dict[str, str] | None = None,
     what: str = "distributed job",
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[str]:
     """Run a launcher command to its end, relaying rank 0's progress; return its output lines (progress excluded).
 
     The job runs in its own session, so a Ctrl-C of the parent does not reach it half-way: the parent stops it
-    (SIGTERM, then SIGKILL after STOP_GRACE_S) and re-raises. Any rank's `error_rank<R>.txt` gives the reason.
+    (SIGTERM, then SIGKILL after STOP_GRACE_S) and re-raises. `should_stop` (a cooperative stop flag) is checked
+    on every output line (rank 0 prints one per step); when it says so the job is stopped the same way and
+    KeyboardInterrupt is raised. Any rank's `error_rank<R>.txt` gives the reason of a failure.
 
     Raises:
         DistributedJobError: The launcher could not start, or the job ended with a non-zero status.
@@ -105,6 +108,8 @@ def run_job(
                     progress(json.loads(line[len(PROGRESS_MARK) :]))
             elif line.strip():
                 tail.append(line.rstrip())
+            if should_stop is not None and should_stop():
+                raise KeyboardInterrupt(f"the {what} was asked to stop")
         code = proc.wait()
     except BaseException:
         stop_job(proc)

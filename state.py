@@ -494,6 +494,8 @@ class Context:
     recover_lr: float = _ctx(3e-4, "Peak AdamW learning rate of distillation.")
     recover_batch: int = _ctx(32, "Images per distillation step.")
     recover_augment: bool = _ctx(True, "Augment training images (random resized crop; flips for RGB images).")
+    recover_procs: int = _ctx(1, "Processes distillation runs on (>1: a torch.distributed job; docs/distributed.md).")
+    launcher: str = _ctx("torchrun --standalone --nproc-per-node {procs}", "Command starting that job ({procs}).")
     backend: str = _ctx(
         "auto", "torch, onnxruntime or auto (every form): the fastest measured form within budget is delivered."
     )

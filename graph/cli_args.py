@@ -70,6 +70,9 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recover-lr", type=float, default=None, help="peak distillation learning rate (default 3e-4)")
     p.add_argument("--recover-batch", type=int, default=None, help="images per distillation step (default 32)")
     p.add_argument("--no-augment", action="store_true", help="train recovery on the images as they are")
+    p.add_argument("--recover-procs", type=int, default=None, help="distillation processes (>1: torch.distributed)")
+    p.add_argument("--launcher", default=None, help="command template starting them (default: torchrun --standalone "
+                   "--nproc-per-node {procs}; see docs/distributed.md)")  # fmt: skip
     p.add_argument(
         "--backend",
         choices=["torch", "onnxruntime", "auto"],
@@ -306,6 +309,8 @@ def _recover_flags(args: argparse.Namespace, ctx: dict[str, Any]) -> None:
         "recover_minutes": (lambda v: 0 <= v <= 10_000, "must be in [0, 10000] minutes (0: no cap)"),
         "recover_lr": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
         "recover_batch": (lambda v: 1 <= v <= 4096, "must be in 1..4096"),
+        "recover_procs": (lambda v: 1 <= v <= 4096, "must be in 1..4096"),
+        "launcher": (lambda v: bool(v.split()), "must name a command, e.g. 'torchrun --nproc-per-node {procs}'"),
     }
     for key, (ok, why) in checks.items():
         value = getattr(args, key, None)

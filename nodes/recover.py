@@ -8,6 +8,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import (
+    absolute,
     allowed_ids,
     artifact_ref,
     context_of,
@@ -84,13 +85,32 @@ def _distill(state: State, ctx: Context, runtime, student, teacher, source, proc
         )
 
     pruned = state.current.pruned
+    fingerprint = {"pruned": pruned.sha256 if pruned else "", "record": record.method, "batch": batch}
+    if ctx.recover_procs > 1:  # a torch.distributed job; same steps, same checkpoints (docs/distributed.md)
+        from profiling_agent.tools.models.artifacts import read_recipe
+        from profiling_agent.tools.models.forward import model_device
+        from profiling_agent.tools.recovery.distributed import distill_in_job
+        from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER
+
+        assert state.baseline is not None and pruned is not None
+        attrs = read_recipe(absolute(state, pruned.path)).get("attrs")
+        task = f"iteration {it}: distilling on {ctx.recover_procs} processes"
+        folder = iteration_dir(state, it)
+        record.note = f"{record.note}; {ctx.recover_procs} processes distilled".lstrip("; ")
+        return distill_in_job(
+            student, absolute(state, state.baseline.path), batches, config, dataset_ref=state.dataset.ref,
+            mapping=state.labels.model_dump(), procs=ctx.recover_procs, job_dir=folder / "recovery_job",
+            checkpoint_dir=folder / "recovery_steps", fingerprint=fingerprint,
+            launcher=ctx.launcher or DEFAULT_LAUNCHER, device=str(model_device(student).type),
+            threads=max(1, ctx.threads), attrs=attrs, progress=progress,
+        )  # fmt: skip
     return distill(
         student,
         teacher,
         batches,
         config,
         checkpoint_dir=iteration_dir(state, it) / "recovery_steps",
-        fingerprint={"pruned": pruned.sha256 if pruned else "", "record": record.method, "batch": batch},
+        fingerprint=fingerprint,
         progress=progress,
     )
 
@@ -145,6 +165,7 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.models.artifacts import save_artifact
     from profiling_agent.tools.recovery import distill_state
+    from profiling_agent.tools.recovery.distributed_launch import DistributedJobError
     from profiling_agent.tools.recovery.policy import method_name, recovery_steps
     from profiling_agent.tools.recovery.reconstruct import reconstruct
     from profiling_agent.tools.text import one_line
@@ -204,6 +225,8 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         self_check(student, example_input(state), int(student.config.num_labels))
     except OSError as exc:  # a full disk, a vanished folder: stop, so that a resume redoes the recovery
         raise _write_failed(exc, it) from exc
+    except DistributedJobError:  # a failed or killed job: stop here; resume continues its steps
+        raise
     except Exception as exc:  # recovery that fails to train leaves the one-shot pruned candidate as it was
         record.error = f"recovery abandoned: {one_line(exc)[:400]}"
         record.seconds = round(time.perf_counter() - started, 2)

@@ -7,8 +7,10 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import (
+    absolute,
     allowed_ids,
     context_of,
+    delivered_ref,
     emit,
     event,
     load_artifact_model,
@@ -45,14 +47,27 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         models["best"] = load_delivered(state, best, threads=set_threads(ctx.threads))
     device = "cpu" if runs_on_cpu_only(best) else str(resolve_device(ctx.device))
     emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
-    preds = predict_many(  # one streamed pass feeds both models (concurrently when cores allow)
-        models,
-        pixels,
-        batch_size=accuracy_batch(ctx.eval_batch, device),
-        device=device,
-        allowed_ids=allowed_ids(state),
-        parallel=concurrent_models(device, set_threads(ctx.threads), len(models)),
-    )
+    if ctx.recover_procs > 1:  # split across processes: the same predictions (docs/distributed.md)
+        from profiling_agent.tools.evaluation.sharded import sharded_predictions
+
+        paths = {"baseline": absolute(state, state.baseline.path)} if state.baseline else {}
+        ref = delivered_ref(best) if best else None
+        if ref is not None:
+            paths["best"] = absolute(state, ref.path)
+        preds = sharded_predictions(
+            run_dir(state), "test", paths, procs=ctx.recover_procs, job_dir=run_dir(state) / "test_job",
+            batch_size=accuracy_batch(ctx.eval_batch, device), launcher=ctx.launcher, device=device,
+            threads=max(1, ctx.threads), allowed_ids=allowed_ids(state),
+        )  # fmt: skip
+    else:
+        preds = predict_many(  # one streamed pass feeds both models (concurrently when cores allow)
+            models,
+            pixels,
+            batch_size=accuracy_batch(ctx.eval_batch, device),
+            device=device,
+            allowed_ids=allowed_ids(state),
+            parallel=concurrent_models(device, set_threads(ctx.threads), len(models)),
+        )
     emit(runtime, kind="progress", task="held-out test images", done=len(models), total=len(models), label="")
     subsets = read_json(run_dir(state) / data.subsets)
     result = TestEval(
@@ -62,6 +77,8 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         baseline_accuracy=top1(preds["baseline"], labels),
     )
     message = f"held-out test ({result.n_samples} images): baseline {result.baseline_accuracy:.2f}%"
+    if ctx.recover_procs > 1:
+        message = message.replace(" images)", f" images, {ctx.recover_procs} processes)", 1)
     if "best" in preds and best:
         result.best_iteration = best.iteration
         result.best_accuracy = top1(preds["best"], labels)

@@ -1,0 +1,63 @@
+"""`run --recover-procs 2`: the recover node distills in a 2-process gloo job (and the held-out test pass is sharded);
+a SIGKILLed rank stops the run with one line and exit code 1, and `resume` finishes it with every step once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from crash_helpers import PHASE_TIMEOUT, THREAD
+from crash_helpers import check_complete as _check_complete
+from crash_helpers import cli as _cli
+from quick_assets import build_quick_resnet
+
+
+@pytest.mark.slow
+def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(tmp_path):
+    model, dataset = build_quick_resnet(tmp_path / "cache")
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        env.pop(key, None)
+    runs = tmp_path / "runs"
+    run_args = _cli(
+        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
+        "--iterations", "1", "--planner", "deterministic", "--repeats", "2", "--threads", "1", "--backend", "torch",
+        "--recover", "distill", "--recover-steps", "60", "--recover-batch", "16", "--recover-minutes", "0",
+        "--recover-procs", "2", "--run-dir", str(runs), "--thread-id", THREAD,
+    )  # fmt: skip
+    job = runs / THREAD / "iter_01" / "recovery_job"
+    saved = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"
+    proc = subprocess.Popen(run_args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + PHASE_TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline:  # wait for a saved step, then kill rank 1
+        if saved.is_file() and json.loads(saved.read_text())["step"] >= 8 and (job / "rank1.pid").is_file():
+            os.kill(int((job / "rank1.pid").read_text().split()[0]), signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    _out, err = proc.communicate(timeout=PHASE_TIMEOUT)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 1, err
+    assert "rank 1 was killed by SIGKILL" in lines[-1] and "resume continues" in lines[-1], lines[-1]
+    assert "Traceback" not in err
+    killed_at = json.loads(saved.read_text())["step"]
+    assert killed_at < 59
+    done = subprocess.run(
+        _cli("resume", THREAD, "--run-dir", str(runs)), cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=PHASE_TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    values = _check_complete(runs)
+    recovery = values["candidates"][0]["recovery"]
+    assert recovery["method"] == "distill" and recovery["steps"] == 60
+    assert recovery["resumed_from"] == killed_at + 1, (recovery, killed_at)
+    assert "2 processes distilled" in recovery["note"]
+    history = [h["message"] for h in values["history"] if h["node"] == "recover"]
+    assert len(history) == 1 and "2 processes distilled" in history[0], history
+    tested = [h["message"] for h in values["history"] if h["node"] == "test_best"]
+    assert "2 processes" in tested[0] and values["test_eval"]["best_accuracy"] is not None, tested
+    curve = json.loads((runs / THREAD / "iter_01" / "recovery.json").read_text())["distill"]
+    assert curve["procs"] == 2 and [c[0] for c in curve["curve"]] == list(range(60))  # every step once

@@ -1,0 +1,100 @@
+"""Sharded accuracy passes: 2 gloo processes predict exactly what 1 process predicts, so every figure is equal."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from profiling_agent.tools.evaluation.metrics import predict_many
+from profiling_agent.tools.evaluation.sharded import (
+    batch_shard,
+    predict_sharded,
+    sharded_predictions,
+    summarize,
+)
+
+MAPPING = {"dataset_to_model": {str(i): i for i in range(10)}}
+SHAPE = {"channels": 1, "height": 32, "width": 32}  # the quickly trained digits ResNet's input
+LAUNCHER = "torchrun --standalone --nproc-per-node {procs} --monitor-interval 0.2"
+
+
+def make_run(
+    root: Path, ref: str, model: torch.nn.Module, processor, subset: int = 200, test_subset: int = 100
+) -> Path:
+    """Write what prepare_data writes (rows, labels, subsets.json) and the baseline artifact into `root`."""
+    from profiling_agent.tools.data.prepare import load_prepared, prepare_data
+    from profiling_agent.tools.data.sources import load_split
+    from profiling_agent.tools.io import write_json_atomic
+    from profiling_agent.tools.models.artifacts import save_artifact
+
+    root.mkdir(parents=True, exist_ok=True)
+    ds = load_split(ref, "test")
+    prepare_data(ds, processor, SHAPE, MAPPING, out_path=root / "data.safetensors", subset=subset,
+                 test_subset=test_subset, calibration=16, seed=0)  # fmt: skip
+    rows = load_prepared(root / "data.safetensors", with_indices=True, parts=("eval", "test", "calib"))
+    roles = {"validation": "eval", "test": "test", "calibration": "calib"}
+    subsets = {role: {"split": "test", "indices": rows[f"{part}_index"].tolist()} for role, part in roles.items()}
+    write_json_atomic(root / "subsets.json", {"dataset": ref, "seed": 0, **subsets})
+    save_artifact(model, root / "baseline", processor=processor)
+    return root
+
+
+@pytest.fixture
+def two_models(quick_resnet, tmp_path):
+    """A run folder over the digits test split: the trained digits ResNet as baseline, and a pruned copy."""
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.models.artifacts import save_artifact
+
+    model_dir, dataset, _ = quick_resnet
+    teacher = AutoModelForImageClassification.from_pretrained(model_dir).eval()
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    run = make_run(tmp_path / "run", str(dataset), teacher, processor)
+    student = copy.deepcopy(teacher)
+    prune_model(student, [{"layer": "conv", "type": "structured", "ratio": 0.6}], torch.zeros(1, 1, 32, 32))
+    save_artifact(student, tmp_path / "pruned", processor=processor)
+    return run, {"baseline": run / "baseline", "pruned": tmp_path / "pruned"}
+
+
+def test_shards_are_whole_batches_that_cover_every_image_once():
+    for n, batch, world in ((200, 64, 2), (10, 4, 3), (5, 64, 2), (129, 64, 4)):
+        bounds = [batch_shard(n, batch, r, world) for r in range(world)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+        assert all(lo % batch == 0 for lo, _ in bounds)
+
+
+def test_one_process_sharded_pass_is_the_plain_pass(two_models):
+    from profiling_agent.tools.data.stream import open_run_data
+    from profiling_agent.tools.models.artifact_load import load_artifact
+
+    run, paths = two_models
+    stream = open_run_data(run, parts=("eval",), materialize=())["eval_pixels"]
+    models = {k: load_artifact(p).model for k, p in paths.items()}
+    plain = predict_many(models, stream, batch_size=64)
+    one = predict_sharded(models, stream, 0, 1, batch_size=64)
+    assert all(torch.equal(plain[k], one[k]) for k in models)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", ["eval", "test"])
+def test_two_gloo_processes_give_the_single_process_predictions_and_figures(two_models, tmp_path, part):
+    from profiling_agent.tools.data.stream import open_run_data
+    from profiling_agent.tools.models.artifact_load import load_artifact
+
+    run, paths = two_models
+    data = open_run_data(run, parts=(part,), materialize=())
+    models = {k: load_artifact(p).model for k, p in paths.items()}
+    single = predict_many(models, data[f"{part}_pixels"], batch_size=32)
+    sharded = sharded_predictions(
+        run, part, paths, procs=2, job_dir=tmp_path / "job", batch_size=32, launcher=LAUNCHER, threads=1
+    )
+    for name in models:
+        assert torch.equal(single[name], sharded[name]), name
+    labels = data[f"{part}_labels"]
+    assert summarize(sharded, labels, "baseline") == summarize(single, labels, "baseline")
+    assert len(sharded["pruned"]) == len(labels) and (single["pruned"] != single["baseline"]).any()

@@ -50,6 +50,24 @@ def _pick_split(obj: Any, split: str | None, ref: str) -> Any:
     return obj[split]
 
 
+def has_splits(ref: str) -> bool:
+    """Return False when `ref` is one undivided dataset: a save_to_disk `Dataset` or an imagefolder of class folders.
+
+    Such a dataset reads the same rows whatever split is named, so every role must be drawn from it at once
+    (`roles.role_sources`). A DatasetDict, split folders, the embedded data set and hub datasets have splits.
+    """
+    ref = (ref or "").strip()
+    path = Path(ref).expanduser()
+    if ref.startswith("embedded:") or not path.is_dir():
+        return True
+    if (path / "dataset_dict.json").is_file():
+        return True
+    if any((path / name).is_file() for name in ("state.json", "dataset_info.json")):
+        return False
+    top = _subdirs(path)
+    return bool(top) and not any(_images_in(d) for d in top)
+
+
 def _images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
 

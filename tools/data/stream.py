@@ -334,7 +334,7 @@ def open_run_data(
     with_indices: bool = False,
     data_file: str = "data.safetensors",
     image_column: str | None = None,
-    loader: Callable[[str, str], Any] = load_split,
+    loader: Callable[[str, str | None], Any] = load_split,
 ) -> dict[str, Any]:
     """Open a run's prepared roles from its folder: subsets.json names the dataset and each role's split.
 
@@ -356,10 +356,10 @@ def open_run_data(
         from profiling_agent.tools.models.artifact_load import load_processor
 
         processor = load_processor(run / "baseline")
-    loaded: dict[str, Any] = {}
+    loaded: dict[str | None, Any] = {}
     sources = {}
     for part in parts:
-        split = str(subsets[ROLES[part]]["split"])
+        split = subsets[ROLES[part]]["split"]  # None: a dataset without splits
         if split not in loaded:
             loaded[split] = loader(str(subsets["dataset"]), split)
         sources[part] = loaded[split]

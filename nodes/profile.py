@@ -24,13 +24,16 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     emit(runtime, kind="progress", task="profiling", done=0, total=1, label="baseline")
     full = planner_profile(loaded.model.to(device), shape, device=str(device))
     groups = full["groups"]
+    if full["totals"].get("macs") is None and state.objective.target == "macs":
+        raise ValueError(f"--target macs cannot be judged: this model's MACs cannot be counted ({full.get('error')})")
     write_json_atomic(run_dir(state) / "profile.json", full)
     summary = summarize_profile(full, groups)
     summary["path"] = "profile.json"
     emit(runtime, kind="progress", task="profiling", done=1, total=1, label="baseline")
     totals = full.get("totals", {})
+    macs = f"{totals['macs']:,} MACs" if totals.get("macs") is not None else f"MACs unknown ({full.get('error')})"
     message = (
-        f"{totals.get('params', 0):,} params, {totals.get('macs', 0):,} MACs, "
+        f"{totals.get('params', 0):,} params, {macs}, "
         f"{totals.get('latency_ms', 0):.2f} ms batch-1 on {device}; {len(groups)} prunable groups"
     )
     return {"profile": summary, "history": event("profile", message)}

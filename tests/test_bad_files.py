@@ -1,4 +1,4 @@
-"""Faults that name their object: an image that does not decode, a truncated weights file, one-class data, gray images."""
+"""Faults that name their object: an undecodable image, truncated weights, one-class data; gray images warned."""
 
 from __future__ import annotations
 

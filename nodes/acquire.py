@@ -16,7 +16,7 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.compression.families import adapter_for
     from profiling_agent.tools.data.labels import map_labels, wnids_from_config
     from profiling_agent.tools.data.roles import check_classes
-    from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
+    from profiling_agent.tools.data.sources import detect_columns, has_splits, label_names, load_split
     from profiling_agent.tools.models.artifacts import save_artifact
     from profiling_agent.tools.models.loading import load_model
 
@@ -40,9 +40,10 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         extra={"source": state.model.ref, "role": "baseline"},
     )
     labels = {**mapping, "image_column": image_col, "label_column": label_col, "dataset_label_names": names}
+    where = f"{state.dataset.ref}:{state.dataset.split}" if has_splits(state.dataset.ref) else state.dataset.ref
     message = (
         f"loaded {type(loaded.model).__name__} ({adapter.name} adapter) from {state.model.ref}; "
-        f"{len(dataset)} images in {state.dataset.ref}:{state.dataset.split}; labels mapped by {mapping['method']}"
+        f"{len(dataset)} images in {where}; labels mapped by {mapping['method']}"
         + (" (predictions restricted to the dataset's classes)" if mapping.get("restricted") else "")
         + (f". {weak}" if weak else "")
         + (

@@ -142,7 +142,7 @@ def test_cli_one_class_imagefolder_one_line_exit_2(tmp_path, capfd, rgb_vit):
     args = ["run", "--model", str(rgb_vit), "--dataset", str(images), "--run-dir", str(tmp_path / "runs"), *FAST]
     code, lines = _cli(capfd, [*args, "--thread-id", "one"])
     assert code == 2 and len(lines) == 1, lines
-    assert "1 class (0) in 40 images" in lines[0] and "--allow-weak-eval" in lines[0]
+    assert "1 class ('3') in 40 images" in lines[0] and "--allow-weak-eval" in lines[0]
     assert not (tmp_path / "runs" / "one").exists()  # refused before anything was made
     code, lines = _cli(capfd, [*args, "--thread-id", "forced", "--allow-weak-eval"])
     assert code == 0, lines  # forced: it runs (to the approval pause), and says so loudly

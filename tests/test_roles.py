@@ -156,6 +156,24 @@ def test_weak_data_is_refused_or_warned():
         check_judgeable(reasons, allow_weak=False)
     assert check_judgeable(reasons, allow_weak=True).startswith("WARNING: ")
     one = Dataset.from_dict({"label": [2] * 30}, features=Features({"label": ClassLabel(names=list(NAMES))}))
-    with pytest.raises(DataError, match=r"1 class \(2\) in 30 images"):
+    with pytest.raises(DataError, match=r"1 class \(.bird.\) in 30 images"):
         check_classes(one, "label", allow_weak=False)
     assert check_classes(_dataset(6), "label", allow_weak=False) == ""
+
+
+def test_a_hub_dataset_with_splits_draws_each_role_from_its_split(tmp_path):
+    splits = {"validation": _dataset(30), "test": _dataset(40, offset=30), "train": _dataset(100, offset=100)}
+
+    def hub(ref, split):  # what load_dataset(ref, split=...) does: the split, or an error for an unknown one
+        if split not in splits:
+            raise DataError(f"split '{split}' not found in {ref}")
+        return splits[split]
+
+    ref = DatasetRef(ref="org/name", split="validation", subset=24, test_subset=32, calibration=8)
+    sources = role_sources(ref, loader=hub, splits=True)
+    assert sources.splits == {"validation": "validation", "test": "test", "calibration": "train"}
+    assert sources.test is splits["test"] and sources.calibration is splits["train"] and not sources.whole
+    wider = role_sources(ref.model_copy(update={"subset": 8}), loader=hub, splits=True)
+    assert wider.calibration is None and wider.splits["calibration"] == "validation"  # 30 rows hold 8 + 8
+    with pytest.raises(DataError, match="split 'nope' not found"):
+        role_sources(ref.model_copy(update={"test_split": "nope"}), loader=hub, splits=True)

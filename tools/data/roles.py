@@ -159,8 +159,12 @@ def check_classes(ds: Any, label_column: str, allow_weak: bool) -> str:
     Raises:
         DataError: One class (or none) and `allow_weak` is False.
     """
+    from datasets import ClassLabel
+
     present = {v for v in ds.unique(label_column) if v is not None and v != -1}
     if len(present) >= MIN_CLASSES:
         return ""
-    shown = f" ({next(iter(present))!s})" if present else ""
+    feature = ds.features[label_column]
+    names = [feature.int2str(int(v)) if isinstance(feature, ClassLabel) else str(v) for v in present]
+    shown = f" ({names[0]!r})" if names else ""
     return check_judgeable([f"{len(present)} class{shown} in {len(ds)} images (any model scores 100%)"], allow_weak)

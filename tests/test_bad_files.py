@@ -178,3 +178,19 @@ def test_cli_class_folders_draw_disjoint_rows_and_warn_about_gray_once(tmp_path,
     data = [line for line in lines if line.startswith("[prepare_data]")]
     assert len(data) == 1 and "has no splits" in data[0] and "disjoint rows" in data[0]
     assert sum("grayscale: converted to RGB" in line for line in lines) == 1, lines
+
+
+def test_an_image_spoilt_after_prepare_data_is_named_when_streamed(tmp_path):
+    from profiling_agent.tools.data.stream import open_prepared
+
+    root = _imagefolder(tmp_path / "images", classes=["a", "b"], per_class=10)
+    ds = load_split(str(root), None)
+    mapping = map_labels(["a", "b"], {0: "a", 1: "b"})
+    shape = {"channels": 1, "height": 8, "width": 8}
+    info = prepare_data(ds, None, shape, mapping, out_path=tmp_path / "d.safetensors", subset=8, calibration=4)
+    opened = open_prepared(info["path"], {"eval": ds, "calib": ds}, None, with_indices=True, materialize=())
+    row = int(opened["eval_index"][3])
+    bad = root / ("a" if row < 10 else "b") / f"{row % 10:03d}.png"
+    _truncate(bad)  # the dataset changed under the run (a resumed run, a file being rewritten)
+    with pytest.raises(DataError, match=f"cannot decode image {bad} \\(row {row}\\) of the validation images"):
+        list(opened["eval_pixels"].batches(4))

@@ -130,7 +130,12 @@ class ImageStream:
         return self.preprocessing.normalize(read) if read.dtype == torch.uint8 else read
 
     def _decode(self, positions: Sequence[int] | range) -> list:
-        return self.images[[int(self.rows[p]) for p in positions]][self.image_column]
+        rows = [int(self.rows[p]) for p in positions]
+        try:
+            return self.images[rows][self.image_column]
+        except (OSError, SyntaxError, ValueError) as err:  # an image that decoded in prepare_data fails now
+            prepare.decode_all(self.images, np.asarray(rows), self.image_column, self.role)  # names file or row
+            raise DataError(f"cannot decode the {self.role} images of rows {rows[0]}..{rows[-1]}: {err}") from None
 
     def _decide_split(self) -> bool:
         """Check once, on the first images, that uint8 geometry + normalization equals the processor; open the cache."""

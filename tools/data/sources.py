@@ -96,7 +96,8 @@ def _imagefolder(path: Path, split: str | None, ref: str) -> Any:
         names = sorted({c.name for d in splits.values() for c in _subdirs(d)})  # same ids in every split
         classes = {name: splits[split] / name for name in names}
     names = sorted(classes)
-    images, labels = [], []
+    images: list[str] = []
+    labels: list[int] = []
     for index, name in enumerate(names):
         folder = classes[name]
         found = _images_in(folder) if folder.is_dir() else []

@@ -204,6 +204,7 @@ def _load_local(ref: str, path: Path, trust_remote_code: bool) -> LoadedModel:
 
 def _load_hub(ref: str, revision: str | None, trust_remote_code: bool) -> LoadedModel:
     """Load a hub id, from the local cache only when offline or when the hub cannot be reached."""
+    why: str | None
     if hub_offline():
         why = "offline mode is on (HF_HUB_OFFLINE)"
     else:

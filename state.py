@@ -74,6 +74,7 @@ class DatasetRef(_Ref):
     image_column: str | None = Field(default=None, description="Image column; detected when omitted.")
     label_column: str | None = Field(default=None, description="Label column; detected when omitted.")
     seed: int = Field(default=0, description="Seed for the subset and every random choice.")
+    allow_weak_eval: bool = Field(default=False, description="Run on data that cannot judge (one class, few images).")
 
 
 class Objective(_Strict):
@@ -198,6 +199,7 @@ class DataRef(_Strict):
     test_other_split: bool = Field(default=False, description="The test images come from another split.")
     calib_other_split: bool = Field(default=False, description="The calibration images come from another split.")
     subsets: str = Field(default="subsets.json", description="Row indices of every role, relative to the run.")
+    splits: dict[str, str | None] = Field(default_factory=dict, description="Role -> split (None: no splits).")
 
 
 class InputShape(_Strict):
@@ -219,23 +221,25 @@ class ProfileSummary(_Strict):
     """The compact profile kept in the state (the full one is profile.json)."""
 
     path: str = Field(default="profile.json", description="The full profile, relative to the run folder.")
-    totals: dict[str, int | float] = Field(default_factory=dict, description="params, macs, latency_ms, act_bytes.")
+    totals: dict[str, int | float | None] = Field(default_factory=dict, description="params, macs (None: unknown), ...")
     env: dict[str, Any] = Field(default_factory=dict, description="Device, threads, batch and input shape.")
     groups: dict[str, Any] = Field(default_factory=dict, description="Per prunable group: columns and rows.")
     operators: list[dict[str, Any]] = Field(default_factory=list, description="Top operators (torch.profiler).")
     top_latency: list[dict[str, Any]] = Field(default_factory=list, description="Layers by self time.")
     top_macs: list[dict[str, Any]] = Field(default_factory=list, description="Layers by MACs.")
+    error: str | None = Field(default=None, description="Why MACs are unknown (the counter failed on this model).")
 
 
 class GroupSensitivity(_Strict):
     """How far one prunable group, pruned alone, moves the predictions on the calibration images."""
 
-    kl: float = Field(description="Mean KL divergence from the unpruned model's predictions.")
-    agreement: float = Field(description="Percent of predictions unchanged.")
-    acc_drop: float = Field(description="Top-1 points lost on the calibration images.")
+    kl: float | None = Field(default=None, description="Mean KL divergence from the unpruned model's predictions.")
+    agreement: float | None = Field(default=None, description="Percent of predictions unchanged.")
+    acc_drop: float | None = Field(default=None, description="Top-1 points lost on the calibration images.")
     damage: float = Field(description="The probe's combined damage score (planners divide cost by it).")
-    units_removed: int = Field(description="Channels or heads the probe removed.")
+    units_removed: int = Field(default=0, description="Channels or heads the probe removed.")
     ratio: float = Field(description="Ratio the probe pruned at.")
+    error: str | None = Field(default=None, description="Why the probe could not prune it: an unprunable group.")
 
 
 class VariantRecord(_Strict):
@@ -279,9 +283,7 @@ class EvalRecord(_Strict):
     pruned_latency_batch_ms: float | None = Field(default=None, description="Batch-N latency of the fp32 pruned model.")
     quant_speedup: float | None = Field(default=None, description="Pruned fp32 over quantized latency, batch 1.")
     quant_speedup_batch: float | None = Field(default=None, description="Pruned fp32 over quantized latency, batch N.")
-    acc_delta_ci: list[float] | None = Field(
-        default=None, description="Paired bootstrap 95% interval of the accuracy change vs the baseline, pp."
-    )
+    acc_delta_ci: list[float] | None = Field(default=None, description="Paired bootstrap 95% CI of the change, pp.")
     accuracy_before_recovery: float | None = Field(default=None, description="Top-1 before recovery (fp32 pruned), %.")
     agreement_before_recovery: float | None = Field(default=None, description="Its agreement with the baseline, %.")
     variants: list[VariantRecord] = Field(default_factory=list, description="Every backend form, side by side.")

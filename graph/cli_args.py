@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--test-split", default=None, help="split the test images come from (default: see README)")
     run.add_argument("--calibration", type=int, default=None, help="sensitivity-probe images (default 64)")
     run.add_argument("--train-split", default=None, help="split recovery trains on (default: train, when there is one)")
+    run.add_argument(
+        "--allow-weak-eval",
+        action="store_true",
+        help="run on data that cannot judge a model (one class, too few images), with a warning",
+    )
     run.add_argument("--image-column", default=None)
     run.add_argument("--label-column", default=None)
     run.add_argument("--seed", type=int, default=None)
@@ -260,6 +265,8 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     objective: dict[str, Any] = {}
     for key in ("iterations", "planner", "ratio", "quantize", "select", "max_acc_drop", "target", "target_reduction"):
         _set(objective, key, getattr(args, key))
+    if getattr(args, "allow_weak_eval", False):
+        dataset["allow_weak_eval"] = True
     if getattr(args, "approve", False):
         objective["approve"] = True
     try:

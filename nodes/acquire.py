@@ -15,7 +15,8 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Load model and processor, check the dataset and its labels, and write the baseline artifact."""
     from profiling_agent.tools.compression.families import adapter_for
     from profiling_agent.tools.data.labels import map_labels, wnids_from_config
-    from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
+    from profiling_agent.tools.data.roles import check_classes
+    from profiling_agent.tools.data.sources import detect_columns, has_splits, label_names, load_split
     from profiling_agent.tools.models.artifacts import save_artifact
     from profiling_agent.tools.models.loading import load_model
 
@@ -29,6 +30,7 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     dataset = load_split(state.dataset.ref, state.dataset.split)
     image_col, label_col = detect_columns(dataset, state.dataset.image_column, state.dataset.label_column)
     names = label_names(dataset, label_col)
+    weak = check_classes(dataset, label_col, state.dataset.allow_weak_eval)  # one class: refused before any work
     id2label = {int(k): str(v) for k, v in (loaded.model.config.id2label or {}).items()}
     mapping = map_labels(names, id2label, model_wnids=wnids_from_config(loaded.model.config))
     saved = save_artifact(
@@ -38,10 +40,12 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         extra={"source": state.model.ref, "role": "baseline"},
     )
     labels = {**mapping, "image_column": image_col, "label_column": label_col, "dataset_label_names": names}
+    where = f"{state.dataset.ref}:{state.dataset.split}" if has_splits(state.dataset.ref) else state.dataset.ref
     message = (
         f"loaded {type(loaded.model).__name__} ({adapter.name} adapter) from {state.model.ref}; "
-        f"{len(dataset)} images in {state.dataset.ref}:{state.dataset.split}; labels mapped by {mapping['method']}"
+        f"{len(dataset)} images in {where}; labels mapped by {mapping['method']}"
         + (" (predictions restricted to the dataset's classes)" if mapping.get("restricted") else "")
+        + (f". {weak}" if weak else "")
         + (
             ""
             if adapter.safe

@@ -131,6 +131,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     full_profile = read_json(run_dir(state) / "profile.json")
     history = planner_history(state.candidates, state.baseline_eval, state.objective)
     groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
+    groups = [g for g in groups if not (sensitivity.get(g["name"]) or {}).get("error")]  # the probe could not prune
     result = plan_round(groups, costs, sensitivity, state.objective, history)
     backoff, search, predicted = None, None, None
     if not history and result.plan.pruning and not result.converged:  # round 1: never apply a collapsing plan

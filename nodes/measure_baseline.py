@@ -50,7 +50,7 @@ def measure_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         memory_bytes=state_bytes(model),
         size_mb=state.baseline.size_bytes / 1e6,
         params=state.baseline.params,
-        macs=int(state.profile.totals.get("macs", 0)) if state.profile else 0,
+        macs=int(state.profile.totals.get("macs") or 0) if state.profile else 0,
         threads=threads,
         device=device,
     )

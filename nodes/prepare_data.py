@@ -10,37 +10,21 @@ from profiling_agent.nodes.common import emit, event, load_artifact_model, run_d
 from profiling_agent.state import Context, State
 
 
-def _other_split(ref: str, split: str) -> Any | None:
-    from profiling_agent.tools.data.sources import load_split
-
-    try:
-        return load_split(ref, split)
-    except Exception:  # noqa: BLE001 - a dataset without that split simply has none
-        return None
-
-
 def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Prepare validation, test and calibration tensors at the resolved input shape; record every role's rows."""
-    from profiling_agent.tools.data.prepare import load_prepared
+    """Draw every role's rows (disjoint by construction), decode each image once, refuse data that cannot judge."""
+    from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES, load_prepared
     from profiling_agent.tools.data.prepare import prepare_data as prepare
-    from profiling_agent.tools.data.sources import load_split
+    from profiling_agent.tools.data.roles import check_judgeable, role_sources, subsets_record, weak_reasons
     from profiling_agent.tools.io import write_json_atomic
 
     assert state.labels is not None and state.input_shape is not None  # set by acquire and resolve_input_shape
     ds_ref = state.dataset
     loaded = load_artifact_model(state, state.baseline)
     emit(runtime, kind="progress", task="preparing data", done=0, total=1, label=ds_ref.ref)
-    dataset = load_split(ds_ref.ref, ds_ref.split)
-    test_split = ds_ref.test_split or ("test" if ds_ref.split == "validation" else None)
-    test_ds = None
-    if test_split and test_split != ds_ref.split:
-        test_ds = load_split(ds_ref.ref, test_split) if ds_ref.test_split else _other_split(ds_ref.ref, test_split)
-    here = ds_ref.subset + ds_ref.calibration + (ds_ref.test_subset if test_ds is None else 0)
-    # a small evaluated split: calibrate on the train split, so probe, selection and report never share images
-    calibration_ds = _other_split(ds_ref.ref, "train") if len(dataset) < here and ds_ref.split != "train" else None
+    sources = role_sources(ds_ref)
     root = run_dir(state)
     data = prepare(
-        dataset,
+        sources.evaluated,
         loaded.processor,
         state.input_shape.model_dump(),
         state.labels.model_dump(),
@@ -51,31 +35,25 @@ def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         out_path=root / "data.safetensors",
         image_column=state.labels.image_column,
         label_column=state.labels.label_column,
-        calibration_ds=calibration_ds,
-        test_ds=test_ds,
+        calibration_ds=sources.calibration,
+        test_ds=sources.test,
     )
     data["path"] = "data.safetensors"
-    rows = load_prepared(root / data["path"], with_indices=True, parts=("eval", "test", "calib"))
-    splits = {
-        "validation": ds_ref.split,
-        "test": test_split if data["test_other_split"] else ds_ref.split,
-        "calibration": "train" if data["calib_other_split"] else ds_ref.split,
-    }
-    write_json_atomic(
-        root / "subsets.json",
-        {
-            "dataset": ds_ref.ref,
-            "seed": ds_ref.seed,
-            **{
-                role: {"split": splits[role], "indices": rows[f"{part}_index"].tolist()}
-                for role, part in (("validation", "eval"), ("test", "test"), ("calibration", "calib"))
-            },
-        },
-    )
+    warnings = data.pop("warnings")
+    tensors = load_prepared(root / data["path"], with_indices=True, parts=PARTS)
+    rows = {ROLE_NAMES[p]: tensors[f"{p}_index"].numpy() for p in PARTS}
+    classes = {ROLE_NAMES[p]: len(set(tensors[f"{p}_labels"].tolist())) for p in PARTS}
+    counts = {role: len(r) for role, r in rows.items()}
+    wanted = {"validation": 1, "test": ds_ref.test_subset, "calibration": ds_ref.calibration}
+    weak = check_judgeable(weak_reasons(counts, classes, wanted), ds_ref.allow_weak_eval)
+    write_json_atomic(root / "subsets.json", subsets_record(ds_ref.ref, ds_ref.seed, sources, rows))
     emit(runtime, kind="progress", task="preparing data", done=1, total=1, label=ds_ref.ref)
+    where = {role: f" ({split})" if split else "" for role, split in sources.splits.items()}
     message = (
-        f"{data['n_eval']} validation ({splits['validation']}), {data['n_test']} held-out test ({splits['test']}) "
-        f"and {data['n_calib']} calibration images ({splits['calibration']}), disjoint"
-        + (f"; {data['note']}" if data["note"] else "")
+        f"{data['n_eval']} validation{where['validation']}, {data['n_test']} held-out test{where['test']} "
+        f"and {data['n_calib']} calibration images{where['calibration']}, disjoint rows"
+        + "".join(f"; {x}" for x in (sources.note, data["note"]) if x)
+        + "".join(f". WARNING: {w}" for w in warnings)
+        + (f". {weak}" if weak else "")
     )
-    return {"data": data, "history": event("prepare_data", message)}
+    return {"data": {**data, "splits": sources.splits}, "history": event("prepare_data", message)}

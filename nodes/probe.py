@@ -68,4 +68,7 @@ def probe_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     )
     if ctx.recover != "none":
         message += " (after reconstruction)"
+    unprunable = {name: r["error"] for name, r in rounded.items() if r.get("error")}
+    if unprunable:  # recorded facts: planners leave these groups out
+        message += f"; {len(unprunable)} unprunable: " + "; ".join(f"{n} ({why})" for n, why in unprunable.items())
     return {"sensitivity": rounded, "history": event("probe_sensitivity", message)}

@@ -24,6 +24,8 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     emit(runtime, kind="progress", task="profiling", done=0, total=1, label="baseline")
     full = planner_profile(loaded.model.to(device), shape, device=str(device))
     groups = full["groups"]
+    if full["totals"].get("macs") is None and state.objective.target == "macs":
+        raise ValueError(f"--target macs cannot be judged: this model's MACs cannot be counted ({full.get('error')})")
     backend_note = ""
     if ctx.backend != "torch" and device.type == "cpu":
         full["backend_profile"], backend_note = backend_profile(loaded.model, shape, groups, ctx.backend, full)
@@ -34,8 +36,9 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     summary["path"] = "profile.json"
     emit(runtime, kind="progress", task="profiling", done=1, total=1, label="baseline")
     totals = full.get("totals", {})
+    macs = f"{totals['macs']:,} MACs" if totals.get("macs") is not None else f"MACs unknown ({full.get('error')})"
     message = (
-        f"{totals.get('params', 0):,} params, {totals.get('macs', 0):,} MACs, "
+        f"{totals.get('params', 0):,} params, {macs}, "
         f"{totals.get('latency_ms', 0):.2f} ms batch-1 on {device}; {len(groups)} prunable groups"
     )
     return {"profile": summary, "history": event("profile", message + backend_note)}

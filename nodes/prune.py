@@ -45,7 +45,8 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
         current.status, current.error = "failed", f"pruning failed: {reason}"
         return {"current": current.model_dump(), "history": event("prune", f"candidate failed: {reason}", it)}
-    macs = int(static_profile(model, input_chw(state))["total_macs"])
+    counted = static_profile(model, input_chw(state))["total_macs"]
+    macs = None if counted is None else int(counted)  # None: MACs unknown (the counter cannot count this model)
     saved = save_artifact(
         model,
         iteration_dir(state, it) / "pruned",

@@ -71,7 +71,7 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     emit(runtime, kind="progress", task="held-out test images", done=len(models), total=len(models), label="")
     subsets = read_json(run_dir(state) / data.subsets)
     result = TestEval(
-        split=str(subsets["test"]["split"]),
+        split=subsets["test"]["split"] or "(none: the dataset has no splits)",
         n_samples=len(labels),
         device=device,
         baseline_accuracy=top1(preds["baseline"], labels),

@@ -64,8 +64,8 @@ def _by_number(names: Sequence[str], labels: dict[int, str]) -> dict[int, int] |
     model_nums = {i: _NUMERIC.match(label.strip()) for i, label in labels.items()}
     if not all(ds_nums) or not all(model_nums.values()) or len(names) != len(labels):
         return None
-    number_to_id = {int(m.group(1)): i for i, m in model_nums.items()}
-    wanted = [int(m.group(1)) for m in ds_nums]
+    number_to_id = {int(m.group(1)): i for i, m in model_nums.items() if m}
+    wanted = [int(m.group(1)) for m in ds_nums if m]
     if sorted(wanted) != sorted(number_to_id) or len(set(wanted)) != len(wanted):
         return None
     return {index: number_to_id[number] for index, number in enumerate(wanted)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -17,10 +18,14 @@ from profiling_agent.tools.data.preprocess import preprocess_images
 from profiling_agent.tools.data.sources import DataError, _label_indexer, _listing, detect_columns, label_names
 from profiling_agent.tools.data.subsets import draw_subsets
 from profiling_agent.tools.io import sha256_file, write_bytes_atomic
+from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
 CHECK = 8  # images of each role preprocessed by prepare_data to fail early on unusable images
 PARTS = ("eval", "test", "calib")  # validation (selects), held-out test (reports), calibration (probes)
+ROLE_NAMES = {"eval": "validation", "test": "test", "calib": "calibration"}
+DECODE_CHUNK = 256  # rows fetched at once when every image of a role is decoded once
+GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})  # one-channel PIL modes
 
 
 def _check_images(
@@ -30,6 +35,48 @@ def _check_images(
     if len(indices):
         images = ds.select_columns([image_column]).select(indices[:CHECK].tolist())[image_column]
         preprocess_images(images, processor, shape, notes)
+
+
+def _open_image(item: Mapping[str, Any]) -> Any:
+    """Open and fully decode one undecoded `datasets.Image` value ({"bytes", "path"})."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(item["bytes"])) if item.get("bytes") else Image.open(item["path"])
+    image.load()
+    return image
+
+
+def decode_all(ds: Any, indices: np.ndarray, image_column: str, role: str) -> int:
+    """Decode every image of a role once, so an unreadable one is named now (its file, or its row), not mid-run.
+
+    Args:
+        ds: The split the rows index.
+        indices: The role's rows.
+        image_column: Image column; columns that are not `datasets.Image` (arrays) are not checked here.
+        role: "validation", "test" or "calibration", for the message.
+
+    Returns:
+        How many of the images are grayscale (one channel, before any conversion).
+
+    Raises:
+        DataError: An image does not decode (truncated, corrupt, missing file): one line naming file and row.
+    """
+    from datasets import Image
+
+    if not len(indices) or not isinstance(ds.features[image_column], Image):
+        return 0
+    raw = ds.select_columns([image_column]).cast_column(image_column, Image(decode=False))
+    gray = 0
+    for start in range(0, len(indices), DECODE_CHUNK):
+        rows = indices[start : start + DECODE_CHUNK].tolist()
+        for row, item in zip(rows, raw.select(rows)[image_column], strict=True):
+            try:
+                with _open_image(item) as image:
+                    gray += image.mode in GRAY_MODES
+            except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError... for bad files
+                where = f"image {item['path']} (row {row})" if item.get("path") else f"the image of row {row}"
+                raise DataError(f"cannot decode {where} of the {role} images: {one_line(err)}") from None
+    return gray
 
 
 def raw_labels_digest(ds: Any, label_column: str, indices: np.ndarray) -> str:
@@ -75,7 +122,8 @@ def prepare_data(
     on, the test subset is held out for reporting, the calibration images feed the sensitivity probe. Labels
     are mapped to model class ids with `mapping`. No pixels are stored: `stream.open_prepared` decodes and
     preprocesses the images batch by batch from these rows, so the file stays small whatever the subset size
-    (a few images of each role are preprocessed here, so unusable images fail now, and conversions are noted).
+    (every image of each role is decoded once and a few preprocessed here, so an unreadable image is named now, not
+    mid-run, and conversions are noted).
 
     Args:
         ds: A `datasets.Dataset`: the evaluated split.
@@ -94,10 +142,11 @@ def prepare_data(
 
     Returns:
         {"path", "n_eval", "n_test", "n_calib", "image_column", "label_column", "label_names", "note", "shape",
-        "seed", "calib_overlaps_eval" (always False now), "test_other_split", "calib_other_split", "sha256"}.
+        "seed", "calib_overlaps_eval" (always False now), "test_other_split", "calib_other_split", "sha256",
+        "warnings" (what the console must say: grayscale images converted for an RGB model)}.
 
     Raises:
-        DataError: Empty split, unlabelled samples, unusable images or columns.
+        DataError: Empty split, unlabelled samples, an image that does not decode (named), unusable columns.
     """
     image_column, label_column = detect_columns(ds, image_column, label_column)
     n = len(ds)
@@ -119,6 +168,7 @@ def prepare_data(
     table = mapping_table(mapping)
     parts = {"eval": (ds, drawn.val), "test": (test_src, drawn.test), "calib": (calib_src, drawn.calib)}
     notes: set[str] = set()
+    gray = 0
     tensors: dict[str, torch.Tensor] = {}
     rows: dict[str, int] = {}
     digests: dict[str, str] = {}
@@ -127,7 +177,12 @@ def prepare_data(
         tensors[f"{name}_labels"] = _labels(src, idx, label_column, to_index, table)
         tensors[f"{name}_index"] = torch.from_numpy(idx.astype(np.int64))
         rows[name], digests[name] = len(src), raw_labels_digest(src, label_column, idx)
+        gray += decode_all(src, idx, image_column, ROLE_NAMES[name])
         _check_images(src, idx, image_column, processor, shape, notes)
+    warnings = []
+    if gray and int(shape["channels"]) == 3:
+        total = len(drawn.val) + len(drawn.test) + len(drawn.calib)
+        warnings.append(f"{gray} of {total} images are grayscale: converted to RGB for the 3-channel model")
     where = []
     if test_src is not ds:
         where.append(f"test images from another split ({len(drawn.test)} of {len(test_src)})")
@@ -160,6 +215,7 @@ def prepare_data(
         "test_other_split": test_src is not ds,
         "calib_other_split": calib_src is not ds,
         "sha256": sha256_file(out_path),
+        "warnings": warnings,
     }
 
 

@@ -50,6 +50,24 @@ def _pick_split(obj: Any, split: str | None, ref: str) -> Any:
     return obj[split]
 
 
+def has_splits(ref: str) -> bool:
+    """Return False when `ref` is one undivided dataset: a save_to_disk `Dataset` or an imagefolder of class folders.
+
+    Such a dataset reads the same rows whatever split is named, so every role must be drawn from it at once
+    (`roles.role_sources`). A DatasetDict, split folders, the embedded data set and hub datasets have splits.
+    """
+    ref = (ref or "").strip()
+    path = Path(ref).expanduser()
+    if ref.startswith("embedded:") or not path.is_dir():
+        return True
+    if (path / "dataset_dict.json").is_file():
+        return True
+    if any((path / name).is_file() for name in ("state.json", "dataset_info.json")):
+        return False
+    top = _subdirs(path)
+    return bool(top) and not any(_images_in(d) for d in top)
+
+
 def _images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
 
@@ -78,7 +96,8 @@ def _imagefolder(path: Path, split: str | None, ref: str) -> Any:
         names = sorted({c.name for d in splits.values() for c in _subdirs(d)})  # same ids in every split
         classes = {name: splits[split] / name for name in names}
     names = sorted(classes)
-    images, labels = [], []
+    images: list[str] = []
+    labels: list[int] = []
     for index, name in enumerate(names):
         folder = classes[name]
         found = _images_in(folder) if folder.is_dir() else []

@@ -130,7 +130,12 @@ class ImageStream:
         return self.preprocessing.normalize(read) if read.dtype == torch.uint8 else read
 
     def _decode(self, positions: Sequence[int] | range) -> list:
-        return self.images[[int(self.rows[p]) for p in positions]][self.image_column]
+        rows = [int(self.rows[p]) for p in positions]
+        try:
+            return self.images[rows][self.image_column]
+        except (OSError, SyntaxError, ValueError) as err:  # an image that decoded in prepare_data fails now
+            prepare.decode_all(self.images, np.asarray(rows), self.image_column, self.role)  # names file or row
+            raise DataError(f"cannot decode the {self.role} images of rows {rows[0]}..{rows[-1]}: {err}") from None
 
     def _decide_split(self) -> bool:
         """Check once, on the first images, that uint8 geometry + normalization equals the processor; open the cache."""
@@ -334,7 +339,7 @@ def open_run_data(
     with_indices: bool = False,
     data_file: str = "data.safetensors",
     image_column: str | None = None,
-    loader: Callable[[str, str], Any] = load_split,
+    loader: Callable[[str, str | None], Any] = load_split,
 ) -> dict[str, Any]:
     """Open a run's prepared roles from its folder: subsets.json names the dataset and each role's split.
 
@@ -356,10 +361,10 @@ def open_run_data(
         from profiling_agent.tools.models.artifact_load import load_processor
 
         processor = load_processor(run / "baseline")
-    loaded: dict[str, Any] = {}
+    loaded: dict[str | None, Any] = {}
     sources = {}
     for part in parts:
-        split = str(subsets[ROLES[part]]["split"])
+        split = subsets[ROLES[part]]["split"]  # None: a dataset without splits
         if split not in loaded:
             loaded[split] = loader(str(subsets["dataset"]), split)
         sources[part] = loaded[split]

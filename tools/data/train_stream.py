@@ -23,7 +23,7 @@ class TrainSource:
 
     Attributes:
         ds: The split (a `datasets.Dataset`, or anything with `select` and `__getitem__` by column).
-        split: Its name.
+        split: Its name (None: the dataset has no splits).
         rows: Row indices recovery may read, sorted; never a validation, test or calibration row of that split.
         excluded: How many rows of the split were left out, by role.
         image_column: Image column.
@@ -32,7 +32,7 @@ class TrainSource:
     """
 
     ds: Any
-    split: str
+    split: str | None
     rows: np.ndarray
     image_column: str
     label_column: str
@@ -46,12 +46,12 @@ def _same_data(a: Any, b: Any) -> bool:
     return a is b or (fa is not None and fa == fb)
 
 
-def usable_rows(n: int, split: str, roles: Mapping[str, Mapping[str, Any]]) -> tuple[np.ndarray, dict[str, int]]:
+def usable_rows(n: int, split: str | None, roles: Mapping[str, Mapping[str, Any]]) -> tuple[np.ndarray, dict[str, int]]:
     """Return the rows of an n-row split outside every role (validation, test, calibration) drawn from it.
 
     Args:
         n: Rows in the split.
-        split: The split's name.
+        split: The split's name (None: a dataset without splits, whose roles all record split None).
         roles: subsets.json's roles: {role: {"split": name, "indices": [...]}}.
     """
     mask = np.ones(n, dtype=bool)
@@ -73,7 +73,7 @@ def find_train_source(
     image_column: str,
     label_column: str,
     train_split: str | None = None,
-    loader: Callable[[str, str], Any] = load_split,
+    loader: Callable[[str, str | None], Any] = load_split,
 ) -> TrainSource | None:
     """Pick where recovery trains: `train_split`, else a `train` split, else the evaluated split's spare images.
 
@@ -90,6 +90,8 @@ def find_train_source(
         loader: Loads (ref, split) -> dataset; raises when the split does not exist.
     """
     roles = {k: v for k, v in subsets.items() if k in ("validation", "test", "calibration") and isinstance(v, Mapping)}
+    if subsets.get("has_splits") is False:  # one undivided dataset: every split name reads the same rows
+        return _spare_rows(loader(ref, None), None, roles, image_column, label_column)
     evaluated = loader(ref, evaluated_split)
     candidates: list[tuple[str, Any]] = []
     if train_split:
@@ -101,15 +103,25 @@ def find_train_source(
             pass
     candidates.append((evaluated_split, evaluated))
     for split, ds in candidates:
-        name = evaluated_split if _same_data(ds, evaluated) else split
-        rows, excluded = usable_rows(len(ds), name, roles)
-        if len(rows) >= MIN_TRAIN_IMAGES:
-            spare = " (images outside the validation, test and calibration subsets)" if excluded else ""
-            note = f"{len(rows)} images of split '{name}'{spare}"
-            return TrainSource(ds, name, rows, image_column, label_column, excluded, note)
-        if train_split:
-            break
+        found = _spare_rows(
+            ds, evaluated_split if _same_data(ds, evaluated) else split, roles, image_column, label_column
+        )
+        if found is not None or train_split:
+            return found
     return None
+
+
+def _spare_rows(
+    ds: Any, name: str | None, roles: Mapping[str, Mapping[str, Any]], image_column: str, label_column: str
+) -> TrainSource | None:
+    """Return the rows of `ds` (split `name`) no role drew, or None when fewer than MIN_TRAIN_IMAGES remain."""
+    rows, excluded = usable_rows(len(ds), name, roles)
+    if len(rows) < MIN_TRAIN_IMAGES:
+        return None
+    spare = " (images outside the validation, test and calibration subsets)" if excluded else ""
+    where = f"split '{name}'" if name is not None else "the dataset (it has no splits)"
+    note = f"{len(rows)} images of {where}{spare}"
+    return TrainSource(ds, name, rows, image_column, label_column, excluded, note)
 
 
 def batch_rows(rows: np.ndarray, step: int, batch: int, seed: int) -> np.ndarray:

@@ -96,7 +96,7 @@ def build_model(path: Path, recipe: Mapping[str, Any]) -> nn.Module:
 
 def _direct_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     """Return a module's own (non-recursive) parameters and buffers by local name."""
-    own = dict(module.named_parameters(recurse=False))
+    own: dict[str, torch.Tensor] = dict(module.named_parameters(recurse=False))
     own.update((n, b) for n, b in module.named_buffers(recurse=False) if b is not None)
     return own
 
@@ -193,7 +193,8 @@ def _split_weights(
     tensors: Mapping[str, torch.Tensor], quantized: Mapping[str, Any]
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Split stored tensors into plain state-dict entries and quantized Linears' entries."""
-    plain, packed = {}, {}
+    plain: dict[str, torch.Tensor] = {}
+    packed: dict[str, torch.Tensor] = {}
     for key, tensor in tensors.items():
         (packed if _is_under(key, quantized) else plain)[key] = tensor
     return plain, packed
@@ -231,7 +232,7 @@ def restore_quantized(model: nn.Module, packed: Mapping[str, torch.Tensor], sche
             module = model.get_submodule(name)
             if not isinstance(module, dynamic_linear_type()):
                 raise ArtifactError(f"recorded quantized module {name!r} is not an nn.Linear in the rebuilt model")
-            module.set_weight_bias(_stored_weight(name, packed, scheme), packed.get(f"{name}.bias"))
+            module.set_weight_bias(_stored_weight(name, packed, scheme), packed.get(f"{name}.bias"))  # type: ignore[operator]
 
 
 def _stored_weight(name: str, packed: Mapping[str, torch.Tensor], scheme: Mapping[str, Any]) -> torch.Tensor:

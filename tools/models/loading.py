@@ -100,11 +100,32 @@ def _load_transformers(ref: str, source: str, *, trust_remote_code: bool, **kwar
             model, info = AutoModelForImageClassification.from_pretrained(
                 source, config=config, trust_remote_code=trust_remote_code, output_loading_info=True, **kwargs
             )
-    except (OSError, ValueError, RuntimeError, KeyError) as err:
-        raise ModelLoadError(f"cannot load the weights of {ref}: {one_line(err)}") from None
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 - safetensors, torch and transformers each raise their own types
+        raise ModelLoadError(f"cannot load the weights {weights_named(source, ref)}: {one_line(err)}") from None
     _check_missing(ref, model, list(info.get("missing_keys") or []))
     model.eval()
     return model, _load_processor(source, trust_remote_code=trust_remote_code, **kwargs)
+
+
+def weights_named(source: str, ref: str) -> str:
+    """Name the weights file a failed load came from: the first unreadable safetensors file of a local folder.
+
+    Returns "<file> (corrupt or truncated)" when one does not open, "of <ref>" otherwise (a hub id, a .bin file).
+    """
+    folder = Path(source)
+    if not folder.is_dir():
+        return f"of {ref}"
+    from safetensors import safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                handle.keys()
+        except Exception:  # noqa: BLE001 - safetensors' own error type: a bad header or a short file
+            return f"{file} (corrupt or truncated)"
+    return f"of {ref}"
 
 
 def _head_names(model: nn.Module) -> list[str]:
@@ -183,6 +204,7 @@ def _load_local(ref: str, path: Path, trust_remote_code: bool) -> LoadedModel:
 
 def _load_hub(ref: str, revision: str | None, trust_remote_code: bool) -> LoadedModel:
     """Load a hub id, from the local cache only when offline or when the hub cannot be reached."""
+    why: str | None
     if hub_offline():
         why = "offline mode is on (HF_HUB_OFFLINE)"
     else:

@@ -14,8 +14,13 @@ from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.models.forward import batched_logits
+from profiling_agent.tools.text import one_line
 
 log = logging.getLogger(__name__)
+
+
+class UnprunableGroup(Exception):
+    """The probe could not prune a group (recorded as the group's `error`, never raised to callers)."""
 
 
 def _restrict(logits: torch.Tensor, allowed_ids: list[int] | None) -> torch.Tensor:
@@ -70,8 +75,11 @@ def probe_sensitivity(
             recovers well looks less sensitive and gets pruned harder.
 
     Returns:
-        Per group name: `damage` (KL divergence of the probed model's predictions from the baseline's, plus
-        the fraction of changed predictions), `kl`, `agreement`, `acc_drop`, `units_removed`, `ratio`.
+        Per group name, the fields of `state.GroupSensitivity`: `damage` (KL divergence of the probed model's
+        predictions from the baseline's, plus the fraction of changed predictions), `kl`, `agreement`, `acc_drop`
+        (with labels), `units_removed`, `ratio`. A group the probe cannot prune (the engine fails on it, or it
+        removes no unit) is unprunable: `error` says why, its damage is ten times the largest measured one
+        (JSON stays finite) and kl/agreement/acc_drop are None, as nothing was measured.
     """
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.recovery.reconstruct import reconstruct
@@ -86,14 +94,19 @@ def probe_sensitivity(
         try:
             report = prune_model(trial, [entry], example, seed=seed)
             removed = sum(a["units_before"] - a["units_after"] for a in report.applied if a["group"] == group.name)
+            if not removed:
+                raise UnprunableGroup(f"pruning at ratio {probe:.2f} removes none of its {group.units} units")
             if recover:
                 reconstruct(model, trial, pixels, report.applied, seed=seed)
             stats = compare_logits(reference, _restrict(batched_logits(trial, pixels, batch_size), allowed_ids), labels)
             damage = stats["kl"] + (100.0 - stats["agreement"]) / 100.0
             results[group.name] = {**stats, "damage": damage, "units_removed": removed, "ratio": round(probe, 4)}
-        except Exception as exc:  # a group the engine cannot prune is maximally sensitive, not fatal
-            log.warning("sensitivity probe failed for %s: %s", group.name, exc)
-            results[group.name] = {"damage": float("inf"), "error": str(exc)[:300], "ratio": round(probe, 4)}
+        except Exception as exc:  # noqa: BLE001 - a group the engine cannot prune is a recorded fact, not fatal
+            reason = (
+                one_line(exc)[:300] if isinstance(exc, UnprunableGroup) else f"{type(exc).__name__}: {one_line(exc)}"
+            )
+            log.warning("sensitivity probe cannot prune %s: %s", group.name, reason)
+            results[group.name] = {"damage": float("inf"), "error": reason[:300], "ratio": round(probe, 4)}
         finally:
             del trial
         if progress:

@@ -98,16 +98,26 @@ def protocol(state: dict[str, Any]) -> dict[str, Any]:
     """Say which images did what: validation selects, test reports, calibration probes (all disjoint)."""
     data, test = state.get("data") or {}, state.get("test_eval") or {}
     split = (state.get("dataset") or {}).get("split")
+    splits = data.get("splits") or {  # older runs: what prepare_data's flags said
+        "validation": split,
+        "test": test.get("split") or split,
+        "calibration": "train" if data.get("calib_other_split") else split,
+    }
     return {
-        "validation": {"split": split, "images": data.get("n_eval"), "used_for": "planning and selection"},
+        "has_splits": splits.get("validation") is not None,
+        "validation": {
+            "split": splits["validation"],
+            "images": data.get("n_eval"),
+            "used_for": "planning and selection",
+        },
         "test": {
-            "split": test.get("split") or split,
+            "split": splits["test"],
             "images": data.get("n_test"),
             "device": test.get("device"),
             "used_for": "reporting the baseline and the delivered model only",
         },
         "calibration": {
-            "split": "train" if data.get("calib_other_split") else split,
+            "split": splits["calibration"],
             "images": data.get("n_calib"),
             "used_for": "the sensitivity probe and the LLM's evaluate_plan tool",
         },

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -381,9 +382,12 @@ def probe_sensitivity_fast(
                     watch[rel] = _Stats(block.get_submodule(rel), seed + i, config)
             nxt = _block_pass(block, hidden, watch if recover else {}, config.batch_size, args, kwargs)
             for g in mine:
-                results[g.name] = _probe_one(
+                row = _probe_one(
                     g, block, block_name, index, hidden, watch, runner, reference, labels, ratio, recover, config
                 )
+                if row is None:  # the full probe below measures it, or records why it cannot be pruned
+                    continue
+                results[g.name] = row
                 done += 1
                 if progress:
                     progress(done, len(groups), g.name)
@@ -398,6 +402,12 @@ def probe_sensitivity_fast(
             done += 1
             if progress:
                 progress(done, len(groups), g.name)
+    masked = [g for g in groups if results[g.name].get("fast")]
+    for name, reason in engine_failures(model, masked, ratio, pixels[:1], seed).items():
+        results[name] = {"damage": float("inf"), "error": reason[:300], "ratio": results[name]["ratio"], "fast": True}
+    for r in results.values():  # the full probe capped its own errors among its own rows: cap them among all
+        if r.get("error"):
+            r["damage"] = float("inf")
     finite = [r["damage"] for r in results.values() if r["damage"] != float("inf")]
     cap = 10.0 * max(finite) if finite else 1.0
     for r in results.values():
@@ -405,6 +415,34 @@ def probe_sensitivity_fast(
             r["damage"] = cap
     log.info("fast probe: %d groups in %.1f CPU-s", len(groups), time.process_time() - started)
     return {g.name: results[g.name] for g in groups}
+
+
+def engine_failures(
+    model: nn.Module, groups: list[PrunableGroup], ratio: float, example: torch.Tensor, seed: int = 0
+) -> dict[str, str]:
+    """Return {group: reason} for the groups the pruning engine refuses at the probe ratio.
+
+    Masking channels never asks the engine, so the block-local probe would rate a group the engine cannot prune
+    (one coupled to a protected module, say) like any other. One copy of the model pruned at every group's probe
+    ratio finds out in one dependency-graph build; only when that fails is each group tried alone.
+    """
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.text import one_line
+
+    def entry(group: PrunableGroup) -> dict[str, Any]:
+        probe = max(ratio, min(0.99, (1.0 + 1e-6) / max(group.units, 1)))
+        return {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe}
+
+    def refused(chosen: list[PrunableGroup]) -> str | None:
+        try:
+            prune_model(copy.deepcopy(model), [entry(g) for g in chosen], example, seed=seed)
+        except Exception as exc:  # noqa: BLE001 - the reason is recorded as the group's fact
+            return f"{type(exc).__name__}: {one_line(exc)}"
+        return None
+
+    if not groups or refused(groups) is None:
+        return {}
+    return {g.name: reason for g in groups if (reason := refused([g])) is not None}
 
 
 def _probe_one(
@@ -420,11 +458,16 @@ def _probe_one(
     ratio: float,
     recover: bool,
     config: FastProbeConfig,
-) -> dict[str, Any]:
-    """Mask (and refit) one group on a copy of its block and measure the damage from that block onward."""
+) -> dict[str, Any] | None:
+    """Mask (and refit) one group on a copy of its block and measure the damage from that block onward.
+
+    Returns None when the block-local probe cannot handle the group; the caller then runs the full probe on it.
+    """
     probe = max(ratio, min(0.99, (1.0 + 1e-6) / max(group.units, 1)))
     try:
         n_remove = removed_units(group.units, group.min_units, probe)
+        if not n_remove:
+            return None
         units = select_units(runner.model, group, n_remove, "l2")
         channels = _channels(group, units)
         trial = copy.deepcopy(block)
@@ -445,9 +488,9 @@ def _probe_one(
         if errors:
             row["refit_error"] = round(max(errors), 6)
         return row
-    except Exception as exc:  # a group that cannot be probed is maximally sensitive, not fatal
-        log.warning("fast sensitivity probe failed for %s: %s", group.name, exc)
-        return {"damage": float("inf"), "error": str(exc)[:300], "ratio": round(probe, 4), "fast": True}
+    except Exception as exc:  # noqa: BLE001 - the full probe decides whether the group is unprunable
+        log.info("fast sensitivity probe cannot handle %s (%s): full probe", group.name, exc)
+        return None
 
 
 def _restrict_like(reference: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -133,6 +133,8 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     fallbacks: list[dict[str, Any]] = []
     llm_info: dict[str, Any] | None = None
     turn = None if mode != "llm" else "reference" if reference_due(state.candidates) else "llm"
+    if turn == "llm" and result.converged:  # the deterministic sequence is over: the run stops, nothing to pair
+        turn = "reference"
     if turn == "llm":
         from profiling_agent.tools.planning.llm_planner import plan_with_llm
 

@@ -112,7 +112,7 @@ def test_a_sensible_server_plans_every_round_beside_the_deterministic_sequence(t
         chat_completion(json.dumps(PLAN_BIG)),
         chat_completion("Here it is:\n```json\n" + json.dumps(PLAN2) + "\n```"),
     ]
-    with ScriptedOpenAIServer(script) as server:
+    with ScriptedOpenAIServer(script, lifetime=1800) as server:
         base_url = server.base_url
         monkeypatch.setenv("OPENAI_BASE_URL", base_url)
         code, run, result = _run(
@@ -201,7 +201,7 @@ def test_explicit_llm_that_is_never_reached_stops_with_one_line(tmp_path, assets
 
 def test_explicit_llm_answering_garbage_fails_with_one_line_and_auto_falls_back(tmp_path, assets, capsys, monkeypatch):
     garbage = [(200, {"not": "a chat completion"})] * 8
-    with ScriptedOpenAIServer(garbage) as server:
+    with ScriptedOpenAIServer(garbage, lifetime=1800) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         code, _, _ = _run(tmp_path / "llm", assets, "--planner", "llm", "--iterations", "1", "--llm-timeout", "5")
     err = capsys.readouterr().err
@@ -209,7 +209,7 @@ def test_explicit_llm_answering_garbage_fails_with_one_line_and_auto_falls_back(
     (line,) = [x for x in err.splitlines() if x.startswith("profiling-agent:")]
     assert "LLMUnreachable: --planner llm: the LLM gpt-4o at" in line and "never gave a usable reply" in line
     assert "structured output" not in err
-    with ScriptedOpenAIServer(garbage) as server:
+    with ScriptedOpenAIServer(garbage, lifetime=1800) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         code, _, result = _run(tmp_path / "auto", assets, "--planner", "auto", "--iterations", "1")
     err = capsys.readouterr().err
@@ -255,7 +255,7 @@ def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, mo
     ]
     script = [chat_completion(text) for text in round1] + [chat_completion(tool_calls=calls)]
     script += [chat_completion(text) for text in round2]
-    with ScriptedOpenAIServer(script) as server:
+    with ScriptedOpenAIServer(script, lifetime=1800) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         code, run, result = _run(
             tmp_path,
@@ -318,7 +318,7 @@ def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, mo
 
 def test_b_a_server_that_never_answers_falls_back_quickly(tmp_path, assets, capsys, monkeypatch):
     script = [("sleep", 30, chat_completion(json.dumps(PLAN1)))] * 4
-    with ScriptedOpenAIServer(script) as server:
+    with ScriptedOpenAIServer(script, lifetime=1800) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         code, run, result = _run(tmp_path, assets, "--planner", "auto", "--iterations", "1", "--llm-timeout", "0.5")
         # the run finished while every request was still asleep: it never waited out a 30 s reply

@@ -257,6 +257,7 @@ def test_paired_rounds_follow_the_deterministic_sequence_and_stop_when_it_would(
     ("fallback", "kind"),
     [
         ({"stage": "error", "reason": "APIConnectionError: Connection error."}, ValueError),
+        ({"stage": "error", "reason": "OpenAIConnectionError: Connection error."}, ValueError),
         ({"stage": "error", "reason": "AuthenticationError: Error code: 401 - {'error': 'bad key'}"}, ValueError),
         ({"stage": "error", "reason": "NotFoundError: Error code: 404 - model nope"}, ValueError),
         ({"stage": "timeout", "reason": "no reply within 1.0 s"}, LLMUnreachable),

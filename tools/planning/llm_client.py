@@ -229,7 +229,7 @@ class LLMUnreachable(RuntimeError):
     """`--planner llm` was asked for explicitly and the endpoint never answered (a fault of the machine or server)."""
 
 
-CONFIG_FAULTS = ("APIConnectionError", "ConnectError", "Connection refused", "AuthenticationError", "NotFoundError")
+CONFIG_FAULTS = ("ConnectionError", "ConnectError", "Connection refused", "AuthenticationError", "NotFoundError")
 CONFIG_STATUS = re.compile(r"Error code: (401|403|404)\b")
 
 

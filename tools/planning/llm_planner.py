@@ -157,7 +157,9 @@ def plan_with_llm(
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         info = {"model": state.model.ref, "family": state.family}
         propose_fn = _proposer(state, profile, sensitivity, fallback, proposals)
-        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, guard, propose_fn)
+        # the tools check and measure any plan: the first plan's floor applies to the final answer only
+        tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
+        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
         messages = render_messages(state, ctx, profile, sensitivity, iteration, guard)
         for message in messages:
             transcript.write("prompt", role=message.type, content=message_text(message))

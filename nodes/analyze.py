@@ -156,7 +156,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         goal = float(outcome.estimate.get(estimate_key(state.objective.target), goal) or goal)
     meta: dict[str, Any] = {"goal": goal, "gamma": result.gamma, "converged": result.converged}
     if backoff is not None:
-        meta["backoff"] = {"cap_pp": backoff.cap, "kept_goal": round(backoff.goal, 4), "trials": backoff.trials}
+        meta["backoff"] = {"cap_pp": backoff.cap, "kept_goal": backoff.goal, "trials": backoff.trials}
     if llm_info:
         meta["llm"] = llm_info
     if turn:

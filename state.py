@@ -298,6 +298,8 @@ class PlannerMeta(_Strict):
     gamma: float | None = Field(default=None, description="Sensitivity exponent of the deterministic planner.")
     converged: bool = Field(default=False, description="The deterministic planner had nothing new to try.")
     llm: dict[str, Any] | None = Field(default=None, description="The LLM step's facts (model, usage, transcript).")
+    vs_proposal: dict[str, Any] | None = Field(default=None, description="LLM plan vs proposal: a ProposalDiff.")
+    turn: str | None = Field(default=None, description="With an LLM: llm, or reference (the deterministic sequence).")
     baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
     ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
     backoff: dict[str, Any] | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")

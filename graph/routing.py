@@ -31,6 +31,8 @@ def after_quantize(state: State) -> Literal["evaluate", "iterate"]:
 
 def after_iterate(state: State) -> Literal["analyze", "test_best"]:
     """Loop back to planning until a stop reason is set or the iteration bound is reached, whatever any planner says."""
-    if state.stop_reason or state.iteration >= state.objective.iterations:
+    from profiling_agent.tools.planning.paired import round_bound
+
+    if state.stop_reason or state.iteration >= round_bound(state.objective, state.candidates):
         return "test_best"
     return "analyze"

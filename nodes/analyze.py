@@ -17,6 +17,8 @@ from profiling_agent.nodes.common import (
 )
 from profiling_agent.state import CompressionPlan, Context, State
 from profiling_agent.tools.planning.backoff import Backoff
+from profiling_agent.tools.planning.llm_client import llm_console_note, llm_replied, never_reached
+from profiling_agent.tools.planning.paired import deterministic_sequence, reference_due
 
 
 def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None):
@@ -87,6 +89,15 @@ def predicted_loss(trials: list[dict[str, Any]], goal: float, key: str) -> float
     return None
 
 
+def earlier_backoff(state: State) -> Backoff | None:
+    """Return round 1's back-off when an earlier candidate already ran it (a paired run's reference turn)."""
+    for cand in state.candidates:
+        found = cand.planner_meta.backoff
+        if found:
+            return Backoff(goal=float(found["kept_goal"]), cap=float(found["cap_pp"]), trials=list(found["trials"]))
+    return None
+
+
 def baseline_round(state: State, iteration: int) -> dict[str, Any]:
     """Plan a uniform l1/l2/random baseline: no sensitivity probe; the plan never changes, so one round is enough."""
     from profiling_agent.tools.compression.baselines import uniform_plan
@@ -129,13 +140,17 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     update: dict[str, Any] = {"iteration": iteration, "current": None}
     sensitivity = {name: s.model_dump() for name, s in (state.sensitivity or {}).items()}
     full_profile = read_json(run_dir(state) / "profile.json")
-    history = planner_history(state.candidates, state.baseline_eval, state.objective)
+    # with an LLM the deterministic planner follows its own sequence (tools/planning/paired.py)
+    own = deterministic_sequence(state.candidates) if mode == "llm" else list(state.candidates)
+    history = planner_history(own, state.baseline_eval, state.objective)
     groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
     groups = [g for g in groups if not (sensitivity.get(g["name"]) or {}).get("error")]  # the probe could not prune
     result = plan_round(groups, costs, sensitivity, state.objective, history)
     backoff, search, predicted = None, None, None
     if not history and result.plan.pruning and not result.converged:  # round 1: never apply a collapsing plan
-        backoff = first_round_backoff(state, ctx, result.target_estimate, groups, costs, sensitivity)
+        backoff = earlier_backoff(state) or first_round_backoff(
+            state, ctx, result.target_estimate, groups, costs, sensitivity
+        )
         if backoff.backed_off:
             result = plan_round(groups, costs, sensitivity, state.objective, history, goal=backoff.goal)
         predicted = predicted_loss(backoff.trials, backoff.goal, "calib_drop_pp")
@@ -152,7 +167,10 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     planner_used = result.planner
     fallbacks: list[dict[str, Any]] = []
     llm_info: dict[str, Any] | None = None
-    if mode == "llm":
+    turn = None if mode != "llm" else "reference" if reference_due(state.candidates) else "llm"
+    if turn == "llm" and result.converged:  # the deterministic sequence is over: the run stops, nothing to pair
+        turn = "reference"
+    if turn == "llm":
         from profiling_agent.tools.planning.llm_planner import plan_with_llm
 
         this_round = state.model_copy(update={"iteration": iteration})
@@ -161,6 +179,8 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         )
         plan, planner_used, fallbacks = outcome.plan, outcome.planner, outcome.fallbacks
         llm_info = outcome.summary(ctx.llm_model)
+        if requested == "llm" and planner_used != "llm" and not outcome.usage["calls"] and not llm_replied(state):
+            raise never_reached(fallbacks[0] if fallbacks else {}, ctx)  # explicit llm, endpoint never answered
     plan_dict = plan.model_dump()
     write_json_atomic(
         iteration_dir(state, iteration) / "plan.json",
@@ -175,9 +195,13 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if search is not None:
         meta["search"] = search.to_dict()
     if backoff is not None:
-        meta["backoff"] = {"cap_pp": backoff.cap, "kept_goal": round(backoff.goal, 4), "trials": backoff.trials}
+        meta["backoff"] = {"cap_pp": backoff.cap, "kept_goal": backoff.goal, "trials": backoff.trials}
     if llm_info:
         meta["llm"] = llm_info
+    if turn:
+        meta["turn"] = turn
+    if planner_used == "llm" and outcome.vs_proposal is not None:
+        meta["vs_proposal"] = outcome.vs_proposal.model_dump()
     update.update(
         {
             "plan": plan_dict,
@@ -186,9 +210,13 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             "fallbacks": [{**f, "iteration": iteration} for f in fallbacks],
         }
     )
-    if result.converged and planner_used == "deterministic":
+    if result.converged and (planner_used == "deterministic" or turn):
         update["stop_reason"] = f"planner converged before iteration {iteration}: {result.notes[0]}"
     message = f"{planner_used} plan: {len(plan.pruning)} pruning and {len(plan.quantization)} quantization entries"
+    if turn == "reference":
+        message = f"reference round: the deterministic planner's own next plan, measured beside the LLM's; {message}"
+    elif planner_used == "llm" and outcome.vs_proposal is not None:
+        message += f" ({outcome.vs_proposal.label()} vs the deterministic proposal)"
     if backoff is not None and backoff.backed_off:
         first = backoff.trials[0]
         message += (
@@ -200,12 +228,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     for f in fallbacks:
         message = f"LLM plan refused ({f['stage']}: {f['reason'][:160]}); {message}"
     if llm_info:
-        u = llm_info["usage"]
-        structured = (llm_info.get("structured") or {}).get("mode", "off")
-        message += (
-            f" [LLM: {u['calls']} calls, {u['total_tokens']} tokens, structured output {structured}; "
-            f"transcript {llm_info['transcript']}]"
-        )
+        message += " " + llm_console_note(llm_info)
     update["history"] = event(
         "analyze",
         message,

@@ -56,6 +56,7 @@ def latency_check(cand: dict[str, Any], base: dict[str, Any] | None, target: str
 def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Append this iteration's candidate, re-select the best by the objective's rule, set the stop reason."""
     from profiling_agent.tools.evaluation.selection import objective_met, quantization_cost_speed, select_best
+    from profiling_agent.tools.planning.paired import is_paired, paired_stop
 
     cand = finished_candidate(state).model_dump()
     candidates = [*(c.model_dump() for c in state.candidates), cand]
@@ -63,7 +64,10 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     base = state.baseline_eval.model_dump() if state.baseline_eval else None
     best = select_best(candidates, base, objective) if base else None
     stop = ""
-    if objective_met(best, base, objective) and quantization_cost_speed(best, candidates, objective):
+    finished = [*state.candidates, Candidate.model_validate(cand)]
+    if is_paired(finished):  # an LLM run: it stops when the deterministic sequence would (tools/planning/paired.py)
+        stop, _ = paired_stop(finished, base, objective)
+    elif objective_met(best, base, objective) and quantization_cost_speed(best, candidates, objective):
         if state.iteration < objective.iterations:
             note = (
                 "objective met, but dynamic quantization made the best model slower than the baseline "
@@ -76,7 +80,9 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
                 "current": None,
                 "history": event("iterate", f"candidate {state.iteration} recorded; {note}", state.iteration),
             }
-    if objective_met(best, base, objective):
+    if is_paired(finished):
+        pass
+    elif objective_met(best, base, objective):
         stop = (
             f"objective met at iteration {best['iteration']}: {best['reduction']:.1%} {objective.target} reduction "
             f"with {best['accuracy_drop']:.2f} pp accuracy drop (budget {objective.max_acc_drop} pp)"

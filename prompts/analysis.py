@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from profiling_agent.state import Objective
-from profiling_agent.tools.planning.plan_guard import GuardConfig
+from profiling_agent.state import MAX_REGEX_LEN, Objective
+from profiling_agent.tools.planning.plan_example import example_plan_json
 from profiling_agent.tools.text import human
 
 # The plan format of the paper's Figure 4 (plus a whole-plan rationale and exact group names as an alternative
@@ -27,8 +26,18 @@ PLAN_SCHEMA = """{
   "rationale": "<one paragraph on the plan as a whole>"
 }"""
 
+# The guard's bounds quoted in the rules when the caller passes none (GuardConfig's defaults; a test keeps them equal).
+DEFAULT_BOUNDS: dict[str, Any] = {
+    "min_ratio": 0.01,
+    "max_ratio_structured": 0.8,
+    "max_ratio_head": 0.75,
+    "max_predicted_param_reduction": 0.9,
+    "max_regex_len": MAX_REGEX_LEN,
+}
+
 # Placeholders: {min_ratio}, {max_structured}, {max_head}, {max_reduction} (GuardConfig bounds),
-# {max_regex_len}, {tool_rounds} (Context.llm_tool_rounds), {schema} (PLAN_SCHEMA).
+# {max_regex_len}, {tool_rounds} (Context.llm_tool_rounds), {schema} (PLAN_SCHEMA), {example} (the format
+# example: a made-up model's groups, tools/planning/plan_example.py).
 ANALYSIS_SYSTEM = """You are the Analysis Agent of ProfilingAgent. It compresses a Hugging Face image \
 classifier by structured pruning and post-training dynamic quantization. You read a profile (parameters, MACs \
 and measured latency per layer and per prunable group) and a sensitivity probe, and you propose a layer-wise \
@@ -45,18 +54,23 @@ Linear). Convolutions are never quantized.
 
 Rules (a guard checks every plan and sends back the reasons when it rejects one):
 - Use group and module names from the tables only; a group's "type" is its kind in the table. Anchor and \
-escape regexes, e.g. ^vit\\.layers\\.(0|1|2)\\.mlp\\.fc1$, and inside JSON write each backslash twice \
-("^vit\\\\.layers"), as in the example plan below the tables.
+escape regexes, e.g. ^encoder\\.(0|1|2)\\.ffn$, and inside JSON write each backslash twice \
+("^encoder\\\\.(0|1)"); exact names in "groups" need no escaping.
 - Never match a protected module (classifier, embeddings, norms, residual outputs...).
 - ratio from {min_ratio} to {max_structured} for "structured", up to {max_head} for "head"; the predicted \
 parameter reduction must stay at or below {max_reduction:.0%}.
 - No nested quantifiers like (a+)+, no backreferences, at most {max_regex_len} characters per regex.
 - Prune groups with a large cost share and a low probe damage harder; spare the most sensitive groups.
 
-You may call the tools (at most {tool_rounds} rounds) to check which groups a regex selects and what a plan \
-would remove before you answer. Your final message must be exactly one JSON object in this format, with no \
-code and no comments:
-{schema}"""
+You may call the tools (at most {tool_rounds} rounds): propose_plan(goal, emphasis) returns the deterministic \
+planner's plan at a goal as a starting point that you may accept, edit (ratios, groups, quantization) or \
+replace; estimate_plan and match_layers check a plan before you answer. The run records what you changed \
+relative to the proposal. Your final message must be exactly one JSON object in this format, with no code and \
+no comments:
+{schema}
+
+The format on a DIFFERENT, made-up model (its group names do not exist in this model; a copy is refused):
+{example}"""
 
 # Placeholders: {profile_block} (model, totals, top layers, group table, regex families, protected modules),
 # {objective_block} (target, target_reduction, max_acc_drop, quantization choice), {task} (what to do now).
@@ -67,8 +81,9 @@ ANALYSIS_USER = """{profile_block}
 {task}"""
 
 ANALYSIS_TASK = (
-    "Propose the first plan. Aim straight at the target reduction, concentrating pruning where cost is high and "
-    "damage is low. Answer with the JSON plan only."
+    "Propose the first plan. Aim straight at the target reduction (a plan predicted to remove less than half of it "
+    "is sent back), concentrating pruning where cost is high and damage is low. For a starting point call "
+    "propose_plan with the objective's reduction as goal. Answer with the JSON plan only."
 )
 
 MAX_GROUP_ROWS = 64  # groups listed in the prompt; the match_layers tool covers the rest
@@ -240,27 +255,8 @@ def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_in
             f"{group_table(groups, profile.get('group_costs') or {}, sensitivity)}",
             f"Regexes that select whole families of groups:\n{regex_help(groups, protected)}",
             protected_line(protected),
-            f"A valid plan for this model (an example of the format, not a recommendation):\n"
-            f"{example_plan(groups, protected)}",
         ]
     )
-
-
-def example_plan(groups: list[dict[str, Any]], protected: list[str]) -> str:
-    """Return a short valid plan for this model as JSON: exact group names, and one correctly escaped regex."""
-    structured = [g["name"] for g in groups if g["kind"] == "structured"][:2]
-    pruning: list[dict[str, Any]] = []
-    if structured:
-        pruning.append({"groups": structured, "type": "structured", "ratio": 0.3, "justification": "..."})
-    family = next((f for f in regex_families(groups, protected) if f["kind"] == "head"), None)
-    if family is not None:
-        pruning.append({"layer": family["regex"], "type": "head", "ratio": 0.25, "justification": "..."})
-    plan = {
-        "pruning": pruning,
-        "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8", "justification": "..."}],
-        "rationale": "...",
-    }
-    return json.dumps(plan)
 
 
 def objective_block(objective: Objective) -> str:
@@ -276,16 +272,18 @@ def objective_block(objective: Objective) -> str:
     )
 
 
-def system_prompt(guard: GuardConfig, tool_rounds: int) -> str:
-    """Fill ANALYSIS_SYSTEM from the guard's bounds."""
+def system_prompt(bounds: dict[str, Any] | None, tool_rounds: int) -> str:
+    """Fill ANALYSIS_SYSTEM from the guard's bounds (GuardConfig's fields by name; DEFAULT_BOUNDS when None)."""
+    b = {**DEFAULT_BOUNDS, **(bounds or {})}
     return ANALYSIS_SYSTEM.format(
-        min_ratio=guard.min_ratio,
-        max_structured=guard.max_ratio_structured,
-        max_head=guard.max_ratio_head,
-        max_reduction=guard.max_predicted_param_reduction,
-        max_regex_len=guard.max_regex_len,
+        min_ratio=b["min_ratio"],
+        max_structured=b["max_ratio_structured"],
+        max_head=b["max_ratio_head"],
+        max_reduction=b["max_predicted_param_reduction"],
+        max_regex_len=b["max_regex_len"],
         tool_rounds=tool_rounds,
         schema=PLAN_SCHEMA,
+        example=example_plan_json(),
     )
 
 
@@ -295,7 +293,7 @@ def render_analysis(
     objective: Objective,
     *,
     model_info: dict[str, Any] | None = None,
-    guard: GuardConfig | None = None,
+    bounds: dict[str, Any] | None = None,
     tool_rounds: int = 6,
 ) -> list[BaseMessage]:
     """Build the round-1 messages: the system prompt and the profile/objective prompt.
@@ -305,7 +303,7 @@ def render_analysis(
         sensitivity: Probe results per group name.
         objective: The run's objective.
         model_info: Facts shown in the header (e.g. {"model": ref, "family": "vit"}).
-        guard: Bounds quoted in the rules.
+        bounds: The guard's bounds quoted in the rules (GuardConfig's fields by name).
         tool_rounds: Tool-call rounds allowed.
     """
     user = ANALYSIS_USER.format(
@@ -313,4 +311,4 @@ def render_analysis(
         objective_block=objective_block(objective),
         task=ANALYSIS_TASK,
     )
-    return [SystemMessage(content=system_prompt(guard or GuardConfig(), tool_rounds)), HumanMessage(content=user)]
+    return [SystemMessage(content=system_prompt(bounds, tool_rounds)), HumanMessage(content=user)]

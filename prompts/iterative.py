@@ -8,7 +8,6 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from profiling_agent.prompts.analysis import objective_block, profile_block, system_prompt
 from profiling_agent.state import Objective
-from profiling_agent.tools.planning.plan_guard import GuardConfig
 
 # Appended to the analysis system prompt from round 2 on. No placeholders.
 ITERATIVE_SYSTEM_ADDENDUM = """
@@ -124,13 +123,10 @@ def history_block(candidates: list[dict[str, Any]], baseline: dict[str, Any] | N
     return "\n".join(lines)
 
 
-def best_line(candidates: list[dict[str, Any]], baseline: dict[str, Any] | None, objective: Objective) -> str:
-    """Name the best candidate so far by the run's rule (or say there is none)."""
-    from profiling_agent.tools.evaluation.selection import select_best
-
+def best_line(best: dict[str, Any] | None, baseline: dict[str, Any] | None, objective: Objective) -> str:
+    """Name the best candidate so far (the caller's select_best result), or say there is none."""
     if not baseline:
         return "none"
-    best = select_best(candidates, baseline, objective)
     if best is None:
         return "none (no candidate finished)"
     return (
@@ -161,8 +157,9 @@ def render_iterative(
     baseline_eval: dict[str, Any] | None,
     fallbacks: list[dict[str, Any]] | None = None,
     model_info: dict[str, Any] | None = None,
-    guard: GuardConfig | None = None,
+    bounds: dict[str, Any] | None = None,
     tool_rounds: int = 6,
+    best: dict[str, Any] | None = None,
 ) -> list[BaseMessage]:
     """Build the messages of a later round: analysis system prompt + addendum, profile and feedback.
 
@@ -175,10 +172,11 @@ def render_iterative(
         baseline_eval: The baseline's evaluation record.
         fallbacks: Earlier planner fallbacks (stage, reason, rejected, iteration).
         model_info: Facts shown in the header.
-        guard: Bounds quoted in the rules.
+        bounds: The guard's bounds quoted in the rules (GuardConfig's fields by name).
         tool_rounds: Tool-call rounds allowed.
+        best: The best candidate so far by the run's rule (select_best's result), or None.
     """
-    system = system_prompt(guard or GuardConfig(), tool_rounds) + ITERATIVE_SYSTEM_ADDENDUM
+    system = system_prompt(bounds, tool_rounds) + ITERATIVE_SYSTEM_ADDENDUM
     user = ITERATIVE_USER.format(
         profile_block=profile_block(profile, sensitivity, model_info or {}),
         objective_block=objective_block(objective),
@@ -186,7 +184,7 @@ def render_iterative(
         max_iterations=objective.iterations,
         baseline=baseline_line(baseline_eval),
         history=history_block(candidates, baseline_eval, objective),
-        best=best_line(candidates, baseline_eval, objective),
+        best=best_line(best, baseline_eval, objective),
         rejections=rejections_block(fallbacks or []),
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]

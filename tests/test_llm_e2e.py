@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from fake_llm import ScriptedOpenAIServer, chat_completion
@@ -94,13 +95,24 @@ def _tool_messages(request):
     return [m.get("content") or "" for m in request["body"]["messages"] if m.get("role") == "tool"]
 
 
-def test_a_sensible_server_plans_every_round(tmp_path, assets, capsys, monkeypatch):
+PLAN_BIG = {  # predicted to remove more than half of the 95% objective: the first plan's floor
+    "pruning": [
+        {"layer": r"^vit\.layers\.\d+\.mlp\.fc1$", "type": "structured", "ratio": 0.8, "justification": "all MLPs"},
+        {"layer": r"^vit\.layers\.\d+\.attention$", "type": "head", "ratio": 0.75, "justification": "3 of 4 heads"},
+    ],
+    "quantization": QUANT,
+    "rationale": "server plan one, after the floor sent the timid one back",
+}
+
+
+def test_a_sensible_server_plans_every_round_beside_the_deterministic_sequence(tmp_path, assets, capsys, monkeypatch):
     script = [
         chat_completion(tool_calls=[{"name": "evaluate_plan", "args": {"plan_json": json.dumps(PLAN1)}}]),
-        chat_completion(json.dumps(PLAN1)),
+        chat_completion(json.dumps(PLAN1)),  # under half the target: sent back with the numbers
+        chat_completion(json.dumps(PLAN_BIG)),
         chat_completion("Here it is:\n```json\n" + json.dumps(PLAN2) + "\n```"),
     ]
-    with ScriptedOpenAIServer(script) as server:
+    with ScriptedOpenAIServer(script, lifetime=1800) as server:
         base_url = server.base_url
         monkeypatch.setenv("OPENAI_BASE_URL", base_url)
         code, run, result = _run(
@@ -119,39 +131,93 @@ def test_a_sensible_server_plans_every_round(tmp_path, assets, capsys, monkeypat
     err = capsys.readouterr().err
     assert code == 0
     assert f"planner: LLM planner, fake-model at {base_url}" in err
-    assert "[analyze #1] llm plan" in err and "[analyze #2] llm plan" in err
-    # the applied plans are the server's, and pruning did what they say
-    assert [c["plan"] for c in result["candidates"]] == [
-        CompressionPlan.model_validate(p).model_dump() for p in (PLAN1, PLAN2)
+    assert "[analyze #1] llm plan" in err and "[analyze #3] llm plan" in err and "own vs the deterministic" in err
+    assert "[analyze #2] reference round" in err and "[analyze #4] reference round" in err
+    # LLM turns apply the server's plans; each is followed by the deterministic planner's own next round
+    cands = result["candidates"]
+    assert [c["planner"] for c in cands] == ["llm", "deterministic", "llm", "deterministic"]
+    assert [c["turn"] for c in cands] == ["llm", "reference", "llm", "reference"]
+    assert [cands[0]["plan"], cands[2]["plan"]] == [
+        CompressionPlan.model_validate(p).model_dump() for p in (PLAN_BIG, PLAN2)
     ]
-    assert [c["planner"] for c in result["candidates"]] == ["llm", "llm"]
-    pruned = [{a["group"] for a in c["applied"] if a["units_after"] < a["units_before"]} for c in result["candidates"]]
-    assert pruned == [{"layers.0.mlp", "layers.1.mlp"}, {"layers.2.mlp", "layers.3.mlp", "layers.3.heads"}]
+    assert [c["vs_proposal"]["verdict"] for c in cands[::2]] == ["own", "own"]
+    pruned = [{a["group"] for a in c["applied"] if a["units_after"] < a["units_before"]} for c in cands[::2]]
+    assert pruned[1] == {"layers.2.mlp", "layers.3.mlp", "layers.3.heads"} and len(pruned[0]) == 8
+    assert "iteration bound reached (2 rounds of each planner)" in result["stop_reason"]
     planner = result["planner"]
-    assert planner["requested"] == "llm" and planner["mode"] == "llm" and planner["used"] == ["llm"]
-    assert planner["fallbacks"] == []
-    # three replies at 120 + 30 tokens each (the fake server's usage), two transcripts
-    assert planner["llm"]["usage"] == {"calls": 3, "input_tokens": 360, "output_tokens": 90, "total_tokens": 450}
+    assert planner["requested"] == "llm" and planner["mode"] == "llm"
+    assert planner["used"] == ["deterministic", "llm"] and planner["fallbacks"] == []
+    # four replies at 120 + 30 tokens each (the fake server's usage), two transcripts
+    assert planner["llm"]["usage"] == {"calls": 4, "input_tokens": 480, "output_tokens": 120, "total_tokens": 600}
     assert planner["llm"]["model"] == "fake-model"
-    assert planner["llm"]["transcripts"] == ["iter_01/llm_transcript.jsonl", "iter_02/llm_transcript.jsonl"]
-    assert [c["llm"]["usage"]["calls"] for c in result["candidates"]] == [2, 1]
-    assert len(requests) == 3 and all(r["body"]["model"] == "fake-model" for r in requests)
+    assert planner["llm"]["transcripts"] == ["iter_01/llm_transcript.jsonl", "iter_03/llm_transcript.jsonl"]
+    assert [c["llm"]["usage"]["calls"] for c in cands[::2]] == [3, 1]
+    assert len(requests) == 4 and all(r["body"]["model"] == "fake-model" for r in requests)
     # evaluate_plan really pruned a copy and measured it on the calibration images; the answer went back
     measured = json.loads(_tool_messages(requests[1])[0])["measured"]
     assert measured["images"] == 8 and measured["groups_pruned"] == 2 and 0 < measured["params_reduction"] < 0.2
+    floor = requests[2]["body"]["messages"][-1]["content"]
+    assert "predicted to remove" in floor and "less than 50% of the objective's 95%" in floor
     events = [e["event"] for e in _transcript(run, 1)]
     assert events[:2] == ["prompt", "prompt"] and "tool_result" in events and events[-1] == "final"
     report = (run / "report.md").read_text()
-    assert "- LLM: fake-model, 3 calls, 450 tokens" in report and "Planner fallbacks" not in report
+    assert "- LLM: fake-model, 4 calls, 600 tokens" in report and "Planner fallbacks" not in report
+    assert "- Iteration 1: LLM plan own (no proposal asked for)" in report
+    assert "- Iteration 2: reference round" in report
     # the state history (what Studio shows) carries the transcript and the usage
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
 
     graph = build_graph(checkpointer=open_checkpointer(tmp_path / "runs"))
     history = graph.get_state({"configurable": {"thread_id": "t"}}).values["history"]
-    analyzed = [e for e in history if e["node"] == "analyze"]
+    analyzed = [e for e in history if e["node"] == "analyze" and e.get("llm")]
     assert [e["llm"]["transcript"] for e in analyzed] == planner["llm"]["transcripts"]
-    assert analyzed[0]["llm"]["usage"]["total_tokens"] == 300
+    assert analyzed[0]["llm"]["usage"]["total_tokens"] == 450
+    # never worse than the fallback: the reference rounds are the deterministic run's rounds, and the best is
+    # chosen over both sequences
+    code, _, alone = _run(tmp_path / "det", assets, "--planner", "deterministic", "--iterations", "2")
+    assert code == 0 and [c["planner"] for c in alone["candidates"]] == ["deterministic"] * 2
+    # a separate run profiles latency anew, and latency shares weigh the ratios: same entries, ratios within noise
+    for ref, det in zip(cands[1::2], alone["candidates"], strict=True):
+        mine, theirs = ref["plan"]["pruning"], det["plan"]["pruning"]
+        assert [(e["layer"], e["type"]) for e in mine] == [(e["layer"], e["type"]) for e in theirs]
+        assert all(abs(a["ratio"] - b["ratio"]) <= 0.05 for a, b in zip(mine, theirs, strict=True))
+    best, det_best = result["best"], alone["best"]
+    assert best["within_budget"] >= det_best["within_budget"]
+    if det_best["within_budget"]:
+        assert best["reduction"] >= det_best["reduction"]
+
+
+def test_explicit_llm_that_is_never_reached_stops_with_one_line(tmp_path, assets, capsys):
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    code, run, _ = _run(tmp_path, assets, "--planner", "llm", "--iterations", "1", "--llm-base-url", url)
+    err = capsys.readouterr().err
+    assert code == 2
+    (line,) = [x for x in err.splitlines() if x.startswith("profiling-agent:")]
+    assert "--planner llm: the LLM gpt-4o at " + url in line and "could not be used" in line
+    assert "structured output" not in err and "Traceback" not in err
+    assert not (run / "iter_01" / "plan.json").exists()  # nothing was applied
+
+
+def test_explicit_llm_answering_garbage_fails_with_one_line_and_auto_falls_back(tmp_path, assets, capsys, monkeypatch):
+    garbage = [(200, {"not": "a chat completion"})] * 8
+    with ScriptedOpenAIServer(garbage, lifetime=1800) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        code, _, _ = _run(tmp_path / "llm", assets, "--planner", "llm", "--iterations", "1", "--llm-timeout", "5")
+    err = capsys.readouterr().err
+    assert code == 1
+    (line,) = [x for x in err.splitlines() if x.startswith("profiling-agent:")]
+    assert "LLMUnreachable: --planner llm: the LLM gpt-4o at" in line and "never gave a usable reply" in line
+    assert "structured output" not in err
+    with ScriptedOpenAIServer(garbage, lifetime=1800) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        code, _, result = _run(tmp_path / "auto", assets, "--planner", "auto", "--iterations", "1")
+    err = capsys.readouterr().err
+    assert code == 0 and result["planner"]["used"] == ["deterministic"]
+    assert "[LLM: no reply;" in err and "structured output" not in err
 
 
 def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, monkeypatch):
@@ -192,7 +258,7 @@ def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, mo
     ]
     script = [chat_completion(text) for text in round1] + [chat_completion(tool_calls=calls)]
     script += [chat_completion(text) for text in round2]
-    with ScriptedOpenAIServer(script) as server:
+    with ScriptedOpenAIServer(script, lifetime=1800) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         code, run, result = _run(
             tmp_path,
@@ -255,7 +321,7 @@ def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, mo
 
 def test_b_a_server_that_never_answers_falls_back_quickly(tmp_path, assets, capsys, monkeypatch):
     script = [("sleep", 30, chat_completion(json.dumps(PLAN1)))] * 4
-    with ScriptedOpenAIServer(script) as server:
+    with ScriptedOpenAIServer(script, lifetime=1800) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         code, run, result = _run(tmp_path, assets, "--planner", "auto", "--iterations", "1", "--llm-timeout", "0.5")
         # the run finished while every request was still asleep: it never waited out a 30 s reply

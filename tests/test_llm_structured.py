@@ -19,7 +19,7 @@ from profiling_agent.tools.planning.structured import ModeFinder, refuses_format
 PROFILE = vit_profile(n_layers=2)
 SENS = vit_sensitivity(PROFILE)
 GROUP_PLAN = {
-    "pruning": [{"groups": ["layers.0.mlp", "layers.1.mlp"], "type": "structured", "ratio": 0.4, "justification": "x"}],
+    "pruning": [{"groups": ["layers.0.mlp", "layers.1.mlp"], "type": "structured", "ratio": 0.5, "justification": "x"}],
     "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8", "justification": "Linear-heavy"}],
     "rationale": "prune both MLPs",
 }
@@ -85,8 +85,8 @@ def test_a_server_refusing_json_schema_is_driven_through_json_object(tmp_path):
         outcome, _ = plan_with(server, tmp_path)
     assert outcome.planner == "llm" and not outcome.fallbacks
     assert {(e.layer, e.ratio) for e in outcome.plan.pruning} == {
-        (r"^vit\.layers\.0\.mlp\.fc1$", 0.4),
-        (r"^vit\.layers\.1\.mlp\.fc1$", 0.4),
+        (r"^vit\.layers\.0\.mlp\.fc1$", 0.5),
+        (r"^vit\.layers\.1\.mlp\.fc1$", 0.5),
     }
     # plain first (tools offered), then json_schema (refused with a 500; the client retries once), then json_object
     assert formats(server) == [None, "json_schema", "json_schema", "json_object"]

@@ -220,3 +220,55 @@ def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> A
     if not isinstance(reply, AIMessage):
         raise PlannerFailure("error", f"the model returned {type(reply).__name__}, not an AIMessage")
     return reply
+
+
+# ---------------------------------------------------------------- an endpoint that never answered
+
+
+class LLMUnreachable(RuntimeError):
+    """`--planner llm` was asked for explicitly and the endpoint never answered (a fault of the machine or server)."""
+
+
+CONFIG_FAULTS = ("ConnectionError", "ConnectError", "Connection refused", "AuthenticationError", "NotFoundError")
+CONFIG_STATUS = re.compile(r"Error code: (401|403|404)\b")
+
+
+def llm_replied(state: Any) -> bool:
+    """Return True when an earlier round of this run got at least one reply from the LLM."""
+    for cand in getattr(state, "candidates", []) or []:
+        llm = cand.planner_meta.llm or {}
+        if int((llm.get("usage") or {}).get("calls") or 0) > 0:
+            return True
+    return False
+
+
+def never_reached(fallback: dict[str, Any], ctx: Context) -> Exception:
+    """Return the one-line error for an explicit `--planner llm` whose endpoint never answered.
+
+    A configuration fault (nothing listening, a wrong URL or model: 404, a refused key: 401/403) is a ValueError
+    (exit 2); a server that hangs or answers garbage is LLMUnreachable (exit 1).
+    """
+    reason = " ".join(str(fallback.get("reason") or "no reply").split())[:200]
+    where = describe_endpoint(ctx)
+    if fallback.get("stage") == "error" and (
+        any(word in reason for word in CONFIG_FAULTS) or CONFIG_STATUS.search(reason)
+    ):
+        return ValueError(
+            f"--planner llm: the LLM {where} could not be used ({reason}); check --llm-base-url, --llm-model and "
+            f"${ctx.llm_api_key_env}, or use --planner auto to fall back to the deterministic planner"
+        )
+    return LLMUnreachable(
+        f"--planner llm: the LLM {where} never gave a usable reply ({fallback.get('stage', 'error')}: {reason}); "
+        "use --planner auto to fall back to the deterministic planner"
+    )
+
+
+def llm_console_note(info: dict[str, Any]) -> str:
+    """Return the console's bracketed note on an LLM step; a structured mode is named only when it was used."""
+    usage, found = info.get("usage") or {}, info.get("structured") or {}
+    if not usage.get("calls"):
+        return f"[LLM: no reply; transcript {info.get('transcript')}]"
+    mode = found.get("mode") if found.get("confirmed") else None
+    shown = f"structured output {mode}" if mode and mode != "off" else "free-text answers (no structured output)"
+    tokens = usage.get("total_tokens", 0)
+    return f"[LLM: {usage['calls']} calls, {tokens} tokens, {shown}; transcript {info.get('transcript')}]"

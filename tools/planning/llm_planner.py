@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from profiling_agent.tools.planning.llm_client import (
 from profiling_agent.tools.planning.llm_session import STEP_BUDGET_REQUESTS, Session
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig
+from profiling_agent.tools.planning.proposal import Proposal, ProposalDiff, compare_to_proposals, propose
 from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, StructuredMode
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ class LLMOutcome:
             "total_tokens"}), as reported by the server.
         tool_errors: Tool calls refused or failed this step ({"name", "error"}): unknown tools, bad arguments.
         structured: The schema-constrained mode used and found ({"choice", "mode", "confirmed", "given_up"}).
+        vs_proposal: What the applied LLM plan changed relative to the closest propose_plan answer (None after a
+            fallback).
     """
 
     plan: CompressionPlan
@@ -53,6 +57,7 @@ class LLMOutcome:
     usage: dict[str, int] = field(default_factory=lambda: empty_usage())
     tool_errors: list[dict[str, str]] = field(default_factory=list)
     structured: dict[str, Any] = field(default_factory=dict)
+    vs_proposal: ProposalDiff | None = None
 
     def summary(self, model: str) -> dict[str, Any]:
         """Return the JSON facts about this step for the state history and result.json (never the API key)."""
@@ -63,6 +68,7 @@ class LLMOutcome:
             "usage": dict(self.usage),
             "tool_errors": list(self.tool_errors),
             "structured": dict(self.structured),
+            "vs_proposal": self.vs_proposal.label() if self.vs_proposal else None,
         }
 
 
@@ -91,23 +97,28 @@ def render_messages(
     """Build the analysis prompt (round 1) or the iterative prompt (later rounds)."""
     from profiling_agent.prompts.analysis import render_analysis
     from profiling_agent.prompts.iterative import render_iterative
+    from profiling_agent.tools.evaluation.selection import select_best
 
     info = {"model": state.model.ref, "family": state.family}
+    bounds = dataclasses.asdict(guard)
     if iteration <= 1:
         return render_analysis(
-            profile, sensitivity, state.objective, model_info=info, guard=guard, tool_rounds=ctx.llm_tool_rounds
+            profile, sensitivity, state.objective, model_info=info, bounds=bounds, tool_rounds=ctx.llm_tool_rounds
         )
+    candidates = [c.model_dump() for c in state.candidates]
+    baseline = state.baseline_eval.model_dump() if state.baseline_eval else None
     return render_iterative(
         profile,
         sensitivity,
         state.objective,
         iteration=iteration,
-        candidates=[c.model_dump() for c in state.candidates],
-        baseline_eval=state.baseline_eval.model_dump() if state.baseline_eval else None,
+        candidates=candidates,
+        baseline_eval=baseline,
         fallbacks=[f.model_dump() for f in state.fallbacks],
         model_info=info,
-        guard=guard,
+        bounds=bounds,
         tool_rounds=ctx.llm_tool_rounds,
+        best=select_best(candidates, baseline, state.objective) if baseline else None,
     )
 
 
@@ -138,13 +149,17 @@ def plan_with_llm(
     """
     iteration = planning_round(state)
     transcript = Transcript.open(state.run_path, iteration)
-    guard = GuardConfig(target=state.objective.target, target_reduction=state.objective.target_reduction)
+    guard = llm_guard(state, iteration)
     usage, tool_errors = empty_usage(), []
     finder = ModeFinder(ctx.llm_structured, known_structured_mode(state))
+    proposals: list[Proposal] = []
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         info = {"model": state.model.ref, "family": state.family}
-        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, guard)
+        propose_fn = _proposer(state, profile, sensitivity, fallback, proposals)
+        # the tools check and measure any plan: the first plan's floor applies to the final answer only
+        tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
+        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
         messages = render_messages(state, ctx, profile, sensitivity, iteration, guard)
         for message in messages:
             transcript.write("prompt", role=message.type, content=message_text(message))
@@ -169,10 +184,44 @@ def plan_with_llm(
         logger.debug("LLM planner failed", exc_info=True)
         failed = _Failed("error", f"{type(exc).__name__}: {str(exc)[:300]}", [], usage, tool_errors)
         return _fall_back(transcript, fallback, ctx, failed, finder)
+    diff = compare_to_proposals(session.ratios, plan, proposals)
     transcript.write("usage", **usage)
     transcript.write("structured", **finder.record())
+    transcript.write("vs_proposal", label=diff.label(), **diff.model_dump())
     transcript.write("final", planner="llm", plan=plan.model_dump())
-    return LLMOutcome(plan, "llm", [], transcript.rel, estimate, usage, tool_errors, finder.record())
+    return LLMOutcome(plan, "llm", [], transcript.rel, estimate, usage, tool_errors, finder.record(), diff)
+
+
+FIRST_PLAN_SHARE = 0.5  # the first LLM plan must be predicted to reach half of the objective's reduction
+
+
+def llm_guard(state: State, iteration: int) -> GuardConfig:
+    """Return the guard of an LLM plan: the objective's target, the format example refused, and in round 1 a floor.
+
+    The first plan is sent back (with the numbers) when its predicted reduction is below FIRST_PLAN_SHARE of the
+    target: the copied format example removed 17% against a 40% objective.
+    """
+    return GuardConfig(
+        target=state.objective.target,
+        target_reduction=state.objective.target_reduction,
+        refuse_example=True,
+        min_share_of_target=FIRST_PLAN_SHARE if iteration <= 1 else 0.0,
+    )
+
+
+def _proposer(
+    state: State, profile: dict[str, Any], sensitivity: dict[str, Any], fallback: PlanResult, out: list[Proposal]
+) -> Callable[[float, str], dict[str, Any]]:
+    """Build propose_plan's function: the deterministic plan at a goal, recorded in `out` for the comparison."""
+
+    def propose_fn(goal: float, emphasis: str) -> dict[str, Any]:
+        groups, costs = profile.get("groups") or [], profile.get("group_costs") or {}
+        quant = list(fallback.plan.quantization) if state.objective.quantize != "none" else []
+        plan, record = propose(groups, costs, sensitivity, state.objective, goal, emphasis, quant)
+        out.append(record)
+        return {"goal": record.goal, "emphasis": emphasis, "predicted_reduction": record.estimate, "plan": plan}
+
+    return propose_fn
 
 
 @dataclass

@@ -132,6 +132,7 @@ class Session:
         groups = self.profile.get("groups") or []
         linears = [str(r["name"]) for r in self.profile.get("layers") or [] if "Linear" in str(r.get("type", ""))]
         self.schema = plan_schema(groups, self.guard.allowed_dtypes, caps, self.guard.min_ratio, linears)
+        self.ratios: dict[str, float] = {}  # the accepted plan's ratio per group
 
     def _bind(self) -> tuple[Any, Any, bool]:
         if not self.tools or self.ctx.llm_tool_rounds <= 0:
@@ -190,6 +191,7 @@ class Session:
         self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
         if not verdict.ok:
             raise _Rejected("guard", verdict.reasons)
+        self.ratios = dict(verdict.ratios)
         return verdict.plan, verdict.estimate
 
     def _request(self, messages: list[BaseMessage], constrained: bool, forced: bool, left: float) -> AIMessage:

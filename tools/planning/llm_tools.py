@@ -175,6 +175,7 @@ def make_planning_tools(
     model_info: dict[str, Any] | None = None,
     evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     guard: GuardConfig | None = None,
+    propose_fn: Callable[[float, str], dict[str, Any]] | None = None,
 ) -> list[BaseTool]:
     """Build the planner's tools over one profile and probe result.
 
@@ -185,6 +186,8 @@ def make_planning_tools(
         evaluate_fn: Optional callable applying a plan dict to a copy of the model and returning measured
             metrics; adds the `evaluate_plan` tool.
         guard: The bounds the planner's guard applies (the `check_plan` tool uses the same).
+        propose_fn: Optional callable (goal, emphasis) -> the deterministic planner's plan at that goal with its
+            predicted reduction; adds the `propose_plan` tool.
 
     Returns:
         The tools; their functions never raise, they return "error: ..." strings the LLM can act on.
@@ -247,9 +250,44 @@ def make_planning_tools(
         )
 
     tools: list[BaseTool] = [match_layers, layer_profile, estimate_plan, group_sensitivity, model_overview]
+    if propose_fn is not None:
+        tools.insert(0, _propose_tool(propose_fn))
     if evaluate_fn is not None:
         tools.append(_evaluate_tool(data, evaluate_fn))
     return tools
+
+
+PROPOSAL_NOTE = (
+    "A starting point from the deterministic planner: answer with it as is, edit it (groups, ratios, quantization) "
+    "or write your own plan. The run records which."
+)
+
+
+def _propose_tool(propose_fn: Callable[[float, str], dict[str, Any]]) -> BaseTool:
+    @tool(parse_docstring=True)
+    def propose_plan(goal: float, emphasis: Literal["balanced", "cost", "sensitivity"] = "balanced") -> str:
+        """Get the deterministic planner's plan that is predicted to reach a goal, as a starting point to edit.
+
+        Args:
+            goal: Fraction of the objective's target to remove, e.g. 0.4 (40 is read as 40%).
+            emphasis: "balanced" (cost share / damage), "cost" (prune the costliest groups harder) or
+                "sensitivity" (spare the groups the probe found sensitive).
+        """
+        try:
+            value = float(goal)
+        except (TypeError, ValueError):
+            return "error: goal must be a number such as 0.4"
+        value = value / 100 if 1 < value <= 100 else value
+        if not 0 < value < 1:
+            return f"error: goal {goal!r} must be a fraction in (0, 1), e.g. 0.4"
+        if emphasis not in ("balanced", "cost", "sensitivity"):
+            return "error: emphasis must be balanced, cost or sensitivity"
+        try:
+            return dump({**propose_fn(value, emphasis), "note": PROPOSAL_NOTE})
+        except Exception as exc:  # noqa: BLE001 - a failure is an answer, not a crash
+            return f"error: no proposal: {type(exc).__name__}: {str(exc)[:200]}"
+
+    return propose_plan
 
 
 def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]]) -> BaseTool:

@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
-from profiling_agent.tools.planning.deterministic import effective_ratio, estimate_reduction
+from profiling_agent.tools.planning.deterministic import effective_ratio, estimate_key, estimate_reduction
+from profiling_agent.tools.planning.plan_example import example_copy_reasons
 from profiling_agent.tools.planning.regex_safety import regex_problem, slow_patterns
 
 
@@ -28,6 +29,8 @@ class GuardConfig:
     match_time_budget: float = 1.0  # seconds for all regex searches in a child process; 0 skips that check
     target: str | None = None  # the objective's target: with params or macs a plan must prune something
     target_reduction: float = 0.0  # the objective's reduction of `target` (for the refusal's message)
+    min_share_of_target: float = 0.0  # a params/macs plan predicted below this share of the target is sent back
+    refuse_example: bool = False  # refuse the prompt's format example (LLM plans; a human never saw it)
 
 
 @dataclass
@@ -274,6 +277,22 @@ def _needs_pruning(plan: CompressionPlan, target: str | None, target_reduction: 
     ]
 
 
+def _under_target(estimate: dict[str, float], config: GuardConfig) -> list[str]:
+    """Refuse a plan whose predicted reduction is below `min_share_of_target` of the objective's (params, macs)."""
+    if config.target not in ("params", "macs") or config.min_share_of_target <= 0 or not estimate:
+        return []
+    predicted, floor = estimate.get(estimate_key(config.target), 0.0), config.min_share_of_target
+    needed = floor * config.target_reduction
+    if predicted >= needed:
+        return []
+    return [
+        f"the plan is predicted to remove {predicted:.1%} of the {config.target} (from the groups' cost shares), "
+        f"less than {floor:.0%} of the objective's {config.target_reduction:.0%}: raise the ratios or prune more "
+        f"groups to predict at least {needed:.0%} (propose_plan(goal={config.target_reduction:g}) returns a plan "
+        "that reaches the objective)"
+    ]
+
+
 def check_plan(
     plan: dict[str, Any] | CompressionPlan,
     groups: list[dict[str, Any]],
@@ -303,6 +322,9 @@ def check_plan(
         n = sum(len(plan.get(k) or []) for k in ("pruning", "quantization") if isinstance(plan.get(k), list))
         if n > config.max_entries:
             return GuardVerdict(False, None, [f"the plan has {n} entries (at most {config.max_entries})"])
+        copied = example_copy_reasons(plan, groups, {}) if config.refuse_example else []
+        if copied:
+            return GuardVerdict(False, None, copied)
         plan, reasons = expand_groups(plan, groups)
         if reasons:
             return GuardVerdict(False, None, reasons)
@@ -320,5 +342,8 @@ def check_plan(
     estimate = checker.check_size(ratios)
     if not checker.reasons:
         checker.reasons += _needs_pruning(parsed, config.target, config.target_reduction)
+    if not checker.reasons:
+        copied = example_copy_reasons({}, groups, ratios) if config.refuse_example else []
+        checker.reasons += copied + _under_target(estimate, config)
     ok = not checker.reasons
     return GuardVerdict(ok, parsed if ok else None, checker.reasons, checker.warnings, ratios, estimate)

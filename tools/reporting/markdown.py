@@ -165,6 +165,31 @@ def structured_summary(steps: list[dict[str, Any]]) -> str:
     return text
 
 
+def proposal_lines(candidates: list[dict[str, Any]]) -> list[str]:
+    """Say per LLM plan what it changed relative to the deterministic proposal, and name the reference rounds."""
+    lines = []
+    for c in candidates:
+        diff = c.get("vs_proposal")
+        if c.get("planner") == "llm" and diff:
+            parts = [f"+{g}" for g in diff.get("added") or []] + [f"-{g}" for g in diff.get("removed") or []]
+            parts += [f"{g} {a:g}->{b:g}" for g, (a, b) in (diff.get("ratios") or {}).items()]
+            parts += [f"quantization {diff['quantization']}"] if diff.get("quantization") else []
+            label = (
+                f"edited ({diff.get('changes')} changes)" if diff.get("verdict") == "edited" else diff.get("verdict")
+            )
+            shown = "; ".join(parts[:8]) + (f"; ... {len(parts) - 8} more" if len(parts) > 8 else "")
+            if diff.get("proposals"):
+                label += f" vs the proposal at goal {float(diff.get('goal') or 0):.0%}" + (
+                    f": {shown}" if shown else ""
+                )
+            else:
+                label += " (no proposal asked for)"
+            lines.append(f"- Iteration {c.get('iteration')}: LLM plan {md_text(label, 300)}")
+        elif c.get("turn") == "reference":
+            lines.append(f"- Iteration {c.get('iteration')}: reference round (the deterministic planner's own plan)")
+    return lines
+
+
 def _structured_line(steps: list[dict[str, Any]]) -> list[str]:
     text = structured_summary(steps)
     return [f"- Structured output: {md_text(text, 200)}"] if text else []
@@ -300,6 +325,7 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
         f"; fallbacks: {len(result['planner']['fallbacks'])}"
         + (f" ({md_text(result['planner']['mode_note'])})" if result["planner"].get("mode_note") else ""),
         *_llm_line(result["planner"].get("llm")),
+        *proposal_lines(result.get("candidates") or []),
         f"- Stopped: {result.get('stop_reason') or '-'}",
         "",
         "## Outcome",

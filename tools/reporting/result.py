@@ -157,6 +157,8 @@ def build_result(
                 "plan": c.get("plan"),
                 "planner": c.get("planner"),
                 "llm": (c.get("planner_meta") or {}).get("llm"),
+                "turn": (c.get("planner_meta") or {}).get("turn"),
+                "vs_proposal": (c.get("planner_meta") or {}).get("vs_proposal"),
                 "applied": c.get("applied"),
                 "quantized": len(c.get("quantized") or []),
                 "recovery": c.get("recovery"),

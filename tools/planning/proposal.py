@@ -1,0 +1,149 @@
+"""The deterministic planner's plan offered to the LLM (the propose_plan tool), and what the LLM changed in it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from profiling_agent.state import CompressionPlan, Objective, QuantEntry
+from profiling_agent.tools.planning.deterministic import PlannerConfig, estimate_reduction, plan_round
+
+Emphasis = Literal["balanced", "cost", "sensitivity"]
+# the deterministic planner's sensitivity exponent per emphasis: ratios follow cost share / damage**gamma
+EMPHASIS_GAMMA: dict[str, float] = {"balanced": 1.0, "cost": 0.5, "sensitivity": 2.0}
+GRID = 0.05  # proposal ratios are multiples of this (the schema-constrained answers' ratio grid)
+
+
+class Proposal(BaseModel):
+    """One plan propose_plan returned: its goal, emphasis, per-group ratios and quantization."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: float = Field(description="Predicted reduction of the objective's target the proposal aims at.")
+    emphasis: str = Field(description="balanced, cost or sensitivity.")
+    ratios: dict[str, float] = Field(description="Ratio per group name.")
+    quantization: list[str] = Field(default_factory=list, description="'layer dtype' per quantization entry.")
+    estimate: dict[str, float] = Field(default_factory=dict, description="Predicted params/macs/latency reduction.")
+
+
+class ProposalDiff(BaseModel):
+    """What the LLM's applied plan changed relative to the closest proposal it was offered this step.
+
+    verdict: "copied" (no change), "edited" (at most one change per proposed group), "own" (more, or no proposal
+    was asked for: the plan is entirely the LLM's).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    verdict: Literal["copied", "edited", "own"] = Field(description="copied, edited or own.")
+    changes: int = Field(default=0, description="Groups added or removed, ratios changed, quantization changed.")
+    proposals: int = Field(default=0, description="Proposals the LLM asked for in this step.")
+    goal: float | None = Field(default=None, description="Goal of the proposal compared against.")
+    emphasis: str | None = Field(default=None, description="Emphasis of that proposal.")
+    added: list[str] = Field(default_factory=list, description="Groups the LLM pruned that the proposal did not.")
+    removed: list[str] = Field(default_factory=list, description="Proposed groups the LLM left unpruned.")
+    ratios: dict[str, list[float]] = Field(default_factory=dict, description="Group -> [proposed, LLM's] ratio.")
+    quantization: str = Field(default="", description="How quantization changed ('' when it did not).")
+
+    def label(self) -> str:
+        """Return "copied", "edited (n changes)" or "own" for tables and the console."""
+        return f"edited ({self.changes} changes)" if self.verdict == "edited" else self.verdict
+
+
+def _grid(ratio: float, cap: float) -> float:
+    return min(round(round(ratio / GRID) * GRID, 4), cap)
+
+
+def propose(
+    groups: list[dict[str, Any]],
+    costs: dict[str, dict[str, Any]],
+    sensitivity: dict[str, dict[str, Any]],
+    objective: Objective,
+    goal: float,
+    emphasis: str,
+    quantization: list[QuantEntry],
+) -> tuple[dict[str, Any], Proposal]:
+    """Return the deterministic planner's plan at `goal` in the exact-groups form a small model can edit.
+
+    Ratios are rounded to the GRID (what a schema-constrained answer may write); groups sharing a ratio share an
+    entry. The estimate is that of the rounded plan.
+
+    Returns:
+        (the plan as JSON-ready data, the Proposal record kept for the comparison).
+    """
+    config = PlannerConfig(gamma_start=EMPHASIS_GAMMA.get(emphasis, 1.0))
+    result = plan_round(groups, costs, sensitivity, objective, [], config=config, goal=goal)
+    by_module = {f"^{re.escape(g['module'])}$": g for g in groups}
+    ratios: dict[str, float] = {}
+    for entry in result.plan.pruning:
+        group = by_module.get(entry.layer)
+        if group is None:
+            continue
+        cap = config.max_ratio_head if group["kind"] == "head" else config.max_ratio_structured
+        ratio = _grid(entry.ratio, cap)
+        if ratio > 0:
+            ratios[str(group["name"])] = ratio
+    shared: dict[tuple[str, float], list[str]] = {}
+    for group in groups:
+        if group["name"] in ratios:
+            shared.setdefault((str(group["kind"]), ratios[group["name"]]), []).append(str(group["name"]))
+    pruning = [
+        {"groups": names, "type": kind, "ratio": ratio, "justification": "deterministic proposal: cost share / damage"}
+        for (kind, ratio), names in shared.items()
+    ]
+    quant = [q.model_dump() for q in quantization]
+    estimate = {k: round(estimate_reduction(ratios, groups, costs, k), 4) for k in ("params", "macs", "latency")}
+    plan = {"pruning": pruning, "quantization": quant, "rationale": f"Deterministic proposal at goal {goal:.0%}."}
+    record = Proposal(
+        goal=round(goal, 4), emphasis=emphasis, ratios=ratios, quantization=_quant_keys(quant), estimate=estimate
+    )
+    return plan, record
+
+
+def _quant_keys(entries: list[dict[str, Any]]) -> list[str]:
+    return sorted(f"{q.get('layer')} {q.get('dtype')}" for q in entries)
+
+
+def compare_to_proposals(ratios: dict[str, float], plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:
+    """Say what the applied plan changed relative to the closest proposal (fewest changes; ties: the latest).
+
+    Args:
+        ratios: The applied plan's ratio per group (the guard's resolution of its entries).
+        plan: The applied plan (for its quantization entries).
+        proposals: What propose_plan returned this step, in order.
+    """
+    if not proposals:
+        return ProposalDiff(verdict="own", changes=len(ratios) + len(plan.quantization))
+    quant = _quant_keys([q.model_dump() for q in plan.quantization])
+    best: ProposalDiff | None = None
+    for prop in proposals:
+        added = sorted(set(ratios) - set(prop.ratios))
+        removed = sorted(set(prop.ratios) - set(ratios))
+        changed = {
+            g: [prop.ratios[g], ratios[g]]
+            for g in sorted(set(ratios) & set(prop.ratios))
+            if abs(prop.ratios[g] - ratios[g]) > 1e-6
+        }
+        q_change = "" if quant == prop.quantization else f"{', '.join(prop.quantization) or 'none'} -> "
+        q_change += (", ".join(quant) or "none") if q_change else ""
+        n = len(added) + len(removed) + len(changed) + (1 if q_change else 0)
+        verdict: Literal["copied", "edited", "own"] = (
+            "copied" if n == 0 else "edited" if n <= max(1, len(prop.ratios)) else "own"
+        )
+        diff = ProposalDiff(
+            verdict=verdict,
+            changes=n,
+            proposals=len(proposals),
+            goal=prop.goal,
+            emphasis=prop.emphasis,
+            added=added,
+            removed=removed,
+            ratios=changed,
+            quantization=q_change,
+        )
+        if best is None or diff.changes <= best.changes:
+            best = diff
+    assert best is not None
+    return best

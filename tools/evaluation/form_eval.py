@@ -54,7 +54,7 @@ def load_form(path: str | os.PathLike, threads: int | None = None) -> nn.Module:
     raise ValueError(f"{path} holds neither an OpenVINO nor an ONNX form")
 
 
-def _retry_int8(
+def int8_retry(
     built: Sequence[Variant],
     calib: torch.Tensor,
     pixels: Any,
@@ -185,7 +185,7 @@ def evaluate_forms(
         except Exception:  # noqa: BLE001 - a peer that no longer opens is not timed; the round goes on
             peer_name = None
     config = getattr(fp32, "config", None)
-    retry = _retry_int8(built, calib_pixels, pixels, labels, objective, allowed_ids, threads,
+    retry = int8_retry(built, calib_pixels, pixels, labels, objective, allowed_ids, threads,
                         getattr(config, "model_type", None))  # fmt: skip
     measured, timing = measure_forms(
         models,

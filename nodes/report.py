@@ -75,7 +75,12 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     final = state.model_dump()
     final["status"] = "done"
     thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None) or root.name  # forks: RUN/T/forks/
-    result = build_result(final, str(thread), {k: v for k, v in latency.items() if not k.startswith(PEER_PREFIX)})
+    joint = {k: v for k, v in latency.items() if not k.startswith(PEER_PREFIX)}
+    if state.best and state.best.iteration == 0 and state.best.eval:  # quantization only: the peer's joint numbers
+        key = PEER_PREFIX + state.best.eval.delivered
+        if key in latency or "baseline" in latency:
+            joint["iter_00"] = latency.get(key) or latency["baseline"]
+    result = build_result(final, str(thread), joint)
     result["final_latency_timing"] = timing or None
     result["delivery"] = delivery_summary(result.get("best"), result["baseline"], state.objective, latency, timing)
     result = attach_curves(result, root)  # the report rebuilds from result.json

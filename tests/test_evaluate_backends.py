@@ -151,3 +151,53 @@ def test_torch_backend_builds_no_onnx_and_keeps_the_plans_model(run_state):
     assert cand.eval.delivered == "torch_qint8" and cand.delivered is None
     assert cand.eval.quant_speedup is not None
     assert not list(Path(run_state.run_path).rglob("*.onnx"))
+
+
+def _finished_run(run_state):
+    """Write the result.json of a finished run whose best is iteration 1 (its FP32 pruned model on disk)."""
+    from profiling_agent.tools.io import write_json_atomic
+
+    run = Path(run_state.run_path)
+    best = {"iteration": 1, "pruned_path": "iter_01/pruned", "params": 1, "macs": 1, "variants": []}
+    write_json_atomic(run / "result.json", {"best": best, "baseline": {"path": "baseline"}, "labels": {}})
+    return run
+
+
+def test_export_openvino_int8_runs_with_openvino_and_leaves_no_scratch(run_state):
+    pytest.importorskip("nncf")
+    import numpy as np
+    import openvino as ov
+
+    from profiling_agent.tools.evaluation.export_run import ExportError, export_run
+
+    run = _finished_run(run_state)
+    target = run / "export" / "openvino-int8"
+    for stale in (".openvino-int8.building", ".openvino-int8.abc123"):  # what killed exports leave behind
+        (target.parent / stale / "ov_int8").mkdir(parents=True)
+    done = export_run(run, fmt="openvino", quantize="int8", threads=1)
+    assert done["form"] == "ov_int8" and done["eval_batch"] == 64 and done["source"].startswith("built from")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["openvino-int8"]  # scratch and leftovers swept
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(target / "openvino_model.xml")), "CPU")
+    data = prepared(run_state)
+    pixels = data["eval_pixels"][:48]
+    logits = compiled(pixels.numpy())[0]
+    acc = 100.0 * float((np.argmax(logits, 1) == data["eval_labels"][:48].numpy()).mean())
+    assert acc == pytest.approx(done["accuracy"], abs=100.0 / 48 + 1e-9)  # OpenVINO alone, the printed accuracy
+    with pytest.raises(ExportError, match="takes --quantize none, int8"):
+        export_run(run, fmt="openvino", quantize="dynamic")
+
+
+def test_export_copies_the_form_the_run_built(run_state):
+    from profiling_agent.tools.evaluation.export_run import export_run
+    from profiling_agent.tools.io import read_json, write_json_atomic
+
+    cand = _evaluate(run_state, "onnxruntime")
+    run = _finished_run(run_state)
+    result = read_json(run / "result.json")
+    result["best"]["variants"] = [v.model_dump() for v in cand.eval.variants]
+    write_json_atomic(run / "result.json", result)
+    done = export_run(run, fmt="onnx", quantize="dynamic", threads=1)
+    recorded = next(v for v in cand.eval.variants if v.name == "ort_dynamic")
+    assert done["source"].startswith("the form the run built") and recorded.path in done["source"]
+    assert done["accuracy"] == pytest.approx(recorded.accuracy, abs=1e-9)  # the same file, the same batch

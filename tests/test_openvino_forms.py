@@ -139,3 +139,15 @@ def test_ov_classifier_runs_any_batch(tmp_path):
     ov = OvClassifier(Path(fp32.path) / "openvino_model.xml", "f32", threads=1)
     for n in (1, 5):
         assert ov(pixel_values=_pixels(n, size)).logits.shape == (n, 10)
+
+
+def test_without_openvino_its_forms_fail_with_the_reason_and_rounds_skip_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(openvino_forms, "openvino_missing", lambda: "OpenVINO is unavailable (ImportError: test)")
+    model, size = _model("resnet")
+    x = _pixels(12, size)
+    built = build_forms(model, x[:4], x[4:], tmp_path, threads=1)
+    ov = [v for v in built if v.name.startswith("ov_")]
+    assert [v.status for v in ov] == ["failed"] * 3 and all("OpenVINO is unavailable" in v.error for v in ov)
+    assert all(v.status == "ok" for v in built if v.name.startswith("ort_"))  # the run goes on with ONNX Runtime
+    records = [{"name": v.name, "status": v.status, "accuracy": 90.0, "latency_ms": 1.0} for v in built]
+    assert not [f for f in round_forms(records, 90.0, 2.0) if f.startswith("ov_")]  # said once, not retried

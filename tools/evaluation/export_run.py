@@ -47,13 +47,13 @@ def _fp32_folder(run: Path, result: dict[str, Any], best: dict[str, Any]) -> Pat
     return folder
 
 
-def _recorded_form(run: Path, result: dict[str, Any], best: dict[str, Any], form: str) -> Path | None:
-    """Return the folder of `form` the run built and checked for the delivered model, when it is still on disk."""
+def _recorded_form(run: Path, result: dict[str, Any], best: dict[str, Any], form: str) -> dict[str, Any] | None:
+    """Return the record of `form` the run built and checked for the delivered model, when it is still on disk."""
     base = result.get("baseline") or {}
     variants = base.get("variants") if int(best.get("iteration") or 0) == 0 else best.get("variants")
     for v in variants or []:
         if v.get("name") == form and v.get("status") == "ok" and v.get("path") and (run / v["path"]).is_dir():
-            return run / v["path"]
+            return v
     return None
 
 
@@ -79,7 +79,8 @@ def export_run(
 
     The folder holds the model file(s), recipe.json, config.json and the image processor, like a delivered `best/`.
     It is checked against the torch model's logits and its accuracy on the run's validation images is measured
-    (at batch EVAL_BATCH, recorded: dynamic quantization's activation scales depend on the batch).
+    (at the batch the run measured the form with, else EVAL_BATCH; recorded: dynamic quantization's activation
+    scales depend on the batch).
 
     Args:
         run_path: The finished run's folder (RUN_DIR/THREAD_ID).
@@ -120,9 +121,10 @@ def export_run(
     tensors = open_run_data(run)  # validation streamed, calibration in memory
     try:
         recorded = _recorded_form(run, result, best, form)
+        eval_batch = int((recorded or {}).get("recipe", {}).get("eval_batch") or EVAL_BATCH)  # as the run measured it
         if recorded is not None:
-            source = f"the form the run built and checked ({recorded.relative_to(run)})"
-            shutil.copytree(recorded, scratch / form)
+            source = f"the form the run built and checked ({recorded['path']})"
+            shutil.copytree(run / recorded["path"], scratch / form)
             model = load_form(scratch / form, threads)
             recipe = dict(model.recipe)
             check = recipe.get("check") or {}
@@ -141,7 +143,7 @@ def export_run(
             model, recipe = variant.model, variant.recipe
             size, diff, agree = variant.size_bytes, variant.max_abs_diff, variant.logit_agreement
         allowed_ids = (result.get("labels") or {}).get("allowed_ids")
-        preds = predict(model, tensors["eval_pixels"], batch_size=EVAL_BATCH, allowed_ids=allowed_ids)
+        preds = predict(model, tensors["eval_pixels"], batch_size=eval_batch, allowed_ids=allowed_ids)
         accuracy = top1(preds, tensors["eval_labels"])
         del model
         with atomic_dir(target) as staged:
@@ -158,7 +160,7 @@ def export_run(
         "logit_agreement": agree,
         "accuracy": accuracy,
         "n_samples": int(len(tensors["eval_labels"])),
-        "eval_batch": EVAL_BATCH,
+        "eval_batch": eval_batch,
         "source": source,
         "recipe": recipe,
     }

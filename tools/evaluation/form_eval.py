@@ -177,11 +177,11 @@ def evaluate_forms(
     built = build_forms(fp32, calib_pixels, check, out_dir, forms=forms, threads=threads, processor=processor,
                         extra=extra)  # fmt: skip
     models.update({v.name: v.model for v in built if v.status == "ok"})
-    peer_name = None
+    peer_name, time_only = None, {}
     if peer and peer.get("path") and peer_root is not None and str(peer.get("name", "")).startswith(("ort_", "ov_")):
-        try:
+        try:  # timed beside the forms, not predicted again: its accuracy was measured with the baseline
             peer_name = PEER_PREFIX + str(peer["name"])
-            models[peer_name] = load_form(peer_root / str(peer["path"]), threads)
+            time_only[peer_name] = load_form(peer_root / str(peer["path"]), threads)
         except Exception:  # noqa: BLE001 - a peer that no longer opens is not timed; the round goes on
             peer_name = None
     config = getattr(fp32, "config", None)
@@ -200,6 +200,7 @@ def evaluate_forms(
         timed=[n for n in models if n not in untimed],
         parallel=concurrent_models(device, threads, len(models)),  # accuracy passes only; timing runs alone
         retry=retry,
+        time_only=time_only,
     )
     variants = [
         variant_record(name, measured[key], size_bytes=size, path=path)

@@ -32,6 +32,7 @@ def measure_forms(
     timed: list[str] | None = None,
     parallel: int = 1,
     retry: Callable[[dict[str, float]], dict[str, nn.Module]] | None = None,
+    time_only: Mapping[str, nn.Module] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Predict with every model on the same images, then time them interleaved in one `measure_latency` call.
 
@@ -53,6 +54,7 @@ def measure_forms(
         parallel: Models predicting concurrently in the accuracy pass (1: one after the other).
         retry: Called with every model's accuracy after the accuracy pass; returns models to replace (rebuilt
             forms, e.g. an accuracy-controlled INT8), which are predicted again before timing.
+        time_only: Models timed beside the others but not predicted (their accuracy is known: the peer).
 
     Returns:
         ({name: {"preds", "accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch",
@@ -72,7 +74,7 @@ def measure_forms(
             preds.update(again)
     names = [n for n in models if timed is None or n in timed or n == BASELINE]
     lat, timing = latency.measure_latency_checked(  # through the module, so tests can stand in for the clock
-        {n: models[n] for n in names},
+        {**{n: models[n] for n in names}, **dict(time_only or {})},
         pixels[:batch_size],
         batch_size=batch_size,
         warmup=warmup,
@@ -83,12 +85,11 @@ def measure_forms(
     timing["cpu_s"] = round(sum(r.get("cpu_s", 0.0) for r in lat.values()), 3)
     base = lat[BASELINE]
     out: dict[str, dict[str, Any]] = {}
-    for name in models:
-        row: dict[str, Any] = {
-            "preds": preds[name],
-            "accuracy": top1(preds[name], labels),
-            "agreement": agreement(preds[name], preds[BASELINE]),
-        }
+    for name in [*models, *(time_only or {})]:
+        row: dict[str, Any] = {}
+        if name in preds:
+            row.update(preds=preds[name], accuracy=top1(preds[name], labels),
+                       agreement=agreement(preds[name], preds[BASELINE]))  # fmt: skip
         if name in lat:
             row.update(
                 latency_ms=lat[name]["latency_ms"],

@@ -471,7 +471,7 @@ class Context:
 
     run_root: str = _ctx("runs", "Folder holding one sub-folder per thread (RUN_DIR).")
     device: str = _ctx("auto", "cpu, cuda or auto.")
-    threads: int = _ctx(0, "torch intra-op threads for profiling and evaluation (0 keeps torch's default).")
+    threads: int = _ctx(0, "Threads for profiling (0: torch's default) and for measuring forms (0: one, fair).")
     llm_model: str = _ctx("gpt-4o", "Chat model name on the OpenAI-compatible endpoint.")
     llm_base_url: str = _ctx("", "OpenAI-compatible base URL (default: $OPENAI_BASE_URL).")
     llm_api_key_env: str = _ctx("OPENAI_API_KEY", "Environment variable holding the API key (never stored).")

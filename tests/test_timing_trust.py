@@ -21,12 +21,14 @@ from profiling_agent.tools.evaluation.variants import measure_forms
 
 
 class _Mlp(nn.Module):
-    """A plain CPU-bound classifier: a few ms per forward at one thread."""
+    """A plain CPU-bound classifier."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        self.net = nn.Sequential(  # a few ms per image: longer than a scheduler slice, so a competitor shows
+            nn.Flatten(), nn.Linear(3 * 32 * 32, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10)
+        )
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.net(pixel_values)
@@ -36,15 +38,16 @@ class _Mlp(nn.Module):
 def test_a_competing_process_on_the_same_core_flags_the_timings():
     before_affinity, before_threads = os.sched_getaffinity(0), torch.get_num_threads()
     core = min(before_affinity)
-    spin = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
-    competitor = subprocess.Popen([sys.executable, "-c", spin])
+    spin = f"import os; os.sched_setaffinity(0, {{{core}}}); print('ready', flush=True)\nwhile True: pass"
+    competitor = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
     try:
+        assert competitor.stdout is not None and competitor.stdout.readline().strip() == "ready"  # spinning now
         os.sched_setaffinity(0, {core})
         torch.set_num_threads(1)
         pixels = torch.randn(8, 3, 32, 32)
         labels = torch.zeros(8, dtype=torch.long)
         models = {"baseline": _Mlp(), "other": _Mlp()}
-        rows, timing = measure_forms(models, pixels, labels, batch_size=8, eval_batch=8, warmup=2, repeats=20)
+        rows, timing = measure_forms(models, pixels, labels, batch_size=8, eval_batch=8, warmup=2, repeats=8)
     finally:
         competitor.kill()
         competitor.wait()

@@ -40,7 +40,7 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ref = state.baseline.model_dump() if state.baseline else None
     picked, why = choose_delivery(state.best.model_dump() if state.best else None, base, ref, state.objective)
     best = Best.model_validate(picked) if picked else None
-    update: dict[str, Any] = {"best": picked} if best is not None and best.iteration == 0 else {}
+    update: dict[str, Any] = {"best": best.model_dump()} if best is not None and best.iteration == 0 else {}
     delivery = f"delivered: {'iteration ' + str(best.iteration) if best and best.iteration else 'the unpruned model'}"
     delivery += f" ({why})" if best else ""
     data = state.data

@@ -166,7 +166,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
         assert a["plan"] == b["plan"]
         assert a["eval"] == b["eval"]
         assert a["artifact"]["sha256"] == b["artifact"]["sha256"]
-    untimed = [{**b, "recovery": {**b["recovery"], "seconds": 0}} for b in (out["best"], fresh["best"])]
+    untimed = [{**b, "recovery": {**(b["recovery"] or {}), "seconds": 0}} for b in (out["best"], fresh["best"])]
     assert untimed[0] == untimed[1]  # equal weights and numbers; only recovery's wall-clock seconds differ
     assert (
         json.loads((tmp_path / "resumable" / "result.json").read_text())["best"]["iteration"]

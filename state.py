@@ -245,9 +245,9 @@ class GroupSensitivity(_Strict):
 class VariantRecord(_Strict):
     """One deployable form of a candidate (a backend and quantization method), measured beside the baseline."""
 
-    name: str = Field(description="torch_fp32, torch_qint8, torch_float16, ort_fp32, ort_dynamic or ort_static.")
-    backend: Literal["torch", "onnxruntime"] = Field(description="The runtime that executes it.")
-    status: Literal["ok", "failed"] = Field(description="failed: not built, not loadable or not matching torch.")
+    name: str = Field(description="torch_fp32, torch_qint8, torch_float16, ort_fp32/dynamic/static, ov_fp32/bf16/int8.")
+    backend: Literal["torch", "onnxruntime", "openvino"] = Field(description="The runtime that executes it.")
+    status: Literal["ok", "failed", "skipped"] = Field(description="failed: not built/loadable/matching; skipped: why.")
     error: str | None = Field(default=None, description="Why it failed.")
     accuracy: float | None = Field(default=None, description="Top-1 % on the validation subset.")
     agreement: float | None = Field(default=None, description="% of predictions equal to the baseline's.")
@@ -259,6 +259,7 @@ class VariantRecord(_Strict):
     path: str | None = Field(default=None, description="Its folder, relative to the run folder.")
     max_abs_diff: float | None = Field(default=None, description="Largest |logit| difference from the torch FP32.")
     recipe: dict[str, Any] = Field(default_factory=dict, description="Exporter, opset and quantization recipe.")
+    wall_over_cpu: float | None = Field(default=None, description="Timed wall time over process CPU time.")
 
 
 class EvalRecord(_Strict):
@@ -289,6 +290,8 @@ class EvalRecord(_Strict):
     variants: list[VariantRecord] = Field(default_factory=list, description="Every backend form, side by side.")
     delivered: str = Field(default="torch", description="The variant the fields above describe (handed over).")
     delivery_note: str = Field(default="", description="Why that variant was delivered (or why ORT was not).")
+    peer: dict[str, Any] | None = Field(default=None, description="Fastest form of the unpruned model, timed beside.")
+    timing: dict[str, Any] | None = Field(default=None, description="Wall vs CPU time, busy flag, re-measures.")
 
 
 class PlannerMeta(_Strict):
@@ -474,7 +477,7 @@ class Context:
 
     run_root: str = _ctx("runs", "Folder holding one sub-folder per thread (RUN_DIR).")
     device: str = _ctx("auto", "cpu, cuda or auto.")
-    threads: int = _ctx(0, "torch intra-op threads for profiling and evaluation (0 keeps torch's default).")
+    threads: int = _ctx(0, "Threads for profiling (0: torch's default) and for measuring forms (0: one, fair).")
     llm_model: str = _ctx("gpt-4o", "Chat model name on the OpenAI-compatible endpoint.")
     llm_base_url: str = _ctx("", "OpenAI-compatible base URL (default: $OPENAI_BASE_URL).")
     llm_api_key_env: str = _ctx("OPENAI_API_KEY", "Environment variable holding the API key (never stored).")

@@ -1,4 +1,4 @@
-"""Deployment backends side by side: torch FP32/qint8 and ONNX Runtime FP32/dynamic/static int8, unpruned and pruned.
+"""Deployment backends side by side: torch FP32/qint8, ONNX Runtime FP32/dynamic/static, OpenVINO FP32/bf16/INT8.
 
 Usage:
     python bench/backends.py --quick              # 4 full-size configs + 2 trained models, < 10 min on 2 cores
@@ -15,7 +15,10 @@ and report accuracy on the run's validation images; their "pruned" model is the 
 pruned model.
 
 Every number of one model comes from one `measure_latency` call: all variants interleaved, same images, same
-thread count. Ratios are to the unpruned torch FP32 model of the same row block. "delivered" is the fastest pruned
+thread count, process CPU time beside wall time (a block whose wall time exceeds its CPU time by more than
+tools.evaluation.latency.BUSY_FACTOR is measured again, and flagged when it stays busy). Ratios are to the unpruned
+torch FP32 model of the same row block; "vs unpruned OV INT8" is the unpruned model's OpenVINO INT8 (NNCF) latency
+over the row's: what pruning adds over quantizing the unpruned model alone. "delivered" is the fastest pruned
 variant at batch 1 whose logits stay within --max-rel-diff of its torch FP32's (random weights: nearly tied logits
 make top-1 agreement on a few images noise) or, for trained models, whose accuracy keeps the budget, as the
 evaluate node would choose.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import tempfile
 import time
@@ -40,9 +44,9 @@ from paper_tables import FULL_SIZE, build_full_size  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 TRAINED = ("embedded:vit-digits", "embedded:resnet-digits")
-ALL = ("fp32", "dynamic", "static")
-# quick: the unpruned model only as torch FP32/qint8 and ORT dynamic (the reference the targets name), every form
-# of the pruned one; static calibration of a full-size model is the slowest step
+ALL = ("ort_fp32", "ort_dynamic", "ort_static", "ov_fp32", "ov_bf16", "ov_int8")
+# quick: the unpruned model only as torch FP32/qint8, ORT dynamic and OpenVINO INT8 (the references the targets
+# name), every form of the pruned one; static calibration of a full-size model is the slowest step
 PROFILES = {
     "quick": {
         "repeats": 2,
@@ -51,7 +55,7 @@ PROFILES = {
         "calib": 8,
         "check": 8,
         "trained_repeats": 20,
-        "base_methods": ("dynamic",),
+        "base_forms": ("ort_dynamic", "ov_int8"),
         "pruned_qint8": False,
     },
     "full": {
@@ -61,7 +65,7 @@ PROFILES = {
         "calib": 32,
         "check": 16,
         "trained_repeats": 40,
-        "base_methods": ALL,
+        "base_forms": ALL,
         "pruned_qint8": True,
     },
 }
@@ -87,34 +91,33 @@ def _size_mb(model: torch.nn.Module) -> float:
 
 
 def forms(prefix: str, fp32: torch.nn.Module, calib, check, work: Path, settings: dict) -> tuple[dict, dict]:
-    """Torch FP32 (and qint8) plus the ONNX Runtime variants of one model; and the ORT build facts."""
-    from profiling_agent.tools.compression.backends import BackendSettings, build_ort_variants
+    """Torch FP32 (and qint8) plus the ONNX Runtime and OpenVINO forms of one model; and the build facts."""
+    from profiling_agent.tools.evaluation.forms import build_forms
 
     pruned = bool(prefix)
     models = {f"{prefix}torch_fp32": fp32}
     if not pruned or settings["pruned_qint8"]:
         models[f"{prefix}torch_qint8"] = _qint8(fp32)
-    methods = ALL if pruned else settings["base_methods"]
+    wanted = ALL if pruned else settings["base_forms"]
     start = time.perf_counter()
-    built = build_ort_variants(
-        fp32,
-        calib,
-        check,
-        work / (prefix.strip(":") or "base"),
-        settings=BackendSettings(methods=methods, calibration_samples=settings["calib"]),
+    built = build_forms(
+        fp32, calib[: settings["calib"]], check, work / (prefix.strip(":") or "base"), forms=wanted,
         threads=torch.get_num_threads(),
-    )
-    facts = {"seconds": round(time.perf_counter() - start, 1)}
+    )  # fmt: skip
+    facts: dict[str, Any] = {"seconds": round(time.perf_counter() - start, 1)}
     for v in built:
+        if v.name not in wanted:  # the FP32 ONNX export every form starts from
+            continue
         if v.status == "ok":
             models[f"{prefix}{v.name}"] = v.model
-        facts[f"{prefix}{v.name}"] = {"status": v.status, "error": v.error, "max_abs_diff": v.max_abs_diff}
+        facts[f"{prefix}{v.name}"] = {"status": v.status, "error": v.error, "max_abs_diff": v.max_abs_diff,
+                                      "seconds": v.seconds}  # fmt: skip
     return models, facts
 
 
 def measure(models: dict, pixels, labels, allowed, batch: int, warmup: int, repeats: int) -> dict:
     """Accuracy (when labels are given) or agreement with torch FP32, and latency, all in one interleaved run."""
-    from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.evaluation.latency import measure_latency_checked
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
     from profiling_agent.tools.models.forward import forward_logits
 
@@ -122,17 +125,19 @@ def measure(models: dict, pixels, labels, allowed, batch: int, warmup: int, repe
     with torch.inference_mode():
         ref = forward_logits(models["torch_fp32"], pixels).float()
     preds = {k: predict(m, pixels, batch_size=64, allowed_ids=allowed) for k, m in models.items()}
-    lat = measure_latency(models, pixels[:batch], batch_size=batch, warmup=warmup, repeats=repeats)
+    lat, timing = measure_latency_checked(models, pixels[:batch], batch_size=batch, warmup=warmup, repeats=repeats)
+    rows["_timing"] = timing
     for key, model in models.items():
-        fp32 = "pruned:torch_fp32" if key.startswith("pruned:") else "torch_fp32"
+        own = "pruned:torch_fp32" if key.startswith("pruned:") else "torch_fp32"
         with torch.inference_mode():
-            own_ref = ref if fp32 == "torch_fp32" else forward_logits(models[fp32], pixels).float()
+            own_ref = ref if own == "torch_fp32" else forward_logits(models[own], pixels).float()
             diff = (forward_logits(model, pixels).float() - own_ref).abs().max().item() / own_ref.abs().max().item()
         rows[key] = {
             "size_mb": _size_mb(model),
             "latency_ms": lat[key]["latency_ms"],
             "latency_batch_ms": lat[key]["latency_batch_ms"],
-            "agreement_fp32": agreement(preds[key], preds[fp32]),
+            "wall_over_cpu": round(lat[key]["wall_s"] / lat[key]["cpu_s"], 3) if lat[key]["cpu_s"] else None,
+            "agreement_fp32": agreement(preds[key], preds[own]),
             "max_rel_diff": diff,  # largest |logit - its torch FP32's| over the largest |logit|
             "accuracy": top1(preds[key], labels) if labels is not None else None,
         }
@@ -155,7 +160,7 @@ def full_size(name: str, work: Path, settings: dict) -> dict:
     calib, check = x[: settings["calib"]], x[n : n + settings["check"]]
     pruned = copy.deepcopy(base)
     prune_uniform(pruned, settings["ratio"], x[:1], importance="l2")
-    say(f"[{name}] ONNX export + dynamic + static int8 (unpruned and pruned)")
+    say(f"[{name}] ONNX Runtime and OpenVINO forms (unpruned and pruned)")
     models, facts = forms("", base, calib, check, work / name, settings)
     more, more_facts = forms("pruned:", pruned, calib, check, work / name, settings)
     models.update(more)
@@ -196,7 +201,7 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     allowed = (state.get("labels") or {}).get("allowed_ids")
     base = load_artifact(run / state["baseline"]["path"]).model
     best = state.get("best") or {}
-    settings = {**settings, "base_methods": ALL, "pruned_qint8": True}  # small models: every form is cheap
+    settings = {**settings, "base_forms": ALL, "pruned_qint8": True}  # small models: every form is cheap
     models, facts = forms("", base, tensors["calib_pixels"], pixels[:32], work / name, settings)
     fp32_ref = best.get("recovered") or best.get("pruned")  # what the run's ONNX forms were built from
     if fp32_ref:
@@ -221,7 +226,7 @@ def delivered(result: dict, max_rel_diff: float, max_drop: float) -> str | None:
     base = rows["torch_fp32"]
     ok = []
     for key, row in rows.items():
-        if not key.startswith("pruned:"):
+        if not key.startswith("pruned:") or key == "_timing":
             continue
         if row["accuracy"] is not None:
             keep = base["accuracy"] - row["accuracy"] <= max_drop
@@ -232,8 +237,25 @@ def delivered(result: dict, max_rel_diff: float, max_drop: float) -> str | None:
     return min(ok, key=lambda k: rows[k]["latency_ms"]) if ok else None
 
 
+def unpruned_fastest(result: dict, max_rel_diff: float, max_drop: float) -> str | None:
+    """The fastest unpruned form at batch 1 that keeps the budget: what quantization alone gives a user."""
+    rows = result["rows"]
+    base = rows["torch_fp32"]
+    ok = []
+    for key, row in rows.items():
+        if key.startswith(("pruned:", "_")):
+            continue
+        if row["accuracy"] is not None:
+            keep = base["accuracy"] - row["accuracy"] <= max_drop
+        else:
+            keep = row["max_rel_diff"] <= max_rel_diff
+        if keep:
+            ok.append(key)
+    return min(ok, key=lambda k: rows[k]["latency_ms"]) if ok else None
+
+
 def table(results: list[dict], settings: dict) -> str:
-    """Markdown: per model and variant, size and speed ratios to the unpruned torch FP32, fidelity or accuracy."""
+    """Markdown: per model and form, size and speed ratios to the unpruned torch FP32 and OpenVINO INT8, quality."""
     head = [
         "model",
         "variant",
@@ -242,17 +264,25 @@ def table(results: list[dict], settings: dict) -> str:
         "b1 ms",
         "b1 speed",
         f"b{settings['batch']} speed",
+        "vs unpruned OV INT8",
         "top-1 % (or agree % w/ FP32)",
         "max rel diff",
+        "wall/CPU",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
         rows, base = res["rows"], res["rows"]["torch_fp32"]
+        timing = rows.get("_timing") or {}
         chosen = delivered(res, settings["max_rel_diff"], settings["max_acc_drop"])
-        res["delivered"] = chosen
+        peer = unpruned_fastest(res, settings["max_rel_diff"], settings["max_acc_drop"])
+        res["delivered"], res["unpruned_fastest"] = chosen, peer
+        ov_int8 = rows.get("ov_int8")
         for key, row in rows.items():
+            if key == "_timing":
+                continue
             quality = row["accuracy"] if row["accuracy"] is not None else row["agreement_fp32"]
-            mark = " **(delivered)**" if key == chosen else ""
+            mark = " **(delivered)**" if key == chosen else " *(quantization only)*" if key == peer else ""
+            vs_ov = f"{ov_int8['latency_ms'] / row['latency_ms']:.2f}x" if ov_int8 else "-"
             cells = [
                 res["model"],
                 key + mark,
@@ -261,17 +291,24 @@ def table(results: list[dict], settings: dict) -> str:
                 f"{row['latency_ms']:.1f}",
                 f"{base['latency_ms'] / row['latency_ms']:.2f}x",
                 f"{base['latency_batch_ms'] / row['latency_batch_ms']:.2f}x",
+                vs_ov,
                 f"{quality:.1f}",
                 f"{row['max_rel_diff']:.3g}",
+                f"{row.get('wall_over_cpu') or 0:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
-        if chosen and "ort_dynamic" in rows:
-            vs = rows["ort_dynamic"]["latency_ms"] / rows[chosen]["latency_ms"]
-            res["delivered_vs_ort_dynamic_unpruned"] = vs
-            lines.append(f"| {res['model']} | delivered vs unpruned ort_dynamic, batch 1 | | | | {vs:.2f}x | | | |")
+        blank = " | " * (len(head) - 3)
+        for ref, label in (("ort_dynamic", "unpruned ort_dynamic"), ("ov_int8", "unpruned OpenVINO INT8"),
+                           (peer, f"the fastest unpruned form ({peer})")):  # fmt: skip
+            if chosen and ref and ref in rows:
+                vs = rows[ref]["latency_ms"] / rows[chosen]["latency_ms"]
+                res[f"delivered_vs_{'fastest_unpruned' if ref == peer else ref + '_unpruned'}"] = vs
+                lines.append(f"| {res['model']} | delivered vs {label}, batch 1 | | | | {vs:.2f}x{blank}|")
+        if timing.get("busy"):
+            lines.append(f"| {res['model']} | TIMINGS FLAGGED: wall {timing['wall_over_cpu']}x CPU time{blank}| |")
         failed = [f"{k}: {f['error']}" for k, f in res["build"].items() if isinstance(f, dict) and f.get("error")]
         if failed:
-            lines.append(f"| {res['model']} | failed: {'; '.join(failed)[:300]} | | | | | | | |")
+            lines.append(f"| {res['model']} | not built: {'; '.join(failed)[:300]} |{blank}| |")
     return "\n".join(lines)
 
 
@@ -310,7 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         for ref in TRAINED if args.trained is None else args.trained:
             results.append(trained(ref, args.dataset, Path(tmp), settings))
     text = table(results, settings)
-    print(f"\n{len(results)} models, {args.threads} thread(s), {time.perf_counter() - start:.0f} s\n\n{text}")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+    cpu = time.process_time()
+    print(
+        f"\n{len(results)} models, {args.threads} thread(s), {time.perf_counter() - start:.0f} s wall, {cpu:.0f} s "
+        f"process CPU, load average at the end {', '.join(f'{x:.1f}' for x in load)}\n\n{text}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": settings, "results": results}, indent=1, default=str))
     return 0

@@ -75,10 +75,10 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
                    "--nproc-per-node {procs}; see docs/distributed.md)")  # fmt: skip
     p.add_argument(
         "--backend",
-        choices=["torch", "onnxruntime", "auto"],
+        choices=["torch", "onnxruntime", "openvino", "auto"],
         default=None,
         help="forms of each candidate to measure and deliver: torch, onnxruntime (ORT FP32, dynamic and static "
-        "int8) or auto (all; default): the fastest within the accuracy budget is delivered",
+        "int8), openvino (FP32, bf16, NNCF INT8) or auto (all; default): the fastest within the budget is delivered",
     )
 
 
@@ -203,17 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     ev.add_argument("--json", dest="json_out", default=None, help="write the metrics as JSON here")
 
-    exp = sub.add_parser("export", help="export a finished run's best model to ONNX (optionally int8)")
+    exp = sub.add_parser("export", help="export a finished run's best model to ONNX or OpenVINO (optionally int8)")
     exp.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
-    exp.add_argument("--format", choices=["onnx"], default="onnx", help="file format (onnx)")
+    exp.add_argument("--format", choices=["onnx", "openvino"], default="onnx", help="onnx or openvino (IR)")
     exp.add_argument(
         "--quantize",
-        choices=["dynamic", "static", "none"],
+        choices=["dynamic", "static", "int8", "none"],
         default="none",
-        help="ONNX Runtime int8: dynamic (Linear layers) or static (QDQ, calibrated; convolutions too)",
+        help="onnx: dynamic (Linear layers) or static (QDQ, calibrated); openvino: int8 (NNCF, calibrated)",
     )
-    exp.add_argument("--out", default=None, help="destination folder (default: RUN/THREAD/export/onnx-QUANTIZE)")
-    exp.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the check")
+    exp.add_argument("--out", default=None, help="destination folder (default: RUN/THREAD/export/FORMAT-QUANTIZE)")
+    exp.add_argument("--threads", type=int, default=None, help="runtime threads for the check")
 
     rep = sub.add_parser("report", help="rebuild plots, report.md and report.html of a finished run")
     rep.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")

@@ -110,12 +110,15 @@ def delivered_ref(cand: Candidate | None) -> ArtifactRef | None:
 
 
 def load_delivered(state: State, cand: Candidate, threads: int | None = None):
-    """Load a candidate in its delivered form: an ONNX Runtime session or the torch artifact's model."""
+    """Load a candidate in its delivered form: an ONNX Runtime session, an OpenVINO model or the torch model."""
     from profiling_agent.tools.models.onnx_model import is_onnx_folder, load_onnx_folder
+    from profiling_agent.tools.models.openvino_model import is_openvino_folder, load_openvino_folder
 
     ref = delivered_ref(cand)
     if ref is not None and is_onnx_folder(absolute(state, ref.path)):
         return load_onnx_folder(absolute(state, ref.path), threads)
+    if ref is not None and is_openvino_folder(absolute(state, ref.path)):
+        return load_openvino_folder(absolute(state, ref.path), threads)
     return load_artifact_model(state, ref).model
 
 
@@ -124,7 +127,7 @@ def runs_on_cpu_only(cand: Candidate | None) -> bool:
     if cand is None:
         return False
     name = cand.eval.delivered if cand.eval else "torch"
-    return name.startswith("ort_") or (bool(cand.quantized) and name != "torch_fp32")
+    return name.startswith(("ort_", "ov_")) or (bool(cand.quantized) and name != "torch_fp32")
 
 
 def artifact_ref(state: State, saved: dict[str, Any]) -> dict[str, Any]:

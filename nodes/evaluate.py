@@ -28,33 +28,14 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else 0.0
 
 
-def _build_ort(state: State, fp32: Any, processor: Any, tensors: dict[str, Any], backend: str, threads: int):
-    """Export and quantize the pruned FP32 model with ONNX Runtime (nothing when the backend is torch)."""
-    from profiling_agent.tools.compression.backends import build_ort_variants
-
-    if backend == "torch":
-        return []
-    current = state.current
-    params = current.artifact.params if current and current.artifact else None  # what EvalRecord.params says
-    extra = {"params": params, "macs": current.macs if current else None}
-    return build_ort_variants(
-        fp32,
-        tensors["calib_pixels"],
-        tensors["eval_pixels"][:CHECK_IMAGES],
-        iteration_dir(state, state.iteration) / "variants",
-        threads=threads,
-        processor=processor,
-        extra=extra,
-    )
-
-
 def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Measure the candidate's forms (torch FP32, torch quantized, ORT FP32/dynamic/static) beside the baseline."""
-    from profiling_agent.tools.device import resolve_device, set_threads
+    """Measure the candidate's forms (torch, ONNX Runtime, OpenVINO) beside the baseline and the unpruned peer."""
+    from profiling_agent.tools.device import resolve_device
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
-    from profiling_agent.tools.evaluation.metrics import concurrent_models
-    from profiling_agent.tools.evaluation.selection import choose_variant
-    from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
+    from profiling_agent.tools.evaluation.delivery import delivery_note, vs_peer
+    from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
+    from profiling_agent.tools.evaluation.forms import eligible_forms, forms_for_backend, round_forms
+    from profiling_agent.tools.evaluation.selection import choose_variant, within_budget
     from profiling_agent.tools.io import sha256_path
     from profiling_agent.tools.models.sizes import state_bytes
 
@@ -62,8 +43,7 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     current = current_candidate(state)
     assert base_eval is not None and current.artifact is not None  # measure_baseline and quantize ran
     ctx = context_of(runtime)
-    backend = ctx.backend if ctx.backend in ("torch", "onnxruntime", "auto") else "auto"
-    threads = set_threads(ctx.threads)
+    backend = ctx.backend if ctx.backend in ("torch", "onnxruntime", "openvino", "auto") else "auto"
     it = state.iteration
     tensors = prepared(state)
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
@@ -72,56 +52,55 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     models = {"baseline": load_artifact_model(state, state.baseline).model, torch_name: cand.model}
     fp32 = cand.model
     fp32_ref = current.recovered or current.pruned  # the fp32 pruned model, after recovery when it ran
-    if current.quantized and fp32_ref:  # the fp32 pruned model: its own variant and what ORT exports
+    torch_forms = {torch_name: (torch_name, current.artifact.size_bytes, current.artifact.path)}
+    if current.quantized and fp32_ref:  # the fp32 pruned model: its own variant and what the runtimes convert
         fp32 = models["torch_fp32"] = load_artifact_model(state, fp32_ref).model
+        torch_forms["torch_fp32"] = ("torch_fp32", fp32_ref.size_bytes, fp32_ref.path)
     if current.recovered and current.pruned:  # the one-shot weights: accuracy before recovery (not timed)
         models[UNRECOVERED] = load_artifact_model(state, current.pruned).model
+    budget = state.objective.max_acc_drop
+    base_variants = [v.model_dump() for v in base_eval.variants]
+    forms = forms_for_backend(backend, round_forms(base_variants, base_eval.accuracy, budget))
+    params = current.artifact.params  # what EvalRecord.params says
     emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=0, total=3, label="backends")
-    built = _build_ort(state, fp32, cand.processor, tensors, backend, threads)
-    models.update({v.name: v.model for v in built if v.status == "ok"})
-    # dynamically quantized torch models and ONNX Runtime run on the CPU only: then all are measured there
-    device = "cpu" if current.quantized or built else str(resolve_device(ctx.device))
-    models = {name: m.to(device) for name, m in models.items()}
-    emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=1, total=3, label="accuracy and latency")
-    measured = measure_forms(
-        models,
-        pixels,
-        labels,
-        batch_size=ctx.latency_batch,
-        eval_batch=ctx.eval_batch,
-        warmup=ctx.latency_warmup,
-        repeats=ctx.latency_repeats,
-        device=device,
-        allowed_ids=allowed_ids(state),
-        timed=[n for n in models if n != UNRECOVERED],
-        parallel=concurrent_models(device, threads, len(models)),  # accuracy passes only; timing runs alone
-    )
-    emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=3, total=3, label="")
-    sizes = {torch_name: current.artifact.size_bytes}
-    if "torch_fp32" in models and fp32_ref and torch_name != "torch_fp32":
-        sizes["torch_fp32"] = fp32_ref.size_bytes
-    paths = {torch_name: current.artifact.path}
-    if fp32_ref and torch_name != "torch_fp32":
-        paths["torch_fp32"] = fp32_ref.path
-    variants = [variant_record(n, measured[n], size_bytes=sizes[n], path=paths.get(n)) for n in sizes]
-    for v in built:
-        variants.append(
-            variant_record(
-                v.name,
-                measured.get(v.name) if v.status == "ok" else None,
-                size_bytes=v.size_bytes,
-                path=rel(state, v.path) if v.path else None,
-                error=v.error,
-                max_abs_diff=v.max_abs_diff,
-                recipe=recipe_summary(v.recipe),
-            )
+    with eval_threads(ctx.threads) as threads:
+        # dynamically quantized torch models and the runtimes' forms run on the CPU only: then all are measured there
+        device = "cpu" if current.quantized or forms else str(resolve_device(ctx.device))
+        models = {name: m.to(device) for name, m in models.items()}
+        out = evaluate_forms(
+            models,
+            fp32=fp32,
+            forms=forms,
+            calib_pixels=tensors["calib_pixels"],
+            pixels=pixels,
+            labels=labels,
+            out_dir=iteration_dir(state, it) / "variants",
+            rel=lambda p: rel(state, str(p)),
+            objective=state.objective,
+            ctx=ctx,
+            device=device,
+            threads=threads,
+            torch_forms=torch_forms,
+            processor=cand.processor,
+            extra={"params": params, "macs": current.macs},
+            allowed_ids=allowed_ids(state),
+            check_images=CHECK_IMAGES,
+            untimed=[UNRECOVERED],
+            peer=base_eval.peer,
+            peer_root=absolute(state, "."),
         )
+    emit(runtime, kind="progress", task=f"iteration {it}: evaluating", done=3, total=3, label="")
+    measured, variants, built = out["measured"], out["variants"], out["built"]
     base = base_eval.model_dump()
-    eligible = {"torch": [torch_name], "onnxruntime": [v.name for v in built], "auto": None}[backend]
+    eligible = eligible_forms(backend, [v.name for v in built], torch_name)
     chosen = choose_variant(variants, base, state.objective, eligible)
-    note = _delivery_note(backend, built, chosen)
-    if chosen is None:  # onnxruntime asked for but no ORT variant works: the plan's torch model
+    failed = [f"{v.name}: {v.error}" for v in built if v.status == "failed"]
+    note = delivery_note(chosen, bool(chosen) and within_budget(chosen, base, state.objective), failed, backend)
+    if chosen is None:  # a runtime asked for but none of its forms works: the plan's torch model
         chosen = next(v for v in variants if v["name"] == torch_name)
+        note = f"no {backend} form works; the plan's torch model is recorded" + (
+            f" ({'; '.join(failed)})" if failed else ""
+        )
     name = chosen["name"]
     delivered_model = models[name]
     b_lat, c_lat = measured["baseline"], measured[name]
@@ -137,14 +116,25 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         speedup=c_lat["speedup"],
         memory_bytes=state_bytes(delivered_model) or int((chosen["size_mb"] or 0) * 1e6),
         size_mb=chosen["size_mb"] or current.artifact.size_bytes / 1e6,
-        params=current.artifact.params,
+        params=params,
         macs=int(current.macs or 0),
         threads=threads,
         device=device,
         variants=variants,
         delivered=name,
         delivery_note=note,
+        timing=out["timing"],
     )
+    peer_key = out["peer_key"]
+    if base_eval.peer and (peer_key or base_eval.peer.get("name") == "torch_fp32"):
+        p_lat = measured[peer_key or "baseline"]
+        record.peer = {
+            **base_eval.peer,
+            "latency_ms": p_lat["latency_ms"],
+            "latency_batch_ms": p_lat["latency_batch_ms"],
+            "speedup": p_lat["speedup"],
+        }
+        record.peer["vs_peer"] = vs_peer(record.model_dump())
     if "torch_fp32" in measured and torch_name != "torch_fp32":  # the speed of torch quantization itself
         p_lat, q_lat = measured["torch_fp32"], measured[torch_name]
         record.pruned_latency_ms = p_lat["latency_ms"]
@@ -168,11 +158,11 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             path=chosen["path"],
             sha256=sha256_path(absolute(state, chosen["path"])),
             size_bytes=int((chosen["size_mb"] or 0) * 1e6),
-            params=current.artifact.params,
+            params=params,
         )
     low, high = record.acc_delta_ci
     message = (
-        f"delivered {name}: validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%"
+        f"{name}: validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%"
         + (
             f", {record.accuracy_before_recovery:.2f}% before recovery"
             if record.accuracy_before_recovery is not None
@@ -180,8 +170,15 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         )
         + "; change "
         f"{record.accuracy - base_eval.accuracy:+.2f} pp, 95% CI [{low:+.2f}, {high:+.2f}]), "
-        f"agreement {record.agreement:.1f}%, {record.speedup:.2f}x batch-1 speed, {record.params:,} params, "
-        f"{record.size_mb:.2f} MB; " + _variants_line(variants)
+        f"agreement {record.agreement:.1f}%, {record.speedup:.2f}x batch-1 speed"
+        + (
+            f" ({record.peer['vs_peer']:.2f}x quantization alone: {record.peer['name']} of the unpruned model)"
+            if record.peer and record.peer.get("vs_peer")
+            else ""
+        )
+        + f", {record.params:,} params, {record.size_mb:.2f} MB; forms: "
+        + out["line"]
+        + out["notice"]
     )
     return {"current": current.model_dump(), "history": event("evaluate", message, it)}
 
@@ -189,24 +186,3 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 def _dtypes(recipe: dict[str, Any]) -> list[str]:
     schemes = recipe.get("quantization") or {}
     return [str(s.get("dtype", "qint8")) for s in schemes.values()] or ["qint8"]
-
-
-def _delivery_note(backend: str, built: list[Any], chosen: dict[str, Any] | None) -> str:
-    """Say why the delivered variant was delivered, and why ONNX Runtime was not when it failed."""
-    failed = [f"{v.name}: {v.error}" for v in built if v.status != "ok"]
-    if backend == "torch":
-        return "backend torch: the plan's torch model"
-    if chosen is None:
-        return "no ONNX Runtime variant works; the plan's torch model is delivered (" + "; ".join(failed) + ")"
-    why = f"fastest measured form within the accuracy budget ({backend})"
-    return why + (f"; failed: {'; '.join(failed)}" if failed else "")
-
-
-def _variants_line(variants: list[dict[str, Any]]) -> str:
-    parts = []
-    for v in variants:
-        if v["status"] == "ok":
-            parts.append(f"{v['name']} {v['speedup']:.2f}x {v['accuracy']:.1f}%")
-        else:
-            parts.append(f"{v['name']} failed")
-    return "variants: " + ", ".join(parts)

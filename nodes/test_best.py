@@ -19,13 +19,14 @@ from profiling_agent.nodes.common import (
     run_dir,
     runs_on_cpu_only,
 )
-from profiling_agent.state import Context, State, TestEval
+from profiling_agent.state import Best, Context, State, TestEval
 
 
 def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
     from profiling_agent.tools.device import resolve_device, set_threads
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
+    from profiling_agent.tools.evaluation.delivery import choose_delivery
     from profiling_agent.tools.evaluation.metrics import (
         accuracy_batch,
         agreement,
@@ -35,13 +36,21 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     )
     from profiling_agent.tools.io import read_json
 
+    # what best/ holds: the pruned best when it keeps the budget and pruning bought something, else the
+    # unpruned model's fastest form within the budget (quantization only)
+    base = state.baseline_eval.model_dump() if state.baseline_eval else None
+    ref = state.baseline.model_dump() if state.baseline else None
+    picked, why = choose_delivery(state.best.model_dump() if state.best else None, base, ref, state.objective)
+    best = Best.model_validate(picked) if picked else None
+    update: dict[str, Any] = {"best": best.model_dump()} if best is not None and best.iteration == 0 else {}
+    delivery = f"delivered: {'iteration ' + str(best.iteration) if best and best.iteration else 'the unpruned model'}"
+    delivery += f" ({why})" if best else ""
     data = state.data
     if data is None or data.n_test == 0:
-        return {"history": event("test_best", "no held-out test images", state.iteration)}
+        return {**update, "history": event("test_best", f"no held-out test images; {delivery}", state.iteration)}
     ctx = context_of(runtime)
     tensors = prepared(state, parts=("test",))  # streamed: the held-out images are read here only
     pixels, labels = tensors["test_pixels"], tensors["test_labels"]
-    best = state.best
     models = {"baseline": load_artifact_model(state, state.baseline).model}
     if best and best.artifact:  # in its delivered form: the ONNX Runtime session when ORT was fastest
         models["best"] = load_delivered(state, best, threads=set_threads(ctx.threads))
@@ -92,4 +101,8 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             f", best (iteration {best.iteration}) {result.best_accuracy:.2f}% "
             f"({result.delta:+.2f} pp, 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}])"
         )
-    return {"test_eval": result.model_dump(), "history": event("test_best", message, state.iteration)}
+    return {
+        **update,
+        "test_eval": result.model_dump(),
+        "history": event("test_best", f"{message}; {delivery}", state.iteration),
+    }

@@ -59,7 +59,10 @@ def test_round_trip_per_family(tmp_path, family, monkeypatch):
     monkeypatch.chdir(cwd)
     model, size = _model(family)
     x = _pixels(48, size)
-    variants = build_ort_variants(model, x[:24], x[24:], tmp_path / "out", threads=1, extra={"params": 123})
+    settings = BackendSettings(static_on_transformers=True)  # static QDQ is skipped for transformers by default
+    variants = build_ort_variants(
+        model, x[:24], x[24:], tmp_path / "out", threads=1, extra={"params": 123}, settings=settings
+    )
     assert [v.name for v in variants] == ["ort_fp32", "ort_dynamic", "ort_static"]
     assert all(v.status == "ok" for v in variants), [v.error for v in variants]
     fresh = _pixels(5, size, seed=7)  # other images and another batch size than the check and the trace
@@ -142,6 +145,16 @@ def test_static_without_calibration_images_fails_alone(tmp_path):
     variants = {v.method: v for v in build_ort_variants(model, x[:0], x, tmp_path, threads=1)}
     assert variants["fp32"].status == variants["dynamic"].status == "ok"
     assert variants["static"].status == "failed" and "calibration" in variants["static"].error
+
+
+@pytest.mark.parametrize("family", ["vit", "swin"])
+def test_static_is_skipped_for_transformers_with_the_reason(tmp_path, family):
+    model, size = _model(family)
+    x = _pixels(8, size)
+    variants = {v.method: v for v in build_ort_variants(model, x[:4], x[4:], tmp_path, threads=1)}
+    assert variants["fp32"].status == variants["dynamic"].status == "ok"
+    assert variants["static"].status == "skipped" and "slower than ort_dynamic" in variants["static"].error
+    assert not (tmp_path / "ort_static").exists()
 
 
 def test_only_requested_methods_are_built(tmp_path):

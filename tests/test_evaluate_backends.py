@@ -19,6 +19,7 @@ from profiling_agent.tools.evaluation.metrics import predict, top1  # noqa: E402
 from profiling_agent.tools.evaluation.selection import choose_variant  # noqa: E402
 from profiling_agent.tools.models.artifacts import save_artifact  # noqa: E402
 from profiling_agent.tools.models.onnx_model import OrtClassifier  # noqa: E402
+from profiling_agent.tools.models.openvino_model import OvClassifier  # noqa: E402
 
 FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 4, "threads": 1, "eval_batch": 16}
 
@@ -99,18 +100,28 @@ def test_auto_measures_every_form_and_delivers_the_chosen_one(run_state):
     cand = _evaluate(run_state, "auto")
     ev = cand.eval
     names = [v.name for v in ev.variants]
-    assert names == ["torch_qint8", "torch_fp32", "ort_fp32", "ort_dynamic", "ort_static"]
-    assert all(v.status == "ok" and v.latency_ms > 0 and v.speedup > 0 for v in ev.variants)
+    assert names == ["torch_qint8", "torch_fp32", *(f"ort_{m}" for m in ("fp32", "dynamic", "static")),
+                     *(f"ov_{f}" for f in ("fp32", "bf16", "int8"))]  # fmt: skip
+    static = next(v for v in ev.variants if v.name == "ort_static")  # not built for a ViT: the reason says why
+    assert static.status == "skipped" and "slower than ort_dynamic" in static.error
+    measured = [v for v in ev.variants if v.name not in ("ort_static", "ov_bf16")]
+    assert all(v.status == "ok" and v.latency_ms > 0 and v.speedup > 0 for v in measured)
+    assert all(v.wall_over_cpu and v.wall_over_cpu > 0 for v in measured)  # CPU time recorded beside wall time
+    assert ev.timing and ev.timing["factor"] == 1.5 and "busy" in ev.timing
     records = [v.model_dump() for v in ev.variants]
     assert ev.delivered == choose_variant(records, run_state.baseline_eval.model_dump(), run_state.objective)["name"]
     chosen = next(v for v in ev.variants if v.name == ev.delivered)
     assert (ev.accuracy, ev.latency_ms, ev.speedup) == (chosen.accuracy, chosen.latency_ms, chosen.speedup)
     assert next(v for v in ev.variants if v.name == "ort_fp32").accuracy == 100.0  # the FP32 export is exact
-    static = next(v for v in ev.variants if v.name == "ort_static")
-    assert static.recipe["method"] == "static" and static.recipe["calibration"]["samples"] == 24
-    # the delivered form reloads (an ONNX session or a torch artifact) and reproduces its recorded accuracy
+    int8 = next(v for v in ev.variants if v.name == "ov_int8")
+    assert int8.recipe["method"] == "nncf_ptq" and int8.recipe["calibration"]["samples"] == 24
+    assert int8.recipe["model_type"] == "transformer" and int8.recipe["precision_hint"] == "default"
+    assert next(v for v in ev.variants if v.name == "ov_fp32").recipe["precision_hint"] == "f32"
+    assert next(v for v in ev.variants if v.name == "ort_dynamic").recipe["eval_batch"] == 16  # recorded
+    # the delivered form reloads (an ONNX session, an OpenVINO model or a torch artifact) and reproduces its accuracy
     model = load_delivered(run_state, cand, threads=1)
     assert isinstance(model, OrtClassifier) == ev.delivered.startswith("ort_")
+    assert isinstance(model, OvClassifier) == ev.delivered.startswith("ov_")
     data = prepared(run_state)
     acc = top1(predict(model, data["eval_pixels"], batch_size=16), data["eval_labels"])
     assert acc == pytest.approx(ev.accuracy, abs=1e-9)
@@ -124,11 +135,14 @@ def test_failed_export_falls_back_to_torch_with_the_reason(run_state, monkeypatc
     cand = _evaluate(run_state, "onnxruntime")
     ev = cand.eval
     assert ev.delivered == "torch_qint8" and cand.delivered is None
-    assert "no ONNX Runtime variant works" in ev.delivery_note and "unsupported op" in ev.delivery_note
+    assert "no onnxruntime form works" in ev.delivery_note and "unsupported op" in ev.delivery_note
     ort = [v for v in ev.variants if v.backend == "onnxruntime"]
-    assert [v.status for v in ort] == ["failed"] * 3 and all("unsupported op" in v.error for v in ort)
+    assert [v.status for v in ort] == ["failed", "failed", "skipped"]
+    assert all("unsupported op" in v.error for v in ort[:2])
     auto = _evaluate(run_state, "auto").eval
     assert auto.delivered in ("torch_qint8", "torch_fp32") and "failed: ort_fp32" in auto.delivery_note
+    ov = [v for v in auto.variants if v.backend == "openvino" and v.status == "failed"]
+    assert ov and all("ONNX export failed" in v.error for v in ov)  # OpenVINO converts the FP32 ONNX file
 
 
 def test_torch_backend_builds_no_onnx_and_keeps_the_plans_model(run_state):
@@ -137,3 +151,53 @@ def test_torch_backend_builds_no_onnx_and_keeps_the_plans_model(run_state):
     assert cand.eval.delivered == "torch_qint8" and cand.delivered is None
     assert cand.eval.quant_speedup is not None
     assert not list(Path(run_state.run_path).rglob("*.onnx"))
+
+
+def _finished_run(run_state):
+    """Write the result.json of a finished run whose best is iteration 1 (its FP32 pruned model on disk)."""
+    from profiling_agent.tools.io import write_json_atomic
+
+    run = Path(run_state.run_path)
+    best = {"iteration": 1, "pruned_path": "iter_01/pruned", "params": 1, "macs": 1, "variants": []}
+    write_json_atomic(run / "result.json", {"best": best, "baseline": {"path": "baseline"}, "labels": {}})
+    return run
+
+
+def test_export_openvino_int8_runs_with_openvino_and_leaves_no_scratch(run_state):
+    pytest.importorskip("nncf")
+    import numpy as np
+    import openvino as ov
+
+    from profiling_agent.tools.evaluation.export_run import ExportError, export_run
+
+    run = _finished_run(run_state)
+    target = run / "export" / "openvino-int8"
+    for stale in (".openvino-int8.building", ".openvino-int8.abc123"):  # what killed exports leave behind
+        (target.parent / stale / "ov_int8").mkdir(parents=True)
+    done = export_run(run, fmt="openvino", quantize="int8", threads=1)
+    assert done["form"] == "ov_int8" and done["eval_batch"] == 64 and done["source"].startswith("built from")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["openvino-int8"]  # scratch and leftovers swept
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(target / "openvino_model.xml")), "CPU")
+    data = prepared(run_state)
+    pixels = data["eval_pixels"][:48]
+    logits = compiled(pixels.numpy())[0]
+    acc = 100.0 * float((np.argmax(logits, 1) == data["eval_labels"][:48].numpy()).mean())
+    assert acc == pytest.approx(done["accuracy"], abs=100.0 / 48 + 1e-9)  # OpenVINO alone, the printed accuracy
+    with pytest.raises(ExportError, match="takes --quantize none, int8"):
+        export_run(run, fmt="openvino", quantize="dynamic")
+
+
+def test_export_copies_the_form_the_run_built(run_state):
+    from profiling_agent.tools.evaluation.export_run import export_run
+    from profiling_agent.tools.io import read_json, write_json_atomic
+
+    cand = _evaluate(run_state, "onnxruntime")
+    run = _finished_run(run_state)
+    result = read_json(run / "result.json")
+    result["best"]["variants"] = [v.model_dump() for v in cand.eval.variants]
+    write_json_atomic(run / "result.json", result)
+    done = export_run(run, fmt="onnx", quantize="dynamic", threads=1)
+    recorded = next(v for v in cand.eval.variants if v.name == "ort_dynamic")
+    assert done["source"].startswith("the form the run built") and recorded.path in done["source"]
+    assert done["accuracy"] == pytest.approx(recorded.accuracy, abs=1e-9)  # the same file, the same batch

@@ -286,13 +286,14 @@ def test_pareto_points_front_and_extra_baselines(finished_run):
     points = pareto_points(result)
     assert [p["kind"] for p in points].count("baseline") == 1 and [p["kind"] for p in points].count("best") == 1
     assert points[0]["latency_rel"] == 1.0
-    rounds = [p for p in points if p["kind"] in ("candidate", "best")]
+    rounds = [p for p in points if p["kind"] in ("candidate", "best") and p["label"].startswith("iter ")]
     for p, cand in zip(rounds, result["candidates"], strict=True):
         assert p["params"] == cand["params"] and p["latency_rel"] == pytest.approx(1 / cand["speedup"])
     best = result["best"]  # the best's other backend forms are drawn too, each at its own measured speed
     others = [v for v in best["variants"] if v["status"] == "ok" and v["name"] != best["delivered"]]
     forms = [p for p in points if p["kind"] == "variant"]
-    assert [p["label"] for p in forms] == [f"iter {best['iteration']} {v['name']}" for v in others]
+    where = f"iter {best['iteration']}" if best["iteration"] else "unpruned"  # 0: quantization alone was delivered
+    assert [p["label"] for p in forms] == [f"{where} {v['name']}" for v in others]
     assert [p["latency_rel"] for p in forms] == pytest.approx([1 / v["speedup"] for v in others])
     result["baselines"] = {
         "uniform 40%": {"accuracy": 90.0, "params": 1000, "speedup": 2.0},

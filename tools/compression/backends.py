@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from profiling_agent.tools.compression.onnx_runtime import OPSET, Exporter, _quiet, export_onnx, quantize_onnx
+from profiling_agent.tools.compression.onnx_runtime import OPSET, Exporter, export_onnx, quantize_onnx, quiet
 from profiling_agent.tools.io import write_json_atomic
 from profiling_agent.tools.models.forward import forward_logits
 from profiling_agent.tools.models.onnx_model import (
@@ -58,15 +58,27 @@ class BackendSettings:
     calibration_batch: int = 8  # images per calibration forward pass
     exclude_nodes: tuple[str, ...] = ()  # ONNX node names kept in float by both quantizers
     fp32_tolerance: float = 1e-3  # FP32 export must match torch: max |diff| <= this x the largest |logit|
+    static_on_transformers: bool = False  # see STATIC_TRANSFORMER_REASON: skipped unless asked for explicitly
+
+
+# Measured on ViT-B/16 (DESIGN.md section 8): U8S8 MinMax per-channel QDQ was slower than ORT dynamic QInt8 (81-87
+# vs 68-74 ms) and off (cosine to FP32 0.95, max |logit diff| 0.7 on logits of about 2), because LayerNorm/GELU/
+# softmax outputs with outliers get one static uint8 range each; ORT dynamic (per-batch ranges) and OpenVINO INT8
+# (NNCF's transformer scheme: SmoothQuant, mixed preset, softmax/LayerNorm kept in float) beat it on both counts.
+STATIC_TRANSFORMER_REASON = (
+    "not built for transformers: ONNX Runtime static QDQ on ViT is slower than ort_dynamic and loses accuracy "
+    "(static uint8 activation ranges on LayerNorm/GELU outliers); ort_dynamic and ov_int8 cover this model"
+)
+TRANSFORMER_MODEL_TYPES = ("vit", "deit", "swin")
 
 
 @dataclass
 class Variant:
     """One built backend variant: where it is, how it was made, how close it is to torch, or why it failed."""
 
-    name: str  # ort_fp32, ort_dynamic, ort_static
-    method: OrtMethod
-    status: Literal["ok", "failed"] = "failed"
+    name: str  # ort_fp32, ort_dynamic, ort_static, ov_fp32, ov_bf16, ov_int8
+    method: str  # fp32, dynamic, static (ONNX Runtime); fp32, bf16, int8 (OpenVINO)
+    status: Literal["ok", "failed", "skipped"] = "failed"
     path: str | None = None  # the variant's folder
     size_bytes: int = 0  # bytes of model.onnx
     max_abs_diff: float | None = None  # against the torch logits on the check images
@@ -74,7 +86,7 @@ class Variant:
     error: str | None = None
     seconds: float = 0.0  # export (FP32) or export + quantization time; kept out of the recipe (files stay stable)
     recipe: dict[str, Any] = field(default_factory=dict)
-    model: OrtClassifier | None = field(default=None, repr=False)  # the open session (ok variants only)
+    model: Any = field(default=None, repr=False)  # the open session or compiled model (ok variants only)
 
     def record(self) -> dict[str, Any]:
         """Return the JSON facts of the variant (without the session)."""
@@ -83,7 +95,8 @@ class Variant:
         return out
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
+    """Return an exception as one line: its type and the first line of its message (at most 300 characters)."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
@@ -133,12 +146,12 @@ def _pre_process(src: Path, dst: Path) -> str:
 
     src, dst = src.resolve(), dst.resolve()
     try:
-        with _quiet(), _scratch_cwd():
+        with quiet(), _scratch_cwd():
             quant_pre_process(str(src), str(dst))
         return "quant_pre_process (symbolic shape inference, optimization, ONNX shape inference)"
     except Exception as exc:  # noqa: BLE001 - symbolic shape inference fails on some graphs: plain ONNX shapes
-        logger.info("quant_pre_process failed (%s): retrying without symbolic shape inference", _reason(exc))
-    with _quiet(), _scratch_cwd():
+        logger.info("quant_pre_process failed (%s): retrying without symbolic shape inference", failure_reason(exc))
+    with quiet(), _scratch_cwd():
         quant_pre_process(str(src), str(dst), skip_symbolic_shape=True)
     return "quant_pre_process without symbolic shape inference (it failed on this graph)"
 
@@ -161,7 +174,7 @@ def quantize_static_onnx(src: Path, dst: Path, calib: torch.Tensor, settings: Ba
     how = _pre_process(src, pre)
     images = calib[: settings.calibration_samples].detach().to("cpu", torch.float32)
     try:
-        with _quiet():
+        with quiet():
             quantize_static(
                 str(pre),
                 str(dst),
@@ -191,7 +204,7 @@ def quantize_static_onnx(src: Path, dst: Path, calib: torch.Tensor, settings: Ba
     }
 
 
-def _check(variant: Variant, reference: torch.Tensor, pixels: torch.Tensor, tolerance: float | None) -> None:
+def check_logits(variant: Variant, reference: torch.Tensor, pixels: torch.Tensor, tolerance: float | None) -> None:
     """Compare the variant's logits with torch's; a shape mismatch, NaN or (FP32) a large difference fails it."""
     got = variant.model(pixel_values=pixels).logits if variant.model is not None else None
     if got is None or got.shape != reference.shape:
@@ -208,7 +221,7 @@ def _check(variant: Variant, reference: torch.Tensor, pixels: torch.Tensor, tole
         raise RuntimeError(f"logits differ from torch by {diff:.3g} (> {tolerance:g} x max |logit| {scale:.3g})")
 
 
-def _write_folder(folder: Path, variant: Variant, recipe: dict[str, Any], config: Any, processor: Any) -> None:
+def write_form_folder(folder: Path, variant: Variant, recipe: dict[str, Any], config: Any, processor: Any) -> None:
     """Write recipe.json, config.json and the processor next to model.onnx."""
     variant.recipe = recipe
     write_json_atomic(folder / ONNX_RECIPE, recipe)
@@ -252,6 +265,10 @@ def build_ort_variants(
         for v in variants:
             v.error = missing
         return variants
+    model_type = str(getattr(getattr(model, "config", None), "model_type", "") or "").lower()
+    for v in variants:
+        if v.method == "static" and model_type in TRANSFORMER_MODEL_TYPES and not settings.static_on_transformers:
+            v.status, v.error = "skipped", STATIC_TRANSFORMER_REASON
     model = model.eval().to("cpu")
     check = check_pixels.detach().to("cpu", torch.float32)
     with torch.inference_mode():
@@ -264,7 +281,8 @@ def build_ort_variants(
         )
     except Exception as exc:  # noqa: BLE001 - every variant needs the export: all fail with its reason
         for v in variants:
-            v.error = f"ONNX export failed: {_reason(exc)}"
+            if v.status != "skipped":
+                v.error = f"ONNX export failed: {failure_reason(exc)}"
         return variants
     base = {
         "format": ONNX_FORMAT,
@@ -284,6 +302,8 @@ def build_ort_variants(
         folder = out / variant.name
         if variant.method != "fp32":
             shutil.rmtree(folder, ignore_errors=True)
+        if variant.status == "skipped":
+            continue
         try:
             if not fp32_ok:
                 raise RuntimeError(f"the FP32 export is wrong ({fp32_error})")
@@ -292,7 +312,7 @@ def build_ort_variants(
             variant.seconds = round(exported["seconds"] + time.perf_counter() - start, 3)
             variant.model = OrtClassifier(folder / ONNX_FILE, threads)
             tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
-            _check(variant, reference, check, tolerance)
+            check_logits(variant, reference, check, tolerance)
             variant.status, variant.path = "ok", str(folder)
             variant.size_bytes = (folder / ONNX_FILE).stat().st_size
             recipe = {
@@ -307,9 +327,9 @@ def build_ort_variants(
                     "fp32_tolerance": settings.fp32_tolerance if variant.method == "fp32" else None,
                 },
             }
-            _write_folder(folder, variant, recipe, config, processor)
+            write_form_folder(folder, variant, recipe, config, processor)
         except Exception as exc:  # noqa: BLE001 - this variant fails, the others and the run go on
-            variant.status, variant.model, variant.error = "failed", None, _reason(exc)
+            variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
             if variant.method == "fp32":
                 fp32_ok, fp32_error = False, variant.error
             logger.info("backend variant %s failed: %s", variant.name, variant.error)

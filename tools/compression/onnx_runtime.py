@@ -31,11 +31,12 @@ __all__ = [
     "onnx_runtime_baseline",
     "ort_session",
     "quantize_onnx",
+    "quiet",
 ]
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """Silence exporter/quantizer chatter: warnings, stdout progress lines and root-logger advice."""
     root = logging.getLogger()
     level = root.level
@@ -94,7 +95,7 @@ def export_onnx(
     for name in order:
         start = time.perf_counter()
         try:
-            with _quiet(), torch.no_grad():
+            with quiet(), torch.no_grad():
                 _export(wrapper, example.detach().cpu(), path, name, opset)
         except Exception as exc:  # noqa: BLE001 - try the next exporter, report all reasons if none works
             errors.append(f"{name}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc) else ''}")
@@ -130,7 +131,7 @@ def quantize_onnx(
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    with _quiet():
+    with quiet():
         quantize_dynamic(
             str(src),
             str(dst),

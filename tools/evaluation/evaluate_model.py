@@ -7,6 +7,8 @@ from typing import Any
 
 from profiling_agent.tools.models.loading import LoadedModel
 
+EVAL_BATCH = 64  # accuracy batch, as in a run (dynamically quantized forms' accuracy depends on it: recorded)
+
 
 def evaluate_model(
     model_ref: str,
@@ -39,7 +41,7 @@ def evaluate_model(
     from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
     from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.device import resolve_device
-    from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.evaluation.latency import measure_latency_checked
     from profiling_agent.tools.evaluation.metrics import predict, top1
     from profiling_agent.tools.models.artifacts import is_artifact
     from profiling_agent.tools.models.input_shape import resolve_input_shape, verify_input_shape
@@ -73,21 +75,24 @@ def evaluate_model(
     )
     tensors = open_prepared(prepared["path"], {"eval": dataset, "calib": dataset}, loaded.processor)
     quantized = any("quantized" in type(m).__module__ for m in model.modules())
-    onnx = loaded.source == "onnx"  # an ONNX Runtime session: CPU, sizes and counts from its recipe
+    onnx = loaded.source in ("onnx", "openvino")  # a runtime's form: CPU, sizes and counts from its recipe
     dev = "cpu" if quantized or onnx else str(resolve_device(device))
     model = model.to(dev)
-    preds = predict(model, tensors["eval_pixels"], device=dev, allowed_ids=mapping.get("allowed_ids"))
-    lat = measure_latency(
+    preds = predict(
+        model, tensors["eval_pixels"], batch_size=EVAL_BATCH, device=dev, allowed_ids=mapping.get("allowed_ids")
+    )
+    lat, timing = measure_latency_checked(
         {"model": model},
         tensors["eval_pixels"][:latency_batch],
         batch_size=latency_batch,
         warmup=warmup,
         repeats=repeats,
         device=dev,
-    )["model"]
+    )
+    lat = lat["model"]
     weights = Path(loaded.path) / "model.safetensors" if loaded.path and is_artifact(loaded.path) else None
     if onnx:
-        weights = Path(loaded.path) / "model.onnx"
+        weights = Path(loaded.path) / ("model.onnx" if loaded.source == "onnx" else "openvino_model.bin")
     if weights is None and loaded.path and Path(loaded.path).is_dir():
         files = list(Path(loaded.path).glob("*.safetensors")) + list(Path(loaded.path).glob("*.bin"))
         size_mb = sum(f.stat().st_size for f in files) / 1e6 if files else None
@@ -103,12 +108,17 @@ def evaluate_model(
         "latency_ms": lat["latency_ms"],
         "latency_batch_ms": lat["latency_batch_ms"],
         "batch_size": latency_batch,
+        "eval_batch": EVAL_BATCH,
+        "timing": timing,
         "threads": torch.get_num_threads(),
         "device": dev,
         "memory_bytes": state_bytes(model) or (weights.stat().st_size if onnx and weights else 0),
         "size_mb": size_mb,
         "params": int(extra.get("params") or 0) if onnx else count_params(model),
-        "backend": f"onnxruntime ({(loaded.info['recipe'] or {}).get('method')})" if onnx else "torch",
+        "backend": f"{'onnxruntime' if loaded.source == 'onnx' else 'openvino'} "
+        f"({(loaded.info['recipe'] or {}).get('method')})"
+        if onnx
+        else "torch",
         "macs": macs,
         "label_mapping": mapping["method"],
         "restricted": bool(mapping.get("restricted")),
@@ -119,7 +129,10 @@ def model_macs(loaded: LoadedModel, chw: tuple[int, int, int]) -> int | None:
     """Count one image's MACs; when ptflops cannot (some quantized modules), use what the artifact recorded."""
     from profiling_agent.tools.profiling.static import static_profile
 
-    if loaded.source == "onnx":  # no torch modules to count: the MACs the run recorded for this architecture
+    if loaded.source in (
+        "onnx",
+        "openvino",
+    ):  # no torch modules to count: the MACs the run recorded for this architecture
         return int(((loaded.info.get("recipe") or {}).get("extra") or {}).get("macs") or 0) or None
     try:
         return int(static_profile(loaded.model.to("cpu"), chw)["total_macs"])

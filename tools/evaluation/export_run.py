@@ -1,64 +1,112 @@
-"""Export a finished run's best model to ONNX on demand: the `profiling-agent export` command's work."""
+"""Export a finished run's delivered model on demand: the `profiling-agent export` command's work.
+
+ONNX (`--quantize none|dynamic|static`: an ONNX Runtime folder) or OpenVINO (`--quantize none|int8`: an IR
+folder that `openvino.Core().read_model` opens alone). When the run already built and checked that form of the
+delivered model, its folder is copied (same file, the accuracy result.json recorded); otherwise it is built from the
+FP32 model. Work happens in `RUN/export/.FOLDER.building`, swept at the start of every export, so an export that
+was killed leaves nothing behind after the next one; the destination is replaced whole or not at all.
+"""
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from profiling_agent.tools.io import atomic_dir, read_json
 
-ExportQuantize = Literal["dynamic", "static", "none"]
+ExportFormat = Literal["onnx", "openvino"]
+ExportQuantize = Literal["dynamic", "static", "int8", "none"]
 CHECK_IMAGES = 32
+EVAL_BATCH = 64  # the runs' default accuracy batch (dynamic quantization's accuracy depends on it: recorded)
+FORMS = {
+    ("onnx", "none"): "ort_fp32",
+    ("onnx", "dynamic"): "ort_dynamic",
+    ("onnx", "static"): "ort_static",
+    ("openvino", "none"): "ov_fp32",
+    ("openvino", "int8"): "ov_int8",
+}
 
 
 class ExportError(ValueError):
     """The run folder cannot be exported (no result.json, no finished best model, missing files): one line."""
 
 
-def _pruned_folder(run: Path, best: dict[str, Any]) -> Path:
-    """Return the best candidate's FP32 pruned artifact, after recovery (what ONNX Runtime exports and quantizes)."""
-    recorded = best.get("pruned_path")
-    iteration = run / f"iter_{int(best['iteration']):02d}"
-    fallback = iteration / "recovered" if (iteration / "recovered" / "recipe.json").is_file() else iteration / "pruned"
-    folder = run / recorded if recorded else fallback
+def _fp32_folder(run: Path, result: dict[str, Any], best: dict[str, Any]) -> Path:
+    """Return the delivered model's FP32 torch artifact: the pruned (recovered) model, or the unpruned baseline."""
+    if int(best.get("iteration") or 0) == 0:  # quantization only: the unpruned model was delivered
+        folder = run / str((result.get("baseline") or {}).get("path") or "baseline")
+    else:
+        recorded = best.get("pruned_path")
+        iteration = run / f"iter_{int(best['iteration']):02d}"
+        recovered = iteration / "recovered"
+        fallback = recovered if (recovered / "recipe.json").is_file() else iteration / "pruned"
+        folder = run / recorded if recorded else fallback
     if not (folder / "recipe.json").is_file():
-        raise ExportError(f"{folder} (the best candidate's FP32 pruned model) is missing")
+        raise ExportError(f"{folder} (the delivered model's FP32 torch artifact) is missing")
     return folder
+
+
+def _recorded_form(run: Path, result: dict[str, Any], best: dict[str, Any], form: str) -> dict[str, Any] | None:
+    """Return the record of `form` the run built and checked for the delivered model, when it is still on disk."""
+    base = result.get("baseline") or {}
+    variants = base.get("variants") if int(best.get("iteration") or 0) == 0 else best.get("variants")
+    for v in variants or []:
+        if v.get("name") == form and v.get("status") == "ok" and v.get("path") and (run / v["path"]).is_dir():
+            return v
+    return None
+
+
+def sweep_leftovers(target: Path) -> list[Path]:
+    """Remove what an export killed mid-way left beside `target` (its scratch and atomic temp folders)."""
+    gone = []
+    if target.parent.is_dir():
+        for stale in target.parent.glob(f".{target.name}.*"):
+            shutil.rmtree(stale, ignore_errors=True)
+            gone.append(stale)
+    return gone
 
 
 def export_run(
     run_path: str | Path,
     *,
+    fmt: ExportFormat = "onnx",
     quantize: ExportQuantize = "none",
     out: str | Path | None = None,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """Export RUN/THREAD's best candidate (its FP32 pruned model) to an ONNX folder, quantized as asked.
+    """Export RUN/THREAD's delivered model as an ONNX Runtime or OpenVINO folder, quantized as asked.
 
-    The folder holds model.onnx, recipe.json, config.json and the image processor, like a delivered `best/`.
-    The file is checked against the torch model's logits on the run's validation images and its accuracy on
-    them is measured, so it can be compared with result.json.
+    The folder holds the model file(s), recipe.json, config.json and the image processor, like a delivered `best/`.
+    It is checked against the torch model's logits and its accuracy on the run's validation images is measured
+    (at the batch the run measured the form with, else EVAL_BATCH; recorded: dynamic quantization's activation
+    scales depend on the batch).
 
     Args:
         run_path: The finished run's folder (RUN_DIR/THREAD_ID).
-        quantize: none (FP32), dynamic (QInt8 MatMul/Gemm) or static (int8 QDQ calibrated on the run's
-            calibration images).
-        out: Destination folder (default RUN/THREAD/export/onnx-<quantize>); replaced when it exists.
-        threads: ONNX Runtime threads.
+        fmt: onnx or openvino.
+        quantize: onnx: none (FP32), dynamic (QInt8 MatMul/Gemm) or static (int8 QDQ on the calibration images);
+            openvino: none (FP32) or int8 (NNCF on the calibration images).
+        out: Destination folder (default RUN/THREAD/export/<fmt>-<quantize>); replaced when it exists.
+        threads: Runtime threads.
 
     Returns:
-        {"path", "method", "size_bytes", "max_abs_diff", "logit_agreement", "accuracy", "n_samples", "recipe"}.
+        {"path", "format", "form", "method", "size_bytes", "max_abs_diff", "logit_agreement", "accuracy",
+        "n_samples", "eval_batch", "source", "recipe"}.
 
     Raises:
-        ExportError: Bad run folder; RuntimeError: the export or quantization failed (with the reason).
+        ExportError: Bad run folder or format/quantize pair; RuntimeError: the export or quantization failed.
     """
-    from profiling_agent.tools.compression.backends import BackendSettings, build_ort_variants
     from profiling_agent.tools.data.stream import open_run_data
+    from profiling_agent.tools.evaluation.form_eval import load_form
+    from profiling_agent.tools.evaluation.forms import build_forms
     from profiling_agent.tools.evaluation.metrics import predict, top1
     from profiling_agent.tools.models.artifact_load import load_artifact
 
+    form = FORMS.get((fmt, quantize))
+    if form is None:
+        allowed = ", ".join(q for f, q in FORMS if f == fmt)
+        raise ExportError(f"--format {fmt} takes --quantize {allowed}, not {quantize}")
     run = Path(run_path)
     if not (run / "result.json").is_file():
         raise ExportError(f"{run / 'result.json'} not found: give a finished run's folder RUN_DIR/THREAD_ID")
@@ -66,42 +114,58 @@ def export_run(
     best = result.get("best")
     if not best:
         raise ExportError(f"run {run} has no finished candidate to export")
-    loaded = load_artifact(_pruned_folder(run, best))
+    fp32_folder = _fp32_folder(run, result, best)
+    target = Path(out) if out else run / "export" / f"{fmt}-{quantize}"
+    sweep_leftovers(target)
+    scratch = target.parent / f".{target.name}.building"
     tensors = open_run_data(run)  # validation streamed, calibration in memory
-    method = {"none": "fp32", "dynamic": "dynamic", "static": "static"}[quantize]
-    settings = BackendSettings(methods=(method,))
-    target = Path(out) if out else run / "export" / f"onnx-{quantize}"
-    with tempfile.TemporaryDirectory() as tmp:
-        (variant,) = build_ort_variants(
-            loaded.model,
-            tensors["calib_pixels"],
-            tensors["eval_pixels"][:CHECK_IMAGES],
-            tmp,
-            settings=settings,
-            threads=threads,
-            processor=loaded.processor,
-            extra={
-                "params": best.get("params"),
-                "macs": best.get("macs"),
-                "run": str(run),
-                "iteration": best["iteration"],
-            },
-        )
-        if variant.status != "ok" or variant.model is None:
-            raise RuntimeError(f"ONNX export ({method}) failed: {variant.error}")
-        allowed = (result.get("labels") or {}).get("allowed_ids")
-        preds = predict(variant.model, tensors["eval_pixels"], allowed_ids=allowed)
+    try:
+        recorded = _recorded_form(run, result, best, form)
+        eval_batch = int((recorded or {}).get("recipe", {}).get("eval_batch") or EVAL_BATCH)  # as the run measured it
+        if recorded is not None:
+            source = f"the form the run built and checked ({recorded['path']})"
+            shutil.copytree(run / recorded["path"], scratch / form)
+            model = load_form(scratch / form, threads)
+            recipe = dict(model.recipe)
+            check = recipe.get("check") or {}
+            size, diff, agree = _size(scratch / form), check.get("max_abs_diff"), check.get("agreement")
+        else:
+            loaded = load_artifact(fp32_folder)
+            source = f"built from {fp32_folder.relative_to(run)}"
+            extra = {"params": best.get("params"), "macs": best.get("macs"), "run": str(run),
+                     "iteration": best["iteration"]}  # fmt: skip
+            built = build_forms(loaded.model, tensors["calib_pixels"], tensors["eval_pixels"][:CHECK_IMAGES], scratch,
+                                forms=[form], threads=threads, processor=loaded.processor, extra=extra,
+                                static_on_transformers=True)  # fmt: skip
+            variant = next(v for v in built if v.name == form)
+            if variant.status != "ok" or variant.model is None:
+                raise RuntimeError(f"{fmt} export ({form}) failed: {variant.error}")
+            model, recipe = variant.model, variant.recipe
+            size, diff, agree = variant.size_bytes, variant.max_abs_diff, variant.logit_agreement
+        allowed_ids = (result.get("labels") or {}).get("allowed_ids")
+        preds = predict(model, tensors["eval_pixels"], batch_size=eval_batch, allowed_ids=allowed_ids)
         accuracy = top1(preds, tensors["eval_labels"])
-        variant.model = None
+        del model
         with atomic_dir(target) as staged:
-            shutil.copytree(variant.path, staged, dirs_exist_ok=True)
+            shutil.copytree(scratch / form, staged, dirs_exist_ok=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return {
         "path": str(target),
-        "method": method,
-        "size_bytes": variant.size_bytes,
-        "max_abs_diff": variant.max_abs_diff,
-        "logit_agreement": variant.logit_agreement,
+        "format": fmt,
+        "form": form,
+        "method": recipe.get("method"),
+        "size_bytes": size,
+        "max_abs_diff": diff,
+        "logit_agreement": agree,
         "accuracy": accuracy,
         "n_samples": int(len(tensors["eval_labels"])),
-        "recipe": variant.recipe,
+        "eval_batch": eval_batch,
+        "source": source,
+        "recipe": recipe,
     }
+
+
+def _size(folder: Path) -> int:
+    files = list(folder.glob("*.onnx")) + list(folder.glob("*.bin"))
+    return sum(f.stat().st_size for f in files)

@@ -15,7 +15,7 @@ from profiling_agent.tools.text import one_line
 logger = logging.getLogger(__name__)
 
 EMBEDDED_PREFIX = "embedded:"
-Source = Literal["embedded", "artifact", "onnx", "local", "hub"]
+Source = Literal["embedded", "artifact", "onnx", "openvino", "local", "hub"]
 
 
 @dataclass
@@ -25,7 +25,7 @@ class LoadedModel:
     Attributes:
         model: The classifier (eval mode, CPU).
         processor: Its image processor, or None when the source has none.
-        source: "embedded", "artifact", "onnx" (an ONNX Runtime folder), "local" or "hub".
+        source: "embedded", "artifact", "onnx" (an ONNX Runtime folder), "openvino" (an IR folder), "local" or "hub".
         path: The resolved folder (embedded, artifact, local) or the hub id.
         info: Extra facts: the artifact recipe, the embedded training record, the hub revision.
     """
@@ -192,6 +192,19 @@ def _load_onnx(ref: str, path: Path) -> LoadedModel:
     return LoadedModel(model, processor, "onnx", str(path), {"recipe": model.recipe})
 
 
+def _load_openvino(ref: str, path: Path) -> LoadedModel:
+    """Open an OpenVINO folder (openvino_model.xml + recipe.json) as a compiled classifier with its processor."""
+    from profiling_agent.tools.models.artifact_load import load_processor
+    from profiling_agent.tools.models.openvino_model import load_openvino_folder
+
+    try:
+        model = load_openvino_folder(path)
+        processor = load_processor(path)
+    except Exception as err:  # noqa: BLE001 - any failure becomes a one-line user message
+        raise ModelLoadError(f"cannot load OpenVINO model {ref}: {one_line(err)}") from None
+    return LoadedModel(model, processor, "openvino", str(path), {"recipe": model.recipe})
+
+
 def _load_local(ref: str, path: Path, trust_remote_code: bool) -> LoadedModel:
     """Load a save_pretrained folder."""
     if not path.is_dir():
@@ -250,9 +263,12 @@ def load_model(ref: str, *, revision: str | None = None, trust_remote_code: bool
     if path.exists():
         from profiling_agent.tools.models.artifacts import is_artifact
         from profiling_agent.tools.models.onnx_model import is_onnx_folder
+        from profiling_agent.tools.models.openvino_model import is_openvino_folder
 
         if is_onnx_folder(path):
             return _load_onnx(ref, path)
+        if is_openvino_folder(path):
+            return _load_openvino(ref, path)
         if is_artifact(path):
             return _load_artifact(ref, path)
         return _load_local(ref, path, trust_remote_code)

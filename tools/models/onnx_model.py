@@ -61,6 +61,9 @@ def ort_session(path: str | os.PathLike, threads: int | None = None) -> Any:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only
+    # ONNX Runtime's intra-op threads spin after each call by default: they would eat the cores of whatever is timed
+    # next (another form, another runtime) and make side-by-side numbers unfair; a few % of its own latency is lost
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 

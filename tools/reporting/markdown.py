@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from profiling_agent.tools.evaluation.delivery import summary_line
+
 
 def _fmt(value: Any, kind: str) -> str:
     if value is None:
@@ -244,34 +246,52 @@ def test_lines(result: dict[str, Any]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def _recipe_text(recipe: dict[str, Any]) -> str:
+    calib = recipe.get("calibration") or {}
+    control = recipe.get("accuracy_control") or {}
+    parts = (
+        recipe.get("method"),
+        f"hint {recipe.get('precision_hint')}" if recipe.get("precision_hint") else None,
+        f"NNCF {recipe.get('model_type')}" if recipe.get("model_type") else None,
+        "per-channel" if recipe.get("per_channel") else None,
+        f"{calib.get('method') or 'calibration'} x{calib.get('samples')}" if calib else None,
+        f"{recipe.get('exporter')} opset {recipe.get('opset')}" if recipe.get("exporter") else None,
+        f"accuracy control: {control.get('kept_count', 0)} layers kept in float" if control.get("kept_count") else None,
+    )
+    return ", ".join(str(x) for x in parts if x)
+
+
 def variant_rows(result: dict[str, Any]) -> list[list[str]]:
-    """Rows (header first) of every candidate's backend variants, measured beside the baseline in its round."""
-    rows = [["iter", "variant", "status", "val top-1 %", "agree %", "speed b1", "speed bN", "MB", "recipe", "note"]]
-    for c in result.get("candidates", []):
-        for v in c.get("variants") or []:
-            recipe = v.get("recipe") or {}
-            calib = recipe.get("calibration") or {}
-            how = ", ".join(
-                str(x)
-                for x in (
-                    recipe.get("method"),
-                    "per-channel" if recipe.get("per_channel") else None,
-                    f"{calib.get('method')} x{calib.get('samples')}" if calib else None,
-                    f"{recipe.get('exporter')} opset {recipe.get('opset')}" if recipe.get("exporter") else None,
-                )
-                if x
-            )
+    """Rows (header first) of the unpruned model's forms and every candidate's, measured beside the baseline.
+
+    "vs quant-only" is the form's speed over the quantization-only peer's (the unpruned model's fastest form within
+    the budget), both timed in the same round.
+    """
+    rows = [["iter", "variant", "status", "val top-1 %", "agree %", "speed b1", "speed bN", "vs quant-only", "MB",
+             "recipe", "note"]]  # fmt: skip
+    base = result.get("baseline") or {}
+    rounds = [("unpruned", base.get("variants") or [], base.get("peer") or {}, (base.get("peer") or {}).get("name"))]
+    rounds += [
+        (str(c["iteration"]), c.get("variants") or [], c.get("peer") or {}, c.get("delivered"))
+        for c in result.get("candidates", [])
+    ]
+    for label, variants, peer, delivered in rounds:
+        peer_speed = float(peer.get("speedup") or 0.0)
+        for v in variants:
+            marker = " (quantization only)" if label == "unpruned" else " (delivered)"
+            vs = float(v.get("speedup") or 0.0) / peer_speed if peer_speed and v.get("speedup") else None
             rows.append(
                 [
-                    str(c["iteration"]),
-                    v["name"] + (" (delivered)" if v["name"] == c.get("delivered") else ""),
+                    label,
+                    v["name"] + (marker if v["name"] == delivered else ""),
                     v["status"],
                     _fmt(v.get("accuracy"), "pct"),
                     _fmt(v.get("agreement"), "pct"),
                     _fmt(v.get("speedup"), "x"),
                     _fmt(v.get("speedup_batch"), "x"),
+                    _fmt(vs, "x"),
                     _fmt(v.get("size_mb"), "mb"),
-                    how or "-",
+                    _recipe_text(v.get("recipe") or {}) or "-",
                     md_text(v.get("error"), 160) if v.get("error") else "",
                 ]
             )
@@ -288,8 +308,9 @@ def variant_lines(result: dict[str, Any]) -> list[str]:
     return [
         "## Backend variants",
         "",
-        "Each candidate's forms, measured side by side with the baseline in its round (same images, same threads); "
-        "speeds are baseline latency over the variant's, batch 1 and batch N." + note,
+        "The unpruned model's forms (measured once) and each candidate's, side by side with the baseline in their "
+        "round (same images, same threads); speeds are the torch baseline's latency over the form's, batch 1 and "
+        "batch N; `vs quant-only` compares with the unpruned model's fastest form within the budget." + note,
         "",
         markdown_table(rows),
         "",
@@ -341,6 +362,7 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
             f"{base['size_mb']:.3f} MB, {best['speedup']:.2f}x batch-1 speed (measured side by side)."
             + ("" if best.get("within_budget") else " **No candidate stayed within the accuracy budget.**"),
             "",
+            *([f"**Speed:** {md_text(summary_line(result['delivery']), 600)}.", ""] if result.get("delivery") else []),
             *test_lines(result),
         ]
     else:

@@ -70,6 +70,17 @@ def pareto_points(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "params": as_number(cand.get("params")),
             }
         )
+    best = result.get("best") or {}
+    if best_it == 0 and as_number(best.get("accuracy")) is not None:  # quantization only was delivered
+        points.append(
+            {
+                "label": f"unpruned {best.get('delivered')}",
+                "kind": "best",
+                "accuracy": as_number(best.get("accuracy")),
+                "latency_rel": _relative_latency(best, base_latency),
+                "params": as_number(best.get("params")),
+            }
+        )
     points += variant_points(result, base_latency)
     for ref in extra_baselines(result):
         if as_number(ref.get("accuracy")) is None:
@@ -112,7 +123,7 @@ def variant_points(result: Mapping[str, Any], base_latency: float | None) -> lis
             continue
         out.append(
             {
-                "label": f"iter {best['iteration']} {v['name']}",
+                "label": f"iter {best['iteration']} {v['name']}" if best["iteration"] else f"unpruned {v['name']}",
                 "kind": "variant",
                 "accuracy": as_number(v.get("accuracy")),
                 "latency_rel": _relative_latency(v, base_latency),

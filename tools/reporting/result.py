@@ -28,6 +28,8 @@ METRIC_KEYS = (
     "delivered",
     "delivery_note",
     "variants",
+    "peer",
+    "timing",
 )
 
 

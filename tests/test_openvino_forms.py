@@ -1,0 +1,153 @@
+"""OpenVINO forms per family: FP32 equal to torch, NNCF INT8 close to it, bf16 skipped with a reason, IR alone.
+
+Tolerances: ov_fp32 (f32 precision hint) matches torch within 1e-4 x the largest |logit| on images it was not
+checked on; an INT8 form's logits correlate with torch's above 0.9 and differ by at most half the largest |logit|
+(random tiny models have small, nearly tied logits, so top-1 agreement is not a fair bar for them).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+pytest.importorskip("onnxruntime")
+
+from test_backends import _model, _pixels  # noqa: E402
+
+from profiling_agent.tools.compression import openvino_forms  # noqa: E402
+from profiling_agent.tools.evaluation.forms import build_forms, round_forms  # noqa: E402
+from profiling_agent.tools.io import read_json  # noqa: E402
+from profiling_agent.tools.models.openvino_model import (  # noqa: E402
+    OvClassifier,
+    compile_config,
+    is_openvino_folder,
+    load_openvino_folder,
+)
+
+FP32_TOLERANCE = 1e-4  # x the largest |logit|
+INT8_MIN_CORRELATION, INT8_MAX_DIFF = 0.9, 0.5  # correlation with torch; max |diff| x the largest |logit|
+
+
+@pytest.mark.parametrize("family", ["vit", "deit", "swin", "resnet"])
+def test_fp32_and_int8_per_family(tmp_path, family):
+    model, size = _model(family)
+    x = _pixels(40, size)
+    forms = build_forms(model, x[:24], x[24:], tmp_path, forms=["ov_fp32", "ov_int8"], threads=1)
+    by_name = {v.name: v for v in forms}
+    assert list(by_name) == ["ort_fp32", "ov_fp32", "ov_int8"]  # the FP32 ONNX file is what OpenVINO converts
+    assert all(v.status == "ok" for v in forms), [v.error for v in forms]
+    fresh = _pixels(5, size, seed=7)  # other images and another batch size than the calibration and the check
+    with torch.inference_mode():
+        ref = model(pixel_values=fresh).logits
+    scale = ref.abs().max().item()
+    fp32 = load_openvino_folder(by_name["ov_fp32"].path, threads=1)
+    assert fp32.settings["INFERENCE_PRECISION_HINT"] == "f32" and fp32.settings["NUM_STREAMS"] == "1"
+    assert (fp32(pixel_values=fresh).logits - ref).abs().max().item() <= FP32_TOLERANCE * scale
+    int8 = load_openvino_folder(by_name["ov_int8"].path, threads=1)
+    got = int8(pixel_values=fresh).logits
+    corr = torch.corrcoef(torch.stack([got.flatten(), ref.flatten()]))[0, 1].item()
+    assert corr > INT8_MIN_CORRELATION and (got - ref).abs().max().item() <= INT8_MAX_DIFF * scale
+    recipe = read_json(Path(by_name["ov_int8"].path) / "recipe.json")
+    quant = recipe["quantization"]
+    assert quant["method"] == "nncf_ptq" and quant["calibration"]["samples"] == 24 and quant["quantized_ops"] > 0
+    assert quant["model_type"] == ("default (CNN)" if family == "resnet" else "transformer")
+    assert recipe["runtime"]["precision_hint"] == "default" and recipe["check"]["images"] == 16
+    assert recipe["versions"]["openvino"] and recipe["versions"]["nncf"]
+    assert (Path(by_name["ov_int8"].path) / "openvino_model.bin").stat().st_size < by_name["ov_fp32"].size_bytes
+
+
+def test_bf16_is_skipped_with_the_reason_where_the_cpu_has_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(openvino_forms, "bf16_unsupported", lambda: "this CPU has no native bf16 (test)")
+    model, size = _model("vit")
+    x = _pixels(12, size)
+    forms = {v.name: v for v in build_forms(model, x[:4], x[4:], tmp_path, forms=["ov_fp32", "ov_bf16"], threads=1)}
+    assert forms["ov_bf16"].status == "skipped" and "no native bf16" in forms["ov_bf16"].error
+    assert not (tmp_path / "ov_bf16").exists() and forms["ov_fp32"].status == "ok"
+
+
+def test_a_form_that_fails_is_marked_failed_and_the_others_go_on(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("NNCF could not collect statistics")
+
+    monkeypatch.setattr(openvino_forms, "quantize_int8", broken)
+    model, size = _model("resnet")
+    x = _pixels(12, size)
+    forms = {v.name: v for v in build_forms(model, x[:4], x[4:], tmp_path, forms=["ov_fp32", "ov_int8"], threads=1)}
+    assert forms["ov_int8"].status == "failed" and "could not collect statistics" in forms["ov_int8"].error
+    assert forms["ov_fp32"].status == "ok" and not (tmp_path / "ov_int8").exists()
+
+
+def test_the_ir_folder_runs_with_openvino_alone(tmp_path):
+    model, size = _model("resnet")
+    x = _pixels(12, size)
+    (int8,) = [
+        v for v in build_forms(model, x[:8], x[8:], tmp_path, forms=["ov_int8"], threads=1) if v.name == "ov_int8"
+    ]
+    assert is_openvino_folder(int8.path)
+    expected = load_openvino_folder(int8.path, threads=1)(pixel_values=x[:3]).logits
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", x[:3].numpy())
+    code = (
+        "import sys, numpy as np, openvino as ov\n"
+        "core = ov.Core()\n"
+        f"model = core.read_model({str(Path(int8.path) / 'openvino_model.xml')!r})\n"
+        "out = core.compile_model(model, 'CPU')(np.load(sys.argv[1]))[0]\n"
+        "assert not any(m.startswith(('profiling_agent', 'torch')) for m in sys.modules)\n"
+        "np.save(sys.argv[2], out)\n"
+    )
+    subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path / "x.npy"), str(tmp_path / "y.npy")], check=True)
+    got = torch.from_numpy(np.load(tmp_path / "y.npy"))
+    assert got.shape == expected.shape  # the CPU's default precision may differ from the recorded hint's
+    assert torch.equal(got.argmax(-1), expected.argmax(-1)) or (got - expected).abs().max() < 0.05
+
+
+def test_compile_config_is_fair_for_side_by_side_timing():
+    config = compile_config("f32", 3)
+    assert config["NUM_STREAMS"] == "1" and config["ENABLE_CPU_PINNING"] == "NO"
+    assert config["INFERENCE_NUM_THREADS"] == "3" and config["INFERENCE_PRECISION_HINT"] == "f32"
+    assert "INFERENCE_PRECISION_HINT" not in compile_config("default", 1)  # INT8: the rest at the CPU's best
+
+
+def test_rounds_build_the_unpruned_models_fastest_forms_within_budget():
+    base = [
+        {"name": "torch_fp32", "status": "ok", "accuracy": 90.0, "latency_ms": 10.0},
+        {"name": "ort_fp32", "status": "ok", "accuracy": 90.0, "latency_ms": 5.0},
+        {"name": "ort_dynamic", "status": "ok", "accuracy": 89.5, "latency_ms": 3.0},
+        {"name": "ort_static", "status": "skipped"},
+        {"name": "ov_fp32", "status": "ok", "accuracy": 90.0, "latency_ms": 4.0},
+        {"name": "ov_bf16", "status": "ok", "accuracy": 90.0, "latency_ms": 4.4},
+        {"name": "ov_int8", "status": "ok", "accuracy": 80.0, "latency_ms": 1.0},  # outside a 2 pp budget
+    ]
+    assert round_forms(base, 90.0, 2.0) == ["ort_fp32", "ort_dynamic", "ov_fp32", "ov_bf16"]  # 2 fastest + <=1.5x
+    assert "ov_int8" in round_forms(base, 90.0, 10.0)
+    assert len(round_forms([], 90.0, 2.0)) == 6  # no baseline forms measured: every form
+
+
+def test_ov_classifier_runs_any_batch(tmp_path):
+    model, size = _model("deit")
+    x = _pixels(6, size)
+    (fp32,) = [
+        v for v in build_forms(model, x[:2], x[2:], tmp_path, forms=["ov_fp32"], threads=1) if v.name == "ov_fp32"
+    ]
+    ov = OvClassifier(Path(fp32.path) / "openvino_model.xml", "f32", threads=1)
+    for n in (1, 5):
+        assert ov(pixel_values=_pixels(n, size)).logits.shape == (n, 10)
+
+
+def test_without_openvino_its_forms_fail_with_the_reason_and_rounds_skip_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(openvino_forms, "openvino_missing", lambda: "OpenVINO is unavailable (ImportError: test)")
+    model, size = _model("resnet")
+    x = _pixels(12, size)
+    built = build_forms(model, x[:4], x[4:], tmp_path, threads=1)
+    ov = [v for v in built if v.name.startswith("ov_")]
+    assert [v.status for v in ov] == ["failed"] * 3 and all("OpenVINO is unavailable" in v.error for v in ov)
+    assert all(v.status == "ok" for v in built if v.name.startswith("ort_"))  # the run goes on with ONNX Runtime
+    records = [{"name": v.name, "status": v.status, "accuracy": 90.0, "latency_ms": 1.0} for v in built]
+    assert not [f for f in round_forms(records, 90.0, 2.0) if f.startswith("ov_")]  # said once, not retried

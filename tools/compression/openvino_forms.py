@@ -1,0 +1,272 @@
+"""OpenVINO forms of an FP32 classifier: ov_fp32 (f32 hint), ov_bf16 (where native) and ov_int8 (NNCF PTQ).
+
+Each form is a folder (`openvino_model.xml` + `.bin`, `recipe.json`, the model's `config.json` and image
+processor) built from the exported FP32 ONNX file (`openvino.convert_model`), checked against the torch logits on
+the check images like the ONNX Runtime variants. A form that cannot be built, compiled or checked is marked failed
+with a one-line reason; bf16 on a CPU without native bf16 is marked skipped with the reason. The run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from profiling_agent.tools.compression.backends import Variant, check_logits, failure_reason, write_form_folder
+from profiling_agent.tools.compression.onnx_runtime import quiet
+from profiling_agent.tools.models.openvino_model import (
+    OV_FILE,
+    OV_FORMAT,
+    OV_FORMAT_VERSION,
+    OV_WEIGHTS,
+    OvClassifier,
+    bf16_unsupported,
+    compile_config,
+    nncf_missing,
+    openvino_missing,
+)
+from profiling_agent.tools.versions import versions
+
+logger = logging.getLogger(__name__)
+
+OvForm = Literal["fp32", "bf16", "int8"]
+OV_FORMS: tuple[OvForm, ...] = ("fp32", "bf16", "int8")
+TRANSFORMER_TYPES = ("vit", "deit", "swin")  # NNCF's ModelType.TRANSFORMER (mixed preset, SmoothQuant, no softmax)
+
+
+@dataclass
+class OpenVinoSettings:
+    """How the OpenVINO forms are built and checked (defaults measured on ViT, DeiT, Swin and ResNet)."""
+
+    forms: tuple[OvForm, ...] = OV_FORMS  # which OpenVINO forms to build
+    calibration_samples: int = 64  # at most this many calibration images for NNCF (one image per item)
+    fast_bias_correction: bool = True  # NNCF's default; the slow variant costs minutes on ViT-B for no gain here
+    ignored_names: tuple[str, ...] = ()  # IR node names NNCF keeps in float (the accuracy-aware retry fills it)
+    fp32_tolerance: float = 1e-3  # ov_fp32 must match torch: max |diff| <= this x the largest |logit|
+
+
+def nncf_model_type(model_type: str | None) -> str | None:
+    """Return NNCF's model type for a transformers `model_type`: "transformer" for ViT, DeiT, Swin; else None."""
+    return "transformer" if (model_type or "").lower() in TRANSFORMER_TYPES else None
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _dataset(pixels: torch.Tensor, limit: int) -> list[Any]:
+    images = pixels[:limit].detach().to("cpu", torch.float32)
+    return [images[i : i + 1].contiguous().numpy() for i in range(len(images))]
+
+
+def quantize_int8(
+    ov_model: Any,
+    calib_pixels: torch.Tensor,
+    *,
+    model_type: str | None,
+    settings: OpenVinoSettings,
+    ignored: Sequence[str] = (),
+) -> tuple[Any, dict[str, Any]]:
+    """Quantize an OpenVINO FP32 model to INT8 with NNCF post-training quantization on the calibration images.
+
+    Args:
+        ov_model: The FP32 `openvino.Model` (left unchanged).
+        calib_pixels: Calibration images (N, C, H, W); at most `settings.calibration_samples` are used.
+        model_type: "transformer" (ViT, DeiT, Swin: NNCF's transformer scheme) or None (CNNs).
+        settings: Calibration count and bias correction.
+        ignored: IR node names kept in float.
+
+    Returns:
+        The quantized model and its recipe (NNCF version, model type, preset, calibration count, ignored scope).
+    """
+    import nncf
+
+    if len(calib_pixels) == 0:
+        raise RuntimeError("INT8 needs calibration images and the run has none")
+    items = _dataset(calib_pixels, settings.calibration_samples)
+    kwargs: dict[str, Any] = {
+        "subset_size": len(items),
+        "fast_bias_correction": settings.fast_bias_correction,
+    }
+    if model_type == "transformer":
+        kwargs["model_type"] = nncf.ModelType.TRANSFORMER
+    names = sorted(set(ignored) | set(settings.ignored_names))
+    if names:
+        kwargs["ignored_scope"] = nncf.IgnoredScope(names=names, validate=False)
+    with quiet():
+        quantized = nncf.quantize(ov_model.clone(), nncf.Dataset(items), **kwargs)
+    recipe = {
+        "method": "nncf_ptq",
+        "tool": "nncf.quantize",
+        "model_type": model_type or "default (CNN)",
+        "preset": "mixed (transformer default)" if model_type == "transformer" else "performance (default)",
+        "calibration": {"samples": len(items), "batch": 1, "source": "the run's calibration images"},
+        "fast_bias_correction": settings.fast_bias_correction,
+        "ignored_scope": names,
+        "rest_precision": "the CPU's best (OpenVINO's default inference precision)",
+    }
+    return quantized, recipe
+
+
+def quantized_ops(ov_model: Any) -> set[str]:
+    """Return the names of the IR operations that read a FakeQuantize output (the layers running in int8)."""
+    names = set()
+    for op in ov_model.get_ordered_ops():
+        if op.get_type_name() not in ("MatMul", "Convolution", "GroupConvolution", "Add", "Multiply"):
+            continue
+        for value in op.input_values():
+            producer = value.get_node()
+            while producer.get_type_name() in ("Convert", "Reshape", "Transpose") and producer.inputs():
+                producer = producer.input_value(0).get_node()
+            if producer.get_type_name() == "FakeQuantize":
+                names.add(op.get_friendly_name())
+                break
+    return names
+
+
+def _save(ov_model: Any, folder: Path) -> None:
+    import openvino as ov
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ov.save_model(ov_model, str(folder / OV_FILE), compress_to_fp16=False)
+
+
+def build_ov_forms(
+    onnx_path: str | os.PathLike | None,
+    calib_pixels: torch.Tensor,
+    check_pixels: torch.Tensor,
+    reference: torch.Tensor,
+    out_dir: str | os.PathLike,
+    *,
+    settings: OpenVinoSettings | None = None,
+    threads: int | None = None,
+    model_type: str | None = None,
+    config: Any = None,
+    processor: Any = None,
+    extra: Mapping[str, Any] | None = None,
+    convert: Callable[[], Any] | None = None,
+) -> list[Variant]:
+    """Build the OpenVINO forms of an FP32 classifier and check each against the torch logits.
+
+    Args:
+        onnx_path: The exported FP32 ONNX file (None or missing: `convert` is used).
+        calib_pixels: Calibration images for NNCF's activation statistics.
+        check_pixels: Images whose torch logits are `reference`.
+        reference: The torch FP32 logits on `check_pixels`.
+        out_dir: Parent folder; each form writes OUT/ov_<form>/.
+        settings: Which forms and how.
+        threads: OpenVINO inference threads (default: torch's).
+        model_type: The transformers model_type (vit, deit, swin, resnet, ...): picks NNCF's model type.
+        config: The transformers config saved beside the IR (labels).
+        processor: The image processor saved beside the IR.
+        extra: JSON facts copied into each recipe (params, MACs, the source artifact).
+        convert: Returns an `openvino.Model` when there is no ONNX file (e.g. `openvino.convert_model(torch)`).
+
+    Returns:
+        One Variant per requested form, in order; failed or skipped ones carry the reason.
+    """
+    settings = settings or OpenVinoSettings()
+    out = Path(out_dir)
+    variants = [Variant(name=f"ov_{f}", method=f) for f in settings.forms]
+    missing = openvino_missing()
+    if missing or not variants:
+        for v in variants:
+            v.error = missing
+        return variants
+    check = check_pixels.detach().to("cpu", torch.float32)
+    start = time.perf_counter()
+    try:
+        import openvino as ov
+
+        with quiet():
+            if onnx_path is not None and Path(onnx_path).is_file():
+                fp32_model, source = ov.convert_model(str(onnx_path)), "openvino.convert_model(FP32 ONNX)"
+            elif convert is not None:
+                fp32_model, source = convert(), "openvino.convert_model(torch)"
+            else:
+                raise RuntimeError("no FP32 ONNX file to convert (the ONNX export failed)")
+    except Exception as exc:  # noqa: BLE001 - every form needs the conversion: all fail with its reason
+        for v in variants:
+            v.error = f"OpenVINO conversion failed: {failure_reason(exc)}"
+        return variants
+    convert_seconds = time.perf_counter() - start
+    base = {
+        "format": OV_FORMAT,
+        "format_version": OV_FORMAT_VERSION,
+        "model_file": OV_FILE,
+        "weights_file": OV_WEIGHTS,
+        "input": {"name": "pixel_values", "shape": list(check.shape[1:]), "dynamic_batch": True},
+        "output": "logits",
+        "export": {"converter": source},
+        "versions": versions("openvino", "nncf"),
+        "extra": dict(extra or {}),
+    }
+    fp32_error = ""
+    for variant in variants:
+        folder = out / variant.name
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            if variant.method == "bf16" and (reason := bf16_unsupported()):
+                variant.status, variant.error = "skipped", reason
+                continue
+            if fp32_error and variant.method != "int8":
+                raise RuntimeError(f"the FP32 IR is wrong ({fp32_error})")
+            t0 = time.perf_counter()
+            quant: dict[str, Any] | None = None
+            precision = {"fp32": "f32", "bf16": "bf16", "int8": "default"}[variant.method]
+            if variant.method == "int8":
+                missing_nncf = nncf_missing()
+                if missing_nncf:
+                    raise RuntimeError(missing_nncf)
+                ov_model, quant = quantize_int8(fp32_model, calib_pixels, model_type=nncf_model_type(model_type),
+                                                settings=settings)  # fmt: skip
+                quant["quantized_ops"] = len(quantized_ops(ov_model))
+                _save(ov_model, folder)
+            elif variant.method == "bf16" and (out / "ov_fp32" / OV_FILE).is_file():  # the same IR, another hint
+                folder.mkdir(parents=True, exist_ok=True)
+                for name in (OV_FILE, OV_WEIGHTS):
+                    _link_or_copy(out / "ov_fp32" / name, folder / name)
+            else:
+                _save(fp32_model, folder)
+            variant.model = OvClassifier(folder / OV_FILE, precision, threads)  # type: ignore[arg-type]
+            variant.seconds = round(convert_seconds + time.perf_counter() - t0, 3)
+            tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
+            check_logits(variant, reference, check, tolerance)
+            variant.status, variant.path = "ok", str(folder)
+            variant.size_bytes = (folder / OV_WEIGHTS).stat().st_size
+            recipe = {
+                **base,
+                "runtime": {
+                    "name": "openvino",
+                    "precision_hint": precision,
+                    "compile_config": compile_config(precision, threads),  # type: ignore[arg-type]
+                },
+                "variant": variant.name,
+                "method": variant.method,
+                "quantization": quant,
+                "check": {
+                    "images": len(check),
+                    "max_abs_diff": variant.max_abs_diff,
+                    "agreement": variant.logit_agreement,
+                    "fp32_tolerance": tolerance,
+                },
+            }
+            write_form_folder(folder, variant, recipe, config, processor)
+        except Exception as exc:  # noqa: BLE001 - this form fails, the others and the run go on
+            variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
+            if variant.method == "fp32":
+                fp32_error = variant.error
+            shutil.rmtree(folder, ignore_errors=True)
+            logger.info("OpenVINO form %s failed: %s", variant.name, variant.error)
+    return variants

@@ -1,0 +1,211 @@
+"""The run's delivery policy: what goes into best/, and how it compares with quantizing the unpruned model alone.
+
+Every run measures the unpruned baseline in every form (`measure_baseline`); the fastest of those within the
+accuracy budget is the *quantization-only peer*: what a user gets without pruning and without its accuracy risk.
+Each round times the peer beside its candidate's forms; at the end the delivered model is the best pruned
+candidate only when it keeps the budget and pruning bought something over the peer, else the peer itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from profiling_agent.state import Objective
+from profiling_agent.tools.evaluation.selection import LATENCY_TIE, choose_variant, reduction, within_budget
+
+PEER_PREFIX = "unpruned_"  # models named so in a round's timing are the peer (the unpruned model's fastest form)
+BASELINE_TORCH = "torch_fp32"  # the untouched torch model among the baseline's forms
+
+
+def quantization_only_peer(
+    variants: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], objective: Objective
+) -> dict[str, Any] | None:
+    """Return the unpruned model's fastest form within the budget (its torch model counts), or None.
+
+    Args:
+        variants: The baseline's VariantRecord dicts (torch_fp32 and the ONNX Runtime / OpenVINO forms).
+        baseline: The baseline's EvalRecord dict (its accuracy is the budget's reference).
+        objective: Budget and target.
+    """
+    base = dict(baseline)
+    fitting = [dict(v) for v in variants if v.get("status") == "ok" and within_budget(dict(v), base, objective)]
+    if not fitting:
+        return None
+    chosen = choose_variant(fitting, dict(baseline), objective.model_copy(update={"target": "latency"}))
+    if chosen is None:
+        return None
+    keys = ("name", "backend", "path", "accuracy", "latency_ms", "latency_batch_ms", "speedup", "size_mb")
+    return {k: chosen.get(k) for k in keys}
+
+
+def delivery_note(chosen: Mapping[str, Any] | None, within: bool, failed: Sequence[str], backend: str) -> str:
+    """Say truthfully why a candidate's form was chosen: fastest within the budget, or none kept it."""
+    if chosen is None:
+        return "no measured form of this candidate works; the plan's torch model is recorded"
+    if not within:
+        why = (
+            f"no form of this candidate kept the accuracy budget; {chosen['name']} is recorded as its most accurate "
+            "form (the run does not deliver a candidate outside the budget)"
+        )
+    else:
+        why = f"fastest measured form within the accuracy budget ({backend})"
+    return why + (f"; failed: {'; '.join(failed)}" if failed else "")
+
+
+def vs_peer(record: Mapping[str, Any]) -> float | None:
+    """Return how many times faster a candidate's delivered form ran than the peer, timed side by side."""
+    peer = record.get("peer") or {}
+    lat = float(record.get("latency_ms") or 0.0)
+    peer_lat = float(peer.get("latency_ms") or 0.0)
+    return round(peer_lat / lat, 4) if lat > 0 and peer_lat > 0 else None
+
+
+def pruning_verdict(best: Mapping[str, Any] | None, objective: Objective) -> tuple[bool, str]:
+    """Decide whether the best pruned candidate is delivered (True) or the quantization-only peer (False).
+
+    The candidate is delivered when it keeps the budget and either runs faster than the peer (beyond the
+    LATENCY_TIE noise band) or, for a params/MACs/size target, reaches the target reduction the user asked for.
+    """
+    if not best or not best.get("eval"):
+        return False, "no pruned candidate finished"
+    ev = best["eval"]
+    if not best.get("within_budget"):
+        return False, f"the best pruned candidate lost {best.get('accuracy_drop', 0):.2f} pp, past the budget"
+    ratio = vs_peer(ev)
+    if ratio is None:
+        return True, "no quantization-only peer was timed beside it"
+    if ratio > 1 + LATENCY_TIE:
+        return True, f"pruning made it {ratio:.2f}x faster than quantizing the unpruned model alone"
+    if objective.target != "latency" and float(best.get("reduction") or 0.0) >= objective.target_reduction:
+        return True, (
+            f"it is {ratio:.2f}x the speed of quantizing the unpruned model alone, but reaches the "
+            f"{objective.target} target ({float(best['reduction']):.1%})"
+        )
+    return False, f"pruning added no speed: {ratio:.2f}x the speed of quantizing the unpruned model alone"
+
+
+def peer_best(
+    baseline_eval: Mapping[str, Any], baseline_ref: Mapping[str, Any], objective: Objective, why: str = ""
+) -> dict:
+    """Return a Best dict (iteration 0, no plan) for the quantization-only peer, for delivery in best/."""
+    peer = dict(baseline_eval.get("peer") or {})
+    name = str(peer.get("name") or BASELINE_TORCH)
+    base_lat = float(baseline_eval.get("latency_ms") or 0.0)
+    lat = float(peer.get("latency_ms") or base_lat)
+    record = {
+        **dict(baseline_eval),
+        "name": "unpruned",
+        "accuracy": float(peer["accuracy"] if peer.get("accuracy") is not None else baseline_eval["accuracy"]),
+        "latency_ms": lat,
+        "latency_batch_ms": float(peer.get("latency_batch_ms") or baseline_eval.get("latency_batch_ms") or 0.0),
+        "speedup": base_lat / lat if lat > 0 else 1.0,
+        "size_mb": float(peer.get("size_mb") or baseline_eval.get("size_mb") or 0.0),
+        "delivered": name,
+        "delivery_note": "quantization only: the unpruned model's fastest form within the budget"
+        + (f" ({why})" if why else ""),
+        "peer": {**peer, "vs_peer": 1.0},
+    }
+    delivered = None
+    if name != BASELINE_TORCH and peer.get("path"):
+        delivered = {"path": peer["path"], "sha256": "", "size_bytes": int(record["size_mb"] * 1e6),
+                     "params": baseline_ref.get("params")}  # fmt: skip
+    drop = float(baseline_eval["accuracy"]) - record["accuracy"]
+    return {
+        "iteration": 0,
+        "status": "ok",
+        "planner": "none (quantization only)",
+        "artifact": dict(baseline_ref),
+        "delivered": delivered,
+        "eval": record,
+        "rule": objective.select,
+        "within_budget": drop <= objective.max_acc_drop + 1e-9,
+        "reduction": round(reduction(record, dict(baseline_eval), objective.target), 6),
+        "accuracy_drop": round(drop, 6),
+    }
+
+
+def choose_delivery(
+    best: Mapping[str, Any] | None,
+    baseline_eval: Mapping[str, Any] | None,
+    baseline_ref: Mapping[str, Any] | None,
+    objective: Objective,
+) -> tuple[dict[str, Any] | None, str]:
+    """Return what best/ holds (the pruned best, or the quantization-only peer as an iteration-0 Best) and why."""
+    keep, why = pruning_verdict(best, objective)
+    if keep or not baseline_eval or not baseline_ref:
+        return (dict(best) if best else None), why
+    return peer_best(baseline_eval, baseline_ref, objective, why), why + "; the quantization-only form is delivered"
+
+
+def delivery_summary(
+    best: Mapping[str, Any] | None,
+    baseline: Mapping[str, Any],
+    objective: Objective,
+    final_latency: Mapping[str, Mapping[str, Any]] | None = None,
+    timing: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """Say what best/ holds and how fast it is against the original torch model and against quantization alone.
+
+    Args:
+        best: result.json's best (iteration 0: the quantization-only form was delivered).
+        baseline: result.json's baseline (its `peer` is the quantization-only form).
+        objective: Budget and target.
+        final_latency: The report's joint measurement (keys "baseline", "iter_NN", "unpruned_<form>").
+        timing: Its busy-machine facts.
+    """
+    if not best:
+        return None
+    final = dict(final_latency or {})
+    peer = dict(baseline.get("peer") or {})
+    peer_key = PEER_PREFIX + str(peer.get("name")) if peer else None
+    quant_only = int(best.get("iteration") or 0) == 0
+    base_lat = float((final.get("baseline") or {}).get("latency_ms") or baseline.get("latency_ms") or 0.0)
+    lat = float(best.get("latency_ms") or 0.0)
+    if peer_key in final and not quant_only:
+        peer_lat = float(final[peer_key]["latency_ms"])
+    elif peer.get("name") == BASELINE_TORCH:
+        peer_lat = base_lat
+    else:
+        peer_lat = float(((best.get("peer") or {}).get("latency_ms")) or peer.get("latency_ms") or 0.0)
+    vs_torch = round(base_lat / lat, 4) if lat > 0 else None
+    vs_quant = 1.0 if quant_only else (round(peer_lat / lat, 4) if lat > 0 and peer_lat > 0 else None)
+    if quant_only:
+        verdict = str(best.get("delivery_note") or "quantization only")
+    else:
+        verdict = pruning_verdict({"eval": {**best, "peer": {"latency_ms": peer_lat}}, **best}, objective)[1]
+    flagged = bool((timing or {}).get("busy")) or bool((best.get("timing") or {}).get("busy"))
+    return {
+        "delivered": f"{best.get('delivered')} of the unpruned model"
+        if quant_only
+        else f"{best.get('delivered')} of iteration {best.get('iteration')}",
+        "pruning_added": not quant_only,
+        "verdict": verdict,
+        "vs_original_torch": vs_torch,
+        "vs_quantization_only": vs_quant,
+        "quantization_only": {k: peer.get(k) for k in ("name", "accuracy", "latency_ms")} if peer else None,
+        "timing": dict(timing or {}),
+        "timings_flagged": flagged,
+    }
+
+
+def summary_line(summary: Mapping[str, Any] | None) -> str:
+    """One console/report line: the delivered form's speed against the original model and quantization alone."""
+    if not summary:
+        return ""
+    line = f"delivered {summary['delivered']}"
+    if summary.get("vs_original_torch"):
+        line += f": {summary['vs_original_torch']:.2f}x the original torch model"
+    quant = summary.get("quantization_only") or {}
+    if summary.get("vs_quantization_only") and quant:
+        line += (
+            f", {summary['vs_quantization_only']:.2f}x quantization only ({quant.get('name')} of the unpruned model)"
+        )
+    line += f"; {summary['verdict']}"
+    if summary.get("timings_flagged"):
+        timing = summary.get("timing") or {}
+        line += (
+            f"; TIMINGS FLAGGED: measured on a busy machine (wall {timing.get('wall_over_cpu')}x CPU time, "
+            f"threshold {timing.get('factor')})"
+        )
+    return line

@@ -1,0 +1,236 @@
+"""Build a model's backend forms and measure them beside the baseline: the shared work of the evaluation nodes.
+
+`evaluate_forms` is what `measure_baseline` (the unpruned model in every form) and `evaluate` (a candidate in the
+forms its round builds, with the quantization-only peer timed beside it) call: build, check, predict, retry an
+INT8 form that lost more than the budget, time everything interleaved on a quiet-enough machine, and turn the
+numbers into VariantRecord dicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.state import Context, Objective
+from profiling_agent.tools.compression.backends import Variant
+from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+from profiling_agent.tools.evaluation.forms import build_forms, fp32_reference, rebuild_int8
+from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models
+from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
+from profiling_agent.tools.models.onnx_model import ONNX_FILE, is_onnx_folder, load_onnx_folder
+from profiling_agent.tools.models.openvino_model import OV_FILE, is_openvino_folder, load_openvino_folder
+
+# One thread unless --threads says otherwise: every runtime then gets the same single core (no thread-pool or
+# spin-wait differences between torch's OpenMP, ONNX Runtime and OpenVINO), wall time over process CPU time
+# measures exactly how busy the machine was, and on a shared 2-core machine the other core is left to the other
+# processes (or to the concurrent accuracy pass) instead of making a 2-thread forward collapse (DESIGN.md 8).
+DEFAULT_THREADS = 1
+ACCURACY_CONTROL_IMAGES = 300  # validation images NNCF's accuracy control ranks layers and checks the drop on
+
+
+@contextlib.contextmanager
+def eval_threads(threads: int | None) -> Iterator[int]:
+    """Set torch's threads for measuring (`threads`, else DEFAULT_THREADS) and restore the previous count after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(threads or DEFAULT_THREADS))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def load_form(path: str | os.PathLike, threads: int | None = None) -> nn.Module:
+    """Open a delivered form's folder: an OpenVINO IR or an ONNX Runtime file (raises when it is neither)."""
+    if is_openvino_folder(path):
+        return load_openvino_folder(path, threads)
+    if is_onnx_folder(path):
+        return load_onnx_folder(path, threads)
+    raise ValueError(f"{path} holds neither an OpenVINO nor an ONNX form")
+
+
+def int8_retry(
+    built: Sequence[Variant],
+    calib: torch.Tensor,
+    pixels: Any,
+    labels: torch.Tensor,
+    objective: Objective,
+    allowed: list[int] | None,
+    threads: int,
+    model_type: str | None,
+) -> Callable[[dict[str, float]], dict[str, nn.Module]]:
+    """Return measure_forms' retry hook: rebuild ov_int8 with NNCF's accuracy control when it lost past the budget."""
+    by_name = {v.name: v for v in built}
+
+    def retry(accuracies: dict[str, float]) -> dict[str, nn.Module]:
+        int8 = by_name.get("ov_int8")
+        if int8 is None or int8.status != "ok" or "ov_int8" not in accuracies:
+            return {}
+        ref = fp32_reference({k: v for k, v in accuracies.items() if k != "ov_int8"})
+        if ref is None:
+            return {}
+        drop = accuracies[ref] - accuracies["ov_int8"]
+        if drop <= objective.max_acc_drop + 1e-9:
+            return {}
+        fp32 = by_name.get("ov_fp32")
+        source = by_name.get("ort_fp32")
+        if fp32 is not None and fp32.status == "ok" and fp32.path:
+            fp32_file = Path(fp32.path) / OV_FILE
+        elif source is not None and source.status == "ok" and source.path:
+            fp32_file = Path(source.path) / ONNX_FILE
+        else:
+            return {}
+        n = min(ACCURACY_CONTROL_IMAGES, len(labels))
+        before = int8.model
+        rebuild_int8(
+            int8, fp32_file, calib, pixels[:n], labels[:n], budget=objective.max_acc_drop, drop=drop,
+            model_type=model_type, allowed_ids=allowed, threads=threads,
+        )  # fmt: skip
+        int8.recipe["accuracy_control"]["reference"] = ref
+        return {"ov_int8": int8.model} if int8.model is not before else {}
+
+    return retry
+
+
+def forms_line(variants: Sequence[Mapping[str, Any]]) -> str:
+    """One line per run step: each form's speed-up and accuracy, or failed / skipped."""
+    parts = []
+    for v in variants:
+        if v["status"] == "ok" and v.get("speedup") is not None:
+            parts.append(f"{v['name']} {v['speedup']:.2f}x {v['accuracy']:.1f}%")
+        else:
+            parts.append(f"{v['name']} {v['status']}")
+    return ", ".join(parts)
+
+
+def timing_notice(timing: Mapping[str, Any] | None) -> str:
+    """Say when the timings were taken on a busy machine (flagged) or had to be taken again."""
+    if not timing:
+        return ""
+    ratio, factor = timing.get("wall_over_cpu"), timing.get("factor")
+    if timing.get("busy"):
+        return (
+            f"; TIMINGS FLAGGED: the machine was busy (wall time {ratio:.2f}x the process CPU time, over {factor}; "
+            f"measured {len(timing.get('attempts') or [])} times)"
+        )
+    if timing.get("remeasured"):
+        return f"; timings re-measured (first attempt busy), kept at wall/CPU {ratio:.2f}"
+    return ""
+
+
+def evaluate_forms(
+    models: dict[str, nn.Module],
+    *,
+    fp32: nn.Module,
+    forms: Sequence[str],
+    calib_pixels: torch.Tensor,
+    pixels: Any,
+    labels: torch.Tensor,
+    out_dir: Path,
+    rel: Callable[[Path], str],
+    objective: Objective,
+    ctx: Context,
+    device: str,
+    threads: int,
+    torch_forms: Mapping[str, tuple[str, int, str | None]],
+    processor: Any = None,
+    extra: Mapping[str, Any] | None = None,
+    allowed_ids: list[int] | None = None,
+    check_images: int = 32,
+    untimed: Sequence[str] = (),
+    peer: Mapping[str, Any] | None = None,
+    peer_root: Path | None = None,
+) -> dict[str, Any]:
+    """Build `forms` of `fp32`, measure them with `models` (which hold "baseline"), and record every form.
+
+    Args:
+        models: Name -> torch model measured beside the forms ("baseline" required); updated in place.
+        fp32: The FP32 model the forms are built from.
+        forms: Form names (forms.ALL_FORMS) to build.
+        calib_pixels: Calibration images.
+        pixels: Validation images (tensor or ImageStream).
+        labels: Their labels (model ids).
+        out_dir: Parent folder of the forms.
+        rel: Turns a form folder into the path recorded in state (run-relative).
+        objective: The budget (the INT8 retry) and target.
+        ctx: Latency batch, warm-up, repeats and accuracy batch.
+        device: Where torch models run (forms run on the CPU).
+        threads: Threads of every runtime.
+        torch_forms: Torch forms recorded as variants: record name -> (model key, size bytes, path).
+        processor: Saved into each form's folder.
+        extra: JSON facts for each recipe.
+        allowed_ids: Model ids predictions are restricted to.
+        check_images: Validation images each form's logits are checked on against torch.
+        untimed: Model keys predicted but not timed.
+        peer: The quantization-only peer (the baseline's fastest form), timed beside as "unpruned_<name>".
+        peer_root: Folder the peer's recorded path is relative to.
+
+    Returns:
+        {"measured", "timing", "variants" (VariantRecord dicts: torch forms first), "built", "line", "notice"}.
+    """
+    check = pixels[:check_images]
+    built = build_forms(fp32, calib_pixels, check, out_dir, forms=forms, threads=threads, processor=processor,
+                        extra=extra)  # fmt: skip
+    models.update({v.name: v.model for v in built if v.status == "ok"})
+    peer_name, time_only = None, {}
+    if peer and peer.get("path") and peer_root is not None and str(peer.get("name", "")).startswith(("ort_", "ov_")):
+        try:  # timed beside the forms, not predicted again: its accuracy was measured with the baseline
+            peer_name = PEER_PREFIX + str(peer["name"])
+            time_only[peer_name] = load_form(peer_root / str(peer["path"]), threads)
+        except Exception:  # noqa: BLE001 - a peer that no longer opens is not timed; the round goes on
+            peer_name = None
+    config = getattr(fp32, "config", None)
+    retry = int8_retry(built, calib_pixels, pixels, labels, objective, allowed_ids, threads,
+                        getattr(config, "model_type", None))  # fmt: skip
+    measured, timing = measure_forms(
+        models,
+        pixels,
+        labels,
+        batch_size=ctx.latency_batch,
+        eval_batch=ctx.eval_batch,
+        warmup=ctx.latency_warmup,
+        repeats=ctx.latency_repeats,
+        device=device,
+        allowed_ids=allowed_ids,
+        timed=[n for n in models if n not in untimed],
+        parallel=concurrent_models(device, threads, len(models)),  # accuracy passes only; timing runs alone
+        retry=retry,
+        time_only=time_only,
+    )
+    variants = [
+        variant_record(name, measured[key], size_bytes=size, path=path)
+        for name, (key, size, path) in torch_forms.items()
+    ]
+    for v in built:
+        variants.append(
+            variant_record(
+                v.name,
+                measured.get(v.name) if v.status == "ok" else None,
+                size_bytes=v.size_bytes,
+                path=rel(Path(v.path)) if v.path else None,
+                error=v.error,
+                max_abs_diff=v.max_abs_diff,
+                recipe=recipe_summary(v.recipe),
+                status=v.status if v.status != "ok" else None,
+            )
+        )
+    batch = accuracy_batch(ctx.eval_batch, device)
+    for record in variants:  # dynamic quantization scales activations per batch: its accuracy depends on the batch
+        if record["name"] == "ort_dynamic" and record["status"] == "ok":
+            record["recipe"]["eval_batch"] = batch
+    if peer_name and peer_name in measured:
+        timing["peer"] = peer_name
+    return {
+        "measured": measured,
+        "timing": timing,
+        "variants": variants,
+        "built": built,
+        "peer_key": peer_name,
+        "line": forms_line(variants),
+        "notice": timing_notice(timing),
+    }

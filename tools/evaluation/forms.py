@@ -1,0 +1,305 @@
+"""Every deployable form of one FP32 model (ONNX Runtime and OpenVINO), built, checked and chosen between.
+
+`build_forms` makes the backend forms of any FP32 classifier (a candidate or the unpruned baseline) in one
+folder; `round_forms` decides which of them a pruning round builds, from how the unpruned model's forms ranked;
+`accuracy_controlled_int8` rebuilds an INT8 form that lost more than the budget with its most sensitive layers in
+float; `choose_delivery` is the run's delivery policy. Issue 20's per-layer profiler can build and time any
+model's form through `build_forms` and `tools.evaluation.latency`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.compression.backends import (
+    ORT_METHODS,
+    BackendSettings,
+    Variant,
+    build_ort_variants,
+    failure_reason,
+)
+from profiling_agent.tools.compression.openvino_forms import (
+    OV_FORMS,
+    OpenVinoSettings,
+    build_ov_forms,
+    nncf_model_type,
+    quantized_ops,
+)
+from profiling_agent.tools.models.forward import forward_logits
+from profiling_agent.tools.models.onnx_model import ONNX_FILE
+
+logger = logging.getLogger(__name__)
+
+ALL_FORMS = tuple(f"ort_{m}" for m in ORT_METHODS) + tuple(f"ov_{f}" for f in OV_FORMS)
+ROUND_KEEP = 2  # a pruning round builds the unpruned model's this-many fastest forms (within budget) ...
+ROUND_TIE = 1.5  # ... and every other form within this factor of the fastest one's batch-1 latency
+FP32_REFERENCES = ("ov_fp32", "ort_fp32", "torch_fp32", "baseline")  # an int8 form's "own FP32 form", first found
+
+
+def build_forms(
+    model: nn.Module,
+    calib_pixels: torch.Tensor,
+    check_pixels: torch.Tensor,
+    out_dir: str | os.PathLike,
+    *,
+    forms: Sequence[str] = ALL_FORMS,
+    threads: int | None = None,
+    processor: Any = None,
+    extra: Mapping[str, Any] | None = None,
+    static_on_transformers: bool = False,
+) -> list[Variant]:
+    """Build the requested ONNX Runtime and OpenVINO forms of an FP32 classifier, each checked against torch.
+
+    The FP32 ONNX export (ort_fp32) is always made when any form is asked for: every other form starts from it.
+
+    Args:
+        model: The FP32 torch classifier (pruned or not).
+        calib_pixels: Calibration images (static ORT ranges, NNCF statistics).
+        check_pixels: Images each form's logits are compared on against torch.
+        out_dir: Parent folder of OUT/ort_*/ and OUT/ov_*/.
+        forms: Names from ALL_FORMS.
+        threads: Intra-op threads of every runtime.
+        processor: The image processor saved into each folder.
+        extra: JSON facts copied into each recipe.
+        static_on_transformers: Build ort_static for ViT, DeiT and Swin too (an explicit export asks for it).
+
+    Returns:
+        The built forms in ALL_FORMS order (ok, failed or skipped, each with its reason).
+    """
+    wanted = [f for f in ALL_FORMS if f in forms]
+    if not wanted:
+        return []
+    methods = tuple(m for m in ORT_METHODS if f"ort_{m}" in wanted or m == "fp32")
+    ort = build_ort_variants(
+        model,
+        calib_pixels,
+        check_pixels,
+        out_dir,
+        settings=BackendSettings(methods=methods, static_on_transformers=static_on_transformers),
+        threads=threads,
+        processor=processor,
+        extra=extra,
+    )
+    ov_forms = tuple(f for f in OV_FORMS if f"ov_{f}" in wanted)
+    if not ov_forms:
+        return ort
+    config = getattr(model, "config", None)
+    fp32 = ort[0]
+    onnx_path = Path(fp32.path) / ONNX_FILE if fp32.status == "ok" and fp32.path else None
+    with torch.inference_mode():
+        reference = forward_logits(model.eval(), check_pixels.detach().to("cpu", torch.float32)).float()
+    ov = build_ov_forms(
+        onnx_path,
+        calib_pixels,
+        check_pixels,
+        reference,
+        out_dir,
+        settings=OpenVinoSettings(forms=ov_forms),
+        threads=threads,
+        model_type=getattr(config, "model_type", None),
+        config=config,
+        processor=processor,
+        extra=extra,
+    )
+    return ort + ov
+
+
+def round_forms(baseline_variants: Sequence[Mapping[str, Any]], baseline_accuracy: float, budget: float) -> list[str]:
+    """Return the forms a pruning round builds: the unpruned model's fastest ones within the budget.
+
+    Pruning narrows layers but keeps their kinds, so the order of the backends on the unpruned model predicts their
+    order on its pruned candidates; building only the contenders keeps each round at a few seconds. ort_fp32 is
+    always built (every other form starts from its file). Without baseline forms (backend torch, a resumed old run)
+    every form is built.
+    """
+    ok = [
+        v
+        for v in baseline_variants
+        if v.get("status") == "ok" and v.get("latency_ms") and v.get("name") in ALL_FORMS
+        and float(v.get("accuracy") or 0.0) >= baseline_accuracy - budget - 1e-9
+    ]  # fmt: skip
+    if not ok:
+        return list(ALL_FORMS)
+    ok.sort(key=lambda v: float(v["latency_ms"]))
+    fastest = float(ok[0]["latency_ms"])
+    keep = {v["name"] for i, v in enumerate(ok) if i < ROUND_KEEP or float(v["latency_ms"]) <= fastest * ROUND_TIE}
+    return [f for f in ALL_FORMS if f in keep or f == "ort_fp32"]
+
+
+def forms_for_backend(backend: str, forms: Sequence[str]) -> list[str]:
+    """Return the forms a `--backend` choice builds (openvino also builds ort_fp32: the ONNX file it converts)."""
+    if backend == "torch":
+        return []
+    if backend == "onnxruntime":
+        return [f for f in forms if f.startswith("ort_")]
+    if backend == "openvino":
+        return [f for f in forms if f.startswith("ov_") or f == "ort_fp32"]
+    return list(forms)
+
+
+def eligible_forms(backend: str, names: Sequence[str], torch_name: str) -> list[str] | None:
+    """Return the form names `--backend` may deliver (None: every measured form)."""
+    if backend == "torch":
+        return [torch_name]
+    if backend == "onnxruntime":
+        return [n for n in names if n.startswith("ort_")]
+    if backend == "openvino":
+        return [n for n in names if n.startswith("ov_")]
+    return None
+
+
+def fp32_reference(accuracies: Mapping[str, float]) -> str | None:
+    """Return the name of the FP32 form an INT8 form is judged against (its own runtime's FP32 first)."""
+    return next((n for n in FP32_REFERENCES if n in accuracies), None)
+
+
+def _validation_fn(allowed: torch.Tensor | None):
+    import numpy as np
+
+    def validate(compiled: Any, data: Any) -> float:
+        hits, total = 0, 0
+        for pixels, label in data:
+            logits = torch.from_numpy(np.asarray(next(iter(compiled(pixels).values())))).float()
+            if allowed is not None:
+                pred = allowed[logits[:, allowed].argmax(1)]
+            else:
+                pred = logits.argmax(1)
+            hits += int((pred == torch.as_tensor(label)).sum())
+            total += len(pred)
+        return 100.0 * hits / max(total, 1)
+
+    return validate
+
+
+def accuracy_controlled_int8(
+    fp32_ir: str | os.PathLike,
+    int8_ir: str | os.PathLike,
+    calib_pixels: torch.Tensor,
+    val_pixels: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    budget: float,
+    model_type: str | None,
+    allowed_ids: Sequence[int] | None = None,
+    max_layers: int = 16,
+) -> tuple[Any, dict[str, Any]]:
+    """Quantize the FP32 IR again with NNCF's accuracy control: the most sensitive layers stay in float.
+
+    NNCF quantizes, ranks the quantized layers by how much reverting each one to float restores the metric on
+    the given images, and reverts them one by one until the INT8 model is within `budget` points of its own FP32
+    model (or `max_layers` were reverted).
+
+    Args:
+        fp32_ir: The FP32 IR (openvino_model.xml of ov_fp32).
+        int8_ir: The plain INT8 IR (to name the layers that stayed in float).
+        calib_pixels: Calibration images (NNCF statistics).
+        val_pixels: Labelled images the accuracy is controlled on.
+        val_labels: Their labels (model ids).
+        budget: Largest top-1 drop allowed against the FP32 model, percentage points.
+        model_type: The transformers model_type (NNCF's transformer scheme for ViT, DeiT, Swin).
+        allowed_ids: Model ids predictions are restricted to.
+        max_layers: Most layers reverted to float.
+
+    Returns:
+        The quantized `openvino.Model` and the facts: kept layers (names), their count, images, NNCF settings.
+    """
+    import nncf
+    import openvino as ov
+
+    from profiling_agent.tools.compression.onnx_runtime import quiet
+
+    core = ov.Core()
+    fp32 = core.read_model(str(fp32_ir))
+    plain = quantized_ops(core.read_model(str(int8_ir)))
+    calib = [calib_pixels[i : i + 1].contiguous().numpy() for i in range(len(calib_pixels))]
+    val = [(val_pixels[i : i + 1].contiguous().numpy(), val_labels[i : i + 1]) for i in range(len(val_pixels))]
+    allowed = None if allowed_ids is None else torch.as_tensor(list(allowed_ids), dtype=torch.long)
+    kwargs: dict[str, Any] = {}
+    if nncf_model_type(model_type) == "transformer":
+        kwargs["model_type"] = nncf.ModelType.TRANSFORMER
+    params = nncf.quantization.advanced_parameters.AdvancedAccuracyRestorerParameters(
+        max_num_iterations=max_layers, ranking_subset_size=min(len(val), 300)
+    )
+    with quiet():
+        quantized = nncf.quantize_with_accuracy_control(
+            fp32,
+            nncf.Dataset(calib),
+            nncf.Dataset(val),
+            validation_fn=_validation_fn(allowed),
+            max_drop=float(budget),
+            drop_type=nncf.DropType.ABSOLUTE,
+            subset_size=len(calib),
+            advanced_accuracy_restorer_parameters=params,
+            **kwargs,
+        )
+    kept = sorted(plain - quantized_ops(quantized))
+    facts = {
+        "tool": "nncf.quantize_with_accuracy_control",
+        "max_drop_pp": float(budget),
+        "images": len(val),
+        "max_reverted": max_layers,
+        "kept_in_float": kept,
+        "kept_count": len(kept),
+    }
+    return quantized, facts
+
+
+def rebuild_int8(
+    variant: Variant,
+    fp32_file: str | os.PathLike,
+    calib_pixels: torch.Tensor,
+    val_pixels: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    budget: float,
+    drop: float,
+    model_type: str | None,
+    allowed_ids: Sequence[int] | None = None,
+    threads: int | None = None,
+) -> Variant:
+    """Replace an ov_int8 form's IR by the accuracy-controlled one; record the first drop and the kept layers.
+
+    `fp32_file` is the FP32 model NNCF starts from (ov_fp32's IR, or the exported FP32 ONNX file). The new IR is
+    written beside the old one and moved over it (new files: the old compiled model keeps its mapped weights).
+    A failure leaves the form as it was, with the reason in its recipe.
+    """
+    import openvino as ov
+
+    from profiling_agent.tools.io import write_json_atomic
+    from profiling_agent.tools.models.openvino_model import OV_FILE, OV_RECIPE, OV_WEIGHTS, OvClassifier
+
+    assert variant.path is not None
+    folder = Path(variant.path)
+    retry: dict[str, Any] = {"reason": f"lost {drop:.2f} pp against its FP32 form (budget {budget:g} pp)"}
+    try:
+        quantized, facts = accuracy_controlled_int8(
+            fp32_file,
+            folder / OV_FILE,
+            calib_pixels,
+            val_pixels,
+            val_labels,
+            budget=budget,
+            model_type=model_type,
+            allowed_ids=allowed_ids,
+        )
+        staged = folder / "accuracy_control"
+        ov.save_model(quantized, str(staged / OV_FILE), compress_to_fp16=False)
+        for name in (OV_FILE, OV_WEIGHTS):
+            os.replace(staged / name, folder / name)
+        staged.rmdir()
+        variant.model = OvClassifier(folder / OV_FILE, "default", threads)
+        variant.size_bytes = (folder / OV_WEIGHTS).stat().st_size
+        retry.update(facts)
+    except Exception as exc:  # noqa: BLE001 - the plain INT8 form stays, with the reason
+        retry["error"] = failure_reason(exc)
+        logger.info("accuracy-controlled INT8 failed: %s", retry["error"])
+    variant.recipe = {**variant.recipe, "accuracy_control": retry}
+    write_json_atomic(folder / OV_RECIPE, variant.recipe)
+    return variant

@@ -1,0 +1,217 @@
+"""OpenVINO models as classifiers: a compiled IR that runs like a torch model, and OpenVINO folders on disk.
+
+An OpenVINO folder is what a run delivers when an OpenVINO form is the fastest within the budget:
+`openvino_model.xml` + `openvino_model.bin` (the IR, loadable by `openvino.Core().read_model` alone), a
+`recipe.json` (format `profiling-agent-openvino`: how the IR was made, the precision hint it was measured with,
+NNCF settings, the logit check), the model's `config.json` (labels) and its image processor. Nothing is unpickled.
+
+Every compiled model is set up for fair side-by-side timing: one stream (`NUM_STREAMS=1`), no CPU pinning
+(the other runtimes in the process and on the machine keep their cores), `INFERENCE_NUM_THREADS` threads, and
+an explicit `INFERENCE_PRECISION_HINT` (OpenVINO's default on a bf16-capable CPU is bf16, so "f32" must be set).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.io import read_json
+
+OV_FORMAT = "profiling-agent-openvino"
+OV_FORMAT_VERSION = 1
+OV_FILE = "openvino_model.xml"
+OV_WEIGHTS = "openvino_model.bin"
+OV_RECIPE = "recipe.json"
+
+Precision = Literal["f32", "bf16", "default"]
+
+__all__ = [
+    "OV_FILE",
+    "OV_FORMAT",
+    "OV_FORMAT_VERSION",
+    "OV_RECIPE",
+    "OV_WEIGHTS",
+    "OpenVinoFolderError",
+    "OvClassifier",
+    "bf16_unsupported",
+    "compile_config",
+    "is_openvino_folder",
+    "load_openvino_folder",
+    "nncf_missing",
+    "openvino_missing",
+    "read_openvino_recipe",
+]
+
+
+class OpenVinoFolderError(RuntimeError):
+    """An OpenVINO folder is incomplete, of an unknown format version, or cannot be compiled."""
+
+
+def openvino_missing() -> str | None:
+    """Return why OpenVINO cannot be used here (one line), or None when `openvino` imports."""
+    try:
+        import openvino  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build failing on import
+        return f"OpenVINO is unavailable ({type(exc).__name__}: {exc}); pip install 'profiling-agent[openvino]'"
+    return None
+
+
+def nncf_missing() -> str | None:
+    """Return why NNCF (OpenVINO INT8 quantization) cannot be used here, or None when `nncf` imports."""
+    missing = openvino_missing()
+    if missing:
+        return missing
+    try:
+        import nncf  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - ImportError or a broken dependency
+        return f"NNCF is unavailable ({type(exc).__name__}: {exc}); pip install 'profiling-agent[openvino]'"
+    return None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def bf16_unsupported() -> str | None:
+    """Return why OpenVINO bf16 would not be native on this CPU (no AVX-512 BF16 and no AMX), or None.
+
+    OpenVINO's own view wins when it can be asked (the CPU plugin's OPTIMIZATION_CAPABILITIES lists BF16);
+    /proc/cpuinfo flags are the fallback.
+    """
+    try:
+        import openvino as ov
+
+        caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        if "BF16" in {str(c).upper() for c in caps}:
+            return None
+        return "this CPU has no native bf16 (OpenVINO's CPU capabilities lack BF16: no AVX-512 BF16, no AMX)"
+    except Exception:  # noqa: BLE001 - OpenVINO missing or no CPU plugin: read the flags
+        flags = _cpu_flags()
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        return None
+    return "this CPU has no native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo)"
+
+
+def compile_config(precision: Precision, threads: int | None) -> dict[str, str]:
+    """Return OpenVINO CPU settings for fair timing: one stream, no pinning, `threads` threads, a precision hint.
+
+    Args:
+        precision: "f32" or "bf16" set the inference precision hint; "default" leaves OpenVINO's choice (the
+            CPU's best: bf16 where it is native), which is what an INT8 IR's non-quantized layers run in.
+        threads: Inference threads (default: torch's current count).
+    """
+    config = {
+        "NUM_STREAMS": "1",
+        "ENABLE_CPU_PINNING": "NO",
+        "INFERENCE_NUM_THREADS": str(int(threads or torch.get_num_threads())),
+        "PERFORMANCE_HINT": "LATENCY",
+    }
+    if precision != "default":
+        config["INFERENCE_PRECISION_HINT"] = precision
+    return config
+
+
+@dataclass
+class OvOutput:
+    """What `OvClassifier.forward` returns: the logits, like a transformers ImageClassifierOutput."""
+
+    logits: torch.Tensor
+
+
+class OvClassifier(nn.Module):
+    """A compiled OpenVINO model that behaves like an HF image classifier: forward(pixel_values=...).logits.
+
+    It has no parameters; evaluation.predict and evaluation.measure_latency use it unchanged. One infer request
+    is reused (synchronous calls, one at a time). `config` (labels) and `recipe` are set when it is loaded from
+    an OpenVINO folder.
+    """
+
+    def __init__(self, model: Any, precision: Precision = "f32", threads: int | None = None) -> None:
+        """Compile `model` (an `openvino.Model` or the path of an IR/ONNX file) on the CPU."""
+        super().__init__()
+        import openvino as ov
+
+        core = ov.Core()
+        self.path = str(model) if isinstance(model, (str, os.PathLike)) else ""
+        source = core.read_model(str(model)) if isinstance(model, (str, os.PathLike)) else model
+        self.precision = precision
+        self.settings = compile_config(precision, threads)
+        self.compiled = core.compile_model(source, "CPU", self.settings)
+        self.request = self.compiled.create_infer_request()
+        self.config: Any = None
+        self.recipe: dict[str, Any] = {}
+
+    def forward(self, pixel_values: torch.Tensor) -> OvOutput:
+        """Run the compiled model on a pixel batch and return its logits as a CPU float tensor."""
+        array = pixel_values.detach().to("cpu", torch.float32).contiguous().numpy()
+        result = self.request.infer({0: array})
+        logits = next(iter(result.values()))
+        return OvOutput(logits=torch.from_numpy(logits.copy()).float())
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the IR's weights file (0 when compiled from memory)."""
+        if not self.path:
+            return 0
+        weights = Path(self.path).with_suffix(".bin")
+        return weights.stat().st_size if weights.is_file() else 0
+
+
+def read_openvino_recipe(path: str | os.PathLike) -> dict[str, Any] | None:
+    """Return an OpenVINO folder's recipe, or None when `path` is not an OpenVINO folder."""
+    path = Path(path)
+    if not (path.is_dir() and (path / OV_FILE).is_file() and (path / OV_RECIPE).is_file()):
+        return None
+    try:
+        recipe = read_json(path / OV_RECIPE)
+    except (OSError, ValueError):
+        return None
+    return recipe if isinstance(recipe, dict) and recipe.get("format") == OV_FORMAT else None
+
+
+def is_openvino_folder(path: str | os.PathLike) -> bool:
+    """Return True when `path` holds openvino_model.xml and a `profiling-agent-openvino` recipe.json."""
+    return read_openvino_recipe(path) is not None
+
+
+def load_openvino_folder(path: str | os.PathLike, threads: int | None = None) -> OvClassifier:
+    """Compile an OpenVINO folder as an `OvClassifier` with the recorded precision hint, config and recipe.
+
+    Raises:
+        OpenVinoFolderError: Not an OpenVINO folder, a newer format, OpenVINO missing, or the IR not compiling.
+    """
+    path = Path(path)
+    recipe = read_openvino_recipe(path)
+    if recipe is None:
+        raise OpenVinoFolderError(f"{path} is not an OpenVINO folder ({OV_FILE} plus a {OV_FORMAT} {OV_RECIPE})")
+    if int(recipe.get("format_version", 0)) > OV_FORMAT_VERSION:
+        raise OpenVinoFolderError(f"{path / OV_RECIPE}: format version {recipe.get('format_version')} is too new")
+    missing = openvino_missing()
+    if missing:
+        raise OpenVinoFolderError(f"cannot run {path / OV_FILE}: {missing}")
+    precision = str((recipe.get("runtime") or {}).get("precision_hint") or "f32")
+    if precision not in ("f32", "bf16", "default"):
+        raise OpenVinoFolderError(f"{path / OV_RECIPE}: unknown precision hint {precision!r}")
+    try:
+        model = OvClassifier(path / OV_FILE, precision, threads)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own error types for bad files
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise OpenVinoFolderError(f"OpenVINO cannot compile {path / OV_FILE}: {first}") from None
+    model.recipe = recipe
+    if (path / "config.json").is_file():
+        from transformers import AutoConfig
+
+        model.config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    return model.eval()

@@ -46,9 +46,7 @@ class _Ref(_Strict):
 class ModelRef(_Ref):
     """Which model to compress."""
 
-    ref: str = Field(
-        default=EMBEDDED_MODEL, description="Hub id, save_pretrained or artifact folder, or embedded:vit-digits."
-    )
+    ref: str = Field(default=EMBEDDED_MODEL, description="Hub id, save_pretrained/artifact folder, embedded:NAME.")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
     trust_remote_code: bool = Field(default=False, description="Allow custom modelling code from the hub.")
 
@@ -64,13 +62,9 @@ class DatasetRef(_Ref):
     test_subset: int = Field(
         default=512, ge=8, le=1_000_000, description="Held-out test subset: only the baseline and delivered model."
     )
-    test_split: str | None = Field(
-        default=None, description="Test images' split (default: the evaluated one, or `test` beside `validation`)."
-    )
+    test_split: str | None = Field(default=None, description="Test images' split (default: evaluated or `test`).")
     calibration: int = Field(default=64, ge=4, le=10_000, description="Probe and refit images (unused rows).")
-    train_split: str | None = Field(
-        default=None, description="Split recovery trains on (default: `train`, else unused evaluated-split rows)."
-    )
+    train_split: str | None = Field(default=None, description="Recovery's split (default: `train`, else unused rows).")
     image_column: str | None = Field(default=None, description="Image column; detected when omitted.")
     label_column: str | None = Field(default=None, description="Label column; detected when omitted.")
     seed: int = Field(default=0, description="Seed for the subset and every random choice.")
@@ -82,9 +76,7 @@ class Objective(_Strict):
 
     max_acc_drop: float = Field(default=2.0, ge=0.0, le=100.0, description="Largest accepted top-1 drop, in pp.")
     target: TargetMetric = Field(default="params", description="Metric the `budget` rule reduces.")
-    target_reduction: float = Field(
-        default=0.4, gt=0.0, lt=1.0, description="Fractional reduction of `target` that counts as success."
-    )
+    target_reduction: float = Field(default=0.4, gt=0.0, lt=1.0, description="Reduction of `target` that succeeds.")
     select: SelectRule = Field(
         default="budget",
         description="paper: highest accuracy, then fewer params, then lower latency. budget: largest "
@@ -92,15 +84,11 @@ class Objective(_Strict):
     )
     iterations: int = Field(default=5, ge=1, le=50, description="Upper bound on pruning iterations.")
     quantize: QuantizeChoice = Field(default="qint8", description="Dynamic quantization added to each plan.")
-    planner: PlannerChoice = Field(
-        default="auto", description="deterministic, llm, auto (the LLM when configured), or l1, l2, random (+ ratio)."
-    )
+    planner: PlannerChoice = Field(default="auto", description="deterministic, llm, auto, or l1/l2/random + ratio.")
     ratio: float | None = Field(
         default=None, gt=0.0, lt=1.0, description="Uniform ratio of the l1/l2/random baselines (required by them)."
     )
-    approve: bool = Field(
-        default=False, description="Pause before each plan is applied: approve, edit (a new plan) or reject it."
-    )
+    approve: bool = Field(default=False, description="Pause before each plan: approve, edit or reject it.")
 
     @model_validator(mode="after")
     def _baseline_ratio(self) -> Objective:

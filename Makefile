@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install run test lint typecheck bench clean
+.PHONY: install run test test-fast lint typecheck bench clean
 # mypy sees the repository root as the package profiling_agent through this link (the editable install's
 # import hook is invisible to it)
 TYPECHECK_ROOT = .typecheck
@@ -27,6 +27,10 @@ run: install
 
 test: lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# the fast tier: every test not marked slow (unit tests of tools, routers, parsers; no whole runs)
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .

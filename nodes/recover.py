@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from typing import Any
 
@@ -253,6 +254,7 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     done = {"key": _done_key(state, ctx), "record": record.model_dump(), "recovered": current.recovered.model_dump()}
     write_json_atomic(folder / DONE, {**done, "message": message})
     distill_state.clear(folder / "recovery_steps")  # the artifact (and DONE) now hold the result
+    shutil.rmtree(folder / "recovery_job", ignore_errors=True)  # a distributed job's spec and starting student
     return {"current": current.model_dump(), "history": event("recover", message, it)}
 
 

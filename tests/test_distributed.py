@@ -103,12 +103,11 @@ def test_rank_slices_put_together_are_the_single_process_batch(digits, processor
 
 def test_augmenting_a_slice_draws_what_the_whole_batch_draws():
     from profiling_agent.tools.data.train_stream import augment
-    from profiling_agent.tools.recovery.distributed import augment_slice
 
     pixels = torch.randn(11, 3, 20, 24, generator=torch.Generator().manual_seed(0))
     whole = augment(pixels, torch.Generator().manual_seed(5), True, (0.6, 1.0))
     for lo, hi in ((0, 4), (4, 11), (3, 3), (10, 11)):
-        part = augment_slice(pixels[lo:hi], torch.Generator().manual_seed(5), True, (0.6, 1.0), lo, 11)
+        part = augment(pixels[lo:hi], torch.Generator().manual_seed(5), True, (0.6, 1.0), lo, 11)
         assert torch.equal(part, whole[lo:hi]), (lo, hi)
 
 
@@ -180,6 +179,68 @@ def test_a_rank_killed_mid_job_leaves_steps_that_either_kind_of_run_resumes(job_
     )
     assert info_single["resumed_from"] == saved["step"] + 1 and info_single["steps_done"] == 12
     _assert_equivalent(whole, single, digits, processor)
+
+
+@pytest.mark.slow
+def test_a_stop_request_ends_the_job_and_its_ranks_and_a_single_process_resumes_it(job_setup, processor, digits):
+    import time
+
+    from profiling_agent.tools import interrupt
+
+    teacher, start, source, tmp = job_setup
+    config = DistillConfig(steps=12, lr=1e-3, save_every=2, seed=1)
+
+    def stop_at_five(item):
+        if item["step"] == 5:
+            interrupt.request_stop("SIGINT")  # what Ctrl-C does in the parent
+
+    try:
+        with pytest.raises(interrupt.Interrupted):
+            _job(copy.deepcopy(start), tmp, _batches(source, processor), config, progress=stop_at_five)
+    finally:
+        interrupt.clear()
+    pids = [int(p.read_text().split()[0]) for p in (tmp / "job").glob("rank*.pid")]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+    saved = distill_state.peek(tmp / "steps")
+    assert saved is not None and 3 <= saved["step"] < 11, saved
+    assert saved["attempts"] == [{"from": 0, "threads": 1, "procs": 2}]
+    single = copy.deepcopy(start)
+    info = distill(
+        single, teacher, _batches(source, processor), config, checkpoint_dir=tmp / "steps",
+        fingerprint={"pruned": "x", "batch": 16},
+    )  # fmt: skip
+    assert info["resumed_from"] == saved["step"] + 1 and [c[0] for c in info["curve"]] == list(range(12))
+    assert [a["from"] for a in info["attempts"]] == [0, saved["step"] + 1]
+    whole = copy.deepcopy(start)
+    distill(whole, teacher, _batches(source, processor), config)
+    _assert_equivalent(whole, single, digits, processor)
+
+
+@pytest.mark.slow
+def test_rank_0_decides_the_budget_for_every_rank_and_a_single_process_keeps_the_decision(job_setup, processor):
+    teacher, start, source, tmp = job_setup
+    config = DistillConfig(steps=40, lr=1e-3, seed=1, minutes=1e-6)  # the budget is spent by the 5 timed steps
+    info = _job(copy.deepcopy(start), tmp, _batches(source, processor), config)
+    assert info["steps_done"] == 5 and info["capped"] and len(info["curve"]) == 5  # both ranks stopped there
+    saved = distill_state.peek(tmp / "steps")
+    assert saved["step"] == 4 and saved["decided"] and saved["total"] == 5 and saved["probe_seconds"] > 0
+    again = distill(
+        copy.deepcopy(start), teacher, _batches(source, processor), config, checkpoint_dir=tmp / "steps",
+        fingerprint={"pruned": "x", "batch": 16},
+    )  # fmt: skip
+    assert again["resumed_from"] == 5 and again["steps_done"] == 5 and len(again["attempts"]) == 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")  # a zombie has ended
+    except (ProcessLookupError, FileNotFoundError):
+        return False
 
 
 def test_process_count_and_launcher_flags_reach_the_context_and_bad_values_are_refused():

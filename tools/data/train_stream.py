@@ -136,20 +136,31 @@ def batch_rows(rows: np.ndarray, step: int, batch: int, seed: int) -> np.ndarray
     return out
 
 
-def augment(pixels: torch.Tensor, generator: torch.Generator, flip: bool, scale: tuple[float, float]) -> torch.Tensor:
-    """Random resized crop (area fraction in `scale`, aspect kept) and, when `flip`, horizontal flips, per image."""
+def augment(
+    pixels: torch.Tensor,
+    generator: torch.Generator,
+    flip: bool,
+    scale: tuple[float, float],
+    start: int = 0,
+    total: int | None = None,
+) -> torch.Tensor:
+    """Random resized crop (area fraction in `scale`, aspect kept) and, when `flip`, horizontal flips, per image.
+
+    `pixels` may be images start.. of a `total`-image batch (one rank's slice): the random numbers of every image
+    of the batch are drawn in order, so each image of the slice is augmented as in the whole batch.
+    """
     n, _, height, width = pixels.shape
     out = torch.empty_like(pixels)
-    for i in range(n):
+    for i in range(n if total is None else total):
         area = float(torch.empty(1).uniform_(*scale, generator=generator))
         h, w = max(1, round(height * area**0.5)), max(1, round(width * area**0.5))
         top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
         left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
-        crop = pixels[i : i + 1, :, top : top + h, left : left + w]
-        image = F.interpolate(crop, size=(height, width), mode="bilinear", align_corners=False)
-        if flip and bool(torch.rand(1, generator=generator) < 0.5):
-            image = image.flip(-1)
-        out[i] = image[0]
+        flipped = flip and bool(torch.rand(1, generator=generator) < 0.5)
+        if start <= i < start + n:
+            crop = pixels[i - start : i - start + 1, :, top : top + h, left : left + w]
+            image = F.interpolate(crop, size=(height, width), mode="bilinear", align_corners=False)
+            out[i - start] = image[0].flip(-1) if flipped else image[0]
     return out
 
 

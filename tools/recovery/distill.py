@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,11 +136,16 @@ def train_step(
     labels: torch.Tensor,
     config: DistillConfig,
     lr: float,
+    *,
+    model: nn.Module | None = None,
+    scales: tuple[float, float] = (1.0, 1.0),
 ) -> tuple[float, float]:
     """Run one optimizer step of distillation on a batch; return (loss, top-1 agreement with the teacher in %).
 
-    Pure in the step's inputs (the caller seeds torch from the step), so a data-parallel version only has to
-    average the gradients between `backward` and `optimizer.step`.
+    Pure in the step's inputs (the caller seeds torch from the step). Data-parallel: `model` is the student
+    wrapped in DistributedDataParallel, whose backward all-reduces (averages) the gradients before the clipping
+    and `optimizer.step`; `scales` multiply the KL and cross-entropy terms so that the average of the ranks'
+    gradients is the gradient of the global batch's loss (each rank's share of the images, labelled images).
     """
     device = pixels.device
     for group in optimizer.param_groups:
@@ -148,7 +153,10 @@ def train_step(
     with torch.no_grad():
         teacher_logits = forward_logits(teacher, pixels).float()
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        student_logits = forward_logits(student, pixels).float()
+        student_logits = forward_logits(model or student, pixels).float()
+    if scales != (1.0, 1.0):
+        kl_scale, ce_scale = scales
+        config = replace(config, kl_weight=config.kl_weight * kl_scale, ce_weight=config.ce_weight * ce_scale)
     loss, _ = distill_loss(student_logits, teacher_logits, labels, config)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -160,9 +168,9 @@ def train_step(
 
 
 def _restore(
-    folder: Path, key: dict[str, Any], student: nn.Module, optimizer: torch.optim.Optimizer, steps: int
+    folder: Path, key: dict[str, Any], student: nn.Module, optimizer: torch.optim.Optimizer, steps: int, owner: bool
 ) -> Progress:
-    """Load the saved steps of the same distillation (same key), or start afresh (clearing another one's)."""
+    """Load the saved steps of the same distillation (same key), or start afresh (the `owner` clears another's)."""
     peeked = distill_state.peek(folder)
     if peeked is not None and peeked.get("key") == key:
         saved = distill_state.load_latest(folder, student, optimizer)
@@ -171,7 +179,7 @@ def _restore(
         restored.done = int(saved["step"]) + 1  # the saved step folder is what counts
         restored.decided = bool(saved.get("decided", saved.get("fitted", False)))  # "fitted": before 2026-11
         return restored
-    if peeked is not None:  # saved by another plan or config: start afresh
+    if peeked is not None and owner:  # saved by another plan or config: start afresh
         distill_state.clear(folder)
     return Progress(total=steps)
 
@@ -184,6 +192,28 @@ def _rebudget(progress: Progress, config: DistillConfig) -> None:
         progress.budget_minutes = config.minutes
 
 
+def _alone(values: list[float]) -> list[float]:
+    return values
+
+
+@dataclass
+class Team:
+    """One rank's part in a data-parallel distillation; the default is a single process (no collective).
+
+    Every rank runs `distill`'s loop on its slice of each step's batch. Rank 0 alone decides the budget, asks to
+    halt and saves the steps; `total` sums a few floats over the ranks (how its decisions reach the others and
+    how loss and agreement become the global batch's), `wrap` wraps the student for the gradient all-reduce
+    (DistributedDataParallel, after a restore) and `scales` gives a step's loss scales from its labels.
+    """
+
+    rank: int = 0
+    world: int = 1
+    total: Callable[[list[float]], list[float]] = _alone
+    wrap: Callable[[nn.Module], nn.Module] | None = None
+    scales: Callable[[torch.Tensor], tuple[float, float]] | None = None
+    halt: Callable[[], bool] | None = None  # rank 0's check after a step: True saves it and stops every rank
+
+
 def distill(
     student: nn.Module,
     teacher: nn.Module,
@@ -193,6 +223,7 @@ def distill(
     checkpoint_dir: Path | None = None,
     fingerprint: dict[str, Any] | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    team: Team | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `student` in place to match `teacher`'s logits (and the labels), resuming from saved steps.
 
@@ -215,13 +246,15 @@ def distill(
         checkpoint_dir: Where steps are saved (None: not resumable).
         fingerprint: Facts that must match for saved steps to be reused (e.g. the student's starting weights).
         progress: Called after each step with {"step", "total", "loss", "agreement"}.
+        team: This process's part in a data-parallel job (None: the single process does it all).
 
     Returns:
         {"steps_planned", "steps_done", "resumed_from", "seconds", "loss", "agreement", "curve", "capped",
         "step_seconds", "attempts"}.
 
     Raises:
-        tools.interrupt.Interrupted: A stop was requested; the last saved step is where a resume continues.
+        tools.interrupt.Interrupted: A stop was requested (or the team's rank 0 halted the job); the last saved
+            step is where a resume continues.
         OSError: A checkpoint could not be written (e.g. a full disk); nothing half-written is left.
     """
     device = model_device(student)
@@ -230,13 +263,16 @@ def distill(
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     key = {"config": config.fingerprint(), **(fingerprint or {})}
+    team = team or Team()
     state = Progress(total=config.steps)
     if checkpoint_dir is not None:
-        state = _restore(checkpoint_dir, key, student, optimizer, config.steps)
+        state = _restore(checkpoint_dir, key, student, optimizer, config.steps, owner=team.rank == 0)
     _rebudget(state, config)
     resumed_from = state.done
     if state.done < state.total:
-        state.attempts.append({"from": state.done, "threads": torch.get_num_threads()})
+        attempt = {"from": state.done, "threads": torch.get_num_threads()}
+        state.attempts.append(attempt if team.world == 1 else {**attempt, "procs": team.world})
+    model = team.wrap(student) if team.wrap is not None else None
     every = config.save_every or max(1, config.steps // 20)
     budget_s = config.minutes * 60.0
     timings: list[float] = []
@@ -247,25 +283,39 @@ def distill(
         torch.manual_seed(config.seed * 1_000_003 + step)
         pixels, labels = batches(step)
         lr = lr_at(step, state.total, config.lr, config.warmup)
-        loss, agree = train_step(student, teacher, optimizer, pixels.to(device), labels.to(device), config, lr)
-        ema = agree if state.agreement is None else 0.9 * state.agreement + 0.1 * agree
-        state.loss, state.agreement = round(loss, 6), round(ema, 3)
-        state.curve.append([step, state.loss, state.agreement])
+        scales = team.scales(labels) if team.scales is not None else (1.0, 1.0)
+        pixels, labels = pixels.to(device), labels.to(device)
+        loss, agree = train_step(student, teacher, optimizer, pixels, labels, config, lr, model=model, scales=scales)
         seconds = time.perf_counter() - tick
         timings.append(seconds)
         state.step_seconds.append(round(seconds, 4))
         state.spent += seconds
         state.done = step + 1
         deciding = budget_s > 0 and not state.decided and len(timings) == PROBE_STEPS
+        total, halt = 0, False
         if deciding:  # fix the step count once, from this attempt's timed steps and all the time spent so far
             state.probe_seconds = statistics.median(timings)
-            state.total = decide_total(config.steps, state.done, state.spent, state.probe_seconds, budget_s)
-            state.decided, state.budget_minutes = True, config.minutes
+            if team.rank == 0:
+                total = decide_total(config.steps, state.done, state.spent, state.probe_seconds, budget_s)
+        if team.rank == 0 and team.halt is not None:
+            halt = team.halt()
+        if team.world > 1:  # the global batch's loss and agreement; rank 0's decisions
+            n = float(len(labels))
+            loss_sum, agreed, n_all, sent, halts = team.total([loss, agree * n / 100, n, float(total), float(halt)])
+            loss, agree, total, halt = loss_sum / team.world, agreed / n_all * 100, int(sent), halts > 0
+        if deciding:
+            state.total, state.decided, state.budget_minutes = total, True, config.minutes
+        ema = agree if state.agreement is None else 0.9 * state.agreement + 0.1 * agree
+        state.loss, state.agreement = round(loss, 6), round(ema, 3)
+        state.curve.append([step, state.loss, state.agreement])
         last = state.done >= state.total
-        if checkpoint_dir is not None and (state.done % every == 0 or last or deciding):
+        saving = state.done % every == 0 or last or deciding or halt
+        if team.rank == 0 and checkpoint_dir is not None and saving:
             distill_state.save_step(checkpoint_dir, step, student, optimizer, {**asdict(state), "key": key})
         if progress is not None:
             progress({"step": state.done, "total": state.total, "loss": state.loss, "agreement": state.agreement})
+        if halt:
+            raise interrupt.Interrupted(f"rank 0 halted the job after step {state.done}")
     student.eval()
     return {
         "steps_planned": config.steps,

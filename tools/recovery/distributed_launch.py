@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,9 +27,12 @@ from typing import Any
 
 import torch
 
+from profiling_agent.tools import interrupt
+
 DEFAULT_LAUNCHER = "torchrun --standalone --nproc-per-node {procs}"
 PROGRESS_MARK = "@@profiling-agent-progress "
 STOP_GRACE_S = 20.0  # seconds a stopped job gets between SIGTERM and SIGKILL
+STOP_POLL_S = 0.2  # seconds between two looks at the stop flag while the job is silent
 
 
 class DistributedJobError(RuntimeError):
@@ -77,12 +82,15 @@ def run_job(
     """Run a launcher command to its end, relaying rank 0's progress; return its output lines (progress excluded).
 
     The job runs in its own session, so a Ctrl-C of the parent does not reach it half-way: the parent stops it
-    (SIGTERM, then SIGKILL after STOP_GRACE_S) and re-raises. `should_stop` (a cooperative stop flag) is checked
-    on every output line (rank 0 prints one per step); when it says so the job is stopped the same way and
-    KeyboardInterrupt is raised. Any rank's `error_rank<R>.txt` gives the reason of a failure.
+    (SIGTERM to the whole group, then SIGKILL after STOP_GRACE_S) and re-raises. `should_stop` (default: the
+    cooperative stop flag, `tools.interrupt.stop_requested`, which Ctrl-C and SIGTERM set) is checked every
+    STOP_POLL_S seconds and on every output line; when it says so the job is stopped the same way and
+    `interrupt.Interrupted` is raised: the ranks end within moments and the last step rank 0 saved stays for a
+    resume. Any rank's `error_rank<R>.txt` gives the reason of a failure.
 
     Raises:
         DistributedJobError: The launcher could not start, or the job ended with a non-zero status.
+        tools.interrupt.Interrupted: A stop was requested; the job has been stopped.
     """
     job_dir.mkdir(parents=True, exist_ok=True)
     for old in [*job_dir.glob("error_rank*.txt"), *job_dir.glob("rank*.pid")]:
@@ -100,16 +108,25 @@ def run_job(
     except OSError as exc:
         raise DistributedJobError(f"cannot start the {what} with `{shlex.join(command)}`: {exc}") from None
     tail: deque[str] = deque(maxlen=200)
+    lines: queue.Queue[str | None] = queue.Queue()
+    assert proc.stdout is not None
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    stop = should_stop or interrupt.stop_requested
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
+        while True:
+            if stop():
+                raise interrupt.Interrupted(f"the {what} was asked to stop")
+            try:
+                line = lines.get(timeout=STOP_POLL_S)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
             if line.startswith(PROGRESS_MARK):
                 if progress is not None:
                     progress(json.loads(line[len(PROGRESS_MARK) :]))
             elif line.strip():
                 tail.append(line.rstrip())
-            if should_stop is not None and should_stop():
-                raise KeyboardInterrupt(f"the {what} was asked to stop")
         code = proc.wait()
     except BaseException:
         stop_job(proc)
@@ -117,6 +134,13 @@ def run_job(
     if code != 0:
         raise DistributedJobError(f"the {what} failed: {failure_reason(job_dir, code, list(tail))}")
     return list(tail)
+
+
+def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
+    """Move a job's output lines to `lines` (None at the end), so the parent can poll its stop flag meanwhile."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
 
 
 def stop_job(proc: subprocess.Popen[str]) -> None:

@@ -491,4 +491,4 @@ class Context:
     recover_augment: bool = _ctx(True, "Augment training images (random resized crop; flips for RGB images).")
     recover_procs: int = _ctx(1, "Processes distillation runs on (>1: a torch.distributed job; docs/distributed.md).")
     launcher: str = _ctx("torchrun --standalone --nproc-per-node {procs}", "Command starting that job ({procs}).")
-    backend: str = _ctx("auto", "torch, onnxruntime or auto (every form): the fastest one within budget is delivered.")
+    backend: str = _ctx("auto", "torch, onnxruntime, openvino or auto (every form): the fastest within budget ships.")

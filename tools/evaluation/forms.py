@@ -211,11 +211,11 @@ def accuracy_controlled_int8(
         The quantized `openvino.Model` and the facts: kept layers (names), their count, images, NNCF settings.
     """
     import nncf
-    import openvino as ov
 
     from profiling_agent.tools.compression.onnx_runtime import quiet
+    from profiling_agent.tools.models.openvino_model import shared_core
 
-    core = ov.Core()
+    core = shared_core()
     fp32 = core.read_model(str(fp32_ir))
     plain = quantized_ops(core.read_model(str(int8_ir)))
     calib = [calib_pixels[i : i + 1].contiguous().numpy() for i in range(len(calib_pixels))]

@@ -84,6 +84,22 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+_CORE: list[Any] = []  # the process's one openvino.Core, created on first use and kept until exit
+
+
+def shared_core() -> Any:
+    """Return the process's one `openvino.Core` (created on first use, never destroyed before exit).
+
+    A Core per compiled model, created and freed over a long process (a run, the test suite), ended in a
+    segmentation fault at an unrelated later point; OpenVINO's own advice is one Core per process.
+    """
+    if not _CORE:
+        import openvino as ov
+
+        _CORE.append(ov.Core())
+    return _CORE[0]
+
+
 def bf16_unsupported() -> str | None:
     """Return why OpenVINO bf16 would not be native on this CPU (no AVX-512 BF16 and no AMX), or None.
 
@@ -91,9 +107,7 @@ def bf16_unsupported() -> str | None:
     /proc/cpuinfo flags are the fallback.
     """
     try:
-        import openvino as ov
-
-        caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        caps = shared_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         if "BF16" in {str(c).upper() for c in caps}:
             return None
         return "this CPU has no native bf16 (OpenVINO's CPU capabilities lack BF16: no AVX-512 BF16, no AMX)"
@@ -141,9 +155,7 @@ class OvClassifier(nn.Module):
     def __init__(self, model: Any, precision: Precision = "f32", threads: int | None = None) -> None:
         """Compile `model` (an `openvino.Model` or the path of an IR/ONNX file) on the CPU."""
         super().__init__()
-        import openvino as ov
-
-        core = ov.Core()
+        core = shared_core()
         self.path = str(model) if isinstance(model, (str, os.PathLike)) else ""
         source = core.read_model(str(model)) if isinstance(model, (str, os.PathLike)) else model
         self.precision = precision

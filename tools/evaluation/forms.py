@@ -251,6 +251,38 @@ def accuracy_controlled_int8(
     return quantized, facts
 
 
+def accuracy_control_job(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> dict[str, Any]:
+    """Run `accuracy_controlled_int8` and save its IR to job["out"] (the body of the child process)."""
+    import openvino as ov
+
+    calib, val, labels = (torch.from_numpy(a) for a in arrays)
+    quantized, facts = accuracy_controlled_int8(
+        job["fp32_ir"],
+        job["int8_ir"],
+        calib,
+        val,
+        labels,
+        budget=job["budget"],
+        model_type=job["model_type"],
+        allowed_ids=job["allowed_ids"],
+    )
+    ov.save_model(quantized, job["out"], compress_to_fp16=False)
+    return facts
+
+
+def _in_child(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> dict[str, Any]:
+    """Run the accuracy-controlled quantization in a spawned child process and return its facts.
+
+    NNCF's accuracy control left the calling process to crash (segmentation fault) at interpreter exit after a
+    long test session; a throwaway process keeps it from the run's own process, which only reads the saved IR.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(accuracy_control_job, job, arrays).result()
+
+
 def rebuild_int8(
     variant: Variant,
     fp32_file: str | os.PathLike,
@@ -270,8 +302,6 @@ def rebuild_int8(
     written beside the old one and moved over it (new files: the old compiled model keeps its mapped weights).
     A failure leaves the form as it was, with the reason in its recipe.
     """
-    import openvino as ov
-
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.models.openvino_model import OV_FILE, OV_RECIPE, OV_WEIGHTS, OvClassifier
 
@@ -279,18 +309,17 @@ def rebuild_int8(
     folder = Path(variant.path)
     retry: dict[str, Any] = {"reason": f"lost {drop:.2f} pp against its FP32 form (budget {budget:g} pp)"}
     try:
-        quantized, facts = accuracy_controlled_int8(
-            fp32_file,
-            folder / OV_FILE,
-            calib_pixels,
-            val_pixels,
-            val_labels,
-            budget=budget,
-            model_type=model_type,
-            allowed_ids=allowed_ids,
-        )
         staged = folder / "accuracy_control"
-        ov.save_model(quantized, str(staged / OV_FILE), compress_to_fp16=False)
+        job = {
+            "fp32_ir": str(fp32_file),
+            "int8_ir": str(folder / OV_FILE),
+            "out": str(staged / OV_FILE),
+            "budget": float(budget),
+            "model_type": model_type,
+            "allowed_ids": None if allowed_ids is None else list(allowed_ids),
+        }
+        arrays = (calib_pixels.numpy(), val_pixels.numpy(), val_labels.numpy())
+        facts = _in_child(job, arrays)
         for name in (OV_FILE, OV_WEIGHTS):
             os.replace(staged / name, folder / name)
         staged.rmdir()

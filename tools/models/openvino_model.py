@@ -12,6 +12,8 @@ an explicit `INFERENCE_PRECISION_HINT` (OpenVINO's default on a bf16-capable CPU
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +99,14 @@ def shared_core() -> Any:
         import openvino as ov
 
         _CORE.append(ov.Core())
+        atexit.register(_release_core)
     return _CORE[0]
+
+
+def _release_core() -> None:
+    """Free unreachable compiled models, then the Core, while OpenVINO's runtime is still whole (at exit)."""
+    gc.collect()
+    _CORE.clear()
 
 
 def bf16_unsupported() -> str | None:

@@ -34,13 +34,15 @@ def test_best(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         predict_many,
         top1,
     )
-    from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.io import read_json, sha256_path
 
     # what best/ holds: the pruned best when it keeps the budget and pruning bought something, else the
     # unpruned model's fastest form within the budget (quantization only)
     base = state.baseline_eval.model_dump() if state.baseline_eval else None
     ref = state.baseline.model_dump() if state.baseline else None
     picked, why = choose_delivery(state.best.model_dump() if state.best else None, base, ref, state.objective)
+    if picked and picked.get("delivered") and not picked["delivered"].get("sha256"):  # the peer's form on disk
+        picked["delivered"]["sha256"] = sha256_path(run_dir(state) / picked["delivered"]["path"])
     best = Best.model_validate(picked) if picked else None
     update: dict[str, Any] = {"best": best.model_dump()} if best is not None and best.iteration == 0 else {}
     delivery = f"delivered: {'iteration ' + str(best.iteration) if best and best.iteration else 'the unpruned model'}"

@@ -37,7 +37,11 @@ def test_recover_none_leaves_the_pruned_weights_untouched(tmp_path, quick_resnet
     cand = out["candidates"][0]
     assert cand["status"] == "ok" and cand["recovered"] is None
     assert cand["recovery"]["method"] == "none" and cand["eval"]["accuracy_before_recovery"] is None
-    pruned, delivered = _weights(tmp_path / "off" / cand["pruned"]["path"]), _weights(tmp_path / "off" / "best")
+    # the candidate's evaluated weights (best/ holds the unpruned model when this one misses the budget)
+    pruned, delivered = (
+        _weights(tmp_path / "off" / cand["pruned"]["path"]),
+        _weights(tmp_path / "off" / cand["artifact"]["path"]),
+    )
     assert pruned.keys() == delivered.keys()
     assert all(torch.equal(pruned[k], delivered[k]) for k in pruned)
 

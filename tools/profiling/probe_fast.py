@@ -361,37 +361,40 @@ def probe_sensitivity_fast(
     results: dict[str, dict[str, Any]] = {}
     done = 0
     if blocks:
-        info = _capture_first(model, blocks, pixels, n_eval, config.batch_size)
-        reference = _restrict(info["logits"][:n_eval], allowed_ids)
-        runner = _Runner(model, blocks, info["as_tuple"], pixels[:n_eval])
-        args, kwargs = info["args"] or ((), {})
-        hidden = info["inputs"]
-        for index, block_name in enumerate(blocks):
-            block = model.get_submodule(block_name)
-            mine = [g for g in groups if g.block == block_name]
-            check = runner.logits(index, block, hidden[:1], config.batch_size)  # skipping must change nothing
-            gap = float((check - info["logits"][:1]).abs().max()) / (1.0 + float(info["logits"][:1].abs().max()))
-            if gap > SKIP_TOLERANCE:
-                log.warning(
-                    "fast probe: skipping blocks before %s changes the logits (%.2g); full probe", block_name, gap
-                )
-                break
-            watch = {}  # seeded per consumer position in its group, as reconstruct() does
-            for g in mine:
-                for i, rel in enumerate(_consumers(block, block_name, g)):
-                    watch[rel] = _Stats(block.get_submodule(rel), seed + i, config)
-            nxt = _block_pass(block, hidden, watch if recover else {}, config.batch_size, args, kwargs)
-            for g in mine:
-                row = _probe_one(
-                    g, block, block_name, index, hidden, watch, runner, reference, labels, ratio, recover, config
-                )
-                if row is None:  # the full probe below measures it, or records why it cannot be pruned
-                    continue
-                results[g.name] = row
-                done += 1
-                if progress:
-                    progress(done, len(groups), g.name)
-            hidden = nxt
+        try:
+            info = _capture_first(model, blocks, pixels, n_eval, config.batch_size)
+            reference = _restrict(info["logits"][:n_eval], allowed_ids)
+            runner = _Runner(model, blocks, info["as_tuple"], pixels[:n_eval])
+            args, kwargs = info["args"] or ((), {})
+            hidden = info["inputs"]
+            for index, block_name in enumerate(blocks):
+                block = model.get_submodule(block_name)
+                mine = [g for g in groups if g.block == block_name]
+                check = runner.logits(index, block, hidden[:1], config.batch_size)  # skipping must change nothing
+                gap = float((check - info["logits"][:1]).abs().max()) / (1.0 + float(info["logits"][:1].abs().max()))
+                if gap > SKIP_TOLERANCE:
+                    log.warning(
+                        "fast probe: skipping blocks before %s changes the logits (%.2g); full probe", block_name, gap
+                    )
+                    break
+                watch = {}  # seeded per consumer position in its group, as reconstruct() does
+                for g in mine:
+                    for i, rel in enumerate(_consumers(block, block_name, g)):
+                        watch[rel] = _Stats(block.get_submodule(rel), seed + i, config)
+                nxt = _block_pass(block, hidden, watch if recover else {}, config.batch_size, args, kwargs)
+                for g in mine:
+                    row = _probe_one(
+                        g, block, block_name, index, hidden, watch, runner, reference, labels, ratio, recover, config
+                    )
+                    if row is None:  # the full probe below measures it, or records why it cannot be pruned
+                        continue
+                    results[g.name] = row
+                    done += 1
+                    if progress:
+                        progress(done, len(groups), g.name)
+                hidden = nxt
+        except Exception as exc:  # noqa: BLE001 - a block layout the fast path cannot replay: the full probe
+            log.warning("fast probe unavailable for this model (%s: %s); full probe", type(exc).__name__, exc)
     rest = [g for g in groups if g.name not in results]
     if rest:
         full = probe_sensitivity(

@@ -425,9 +425,8 @@ def engine_failures(
 ) -> dict[str, str]:
     """Return {group: reason} for the groups the pruning engine refuses at the probe ratio.
 
-    Masking channels never asks the engine, so the block-local probe would rate a group the engine cannot prune
-    (one coupled to a protected module, say) like any other. One copy of the model pruned at every group's probe
-    ratio finds out in one dependency-graph build; only when that fails is each group tried alone.
+    Masking never asks the engine, so the block-local probe would rate a group it cannot prune like any other; one
+    copy pruned at every group's probe ratio finds out in one dependency-graph build (one by one when that fails).
     """
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.text import one_line

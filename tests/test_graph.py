@@ -171,8 +171,18 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
         assert a["plan"] == b["plan"]
         assert a["eval"] == b["eval"]
         assert a["artifact"]["sha256"] == b["artifact"]["sha256"]
-    untimed = [{**b, "recovery": {**(b["recovery"] or {}), "seconds": 0}} for b in (out["best"], fresh["best"])]
-    assert untimed[0] == untimed[1]  # equal weights and numbers; only recovery's wall-clock seconds differ
+    # equal weights and numbers; only recovery's wall-clock seconds differ, and the bytes of an unpruned form that
+    # NNCF quantized again in each run (its numbers are compared through the rest of the record)
+    untimed = [
+        {
+            **b,
+            "recovery": {**(b["recovery"] or {}), "seconds": 0},
+            "delivered": b["delivered"]
+            and {**b["delivered"], "sha256": "" if b["iteration"] == 0 else b["delivered"]["sha256"]},
+        }
+        for b in (out["best"], fresh["best"])
+    ]
+    assert untimed[0] == untimed[1]
     assert (
         json.loads((tmp_path / "resumable" / "result.json").read_text())["best"]["iteration"]
         == out["best"]["iteration"]

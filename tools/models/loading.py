@@ -179,30 +179,19 @@ def _load_artifact(ref: str, path: Path) -> LoadedModel:
     return LoadedModel(loaded.model, loaded.processor, "artifact", str(path), {"recipe": loaded.recipe})
 
 
-def _load_onnx(ref: str, path: Path) -> LoadedModel:
-    """Open an ONNX folder (model.onnx + recipe.json) as an ONNX Runtime classifier with its processor."""
+def _load_runtime_folder(ref: str, path: Path, source: Literal["onnx", "openvino"]) -> LoadedModel:
+    """Open an ONNX (model.onnx) or OpenVINO (openvino_model.xml) folder with its recipe and processor."""
     from profiling_agent.tools.models.artifact_load import load_processor
     from profiling_agent.tools.models.onnx_model import load_onnx_folder
-
-    try:
-        model = load_onnx_folder(path)
-        processor = load_processor(path)
-    except Exception as err:  # noqa: BLE001 - any failure becomes a one-line user message
-        raise ModelLoadError(f"cannot load ONNX model {ref}: {one_line(err)}") from None
-    return LoadedModel(model, processor, "onnx", str(path), {"recipe": model.recipe})
-
-
-def _load_openvino(ref: str, path: Path) -> LoadedModel:
-    """Open an OpenVINO folder (openvino_model.xml + recipe.json) as a compiled classifier with its processor."""
-    from profiling_agent.tools.models.artifact_load import load_processor
     from profiling_agent.tools.models.openvino_model import load_openvino_folder
 
+    opener, label = (load_onnx_folder, "ONNX") if source == "onnx" else (load_openvino_folder, "OpenVINO")
     try:
-        model = load_openvino_folder(path)
+        model = opener(path)
         processor = load_processor(path)
     except Exception as err:  # noqa: BLE001 - any failure becomes a one-line user message
-        raise ModelLoadError(f"cannot load OpenVINO model {ref}: {one_line(err)}") from None
-    return LoadedModel(model, processor, "openvino", str(path), {"recipe": model.recipe})
+        raise ModelLoadError(f"cannot load {label} model {ref}: {one_line(err)}") from None
+    return LoadedModel(model, processor, source, str(path), {"recipe": model.recipe})
 
 
 def _load_local(ref: str, path: Path, trust_remote_code: bool) -> LoadedModel:
@@ -266,9 +255,9 @@ def load_model(ref: str, *, revision: str | None = None, trust_remote_code: bool
         from profiling_agent.tools.models.openvino_model import is_openvino_folder
 
         if is_onnx_folder(path):
-            return _load_onnx(ref, path)
+            return _load_runtime_folder(ref, path, "onnx")
         if is_openvino_folder(path):
-            return _load_openvino(ref, path)
+            return _load_runtime_folder(ref, path, "openvino")
         if is_artifact(path):
             return _load_artifact(ref, path)
         return _load_local(ref, path, trust_remote_code)

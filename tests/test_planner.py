@@ -135,3 +135,29 @@ def test_a_rejected_level_caps_the_search_even_where_accuracy_held():
     hist = [{"goal": 0.3, "gamma": 1.0, "passed": True}, {"goal": 0.3, "gamma": 1.0, "passed": False, "rejected": True}]
     goal, _, converged, _ = next_goal(hist, objective, 0.7, config)
     assert goal < 0.3 and not converged
+
+
+@pytest.mark.parametrize("refused", [{"passed": False, "rejected": True}, {"passed": False}])
+def test_a_round_after_a_refused_plan_is_strictly_milder_even_when_whole_units_round_back_up(refused):
+    # two heads of four: removable shares come in steps of a quarter, so half the refused goal rounds back up to it
+    groups = [g for g in GROUPS if g["kind"] == "head"]
+    costs = {g["name"]: {"params_share": 0.5, "macs_share": 0.5, "latency_share": 0.5} for g in groups}
+    objective = Objective(target="params", target_reduction=0.25, quantize="none")
+    first = plan_round(groups, costs, SENS, objective, history=[])
+    history = [{"goal": first.target_estimate, "gamma": first.gamma, **refused}]
+    second = plan_round(groups, costs, SENS, objective, history=history)
+    assert 0 < first.target_estimate and second.target_estimate < first.target_estimate
+    assert sum(_ratios(second.plan).values()) < sum(_ratios(first.plan).values())
+
+
+def test_no_whole_unit_plan_between_a_kept_and_a_refused_goal_converges():
+    groups = [g for g in GROUPS if g["name"] == "layers.0.heads"]  # one group of four heads: steps of a quarter
+    costs = {"layers.0.heads": {"params_share": 1.0, "macs_share": 1.0, "latency_share": 1.0}}
+    objective = Objective(target="params", target_reduction=0.6, quantize="none")
+    history = [
+        {"goal": 0.25, "gamma": 1.0, "passed": True},
+        {"goal": 0.5, "gamma": 1.0, "passed": False, "rejected": True},
+    ]
+    result = plan_round(groups, costs, SENS, objective, history=history)
+    assert result.converged and "no plan of whole heads and channels" in result.notes[0]
+    assert result.target_estimate == pytest.approx(0.25)

@@ -129,6 +129,36 @@ def solve_ratios(
     return ratios, estimate_reduction(ratios, groups, costs, target)
 
 
+def solve_below(
+    ceiling: float, groups, costs, weights, target: str, config: PlannerConfig
+) -> tuple[dict[str, float], float]:
+    """Return the strongest ratios (common level) whose estimated reduction stays strictly below `ceiling`."""
+    lo, hi = 0.0, 1.0
+    while estimate_reduction(_ratios_at(hi, groups, weights, config), groups, costs, target) < ceiling and hi < 1e3:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if estimate_reduction(_ratios_at(mid, groups, weights, config), groups, costs, target) < ceiling:
+            lo = mid
+        else:
+            hi = mid
+    ratios = _ratios_at(lo, groups, weights, config)
+    return ratios, estimate_reduction(ratios, groups, costs, target)
+
+
+def ceiling_of(history: list[dict[str, Any]]) -> float | None:
+    """Return the smallest goal a reviewer rejected or that missed the budget above every passing goal, or None.
+
+    Units are whole heads and channels, so nearby goals can give the same plan: a round below this ceiling must
+    also estimate below it, or it would measure the plan that was refused again.
+    """
+    rejected = [h["goal"] for h in history if h.get("rejected")]
+    passes = [h["goal"] for h in history if h["passed"] and h["goal"] < min(rejected, default=float("inf"))]
+    lo = max(passes, default=0.0)
+    above = [h["goal"] for h in history if not h["passed"] and h["goal"] > lo]
+    return min(above + rejected) if above or rejected else None
+
+
 def max_feasible(groups, costs, target: str, config: PlannerConfig) -> float:
     """Return the largest reduction the ratio caps allow."""
     caps = {g["name"]: config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured for g in groups}
@@ -265,13 +295,23 @@ def plan_round(
         why = f"repeating round {last.get('iteration', '?')}'s pruning, which kept the budget, without quantization"
     weights = group_weights(groups, costs, sensitivity, gamma)
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config)
+    ceiling = ceiling_of(history) if repeat_of is None else None
+    if ceiling is not None and estimate >= ceiling - 1e-9:  # whole units rounded back up to a refused plan
+        ratios, estimate = solve_below(ceiling - 1e-9, groups, costs, weights, objective.target, config)
+        kept = max((h["goal"] for h in history if h["passed"] and h["goal"] < ceiling), default=0.0)
+        if kept > 0 and estimate <= kept + 1e-9:
+            converged = True
+            why = f"no plan of whole heads and channels lies between {kept:.1%} (kept the budget) and {ceiling:.1%}"
     order = sorted(groups, key=lambda g: float(sensitivity.get(g["name"], {}).get("damage", 0.0)))
     rank = {g["name"]: i + 1 for i, g in enumerate(order)}
     entries = []
     emitted: dict[str, float] = {}
     for group in groups:
-        ratio = math.ceil(ratios[group["name"]] * 1e4) / 1e4  # round up: never below the solved level
-        if effective_ratio(int(group["units"]), int(group.get("min_units", 1)), ratio) <= 0:
+        solved, units, min_units = ratios[group["name"]], int(group["units"]), int(group.get("min_units", 1))
+        ratio = math.ceil(solved * 1e4) / 1e4  # four decimals, rounded to keep exactly the solved whole units
+        if effective_ratio(units, min_units, ratio) != effective_ratio(units, min_units, solved):
+            ratio = math.floor(solved * 1e4) / 1e4
+        if effective_ratio(units, min_units, ratio) <= 0:
             continue
         ratio = min(max(ratio, 1e-4), 0.99)
         emitted[group["name"]] = ratio

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from profiling_agent.tools.models.forward import batched_logits
+from profiling_agent.tools.runtimes.forward import batched_logits
 
 EXIT_BAD_INPUT = 2
 IMAGE_SIZE = 224

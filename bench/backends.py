@@ -92,7 +92,7 @@ def _size_mb(model: torch.nn.Module) -> float:
 
 def forms(prefix: str, fp32: torch.nn.Module, calib, check, work: Path, settings: dict) -> tuple[dict, dict]:
     """Torch FP32 (and qint8) plus the ONNX Runtime and OpenVINO forms of one model; and the build facts."""
-    from profiling_agent.tools.evaluation.forms import build_forms
+    from profiling_agent.tools.runtimes.forms import build_forms
 
     pruned = bool(prefix)
     models = {f"{prefix}torch_fp32": fp32}
@@ -119,7 +119,7 @@ def measure(models: dict, pixels, labels, allowed, batch: int, warmup: int, repe
     """Accuracy (when labels are given) or agreement with torch FP32, and latency, all in one interleaved run."""
     from profiling_agent.tools.evaluation.latency import measure_latency_checked
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
-    from profiling_agent.tools.models.forward import forward_logits
+    from profiling_agent.tools.runtimes.forward import forward_logits
 
     rows: dict[str, dict[str, Any]] = {}
     with torch.inference_mode():

@@ -14,8 +14,8 @@ from profiling_agent.tools.compression.depgraph import _plan_steps
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.families.base import FamilyAdapter
 from profiling_agent.tools.compression.self_check import _batch_size
-from profiling_agent.tools.models.forward import run_model
 from profiling_agent.tools.models.sizes import count_params
+from profiling_agent.tools.runtimes.forward import run_model
 
 # ---------------------------------------------------------------- analytic estimate
 

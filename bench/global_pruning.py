@@ -28,7 +28,7 @@ from profiling_agent.tools.compression.depgraph import (
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
 from profiling_agent.tools.compression.units import removed_units
-from profiling_agent.tools.models.forward import forward_logits
+from profiling_agent.tools.runtimes.forward import forward_logits
 
 Criterion = Literal["magnitude", "taylor"]
 CRITERIA: tuple[Criterion, ...] = ("magnitude", "taylor")

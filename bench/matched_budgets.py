@@ -4,7 +4,7 @@
     python bench/matched_budgets.py                        # the four zoo families, 2,000 held-out images
     python bench/matched_budgets.py vit --budgets 0.2 0.4 --json out.json --plots DIR
 
-At 10, 20, 30 and 40% parameter reduction each method's own knob is solved (tools/compression/budget.py) so it
+At 10, 20, 30 and 40% parameter reduction each method's own knob is solved (bench/budget.py) so it
 removes that fraction within one point, as the engine's exact parameter estimate says:
 - agent: the deterministic planner's plan (profile cost shares over probe damage) for a goal bisected to the budget;
 - l1, l2, random: uniform pruning of every group, the ratio bisected to the budget;
@@ -57,10 +57,10 @@ class Setting:
     """One zoo model with what every method needs: groups, profile costs, probe damage, Torch-Pruning scores."""
 
     def __init__(self, name: str, path: Path, data: dict[str, torch.Tensor], recover_modes: tuple[str, ...]):
+        from global_pruning import unit_scores
         from transformers import AutoModelForImageClassification
 
         from profiling_agent.tools.compression.families import adapter_for
-        from profiling_agent.tools.compression.global_pruning import unit_scores
         from profiling_agent.tools.models.sizes import count_params
         from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
         from profiling_agent.tools.profiling.summary import planner_profile
@@ -89,9 +89,10 @@ class Setting:
         """Entries, chosen units (Torch-Pruning) and the importance the engine uses, for a knob value.
 
         `heads` fixes a uniform method's head ratio (the knob then sets the channel ratio alone)."""
+        from global_pruning import global_removals, removal_entries
+
         from profiling_agent.state import Objective
         from profiling_agent.tools.compression.baselines import uniform_entries
-        from profiling_agent.tools.compression.global_pruning import global_removals, removal_entries
         from profiling_agent.tools.planning.deterministic import plan_round
 
         if method == "agent":
@@ -110,7 +111,7 @@ class Setting:
         return removal_entries(self.groups, chosen), chosen, "l2"
 
     def reduction(self, entries: list[Any]) -> float:
-        from profiling_agent.tools.compression.estimate import estimate_pruning
+        from estimate import estimate_pruning
 
         if not entries:
             return 0.0
@@ -126,7 +127,8 @@ class Setting:
 
 def measure(setting: Setting, method: str, budget: float, modes: tuple[str, ...]) -> list[dict[str, Any]]:
     """Solve the method's knob for `budget`, prune with the engine, and test without and with recovery."""
-    from profiling_agent.tools.compression.budget import solve_knob
+    from budget import solve_knob
+
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.recovery.reconstruct import reconstruct
 

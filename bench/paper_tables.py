@@ -176,7 +176,7 @@ def with_sentinels(models: dict[str, torch.nn.Module], ort: dict[str, Any]) -> d
     (measured: caches and branch predictors warmed by the other runtime); a discarded twin of the same kind
     absorbs that, so every reported model follows one of its own kind.
     """
-    from profiling_agent.tools.compression.onnx_runtime import OrtClassifier
+    from profiling_agent.tools.runtimes.onnx_runtime import OrtClassifier
 
     twins = {
         "torch_fp32": lambda: copy.deepcopy(models["baseline"]),
@@ -196,11 +196,11 @@ def with_sentinels(models: dict[str, torch.nn.Module], ort: dict[str, Any]) -> d
 def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: Path, settings: dict) -> dict:
     """Run the agent, build every baseline variant of one zoo model, and measure all of them side by side."""
     from profiling_agent.tools.compression.baselines import prune_uniform
-    from profiling_agent.tools.compression.onnx_runtime import onnx_runtime_baseline
     from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.evaluation.latency import measure_latency
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
     from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.runtimes.onnx_runtime import onnx_runtime_baseline
 
     start = time.perf_counter()
     say(f"[{name}] agent: deterministic planner, up to {settings['iterations']} iterations (LangGraph loop)")
@@ -290,11 +290,12 @@ def build_full_size(name: str) -> torch.nn.Module:
 
 def measure_full_size(name: str, work: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """Measure params, memory and latency of FP32, uniform L2 20% pruning, torch qint8 and ONNX Runtime."""
+    from estimate import estimate_pruning
+
     from profiling_agent.tools.compression.baselines import prune_uniform, uniform_entries
-    from profiling_agent.tools.compression.estimate import estimate_pruning
     from profiling_agent.tools.compression.families import adapter_for
-    from profiling_agent.tools.compression.onnx_runtime import onnx_runtime_baseline
     from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.runtimes.onnx_runtime import onnx_runtime_baseline
 
     start = time.perf_counter()
     say(f"[{name}] full-size config, random weights: building, pruning, quantizing, exporting")

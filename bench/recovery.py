@@ -30,10 +30,10 @@ import zoo as zoo_lib  # noqa: E402
 from profiling_agent.tools.compression.pruning import prune_model  # noqa: E402
 from profiling_agent.tools.compression.self_check import self_check  # noqa: E402
 from profiling_agent.tools.data.train_stream import augment, batch_rows  # noqa: E402
-from profiling_agent.tools.models.forward import median_forward_ms  # noqa: E402
 from profiling_agent.tools.models.sizes import count_params  # noqa: E402
 from profiling_agent.tools.recovery.distill import DistillConfig, distill  # noqa: E402
 from profiling_agent.tools.recovery.reconstruct import reconstruct  # noqa: E402
+from profiling_agent.tools.runtimes.forward import median_forward_ms  # noqa: E402
 
 STRUCTURED = {"layer": ".", "type": "structured"}
 HEADS = {"layer": ".", "type": "head"}

@@ -11,8 +11,8 @@ from profiling_agent.graph.cli_args import EXIT_OK, BadInput
 def cmd_export(args: argparse.Namespace) -> int:
     """Export RUN/THREAD's delivered model, check it against torch, print where it is and how accurate it is."""
     from profiling_agent.tools.evaluation.export_run import FORMS, ExportError, ExportFormat, export_run
-    from profiling_agent.tools.models.onnx_model import onnxruntime_missing
-    from profiling_agent.tools.models.openvino_model import nncf_missing, openvino_missing
+    from profiling_agent.tools.runtimes.onnx_model import onnxruntime_missing
+    from profiling_agent.tools.runtimes.openvino_model import nncf_missing, openvino_missing
 
     if args.threads is not None and args.threads < 1:
         raise BadInput("invalid --threads: must be at least 1")

@@ -111,8 +111,8 @@ def delivered_ref(cand: Candidate | None) -> ArtifactRef | None:
 
 def load_delivered(state: State, cand: Candidate, threads: int | None = None):
     """Load a candidate in its delivered form: an ONNX Runtime session, an OpenVINO model or the torch model."""
-    from profiling_agent.tools.models.onnx_model import is_onnx_folder, load_onnx_folder
-    from profiling_agent.tools.models.openvino_model import is_openvino_folder, load_openvino_folder
+    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder
+    from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
 
     ref = delivered_ref(cand)
     if ref is not None and is_onnx_folder(absolute(state, ref.path)):

@@ -34,10 +34,10 @@ def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
     from profiling_agent.tools.evaluation.delivery import delivery_note, vs_peer
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
-    from profiling_agent.tools.evaluation.forms import eligible_forms, forms_for_backend, round_forms
     from profiling_agent.tools.evaluation.selection import choose_variant, within_budget
     from profiling_agent.tools.io import sha256_path
     from profiling_agent.tools.models.sizes import state_bytes
+    from profiling_agent.tools.runtimes.forms import eligible_forms, forms_for_backend, round_forms
 
     base_eval = state.baseline_eval
     current = current_candidate(state)

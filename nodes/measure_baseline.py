@@ -26,9 +26,9 @@ def measure_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.device import resolve_device
     from profiling_agent.tools.evaluation.delivery import quantization_only_peer
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
-    from profiling_agent.tools.evaluation.forms import ALL_FORMS, forms_for_backend
-    from profiling_agent.tools.models.openvino_model import nncf_missing
     from profiling_agent.tools.models.sizes import state_bytes
+    from profiling_agent.tools.runtimes.forms import ALL_FORMS, forms_for_backend
+    from profiling_agent.tools.runtimes.openvino_model import nncf_missing
 
     assert state.baseline is not None  # saved by acquire
     ctx = context_of(runtime)

@@ -67,8 +67,8 @@ def backend_profile(model, shape, groups, backend: str, full: dict[str, Any]) ->
     """Profile the deliverable backend forms per node and name the one the planners read (tools/profiling)."""
     import torch
 
-    from profiling_agent.tools.models.onnx_model import onnxruntime_missing
     from profiling_agent.tools.profiling.backend_profile import planned_form, profile_backends
+    from profiling_agent.tools.runtimes.onnx_model import onnxruntime_missing
 
     if onnxruntime_missing():
         return {"forms": {}, "planned_on": "torch", "note": "onnxruntime is not installed"}, ""

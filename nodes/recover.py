@@ -89,9 +89,9 @@ def _distill(state: State, ctx: Context, runtime, student, teacher, source, proc
     fingerprint = {"pruned": pruned.sha256 if pruned else "", "record": record.method, "batch": batch}
     if ctx.recover_procs > 1:  # a torch.distributed job; same steps, same checkpoints (docs/distributed.md)
         from profiling_agent.tools.models.artifacts import read_recipe
-        from profiling_agent.tools.models.forward import model_device
         from profiling_agent.tools.recovery.distributed import distill_in_job
         from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER
+        from profiling_agent.tools.runtimes.forward import model_device
 
         assert state.baseline is not None and pruned is not None
         attrs = read_recipe(absolute(state, pruned.path)).get("attrs")

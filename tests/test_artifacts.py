@@ -16,8 +16,8 @@ from profiling_agent.tools.io import sha256_path
 from profiling_agent.tools.models.artifact_load import load_artifact
 from profiling_agent.tools.models.artifacts import ArtifactError, is_artifact, save_artifact
 from profiling_agent.tools.models.dynamic_quant import quiet_ao_quantization
-from profiling_agent.tools.models.forward import batched_logits
 from profiling_agent.tools.models.sizes import count_params
+from profiling_agent.tools.runtimes.forward import batched_logits
 
 # ---------------------------------------------------------------- helpers
 

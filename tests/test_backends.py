@@ -16,10 +16,10 @@ from torch import nn
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from profiling_agent.tools.compression import backends  # noqa: E402
-from profiling_agent.tools.compression.backends import BackendSettings, build_ort_variants  # noqa: E402
 from profiling_agent.tools.io import read_json  # noqa: E402
-from profiling_agent.tools.models.onnx_model import is_onnx_folder, load_onnx_folder  # noqa: E402
+from profiling_agent.tools.runtimes import onnx_forms  # noqa: E402
+from profiling_agent.tools.runtimes.onnx_forms import BackendSettings, build_ort_variants  # noqa: E402
+from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder  # noqa: E402
 
 
 def _model(family: str) -> tuple[nn.Module, int]:
@@ -112,7 +112,7 @@ def test_failed_export_marks_every_variant_failed(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):  # what export_onnx raises when neither exporter works (see test_onnx_baseline)
         raise RuntimeError("ONNX export failed: torchscript: cannot trace me; dynamo: cannot trace me")
 
-    monkeypatch.setattr(backends, "export_onnx", refuse)
+    monkeypatch.setattr(onnx_forms, "export_onnx", refuse)
     model, size = _model("resnet")
     x = _pixels(8, size)
     variants = build_ort_variants(model, x[:4], x[4:], tmp_path, threads=1)
@@ -131,7 +131,7 @@ def test_fp32_mismatch_fails_all_variants(tmp_path):
 
 
 def test_missing_onnxruntime_is_a_reason_not_a_crash(tmp_path, monkeypatch):
-    monkeypatch.setattr(backends, "onnxruntime_missing", lambda: "ONNX Runtime is unavailable (test)")
+    monkeypatch.setattr(onnx_forms, "onnxruntime_missing", lambda: "ONNX Runtime is unavailable (test)")
     model, size = _model("resnet")
     x = _pixels(8, size)
     variants = build_ort_variants(model, x[:4], x[4:], tmp_path)

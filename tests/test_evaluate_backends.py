@@ -13,13 +13,13 @@ pytest.importorskip("onnxruntime")
 from profiling_agent.nodes.common import load_delivered, prepared  # noqa: E402
 from profiling_agent.nodes.evaluate import evaluate  # noqa: E402
 from profiling_agent.state import ArtifactRef, Candidate, Context, DataRef, EvalRecord, QuantEntry, State  # noqa: E402
-from profiling_agent.tools.compression import backends  # noqa: E402
 from profiling_agent.tools.compression.quantization import quantize_model  # noqa: E402
 from profiling_agent.tools.evaluation.metrics import predict, top1  # noqa: E402
 from profiling_agent.tools.evaluation.selection import choose_variant  # noqa: E402
 from profiling_agent.tools.models.artifacts import save_artifact  # noqa: E402
-from profiling_agent.tools.models.onnx_model import OrtClassifier  # noqa: E402
-from profiling_agent.tools.models.openvino_model import OvClassifier  # noqa: E402
+from profiling_agent.tools.runtimes import onnx_forms  # noqa: E402
+from profiling_agent.tools.runtimes.onnx_model import OrtClassifier  # noqa: E402
+from profiling_agent.tools.runtimes.openvino_model import OvClassifier  # noqa: E402
 
 FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 4, "threads": 1, "eval_batch": 16}
 
@@ -131,7 +131,7 @@ def test_failed_export_falls_back_to_torch_with_the_reason(run_state, monkeypatc
     def refuse(*args, **kwargs):
         raise RuntimeError("ONNX export failed: torchscript: unsupported op; dynamo: unsupported op")
 
-    monkeypatch.setattr(backends, "export_onnx", refuse)
+    monkeypatch.setattr(onnx_forms, "export_onnx", refuse)
     cand = _evaluate(run_state, "onnxruntime")
     ev = cand.eval
     assert ev.delivered == "torch_qint8" and cand.delivered is None

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from estimate import estimate_pruning
 from torch import nn
 from toy_models import all_logits
 
-from profiling_agent.tools.compression.estimate import estimate_pruning
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.compression.quantization import quantize_model

@@ -8,9 +8,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "profiling_agent"
 SOURCE_DIRS = ("graph", "nodes", "tools", "prompts")
+BENCH = ROOT / "bench"
 MAX_LINES = 500
 # the rooms of tools/, lowest first: a module may import its own room and the rooms before it, never after
-LAYERS = ("models", "data", "compression", "recovery", "profiling", "evaluation", "planning", "reporting")
+LAYERS = (
+    "runtimes",
+    "models",
+    "data",
+    "compression",
+    "recovery",
+    "profiling",
+    "evaluation",
+    "planning",
+    "shape",
+    "reporting",
+)
 TOP_HELPERS = {"io", "device", "hub", "text", "versions", "interrupt"}
 
 
@@ -71,12 +83,58 @@ def test_tools_import_downward_only():
             continue
         rank = -1 if room == "base" else LAYERS.index(room)
         for target in imported:
-            prompts_ok = room == "planning" and target.startswith(f"{PACKAGE}.prompts")  # the LLM planner's templates
-            if target.split(".")[1:2] in (["graph"], ["nodes"], ["prompts"]) and not prompts_ok:
+            if target.split(".")[1:2] in (["graph"], ["nodes"]):
                 wrong.append(f"{module} -> {target}")
             other = _room(target)
             if other is not None and (-1 if other == "base" else LAYERS.index(other)) > rank:
                 wrong.append(f"{module} -> {target}")
+    assert not wrong, wrong
+
+
+def test_prompts_are_a_leaf():
+    """Prompt templates render what they are given: they import state and the top-level helpers, nothing else."""
+    allowed = {f"{PACKAGE}.state", f"{PACKAGE}.tools"} | {f"{PACKAGE}.tools.{name}" for name in TOP_HELPERS}
+    wrong = [
+        f"{m} -> {t}"
+        for m, targets in _graph().items()
+        if m.startswith(f"{PACKAGE}.prompts")
+        for t in targets
+        if not t.startswith(f"{PACKAGE}.prompts") and t not in allowed
+    ]
+    assert not wrong, wrong
+
+
+def _private_uses(path: Path, modules: dict[str, Path]) -> list[str]:
+    """`from profiling_agent... import _name` and `module._name` on an imported package module, in one file."""
+    tree = ast.parse(path.read_text())
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{alias.name}")
+                elif f"{node.module}.{alias.name}" in modules:
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_across_modules():
+    modules = _modules()
+    files = [*modules.values(), *sorted(BENCH.glob("*.py"))]
+    wrong = [use for path in files for use in _private_uses(path, modules)]
     assert not wrong, wrong
 
 

@@ -23,8 +23,8 @@ from profiling_agent.prompts.iterative import render_iterative
 from profiling_agent.state import CompressionPlan, Context, Objective, PruneEntry, QuantEntry, State
 from profiling_agent.tools.planning.deterministic import estimate_reduction, plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm, planning_round
-from profiling_agent.tools.planning.llm_shape_agent import resolve_shape_with_llm
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
+from profiling_agent.tools.shape.llm_shape_agent import resolve_shape_with_llm
 
 PROFILE = vit_profile(n_layers=2)
 SENS = vit_sensitivity(PROFILE)

@@ -18,10 +18,10 @@ from profiling_agent.tools.models.input_shape import resolve_input_shape
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import describe_endpoint, planner_mode
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
-from profiling_agent.tools.planning.llm_shape import settle_input_shape, shape_metadata
 from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
 from profiling_agent.tools.reporting.markdown import fallback_lines, md_text, render_markdown
 from profiling_agent.tools.reporting.result import planner_facts
+from profiling_agent.tools.shape.llm_shape import settle_input_shape, shape_metadata
 
 LLM_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "PA_WIRING_KEY")
 
@@ -149,7 +149,7 @@ def test_a_wrong_llm_shape_is_not_used(tiny_vit):
 
 
 def test_an_implausibly_large_llm_shape_is_never_run(tiny_vit, monkeypatch):
-    from profiling_agent.tools.planning import llm_shape
+    from profiling_agent.tools.shape import llm_shape
 
     ran, real = [], llm_shape._verified
     monkeypatch.setattr(llm_shape, "_verified", lambda model, chw: ran.append(chw) or real(model, chw))

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from budget import solve_knob
+from estimate import estimate_pruning
+from global_pruning import global_removals, removal_entries, unit_scores
 
 from profiling_agent.tools.compression.baselines import uniform_entries
-from profiling_agent.tools.compression.budget import solve_knob
-from profiling_agent.tools.compression.estimate import estimate_pruning
 from profiling_agent.tools.compression.families import adapter_for
-from profiling_agent.tools.compression.global_pruning import global_removals, removal_entries, unit_scores
 from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.models.sizes import count_params
 

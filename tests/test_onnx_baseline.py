@@ -9,14 +9,14 @@ from torch import nn
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from profiling_agent.tools.compression.onnx_runtime import (
+from profiling_agent.tools.evaluation.latency import measure_latency
+from profiling_agent.tools.evaluation.metrics import predict  # noqa: E402
+from profiling_agent.tools.runtimes.onnx_runtime import (
     OrtClassifier,
     export_onnx,
     onnx_runtime_baseline,
     quantize_onnx,
 )
-from profiling_agent.tools.evaluation.latency import measure_latency
-from profiling_agent.tools.evaluation.metrics import predict  # noqa: E402
 
 
 def _pixels(n, channels=1, size=16, seed=0):

@@ -20,10 +20,10 @@ pytest.importorskip("onnxruntime")
 
 from test_backends import _model, _pixels  # noqa: E402
 
-from profiling_agent.tools.compression import openvino_forms  # noqa: E402
-from profiling_agent.tools.evaluation.forms import build_forms, round_forms  # noqa: E402
 from profiling_agent.tools.io import read_json  # noqa: E402
-from profiling_agent.tools.models.openvino_model import (  # noqa: E402
+from profiling_agent.tools.runtimes import openvino_forms  # noqa: E402
+from profiling_agent.tools.runtimes.forms import build_forms, round_forms  # noqa: E402
+from profiling_agent.tools.runtimes.openvino_model import (  # noqa: E402
     OvClassifier,
     compile_config,
     is_openvino_folder,

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
-from profiling_agent.tools.models.forward import example_input
 from profiling_agent.tools.models.sizes import count_params
 from profiling_agent.tools.profiling.dynamic import module_timings, operator_table, profile_model
 from profiling_agent.tools.profiling.static import static_profile
 from profiling_agent.tools.profiling.summary import format_layer_table, group_costs, summarize_profile
+from profiling_agent.tools.runtimes.forward import example_input
 
 # Tiny ViT of conftest: 16x16x1 images, patch 4 -> 16 patches + CLS = 17 tokens, hidden 32, 4 heads of 8,
 # MLP 64, 2 layers, 10 labels.

@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
+from estimate import estimate_pruning
 from torch import nn
 from toy_models import ToyBlockNet
 
 from profiling_agent.state import PruneEntry
-from profiling_agent.tools.compression.estimate import estimate_pruning
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.families.generic import GenericAdapter
 from profiling_agent.tools.compression.families.resnet import ResNetAdapter

@@ -9,8 +9,8 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from profiling_agent.state import QuantEntry
 from profiling_agent.tools.compression.quantization import match_linear_layers, quantize_model
-from profiling_agent.tools.models.forward import batched_logits
 from profiling_agent.tools.models.sizes import count_params, state_bytes
+from profiling_agent.tools.runtimes.forward import batched_logits
 
 
 def _linear_names(model: nn.Module) -> list[str]:

@@ -80,7 +80,7 @@ def test_an_int8_form_past_the_budget_is_rebuilt_with_sensitive_layers_in_float(
     from test_backends import _model, _pixels
 
     from profiling_agent.tools.evaluation.form_eval import int8_retry
-    from profiling_agent.tools.evaluation.forms import build_forms
+    from profiling_agent.tools.runtimes.forms import build_forms
 
     model, size = _model("vit")
     calib, val = _pixels(24, size), _pixels(64, size, seed=3)

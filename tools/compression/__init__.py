@@ -1,8 +1,7 @@
-"""Changing a model: the structured-pruning engine, family adapters, quantization, uniform baselines, backends.
+"""Changing a model: the structured-pruning engine, family adapters, quantization, uniform baselines.
 
 The engine is split by responsibility: `units` (which channels or heads an entry removes), `depgraph`
 (torch-pruning dependency groups and their checks), `pruning` (applying the steps), `self_check`
-(numerical checks), `estimate` (what a plan would remove without pruning). Backends: `onnx_runtime` (ONNX
-export and ONNX Runtime quantization) and `backends` (the checked ORT variants of a candidate). It may import
-`models` and `data`; it never imports profiling, evaluation, planning or reporting.
+(numerical checks). ONNX and OpenVINO forms live in `runtimes`. It may import `runtimes`, `models` and
+`data`; it never imports profiling, evaluation, planning or reporting.
 """

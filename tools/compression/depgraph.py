@@ -17,7 +17,7 @@ from profiling_agent.state import PruneEntry
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
 from profiling_agent.tools.compression.self_check import _clone_inputs
 from profiling_agent.tools.compression.units import PruneError, PruneReport, match_groups, units_to_remove
-from profiling_agent.tools.models.forward import forward_logits
+from profiling_agent.tools.runtimes.forward import forward_logits
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import PruneCheckError, PruneError, PruneReport, _channels_of
-from profiling_agent.tools.models.forward import forward_logits
+from profiling_agent.tools.runtimes.forward import forward_logits
 
 # ---------------------------------------------------------------- forward helpers
 

@@ -99,9 +99,9 @@ def export_run(
     """
     from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.evaluation.form_eval import load_form
-    from profiling_agent.tools.evaluation.forms import build_forms
     from profiling_agent.tools.evaluation.metrics import predict, top1
     from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.runtimes.forms import build_forms
 
     form = FORMS.get((fmt, quantize))
     if form is None:

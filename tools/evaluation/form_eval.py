@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 from profiling_agent.state import Context, Objective
-from profiling_agent.tools.compression.backends import Variant
 from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
-from profiling_agent.tools.evaluation.forms import build_forms, fp32_reference, rebuild_int8
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models
 from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
-from profiling_agent.tools.models.onnx_model import ONNX_FILE, is_onnx_folder, load_onnx_folder
-from profiling_agent.tools.models.openvino_model import OV_FILE, is_openvino_folder, load_openvino_folder
+from profiling_agent.tools.runtimes.forms import build_forms, fp32_reference, rebuild_int8
+from profiling_agent.tools.runtimes.onnx_forms import Variant
+from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, is_onnx_folder, load_onnx_folder
+from profiling_agent.tools.runtimes.openvino_model import OV_FILE, is_openvino_folder, load_openvino_folder
 
 # One thread unless --threads says otherwise: every runtime then gets the same single core (no thread-pool or
 # spin-wait differences between torch's OpenMP, ONNX Runtime and OpenVINO), wall time over process CPU time

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.device import resolve_device
-from profiling_agent.tools.models.forward import forward_logits, timed_forward_ms
+from profiling_agent.tools.runtimes.forward import forward_logits, timed_forward_ms
 
 # ---------------------------------------------------------------- latency
 

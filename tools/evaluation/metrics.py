@@ -14,7 +14,7 @@ from torch import nn
 
 from profiling_agent.tools.data.stream import iter_batches
 from profiling_agent.tools.device import resolve_device
-from profiling_agent.tools.models.forward import forward_logits
+from profiling_agent.tools.runtimes.forward import forward_logits
 
 
 @dataclass

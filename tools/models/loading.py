@@ -182,8 +182,8 @@ def _load_artifact(ref: str, path: Path) -> LoadedModel:
 def _load_runtime_folder(ref: str, path: Path, source: Literal["onnx", "openvino"]) -> LoadedModel:
     """Open an ONNX (model.onnx) or OpenVINO (openvino_model.xml) folder with its recipe and processor."""
     from profiling_agent.tools.models.artifact_load import load_processor
-    from profiling_agent.tools.models.onnx_model import load_onnx_folder
-    from profiling_agent.tools.models.openvino_model import load_openvino_folder
+    from profiling_agent.tools.runtimes.onnx_model import load_onnx_folder
+    from profiling_agent.tools.runtimes.openvino_model import load_openvino_folder
 
     opener, label = (load_onnx_folder, "ONNX") if source == "onnx" else (load_openvino_folder, "OpenVINO")
     try:
@@ -251,8 +251,8 @@ def load_model(ref: str, *, revision: str | None = None, trust_remote_code: bool
     path = Path(ref).expanduser()
     if path.exists():
         from profiling_agent.tools.models.artifacts import is_artifact
-        from profiling_agent.tools.models.onnx_model import is_onnx_folder
-        from profiling_agent.tools.models.openvino_model import is_openvino_folder
+        from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder
+        from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder
 
         if is_onnx_folder(path):
             return _load_runtime_folder(ref, path, "onnx")

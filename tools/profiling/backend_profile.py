@@ -60,13 +60,13 @@ def module_of(node: str) -> str:
 
 
 def _build_ort_fp32(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
-    from profiling_agent.tools.compression.onnx_runtime import export_onnx
+    from profiling_agent.tools.runtimes.onnx_runtime import export_onnx
 
     return Path(export_onnx(model, example, folder / "model.onnx", exporter="torchscript")["path"])
 
 
 def _build_ort_dynamic(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
-    from profiling_agent.tools.compression.onnx_runtime import quantize_onnx
+    from profiling_agent.tools.runtimes.onnx_runtime import quantize_onnx
 
     src = _build_ort_fp32(model, example, folder)
     return Path(quantize_onnx(src, folder / "model_dynamic.onnx", per_channel=True)["path"])

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.device import resolve_device
-from profiling_agent.tools.models.forward import _sync, example_input, forward_logits, input_chw, median_forward_ms
 from profiling_agent.tools.profiling.static import static_profile, type_name
+from profiling_agent.tools.runtimes.forward import _sync, example_input, forward_logits, input_chw, median_forward_ms
 
 # ---------------------------------------------------------------- operator table (torch.profiler)
 

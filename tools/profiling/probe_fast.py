@@ -27,8 +27,8 @@ from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import removed_units, select_units
-from profiling_agent.tools.models.forward import forward_logits
 from profiling_agent.tools.profiling.sensitivity import compare_logits, probe_sensitivity
+from profiling_agent.tools.runtimes.forward import forward_logits
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
-from profiling_agent.tools.models.forward import batched_logits
+from profiling_agent.tools.runtimes.forward import batched_logits
 from profiling_agent.tools.text import one_line
 
 log = logging.getLogger(__name__)

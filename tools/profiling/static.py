@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from profiling_agent.tools.models.forward import PixelWrapper, example_input, input_chw, model_device
 from profiling_agent.tools.models.sizes import linear_packed_params_type, own_params, packed_linear_tensors
+from profiling_agent.tools.runtimes.forward import PixelWrapper, example_input, input_chw, model_device
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiling_agent.tools import interrupt
-from profiling_agent.tools.models.forward import forward_logits, model_device
 from profiling_agent.tools.recovery import distill_state
+from profiling_agent.tools.runtimes.forward import forward_logits, model_device
 
 PROBE_STEPS = 5  # steps timed (median) before the wall-clock budget fixes the step count, once
 Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # step -> (pixels, labels; -1 = no label)

@@ -13,7 +13,7 @@ from torch import nn
 
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.units import _channels_of
-from profiling_agent.tools.models.forward import forward_logits
+from profiling_agent.tools.runtimes.forward import forward_logits
 
 Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
 

@@ -18,22 +18,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.tools.compression.backends import (
+from profiling_agent.tools.runtimes.forward import forward_logits
+from profiling_agent.tools.runtimes.onnx_forms import (
     ORT_METHODS,
     BackendSettings,
     Variant,
     build_ort_variants,
     failure_reason,
 )
-from profiling_agent.tools.compression.openvino_forms import (
+from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE
+from profiling_agent.tools.runtimes.openvino_forms import (
     OV_FORMS,
     OpenVinoSettings,
     build_ov_forms,
     nncf_model_type,
     quantized_ops,
 )
-from profiling_agent.tools.models.forward import forward_logits
-from profiling_agent.tools.models.onnx_model import ONNX_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -212,8 +212,8 @@ def accuracy_controlled_int8(
     """
     import nncf
 
-    from profiling_agent.tools.compression.onnx_runtime import quiet
-    from profiling_agent.tools.models.openvino_model import shared_core
+    from profiling_agent.tools.runtimes.onnx_runtime import quiet
+    from profiling_agent.tools.runtimes.openvino_model import shared_core
 
     core = shared_core()
     fp32 = core.read_model(str(fp32_ir))
@@ -303,7 +303,7 @@ def rebuild_int8(
     A failure leaves the form as it was, with the reason in its recipe.
     """
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.models.openvino_model import OV_FILE, OV_RECIPE, OV_WEIGHTS, OvClassifier
+    from profiling_agent.tools.runtimes.openvino_model import OV_FILE, OV_RECIPE, OV_WEIGHTS, OvClassifier
 
     assert variant.path is not None
     folder = Path(variant.path)

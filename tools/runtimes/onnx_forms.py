@@ -22,10 +22,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from profiling_agent.tools.compression.onnx_runtime import OPSET, Exporter, export_onnx, quantize_onnx, quiet
 from profiling_agent.tools.io import write_json_atomic
-from profiling_agent.tools.models.forward import forward_logits
-from profiling_agent.tools.models.onnx_model import (
+from profiling_agent.tools.runtimes.forward import forward_logits
+from profiling_agent.tools.runtimes.onnx_model import (
     ONNX_FILE,
     ONNX_FORMAT,
     ONNX_FORMAT_VERSION,
@@ -33,6 +32,7 @@ from profiling_agent.tools.models.onnx_model import (
     OrtClassifier,
     onnxruntime_missing,
 )
+from profiling_agent.tools.runtimes.onnx_runtime import OPSET, Exporter, export_onnx, quantize_onnx, quiet
 from profiling_agent.tools.versions import versions
 
 logger = logging.getLogger(__name__)

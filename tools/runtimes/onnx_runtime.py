@@ -15,8 +15,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from profiling_agent.tools.models.forward import PixelWrapper
-from profiling_agent.tools.models.onnx_model import OrtClassifier, OrtOutput, ort_session
+from profiling_agent.tools.runtimes.forward import PixelWrapper
+from profiling_agent.tools.runtimes.onnx_model import OrtClassifier, OrtOutput, ort_session
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 import torch
 
-from profiling_agent.tools.compression.backends import Variant, check_logits, failure_reason, write_form_folder
-from profiling_agent.tools.compression.onnx_runtime import quiet
-from profiling_agent.tools.models.openvino_model import (
+from profiling_agent.tools.runtimes.onnx_forms import Variant, check_logits, failure_reason, write_form_folder
+from profiling_agent.tools.runtimes.onnx_runtime import quiet
+from profiling_agent.tools.runtimes.openvino_model import (
     OV_FILE,
     OV_FORMAT,
     OV_FORMAT_VERSION,

@@ -125,7 +125,7 @@ def settle_input_shape(
     Raises:
         ValueError: No candidate passes the forward pass (one line, with the reasons).
     """
-    from profiling_agent.tools.planning.llm_shape_agent import resolve_shape_with_llm
+    from profiling_agent.tools.shape.llm_shape_agent import resolve_shape_with_llm
 
     if not shape.get("ambiguous"):
         problem = _verified(model, [shape["channels"], shape["height"], shape["width"]])

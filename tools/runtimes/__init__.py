@@ -1,0 +1,7 @@
+"""Running a model and exporting it to run elsewhere: torch forward calls, ONNX Runtime and OpenVINO.
+
+`forward` (how to call a classifier on pixels and time it), `onnx_model` and `openvino_model` (exported
+folders run like torch models), `onnx_runtime` (ONNX export and ONNX Runtime quantization), `onnx_forms`
+(the checked ORT forms of a candidate), `openvino_forms` (the OpenVINO forms) and `forms` (every deployable
+form built, checked and chosen between). It is the lowest room: it imports only the top-level helpers.
+"""

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from profiling_agent.state import PruneEntry
-from profiling_agent.tools.compression.depgraph import _plan_steps
+from profiling_agent.tools.compression.depgraph import plan_steps
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.families.base import FamilyAdapter
-from profiling_agent.tools.compression.self_check import _batch_size
+from profiling_agent.tools.compression.self_check import batch_size_of
 from profiling_agent.tools.models.sizes import count_params
 from profiling_agent.tools.runtimes.forward import run_model
 
@@ -46,7 +46,7 @@ def _shape_of(module: nn.Module) -> _Shape:
 def _positions(model: nn.Module, example_inputs: Any) -> dict[str, float]:
     """Return, per Linear/Conv module, its output positions per image (tokens, or H*W), from one forward."""
     names = {m: n for n, m in model.named_modules() if isinstance(m, _WEIGHTED)}
-    batch = _batch_size(example_inputs)
+    batch = batch_size_of(example_inputs)
     positions: dict[str, float] = {}
 
     def hook(module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
@@ -101,7 +101,7 @@ def estimate_pruning(
         groups: [{group, module, kind, ratio, units, units_removed, units_after, params_removed, macs_removed}]}.
     """
     adapter = adapter or adapter_for(model)
-    steps = _plan_steps(adapter, model, entries)
+    steps = plan_steps(adapter, model, entries)
     positions = _positions(model, example_inputs) if example_inputs is not None else {}
     shapes: dict[str, _Shape] = {}
     rows = []

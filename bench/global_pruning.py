@@ -20,10 +20,10 @@ import torch_pruning as tp
 from torch import nn
 
 from profiling_agent.tools.compression.depgraph import (
-    _dependency_groups,
-    _protected_names,
     build_dependency_graph,
+    dependency_groups,
     per_head_params,
+    protected_names,
 )
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
@@ -92,12 +92,12 @@ def unit_scores(
     try:
         with torch.inference_mode(False):
             dg = build_dependency_graph(model, example_inputs, per_head_params(groups))
-            protected = _protected_names(adapter, model, None)
+            protected = protected_names(adapter, model, None)
             scores = {}
             for group in groups:
                 channels = list(range(group.units * group.unit_size))
                 per_channel = torch.zeros(len(channels), dtype=torch.float64)
-                for dep_group in _dependency_groups(dg, model, group, channels, protected):
+                for dep_group in dependency_groups(dg, model, group, channels, protected):
                     per_channel += importance(dep_group).detach().to(torch.float64).cpu()
                 per_unit = per_channel.view(group.units, group.unit_size).mean(1)
                 mean = float(per_unit.mean())

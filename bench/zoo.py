@@ -208,11 +208,11 @@ def save_dataset(out: Path, calibration: np.ndarray, seed: int = 0) -> Path:
 
 def processor():
     """Return the image processor every zoo model uses: the embedded models' (32x32, one channel, mean/std 0.5)."""
-    from profiling_agent.tools.models.embedded import _processor
+    from profiling_agent.tools.models.embedded import digits_processor
     from profiling_agent.tools.models.embedded_data import IMAGE_SIZE as EMBEDDED_SIZE
 
     assert EMBEDDED_SIZE == IMAGE_SIZE
-    return _processor()
+    return digits_processor()
 
 
 def build_architecture(name: str) -> torch.nn.Module:

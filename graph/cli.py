@@ -28,7 +28,15 @@ from profiling_agent.graph.cli_args import (
     subset_size,
     thread_id_arg,
 )
-from profiling_agent.graph.cli_console import _drive, _final_table, _say, fault, force_exit, resume_line, stopped_line
+from profiling_agent.graph.cli_console import (
+    drive_graph,
+    fault,
+    final_table,
+    force_exit,
+    resume_line,
+    say,
+    stopped_line,
+)
 from profiling_agent.graph.cli_store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
 from profiling_agent.graph.review import (
     decision_hint,
@@ -125,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         graph = build_graph(checkpointer=saver)
         config = {"configurable": {"thread_id": thread_id}}
         try:
-            _drive(graph, payload, config, _context(ctx), banner)
+            drive_graph(graph, payload, config, _context(ctx), banner)
         except _expected_errors():
             if pending_nodes(graph.get_state(config)) == ("acquire",):  # bad model/dataset: leave no half-made thread
                 saver.delete_thread(thread_id)
@@ -133,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise
         if _paused(graph, config, root, args):
             return EXIT_OK
-    print(_final_table(root / thread_id))
+    print(final_table(root / thread_id))
     return EXIT_OK
 
 
@@ -143,7 +151,7 @@ def _paused(graph: Any, config: dict[str, Any], root: Path, args: argparse.Names
     if request is None:
         return False
     print(format_request(request, root / args.thread_id))
-    _say(decision_hint(args.thread_id, args.run_dir, shown_url(args)))
+    say(decision_hint(args.thread_id, args.run_dir, shown_url(args)))
     return True
 
 
@@ -180,8 +188,8 @@ def _resume_read_only(args: argparse.Namespace, root: Path) -> int:
             raise BadInput(f"unknown thread {args.thread_id} in {root} (see `{runs_hint(args)}`)")
         snapshot = build_graph(checkpointer=saver).get_state({"configurable": {"thread_id": args.thread_id}})
     if not pending_nodes(snapshot) and (snapshot.values or {}).get("status") == "done":
-        _say(f"run {args.thread_id} is already finished")
-        print(_final_table(root / args.thread_id))
+        say(f"run {args.thread_id} is already finished")
+        print(final_table(root / args.thread_id))
         return EXIT_OK
     raise BadInput(f"run folder {root} is read-only: thread {args.thread_id} cannot go on there (make it writable)")
 
@@ -229,16 +237,16 @@ def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
     payload = _resume_payload(args, snapshot, root)
     if not pending_nodes(snapshot):  # not snapshot.next: that misses a step whose writes were saved
         if (snapshot.values or {}).get("status") == "done":
-            _say(f"run {args.thread_id} is already finished")
-            print(_final_table(root / args.thread_id))
+            say(f"run {args.thread_id} is already finished")
+            print(final_table(root / args.thread_id))
             return EXIT_OK
         raise BadInput(f"thread {args.thread_id} has nothing to resume")
     where = ", ".join(pending_nodes(snapshot))
-    _say(f"resuming {args.thread_id} at {where} (iteration {snapshot.values.get('iteration', 0)})")
-    _drive(graph, payload, config, _context(ctx))
+    say(f"resuming {args.thread_id} at {where} (iteration {snapshot.values.get('iteration', 0)})")
+    drive_graph(graph, payload, config, _context(ctx))
     if _paused(graph, config, root, args):
         return EXIT_OK
-    print(_final_table(root / args.thread_id))
+    print(final_table(root / args.thread_id))
     return EXIT_OK
 
 
@@ -252,7 +260,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     root = Path(args.run_dir).resolve()
     url = checkpoint_url(args)
     if not has_checkpoints(root, url):
-        _say(f"no runs in {root}")
+        say(f"no runs in {root}")
         return EXIT_OK
     with checkpoints(root, url, read_only=True) as saver:
         graph = build_graph(checkpointer=saver)
@@ -394,15 +402,15 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, or a step that saw the stop request (tools.interrupt)
-        _say(stopped_line(args, str(exc)))
+        say(stopped_line(args, str(exc)))
         return EXIT_INTERRUPTED
     except CheckpointDatabaseError as exc:
         return fault(args, str(exc))
     except _expected_errors() as exc:
-        _say(f"profiling-agent: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        say(f"profiling-agent: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         return EXIT_BAD_INPUT
     except ValueError as exc:
-        _say(f"profiling-agent: error: {str(exc).splitlines()[0]}")
+        say(f"profiling-agent: error: {str(exc).splitlines()[0]}")
         return EXIT_BAD_INPUT
     except sqlite3.DatabaseError as exc:  # damaged, or read-only under a writer: name the file
         where = Path(getattr(args, "run_dir", None) or "runs").resolve() / DB_NAME
@@ -413,7 +421,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except Exception as exc:  # unexpected: one line plus where the details are, never a bare traceback
         logging.getLogger(__name__).debug("unexpected failure", exc_info=True)
         hint = resume_line(args)
-        _say(
+        say(
             f"profiling-agent: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             " (set PROFILING_AGENT_DEBUG=1 for the traceback" + (f"; {hint})" if hint else ")")
         )

@@ -12,7 +12,8 @@ from profiling_agent.graph.cli_args import EXIT_FAILED, EXIT_INTERRUPTED
 from profiling_agent.graph.cli_store import resume_hint
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """Print one line of progress to stderr."""
     print(message, file=sys.stderr, flush=True)
 
 
@@ -44,14 +45,16 @@ class _Progress:
         for item in (values or {}).get("history") or []:
             it = item.get("iteration")
             prefix = f"[{item.get('node', node)}" + (f" #{it}" if it else "") + "]"
-            _say(f"{prefix} {item.get('message', '')}")
+            say(f"{prefix} {item.get('message', '')}")
 
     def close(self) -> None:
         for bar in self._bars.values():
             bar.close()
 
 
-def _drive(graph: Any, payload: Any, config: dict[str, Any], context: Any, banner: list[str] | None = None) -> None:
+def drive_graph(
+    graph: Any, payload: Any, config: dict[str, Any], context: Any, banner: list[str] | None = None
+) -> None:
     """Stream the graph to the console; `banner` is printed once the first node succeeds (bad input stays one line)."""
     progress = _Progress()
     banner = list(banner or [])
@@ -63,14 +66,15 @@ def _drive(graph: Any, payload: Any, config: dict[str, Any], context: Any, banne
                 progress.progress(chunk)
             elif mode == "updates" and isinstance(chunk, dict):
                 while banner:
-                    _say(banner.pop(0))
+                    say(banner.pop(0))
                 for node, values in chunk.items():
                     progress.update(node, values if isinstance(values, dict) else None)
     finally:
         progress.close()
 
 
-def _final_table(run_path: Path) -> str:
+def final_table(run_path: Path) -> str:
+    """Render the comparison table and the held-out lines of a finished run as console text."""
     from profiling_agent.tools.io import read_json
     from profiling_agent.tools.reporting.markdown import comparison_rows, format_table, test_lines
 
@@ -108,7 +112,7 @@ def force_exit(args: argparse.Namespace) -> Any:
     """Return the handler of a second Ctrl-C/SIGTERM: stop at once (every file is written atomically)."""
 
     def force(how: str) -> None:
-        _say(stopped_line(args, how) + " (stopped at once)")
+        say(stopped_line(args, how) + " (stopped at once)")
         os._exit(EXIT_INTERRUPTED)
 
     return force
@@ -117,5 +121,5 @@ def force_exit(args: argparse.Namespace) -> Any:
 def fault(args: argparse.Namespace, message: str) -> int:
     """Print a fault of the machine (exit 1) in one line, with the resume command when a run was going."""
     hint = resume_line(args)
-    _say(f"profiling-agent: error: {message}" + (f" (then {hint})" if hint else ""))
+    say(f"profiling-agent: error: {message}" + (f" (then {hint})" if hint else ""))
     return EXIT_FAILED

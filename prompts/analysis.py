@@ -7,8 +7,8 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
+from profiling_agent.prompts.plan_example import example_plan_json
 from profiling_agent.state import MAX_REGEX_LEN, Objective
-from profiling_agent.tools.planning.plan_example import example_plan_json
 from profiling_agent.tools.text import human
 
 # The plan format of the paper's Figure 4 (plus a whole-plan rationale and exact group names as an alternative
@@ -37,7 +37,7 @@ DEFAULT_BOUNDS: dict[str, Any] = {
 
 # Placeholders: {min_ratio}, {max_structured}, {max_head}, {max_reduction} (GuardConfig bounds),
 # {max_regex_len}, {tool_rounds} (Context.llm_tool_rounds), {schema} (PLAN_SCHEMA), {example} (the format
-# example: a made-up model's groups, tools/planning/plan_example.py).
+# example: a made-up model's groups, prompts/plan_example.py).
 ANALYSIS_SYSTEM = """You are the Analysis Agent of ProfilingAgent. It compresses a Hugging Face image \
 classifier by structured pruning and post-training dynamic quantization. You read a profile (parameters, MACs \
 and measured latency per layer and per prunable group) and a sensitivity probe, and you propose a layer-wise \

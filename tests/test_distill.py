@@ -158,13 +158,13 @@ def test_distillation_recovers_accuracy_of_a_hard_pruned_digits_resnet(quick_res
     from datasets import load_from_disk
     from transformers import AutoModelForImageClassification
 
-    from profiling_agent.tools.models.embedded import _pixels, _processor, accuracy
+    from profiling_agent.tools.models.embedded import accuracy, digits_processor, split_pixels
 
     model_dir, dataset, _ = quick_resnet
     splits = load_from_disk(str(dataset))
-    processor = _processor()
-    train_x, train_y = _pixels(splits["train"].select(range(512)), processor)
-    test_x, test_y = _pixels(splits["test"], processor)
+    processor = digits_processor()
+    train_x, train_y = split_pixels(splits["train"].select(range(512)), processor)
+    test_x, test_y = split_pixels(splits["test"], processor)
     teacher = AutoModelForImageClassification.from_pretrained(model_dir).eval()
     student = copy.deepcopy(teacher)
     prune_model(student, [{"layer": "conv", "type": "structured", "ratio": 0.75}], train_x[:1])

@@ -39,7 +39,7 @@ def run_state(tmp_path, tiny_vit):
     from datasets import Dataset, Features, Image, Value
     from PIL import Image as PILImage
 
-    from profiling_agent.tools.data.prepare import _save, preprocess_images
+    from profiling_agent.tools.data.prepare import preprocess_images, save_tensors
     from profiling_agent.tools.io import write_json_atomic
 
     run = tmp_path / "run"
@@ -53,7 +53,9 @@ def run_state(tmp_path, tiny_vit):
     Dataset.from_dict({"image": images, "label": labels.tolist()}, features=features).save_to_disk(tmp_path / "ds")
     rows = {"eval": torch.arange(48), "calib": torch.arange(48, 72)}
     tensors = {f"{p}_{k}": v for p, idx in rows.items() for k, v in (("labels", labels[idx]), ("index", idx))}
-    _save(run / "data.safetensors", tensors, {"shape": [1, 16, 16], "image_column": "image", "rows": {"eval": 72}})
+    save_tensors(
+        run / "data.safetensors", tensors, {"shape": [1, 16, 16], "image_column": "image", "rows": {"eval": 72}}
+    )
     roles = {"validation": rows["eval"].tolist(), "test": [], "calibration": rows["calib"].tolist()}
     subsets = {role: {"split": "train", "indices": idx} for role, idx in roles.items()}
     write_json_atomic(run / "subsets.json", {"dataset": str(tmp_path / "ds"), "seed": 0, **subsets})

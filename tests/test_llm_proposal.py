@@ -9,13 +9,13 @@ import pytest
 from fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
 
 from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
+from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
 from profiling_agent.state import Candidate, Context, Objective, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import LLMUnreachable, llm_console_note, never_reached
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.paired import deterministic_sequence, paired_stop, reference_due, round_bound
-from profiling_agent.tools.planning.plan_example import EXAMPLE_PREFIX, example_plan_json
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.proposal import propose
 

@@ -75,13 +75,13 @@ def test_reconstruction_on_a_trained_resnet_wins_back_accuracy_on_held_out_digit
     from datasets import load_from_disk
     from transformers import AutoModelForImageClassification
 
-    from profiling_agent.tools.models.embedded import _pixels, _processor, accuracy
+    from profiling_agent.tools.models.embedded import accuracy, digits_processor, split_pixels
 
     model_dir, dataset, _ = quick_resnet
     splits = load_from_disk(str(dataset))
-    processor = _processor()
-    train_x, _ = _pixels(splits["train"], processor)
-    test_x, test_y = _pixels(splits["test"], processor)
+    processor = digits_processor()
+    train_x, _ = split_pixels(splits["train"], processor)
+    test_x, test_y = split_pixels(splits["test"], processor)
     baseline = AutoModelForImageClassification.from_pretrained(model_dir).eval()
     pruned = copy.deepcopy(baseline)
     report = prune_model(pruned, [{"layer": "conv", "type": "structured", "ratio": 0.75}], train_x[:1])

@@ -15,7 +15,7 @@ from torch_pruning.dependency.group import Group as DepGroup
 
 from profiling_agent.state import PruneEntry
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
-from profiling_agent.tools.compression.self_check import _clone_inputs
+from profiling_agent.tools.compression.self_check import clone_inputs
 from profiling_agent.tools.compression.units import PruneError, PruneReport, match_groups, units_to_remove
 from profiling_agent.tools.runtimes.forward import forward_logits
 
@@ -86,7 +86,7 @@ def build_dependency_graph(
         try:
             return tp.DependencyGraph().build_dependency(
                 model,
-                example_inputs=_clone_inputs(example_inputs),
+                example_inputs=clone_inputs(example_inputs),
                 forward_fn=forward_logits,
                 ignored_params=ignored,
                 verbose=False,
@@ -148,7 +148,7 @@ def _check_dep_group(
     return covered
 
 
-def _dependency_groups(
+def dependency_groups(
     dg: tp.DependencyGraph, model: nn.Module, group: PrunableGroup, channels: list[int], protected: list[str]
 ) -> list[DepGroup]:
     """Return checked torch-pruning groups that remove `channels` from every root of `group`, once each."""
@@ -179,7 +179,8 @@ def _dependency_groups(
     return result
 
 
-def _protected_names(adapter: FamilyAdapter, model: nn.Module, extra: Iterable[str] | None) -> list[str]:
+def protected_names(adapter: FamilyAdapter, model: nn.Module, extra: Iterable[str] | None) -> list[str]:
+    """List the modules a plan must not prune: the family's own, then the caller's extra ones."""
     return list(dict.fromkeys([*adapter.protected_modules(model), *(extra or [])]))
 
 
@@ -187,21 +188,24 @@ def _protected_names(adapter: FamilyAdapter, model: nn.Module, extra: Iterable[s
 
 
 @dataclass(frozen=True)
-class _Step:
+class PlanStep:
+    """One pruning step: a group and the ratio (or exact units) to remove from it."""
+
     group: PrunableGroup
     ratio: float
     n_remove: int
 
 
-def _plan_steps(
+def plan_steps(
     adapter: FamilyAdapter, model: nn.Module, entries: Iterable[PruneEntry | Mapping[str, Any]]
-) -> list[_Step]:
+) -> list[PlanStep]:
+    """Turn plan entries into ordered steps on the model's prunable groups."""
     groups = adapter.prunable_groups(model)
     ratios = match_groups(groups, entries)
-    return [_Step(g, ratios[g.name], units_to_remove(g, ratios[g.name])) for g in groups if g.name in ratios]
+    return [PlanStep(g, ratios[g.name], units_to_remove(g, ratios[g.name])) for g in groups if g.name in ratios]
 
 
-def _check_step(dg: tp.DependencyGraph, model: nn.Module, step: _Step, protected: list[str]) -> None:
+def _check_step(dg: tp.DependencyGraph, model: nn.Module, step: PlanStep, protected: list[str]) -> None:
     """Check one step without changing anything: targets, live sizes and the traced coupling.
 
     Raises:
@@ -215,17 +219,17 @@ def _check_step(dg: tp.DependencyGraph, model: nn.Module, step: _Step, protected
         if width != group.units * group.unit_size:
             raise PruneError(f"group {group.name}: {root} has {width} outputs, not {group.units} units")
     if step.n_remove:
-        _dependency_groups(dg, model, group, list(range(group.units * group.unit_size)), protected)
+        dependency_groups(dg, model, group, list(range(group.units * group.unit_size)), protected)
 
 
-def _validate_steps(
+def validate_steps(
     dg: tp.DependencyGraph,
     model: nn.Module,
-    steps: list[_Step],
+    steps: list[PlanStep],
     protected: list[str],
     adapter: FamilyAdapter,
     report: PruneReport,
-) -> list[_Step]:
+) -> list[PlanStep]:
     """Dry-run every step before anything changes; unsafe adapters drop bad groups (logged), safe ones raise."""
     valid = []
     for step in steps:

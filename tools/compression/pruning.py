@@ -13,18 +13,18 @@ from torch import nn
 
 from profiling_agent.state import PruneEntry
 from profiling_agent.tools.compression.depgraph import (
-    _dependency_groups,
-    _plan_steps,
-    _protected_names,
-    _Step,
-    _validate_steps,
+    PlanStep,
     build_dependency_graph,
+    dependency_groups,
     per_head_params,
+    plan_steps,
+    protected_names,
+    validate_steps,
 )
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.families.base import FamilyAdapter
-from profiling_agent.tools.compression.self_check import _verify_against_masking
-from profiling_agent.tools.compression.units import Importance, PruneError, PruneReport, _channels_of, select_units
+from profiling_agent.tools.compression.self_check import verify_against_masking
+from profiling_agent.tools.compression.units import Importance, PruneError, PruneReport, channels_of, select_units
 from profiling_agent.tools.models.sizes import count_params
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 def _prune_step(
     dg: tp.DependencyGraph | None,
     model: nn.Module,
-    step: _Step,
+    step: PlanStep,
     adapter: FamilyAdapter,
     protected: list[str],
     importance: Importance,
@@ -55,7 +55,7 @@ def _prune_step(
         return removed
     if dg is None:
         raise PruneError(f"group {step.group.name}: no dependency graph was built")
-    dep_groups = _dependency_groups(dg, model, step.group, _channels_of(step.group, removed), protected)
+    dep_groups = dependency_groups(dg, model, step.group, channels_of(step.group, removed), protected)
     if step.group.kind == "head":
         adapter.before_head_prune(model, step.group, removed)
     for dep_group in dep_groups:
@@ -63,7 +63,7 @@ def _prune_step(
     return removed
 
 
-def _verify_sizes(model: nn.Module, steps: list[_Step], applied: list[dict[str, Any]]) -> None:
+def _verify_sizes(model: nn.Module, steps: list[PlanStep], applied: list[dict[str, Any]]) -> None:
     """Check every root now has exactly units_after * unit_size output channels."""
     for step, row in zip(steps, applied, strict=True):
         expected = row["units_after"] * step.group.unit_size
@@ -73,7 +73,7 @@ def _verify_sizes(model: nn.Module, steps: list[_Step], applied: list[dict[str, 
                 raise PruneError(f"group {step.group.name}: {root} has {weight.shape[0]} outputs, expected {expected}")
 
 
-def _applied_row(step: _Step, removed: list[int]) -> dict[str, Any]:
+def _applied_row(step: PlanStep, removed: list[int]) -> dict[str, Any]:
     group = step.group
     return {
         "group": group.name,
@@ -132,17 +132,17 @@ def prune_model(
             sizes, or verification finds the pruned model differs from the masked one.
     """
     adapter = adapter or adapter_for(model)
-    guard = _protected_names(adapter, model, protected)
+    guard = protected_names(adapter, model, protected)
     report = PruneReport(family=adapter.name, params_before=count_params(model))
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
-    steps = _plan_steps(adapter, model, entries)
+    steps = plan_steps(adapter, model, entries)
     check = (not adapter.safe) if verify is None else verify
     reference = copy.deepcopy(model) if check and any(step.n_remove for step in steps) else None
     with torch.inference_mode(False):  # new weights must be normal tensors even if the caller is in inference mode
         dg = None
         if any(step.n_remove for step in steps):
             dg = build_dependency_graph(model, example_inputs, per_head_params(adapter.prunable_groups(model)))
-            steps = _validate_steps(dg, model, steps, guard, adapter, report)
+            steps = validate_steps(dg, model, steps, guard, adapter, report)
         for step in steps:
             removed = _prune_step(dg, model, step, adapter, guard, importance, seed, chosen)
             report.applied.append(_applied_row(step, removed))
@@ -153,7 +153,7 @@ def prune_model(
     report.params_after = count_params(model)
     model.eval()
     if reference is not None:
-        _verify_against_masking(reference, model, report, {s.group.name: s.group for s in steps}, example_inputs, seed)
+        verify_against_masking(reference, model, report, {s.group.name: s.group for s in steps}, example_inputs, seed)
     logger.info(
         "pruned %d groups (%s): params %d -> %d",
         len(report.applied),

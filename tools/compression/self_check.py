@@ -10,19 +10,20 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
-from profiling_agent.tools.compression.units import PruneCheckError, PruneError, PruneReport, _channels_of
+from profiling_agent.tools.compression.units import PruneCheckError, PruneError, PruneReport, channels_of
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 # ---------------------------------------------------------------- forward helpers
 
 
-def _batch_size(inputs: Any) -> int:
+def batch_size_of(inputs: Any) -> int:
+    """Return the batch size of example inputs (a tensor or a mapping holding pixel_values)."""
     if isinstance(inputs, Mapping):
         inputs = inputs.get("pixel_values", next(iter(inputs.values())))
     return int(inputs.shape[0])
 
 
-def _clone_inputs(inputs: Any) -> Any:
+def clone_inputs(inputs: Any) -> Any:
     """Copy inputs into normal (non-inference) tensors so autograd can trace them."""
     if isinstance(inputs, Mapping):
         return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
@@ -50,7 +51,7 @@ def mask_removed_units(
             if not row["removed"]:
                 continue
             group = groups[row["group"]]
-            channels = _channels_of(group, row["removed"])
+            channels = channels_of(group, row["removed"])
             width = group.units * group.unit_size
             for name in group.members:
                 module = model.get_submodule(name)
@@ -70,7 +71,7 @@ def _verification_inputs(example_inputs: Any, seed: int) -> Any:
     return {**example_inputs, "pixel_values": noise} if isinstance(example_inputs, Mapping) else noise
 
 
-def _verify_against_masking(
+def verify_against_masking(
     reference: nn.Module,
     model: nn.Module,
     report: PruneReport,
@@ -141,7 +142,7 @@ def self_check(model: nn.Module, example_inputs: Any, num_labels: int) -> None:
             logits = forward_logits(model, example_inputs)
         except Exception as exc:  # noqa: BLE001 - any failure of the forward pass is the finding
             raise PruneCheckError(f"forward pass failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
-    expected = (_batch_size(example_inputs), num_labels)
+    expected = (batch_size_of(example_inputs), num_labels)
     if tuple(logits.shape) != expected:
         raise PruneCheckError(f"logits shape {tuple(logits.shape)} != expected {expected}")
     if not torch.isfinite(logits).all():

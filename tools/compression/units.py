@@ -205,6 +205,6 @@ def select_units(
     return sorted(order[:n_remove])
 
 
-def _channels_of(group: PrunableGroup, units: Iterable[int]) -> list[int]:
+def channels_of(group: PrunableGroup, units: Iterable[int]) -> list[int]:
     """Expand unit indices into channel indices (unit_size consecutive channels per unit)."""
     return [u * group.unit_size + j for u in units for j in range(group.unit_size)]

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from profiling_agent.tools.data.sources import DataError, _listing
+from profiling_agent.tools.data.sources import DataError, name_listing
 
 _WNID = re.compile(r"^n\d{8}$")
 _NUMERIC = re.compile(r"^(?:label_)?(\d+)$", re.IGNORECASE)
@@ -52,7 +52,7 @@ def _by_names(names: Sequence[str], labels: dict[int, str], synonyms: bool) -> t
         if len(hits) == 1:
             mapped[index] = hits[0]
         elif hits:
-            problems.append(f"'{name}' matches several model classes ({_listing(hits, 4)})")
+            problems.append(f"'{name}' matches several model classes ({name_listing(hits, 4)})")
         else:
             problems.append(f"'{name}'")
     return mapped, problems
@@ -93,8 +93,8 @@ def _fail(problems: list[str], n_names: int, labels: dict[int, str], what: str) 
     generic = all(_NUMERIC.match(label.strip()) for label in labels.values())
     hint = " (the model's labels are generic LABEL_k/numbers: its config has no class names)" if generic else ""
     return DataError(
-        f"{len(problems)} of {n_names} dataset classes match no {what}: {_listing(problems, 4)}; model labels "
-        f"e.g. {_listing([repr(v) for v in list(labels.values())[:4]], 4)}{hint}"
+        f"{len(problems)} of {n_names} dataset classes match no {what}: {name_listing(problems, 4)}; model labels "
+        f"e.g. {name_listing([repr(v) for v in list(labels.values())[:4]], 4)}{hint}"
     )
 
 
@@ -183,17 +183,17 @@ def _map_wnids(
         if problems:
             raise DataError(
                 f"{len(problems)} of {len(names)} dataset wnids are not in the model's wnid list: "
-                f"{_listing(problems, 4)}"
+                f"{name_listing(problems, 4)}"
             )
         return "wnid", mapped
     if wnid_names:
         missing = [n for n in names if n not in wnid_names]
         if missing:
-            raise DataError(f"the wnid->name table lacks {len(missing)} dataset classes: {_listing(missing, 4)}")
+            raise DataError(f"the wnid->name table lacks {len(missing)} dataset classes: {name_listing(missing, 4)}")
         method, mapped = _match([str(wnid_names[n]) for n in names], labels)
         return f"wnid-table+{method}", mapped
     raise DataError(
-        f"dataset classes are WordNet ids ({_listing(names, 3)}) but the model config carries no wnid list; "
+        f"dataset classes are WordNet ids ({name_listing(names, 3)}) but the model config carries no wnid list; "
         "pass a wnid->name table (wnid_names) or use class-name folders"
     )
 

@@ -15,7 +15,7 @@ import torch
 
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.preprocess import preprocess_images
-from profiling_agent.tools.data.sources import DataError, _label_indexer, _listing, detect_columns, label_names
+from profiling_agent.tools.data.sources import DataError, detect_columns, label_indexer, label_names, name_listing
 from profiling_agent.tools.data.subsets import draw_subsets
 from profiling_agent.tools.io import sha256_file, write_bytes_atomic
 from profiling_agent.tools.text import one_line
@@ -173,7 +173,7 @@ def prepare_data(
     rows: dict[str, int] = {}
     digests: dict[str, str] = {}
     for name, (src, idx) in parts.items():
-        to_index = _label_indexer(src, label_column, names)
+        to_index = label_indexer(src, label_column, names)
         tensors[f"{name}_labels"] = _labels(src, idx, label_column, to_index, table)
         tensors[f"{name}_index"] = torch.from_numpy(idx.astype(np.int64))
         rows[name], digests[name] = len(src), raw_labels_digest(src, label_column, idx)
@@ -192,7 +192,7 @@ def prepare_data(
     shape_list = [int(shape["channels"]), int(shape["height"]), int(shape["width"])]
     meta = {"seed": seed, "shape": shape_list, "note": note, "image_column": image_column}
     meta.update(label_column=label_column, rows=rows, labels_sha256=digests)
-    _save(out_path, tensors, meta)
+    save_tensors(out_path, tensors, meta)
     logger.info(
         "prepared %d validation, %d test and %d calibration images at %s",
         len(drawn.val),
@@ -219,7 +219,7 @@ def prepare_data(
     }
 
 
-def _save(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
     """Write tensors with safetensors through a temp file and os.replace (same inputs, same bytes)."""
     from safetensors.torch import save
 
@@ -261,7 +261,7 @@ def load_prepared(
         present = set(handle.keys())
         missing = [k for k in keys if k not in present]
         if missing:
-            raise DataError(f"{path} lacks tensors: {_listing(missing)}")
+            raise DataError(f"{path} lacks tensors: {name_listing(missing)}")
         out: dict[str, Any] = {k: handle.get_tensor(k) for k in keys}
         if with_meta:
             out["meta"] = json.loads((handle.metadata() or {}).get("profiling_agent", "{}"))

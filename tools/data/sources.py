@@ -25,7 +25,7 @@ class DataError(ValueError):
     """A dataset problem; the message is one line, shown to users as-is."""
 
 
-def _listing(items: Iterable[Any], limit: int = 8) -> str:
+def name_listing(items: Iterable[Any], limit: int = 8) -> str:
     """Return a short comma-separated listing of `items`."""
     items = [str(item) for item in items]
     shown = ", ".join(items[:limit])
@@ -44,9 +44,9 @@ def _pick_split(obj: Any, split: str | None, ref: str) -> Any:
             logger.info("%s is a single dataset without splits: using all of it for split '%s'", ref, split)
         return obj
     if not split:
-        raise DataError(f"{ref} has several splits; choose one of: {_listing(obj.keys())}")
+        raise DataError(f"{ref} has several splits; choose one of: {name_listing(obj.keys())}")
     if split not in obj:
-        raise DataError(f"split '{split}' not found in {ref}; available: {_listing(obj.keys())}")
+        raise DataError(f"split '{split}' not found in {ref}; available: {name_listing(obj.keys())}")
     return obj[split]
 
 
@@ -92,7 +92,7 @@ def _imagefolder(path: Path, split: str | None, ref: str) -> Any:
         if not splits:
             raise DataError(f"{ref} holds no images in class subfolders (imagefolder layout: [split/]class/img.png)")
         if split not in splits:
-            raise DataError(f"split '{split}' not found in {ref}; available: {_listing(splits)}")
+            raise DataError(f"split '{split}' not found in {ref}; available: {name_listing(splits)}")
         names = sorted({c.name for d in splits.values() for c in _subdirs(d)})  # same ids in every split
         classes = {name: splits[split] / name for name in names}
     names = sorted(classes)
@@ -175,7 +175,7 @@ def load_split(ref: str, split: str | None) -> Any:
         raise DataError("empty dataset reference")
     if ref.startswith("embedded:"):
         if ref not in EMBEDDED_DATASETS:
-            raise DataError(f"unknown embedded dataset '{ref}'; choose from {_listing(EMBEDDED_DATASETS)}")
+            raise DataError(f"unknown embedded dataset '{ref}'; choose from {name_listing(EMBEDDED_DATASETS)}")
         from profiling_agent.tools.models.embedded_data import ensure_dataset
 
         return _pick_split(load_from_disk(str(ensure_dataset())), split, ref)
@@ -218,17 +218,17 @@ def detect_columns(ds: Any, image_column: str | None = None, label_column: str |
     features = ds.features
     for kind, name in (("image", image_column), ("label", label_column)):
         if name is not None and name not in columns:
-            raise DataError(f"{kind} column '{name}' not in the dataset; columns: {_listing(columns)}")
+            raise DataError(f"{kind} column '{name}' not in the dataset; columns: {name_listing(columns)}")
     image = image_column or _first(
         [c for c in columns if isinstance(features[c], Image)] + [c for c in IMAGE_COLUMNS if c in columns]
     )
     if image is None:
-        raise DataError(f"no image column found (columns: {_listing(columns)}); pass image_column")
+        raise DataError(f"no image column found (columns: {name_listing(columns)}); pass image_column")
     class_labels = [c for c in columns if c != image and isinstance(features[c], ClassLabel)]
     preferred = [c for c in LABEL_COLUMNS if c in class_labels] + class_labels
     label = label_column or _first(preferred + [c for c in LABEL_COLUMNS if c in columns and c != image])
     if label is None:
-        raise DataError(f"no label column found (columns: {_listing(columns)}); pass label_column")
+        raise DataError(f"no label column found (columns: {name_listing(columns)}); pass label_column")
     if label == image:
         raise DataError(f"image and label columns are both '{label}'")
     return image, label
@@ -255,7 +255,7 @@ def label_names(ds: Any, label_column: str) -> list[str]:
     return sorted(str(v) for v in values)
 
 
-def _label_indexer(ds: Any, label_column: str, names: Sequence[str]) -> Callable[[Any], int]:
+def label_indexer(ds: Any, label_column: str, names: Sequence[str]) -> Callable[[Any], int]:
     """Return a function from a raw label value to its dataset class index (-1 when unlabelled)."""
     from datasets import ClassLabel
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.preprocess import preprocess_images
-from profiling_agent.tools.data.sources import _label_indexer, label_names, load_split
+from profiling_agent.tools.data.sources import label_indexer, label_names, load_split
 
 MIN_TRAIN_IMAGES = 32  # fewer usable images than this: no training source (reconstruction only)
 
@@ -185,7 +185,7 @@ class TrainBatches:
         self.batch, self.seed, self.augmentation = batch, seed, augmentation
         self.table = mapping_table(mapping)
         names = label_names(source.ds, source.label_column)
-        self.to_index = _label_indexer(source.ds, source.label_column, names)
+        self.to_index = label_indexer(source.ds, source.label_column, names)
         self.flip = int(self.shape["channels"]) == 3  # natural RGB images; digits and other grayscale never flip
         self.scale = (0.6, 1.0) if self.flip else (0.8, 1.0)
 

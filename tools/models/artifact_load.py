@@ -18,8 +18,8 @@ from profiling_agent.tools.models.artifacts import (
     RECIPE_FILE,
     WEIGHTS_FILE,
     ArtifactError,
-    _first_line,
-    _is_under,
+    first_line,
+    is_under,
     quiet_transformers,
     read_recipe,
 )
@@ -56,7 +56,7 @@ def read_weights(path: Path, recipe: Mapping[str, Any]) -> dict[str, torch.Tenso
     try:
         tensors = load_file(str(file))
     except Exception as err:  # safetensors raises its own error types for truncated or garbled files
-        raise ArtifactError(f"{file} is corrupt: {_first_line(err)}") from None
+        raise ArtifactError(f"{file} is corrupt: {first_line(err)}") from None
     listed = recipe["tensors"]
     if set(tensors) != set(listed):
         diff = sorted(set(tensors) ^ set(listed))[:3]
@@ -90,7 +90,7 @@ def build_model(path: Path, recipe: Mapping[str, Any]) -> nn.Module:
             logger.warning("unknown architecture %r: using AutoModelForImageClassification", recipe["architecture"])
             return AutoModelForImageClassification.from_config(config, trust_remote_code=False, **kwargs)
     except Exception as err:
-        message = f"cannot build {recipe['architecture']} from {path / CONFIG_FILE}: {_first_line(err)}"
+        message = f"cannot build {recipe['architecture']} from {path / CONFIG_FILE}: {first_line(err)}"
         raise ArtifactError(message) from None
 
 
@@ -196,7 +196,7 @@ def _split_weights(
     plain: dict[str, torch.Tensor] = {}
     packed: dict[str, torch.Tensor] = {}
     for key, tensor in tensors.items():
-        (packed if _is_under(key, quantized) else plain)[key] = tensor
+        (packed if is_under(key, quantized) else plain)[key] = tensor
     return plain, packed
 
 
@@ -210,7 +210,7 @@ def load_plain(model: nn.Module, plain: Mapping[str, torch.Tensor], quantized: M
         result = model.load_state_dict(plain, strict=False)
     except RuntimeError as err:
         raise ArtifactError(f"weights do not fit the rebuilt model: {str(err).splitlines()[-1].strip()}") from None
-    missing = [k for k in result.missing_keys if not _is_under(k, quantized)]
+    missing = [k for k in result.missing_keys if not is_under(k, quantized)]
     if missing or result.unexpected_keys:
         bad = (missing or result.unexpected_keys)[0]
         kind = "missing" if missing else "unexpected"
@@ -263,7 +263,7 @@ def load_processor(path: Path) -> Any | None:
         with quiet_transformers():
             return AutoImageProcessor.from_pretrained(str(path), trust_remote_code=False)
     except Exception as err:
-        raise ArtifactError(f"cannot load the image processor in {path}: {_first_line(err)}") from None
+        raise ArtifactError(f"cannot load the image processor in {path}: {first_line(err)}") from None
 
 
 def load_artifact(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedArtifact:

@@ -19,7 +19,7 @@ from profiling_agent.tools.io import atomic_dir, read_json, sha256_path, write_j
 from profiling_agent.tools.models.dynamic_quant import (
     dynamic_linear_type,
 )
-from profiling_agent.tools.models.sizes import _dynamic_linears, _quantized_tensors, count_params, state_bytes
+from profiling_agent.tools.models.sizes import count_params, dynamic_linears, quantized_tensors, state_bytes
 from profiling_agent.tools.versions import versions
 
 logger = logging.getLogger(__name__)
@@ -36,13 +36,13 @@ class ArtifactError(RuntimeError):
     """A saved artifact is missing, incomplete, corrupt or of an unsupported format version."""
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     """Return the first non-empty line of an exception's message, or its type name."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
 
 
-def _is_under(key: str, prefixes: Mapping[str, Any]) -> bool:
+def is_under(key: str, prefixes: Mapping[str, Any]) -> bool:
     """Return True when state-dict `key` belongs to one of the modules named in `prefixes`."""
     return any(key.startswith(f"{prefix}.") for prefix in prefixes)
 
@@ -55,11 +55,11 @@ def collect_tensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str
     """
     schemes: dict[str, dict[str, Any]] = {}
     tensors: dict[str, torch.Tensor] = {}
-    for name, module in _dynamic_linears(model):
-        stored, schemes[name] = _quantized_tensors(name, module)
+    for name, module in dynamic_linears(model):
+        stored, schemes[name] = quantized_tensors(name, module)
         tensors.update(stored)
     for key, value in model.state_dict().items():
-        if _is_under(key, schemes):
+        if is_under(key, schemes):
             continue
         if not isinstance(value, torch.Tensor) or value.is_quantized or "_packed_params" in key:
             raise ValueError(f"cannot store state entry {key!r}: only dynamically quantized Linears are supported")

@@ -24,9 +24,9 @@ from profiling_agent.tools.models.embedded_data import (
     DATASET_NAME,
     IMAGE_SIZE,
     LABEL_NAMES,
-    _file_lock,
     cache_dir,
     ensure_dataset,
+    file_lock,
 )
 from profiling_agent.tools.versions import versions
 
@@ -69,7 +69,7 @@ def _resolved(name: str, config: TrainConfig | None) -> TrainConfig:
 # ---------------------------------------------------------------- models
 
 
-def _processor():
+def digits_processor():
     """Return the image processor both embedded models use: 32x32, one channel, mean/std 0.5."""
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
@@ -126,7 +126,7 @@ def build_architecture(name: str) -> torch.nn.Module:
     raise ValueError(f"unknown embedded model {name!r}; choose from {', '.join(MODEL_NAMES)}")
 
 
-def _pixels(split, processor) -> tuple[torch.Tensor, torch.Tensor]:
+def split_pixels(split, processor) -> tuple[torch.Tensor, torch.Tensor]:
     """Preprocess a digits split with the model's own processor into (N,1,H,W) floats and labels."""
     images = [img.convert("L") for img in split["image"]]
     pixels = processor(images=images, return_tensors="pt")["pixel_values"].float()
@@ -269,12 +269,12 @@ def train_model(
         raise ValueError(f"the model must have {len(LABEL_NAMES)} labels, not {labels}")
     model.config.id2label, model.config.label2id = _label_maps()
     splits = load_from_disk(str(ensure_dataset()))
-    processor = _processor()
-    x_train, y_train = _pixels(splits["train"], processor)
+    processor = digits_processor()
+    x_train, y_train = split_pixels(splits["train"], processor)
     if config.max_train is not None and config.max_train < len(x_train):
         keep = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(config.seed))[: config.max_train]
         x_train, y_train = x_train[keep], y_train[keep]
-    x_test, y_test = _pixels(splits["test"], processor)
+    x_test, y_test = split_pixels(splits["test"], processor)
     with _threads(config.threads) as threads:
         start = time.perf_counter()
         _train(model, x_train, y_train, config, name)
@@ -328,7 +328,7 @@ def ensure_model(name: str, force: bool = False, config: TrainConfig | None = No
     target = model_path(name)
     if not force and (target / _MODEL_MARKER).exists():
         return target
-    with _file_lock(f"model-{name}"):
+    with file_lock(f"model-{name}"):
         if force or not (target / _MODEL_MARKER).exists():
             logger.info("training the embedded model %s (first use, once; a few minutes) into %s", name, target)
             build_model(name, target, config)

@@ -30,7 +30,7 @@ def cache_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _file_lock(name: str) -> Iterator[None]:
+def file_lock(name: str) -> Iterator[None]:
     """Hold an exclusive inter-process lock under cache_dir()/locks (no-op where fcntl is missing)."""
     lock_dir = cache_dir() / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def ensure_dataset(force: bool = False) -> Path:
     target = dataset_path()
     if not force and (target / _DATASET_MARKER).exists():
         return target
-    with _file_lock(f"dataset-{DATASET_NAME}"):
+    with file_lock(f"dataset-{DATASET_NAME}"):
         if force or not (target / _DATASET_MARKER).exists():  # another process may have built it meanwhile
             logger.info("building the embedded digits dataset in %s", target)
             _build_dataset(target)

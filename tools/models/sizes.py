@@ -26,7 +26,7 @@ def _unique_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
             yield tensor
 
 
-def _dynamic_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def dynamic_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """Yield (name, module) of every dynamically quantized Linear."""
     dynamic_linear = dynamic_linear_type()
     for name, module in model.named_modules():
@@ -80,15 +80,15 @@ def count_params(model: nn.Module) -> int:
 def state_bytes(model: nn.Module) -> int:
     """Count bytes of parameters, buffers and quantized Linears' weights, bias and qparams as stored."""
     total = sum(t.numel() * t.element_size() for t in _unique_tensors(model))
-    for name, module in _dynamic_linears(model):
-        total += sum(t.numel() * t.element_size() for t in _quantized_tensors(name, module)[0].values())
+    for name, module in dynamic_linears(model):
+        total += sum(t.numel() * t.element_size() for t in quantized_tensors(name, module)[0].values())
     return int(total)
 
 
 # ---------------------------------------------------------------- saving
 
 
-def _quantized_tensors(name: str, module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def quantized_tensors(name: str, module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Return the stored tensors of one dynamically quantized Linear and its scheme description."""
     weight, bias = module.weight(), module.bias()
     tensors: dict[str, torch.Tensor] = {}

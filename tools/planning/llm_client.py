@@ -91,7 +91,8 @@ def add_usage(total: dict[str, int], reply: AIMessage) -> None:
             total[key] = total.get(key, 0) + value
 
 
-def _record_reply(transcript: Transcript, reply: AIMessage) -> None:
+def record_reply(transcript: Transcript, reply: AIMessage) -> None:
+    """Write one model reply, with its token usage when reported, to the transcript."""
     usage = getattr(reply, "usage_metadata", None)
     transcript.write(
         "reply",

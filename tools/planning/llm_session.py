@@ -14,11 +14,11 @@ from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
     Stage,
     Transcript,
-    _record_reply,
     add_usage,
     call_model,
     empty_usage,
     message_text,
+    record_reply,
     request_deadline,
 )
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
@@ -243,7 +243,7 @@ class Session:
                 raise PlannerFailure(failure.stage, failure.reason, rejected) from None
             mode = self.finder.mode if constrained else "off"
             add_usage(self.usage, reply)
-            _record_reply(self.transcript, reply)
+            record_reply(self.transcript, reply)
             messages.append(reply)
             if reply.tool_calls or getattr(reply, "invalid_tool_calls", None):
                 if forced:

@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from profiling_agent.prompts.plan_example import example_copy_reasons
 from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
 from profiling_agent.tools.planning.deterministic import effective_ratio, estimate_key, estimate_reduction
-from profiling_agent.tools.planning.plan_example import example_copy_reasons
 from profiling_agent.tools.planning.regex_safety import regex_problem, slow_patterns
 
 

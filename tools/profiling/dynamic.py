@@ -15,7 +15,13 @@ from torch import nn
 
 from profiling_agent.tools.device import resolve_device
 from profiling_agent.tools.profiling.static import static_profile, type_name
-from profiling_agent.tools.runtimes.forward import _sync, example_input, forward_logits, input_chw, median_forward_ms
+from profiling_agent.tools.runtimes.forward import (
+    example_input,
+    forward_logits,
+    input_chw,
+    median_forward_ms,
+    sync_device,
+)
 
 # ---------------------------------------------------------------- operator table (torch.profiler)
 
@@ -60,10 +66,10 @@ def operator_table(model: nn.Module, example: torch.Tensor, *, top_k: int = 15) 
     model.eval()
     with torch.inference_mode():
         forward_logits(model, example)
-        _sync(example.device)
+        sync_device(example.device)
         with _quiet_native_stderr(), profile(activities=activities, profile_memory=True) as prof:
             forward_logits(model, example)
-            _sync(example.device)
+            sync_device(example.device)
     rows = [_operator_row(event, cuda) for event in prof.key_averages()]
     key = "self_cuda_ms" if cuda else "self_cpu_ms"
     total = sum(row[key] for row in rows) or 1.0
@@ -135,13 +141,13 @@ class _TimingRecorder:
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
         if self.active:
-            _sync(self.device)
+            sync_device(self.device)
             self.stack.append([self.names.get(id(module), "?"), time.perf_counter_ns(), 0, False])
 
     def _exit(self, module: nn.Module, args: tuple, output: Any) -> None:
         if not self.active or not self.stack:
             return
-        _sync(self.device)
+        sync_device(self.device)
         name, start, children, had_child = self.stack.pop()
         elapsed = time.perf_counter_ns() - start
         if self.stack:

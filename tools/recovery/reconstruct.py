@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiling_agent.tools.compression.families import adapter_for
-from profiling_agent.tools.compression.units import _channels_of
+from profiling_agent.tools.compression.units import channels_of
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
@@ -70,7 +70,7 @@ def find_consumers(
     for row in rows:
         if row.get("removed") and row["group"] in groups:
             group = groups[row["group"]]
-            gone = set(_channels_of(group, row["removed"]))
+            gone = set(channels_of(group, row["removed"]))
             for root in group.roots:
                 outputs[root] = tuple(c for c in range(group.units * group.unit_size) if c not in gone)
     found = []
@@ -81,7 +81,7 @@ def find_consumers(
         if row["group"] not in groups:
             raise ReconstructError(f"group {row['group']} is not a group of the baseline")
         group = groups[row["group"]]
-        removed = _channels_of(group, removed_units)
+        removed = channels_of(group, removed_units)
         width = group.units * group.unit_size
         kept = tuple(c for c in range(width) if c not in set(removed))
         for name in group.members:

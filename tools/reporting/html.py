@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from profiling_agent.tools.reporting.html_parts import _CSS, _card, _data_uri, _e, _facts, _table
-from profiling_agent.tools.reporting.html_plans import _fallbacks, _plans, _profile
+from profiling_agent.tools.reporting.html_parts import REPORT_CSS, data_uri, esc, html_card, html_facts, html_table
+from profiling_agent.tools.reporting.html_plans import fallbacks_section, plans_section, profile_section
 from profiling_agent.tools.reporting.markdown import test_lines
 from profiling_agent.tools.reporting.plots import PLOT_FILES
 from profiling_agent.tools.text import as_number, percent
@@ -21,16 +21,16 @@ RESULT_JSON, PROFILE_JSON = "result.json", "profile.json"
 def _planner_text(planner: Mapping[str, Any]) -> str:
     mode = f" ({planner['mode']}: {planner.get('mode_note') or ''})" if planner.get("mode") else ""
     used = ", ".join(str(u) for u in planner.get("used") or []) or "-"
-    return _e(
+    return esc(
         f"requested {planner.get('requested')}{mode}, used {used}; {len(planner.get('fallbacks') or [])} fallback(s)"
     )
 
 
 def _llm_text(llm: Mapping[str, Any]) -> str:
     usage = llm.get("usage") or {}
-    transcripts = ", ".join(f"<code>{_e(t)}</code>" for t in llm.get("transcripts") or []) or "-"
+    transcripts = ", ".join(f"<code>{esc(t)}</code>" for t in llm.get("transcripts") or []) or "-"
     return (
-        _e(
+        esc(
             f"{llm.get('model')}: {usage.get('calls', 0)} call(s), {usage.get('total_tokens', 0):,} tokens "
             f"({usage.get('input_tokens', 0):,} in, {usage.get('output_tokens', 0):,} out); "
             f"{len(llm.get('tool_errors') or [])} refused or failed tool call(s); transcripts "
@@ -45,28 +45,28 @@ def _summary(result: Mapping[str, Any]) -> str:
     shape = result.get("input_shape") or {}
     base = result.get("baseline") or {}
     items = [
-        ("Model", f"<code>{_e(model.get('ref'))}</code> ({_e(result.get('family'))} adapter)"),
+        ("Model", f"<code>{esc(model.get('ref'))}</code> ({esc(result.get('family'))} adapter)"),
         (
             "Dataset",
-            f"<code>{_e(dataset.get('ref'))}</code>, split <code>{_e(dataset.get('split'))}</code>, "
-            f"{_e(dataset.get('subset'))}-image seeded subset (seed {_e(dataset.get('seed'))})",
+            f"<code>{esc(dataset.get('ref'))}</code>, split <code>{esc(dataset.get('split'))}</code>, "
+            f"{esc(dataset.get('subset'))}-image seeded subset (seed {esc(dataset.get('seed'))})",
         ),
         (
             "Labels",
-            _e(
+            esc(
                 f"mapped by {labels.get('method')}"
                 + (", predictions restricted to the dataset's classes" if labels.get("restricted") else "")
             ),
         ),
         (
             "Input",
-            _e(f"{shape.get('channels')} x {shape.get('height')} x {shape.get('width')} ({shape.get('source', '?')})")
+            esc(f"{shape.get('channels')} x {shape.get('height')} x {shape.get('width')} ({shape.get('source', '?')})")
             if shape
             else "-",
         ),
         (
             "Objective",
-            _e(
+            esc(
                 f"reduce {obj.get('target')} by {percent(obj.get('target_reduction'), 0)} within "
                 f"{obj.get('max_acc_drop')} pp top-1; rule {obj.get('select')}; at most "
                 f"{obj.get('iterations')} iterations; quantize {obj.get('quantize')}"
@@ -74,16 +74,16 @@ def _summary(result: Mapping[str, Any]) -> str:
         ),
         ("Planner", _planner_text(planner)),
         *([("LLM", _llm_text(planner["llm"]))] if isinstance(planner.get("llm"), Mapping) else []),
-        ("Stopped", _e(result.get("stop_reason") or "-")),
+        ("Stopped", esc(result.get("stop_reason") or "-")),
         (
             "Latency",
-            _e(
+            esc(
                 f"{result.get('latency_method') or '-'}; {base.get('threads')} thread(s), "
                 f"batch 1 and batch {base.get('batch_size')}"
             ),
         ),
     ]
-    return "<h2>Run summary</h2>\n" + _facts(items)
+    return "<h2>Run summary</h2>\n" + html_facts(items)
 
 
 def _fmt(value: float, fmt: str) -> str:
@@ -95,7 +95,7 @@ def _ratio_card(label: str, new: Any, old: Any, fmt: str) -> str:
     if n is None or o is None or o == 0:
         return ""
     change = n / o - 1
-    return _card(label, _fmt(n, fmt), f"{_fmt(o, fmt)} before ({change:+.1%})", "good" if change < 0 else "bad")
+    return html_card(label, _fmt(n, fmt), f"{_fmt(o, fmt)} before ({change:+.1%})", "good" if change < 0 else "bad")
 
 
 def _outcome(result: Mapping[str, Any]) -> str:
@@ -110,7 +110,7 @@ def _outcome(result: Mapping[str, Any]) -> str:
     speed = as_number(best.get("speedup"))
     target = (result.get("objective") or {}).get("target")
     cards = [
-        _card(
+        html_card(
             "Top-1, validation (chose it)",
             "-" if acc is None else f"{acc:.2f}%",
             f"{base_acc:.2f}% before ({-drop:+.2f} pp)" if drop is not None and base_acc is not None else "",
@@ -120,7 +120,7 @@ def _outcome(result: Mapping[str, Any]) -> str:
         _ratio_card("Parameters", best.get("params"), base.get("params"), ","),
         _ratio_card("MACs / image", best.get("macs"), base.get("macs"), ","),
         _ratio_card("Weights (MB)", best.get("size_mb"), base.get("size_mb"), ".3f"),
-        _card(
+        html_card(
             "Batch-1 speed",
             f"{speed:.2f}x" if speed is not None else "-",
             "vs baseline, measured side by side",
@@ -134,10 +134,10 @@ def _outcome(result: Mapping[str, Any]) -> str:
         else '<span class="badge warn">NOT within the accuracy budget</span>'
     )
     text = (
-        f"Best: iteration {_e(best.get('iteration'))} by the {_e(best.get('rule'))} rule, "
-        f"{_e(percent(best.get('reduction')))} {_e(target)} reduction, saved in <code>best/</code>. {badge}"
+        f"Best: iteration {esc(best.get('iteration'))} by the {esc(best.get('rule'))} rule, "
+        f"{esc(percent(best.get('reduction')))} {esc(target)} reduction, saved in <code>best/</code>. {badge}"
     )
-    caution = "".join(f'<p><span class="badge warn">{_e(line)}</span></p>' for line in test_lines(result)[1:] if line)
+    caution = "".join(f'<p><span class="badge warn">{esc(line)}</span></p>' for line in test_lines(result)[1:] if line)
     return (
         "<h2>Outcome</h2>\n<p>"
         + text
@@ -159,7 +159,7 @@ def _test_card(best: Mapping[str, Any], base: Mapping[str, Any]) -> str:
         return ""
     interval = f", 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""
     detail = f"{base_acc:.2f}% before ({acc - base_acc:+.2f} pp{interval}); images no plan or selection saw"
-    return _card("Top-1, held-out test (reports it)", f"{acc:.2f}%", detail, "good" if acc >= base_acc else "bad")
+    return html_card("Top-1, held-out test (reports it)", f"{acc:.2f}%", detail, "good" if acc >= base_acc else "bad")
 
 
 def _candidates(result: Mapping[str, Any]) -> str:
@@ -178,7 +178,7 @@ def _candidates(result: Mapping[str, Any]) -> str:
     )
     return (
         "<h2>Baseline vs candidates</h2>\n"
-        + _table(rows, row_classes=classes, table_id="candidates")
+        + html_table(rows, row_classes=classes, table_id="candidates")
         + "\n"
         + note
         + _variants(result)
@@ -196,8 +196,10 @@ def _variants(result: Mapping[str, Any]) -> str:
         return ""
     best = result.get("best") or {}
     classes = ["best" if "(delivered)" in r[1] and r[0] == str(best.get("iteration")) else "" for r in rows[1:]]
-    note = f'<p class="sub">Delivered: {_e(best.get("delivered"))} ({_e(best.get("delivery_note"))}).</p>'
-    return "<h3>Backend forms of each candidate</h3>\n" + _table(rows, row_classes=classes, table_id="variants") + note
+    note = f'<p class="sub">Delivered: {esc(best.get("delivered"))} ({esc(best.get("delivery_note"))}).</p>'
+    return (
+        "<h3>Backend forms of each candidate</h3>\n" + html_table(rows, row_classes=classes, table_id="variants") + note
+    )
 
 
 def _other_baselines(result: Mapping[str, Any]) -> str:
@@ -217,7 +219,7 @@ def _other_baselines(result: Mapping[str, Any]) -> str:
     rows: list[list[Any]] = [["reference", *(label for _, label, _ in columns)]]
     for ref in refs:
         rows.append([ref["name"], *("-" if as_number(ref.get(k)) is None else _fmt(ref[k], f) for k, _, f in columns)])
-    return "<h3>Other baselines</h3>\n" + _table(rows, table_id="baselines")
+    return "<h3>Other baselines</h3>\n" + html_table(rows, table_id="baselines")
 
 
 _DETAIL_KEYS = (
@@ -250,7 +252,7 @@ def _best_details(result: Mapping[str, Any]) -> str:
         if v is None:
             continue
         rows.append([label, "-" if b is None else _fmt(b, fmt), _fmt(v, fmt)])
-    return "<h3>Best candidate in detail</h3>\n" + _table(rows, table_id="best-details")
+    return "<h3>Best candidate in detail</h3>\n" + html_table(rows, table_id="best-details")
 
 
 def _plots(images: Mapping[str, bytes]) -> str:
@@ -261,8 +263,8 @@ def _plots(images: Mapping[str, bytes]) -> str:
         if key in images:
             full = "" if key.startswith("pareto") else ' class="full"'
             figures.append(
-                f'<figure id="plot-{_e(key)}"{full}><img src="{_data_uri(images[key])}" alt="{_e(caption)}">'
-                f"<figcaption>{_e(caption)}</figcaption></figure>"
+                f'<figure id="plot-{esc(key)}"{full}><img src="{data_uri(images[key])}" alt="{esc(caption)}">'
+                f"<figcaption>{esc(caption)}</figcaption></figure>"
             )
     return '<h2>Plots</h2>\n<div class="plots">' + "\n".join(figures) + "</div>"
 
@@ -286,25 +288,25 @@ def render_html(
         profile_summary: The compact profile summary (tools.profiling.summarize_profile), or None.
     """
     status = result.get("status")
-    badge = f'<span class="badge {"ok" if status == "done" else "warn"}">{_e(status)}</span>'
+    badge = f'<span class="badge {"ok" if status == "done" else "warn"}">{esc(status)}</span>'
     versions = ", ".join(f"{k} {v}" for k, v in (result.get("versions") or {}).items())
     body = [
-        f"<h1>profiling-agent report: {_e(result.get('thread_id'))} {badge}</h1>",
-        f'<div class="sub">{_e((result.get("model") or {}).get("ref"))} on '
-        f"{_e((result.get('dataset') or {}).get('ref'))}</div>",
+        f"<h1>profiling-agent report: {esc(result.get('thread_id'))} {badge}</h1>",
+        f'<div class="sub">{esc((result.get("model") or {}).get("ref"))} on '
+        f"{esc((result.get('dataset') or {}).get('ref'))}</div>",
         _summary(result),
         _outcome(result),
         _candidates(result),
         _plots(images or {}),
-        _plans(result),
-        _fallbacks(result),
-        _profile(profile_summary),
-        f"<footer>Versions: {_e(versions)}. Generated from result.json and profile.json; rebuild with "
-        f"<code>profiling-agent report RUN_DIR/{_e(result.get('thread_id'))}</code>.</footer>",
+        plans_section(result),
+        fallbacks_section(result),
+        profile_section(profile_summary),
+        f"<footer>Versions: {esc(versions)}. Generated from result.json and profile.json; rebuild with "
+        f"<code>profiling-agent report RUN_DIR/{esc(result.get('thread_id'))}</code>.</footer>",
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>profiling-agent report: {_e(result.get('thread_id'))}</title>\n<style>{_CSS}</style>\n</head>\n"
+        f"<title>profiling-agent report: {esc(result.get('thread_id'))}</title>\n<style>{REPORT_CSS}</style>\n</head>\n"
         "<body><main>\n" + "\n".join(part for part in body if part) + "\n</main></body>\n</html>\n"
     )

@@ -7,7 +7,7 @@ import html
 from collections.abc import Iterable
 from typing import Any
 
-_CSS = """
+REPORT_CSS = """
 :root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #f6f8fa; --accent: #4c78a8; --best: #fdecea;
         --bad: #b42318; --good: #1a7f37; }
 * { box-sizing: border-box; }
@@ -60,7 +60,7 @@ footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def _e(value: Any) -> str:
+def esc(value: Any) -> str:
     """Escape any value for HTML text and attributes (plans may hold LLM text)."""
     return html.escape("" if value is None else str(value), quote=True)
 
@@ -70,7 +70,7 @@ def _is_num_cell(text: str) -> bool:
     return bool(stripped) and stripped.isdigit()
 
 
-def _table(
+def html_table(
     rows: list[list[Any]],
     *,
     row_classes: Iterable[str] | None = None,
@@ -84,36 +84,38 @@ def _table(
     """
     raw = raw or set()
     classes = list(row_classes or [])
-    attrs = (f' id="{_e(table_id)}"' if table_id else "") + (f' class="{_e(css)}"' if css else "")
+    attrs = (f' id="{esc(table_id)}"' if table_id else "") + (f' class="{esc(css)}"' if css else "")
     out = [
         f"<table{attrs}>",
-        "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in rows[0]) + "</tr></thead>",
+        "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in rows[0]) + "</tr></thead>",
         "<tbody>",
     ]
     for n, row in enumerate(rows[1:]):
         cls = classes[n] if n < len(classes) and classes[n] else ""
         cells = []
         for i, cell in enumerate(row):
-            text = cell if i in raw else _e(cell)
+            text = cell if i in raw else esc(cell)
             num = i not in raw and _is_num_cell(str(cell))
             cells.append(f'<td class="num">{text}</td>' if num else f"<td>{text}</td>")
-        out.append((f'<tr class="{_e(cls)}">' if cls else "<tr>") + "".join(cells) + "</tr>")
+        out.append((f'<tr class="{esc(cls)}">' if cls else "<tr>") + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     return "\n".join(out)
 
 
-def _facts(items: Iterable[tuple[str, str]]) -> str:
+def html_facts(items: Iterable[tuple[str, str]]) -> str:
     """Render a definition list; values are already escaped HTML."""
-    return '<dl class="facts">' + "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+    return '<dl class="facts">' + "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
-def _card(label: str, value: str, detail: str = "", tone: str = "") -> str:
+def html_card(label: str, value: str, detail: str = "", tone: str = "") -> str:
+    """One headline card: a label, a value and an optional detail line."""
     cls = f"value {tone}".strip()
     return (
-        f'<div class="card"><div class="label">{_e(label)}</div><div class="{cls}">{_e(value)}</div>'
-        f'<div class="detail">{_e(detail)}</div></div>'
+        f'<div class="card"><div class="label">{esc(label)}</div><div class="{cls}">{esc(value)}</div>'
+        f'<div class="detail">{esc(detail)}</div></div>'
     )
 
 
-def _data_uri(png: bytes) -> str:
+def data_uri(png: bytes) -> str:
+    """Encode a PNG as a data: URI to embed in the report."""
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.tools.reporting.plots import _figure, _png
+from profiling_agent.tools.reporting.plots import new_figure, png_bytes
 
 CURVE_POINTS = 120  # points kept per candidate in result.json (the full curve stays in iter_NN/recovery.json)
 
@@ -39,7 +39,7 @@ def plot_recovery(result: Mapping[str, Any]) -> bytes | None:
     curves = [(c["iteration"], c["recovery_curve"]) for c in result.get("candidates") or [] if c.get("recovery_curve")]
     if not curves:
         return None
-    fig = _figure(9.0, 3.4)
+    fig = new_figure(9.0, 3.4)
     loss_ax, agree_ax = fig.subplots(1, 2)
     for iteration, points in curves:
         steps = [p[0] + 1 for p in points]
@@ -50,4 +50,4 @@ def plot_recovery(result: Mapping[str, Any]) -> bytes | None:
     for ax in (loss_ax, agree_ax):
         ax.grid(alpha=0.3)
     agree_ax.legend(fontsize=8, loc="lower right")
-    return _png(fig)
+    return png_bytes(fig)

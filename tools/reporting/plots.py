@@ -33,14 +33,16 @@ _DPI = 110
 # ------------------------------------------------------------------------------------------- figures
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
+    """Make a matplotlib Figure of the given size in inches, drawn without pyplot."""
     from matplotlib.figure import Figure  # Agg through Figure.savefig: no pyplot, no global backend state
 
     fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
     return fig
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
+    """Render a figure to PNG bytes."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": None})
     return buf.getvalue()
@@ -78,7 +80,7 @@ def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
     def shown(p: dict[str, Any]) -> float:
         return p["accuracy"] if floor is None else max(p["accuracy"], floor)
 
-    fig = _figure(6.4, 4.4)
+    fig = new_figure(6.4, 4.4)
     ax = fig.add_subplot()
     front = pareto_front(points, cost)
     if len(front) > 1:
@@ -133,7 +135,7 @@ def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
         ax.set_ylim(floor - 0.08 * pad, top + 0.15 * pad)
         ax.axhline(floor, color=_BEST_COLOR, lw=0.6, ls="-.", zorder=0)
     ax.legend(fontsize=8, loc="best")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def plot_layer_latency(profile: Mapping[str, Any], top: int = 20) -> bytes | None:
@@ -146,7 +148,7 @@ def plot_layer_latency(profile: Mapping[str, Any], top: int = 20) -> bytes | Non
     if not rows:
         return None
     rows = rows[::-1]  # largest on top
-    fig = _figure(8.0, 1.2 + 0.28 * len(rows))
+    fig = new_figure(8.0, 1.2 + 0.28 * len(rows))
     ax = fig.add_subplot()
     labels = [f"{_short(r['name'])} ({r.get('type', '?')})" for r in rows]
     values = [r["latency_ms"] for r in rows]
@@ -167,7 +169,7 @@ def plot_layer_latency(profile: Mapping[str, Any], top: int = 20) -> bytes | Non
     ax.set_title(f"Top {len(rows)} layers by latency")
     ax.margins(x=0.22)
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def group_shares(profile: Mapping[str, Any]) -> list[tuple[str, dict[str, float]]]:
@@ -189,7 +191,7 @@ def plot_cost_by_group(profile: Mapping[str, Any]) -> bytes | None:
         return None
     import numpy as np
 
-    fig = _figure(8.0, 1.4 + 0.42 * len(rows))
+    fig = new_figure(8.0, 1.4 + 0.42 * len(rows))
     ax = fig.add_subplot()
     y = np.arange(len(rows))[::-1]
     height = 0.27
@@ -207,7 +209,7 @@ def plot_cost_by_group(profile: Mapping[str, Any]) -> bytes | None:
     ax.set_title("Cost by prunable group")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def type_totals(profile: Mapping[str, Any]) -> list[tuple[str, int, int]]:
@@ -230,7 +232,7 @@ def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None
         rest = rows[top - 1 :]
         rows = rows[: top - 1] + [("other", sum(r[1] for r in rest), sum(r[2] for r in rest))]
     rows = rows[::-1]
-    fig = _figure(9.0, 1.3 + 0.3 * len(rows))
+    fig = new_figure(9.0, 1.3 + 0.3 * len(rows))
     axes = fig.subplots(1, 2, sharey=True)
     for ax, idx, title, color in ((axes[0], 1, "params", _CAND_COLOR), (axes[1], 2, "MACs", _FRONT_COLOR)):
         values = [r[idx] for r in rows]
@@ -253,7 +255,7 @@ def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None
 
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human(v, ".3g")))
     axes[0].set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 # ------------------------------------------------------------------------------------------- files

@@ -100,17 +100,18 @@ def example_input(
     return torch.randn((batch, *input_chw(input_shape)), generator=generator).to(device)
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for queued work on a CUDA device so timings measure it; a no-op elsewhere."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def timed_forward_ms(model: nn.Module, pixels: torch.Tensor) -> float:
     """Time one forward pass in ms (synchronizing CUDA); call under torch.inference_mode()."""
-    _sync(pixels.device)
+    sync_device(pixels.device)
     start = time.perf_counter()
     forward_logits(model, pixels)
-    _sync(pixels.device)
+    sync_device(pixels.device)
     return (time.perf_counter() - start) * 1e3
 
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import removed_units, select_units
-from profiling_agent.tools.profiling.sensitivity import compare_logits, probe_sensitivity
+from profiling_agent.tools.profiling.sensitivity import compare_logits, probe_sensitivity, restrict_logits
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 log = logging.getLogger(__name__)
@@ -219,14 +219,6 @@ def _mask_only(block: nn.Module, rel: str, channels: list[int]) -> None:
         cast(Layer, block.get_submodule(rel)).weight[:, channels] = 0.0
 
 
-def _restrict(logits: torch.Tensor, allowed_ids: list[int] | None) -> torch.Tensor:
-    if not allowed_ids:
-        return logits
-    mask = torch.full_like(logits, float("-inf"))
-    mask[:, allowed_ids] = 0.0
-    return logits + mask
-
-
 class _Runner:
     """Runs the model from one block onward on cached block inputs, the blocks before it skipped."""
 
@@ -363,7 +355,7 @@ def probe_sensitivity_fast(
     if blocks:
         try:
             info = _capture_first(model, blocks, pixels, n_eval, config.batch_size)
-            reference = _restrict(info["logits"][:n_eval], allowed_ids)
+            reference = restrict_logits(info["logits"][:n_eval], allowed_ids)
             runner = _Runner(model, blocks, info["as_tuple"], pixels[:n_eval])
             args, kwargs = info["args"] or ((), {})
             hidden = info["inputs"]

@@ -23,7 +23,8 @@ class UnprunableGroup(Exception):
     """The probe could not prune a group (recorded as the group's `error`, never raised to callers)."""
 
 
-def _restrict(logits: torch.Tensor, allowed_ids: list[int] | None) -> torch.Tensor:
+def restrict_logits(logits: torch.Tensor, allowed_ids: list[int] | None) -> torch.Tensor:
+    """Mask every class outside `allowed_ids` (the dataset's classes) to -inf; all classes when None or empty."""
     if not allowed_ids:
         return logits
     mask = torch.full_like(logits, float("-inf"))
@@ -84,7 +85,7 @@ def probe_sensitivity(
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.recovery.reconstruct import reconstruct
 
-    reference = _restrict(batched_logits(model, pixels, batch_size), allowed_ids)
+    reference = restrict_logits(batched_logits(model, pixels, batch_size), allowed_ids)
     example = pixels[:1]
     results: dict[str, dict[str, Any]] = {}
     for done, group in enumerate(groups):
@@ -98,7 +99,9 @@ def probe_sensitivity(
                 raise UnprunableGroup(f"pruning at ratio {probe:.2f} removes none of its {group.units} units")
             if recover:
                 reconstruct(model, trial, pixels, report.applied, seed=seed)
-            stats = compare_logits(reference, _restrict(batched_logits(trial, pixels, batch_size), allowed_ids), labels)
+            stats = compare_logits(
+                reference, restrict_logits(batched_logits(trial, pixels, batch_size), allowed_ids), labels
+            )
             damage = stats["kl"] + (100.0 - stats["agreement"]) / 100.0
             results[group.name] = {**stats, "damage": damage, "units_removed": removed, "ratio": round(probe, 4)}
         except Exception as exc:  # noqa: BLE001 - a group the engine cannot prune is a recorded fact, not fatal

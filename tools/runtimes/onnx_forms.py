@@ -231,6 +231,43 @@ def write_form_folder(folder: Path, variant: Variant, recipe: dict[str, Any], co
         processor.save_pretrained(str(folder))
 
 
+def finish_form(
+    variant: Variant,
+    weights: Path,
+    checked: tuple[torch.Tensor, torch.Tensor, float | None],
+    recipe: dict[str, Any],
+    config: Any,
+    processor: Any,
+) -> None:
+    """Check a built form against torch, then write its recipe (with the check's figures), config and processor.
+
+    Args:
+        variant: The form; its model is loaded from the folder holding `weights`.
+        weights: The form's weight file (its size is the form's size on disk).
+        checked: Torch's reference logits, the images they came from and the FP32 tolerance (None: int8 forms).
+        recipe: The recipe's fields shared by the run's forms plus the form's own (quantization, runtime).
+        config: The model's Hugging Face config, written beside the form (None: none).
+        processor: The image processor, written beside the form (None: none).
+    """
+    reference, check, tolerance = checked
+    check_logits(variant, reference, check, tolerance)
+    folder = weights.parent
+    variant.status, variant.path = "ok", str(folder)
+    variant.size_bytes = weights.stat().st_size
+    recipe = {
+        **recipe,
+        "variant": variant.name,
+        "method": variant.method,
+        "check": {
+            "images": len(check),
+            "max_abs_diff": variant.max_abs_diff,
+            "agreement": variant.logit_agreement,
+            "fp32_tolerance": tolerance,
+        },
+    }
+    write_form_folder(folder, variant, recipe, config, processor)
+
+
 def build_ort_variants(
     model: nn.Module,
     calib_pixels: torch.Tensor,
@@ -312,22 +349,8 @@ def build_ort_variants(
             variant.seconds = round(exported["seconds"] + time.perf_counter() - start, 3)
             variant.model = OrtClassifier(folder / ONNX_FILE, threads)
             tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
-            check_logits(variant, reference, check, tolerance)
-            variant.status, variant.path = "ok", str(folder)
-            variant.size_bytes = (folder / ONNX_FILE).stat().st_size
-            recipe = {
-                **base,
-                "variant": variant.name,
-                "method": variant.method,
-                "quantization": quant,
-                "check": {
-                    "images": len(check),
-                    "max_abs_diff": variant.max_abs_diff,
-                    "agreement": variant.logit_agreement,
-                    "fp32_tolerance": settings.fp32_tolerance if variant.method == "fp32" else None,
-                },
-            }
-            write_form_folder(folder, variant, recipe, config, processor)
+            finish_form(variant, folder / ONNX_FILE, (reference, check, tolerance), {**base, "quantization": quant},
+                        config, processor)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - this variant fails, the others and the run go on
             variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
             if variant.method == "fp32":

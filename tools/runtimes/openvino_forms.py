@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from profiling_agent.tools.runtimes.onnx_forms import Variant, check_logits, failure_reason, write_form_folder
+from profiling_agent.tools.runtimes.onnx_forms import Variant, failure_reason, finish_form
 from profiling_agent.tools.runtimes.onnx_runtime import quiet
 from profiling_agent.tools.runtimes.openvino_model import (
     OV_FILE,
@@ -242,27 +242,13 @@ def build_ov_forms(
             variant.model = OvClassifier(folder / OV_FILE, precision, threads)  # type: ignore[arg-type]
             variant.seconds = round(convert_seconds + time.perf_counter() - t0, 3)
             tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
-            check_logits(variant, reference, check, tolerance)
-            variant.status, variant.path = "ok", str(folder)
-            variant.size_bytes = (folder / OV_WEIGHTS).stat().st_size
-            recipe = {
-                **base,
-                "runtime": {
-                    "name": "openvino",
-                    "precision_hint": precision,
-                    "compile_config": compile_config(precision, threads),  # type: ignore[arg-type]
-                },
-                "variant": variant.name,
-                "method": variant.method,
-                "quantization": quant,
-                "check": {
-                    "images": len(check),
-                    "max_abs_diff": variant.max_abs_diff,
-                    "agreement": variant.logit_agreement,
-                    "fp32_tolerance": tolerance,
-                },
+            runtime = {
+                "name": "openvino",
+                "precision_hint": precision,
+                "compile_config": compile_config(precision, threads),  # type: ignore[arg-type]
             }
-            write_form_folder(folder, variant, recipe, config, processor)
+            recipe = {**base, "runtime": runtime, "quantization": quant}
+            finish_form(variant, folder / OV_WEIGHTS, (reference, check, tolerance), recipe, config, processor)
         except Exception as exc:  # noqa: BLE001 - this form fails, the others and the run go on
             variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
             if variant.method == "fp32":

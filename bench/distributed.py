@@ -216,18 +216,17 @@ def main(argv: list[str] | None = None) -> int:
 def _print(report: dict[str, Any], procs: int) -> None:
     print(f"\n== bench/distributed.py: {report['model']}, {procs} processes x {report['threads']} thread vs 1 x "
           f"{report['threads']}; load before {report['load_before']}, after {report['load_after']} ==")  # fmt: skip
-    if "distill" in report:
-        d = report["distill"]
-        m = d["median_steps_per_s"]
-        print(f"distillation steps/s: 1 proc {m[1]:.2f}, {procs} procs {m[procs]:.2f}, ratio {d['ratio']:.2f}x "
-              f"(target >= 1.6x); max weight difference {d['max_weight_diff']:.3g}; rank-0 loop CPU time 1 proc / "
-              f"{procs} procs {d['cpu_ratio']:.2f}x")  # fmt: skip
-    if "pass" in report:
-        p = report["pass"]
-        m = p["median_images_per_s"]
-        print(f"accuracy pass images/s: 1 proc {m[1]:.0f}, {procs} procs {m[procs]:.0f}, ratio {p['ratio']:.2f}x "
-              f"(target >= 1.6x); identical predictions: {p['identical']}; rank-0 pass CPU time 1 proc / {procs} "
-              f"procs {p['cpu_ratio']:.2f}x")  # fmt: skip
+    for key, what, rate, unit, fmt in (
+        ("distill", "distillation steps/s", "median_steps_per_s", "loop", ".2f"),
+        ("pass", "accuracy pass images/s", "median_images_per_s", "pass", ".0f"),
+    ):
+        if key in report:
+            r, m = report[key], report[key][rate]
+            extra = (f"max weight difference {r['max_weight_diff']:.3g}" if key == "distill"
+                     else f"identical predictions: {r['identical']}")  # fmt: skip
+            cpu = f"rank-0 {unit} CPU time 1 proc / {procs} procs {r['cpu_ratio']:.2f}x"
+            print(f"{what}: 1 proc {m[1]:{fmt}}, {procs} procs {m[procs]:{fmt}}, ratio {r['ratio']:.2f}x "
+                  f"(target >= 1.6x); {extra}; {cpu}")  # fmt: skip
     if "accuracy" in report:
         print("top-1 on the 10,000 test images: " + ", ".join(f"{k} {v:.2f}%" for k, v in report["accuracy"].items()))
 

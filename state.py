@@ -492,3 +492,8 @@ class Context:
     recover_procs: int = _ctx(1, "Processes distillation runs on (>1: a torch.distributed job; docs/distributed.md).")
     launcher: str = _ctx("torchrun --standalone --nproc-per-node {procs}", "Command starting that job ({procs}).")
     backend: str = _ctx("auto", "torch, onnxruntime, openvino or auto (every form): the fastest within budget ships.")
+
+    @classmethod
+    def of(cls, values: dict[str, Any]) -> Context:
+        """Build from a dict; keys that are not settings (another version's) are ignored."""
+        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})

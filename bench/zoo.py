@@ -22,7 +22,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -34,9 +33,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from profiling_agent.tools.models.embedded import accuracy
+from profiling_agent.tools.models.training import train_classifier
 from profiling_agent.tools.versions import versions
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -243,35 +242,15 @@ def pixels(images: np.ndarray, proc: Any, chunk: int = 2000) -> torch.Tensor:
     return torch.cat(out)
 
 
-def _lr_at(step: int, total: int, spec: ModelSpec) -> float:
-    warm = max(1, int(total * spec.warmup_fraction))
-    if step < warm:
-        return spec.lr * (step + 1) / warm
-    return spec.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+def _flip(xb: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    flip = torch.rand(len(xb), generator=gen) < 0.5
+    return torch.where(flip[:, None, None, None], xb.flip(-1), xb)
 
 
 def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, spec: ModelSpec, seed: int = 0) -> None:
     """Train `model` in place: AdamW, warm-up + cosine, random horizontal flips."""
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
-    steps = math.ceil(len(x) / spec.batch_size)
-    total, step = spec.epochs * steps, 0
-    model.train()
-    for _ in range(spec.epochs):
-        order = torch.randperm(len(x), generator=gen)
-        for start in range(0, len(x), spec.batch_size):
-            idx = order[start : start + spec.batch_size]
-            xb = x[idx]
-            flip = torch.rand(len(idx), generator=gen) < 0.5
-            xb = torch.where(flip[:, None, None, None], xb.flip(-1), xb)
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(step, total, spec)
-            loss = F.cross_entropy(model(pixel_values=xb).logits, y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-    model.eval()
+    schedule = (spec.epochs, spec.batch_size, spec.lr, spec.weight_decay, spec.warmup_fraction)
+    train_classifier(model, x, y, schedule=schedule, seed=seed, augment=_flip)
 
 
 def spec_hash(name: str, train_images: int, seed: int) -> str:

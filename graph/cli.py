@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import shutil
@@ -62,13 +61,6 @@ def _quiet_libraries() -> None:
         embedded.propagate = False
 
 
-def _context(ctx: dict[str, Any]):
-    from profiling_agent.state import Context
-
-    names = {f.name for f in dataclasses.fields(Context)}
-    return Context(**{k: v for k, v in ctx.items() if k in names})
-
-
 def _check_run_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -102,6 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Start a new run (a new thread) and drive it to the end."""
     from profiling_agent.graph.checkpoint import thread_ids
     from profiling_agent.graph.thread_lock import thread_lock
+    from profiling_agent.state import Context
     from profiling_agent.tools.io import write_json_atomic
 
     if args.thread_id is not None:
@@ -114,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from profiling_agent.tools.planning.llm_client import planner_mode
 
     try:  # auto: the LLM when one is configured; llm without one: one-line error naming the missing setting
-        _mode, planner_note = planner_mode(payload["objective"]["planner"], _context(ctx))
+        _mode, planner_note = planner_mode(payload["objective"]["planner"], Context.of(ctx))
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     thread_id = args.thread_id = args.thread_id or _new_thread_id(payload["model"]["ref"])
@@ -133,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         graph = build_graph(checkpointer=saver)
         config = {"configurable": {"thread_id": thread_id}}
         try:
-            drive_graph(graph, payload, config, _context(ctx), banner)
+            drive_graph(graph, payload, config, Context.of(ctx), banner)
         except _expected_errors():
             if pending_nodes(graph.get_state(config)) == ("acquire",):  # bad model/dataset: leave no half-made thread
                 saver.delete_thread(thread_id)
@@ -226,6 +219,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
     """Resume a thread this process holds the lock of."""
     from profiling_agent.graph.builder import build_graph
+    from profiling_agent.state import Context
     from profiling_agent.tools.io import read_json
 
     settings_path = root / args.thread_id / RUN_SETTINGS
@@ -243,7 +237,7 @@ def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
         raise BadInput(f"thread {args.thread_id} has nothing to resume")
     where = ", ".join(pending_nodes(snapshot))
     say(f"resuming {args.thread_id} at {where} (iteration {snapshot.values.get('iteration', 0)})")
-    drive_graph(graph, payload, config, _context(ctx))
+    drive_graph(graph, payload, config, Context.of(ctx))
     if _paused(graph, config, root, args):
         return EXIT_OK
     print(final_table(root / args.thread_id))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,7 @@ def context_of(runtime: Runtime[Context] | None) -> Context:
     if ctx is None:
         ctx = Context()
     elif isinstance(ctx, dict):
-        names = {f.name for f in dataclasses.fields(Context)}
-        ctx = Context(**{k: v for k, v in ctx.items() if k in names})
+        ctx = Context.of(ctx)
     set_threads(ctx.threads)
     return ctx
 

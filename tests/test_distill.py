@@ -10,11 +10,12 @@ import torch
 
 from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.data.train_stream import TrainBatches, batch_rows, find_train_source, usable_rows
-from profiling_agent.tools.recovery.distill import DistillConfig, distill, distill_loss, lr_at
+from profiling_agent.tools.models.training import warmup_cosine_lr
+from profiling_agent.tools.recovery.distill import DistillConfig, distill, distill_loss
 
 
 def test_schedule_warms_up_then_decays_to_zero():
-    lrs = [lr_at(s, 100, 1.0, 0.1) for s in range(100)]
+    lrs = [warmup_cosine_lr(s, 100, 1.0, 0.1) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:], strict=False)) and lrs[-1] < 0.01
 

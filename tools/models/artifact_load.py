@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.models.artifacts import (
     CONFIG_FILE,
     PROCESSOR_FILES,
@@ -20,7 +21,6 @@ from profiling_agent.tools.models.artifacts import (
     ArtifactError,
     first_line,
     is_under,
-    quiet_transformers,
     read_recipe,
 )
 from profiling_agent.tools.models.dynamic_quant import (
@@ -82,7 +82,7 @@ def build_model(path: Path, recipe: Mapping[str, Any]) -> nn.Module:
     if recipe.get("attn_implementation"):
         kwargs["attn_implementation"] = recipe["attn_implementation"]
     try:  # fork the RNG: random init of the throw-away weights must not shift the caller's seeded streams
-        with quiet_transformers(), torch.random.fork_rng(devices=[]):
+        with quiet_hf(), torch.random.fork_rng(devices=[]):
             config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
             cls = getattr(transformers, str(recipe["architecture"]), None)
             if isinstance(cls, type) and issubclass(cls, PreTrainedModel):
@@ -260,7 +260,7 @@ def load_processor(path: Path) -> Any | None:
     if not any((path / name).is_file() for name in PROCESSOR_FILES):
         return None
     try:
-        with quiet_transformers():
+        with quiet_hf():
             return AutoImageProcessor.from_pretrained(str(path), trust_remote_code=False)
     except Exception as err:
         raise ArtifactError(f"cannot load the image processor in {path}: {first_line(err)}") from None

@@ -6,15 +6,14 @@ import copy
 import json
 import logging
 import os
-import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.io import atomic_dir, read_json, sha256_path, write_json_atomic
 from profiling_agent.tools.models.dynamic_quant import (
     dynamic_linear_type,
@@ -153,21 +152,6 @@ def build_recipe(
     }
 
 
-@contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Lower transformers' log level to errors and ignore its warnings (e.g. the PIL-backend fallback)."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
 def _portable_config(config: Any) -> dict[str, Any]:
     """Return the config as a dict without the folder it was loaded from, so artifacts hash the same anywhere."""
     data = config.to_dict()
@@ -180,7 +164,7 @@ def _write_config(model: nn.Module, folder: Path, architecture: str) -> None:
     config = copy.deepcopy(model.config)
     config.architectures = [architecture]
     config._name_or_path = ""
-    with quiet_transformers():
+    with quiet_hf():
         config.save_pretrained(folder)
 
 
@@ -224,7 +208,7 @@ def save_artifact(
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         _write_config(model, tmp, recipe["architecture"])
         if processor is not None:
-            with quiet_transformers():
+            with quiet_hf():
                 processor.save_pretrained(str(tmp))
         write_json_atomic(tmp / RECIPE_FILE, recipe)
     logger.info("saved artifact %s (%d tensors, %d quantized)", out_dir, len(tensors), len(schemes))

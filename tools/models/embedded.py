@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from profiling_agent.tools import interrupt
 from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.io import atomic_dir, write_json_atomic
 from profiling_agent.tools.models.embedded_data import (
@@ -28,6 +26,7 @@ from profiling_agent.tools.models.embedded_data import (
     ensure_dataset,
     file_lock,
 )
+from profiling_agent.tools.models.training import train_classifier
 from profiling_agent.tools.versions import versions
 
 logger = logging.getLogger(__name__)
@@ -147,14 +146,6 @@ def _augment(x: torch.Tensor, shift: int, gen: torch.Generator) -> torch.Tensor:
     return padded[batch, chans, rows, cols]
 
 
-def _lr_at(step: int, total: int, cfg: TrainConfig) -> float:
-    warm = max(1, int(total * cfg.warmup_fraction))
-    if step < warm:
-        return cfg.lr * (step + 1) / warm
-    progress = (step - warm) / max(1, total - warm)
-    return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 PROGRESS_SECONDS = 10.0  # seconds between progress log lines while an embedded model trains
 
 
@@ -166,34 +157,22 @@ def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainC
     Raises:
         tools.interrupt.Interrupted: A stop was requested (Ctrl-C); nothing is saved.
     """
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = math.ceil(len(x) / cfg.batch_size)
-    total, step = int(cfg.epochs or 0) * steps_per_epoch, 0
     began = last_log = time.perf_counter()
-    model.train()
-    for epoch in range(int(cfg.epochs or 0)):
-        order = torch.randperm(len(x), generator=gen)
-        for start in range(0, len(x), cfg.batch_size):
-            interrupt.check()
-            batch = order[start : start + cfg.batch_size]
-            xb = _augment(x[batch], cfg.shift, gen) if cfg.shift > 0 else x[batch]
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(step, total, cfg)
-            loss = F.cross_entropy(model(pixel_values=xb).logits, y[batch])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-            now = time.perf_counter()
-            if now - last_log >= PROGRESS_SECONDS:
-                last_log, spent = now, now - began
-                logger.info(
-                    "training %s: %d%% (epoch %d/%d, loss %.3f), %.0f s so far, about %.0f s left",
-                    name or "the model", 100 * step // total, epoch + 1, cfg.epochs, float(loss.detach()), spent,
-                    spent * (total - step) / step,
-                )  # fmt: skip
-    model.eval()
+
+    def log(step: int, total: int, epoch: int, loss: torch.Tensor) -> None:
+        nonlocal last_log
+        now = time.perf_counter()
+        if now - last_log >= PROGRESS_SECONDS:
+            last_log, spent = now, now - began
+            logger.info(
+                "training %s: %d%% (epoch %d/%d, loss %.3f), %.0f s so far, about %.0f s left",
+                name or "the model", 100 * step // total, epoch + 1, cfg.epochs, float(loss.detach()), spent,
+                spent * (total - step) / step,
+            )  # fmt: skip
+
+    schedule = (int(cfg.epochs or 0), cfg.batch_size, float(cfg.lr or 0.0), cfg.weight_decay, cfg.warmup_fraction)
+    augment = (lambda xb, gen: _augment(xb, cfg.shift, gen)) if cfg.shift > 0 else None
+    train_classifier(model, x, y, schedule=schedule, seed=cfg.seed, augment=augment, on_step=log)
 
 
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> float:

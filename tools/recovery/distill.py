@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiling_agent.tools import interrupt
+from profiling_agent.tools.models.training import warmup_cosine_lr
 from profiling_agent.tools.recovery import distill_state
 from profiling_agent.tools.runtimes.forward import forward_logits, model_device
 
@@ -41,15 +41,6 @@ class DistillConfig:
     def fingerprint(self) -> dict[str, Any]:
         """Return what must match for a saved step to be resumed (the cap and save cadence may change)."""
         return {k: v for k, v in asdict(self).items() if k not in ("minutes", "save_every")}
-
-
-def lr_at(step: int, total: int, peak: float, warmup: float) -> float:
-    """Return the learning rate of `step` out of `total`: linear warm-up, then cosine decay to zero."""
-    warm = max(1, int(total * warmup))
-    if step < warm:
-        return peak * (step + 1) / warm
-    progress = (step - warm) / max(1, total - warm)
-    return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 def distill_loss(
@@ -282,7 +273,7 @@ def distill(
         step, tick = state.done, time.perf_counter()
         torch.manual_seed(config.seed * 1_000_003 + step)
         pixels, labels = batches(step)
-        lr = lr_at(step, state.total, config.lr, config.warmup)
+        lr = warmup_cosine_lr(step, state.total, config.lr, config.warmup)
         scales = team.scales(labels) if team.scales is not None else (1.0, 1.0)
         pixels, labels = pixels.to(device), labels.to(device)
         loss, agree = train_step(student, teacher, optimizer, pixels, labels, config, lr, model=model, scales=scales)

@@ -46,6 +46,20 @@ class PrunableGroup:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
+def mlp_group(name: str, block: str, units: int) -> PrunableGroup:
+    """Describe the MLP intermediate channels of one transformer block: `block`.mlp.fc1 outputs, fc2 inputs.
+
+    Args:
+        name: The group's stable id, e.g. "layers.3.mlp".
+        block: The block's module name (the MLP is its `mlp` child with `fc1` and `fc2`).
+        units: fc1's output channels now.
+    """
+    fc1, fc2 = f"{block}.mlp.fc1", f"{block}.mlp.fc2"
+    return PrunableGroup(
+        name=name, kind="structured", module=fc1, roots=(fc1,), members=(fc1, fc2), units=units, block=block
+    )
+
+
 class FamilyAdapter:
     """Base class of a family adapter; subclasses override what differs.
 

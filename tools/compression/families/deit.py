@@ -13,7 +13,7 @@ from transformers.models.deit.modeling_deit import (
     DeiTLayer,
 )
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, mlp_group
 
 logger = logging.getLogger(__name__)
 
@@ -23,22 +23,6 @@ _PROTECTED_LEAVES = ("embeddings", "classifier", "cls_classifier", "distillation
 def _layers(model: nn.Module) -> list[tuple[str, DeiTLayer]]:
     """Return (name, layer) for every DeiT transformer layer, in forward order."""
     return [(name, mod) for name, mod in model.named_modules() if isinstance(mod, DeiTLayer)]
-
-
-def _mlp_group(index: int, prefix: str, layer: DeiTLayer) -> PrunableGroup:
-    """Describe the MLP intermediate channels of one layer (fc1 outputs, fc2 inputs)."""
-    fc1, fc2 = f"{prefix}.mlp.fc1", f"{prefix}.mlp.fc2"
-    return PrunableGroup(
-        name=f"layers.{index}.mlp",
-        kind="structured",
-        module=fc1,
-        roots=(fc1,),
-        members=(fc1, fc2),
-        units=layer.mlp.fc1.out_features,
-        unit_size=1,
-        min_units=1,
-        block=prefix,
-    )
 
 
 def _head_group(index: int, prefix: str, attention: DeiTAttention) -> PrunableGroup:
@@ -107,7 +91,7 @@ class DeiTAdapter(FamilyAdapter):
         for prefix, layer in _layers(model):
             index = int(prefix.rsplit(".", 1)[-1])
             groups.append(_head_group(index, prefix, layer.attention))
-            groups.append(_mlp_group(index, prefix, layer))
+            groups.append(mlp_group(f"layers.{index}.mlp", prefix, layer.mlp.fc1.out_features))
         return groups
 
     def protected_modules(self, model: nn.Module) -> list[str]:

@@ -15,7 +15,7 @@ from transformers.models.swin.modeling_swin import (
     SwinPatchMerging,
 )
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, mlp_group
 from profiling_agent.tools.compression.families.deit import fix_attention
 
 logger = logging.getLogger(__name__)
@@ -33,20 +33,6 @@ def _blocks(model: nn.Module) -> list[tuple[str, int, int, SwinLayer]]:
         if isinstance(module, SwinLayer) and match:
             found.append((name, int(match[1]), int(match[2]), module))
     return found
-
-
-def _mlp_group(prefix: str, stage: int, block: int, layer: SwinLayer) -> PrunableGroup:
-    """Describe the MLP intermediate channels of one block (fc1 outputs, fc2 inputs)."""
-    fc1, fc2 = f"{prefix}.mlp.fc1", f"{prefix}.mlp.fc2"
-    return PrunableGroup(
-        name=f"stages.{stage}.blocks.{block}.mlp",
-        kind="structured",
-        module=fc1,
-        roots=(fc1,),
-        members=(fc1, fc2),
-        units=layer.mlp.fc1.out_features,
-        block=prefix,
-    )
 
 
 def _head_group(prefix: str, stage: int, block: int, attention: SwinAttention) -> PrunableGroup:
@@ -100,7 +86,7 @@ class SwinAdapter(FamilyAdapter):
         groups = []
         for prefix, stage, block, layer in _blocks(model):
             groups.append(_head_group(prefix, stage, block, layer.attention))
-            groups.append(_mlp_group(prefix, stage, block, layer))
+            groups.append(mlp_group(f"stages.{stage}.blocks.{block}.mlp", prefix, layer.mlp.fc1.out_features))
         return groups
 
     def protected_modules(self, model: nn.Module) -> list[str]:

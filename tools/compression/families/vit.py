@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 from transformers.models.vit.modeling_vit import ViTModel
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, mlp_group
 
 
 def attention_heads(attention: nn.Module) -> int:
@@ -61,18 +61,7 @@ class ViTAdapter(FamilyAdapter):
                     extra={"head_dim": head_dim},
                 )
             )
-            fc1, fc2 = f"{block}.mlp.fc1", f"{block}.mlp.fc2"
-            groups.append(
-                PrunableGroup(
-                    name=f"layers.{i}.mlp",
-                    kind="structured",
-                    module=fc1,
-                    roots=(fc1,),
-                    members=(fc1, fc2),
-                    units=layer.mlp.fc1.out_features,
-                    block=block,
-                )
-            )
+            groups.append(mlp_group(f"layers.{i}.mlp", block, layer.mlp.fc1.out_features))
         return groups
 
     def protected_modules(self, model: nn.Module) -> list[str]:

@@ -9,7 +9,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from profiling_agent.prompts.plan_example import example_plan_json
 from profiling_agent.state import MAX_REGEX_LEN, Objective
-from profiling_agent.tools.text import human
+from profiling_agent.tools.text import as_number, human, number
 
 # The plan format of the paper's Figure 4 (plus a whole-plan rationale and exact group names as an alternative
 # to regexes), shown verbatim to the LLM. tests/test_llm_planner.py checks that its keys are exactly
@@ -91,17 +91,8 @@ TOP_LAYERS = 10  # most expensive layers listed
 
 
 def _pct(value: Any) -> str:
-    try:
-        return f"{100 * float(value):.1f}"
-    except (TypeError, ValueError):
-        return "-"
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    try:
-        return f"{float(value):.{digits}g}"
-    except (TypeError, ValueError):
-        return "-"
+    share = as_number(value)
+    return number(None if share is None else 100 * share, ".1f")
 
 
 def totals_line(totals: dict[str, Any]) -> str:
@@ -109,7 +100,7 @@ def totals_line(totals: dict[str, Any]) -> str:
     latency = totals.get("latency_ms")
     return (
         f"Totals: {human(totals.get('params'))} params, {human(totals.get('macs'))} MACs per image, "
-        f"{_fmt(latency)} ms batch-1 latency (median)."
+        f"{number(latency, '.3g')} ms batch-1 latency (median)."
     )
 
 
@@ -120,7 +111,7 @@ def top_layers_table(layers: list[dict[str, Any]], top: int = TOP_LAYERS) -> str
     for r in rows:
         lines.append(
             f"{r.get('name')} | {r.get('type')} | {human(r.get('params'))} | {human(r.get('macs'))} | "
-            f"{_fmt(r.get('latency_ms'))} | {_pct(r.get('latency_share'))} | {_pct(r.get('macs_share'))}"
+            f"{number(r.get('latency_ms'), '.3g')} | {_pct(r.get('latency_share'))} | {_pct(r.get('macs_share'))}"
         )
     return "\n".join(lines)
 
@@ -132,8 +123,8 @@ def group_table(groups: list[dict[str, Any]], costs: dict[str, Any], sensitivity
         c, s = costs.get(g["name"], {}), sensitivity.get(g["name"], {})
         lines.append(
             f"{g['name']} | {g['kind']} | {g['module']} | {g['units']} | {_pct(c.get('params_share'))} | "
-            f"{_pct(c.get('macs_share'))} | {_pct(c.get('latency_share'))} | {_fmt(s.get('damage'))} | "
-            f"{_fmt(s.get('acc_drop'), 2)}"
+            f"{_pct(c.get('macs_share'))} | {_pct(c.get('latency_share'))} | {number(s.get('damage'), '.3g')} | "
+            f"{number(s.get('acc_drop'), '.2g')}"
         )
     if len(groups) > MAX_GROUP_ROWS:
         lines.append(f"... {len(groups) - MAX_GROUP_ROWS} more groups: use the match_layers tool to see them")

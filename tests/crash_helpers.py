@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -119,3 +120,14 @@ def check_complete(runs: Path, url: str | None = None) -> dict:
         if not any(part.startswith(".") for part in path.relative_to(run).parts):
             json.loads(path.read_text())
     return values
+
+
+def offline_resnet_setup(folder: Path):
+    """The quick digits ResNet in a private cache, a runs folder, and an offline environment without LLM keys."""
+    from quick_assets import build_quick_resnet
+
+    model, dataset = build_quick_resnet(folder / "cache")
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(folder / "cache"), "HF_HUB_OFFLINE": "1"}
+    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        env.pop(key, None)
+    return model, dataset, folder / "runs", env

@@ -75,14 +75,10 @@ def _read_only_prefix(folder: Path) -> list[str] | None:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished one-iteration run of the quick digits ResNet, in a folder any user may read."""
-    from quick_assets import build_quick_resnet
+    from crash_helpers import offline_resnet_setup
 
     base = Path(tempfile.mkdtemp(prefix="finished-run-", dir=tmp_path_factory.getbasetemp()))
-    model, dataset = build_quick_resnet(base / "cache")
-    env = {**os.environ, "PROFILING_AGENT_CACHE": str(base / "cache"), "HF_HUB_OFFLINE": "1"}
-    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
-        env.pop(key, None)
-    runs = base / "runs"
+    model, dataset, runs, env = offline_resnet_setup(base)
     cmd = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "64", "--calibration", "16",
         "--test-subset", "32", "--iterations", "1", "--planner", "l2", "--ratio", "0.3", "--recover", "none",

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import statistics
 import subprocess
 from collections import Counter
 
 import pytest
-from crash_helpers import PHASE_TIMEOUT, THREAD
+from crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup
 from crash_helpers import check_complete as _check_complete
 from crash_helpers import cli as _cli
 from crash_helpers import next_is as _next_is
 from crash_helpers import start as _start
 from crash_helpers import stop_when as _stop_when
-from quick_assets import build_quick_resnet
 from safetensors.torch import load_file
 
 from profiling_agent.graph.review import pending_nodes
@@ -66,18 +64,9 @@ def test_a_step_saved_without_its_checkpoint_is_still_pending():
     assert calls["a"] == 1  # resumed from the saved writes, not re-run
 
 
-def _offline_resnet_setup(tmp_path):
-    """The quick digits ResNet in a private cache, a runs folder, and an offline environment without LLM keys."""
-    model, dataset = build_quick_resnet(tmp_path / "cache")
-    env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
-        env.pop(key, None)
-    return model, dataset, tmp_path / "runs", env
-
-
 @pytest.mark.slow
 def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
-    model, dataset, runs, env = _offline_resnet_setup(tmp_path)
+    model, dataset, runs, env = offline_resnet_setup(tmp_path)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "3", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
@@ -116,7 +105,7 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_path):
-    model, dataset, runs, env = _offline_resnet_setup(tmp_path)
+    model, dataset, runs, env = offline_resnet_setup(tmp_path)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "1", "--planner", "l2", "--ratio", "0.4", "--repeats", "2", "--threads", "1",

@@ -10,19 +10,14 @@ import subprocess
 import time
 
 import pytest
-from crash_helpers import PHASE_TIMEOUT, THREAD
+from crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup
 from crash_helpers import check_complete as _check_complete
 from crash_helpers import cli as _cli
-from quick_assets import build_quick_resnet
 
 
 @pytest.mark.slow
 def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(tmp_path):
-    model, dataset = build_quick_resnet(tmp_path / "cache")
-    env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
-        env.pop(key, None)
-    runs = tmp_path / "runs"
+    model, dataset, runs, env = offline_resnet_setup(tmp_path)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "1", "--planner", "deterministic", "--repeats", "2", "--threads", "1", "--backend", "torch",

@@ -8,8 +8,7 @@ import signal
 import time
 
 import pytest
-from crash_helpers import THREAD, cli, snapshot, start
-from quick_assets import build_quick_resnet
+from crash_helpers import THREAD, cli, offline_resnet_setup, snapshot, start
 
 from profiling_agent.graph.review import pending_nodes
 
@@ -18,13 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def setup(tmp_path):
-    import os
-
-    model, dataset = build_quick_resnet(tmp_path / "cache")
-    env = {**os.environ, "PROFILING_AGENT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
-        env.pop(key, None)
-    return model, dataset, tmp_path / "runs", env
+    return offline_resnet_setup(tmp_path)
 
 
 def _run_flags(model, dataset, runs, steps: int) -> list[str]:

@@ -17,6 +17,17 @@ def as_number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def number(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    """Format a number with a format spec and a suffix ("," gives a whole number with thousands separators).
+
+    Returns "-" when `value` is not a number (None, a string, a bool).
+    """
+    n = as_number(value)
+    if n is None:
+        return "-"
+    return (format(int(n), ",") if spec == "," else format(n, spec)) + suffix
+
+
 def human(value: Any, fmt: str = ".2f") -> str:
     """Format a count with a K/M/G suffix (`fmt` applies to the scaled value); "n/a" when it is not a number."""
     number = as_number(value)

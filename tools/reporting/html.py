@@ -9,7 +9,7 @@ from profiling_agent.tools.reporting.html_parts import REPORT_CSS, data_uri, esc
 from profiling_agent.tools.reporting.html_plans import fallbacks_section, plans_section, profile_section
 from profiling_agent.tools.reporting.markdown import test_lines
 from profiling_agent.tools.reporting.plots import PLOT_FILES
-from profiling_agent.tools.text import as_number, percent
+from profiling_agent.tools.text import as_number, number, percent
 
 REPORT_HTML, REPORT_MD = "report.html", "report.md"
 RESULT_JSON, PROFILE_JSON = "result.json", "profile.json"
@@ -86,16 +86,12 @@ def _summary(result: Mapping[str, Any]) -> str:
     return "<h2>Run summary</h2>\n" + html_facts(items)
 
 
-def _fmt(value: float, fmt: str) -> str:
-    return format(int(value), fmt) if fmt == "," else format(value, fmt)
-
-
 def _ratio_card(label: str, new: Any, old: Any, fmt: str) -> str:
     n, o = as_number(new), as_number(old)
     if n is None or o is None or o == 0:
         return ""
     change = n / o - 1
-    return html_card(label, _fmt(n, fmt), f"{_fmt(o, fmt)} before ({change:+.1%})", "good" if change < 0 else "bad")
+    return html_card(label, number(n, fmt), f"{number(o, fmt)} before ({change:+.1%})", "good" if change < 0 else "bad")
 
 
 def _outcome(result: Mapping[str, Any]) -> str:
@@ -218,7 +214,7 @@ def _other_baselines(result: Mapping[str, Any]) -> str:
     )
     rows: list[list[Any]] = [["reference", *(label for _, label, _ in columns)]]
     for ref in refs:
-        rows.append([ref["name"], *("-" if as_number(ref.get(k)) is None else _fmt(ref[k], f) for k, _, f in columns)])
+        rows.append([ref["name"], *(number(ref.get(k), f) for k, _, f in columns)])
     return "<h3>Other baselines</h3>\n" + html_table(rows, table_id="baselines")
 
 
@@ -251,7 +247,7 @@ def _best_details(result: Mapping[str, Any]) -> str:
         b, v = as_number(base.get(key)), as_number(best.get(key))
         if v is None:
             continue
-        rows.append([label, "-" if b is None else _fmt(b, fmt), _fmt(v, fmt)])
+        rows.append([label, number(b, fmt), number(v, fmt)])
     return "<h3>Best candidate in detail</h3>\n" + html_table(rows, table_id="best-details")
 
 

@@ -5,22 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from profiling_agent.tools.evaluation.delivery import summary_line
-
-
-def _fmt(value: Any, kind: str) -> str:
-    if value is None:
-        return "-"
-    if kind == "pct":
-        return f"{value:.2f}"
-    if kind == "ms":
-        return f"{value:.2f}"
-    if kind == "x":
-        return f"{value:.2f}x"
-    if kind == "int":
-        return f"{int(value):,}"
-    if kind == "mb":
-        return f"{value:.3f}"
-    return str(value)
+from profiling_agent.tools.text import number
 
 
 def _delta(accuracy: Any, base: Any, ci: Any) -> str:
@@ -53,16 +38,16 @@ def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
     rows.append(
         [
             "baseline",
-            _fmt(base.get("accuracy"), "pct"),
+            number(base.get("accuracy"), ".2f"),
             "100.00",
-            _fmt(base.get("latency_ms"), "ms"),
-            _fmt(base.get("latency_batch_ms"), "ms"),
+            number(base.get("latency_ms"), ".2f"),
+            number(base.get("latency_batch_ms"), ".2f"),
             "1.00x",
-            _fmt(base.get("params"), "int"),
-            _fmt(base.get("macs"), "int"),
-            _fmt(base.get("size_mb"), "mb"),
+            number(base.get("params"), ","),
+            number(base.get("macs"), ","),
+            number(base.get("size_mb"), ".3f"),
             "",
-            _fmt(base.get("test_accuracy"), "pct"),
+            number(base.get("test_accuracy"), ".2f"),
             "",
             "",
         ]
@@ -74,17 +59,17 @@ def comparison_rows(result: dict[str, Any]) -> list[list[str]]:
         rows.append(
             [
                 f"iter {c['iteration']}",
-                _fmt(c.get("accuracy"), "pct"),
-                _fmt(c.get("agreement"), "pct"),
-                _fmt(c.get("latency_ms"), "ms"),
-                _fmt(c.get("latency_batch_ms"), "ms"),
-                _fmt(c.get("speedup"), "x"),
-                _fmt(c.get("params"), "int"),
-                _fmt(c.get("macs"), "int"),
-                _fmt(c.get("size_mb"), "mb"),
+                number(c.get("accuracy"), ".2f"),
+                number(c.get("agreement"), ".2f"),
+                number(c.get("latency_ms"), ".2f"),
+                number(c.get("latency_batch_ms"), ".2f"),
+                number(c.get("speedup"), ".2f", "x"),
+                number(c.get("params"), ","),
+                number(c.get("macs"), ","),
+                number(c.get("size_mb"), ".3f"),
                 _delta(c.get("accuracy"), base.get("accuracy"), c.get("acc_delta_ci")),
-                _fmt(best.get("test_accuracy") if c["iteration"] == best_it else None, "pct"),
-                _fmt(c.get("accuracy_before_recovery"), "pct"),
+                number(best.get("test_accuracy") if c["iteration"] == best_it else None, ".2f"),
+                number(c.get("accuracy_before_recovery"), ".2f"),
                 status,
             ]
         )
@@ -285,12 +270,12 @@ def variant_rows(result: dict[str, Any]) -> list[list[str]]:
                     label,
                     v["name"] + (marker if v["name"] == delivered else ""),
                     v["status"],
-                    _fmt(v.get("accuracy"), "pct"),
-                    _fmt(v.get("agreement"), "pct"),
-                    _fmt(v.get("speedup"), "x"),
-                    _fmt(v.get("speedup_batch"), "x"),
-                    _fmt(vs, "x"),
-                    _fmt(v.get("size_mb"), "mb"),
+                    number(v.get("accuracy"), ".2f"),
+                    number(v.get("agreement"), ".2f"),
+                    number(v.get("speedup"), ".2f", "x"),
+                    number(v.get("speedup_batch"), ".2f", "x"),
+                    number(vs, ".2f", "x"),
+                    number(v.get("size_mb"), ".3f"),
                     _recipe_text(v.get("recipe") or {}) or "-",
                     md_text(v.get("error"), 160) if v.get("error") else "",
                 ]

@@ -131,3 +131,11 @@ def offline_resnet_setup(folder: Path):
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         env.pop(key, None)
     return model, dataset, folder / "runs", env
+
+
+def quick_flags(model: Path, dataset: Path, runs: Path, *flags: str) -> list[str]:
+    """The `run` flags of a one-iteration quick run (96 images, 16 calibration, 2 repeats, 1 thread) plus `flags`."""
+    return [
+        "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
+        "--repeats", "2", "--threads", "1", "--iterations", "1", "--run-dir", str(runs), "--thread-id", THREAD, *flags,
+    ]  # fmt: skip

@@ -9,7 +9,7 @@ import subprocess
 from collections import Counter
 
 import pytest
-from crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup
+from crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags
 from crash_helpers import check_complete as _check_complete
 from crash_helpers import cli as _cli
 from crash_helpers import next_is as _next_is
@@ -107,10 +107,8 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
 def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_path):
     model, dataset, runs, env = offline_resnet_setup(tmp_path)
     run_args = _cli(
-        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--iterations", "1", "--planner", "l2", "--ratio", "0.4", "--repeats", "2", "--threads", "1",
-        "--recover", "auto", "--recover-steps", "120", "--recover-batch", "16", "--recover-minutes", "0",
-        "--run-dir", str(runs), "--thread-id", THREAD,
+        "run", *quick_flags(model, dataset, runs, "--planner", "l2", "--ratio", "0.4", "--recover", "auto",
+                            "--recover-steps", "120", "--recover-batch", "16", "--recover-minutes", "0"),
     )  # fmt: skip
     saved = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"
 

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup
+from crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags
 from crash_helpers import check_complete as _check_complete
 from crash_helpers import cli as _cli
 
@@ -19,10 +19,9 @@ from crash_helpers import cli as _cli
 def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(tmp_path):
     model, dataset, runs, env = offline_resnet_setup(tmp_path)
     run_args = _cli(
-        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--iterations", "1", "--planner", "deterministic", "--repeats", "2", "--threads", "1", "--backend", "torch",
-        "--recover", "distill", "--recover-steps", "60", "--recover-batch", "16", "--recover-minutes", "0",
-        "--recover-procs", "2", "--run-dir", str(runs), "--thread-id", THREAD,
+        "run", *quick_flags(model, dataset, runs, "--planner", "deterministic", "--backend", "torch",
+                            "--recover", "distill", "--recover-steps", "60", "--recover-batch", "16",
+                            "--recover-minutes", "0", "--recover-procs", "2"),
     )  # fmt: skip
     job = runs / THREAD / "iter_01" / "recovery_job"
     saved = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"

@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from crash_helpers import THREAD, cli, offline_resnet_setup, snapshot, start
+from crash_helpers import THREAD, cli, offline_resnet_setup, quick_flags, snapshot, start
 
 from profiling_agent.graph.review import pending_nodes
 
@@ -21,12 +21,10 @@ def setup(tmp_path):
 
 
 def _run_flags(model, dataset, runs, steps: int) -> list[str]:
-    return [
-        "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--iterations", "1", "--planner", "l2", "--ratio", "0.4", "--repeats", "2", "--threads", "1",
-        "--recover", "auto", "--recover-steps", str(steps), "--recover-batch", "16", "--recover-minutes", "0",
-        "--backend", "torch", "--run-dir", str(runs), "--thread-id", THREAD,
-    ]  # fmt: skip
+    return quick_flags(
+        model, dataset, runs, "--planner", "l2", "--ratio", "0.4", "--recover", "auto", "--recover-steps", str(steps),
+        "--recover-batch", "16", "--recover-minutes", "0", "--backend", "torch",
+    )  # fmt: skip
 
 
 def _saved_step(runs) -> int:

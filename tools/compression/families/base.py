@@ -60,6 +60,32 @@ def mlp_group(name: str, block: str, units: int) -> PrunableGroup:
     )
 
 
+def head_group(
+    name: str, block: str, heads: int, head_dim: int, shrinking: tuple[str, ...] = (), per_head: tuple[str, ...] = ()
+) -> PrunableGroup:
+    """Describe the whole attention heads of one block: `block`.attention's q/k/v outputs and o_proj inputs.
+
+    Args:
+        name: The group's stable id, e.g. "layers.3.heads".
+        block: The block's module name (the attention is its `attention` child with q/k/v/o_proj).
+        heads: Heads now.
+        head_dim: Channels per head.
+        shrinking: Further attention children whose cost shrinks with the heads (members, not roots).
+        per_head: Attention parameters holding per-head tensors that are not root channels (Swin's bias
+            table): pruned by the adapter's before_head_prune, never by the graph.
+    """
+    attn = f"{block}.attention"
+    q, k, v, o = (f"{attn}.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    extra: dict[str, Any] = {"head_dim": head_dim}
+    if per_head:
+        extra["per_head_params"] = [f"{attn}.{param}" for param in per_head]
+    members = (q, k, v, o, *(f"{attn}.{child}" for child in shrinking))
+    return PrunableGroup(
+        name=name, kind="head", module=attn, roots=(q, k, v), members=members, units=heads, unit_size=head_dim,
+        block=block, extra=extra,
+    )  # fmt: skip
+
+
 class FamilyAdapter:
     """Base class of a family adapter; subclasses override what differs.
 

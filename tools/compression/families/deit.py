@@ -13,7 +13,7 @@ from transformers.models.deit.modeling_deit import (
     DeiTLayer,
 )
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, mlp_group
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, head_group, mlp_group
 
 logger = logging.getLogger(__name__)
 
@@ -23,24 +23,6 @@ _PROTECTED_LEAVES = ("embeddings", "classifier", "cls_classifier", "distillation
 def _layers(model: nn.Module) -> list[tuple[str, DeiTLayer]]:
     """Return (name, layer) for every DeiT transformer layer, in forward order."""
     return [(name, mod) for name, mod in model.named_modules() if isinstance(mod, DeiTLayer)]
-
-
-def _head_group(index: int, prefix: str, attention: DeiTAttention) -> PrunableGroup:
-    """Describe the whole attention heads of one layer (q/k/v outputs, o_proj inputs)."""
-    attn = f"{prefix}.attention"
-    q, k, v, o = (f"{attn}.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    return PrunableGroup(
-        name=f"layers.{index}.heads",
-        kind="head",
-        module=attn,
-        roots=(q, k, v),
-        members=(q, k, v, o),
-        units=attention.q_proj.out_features // attention.head_dim,
-        unit_size=attention.head_dim,
-        min_units=1,
-        block=prefix,
-        extra={"head_dim": attention.head_dim},
-    )
 
 
 def check_attention(name: str, attention: nn.Module) -> int:
@@ -90,7 +72,8 @@ class DeiTAdapter(FamilyAdapter):
         groups = []
         for prefix, layer in _layers(model):
             index = int(prefix.rsplit(".", 1)[-1])
-            groups.append(_head_group(index, prefix, layer.attention))
+            hd = layer.attention.head_dim
+            groups.append(head_group(f"layers.{index}.heads", prefix, layer.attention.q_proj.out_features // hd, hd))
             groups.append(mlp_group(f"layers.{index}.mlp", prefix, layer.mlp.fc1.out_features))
         return groups
 

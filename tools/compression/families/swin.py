@@ -15,7 +15,7 @@ from transformers.models.swin.modeling_swin import (
     SwinPatchMerging,
 )
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, mlp_group
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, head_group, mlp_group
 from profiling_agent.tools.compression.families.deit import fix_attention
 
 logger = logging.getLogger(__name__)
@@ -33,24 +33,6 @@ def _blocks(model: nn.Module) -> list[tuple[str, int, int, SwinLayer]]:
         if isinstance(module, SwinLayer) and match:
             found.append((name, int(match[1]), int(match[2]), module))
     return found
-
-
-def _head_group(prefix: str, stage: int, block: int, attention: SwinAttention) -> PrunableGroup:
-    """Describe the whole heads of one block's window attention (q/k/v outputs, o_proj inputs, bias columns)."""
-    attn = f"{prefix}.attention"
-    q, k, v, o = (f"{attn}.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    return PrunableGroup(
-        name=f"stages.{stage}.blocks.{block}.heads",
-        kind="head",
-        module=attn,
-        roots=(q, k, v),
-        members=(q, k, v, o, f"{attn}.relative_position_bias"),
-        units=attention.q_proj.out_features // attention.head_dim,
-        unit_size=attention.head_dim,
-        block=prefix,
-        # Per-head tensors that are not root channels: pruned by before_head_prune, never by the graph.
-        extra={"head_dim": attention.head_dim, "per_head_params": [f"{attn}.{BIAS_TABLE}"]},
-    )
 
 
 def _keep_heads(heads: int, head_idxs: list[int], where: str) -> list[int]:
@@ -85,7 +67,9 @@ class SwinAdapter(FamilyAdapter):
         """List per block the head group, then the MLP group, in forward order."""
         groups = []
         for prefix, stage, block, layer in _blocks(model):
-            groups.append(_head_group(prefix, stage, block, layer.attention))
+            hd, name = layer.attention.head_dim, f"stages.{stage}.blocks.{block}.heads"
+            heads = layer.attention.q_proj.out_features // hd
+            groups.append(head_group(name, prefix, heads, hd, ("relative_position_bias",), (BIAS_TABLE,)))
             groups.append(mlp_group(f"stages.{stage}.blocks.{block}.mlp", prefix, layer.mlp.fc1.out_features))
         return groups
 

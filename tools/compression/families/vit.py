@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 from transformers.models.vit.modeling_vit import ViTModel
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, mlp_group
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, head_group, mlp_group
 
 
 def attention_heads(attention: nn.Module) -> int:
@@ -45,22 +45,8 @@ class ViTAdapter(FamilyAdapter):
         groups: list[PrunableGroup] = []
         for i, layer in enumerate(self._backbone(model).layers):
             block = f"{self.backbone_attr}.layers.{i}"
-            att = f"{block}.attention"
-            qkv = (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj")
-            head_dim = layer.attention.head_dim
-            groups.append(
-                PrunableGroup(
-                    name=f"layers.{i}.heads",
-                    kind="head",
-                    module=att,
-                    roots=qkv,
-                    members=(*qkv, f"{att}.o_proj"),
-                    units=attention_heads(layer.attention),
-                    unit_size=head_dim,
-                    block=block,
-                    extra={"head_dim": head_dim},
-                )
-            )
+            heads, hd = attention_heads(layer.attention), layer.attention.head_dim
+            groups.append(head_group(f"layers.{i}.heads", block, heads, hd))
             groups.append(mlp_group(f"layers.{i}.mlp", block, layer.mlp.fc1.out_features))
         return groups
 

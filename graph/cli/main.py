@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.graph.cli_args import (
+from profiling_agent.graph.cli.args import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -28,8 +28,8 @@ from profiling_agent.graph.cli_args import (
     subset_size,
     thread_id_arg,
 )
-from profiling_agent.graph.cli_console import _drive, _final_table, _say, fault, force_exit, resume_line, stopped_line
-from profiling_agent.graph.cli_store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
+from profiling_agent.graph.cli.console import _drive, _final_table, _say, fault, force_exit, resume_line, stopped_line
+from profiling_agent.graph.cli.store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
 from profiling_agent.graph.review import (
     decision_hint,
     format_request,
@@ -360,7 +360,7 @@ COMMANDS["report"] = cmd_report
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from profiling_agent.graph.cli_export import cmd_export
+    from profiling_agent.graph.cli.export import cmd_export
 
     return cmd_export(args)
 

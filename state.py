@@ -365,8 +365,6 @@ class Best(Candidate):
 class TestEval(_Strict):
     """Baseline and delivered model on the held-out test images, which no plan, probe or selection saw."""
 
-    __test__ = False  # not a pytest class
-
     split: str = Field(description="Split the test images come from.")
     n_samples: int = Field(description="Test images.")
     device: str = Field(default="cpu", description="Device both accuracy passes ran on.")

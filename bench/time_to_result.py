@@ -87,7 +87,7 @@ def run_pipeline(model: Path, dataset: Path, run_dir: Path, thread: str, args: a
     """Run the graph in this process; return one row per finished step: node, iteration, CPU-s, wall-s."""
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
-    from profiling_agent.graph.cli_args import build_parser, context_from_args, input_from_args
+    from profiling_agent.graph.cli.args import build_parser, context_from_args, input_from_args
     from profiling_agent.state import Context
 
     argv = [

@@ -10,17 +10,17 @@ from profiling_agent.nodes.acquire import acquire
 from profiling_agent.nodes.analyze import analyze
 from profiling_agent.nodes.approve import approve
 from profiling_agent.nodes.evaluate import evaluate
+from profiling_agent.nodes.held_out import evaluate_held_out
 from profiling_agent.nodes.iterate import iterate
 from profiling_agent.nodes.measure_baseline import measure_baseline
 from profiling_agent.nodes.prepare_data import prepare_data
-from profiling_agent.nodes.probe import probe_sensitivity
+from profiling_agent.nodes.probe import probe
 from profiling_agent.nodes.profile import profile
 from profiling_agent.nodes.prune import prune
 from profiling_agent.nodes.quantize import quantize
 from profiling_agent.nodes.recover import recover
 from profiling_agent.nodes.report import report
-from profiling_agent.nodes.resolve_shape import resolve_input_shape
-from profiling_agent.nodes.test_best import test_best
+from profiling_agent.nodes.resolve_shape import resolve_shape
 from profiling_agent.state import Context, InputState, State
 
 
@@ -28,10 +28,10 @@ def build_graph(checkpointer: Checkpointer = None):
     """Build and compile the graph; pass a checkpointer (e.g. SqliteSaver) to make runs resumable."""
     builder = StateGraph(State, context_schema=Context, input_schema=InputState)
     builder.add_node("acquire", acquire)
-    builder.add_node("resolve_input_shape", resolve_input_shape)
+    builder.add_node("resolve_input_shape", resolve_shape)
     builder.add_node("prepare_data", prepare_data)
     builder.add_node("profile", profile)
-    builder.add_node("probe_sensitivity", probe_sensitivity)
+    builder.add_node("probe_sensitivity", probe)
     builder.add_node("measure_baseline", measure_baseline)
     builder.add_node("analyze", analyze)
     builder.add_node("approve", approve)
@@ -40,7 +40,7 @@ def build_graph(checkpointer: Checkpointer = None):
     builder.add_node("quantize", quantize)
     builder.add_node("evaluate", evaluate)
     builder.add_node("iterate", iterate)
-    builder.add_node("test_best", test_best)
+    builder.add_node("evaluate_held_out", evaluate_held_out)
     builder.add_node("report", report)
 
     builder.add_edge(START, "acquire")
@@ -63,6 +63,6 @@ def build_graph(checkpointer: Checkpointer = None):
     # the iterative pruning loop (paper, Algorithm 1), bounded in the routing function
     builder.add_conditional_edges("iterate", routing.after_iterate)
     # the held-out test images are read once, after the loop has chosen: they never steer it
-    builder.add_edge("test_best", "report")
+    builder.add_edge("evaluate_held_out", "report")
     builder.add_edge("report", END)
     return builder.compile(checkpointer=checkpointer, name="profiling_agent")

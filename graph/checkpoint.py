@@ -148,3 +148,22 @@ def thread_summary(graph: Any, thread_id: str, holder: str | None = None) -> dic
         "best_accuracy": (best.get("eval") or {}).get("accuracy"),
         "updated": (snapshot.created_at or "")[:19],
     }
+
+
+# nodes renamed since older checkpoints were written: old name -> the node whose edges now lead on from there
+RENAMED_NODES = {"test_best": "iterate"}  # test_best became evaluate_held_out (both follow iterate's router)
+
+
+def follow_renamed_node(graph: Any, saver: BaseCheckpointSaver, config: dict[str, Any]) -> str | None:
+    """Move a thread that stopped before a since-renamed node onto its new name; return the old name, or None.
+
+    The checkpoint's pending trigger names the old node, which the graph no longer has: re-running the router of
+    the node before it (with no new values) triggers the node under its new name, so `resume` continues there.
+    """
+    saved = saver.get_tuple(config)
+    pending = (saved.checkpoint.get("channel_values") or {}) if saved else {}
+    for old, before in RENAMED_NODES.items():
+        if f"branch:to:{old}" in pending:
+            graph.update_state(config, None, as_node=before)
+            return old
+    return None

@@ -7,10 +7,10 @@ from typing import Literal
 from profiling_agent.state import State
 
 
-def after_analyze(state: State) -> Literal["approve", "prune", "test_best"]:
+def after_analyze(state: State) -> Literal["approve", "prune", "evaluate_held_out"]:
     """Go prune the new plan (through human approval when the run asks for it), unless the planner converged."""
     if state.stop_reason:
-        return "test_best"
+        return "evaluate_held_out"
     return "approve" if state.objective.approve else "prune"
 
 
@@ -29,10 +29,10 @@ def after_quantize(state: State) -> Literal["evaluate", "iterate"]:
     return "evaluate" if state.current and state.current.status == "ok" else "iterate"
 
 
-def after_iterate(state: State) -> Literal["analyze", "test_best"]:
+def after_iterate(state: State) -> Literal["analyze", "evaluate_held_out"]:
     """Loop back to planning until a stop reason is set or the iteration bound is reached, whatever any planner says."""
     from profiling_agent.tools.planning.paired import round_bound
 
     if state.stop_reason or state.iteration >= round_bound(state.objective, state.candidates):
-        return "test_best"
+        return "evaluate_held_out"
     return "analyze"

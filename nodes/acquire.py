@@ -14,9 +14,8 @@ from profiling_agent.state import Context, State
 def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Load model and processor, check the dataset and its labels, and write the baseline artifact."""
     from profiling_agent.tools.compression.families import adapter_for
-    from profiling_agent.tools.data.labels import map_labels, wnids_from_config
-    from profiling_agent.tools.data.roles import check_classes
-    from profiling_agent.tools.data.sources import detect_columns, has_splits, label_names, load_split
+    from profiling_agent.tools.data.roles import dataset_labels
+    from profiling_agent.tools.data.sources import has_splits, load_split
     from profiling_agent.tools.models.artifacts import save_artifact
     from profiling_agent.tools.models.loading import load_model
 
@@ -28,23 +27,18 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     loaded = load_model(state.model.ref, revision=state.model.revision, trust_remote_code=state.model.trust_remote_code)
     adapter = adapter_for(loaded.model)
     dataset = load_split(state.dataset.ref, state.dataset.split)
-    image_col, label_col = detect_columns(dataset, state.dataset.image_column, state.dataset.label_column)
-    names = label_names(dataset, label_col)
-    weak = check_classes(dataset, label_col, state.dataset.allow_weak_eval)  # one class: refused before any work
-    id2label = {int(k): str(v) for k, v in (loaded.model.config.id2label or {}).items()}
-    mapping = map_labels(names, id2label, model_wnids=wnids_from_config(loaded.model.config))
+    labels, weak = dataset_labels(dataset, loaded.model.config, state.dataset)  # one class: refused here
     saved = save_artifact(
         loaded.model,
         run_path / "baseline",
         processor=loaded.processor,
         extra={"source": state.model.ref, "role": "baseline"},
     )
-    labels = {**mapping, "image_column": image_col, "label_column": label_col, "dataset_label_names": names}
     where = f"{state.dataset.ref}:{state.dataset.split}" if has_splits(state.dataset.ref) else state.dataset.ref
     message = (
         f"loaded {type(loaded.model).__name__} ({adapter.name} adapter) from {state.model.ref}; "
-        f"{len(dataset)} images in {where}; labels mapped by {mapping['method']}"
-        + (" (predictions restricted to the dataset's classes)" if mapping.get("restricted") else "")
+        f"{len(dataset)} images in {where}; labels mapped by {labels['method']}"
+        + (" (predictions restricted to the dataset's classes)" if labels.get("restricted") else "")
         + (f". {weak}" if weak else "")
         + (
             ""

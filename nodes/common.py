@@ -109,23 +109,22 @@ def delivered_ref(cand: Candidate | None) -> ArtifactRef | None:
 
 def load_delivered(state: State, cand: Candidate, threads: int | None = None):
     """Load a candidate in its delivered form: an ONNX Runtime session, an OpenVINO model or the torch model."""
-    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder
-    from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
+    from profiling_agent.tools.models.artifact_load import load_run_form
 
     ref = delivered_ref(cand)
-    if ref is not None and is_onnx_folder(absolute(state, ref.path)):
-        return load_onnx_folder(absolute(state, ref.path), threads)
-    if ref is not None and is_openvino_folder(absolute(state, ref.path)):
-        return load_openvino_folder(absolute(state, ref.path), threads)
-    return load_artifact_model(state, ref).model
+    if ref is None:
+        raise RuntimeError("no artifact to load: the step that saves it has not run")
+    return load_run_form(absolute(state, ref.path), threads)
 
 
 def runs_on_cpu_only(cand: Candidate | None) -> bool:
     """Return True when a candidate's delivered form runs on the CPU only (torch dynamic quantization, ORT)."""
+    from profiling_agent.tools.device import cpu_only
+
     if cand is None:
         return False
     name = cand.eval.delivered if cand.eval else "torch"
-    return name.startswith(("ort_", "ov_")) or (bool(cand.quantized) and name != "torch_fp32")
+    return cpu_only([name], quantized=bool(cand.quantized) and name != "torch_fp32")
 
 
 def artifact_ref(state: State, saved: dict[str, Any]) -> dict[str, Any]:

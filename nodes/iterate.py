@@ -55,7 +55,7 @@ def latency_check(cand: dict[str, Any], base: dict[str, Any] | None, target: str
 
 def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Append this iteration's candidate, re-select the best by the objective's rule, set the stop reason."""
-    from profiling_agent.tools.evaluation.selection import objective_met, quantization_cost_speed, select_best
+    from profiling_agent.tools.evaluation.selection import select_best, stop_reason
     from profiling_agent.tools.planning.paired import is_paired, paired_stop
 
     cand = finished_candidate(state).model_dump()
@@ -63,33 +63,13 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     objective = state.objective
     base = state.baseline_eval.model_dump() if state.baseline_eval else None
     best = select_best(candidates, base, objective) if base else None
-    stop = ""
     finished = [*state.candidates, Candidate.model_validate(cand)]
-    if is_paired(finished):  # an LLM run: it stops when the deterministic sequence would (tools/planning/paired.py)
-        stop, _ = paired_stop(finished, base, objective)
-    elif objective_met(best, base, objective) and quantization_cost_speed(best, candidates, objective):
-        if state.iteration < objective.iterations:
-            note = (
-                "objective met, but dynamic quantization made the best model slower than the baseline "
-                f"({best['eval']['speedup']:.2f}x): one more round without it"
-            )
-            return {
-                "candidates": [cand],
-                "best": best,
-                "stop_reason": "",
-                "current": None,
-                "history": event("iterate", f"candidate {state.iteration} recorded; {note}", state.iteration),
-            }
-    if is_paired(finished):
-        pass
-    elif objective_met(best, base, objective):
-        stop = (
-            f"objective met at iteration {best['iteration']}: {best['reduction']:.1%} {objective.target} reduction "
-            f"with {best['accuracy_drop']:.2f} pp accuracy drop (budget {objective.max_acc_drop} pp)"
-        )
-    elif state.iteration >= objective.iterations:
-        stop = f"iteration bound reached ({objective.iterations})"
-    if cand["status"] == "ok":
+    # an LLM run stops when the deterministic sequence would (tools/planning/paired.py)
+    paired = paired_stop(finished, base, objective)[0] if is_paired(finished) else None
+    stop, note = stop_reason(best, candidates, base, objective, state.iteration, paired)
+    if note:
+        message = f"candidate {state.iteration} recorded; {note}"
+    elif cand["status"] == "ok":
         message = f"candidate {state.iteration} recorded; best is iteration {best['iteration'] if best else '-'}"
         message += prediction_check(cand, base) + latency_check(cand, base, objective.target)
     elif cand["status"] == "rejected":

@@ -12,9 +12,8 @@ from profiling_agent.state import Context, State
 
 def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Draw every role's rows (disjoint by construction), decode each image once, refuse data that cannot judge."""
-    from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES, load_prepared
-    from profiling_agent.tools.data.prepare import prepare_data as prepare
-    from profiling_agent.tools.data.roles import check_judgeable, role_sources, subsets_record, weak_reasons
+    from profiling_agent.tools.data.prepare import PARTS, load_prepared, prepare_images
+    from profiling_agent.tools.data.roles import judge_subsets, role_sources
     from profiling_agent.tools.io import write_json_atomic
 
     assert state.labels is not None and state.input_shape is not None  # set by acquire and resolve_input_shape
@@ -23,7 +22,7 @@ def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     emit(runtime, kind="progress", task="preparing data", done=0, total=1, label=ds_ref.ref)
     sources = role_sources(ds_ref)
     root = run_dir(state)
-    data = prepare(
+    data = prepare_images(
         sources.evaluated,
         loaded.processor,
         state.input_shape.model_dump(),
@@ -41,12 +40,8 @@ def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     data["path"] = "data.safetensors"
     warnings = data.pop("warnings")
     tensors = load_prepared(root / data["path"], with_indices=True, parts=PARTS)
-    rows = {ROLE_NAMES[p]: tensors[f"{p}_index"].numpy() for p in PARTS}
-    classes = {ROLE_NAMES[p]: len(set(tensors[f"{p}_labels"].tolist())) for p in PARTS}
-    counts = {role: len(r) for role, r in rows.items()}
-    wanted = {"validation": 1, "test": ds_ref.test_subset, "calibration": ds_ref.calibration}
-    weak = check_judgeable(weak_reasons(counts, classes, wanted), ds_ref.allow_weak_eval)
-    write_json_atomic(root / "subsets.json", subsets_record(ds_ref.ref, ds_ref.seed, sources, rows))
+    subsets, weak = judge_subsets(tensors, ds_ref, sources)
+    write_json_atomic(root / "subsets.json", subsets)
     emit(runtime, kind="progress", task="preparing data", done=1, total=1, label=ds_ref.ref)
     where = {role: f" ({split})" if split else "" for role, split in sources.splits.items()}
     message = (

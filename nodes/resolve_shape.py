@@ -10,15 +10,15 @@ from profiling_agent.nodes.common import context_of, event, load_artifact_model
 from profiling_agent.state import Context, State
 
 
-def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def resolve_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Resolve the input shape from processor and config (the LLM only when ambiguous), verified by a forward pass."""
-    from profiling_agent.tools.models.input_shape import resolve_input_shape as resolve
+    from profiling_agent.tools.models.input_shape import resolve_input_shape
     from profiling_agent.tools.planning.llm_client import llm_configured
     from profiling_agent.tools.shape.llm_shape import settle_input_shape
 
     ctx = context_of(runtime)
     loaded = load_artifact_model(state, state.baseline)
-    shape = resolve(loaded.model, loaded.processor)
+    shape = resolve_input_shape(loaded.model, loaded.processor)
     # the LLM is consulted only for an ambiguous shape, and its answer is used only if a forward pass works
     use_llm = state.objective.planner in ("llm", "auto") and llm_configured(ctx)
     shape = settle_input_shape(loaded.model, loaded.processor, shape, ctx, use_llm=use_llm)

@@ -94,7 +94,7 @@ def check_complete(runs: Path, url: str | None = None) -> dict:
         "profile",
         "probe_sensitivity",
         "measure_baseline",
-        "test_best",
+        "evaluate_held_out",
         "report",
     ):
         assert sum(n for (name, _), n in steps.items() if name == node) == 1, node

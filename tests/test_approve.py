@@ -29,7 +29,7 @@ def test_routing_goes_through_approve_only_when_asked():
     state = State(objective={"approve": False})
     assert routing.after_analyze(state) == "prune"
     assert routing.after_analyze(State(objective={"approve": True})) == "approve"
-    assert routing.after_analyze(State(objective={"approve": True}, stop_reason="converged")) == "test_best"
+    assert routing.after_analyze(State(objective={"approve": True}, stop_reason="converged")) == "evaluate_held_out"
     assert routing.after_approve(State(current={"iteration": 1})) == "prune"
     assert routing.after_approve(State(current={"iteration": 1, "status": "ok"})) == "prune"
     # the baseline is measured before planning, so a rejected plan goes straight to the bookkeeping
@@ -70,7 +70,7 @@ def test_parse_answer_accepts_an_edited_plan_and_estimates_it():
 def test_cli_approval_flow(tmp_path, capfd, digits_vit):
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
-    from profiling_agent.graph.cli import main
+    from profiling_agent.graph.cli.main import main
     from profiling_agent.tools.io import sha256_path
 
     dataset, model = digits_vit.dataset, digits_vit.model

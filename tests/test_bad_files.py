@@ -9,7 +9,7 @@ import pytest
 from datasets import ClassLabel, Dataset, Features, Image
 from PIL import Image as PILImage
 
-from profiling_agent.graph.cli import main
+from profiling_agent.graph.cli.main import main
 from profiling_agent.tools.data.labels import map_labels
 from profiling_agent.tools.data.prepare import decode_all, prepare_data
 from profiling_agent.tools.data.sources import DataError, load_split

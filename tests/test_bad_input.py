@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profiling_agent.graph.cli import main
+from profiling_agent.graph.cli.main import main
 
 # a thread that pauses for approval: acquire, profile and the sensitivity probe of a tiny model (seconds)
 PAUSED = "paused"

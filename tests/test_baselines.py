@@ -134,8 +134,8 @@ def test_objective_requires_ratio_for_baselines_only():
     ],
 )
 def test_cli_rejects_bad_baseline_flags(tmp_path, capsys, argv, message):
-    from profiling_agent.graph.cli import main
-    from profiling_agent.graph.cli_args import EXIT_BAD_INPUT
+    from profiling_agent.graph.cli.args import EXIT_BAD_INPUT
+    from profiling_agent.graph.cli.main import main
 
     assert main(["run", "--run-dir", str(tmp_path), *argv]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()

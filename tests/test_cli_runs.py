@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from profiling_agent.graph.cli import main
+from profiling_agent.graph.cli.main import main
 
 
 def _cli(*args: str) -> list[str]:

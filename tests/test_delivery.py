@@ -94,7 +94,7 @@ def test_a_candidate_outside_the_budget_is_never_delivered():
     assert picked["iteration"] == 0 and picked["within_budget"]
     assert picked["delivered"]["path"] == "baseline_forms/ort_dynamic" and picked["eval"]["delivered"] == "ort_dynamic"
     assert "past the budget" in why and "quantization-only form is delivered" in why
-    Best.model_validate(picked)  # a valid state record: test_best and report load it like any best
+    Best.model_validate(picked)  # a valid state record: evaluate_held_out and report load it like any best
 
 
 def test_pruning_that_adds_no_speed_delivers_the_quantization_only_form():

@@ -244,7 +244,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_process_count_and_launcher_flags_reach_the_context_and_bad_values_are_refused():
-    from profiling_agent.graph.cli_args import BadInput, build_parser, context_from_args
+    from profiling_agent.graph.cli.args import BadInput, build_parser, context_from_args
 
     args = build_parser().parse_args(["run", "--recover-procs", "4", "--launcher", "srun -n {procs} python"])
     ctx = context_from_args(args)

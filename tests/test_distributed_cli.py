@@ -51,7 +51,7 @@ def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(
     assert "2 processes distilled" in recovery["note"]
     history = [h["message"] for h in values["history"] if h["node"] == "recover"]
     assert len(history) == 1 and "2 processes distilled" in history[0], history
-    tested = [h["message"] for h in values["history"] if h["node"] == "test_best"]
+    tested = [h["message"] for h in values["history"] if h["node"] == "evaluate_held_out"]
     assert "2 processes" in tested[0] and values["test_eval"]["best_accuracy"] is not None, tested
     curve = json.loads((runs / THREAD / "iter_01" / "recovery.json").read_text())["distill"]
     assert curve["procs"] == 2 and [c[0] for c in curve["curve"]] == list(range(60))  # every step once

@@ -8,7 +8,7 @@ import pytest
 import torch
 from quick_assets import cache_env
 
-from profiling_agent.graph.cli import main
+from profiling_agent.graph.cli.main import main
 
 pytestmark = pytest.mark.slow
 

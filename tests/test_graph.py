@@ -190,7 +190,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
 
 
 def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
-    from profiling_agent.graph.cli import main
+    from profiling_agent.graph.cli.main import main
 
     model_dir, dataset = digits_assets
     args = [

@@ -181,3 +181,17 @@ def test_every_package_is_listed_for_installs():
         for init in (ROOT / folder).rglob("__init__.py")
     }
     assert listed == found, sorted(found ^ listed)
+
+
+MAX_NODE_FUNCTION_LINES = 50  # a node reads state, calls a named tool and returns the update: policy lives in tools/
+
+
+def test_no_node_function_over_fifty_lines():
+    too_long = {
+        f"{path.name}:{fn.name}": n
+        for path in sorted((ROOT / "nodes").glob("*.py"))
+        for fn in ast.walk(ast.parse(path.read_text()))
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (n := (fn.end_lineno or fn.lineno) - fn.lineno + 1) > MAX_NODE_FUNCTION_LINES
+    }
+    assert not too_long, too_long

@@ -8,7 +8,7 @@ import socket
 import pytest
 from fake_llm import ScriptedOpenAIServer, chat_completion
 
-from profiling_agent.graph.cli import main
+from profiling_agent.graph.cli.main import main
 from profiling_agent.state import CompressionPlan
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ import torch
 from fake_llm import ScriptedChatModel, ai_tool_calls, tool_call, vit_profile, vit_sensitivity
 from langchain_core.messages import AIMessage
 
-from profiling_agent.graph.cli import main
-from profiling_agent.graph.cli_args import EXIT_BAD_INPUT, build_parser, context_from_args
+from profiling_agent.graph.cli.args import EXIT_BAD_INPUT, build_parser, context_from_args
+from profiling_agent.graph.cli.main import main
 from profiling_agent.state import Context, Objective, State
 from profiling_agent.tools.models.input_shape import resolve_input_shape
 from profiling_agent.tools.planning.deterministic import plan_round

@@ -13,7 +13,7 @@ import pytest
 
 from profiling_agent.graph.checkpoint import DB_NAME, close_checkpointer, is_postgres, open_checkpointer, thread_ids
 from profiling_agent.graph.checkpoint_pg import EXTRA_HINT, CheckpointStoreError, redact
-from profiling_agent.graph.cli import main
+from profiling_agent.graph.cli.main import main
 
 
 def _closed_port() -> int:

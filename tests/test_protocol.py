@@ -35,10 +35,10 @@ def test_test_images_are_read_only_after_selection_and_reported_with_intervals(t
     assert out["best"] is not None and out["status"] == "done"
 
     test_readers = [callers for parts, callers in readers if "test" in parts]
-    # prepare_data reads every role's row numbers once to write subsets.json; only test_best opens test images
+    # prepare_data reads every role's row numbers once to write subsets.json; only evaluate_held_out opens test images
     # (through nodes.common.prepared, which streams them)
-    assert [c[0] for c in test_readers] == ["prepare_data", "test_best"], test_readers
-    assert all("test" not in parts for parts, _ in readers[1:] if "test_best" not in _)
+    assert [c[0] for c in test_readers] == ["prepare_data", "evaluate_held_out"], test_readers
+    assert all("test" not in parts for parts, _ in readers[1:] if "evaluate_held_out" not in _)
 
     run = next(p for p in tmp_path.iterdir() if (p / "result.json").exists())
     subsets = json.loads((run / "subsets.json").read_text())
@@ -64,7 +64,7 @@ def test_test_images_are_read_only_after_selection_and_reported_with_intervals(t
     assert "held-out test images" in report and "val top-1 %" in report and "test top-1 %" in report
 
     # `evaluate --from-run` reproduces the recorded test accuracy on exactly those images
-    from profiling_agent.graph.cli import main
+    from profiling_agent.graph.cli.main import main
 
     code = main(
         [

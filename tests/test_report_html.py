@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from profiling_agent.graph.cli import main
+from profiling_agent.graph.cli.main import main
 from profiling_agent.tools.reporting.html import render_html
 from profiling_agent.tools.reporting.plots import (
     PLOT_FILES,

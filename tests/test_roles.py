@@ -9,7 +9,7 @@ from PIL import Image as PILImage
 
 from profiling_agent.state import DatasetRef
 from profiling_agent.tools.data.labels import map_labels
-from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES, load_prepared, prepare_data
+from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES, load_prepared, prepare_images
 from profiling_agent.tools.data.roles import check_classes, check_judgeable, role_sources, subsets_record, weak_reasons
 from profiling_agent.tools.data.sources import DataError, has_splits, load_split
 from profiling_agent.tools.data.train_stream import find_train_source
@@ -54,10 +54,10 @@ def _build(kind: str, tmp_path):
 
 
 def _prepare(tmp_path, ref: DatasetRef):
-    """Run what the prepare_data node runs; return (subsets.json record, role sources)."""
+    """Run what the prepare_images node runs; return (subsets.json record, role sources)."""
     sources = role_sources(ref)
     out = tmp_path / f"{ref.split}-data.safetensors"
-    prepare_data(
+    prepare_images(
         sources.evaluated,
         None,
         SHAPE,

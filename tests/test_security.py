@@ -127,7 +127,7 @@ def dynamic_regex_sites(sources: dict[str, ast.Module]) -> set[tuple[str, str]]:
 
 
 def test_the_scan_sees_the_package_and_flags_what_it_should():
-    assert {"graph/cli.py", "nodes/approve.py", "tools/planning/plan_guard.py", "state.py"} <= set(SOURCES)
+    assert {"graph/cli/main.py", "nodes/approve.py", "tools/planning/plan_guard.py", "state.py"} <= set(SOURCES)
     assert not any(name.startswith(("tests/", ".venv/")) for name in SOURCES)
     bad = {
         "bad.py": ast.parse(
@@ -162,7 +162,7 @@ def test_no_shell_and_no_hard_coded_remote_code():
 
 
 def test_trust_remote_code_only_with_the_flag():
-    from profiling_agent.graph.cli_args import build_parser, input_from_args
+    from profiling_agent.graph.cli.args import build_parser, input_from_args
     from profiling_agent.state import InputState, ModelRef
 
     parser = build_parser()

@@ -52,14 +52,14 @@ def test_objective_met_needs_budget_and_target():
 
 def test_routing_enforces_the_iteration_bound():
     s = State(objective=Objective(iterations=3), iteration=3)
-    assert after_iterate(s) == "test_best"
+    assert after_iterate(s) == "evaluate_held_out"
     assert after_iterate(State(objective=Objective(iterations=3), iteration=2)) == "analyze"
-    assert after_iterate(State(iteration=1, stop_reason="objective met")) == "test_best"
+    assert after_iterate(State(iteration=1, stop_reason="objective met")) == "evaluate_held_out"
     assert after_prune(State(current={"iteration": 1, "status": "failed"})) == "iterate"
     assert after_prune(State(current={"iteration": 1, "status": "ok"})) == "recover"
     assert after_quantize(State(current={"iteration": 1, "status": "failed"})) == "iterate"
     assert after_quantize(State(current={"iteration": 1, "status": "ok"})) == "evaluate"
-    assert after_analyze(State(stop_reason="converged")) == "test_best"
+    assert after_analyze(State(stop_reason="converged")) == "evaluate_held_out"
     assert after_analyze(State()) == "prune"
 
 

@@ -66,7 +66,7 @@ def test_ctrl_c_and_sigterm_stop_distillation_at_once_and_print_the_resume_comma
 
 
 def test_a_full_disk_during_recovery_stops_the_run_and_resume_redoes_it(setup, monkeypatch, capsys):
-    from profiling_agent.graph.cli import main
+    from profiling_agent.graph.cli.main import main
     from profiling_agent.tools import io
 
     model, dataset, runs, env = setup

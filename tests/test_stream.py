@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from profiling_agent.tools.data.labels import map_labels
-from profiling_agent.tools.data.prepare import load_prepared, prepare_data, preprocess_images
+from profiling_agent.tools.data.prepare import load_prepared, prepare_images, preprocess_images
 from profiling_agent.tools.data.sources import DataError
 from profiling_agent.tools.data.stream import ImageStream, open_prepared
 from profiling_agent.tools.evaluation.metrics import predict, predict_many
@@ -21,14 +21,14 @@ def _mapping(ds):
 
 
 def _old_float_path(ds, rows, processor):
-    """What prepare_data stored before streaming: the subset preprocessed 64 images at a time into one tensor."""
+    """What prepare_images stored before streaming: the subset preprocessed 64 images at a time into one tensor."""
     images = ds.select_columns(["image"]).select(rows.tolist())
     chunks = [preprocess_images(images[s : s + 64]["image"], processor, SHAPE) for s in range(0, len(images), 64)]
     return torch.cat(chunks)
 
 
 def test_streamed_batches_equal_the_old_preprocessing_and_predictions(digits, processor, tiny_vit, tmp_path):
-    info = prepare_data(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=150)
+    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=150)
     data = open_prepared(info["path"], {"eval": digits, "calib": digits}, processor, with_indices=True)
     stream = data["eval_pixels"]
     old = _old_float_path(digits, data["eval_index"].numpy(), processor)
@@ -40,7 +40,7 @@ def test_streamed_batches_equal_the_old_preprocessing_and_predictions(digits, pr
 
 
 def test_same_images_in_the_same_order_every_pass_threads_or_workers(digits, processor, tmp_path):
-    info = prepare_data(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=40)
+    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=40)
     stream = open_prepared(info["path"], {"eval": digits, "calib": digits}, processor)["eval_pixels"]
     first, second = torch.cat(list(stream.batches(16))), torch.cat(list(stream.batches(16)))
     assert torch.equal(first, second)
@@ -48,7 +48,7 @@ def test_same_images_in_the_same_order_every_pass_threads_or_workers(digits, pro
     assert torch.equal(torch.cat(list(stream.batches(16))), first)
     assert torch.equal(stream[8:24], first[8:24])  # slices are the same images
     # the same seed draws the same rows: a second preparation streams exactly these pixels
-    again = prepare_data(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "e.safetensors", subset=40)
+    again = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "e.safetensors", subset=40)
     other = open_prepared(again["path"], {"eval": digits, "calib": digits}, processor)["eval_pixels"]
     assert torch.equal(torch.cat(list(other.batches(40))), first)
 
@@ -56,7 +56,7 @@ def test_same_images_in_the_same_order_every_pass_threads_or_workers(digits, pro
 def test_the_prepared_file_holds_no_float_copy_of_the_images(digits, processor, tmp_path):
     from safetensors import safe_open
 
-    info = prepare_data(
+    info = prepare_images(
         digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=200, test_subset=100
     )
     with safe_open(info["path"], framework="pt") as handle:
@@ -69,7 +69,7 @@ def test_the_prepared_file_holds_no_float_copy_of_the_images(digits, processor, 
 
 
 def test_subset_all_is_the_split_minus_test_and_calibration_rows(digits, processor, tmp_path):
-    info = prepare_data(
+    info = prepare_images(
         digits,
         processor,
         SHAPE,
@@ -87,7 +87,7 @@ def test_subset_all_is_the_split_minus_test_and_calibration_rows(digits, process
 
 
 def test_cli_subset_all_and_bad_counts():
-    from profiling_agent.graph.cli_args import BadInput, build_parser, input_from_args
+    from profiling_agent.graph.cli.args import BadInput, build_parser, input_from_args
 
     parse = build_parser().parse_args
     assert input_from_args(parse(["run", "--subset", "all"]))["dataset"]["subset"] == 0
@@ -98,7 +98,7 @@ def test_cli_subset_all_and_bad_counts():
 
 
 def test_a_changed_dataset_is_refused(digits, processor, tmp_path):
-    info = prepare_data(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=40)
+    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=40)
     with pytest.raises(DataError, match="the dataset changed"):
         open_prepared(info["path"], {"eval": digits.select(range(300)), "calib": digits}, processor)
     shuffled = digits.select(np.random.default_rng(1).permutation(len(digits)).tolist())
@@ -112,7 +112,7 @@ def test_predict_many_one_pass_parallel_equals_one_model_at_a_time(digits, proce
     other = copy.deepcopy(tiny_vit)
     with torch.no_grad():
         other.classifier.weight.mul_(-1)
-    info = prepare_data(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=64)
+    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=64)
     stream = open_prepared(info["path"], {"eval": digits, "calib": digits}, processor)["eval_pixels"]
     models = {"a": tiny_vit, "b": other}
     alone = {name: predict(m, stream, batch_size=16) for name, m in models.items()}
@@ -130,14 +130,14 @@ def test_an_unusable_image_fails_at_preparation(processor, tmp_path):
         features=Features({"image": Value("string"), "label": ClassLabel(names=["a", "b"])}),
     )
     with pytest.raises(DataError, match="unsupported image value"):
-        prepare_data(
+        prepare_images(
             ds, processor, SHAPE, _mapping(ds), out_path=tmp_path / "d.safetensors", subset=8, image_column="image"
         )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_gpu_accuracy_pass_matches_the_cpu(digits, processor, tiny_vit, tmp_path):  # pragma: no cover - GPU only
-    info = prepare_data(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=128)
+    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=128)
     stream = open_prepared(info["path"], {"eval": digits, "calib": digits}, processor)["eval_pixels"]
     cpu = predict(tiny_vit, stream, batch_size=64, device="cpu")
     gpu = predict(tiny_vit, stream, batch_size=128, device="cuda")

@@ -74,7 +74,7 @@ def test_every_run_flag_is_a_field_of_the_input_or_the_context():
     import argparse
     import dataclasses
 
-    from profiling_agent.graph.cli_args import build_parser
+    from profiling_agent.graph.cli.args import build_parser
     from profiling_agent.state import Context, InputState
 
     fields = {"context." + f.name for f in dataclasses.fields(Context)} | {"config.configurable.thread_id"}
@@ -215,7 +215,7 @@ def test_full_run_with_approval_from_studio(studio):
 
     nodes, progress, interrupts = stream(command={"resume": {"decision": "approve"}})
     assert not interrupts
-    assert nodes == ["approve", "prune", "recover", "quantize", "evaluate", "iterate", "test_best", "report"]
+    assert nodes == ["approve", "prune", "recover", "quantize", "evaluate", "iterate", "evaluate_held_out", "report"]
     assert {p["task"] for p in progress} >= {"iteration 1: evaluating", "final latency (all models side by side)"}
 
     state = client.threads.get_state(thread_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 
@@ -21,3 +23,21 @@ def set_threads(threads: int | None) -> int:
     if threads:
         torch.set_num_threads(int(threads))
     return torch.get_num_threads()
+
+
+CPU_ONLY_FORMS = ("ort_", "ov_")  # ONNX Runtime and OpenVINO forms: this package runs them on the CPU
+
+
+def cpu_only(forms: Iterable[str] = (), *, quantized: bool = False) -> bool:
+    """Return True when a measurement must run on the CPU: torch dynamic quantization and the runtimes' forms.
+
+    Args:
+        forms: Form names measured together (`ort_*` and `ov_*` run on the CPU only).
+        quantized: A dynamically quantized torch model is among them.
+    """
+    return quantized or any(str(name).startswith(CPU_ONLY_FORMS) for name in forms)
+
+
+def measure_device(requested: str, forms: Iterable[str] = (), *, quantized: bool = False) -> str:
+    """Return the device models are measured on: the CPU when any of them runs there only, else `requested`."""
+    return "cpu" if cpu_only(forms, quantized=quantized) else str(resolve_device(requested))

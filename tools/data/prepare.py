@@ -21,7 +21,7 @@ from profiling_agent.tools.io import sha256_file, write_bytes_atomic
 from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
-CHECK = 8  # images of each role preprocessed by prepare_data to fail early on unusable images
+CHECK = 8  # images of each role preprocessed by prepare_images to fail early on unusable images
 PARTS = ("eval", "test", "calib")  # validation (selects), held-out test (reports), calibration (probes)
 ROLE_NAMES = {"eval": "validation", "test": "test", "calib": "calibration"}
 DECODE_CHUNK = 256  # rows fetched at once when every image of a role is decoded once
@@ -100,7 +100,7 @@ def _labels(
     return torch.tensor(out, dtype=torch.long)
 
 
-def prepare_data(
+def prepare_images(
     ds: Any,
     processor: Any | None,
     shape: Mapping[str, Any],
@@ -231,7 +231,7 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: d
 def load_prepared(
     path: str | Path, with_indices: bool = False, parts: tuple[str, ...] = ("eval", "calib"), with_meta: bool = False
 ) -> dict[str, Any]:
-    """Load what prepare_data wrote for the parts asked for: labels (and row numbers), never pixels.
+    """Load what prepare_images wrote for the parts asked for: labels (and row numbers), never pixels.
 
     The images themselves are streamed from the dataset rows (`stream.open_prepared`).
 

@@ -168,3 +168,47 @@ def check_classes(ds: Any, label_column: str, allow_weak: bool) -> str:
     names = [feature.int2str(int(v)) if isinstance(feature, ClassLabel) else str(v) for v in present]
     shown = f" ({names[0]!r})" if names else ""
     return check_judgeable([f"{len(present)} class{shown} in {len(ds)} images (any model scores 100%)"], allow_weak)
+
+
+def judge_subsets(tensors: Mapping[str, Any], ds_ref: Any, sources: RoleSources) -> tuple[dict[str, Any], str]:
+    """Check the drawn subsets can judge a model (enough images and classes per role) and describe them.
+
+    Args:
+        tensors: What prepare_images wrote, loaded with row numbers (`<part>_index`, `<part>_labels`).
+        ds_ref: The run's DatasetRef (sizes asked for, seed, allow_weak_eval).
+        sources: Where each role's rows came from.
+
+    Returns:
+        The subsets.json record and the weak-evaluation note ('' when every role can judge). A set that cannot
+        judge a model raises DataError unless the run allows weak evaluation.
+    """
+    from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES
+
+    rows = {ROLE_NAMES[p]: tensors[f"{p}_index"].numpy() for p in PARTS}
+    classes = {ROLE_NAMES[p]: len(set(tensors[f"{p}_labels"].tolist())) for p in PARTS}
+    counts = {role: len(r) for role, r in rows.items()}
+    wanted = {"validation": 1, "test": ds_ref.test_subset, "calibration": ds_ref.calibration}
+    weak = check_judgeable(weak_reasons(counts, classes, wanted), ds_ref.allow_weak_eval)
+    return subsets_record(ds_ref.ref, ds_ref.seed, sources, rows), weak
+
+
+def dataset_labels(dataset: Any, config: Any, ds_ref: Any) -> tuple[dict[str, Any], str]:
+    """Find the image and label columns, refuse a one-class set, and map the dataset's labels to the model's ids.
+
+    Args:
+        dataset: The loaded split.
+        config: The model's config (id2label, ImageNet wnids).
+        ds_ref: The run's DatasetRef (column names given, allow_weak_eval).
+
+    Returns:
+        The labels record (mapping, columns, the dataset's label names) and the weak-evaluation note.
+    """
+    from profiling_agent.tools.data.labels import map_labels, wnids_from_config
+    from profiling_agent.tools.data.sources import detect_columns, label_names
+
+    image_col, label_col = detect_columns(dataset, ds_ref.image_column, ds_ref.label_column)
+    names = label_names(dataset, label_col)
+    weak = check_classes(dataset, label_col, ds_ref.allow_weak_eval)  # one class: refused before any work
+    id2label = {int(k): str(v) for k, v in (config.id2label or {}).items()}
+    mapping = map_labels(names, id2label, model_wnids=wnids_from_config(config))
+    return {**mapping, "image_column": image_col, "label_column": label_col, "dataset_label_names": names}, weak

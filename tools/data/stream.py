@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 WORKERS_ENV = "PROFILING_AGENT_DATA_WORKERS"  # DataLoader worker processes that decode ahead (default 0: a thread)
 SPLIT_CHECK = 4  # first images of a stream on which the two-step preprocessing is compared with the processor
 CACHE_FOLDER = "image_cache"  # beside the prepared data file: RUN/THREAD/image_cache/<role>-<key>/NNNNNN.npy
-ROLES = {"eval": "validation", "test": "test", "calib": "calibration"}  # prepare_data's parts -> subsets.json roles
+ROLES = {"eval": "validation", "test": "test", "calib": "calibration"}  # prepare_images' parts -> subsets.json roles
 
 
 def data_workers() -> int:
@@ -133,7 +133,7 @@ class ImageStream:
         rows = [int(self.rows[p]) for p in positions]
         try:
             return self.images[rows][self.image_column]
-        except (OSError, SyntaxError, ValueError) as err:  # an image that decoded in prepare_data fails now
+        except (OSError, SyntaxError, ValueError) as err:  # an image that decoded in prepare_images fails now
             prepare.decode_all(self.images, np.asarray(rows), self.image_column, self.role)  # names file or row
             raise DataError(f"cannot decode the {self.role} images of rows {rows[0]}..{rows[-1]}: {err}") from None
 
@@ -282,13 +282,13 @@ def open_prepared(
     """Open the roles prepare_data drew: labels in memory, images streamed from their dataset rows.
 
     Args:
-        path: The file prepare_data wrote (row numbers, labels and how they were drawn).
+        path: The file prepare_images wrote (row numbers, labels and how they were drawn).
         sources: part -> the `datasets.Dataset` its rows index (the split each role was drawn from).
         processor: The image processor the model was prepared with (None: resize + normalize 0.5/0.5).
         parts: Which of "eval", "test" and "calib" to open (held-out images stay held out).
         materialize: Parts returned as float tensors instead of streams (small ones: calibration).
         with_indices: Also return `<part>_index`.
-        image_column: Image column (default: the one recorded by prepare_data).
+        image_column: Image column (default: the one recorded by prepare_images).
         workers: DataLoader workers (default: $PROFILING_AGENT_DATA_WORKERS).
         cache: Keep each role's resized uint8 images in `image_cache/` beside `path`, so only the first pass
             decodes them (within $PROFILING_AGENT_IMAGE_CACHE_MB per role).
@@ -349,7 +349,7 @@ def open_run_data(
         processor: The processor to preprocess with (default: the baseline artifact's, what the run used).
         materialize: Parts returned as tensors (small ones).
         with_indices: Also return `<part>_index`.
-        data_file: prepare_data's file, relative to the run.
+        data_file: prepare_images' file, relative to the run.
         image_column: Image column (default: the one recorded in that file).
         loader: (ref, split) -> dataset.
     """

@@ -37,12 +37,12 @@ def evaluate_model(
     import torch
 
     from profiling_agent.tools.data.labels import map_labels, wnids_from_config
-    from profiling_agent.tools.data.prepare import prepare_data
+    from profiling_agent.tools.data.prepare import prepare_images
     from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
     from profiling_agent.tools.data.stream import open_prepared
-    from profiling_agent.tools.device import resolve_device
-    from profiling_agent.tools.evaluation.latency import measure_latency_checked
-    from profiling_agent.tools.evaluation.metrics import predict, top1
+    from profiling_agent.tools.device import measure_device
+    from profiling_agent.tools.evaluation.metrics import accuracy_batch
+    from profiling_agent.tools.evaluation.variants import measure_forms
     from profiling_agent.tools.models.artifacts import is_artifact
     from profiling_agent.tools.models.input_shape import resolve_input_shape, verify_input_shape
     from profiling_agent.tools.models.loading import load_model
@@ -61,7 +61,7 @@ def evaluate_model(
     names = label_names(dataset, label_col)
     id2label = {int(k): str(v) for k, v in (model.config.id2label or {}).items()}
     mapping = map_labels(names, id2label, model_wnids=wnids_from_config(model.config))
-    prepared = prepare_data(
+    prepared = prepare_images(
         dataset,
         loaded.processor,
         shape,
@@ -76,20 +76,20 @@ def evaluate_model(
     tensors = open_prepared(prepared["path"], {"eval": dataset, "calib": dataset}, loaded.processor)
     quantized = any("quantized" in type(m).__module__ for m in model.modules())
     onnx = loaded.source in ("onnx", "openvino")  # a runtime's form: CPU, sizes and counts from its recipe
-    dev = "cpu" if quantized or onnx else str(resolve_device(device))
+    dev = measure_device(device, quantized=quantized or onnx)
     model = model.to(dev)
-    preds = predict(
-        model, tensors["eval_pixels"], batch_size=EVAL_BATCH, device=dev, allowed_ids=mapping.get("allowed_ids")
-    )
-    lat, timing = measure_latency_checked(
-        {"model": model},
-        tensors["eval_pixels"][:latency_batch],
+    measured, timing = measure_forms(  # the measurement of a run's baseline and candidates, for one model
+        {"baseline": model},
+        tensors["eval_pixels"],
+        tensors["eval_labels"],
         batch_size=latency_batch,
+        eval_batch=EVAL_BATCH,
         warmup=warmup,
         repeats=repeats,
         device=dev,
+        allowed_ids=mapping.get("allowed_ids"),
     )
-    lat = lat["model"]
+    lat = measured["baseline"]
     weights = Path(loaded.path) / "model.safetensors" if loaded.path and is_artifact(loaded.path) else None
     if onnx:
         weights = Path(loaded.path) / ("model.onnx" if loaded.source == "onnx" else "openvino_model.bin")
@@ -104,11 +104,11 @@ def evaluate_model(
         "model": model_ref,
         "dataset": f"{dataset_ref}:{split}",
         "n_samples": int(len(tensors["eval_labels"])),
-        "accuracy": top1(preds, tensors["eval_labels"]),
+        "accuracy": lat["accuracy"],
         "latency_ms": lat["latency_ms"],
         "latency_batch_ms": lat["latency_batch_ms"],
         "batch_size": latency_batch,
-        "eval_batch": EVAL_BATCH,
+        "eval_batch": accuracy_batch(EVAL_BATCH, dev),
         "timing": timing,
         "threads": torch.get_num_threads(),
         "device": dev,

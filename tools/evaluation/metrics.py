@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +157,18 @@ def top1(preds: torch.Tensor, labels: torch.Tensor) -> float:
 def agreement(preds: torch.Tensor, reference: torch.Tensor) -> float:
     """Return the percent of predictions equal to the reference model's predictions."""
     return _percent_equal(preds, reference, "agreement")
+
+
+def agreement_probe(
+    reference_model: nn.Module, pixels: Any, *, allowed_ids: Sequence[int] | None = None, device: str = "cpu"
+) -> Callable[[nn.Module, str], float]:
+    """Predict `pixels` with the reference model once; return agree(model, device): another model's agreement."""
+    reference = predict(reference_model, pixels, allowed_ids=allowed_ids, device=device)
+
+    def agree(model: nn.Module, on: str) -> float:
+        return agreement(predict(model, pixels, allowed_ids=allowed_ids, device=on), reference)
+
+    return agree
 
 
 # ---------------------------------------------------------------- memory

@@ -176,3 +176,45 @@ def choose_variant(
 def torch_quantized_delivery(name: str | None) -> bool:
     """Return True when a delivered variant name is the plan's dynamically quantized torch model (or unknown)."""
     return not name or name == "torch" or (name.startswith("torch_") and name != "torch_fp32")
+
+
+def stop_reason(
+    best: dict[str, Any] | None,
+    candidates: list[dict[str, Any]],
+    baseline: dict[str, Any] | None,
+    objective: Objective,
+    iteration: int,
+    paired: str | None = None,
+) -> tuple[str, str]:
+    """Say why the loop stops after this round ("" to go on), with a note when one more round must run.
+
+    Args:
+        best: The best candidate after this round (`select_best`).
+        candidates: Every candidate so far, this round's included.
+        baseline: The baseline's EvalRecord.
+        objective: Target, budget and iteration bound.
+        iteration: This round.
+        paired: An LLM run's own stop reason (`paired_stop`): it decides alone when given.
+
+    Returns:
+        (stop reason, note): the note says why a met objective does not stop the run (dynamic quantization made
+        the best model slower: one more round without it).
+    """
+    if paired is not None:
+        return paired, ""
+    met = objective_met(best, baseline, objective)
+    if met and quantization_cost_speed(best, candidates, objective) and iteration < objective.iterations:
+        assert best is not None
+        return "", (
+            "objective met, but dynamic quantization made the best model slower than the baseline "
+            f"({best['eval']['speedup']:.2f}x): one more round without it"
+        )
+    if met:
+        assert best is not None
+        return (
+            f"objective met at iteration {best['iteration']}: {best['reduction']:.1%} {objective.target} reduction "
+            f"with {best['accuracy_drop']:.2f} pp accuracy drop (budget {objective.max_acc_drop} pp)"
+        ), ""
+    if iteration >= objective.iterations:
+        return f"iteration bound reached ({objective.iterations})", ""
+    return "", ""

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.graph.cli_args import EXIT_FAILED, EXIT_INTERRUPTED
-from profiling_agent.graph.cli_store import resume_hint
+from profiling_agent.graph.cli.args import EXIT_FAILED, EXIT_INTERRUPTED
+from profiling_agent.graph.cli.store import resume_hint
 
 
 def say(message: str) -> None:

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.graph.cli_args import (
+from profiling_agent.graph.cli.args import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -27,7 +27,7 @@ from profiling_agent.graph.cli_args import (
     subset_size,
     thread_id_arg,
 )
-from profiling_agent.graph.cli_console import (
+from profiling_agent.graph.cli.console import (
     drive_graph,
     fault,
     final_table,
@@ -36,7 +36,7 @@ from profiling_agent.graph.cli_console import (
     say,
     stopped_line,
 )
-from profiling_agent.graph.cli_store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
+from profiling_agent.graph.cli.store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
 from profiling_agent.graph.review import (
     decision_hint,
     format_request,
@@ -219,6 +219,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
     """Resume a thread this process holds the lock of."""
     from profiling_agent.graph.builder import build_graph
+    from profiling_agent.graph.checkpoint import follow_renamed_node
     from profiling_agent.state import Context
     from profiling_agent.tools.io import read_json
 
@@ -227,6 +228,8 @@ def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
     ctx.update(context_from_args(args))  # flags given now override the saved "how" settings
     graph = build_graph(checkpointer=saver)
     config = {"configurable": {"thread_id": args.thread_id}}
+    if follow_renamed_node(graph, saver, config):  # a checkpoint written before a node was renamed
+        say(f"thread {args.thread_id} was saved by an older version: continuing under the current node names")
     snapshot = graph.get_state(config)
     payload = _resume_payload(args, snapshot, root)
     if not pending_nodes(snapshot):  # not snapshot.next: that misses a step whose writes were saved
@@ -362,7 +365,7 @@ COMMANDS["report"] = cmd_report
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from profiling_agent.graph.cli_export import cmd_export
+    from profiling_agent.graph.cli.export import cmd_export
 
     return cmd_export(args)
 

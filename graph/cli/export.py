@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiling_agent.graph.cli_args import EXIT_OK, BadInput
+from profiling_agent.graph.cli.args import EXIT_OK, BadInput
 
 
 def cmd_export(args: argparse.Namespace) -> int:

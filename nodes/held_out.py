@@ -1,0 +1,79 @@
+"""Held-out evaluation agent: the baseline and the delivered model on the held-out test images, once, at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from profiling_agent.nodes.common import (
+    absolute,
+    allowed_ids,
+    context_of,
+    delivered_ref,
+    emit,
+    event,
+    load_artifact_model,
+    load_delivered,
+    prepared,
+    run_dir,
+    runs_on_cpu_only,
+)
+from profiling_agent.state import Best, Context, State
+
+
+def evaluate_held_out(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
+    from profiling_agent.tools.device import measure_device
+    from profiling_agent.tools.evaluation.held_out_eval import delivered_best, held_out_result
+    from profiling_agent.tools.io import read_json
+
+    best, delivery = delivered_best(state.best, state.baseline_eval, state.baseline, state.objective, run_dir(state))
+    update: dict[str, Any] = {"best": best.model_dump()} if best is not None and best.iteration == 0 else {}
+    if state.data is None or state.data.n_test == 0:
+        return {
+            **update,
+            "history": event("evaluate_held_out", f"no held-out test images; {delivery}", state.iteration),
+        }
+    ctx = context_of(runtime)
+    tensors = prepared(state, parts=("test",))  # streamed: the held-out images are read here only
+    device = "cpu" if runs_on_cpu_only(best) else measure_device(ctx.device)
+    preds = held_out_predictions(state, runtime, best, tensors["test_pixels"], device)
+    split = read_json(run_dir(state) / state.data.subsets)["test"]["split"] or "(none: the dataset has no splits)"
+    result, message = held_out_result(preds, tensors["test_labels"], best, split=split, device=device,
+                                      seed=state.dataset.seed, procs=ctx.recover_procs)  # fmt: skip
+    return {
+        **update,
+        "test_eval": result.model_dump(),
+        "history": event("evaluate_held_out", f"{message}; {delivery}", state.iteration),
+    }
+
+
+def held_out_predictions(state: State, runtime: Runtime[Context], best: Best | None, pixels: Any, device: str):
+    """Predict the held-out images with the baseline and the best model in its delivered form (sharded or not)."""
+    from profiling_agent.tools.device import set_threads
+    from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models, predict_many
+
+    ctx = context_of(runtime)
+    models = {"baseline": load_artifact_model(state, state.baseline).model}
+    if best and best.artifact:  # in its delivered form: the ONNX Runtime session when ORT was fastest
+        models["best"] = load_delivered(state, best, threads=set_threads(ctx.threads))
+    emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
+    if ctx.recover_procs > 1:  # split across processes: the same predictions (docs/distributed.md)
+        from profiling_agent.tools.evaluation.sharded import sharded_predictions
+
+        paths = {"baseline": absolute(state, state.baseline.path)} if state.baseline else {}
+        ref = delivered_ref(best) if best else None
+        if ref is not None:
+            paths["best"] = absolute(state, ref.path)
+        preds = sharded_predictions(
+            run_dir(state), "test", paths, procs=ctx.recover_procs, job_dir=run_dir(state) / "test_job",
+            batch_size=accuracy_batch(ctx.eval_batch, device), launcher=ctx.launcher, device=device,
+            threads=max(1, ctx.threads), allowed_ids=allowed_ids(state),
+        )  # fmt: skip
+    else:  # one streamed pass feeds both models (concurrently when cores allow)
+        preds = predict_many(models, pixels, batch_size=accuracy_batch(ctx.eval_batch, device), device=device,
+                             allowed_ids=allowed_ids(state),
+                             parallel=concurrent_models(device, set_threads(ctx.threads), len(models)))  # fmt: skip
+    emit(runtime, kind="progress", task="held-out test images", done=len(models), total=len(models), label="")
+    return preds

@@ -1,0 +1,108 @@
+"""Measure the untouched model once, in every deployable form: the record every candidate is compared with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from profiling_agent.state import ArtifactRef, Context, EvalRecord, Objective
+
+CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
+
+
+def baseline_message(record: EvalRecord, out: dict[str, Any], forms: list[str]) -> str:
+    """Say in one line what the baseline measured: accuracy, speed, size, its forms and the quantization-only peer."""
+    from profiling_agent.tools.runtimes.openvino_model import nncf_missing
+
+    threads = record.threads
+    message = (
+        f"baseline top-1 {record.accuracy:.2f}% on {record.n_samples} images, {record.latency_ms:.2f} ms batch-1 "
+        f"on {record.device} ({threads} thread{'s' if threads != 1 else ''}), {record.params:,} params, "
+        f"{record.size_mb:.2f} MB"
+    )
+    if out["variants"][1:]:
+        message += "; unpruned forms: " + out["line"]
+    if record.peer:
+        message += (
+            f"; quantization only (no pruning): {record.peer['name']} {record.peer['speedup']:.2f}x, "
+            f"{record.peer['accuracy']:.2f}%"
+        )
+    missing = nncf_missing() if any(f.startswith("ov_") for f in forms) else None
+    if missing:  # said once: later rounds build only the forms that worked here
+        message += f"; {missing}: the OpenVINO forms are left out of this run"
+    return message + out["notice"]
+
+
+def measure_unpruned(
+    baseline: ArtifactRef,
+    objective: Objective,
+    ctx: Context,
+    *,
+    root: Path,
+    tensors: dict[str, Any],
+    macs: float | None,
+    allowed_ids: list[int] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> tuple[EvalRecord, str]:
+    """Measure the baseline and its ONNX Runtime / OpenVINO forms side by side.
+
+    Args:
+        baseline: The baseline artifact (paths relative to `root`).
+        objective: Budget and target (the quantization-only peer is the fastest form within the budget).
+        ctx: Backend, device, threads and latency settings.
+        root: The run folder.
+        tensors: The run's validation and calibration images.
+        macs: One image's MACs from the profile (None when not profiled).
+        allowed_ids: Model ids predictions are restricted to.
+        progress: Called with (done, total, label) before and after the measurement.
+
+    Returns:
+        The baseline's EvalRecord (with its forms and peer) and its one-line summary.
+    """
+    from profiling_agent.tools.device import measure_device
+    from profiling_agent.tools.evaluation.delivery import quantization_only_peer
+    from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
+    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.models.sizes import state_bytes
+    from profiling_agent.tools.runtimes.forms import ALL_FORMS, forms_for_backend
+
+    report = progress or (lambda done, total, label: None)
+    pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
+    loaded = load_artifact(root / baseline.path)
+    model = loaded.model
+    forms = forms_for_backend(ctx.backend, ALL_FORMS)
+    with eval_threads(ctx.threads) as threads:
+        device = measure_device(ctx.device, forms)
+        report(0, 2, "forms")
+        out = evaluate_forms(
+            {"baseline": model.to(device)}, fp32=model, forms=forms, calib_pixels=tensors["calib_pixels"],
+            pixels=pixels, labels=labels, out_dir=root / "baseline_forms",
+            rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())), processor=loaded.processor,
+            extra={"params": baseline.params, "macs": macs}, objective=objective, ctx=ctx, device=device,
+            threads=threads, allowed_ids=allowed_ids, check_images=CHECK_IMAGES,
+            torch_forms={"torch_fp32": ("baseline", baseline.size_bytes, baseline.path)},
+        )  # fmt: skip
+        report(2, 2, "")
+    lat = out["measured"]["baseline"]
+    record = EvalRecord(
+        name="baseline",
+        accuracy=lat["accuracy"],
+        agreement=100.0,
+        n_samples=len(labels),
+        latency_ms=lat["latency_ms"],
+        latency_batch_ms=lat["latency_batch_ms"],
+        batch_size=ctx.latency_batch,
+        baseline_latency_ms=lat["latency_ms"],
+        speedup=1.0,
+        memory_bytes=state_bytes(model),
+        size_mb=baseline.size_bytes / 1e6,
+        params=baseline.params,
+        macs=int(macs or 0),
+        threads=threads,
+        device=device,
+        variants=out["variants"],
+        timing=out["timing"],
+    )
+    record.peer = quantization_only_peer(out["variants"], record.model_dump(), objective)
+    return record, baseline_message(record, out, forms)

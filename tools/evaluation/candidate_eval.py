@@ -1,0 +1,232 @@
+"""Evaluate one candidate: every backend form measured beside the baseline, the fastest within budget delivered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord, Objective
+
+UNRECOVERED = "unrecovered"  # the one-shot pruned weights, predicted beside the forms for the before-recovery accuracy
+CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """Return numerator / denominator, 0 when the denominator is not positive."""
+    return numerator / denominator if denominator > 0 else 0.0
+
+
+def quantized_dtypes(recipe: dict[str, Any]) -> list[str]:
+    """Return the dtypes of a recipe's dynamic quantization schemes (qint8 when none says)."""
+    schemes = recipe.get("quantization") or {}
+    return [str(s.get("dtype", "qint8")) for s in schemes.values()] or ["qint8"]
+
+
+def run_backend(ctx: Context) -> str:
+    """Return the backend the run delivers in (an unknown setting means auto)."""
+    return ctx.backend if ctx.backend in ("torch", "onnxruntime", "openvino", "auto") else "auto"
+
+
+def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path) -> dict[str, Any]:
+    """Load what one round measures: the baseline, the candidate's torch forms and the one-shot weights.
+
+    Returns:
+        {"models" (key -> model), "fp32" (what the runtimes convert), "torch_name", "torch_forms", "processor"}.
+    """
+    from profiling_agent.tools.models.artifact_load import load_artifact
+
+    assert current.artifact is not None  # quantize ran
+    cand = load_artifact(root / current.artifact.path)
+    torch_name = f"torch_{sorted(set(quantized_dtypes(cand.recipe)))[0]}" if current.quantized else "torch_fp32"
+    models = {"baseline": load_artifact(root / baseline.path).model, torch_name: cand.model}
+    fp32 = cand.model
+    fp32_ref = current.recovered or current.pruned  # the fp32 pruned model, after recovery when it ran
+    torch_forms = {torch_name: (torch_name, current.artifact.size_bytes, current.artifact.path)}
+    if current.quantized and fp32_ref:  # the fp32 pruned model: its own variant and what the runtimes convert
+        fp32 = models["torch_fp32"] = load_artifact(root / fp32_ref.path).model
+        torch_forms["torch_fp32"] = ("torch_fp32", fp32_ref.size_bytes, fp32_ref.path)
+    if current.recovered and current.pruned:  # the one-shot weights: accuracy before recovery (not timed)
+        models[UNRECOVERED] = load_artifact(root / current.pruned.path).model
+    return {"models": models, "fp32": fp32, "torch_name": torch_name, "torch_forms": torch_forms,
+            "processor": cand.processor}  # fmt: skip
+
+
+def pick_delivered(out: dict[str, Any], base_eval: EvalRecord, objective: Objective, backend: str,
+                   torch_name: str) -> tuple[dict[str, Any], str]:  # fmt: skip
+    """Choose the delivered form among the measured variants and say why (the delivery policy)."""
+    from profiling_agent.tools.evaluation.delivery import delivery_note
+    from profiling_agent.tools.evaluation.selection import choose_variant, within_budget
+    from profiling_agent.tools.runtimes.forms import eligible_forms
+
+    variants, built = out["variants"], out["built"]
+    base = base_eval.model_dump()
+    eligible = eligible_forms(backend, [v.name for v in built], torch_name)
+    chosen = choose_variant(variants, base, objective, eligible)
+    failed = [f"{v.name}: {v.error}" for v in built if v.status == "failed"]
+    note = delivery_note(chosen, chosen is not None and within_budget(chosen, base, objective), failed, backend)
+    if chosen is None:  # a runtime asked for but none of its forms works: the plan's torch model
+        chosen = next(v for v in variants if v["name"] == torch_name)
+        note = f"no {backend} form works; the plan's torch model is recorded" + (
+            f" ({'; '.join(failed)})" if failed else ""
+        )
+    return chosen, note
+
+
+def add_comparisons(record: EvalRecord, measured: dict[str, Any], peer: dict[str, Any] | None,
+                    peer_key: str | None, torch_name: str) -> None:  # fmt: skip
+    """Fill the record's comparisons: the quantization-only peer and the speed of torch quantization itself."""
+    from profiling_agent.tools.evaluation.delivery import vs_peer
+
+    if peer and (peer_key or peer.get("name") == "torch_fp32"):
+        p_lat = measured[peer_key or "baseline"]
+        record.peer = {
+            **peer,
+            "latency_ms": p_lat["latency_ms"],
+            "latency_batch_ms": p_lat["latency_batch_ms"],
+            "speedup": p_lat["speedup"],
+        }
+        record.peer["vs_peer"] = vs_peer(record.model_dump())
+    if "torch_fp32" in measured and torch_name != "torch_fp32":  # the speed of torch quantization itself
+        p_lat, q_lat = measured["torch_fp32"], measured[torch_name]
+        record.pruned_latency_ms = p_lat["latency_ms"]
+        record.pruned_latency_batch_ms = p_lat["latency_batch_ms"]
+        record.quant_speedup = ratio(p_lat["latency_ms"], q_lat["latency_ms"])
+        record.quant_speedup_batch = ratio(p_lat["latency_batch_ms"], q_lat["latency_batch_ms"])
+
+
+def eval_record(current: Candidate, out: dict[str, Any], chosen: dict[str, Any], delivered_model: Any,
+                **facts: Any) -> EvalRecord:  # fmt: skip
+    """Build the candidate's EvalRecord (`facts`: name, n_samples, ctx, threads, device, note)."""
+    from profiling_agent.tools.models.sizes import state_bytes
+
+    assert current.artifact is not None
+    b_lat, c_lat = out["measured"]["baseline"], out["measured"][chosen["name"]]
+    return EvalRecord(
+        name=facts["name"],
+        accuracy=c_lat["accuracy"],
+        agreement=c_lat["agreement"],
+        n_samples=facts["n_samples"],
+        latency_ms=c_lat["latency_ms"],
+        latency_batch_ms=c_lat["latency_batch_ms"],
+        batch_size=facts["ctx"].latency_batch,
+        baseline_latency_ms=b_lat["latency_ms"],
+        speedup=c_lat["speedup"],
+        memory_bytes=state_bytes(delivered_model) or int((chosen["size_mb"] or 0) * 1e6),
+        size_mb=chosen["size_mb"] or current.artifact.size_bytes / 1e6,
+        params=current.artifact.params,
+        macs=int(current.macs or 0),
+        threads=facts["threads"],
+        device=facts["device"],
+        variants=out["variants"],
+        delivered=chosen["name"],
+        delivery_note=facts["note"],
+        timing=out["timing"],
+    )
+
+
+def eval_message(record: EvalRecord, base_eval: EvalRecord, out: dict[str, Any]) -> str:
+    """Say in one line what a round measured: accuracy with its CI, agreement, speed, size and every form."""
+    low, high = record.acc_delta_ci or [0.0, 0.0]
+    before = record.accuracy_before_recovery
+    peer = record.peer
+    return (
+        f"{record.delivered}: validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%"
+        + (f", {before:.2f}% before recovery" if before is not None else "")
+        + "; change "
+        f"{record.accuracy - base_eval.accuracy:+.2f} pp, 95% CI [{low:+.2f}, {high:+.2f}]), "
+        f"agreement {record.agreement:.1f}%, {record.speedup:.2f}x batch-1 speed"
+        + (
+            f" ({peer['vs_peer']:.2f}x quantization alone: {peer['name']} of the unpruned model)"
+            if peer and peer.get("vs_peer")
+            else ""
+        )
+        + f", {record.params:,} params, {record.size_mb:.2f} MB; forms: "
+        + out["line"]
+        + out["notice"]
+    )
+
+
+def evaluate_candidate(
+    current: Candidate,
+    base_eval: EvalRecord,
+    baseline: ArtifactRef,
+    objective: Objective,
+    ctx: Context,
+    *,
+    root: Path,
+    tensors: dict[str, Any],
+    iteration: int,
+    seed: int,
+    allowed_ids: list[int] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> tuple[Candidate, str]:
+    """Measure a candidate's forms (torch, ONNX Runtime, OpenVINO) beside the baseline and the unpruned peer.
+
+    Args:
+        current: This round's candidate (pruned, recovered and quantized artifacts saved).
+        base_eval: The baseline's measurement (its forms and the quantization-only peer).
+        baseline: The baseline artifact.
+        objective: Budget and target: which form is delivered.
+        ctx: Backend, device, threads, latency settings.
+        root: The run folder (artifact paths are relative to it).
+        tensors: The run's validation and calibration images (`eval_pixels`, `eval_labels`, `calib_pixels`).
+        iteration: This round (its folder holds the forms built).
+        seed: Seed of the paired bootstrap.
+        allowed_ids: Model ids predictions are restricted to.
+        progress: Called with (done, total, label) before and after the measurement.
+
+    Returns:
+        The candidate with its EvalRecord and delivered form, and the round's one-line summary.
+    """
+    from profiling_agent.tools.device import measure_device
+    from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
+    from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
+    from profiling_agent.tools.io import sha256_path
+    from profiling_agent.tools.runtimes.forms import forms_for_backend, round_forms
+
+    assert current.artifact is not None  # quantize ran
+    report = progress or (lambda done, total, label: None)
+    backend = run_backend(ctx)
+    pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
+    loaded = candidate_models(current, baseline, root)
+    torch_name = loaded["torch_name"]
+    base_variants = [v.model_dump() for v in base_eval.variants]
+    forms = forms_for_backend(backend, round_forms(base_variants, base_eval.accuracy, objective.max_acc_drop))
+    report(0, 3, "backends")
+    with eval_threads(ctx.threads) as threads:
+        device = measure_device(ctx.device, forms, quantized=bool(current.quantized))
+        models = {name: m.to(device) for name, m in loaded["models"].items()}
+        out = evaluate_forms(
+            models, fp32=loaded["fp32"], forms=forms, calib_pixels=tensors["calib_pixels"], pixels=pixels,
+            labels=labels, out_dir=root / f"iter_{iteration:02d}" / "variants",
+            rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())), objective=objective, ctx=ctx,
+            device=device, threads=threads, torch_forms=loaded["torch_forms"], processor=loaded["processor"],
+            extra={"params": current.artifact.params, "macs": current.macs}, allowed_ids=allowed_ids,
+            check_images=CHECK_IMAGES, untimed=[UNRECOVERED], peer=base_eval.peer, peer_root=root,
+        )  # fmt: skip
+    report(3, 3, "")
+    measured = out["measured"]
+    chosen, note = pick_delivered(out, base_eval, objective, backend, torch_name)
+    name = chosen["name"]
+    record = eval_record(current, out, chosen, models[name], name=f"iter_{iteration:02d}", n_samples=len(labels),
+                         ctx=ctx, threads=threads, device=device, note=note)  # fmt: skip
+    add_comparisons(record, measured, base_eval.peer, out["peer_key"], torch_name)
+    record.acc_delta_ci = list(
+        paired_delta_ci(
+            correct(measured[name]["preds"], labels), correct(measured["baseline"]["preds"], labels), seed=seed
+        )  # fmt: skip
+    )
+    if UNRECOVERED in measured:
+        before = measured[UNRECOVERED]
+        record.accuracy_before_recovery, record.agreement_before_recovery = before["accuracy"], before["agreement"]
+    done = current.model_copy(deep=True)
+    done.eval, done.delivered = record, None
+    if name != torch_name and chosen["path"]:
+        done.delivered = ArtifactRef(
+            path=chosen["path"],
+            sha256=sha256_path(root / chosen["path"]),
+            size_bytes=int((chosen["size_mb"] or 0) * 1e6),
+            params=current.artifact.params,
+        )
+    return done, eval_message(record, base_eval, out)

@@ -1,0 +1,64 @@
+"""The final latency: the baseline, every finished candidate and the quantization-only form timed together."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord
+
+
+def final_latency(
+    candidates: Sequence[Candidate],
+    baseline: ArtifactRef | None,
+    base_eval: EvalRecord | None,
+    ctx: Context,
+    *,
+    root: Path,
+    images: Callable[[], Any] | None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Measure the baseline, every finished candidate (in its delivered form) and the peer together, interleaved.
+
+    Args:
+        candidates: The run's candidates (only finished ones are timed).
+        baseline: The baseline artifact.
+        base_eval: The baseline's record (its quantization-only peer is timed too).
+        ctx: Device, threads and latency settings.
+        root: The run folder (artifact paths are relative to it).
+        images: Opens the validation images (the first `ctx.latency_batch` are timed); None without data.
+
+    Returns:
+        The latencies by key ("baseline", "iter_NN", "unpruned_<form>") and the timing facts (wall vs CPU time,
+        busy flag, re-measures); both empty without a finished candidate.
+    """
+    from profiling_agent.tools.device import cpu_only, measure_device
+    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+    from profiling_agent.tools.evaluation.form_eval import eval_threads, load_form
+    from profiling_agent.tools.evaluation.latency import measure_latency_checked
+    from profiling_agent.tools.models.artifact_load import load_artifact, load_run_form
+
+    ok = [c for c in candidates if c.status == "ok" and c.artifact]
+    if not ok or baseline is None or images is None:
+        return {}, {}
+    with eval_threads(ctx.threads) as threads:
+        models = {"baseline": load_artifact(root / baseline.path).model}
+        for cand in ok:  # each in its delivered form
+            ref = cand.delivered or cand.artifact
+            assert ref is not None
+            models[f"iter_{cand.iteration:02d}"] = load_run_form(root / ref.path, threads)
+        forms = [c.eval.delivered if c.eval else "torch" for c in ok]
+        quantized = any(c.quantized and name != "torch_fp32" for c, name in zip(ok, forms, strict=True))
+        peer = base_eval.peer if base_eval else None
+        if peer and peer.get("path") and cpu_only([str(peer.get("name", ""))]):
+            models[PEER_PREFIX + str(peer["name"])] = load_form(root / str(peer["path"]), threads)
+            forms.append(str(peer["name"]))
+        device = measure_device(ctx.device, forms, quantized=quantized)
+        return measure_latency_checked(
+            {k: m.to(device) for k, m in models.items()},
+            images()[: ctx.latency_batch],
+            batch_size=ctx.latency_batch,
+            warmup=ctx.latency_warmup,
+            repeats=ctx.latency_repeats,
+            device=device,
+        )

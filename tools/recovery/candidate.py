@@ -1,0 +1,213 @@
+"""Recover one pruned candidate: reconstruction, then distillation from the baseline; the result saved once."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from profiling_agent.state import ArtifactRef, Context, RecoveryRecord
+
+DONE = "recovery_done.json"  # in the iteration folder: a finished recovery, so a re-run of the node reuses it
+
+
+@dataclass
+class DistillJob:
+    """What a distillation needs besides the two models: where the data, the run and its files are."""
+
+    source: Any  # the training images (train_stream.find_train_source)
+    processor: Any
+    shape: dict[str, Any]
+    labels: dict[str, Any]
+    seed: int
+    iteration: int
+    folder: Path  # the iteration folder
+    pruned: ArtifactRef | None
+    pruned_path: Path
+    baseline_path: Path
+    dataset_ref: str
+    emit: Callable[..., None]  # sends a progress event (nodes.common.emit bound to the runtime)
+
+
+def write_failed(exc: OSError, it: int) -> OSError:
+    """Return the OSError that stops the run: a recovery that cannot save its work is not silently skipped."""
+    where = f": {exc.filename}" if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    return OSError(exc.errno, f"iteration {it}'s recovery could not write its files ({reason}){where}")
+
+
+def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx: Context,
+                    record: RecoveryRecord) -> dict[str, Any]:  # fmt: skip
+    """Run (or resume) the distillation of one candidate, in this process or a distributed job; return its summary."""
+    from profiling_agent.tools.data.train_stream import TrainBatches
+    from profiling_agent.tools.models.sizes import count_params
+    from profiling_agent.tools.recovery.distill import DistillConfig, distill
+    from profiling_agent.tools.recovery.policy import auto_steps
+
+    batch = max(1, ctx.recover_batch)
+    steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, count_params(student))
+    config = DistillConfig(steps=steps, lr=ctx.recover_lr, seed=job.seed, minutes=ctx.recover_minutes)
+    batches = TrainBatches(job.source, job.processor, job.shape, job.labels, batch=batch, seed=job.seed,
+                           augmentation=ctx.recover_augment)  # fmt: skip
+    task = f"iteration {job.iteration}: distilling"
+
+    def progress(p: dict[str, Any]) -> None:
+        label = f"loss {p['loss']:.3f}, agreement {p['agreement']:.0f}%"
+        job.emit(kind="progress", task=task, done=p["step"], total=p["total"], label=label, loss=p["loss"],
+                 agreement=p["agreement"])  # fmt: skip
+
+    fingerprint = {"pruned": job.pruned.sha256 if job.pruned else "", "record": record.method, "batch": batch}
+    if ctx.recover_procs > 1:  # a torch.distributed job; same steps, same checkpoints (docs/distributed.md)
+        from profiling_agent.tools.models.artifacts import read_recipe
+        from profiling_agent.tools.recovery.distributed import distill_in_job
+        from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER
+        from profiling_agent.tools.runtimes.forward import model_device
+
+        attrs = read_recipe(job.pruned_path).get("attrs")
+        task = f"iteration {job.iteration}: distilling on {ctx.recover_procs} processes"
+        record.note = f"{record.note}; {ctx.recover_procs} processes distilled".lstrip("; ")
+        return distill_in_job(
+            student, job.baseline_path, batches, config, dataset_ref=job.dataset_ref, mapping=job.labels,
+            procs=ctx.recover_procs, job_dir=job.folder / "recovery_job", checkpoint_dir=job.folder / "recovery_steps",
+            fingerprint=fingerprint, launcher=ctx.launcher or DEFAULT_LAUNCHER,
+            device=str(model_device(student).type), threads=max(1, ctx.threads), attrs=attrs, progress=progress,
+        )  # fmt: skip
+    return distill(student, teacher, batches, config, checkpoint_dir=job.folder / "recovery_steps",
+                   fingerprint=fingerprint, progress=progress)  # fmt: skip
+
+
+def recover_student(
+    teacher: nn.Module,
+    student: Any,  # a Hugging Face classifier (its config says the number of labels)
+    calib: Any,
+    applied: list[dict[str, Any]],
+    steps: list[str],
+    record: RecoveryRecord,
+    *,
+    job: DistillJob,
+    ctx: Context,
+    example: Any,
+    agree: Callable[[nn.Module, str], float],
+    device: str = "cpu",
+) -> tuple[nn.Module | None, dict[str, Any]]:
+    """Run the recovery steps on `student` and fill `record`; return the recovered student and its curves.
+
+    A recovery that fails to train returns None (the one-shot weights are kept, `record.error` says why); one that
+    cannot write its files raises OSError and a failed distributed job raises, so that a resume redoes them.
+    """
+    from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.recovery.distributed_launch import DistributedJobError
+    from profiling_agent.tools.recovery.reconstruct import reconstruct
+    from profiling_agent.tools.text import one_line
+
+    record.calib_agreement_before = agree(student, device)
+    curve: dict[str, Any] = {}
+    try:
+        if "reconstruct" in steps:
+            task = f"iteration {job.iteration}: reconstructing"
+            info = reconstruct(teacher, student, calib, applied, seed=job.seed,
+                               progress=lambda d, n, name: job.emit(kind="progress", task=task, done=d, total=n,
+                                                                    label=name))  # fmt: skip
+            fits = info["consumers"]
+            record.consumers = len(fits)
+            record.fit_error_before = round(sum(f["error_before"] for f in fits) / max(1, len(fits)), 5)
+            record.fit_error_after = round(sum(f["error_after"] for f in fits) / max(1, len(fits)), 5)
+            curve["reconstruct"] = info
+        if "distill" in steps:
+            info = distill_student(student, teacher, job, ctx, record)
+            record.steps, record.steps_planned = info["steps_done"], info["steps_planned"]
+            record.resumed_from, record.loss = info["resumed_from"], info["loss"]
+            curve["distill"] = info
+        student = student.cpu().eval()
+        self_check(student, example, int(student.config.num_labels))
+    except OSError as exc:  # a full disk, a vanished folder: stop, so that a resume redoes the recovery
+        raise write_failed(exc, job.iteration) from exc
+    except DistributedJobError:  # a failed or killed job: stop here; resume continues its steps
+        raise
+    except Exception as exc:  # recovery that fails to train leaves the one-shot pruned candidate as it was
+        record.error = f"recovery abandoned: {one_line(exc)[:400]}"
+        return None, curve
+    record.calib_agreement_after = agree(student, "cpu")
+    return student, curve
+
+
+def save_recovered(student: nn.Module, loaded: Any, record: RecoveryRecord, curve: dict[str, Any], *,
+                   folder: Path, iteration: int, root: Path) -> dict[str, Any]:  # fmt: skip
+    """Write recovery.json and the recovered artifact (`record.curve` set); return save_artifact's result."""
+    from profiling_agent.tools.io import write_json_atomic
+    from profiling_agent.tools.models.artifacts import save_artifact
+
+    try:
+        write_json_atomic(folder / "recovery.json", {"iteration": iteration, "method": record.method, **curve})
+        record.curve = str((folder / "recovery.json").resolve().relative_to(root.resolve()))
+        return save_artifact(
+            student,
+            folder / "recovered",
+            processor=loaded.processor,
+            attrs=loaded.recipe.get("attrs"),
+            extra={**(loaded.recipe.get("extra") or {}), "role": "recovered", "recovery": record.method},
+        )
+    except OSError as exc:
+        raise write_failed(exc, iteration) from exc
+
+
+def mark_done(folder: Path, key: dict[str, Any], record: RecoveryRecord, recovered: ArtifactRef, message: str) -> None:
+    """Record a finished recovery (so a re-run reuses it) and drop its step checkpoints and job files."""
+    from profiling_agent.tools.io import write_json_atomic
+    from profiling_agent.tools.recovery import distill_state
+
+    done = {"key": key, "record": record.model_dump(), "recovered": recovered.model_dump()}
+    write_json_atomic(folder / DONE, {**done, "message": message})
+    distill_state.clear(folder / "recovery_steps")  # the artifact (and DONE) now hold the result
+    shutil.rmtree(folder / "recovery_job", ignore_errors=True)  # a distributed job's spec and starting student
+
+
+def finished_recovery(folder: Path, root: Path, key: dict[str, Any]) -> tuple[ArtifactRef, RecoveryRecord, str] | None:
+    """Return the recovery this iteration already finished with the same weights and settings, else None."""
+    from profiling_agent.tools.io import read_json, sha256_path
+
+    path = folder / DONE
+    if not path.is_file():
+        return None
+    done = read_json(path)
+    recovered = ArtifactRef.model_validate(done["recovered"])
+    if done.get("key") != key or not (root / recovered.path).exists():
+        return None
+    if sha256_path(root / recovered.path) != recovered.sha256:
+        return None
+    return recovered, RecoveryRecord.model_validate(done["record"]), done["message"]
+
+
+def recovery_message(record: RecoveryRecord) -> str:
+    """Describe a finished recovery in one line."""
+    message = (
+        f"{record.method}: calibration agreement with the baseline {record.calib_agreement_before:.1f}% -> "
+        f"{record.calib_agreement_after:.1f}% in {record.seconds:.1f} s"
+    )
+    if record.consumers:
+        message += f"; {record.consumers} layers refitted (output error {record.fit_error_before:.3f} -> "
+        message += f"{record.fit_error_after:.3f})"
+    if record.steps:
+        resumed = f", resumed at step {record.resumed_from}" if record.resumed_from else ""
+        message += f"; {record.steps}/{record.steps_planned} distillation steps{resumed}"
+    if record.note:
+        message += f"; {record.note}"
+    return message
+
+
+def recovery_plan(requested: str, source: Any) -> tuple[list[str], RecoveryRecord]:
+    """Return the recovery steps to run (reconstruct, distill) and the record they start from."""
+    from profiling_agent.tools.recovery.policy import method_name, recovery_steps
+
+    record = RecoveryRecord(requested=requested)
+    steps, record.note = recovery_steps(requested, source is not None)
+    record.method = method_name(steps)
+    if source is not None and "distill" in steps:
+        from profiling_agent.tools.data.train_stream import describe
+
+        record.train_images, record.note = len(source.rows), f"distilled on {describe(source)}"
+    return steps, record

@@ -1,0 +1,64 @@
+"""The end of a run on disk: result.json with the joint final latency, then report.md, report.html and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from profiling_agent.state import Objective
+
+
+def joint_latency(latency: dict[str, Any], best: dict[str, Any] | None) -> dict[str, Any]:
+    """Return the final latencies result.json reports per candidate (quantization only: the peer's joint numbers)."""
+    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+
+    joint = {k: v for k, v in latency.items() if not k.startswith(PEER_PREFIX)}
+    if best and best.get("iteration") == 0 and best.get("eval"):
+        key = PEER_PREFIX + str(best["eval"]["delivered"])
+        if key in latency or "baseline" in latency:
+            joint["iter_00"] = latency.get(key) or latency["baseline"]
+    return joint
+
+
+def write_run_report(
+    root: Path,
+    final: dict[str, Any],
+    thread: str,
+    objective: Objective,
+    latency: dict[str, Any],
+    timing: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """Write result.json, then report.md, report.html and plots (a chart that fails keeps report.md).
+
+    Args:
+        root: The run folder.
+        final: The finished run's state (status "done").
+        thread: The thread id recorded in result.json.
+        objective: The run's objective (the delivery summary).
+        latency: The final joint latencies (`final_latency`).
+        timing: Their timing facts.
+
+    Returns:
+        The result, the files written ({"markdown", "html", "plots"}) and a trouble note ('' when all were written).
+    """
+    from profiling_agent.tools.evaluation.delivery import delivery_summary
+    from profiling_agent.tools.io import read_json, write_json_atomic, write_text_atomic
+    from profiling_agent.tools.reporting.files import write_report_files
+    from profiling_agent.tools.reporting.markdown import render_markdown
+    from profiling_agent.tools.reporting.plot_recovery import attach_curves
+    from profiling_agent.tools.reporting.result import build_result
+
+    result = build_result(final, thread, joint_latency(latency, final.get("best")))
+    result["final_latency_timing"] = timing or None
+    result["delivery"] = delivery_summary(result.get("best"), result["baseline"], objective, latency, timing)
+    result = attach_curves(result, root)  # the report rebuilds from result.json
+    write_json_atomic(root / "result.json", result)
+    profile_path = root / "profile.json"
+    profile = read_json(profile_path) if profile_path.exists() else None
+    summary = final.get("profile")
+    try:
+        return result, write_report_files(root, result, profile, summary), ""
+    except Exception as exc:  # noqa: BLE001 - charts and HTML must not fail a finished run: keep report.md
+        write_text_atomic(root / "report.md", render_markdown(result, summary))
+        files: dict[str, Any] = {"markdown": "report.md", "html": None, "plots": {}}
+        return result, files, f"; plots and report.html not written ({type(exc).__name__}: {exc})"

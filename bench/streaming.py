@@ -101,7 +101,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from profiling_agent.tools.data.labels import map_labels
-    from profiling_agent.tools.data.prepare import load_prepared, prepare_data
+    from profiling_agent.tools.data.prepare import load_prepared, prepare_images
     from profiling_agent.tools.data.sources import load_split
     from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.evaluation.metrics import predict, predict_many
@@ -117,7 +117,7 @@ def child(args: argparse.Namespace) -> None:
     save_artifact(model, run / "baseline", processor=proc)
     rss_ready = _rss_mb()
     start = time.perf_counter()
-    info = prepare_data(
+    info = prepare_images(
         ds, proc, shape, mapping, out_path=run / "data.safetensors", subset=args.n, test_subset=0, calibration=16
     )
     prepare_s = time.perf_counter() - start
@@ -189,7 +189,7 @@ def zoo_child(args: argparse.Namespace) -> None:
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     from profiling_agent.tools.data.labels import map_labels
-    from profiling_agent.tools.data.prepare import load_prepared, prepare_data
+    from profiling_agent.tools.data.prepare import load_prepared, prepare_images
     from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.evaluation.metrics import predict
 
@@ -206,7 +206,7 @@ def zoo_child(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {"model": args.model}
 
     def prepared(subset: int, name: str) -> dict:
-        info = prepare_data(ds, proc, shape, mapping, out_path=run / name, subset=subset, calibration=16)
+        info = prepare_images(ds, proc, shape, mapping, out_path=run / name, subset=subset, calibration=16)
         return open_prepared(info["path"], {"eval": ds, "calib": ds}, proc)
 
     with torch.inference_mode():
@@ -218,7 +218,7 @@ def zoo_child(args: argparse.Namespace) -> None:
         return time.perf_counter() - start, result
 
     def old_prepare() -> torch.Tensor:  # the old path: every image preprocessed into one float32 tensor, saved
-        info = prepare_data(ds, proc, shape, mapping, out_path=run / "old.safetensors", subset=1000, calibration=16)
+        info = prepare_images(ds, proc, shape, mapping, out_path=run / "old.safetensors", subset=1000, calibration=16)
         pixels = old_float_pixels(ds, load_prepared(info["path"], with_indices=True)["eval_index"], proc, shape)
         save_file({"eval_pixels": pixels}, str(run / "old_float32.safetensors"))
         return pixels

@@ -9,7 +9,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from PIL import Image as PILImage
 
 from profiling_agent.tools.data.labels import map_labels, mapping_table, wnids_from_config
-from profiling_agent.tools.data.prepare import load_prepared, prepare_data, preprocess_images
+from profiling_agent.tools.data.prepare import load_prepared, prepare_images, preprocess_images
 from profiling_agent.tools.data.sources import DataError, detect_columns, label_names, load_split
 from profiling_agent.tools.data.stream import ImageStream, open_prepared
 
@@ -280,9 +280,9 @@ def test_prepare_data_seeded_disjoint_and_mapped(tmp_path):
     ds = _dataset(40)
     mapping = map_labels(["cat", "dog", "bird"], {0: "bird", 1: "cat", 2: "dog", 3: "fish"})
     kwargs = dict(subset=16, calibration=8, seed=7)
-    info = prepare_data(ds, None, SHAPE, mapping, out_path=tmp_path / "a.safetensors", **kwargs)
-    again = prepare_data(ds, None, SHAPE, mapping, out_path=tmp_path / "b.safetensors", **kwargs)
-    other = prepare_data(
+    info = prepare_images(ds, None, SHAPE, mapping, out_path=tmp_path / "a.safetensors", **kwargs)
+    again = prepare_images(ds, None, SHAPE, mapping, out_path=tmp_path / "b.safetensors", **kwargs)
+    other = prepare_images(
         ds, None, SHAPE, mapping, out_path=tmp_path / "c.safetensors", subset=16, calibration=8, seed=8
     )
     assert (info["n_eval"], info["n_calib"], info["note"]) == (16, 8, "")
@@ -315,7 +315,7 @@ def test_prepare_data_with_processor_matches_processor(tmp_path):
 
     processor = ViTImageProcessorPil(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5])
     ds = _dataset(20)
-    info = prepare_data(
+    info = prepare_images(
         ds,
         processor,
         SHAPE,
@@ -332,7 +332,7 @@ def test_prepare_data_with_processor_matches_processor(tmp_path):
 
 
 def test_prepare_data_small_split_shrinks_validation_never_overlaps(tmp_path):
-    info = prepare_data(
+    info = prepare_images(
         _dataset(10),
         None,
         SHAPE,
@@ -351,7 +351,7 @@ def test_prepare_data_small_split_shrinks_validation_never_overlaps(tmp_path):
 def test_prepare_data_holds_out_a_test_subset_loaded_only_when_asked(tmp_path):
     ds = _dataset(40)
     mapping = _identity_mapping(["cat", "dog", "bird"])
-    info = prepare_data(
+    info = prepare_images(
         ds, None, SHAPE, mapping, out_path=tmp_path / "t.safetensors", subset=16, test_subset=12, calibration=8
     )
     assert (info["n_eval"], info["n_test"], info["n_calib"]) == (16, 12, 8)
@@ -369,13 +369,15 @@ def test_prepare_data_holds_out_a_test_subset_loaded_only_when_asked(tmp_path):
 
 
 def _plain(ds, mapping, tmp_path):
-    return prepare_data(ds, None, SHAPE, mapping, out_path=tmp_path / "p.safetensors", subset=16, calibration=8)["path"]
+    return prepare_images(ds, None, SHAPE, mapping, out_path=tmp_path / "p.safetensors", subset=16, calibration=8)[
+        "path"
+    ]
 
 
 def test_prepare_data_rejects_unlabelled(tmp_path):
     ds = _dataset(6).cast_column("label", Value("int64")).map(lambda row: {"label": -1})
     with pytest.raises(DataError, match="unlabelled"):
-        prepare_data(
+        prepare_images(
             ds,
             None,
             SHAPE,

@@ -1,4 +1,4 @@
-"""Every row of the README's "Bad input" table: one line on stderr, exit code 2, no traceback, no half-made thread."""
+"""Every row of docs/errors.md's "Bad input" table: one line on stderr, exit 2, no traceback, no half-made thread."""
 
 from __future__ import annotations
 

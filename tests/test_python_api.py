@@ -1,4 +1,4 @@
-"""The README's Python API examples run as written (on a small model) and leave the runs they describe."""
+"""The Python API examples of docs/python-api.md run as written (on a small model) and leave their runs."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def readme_python_blocks(section: str = "Python API") -> list[str]:
-    """Return the ```python blocks of one `## section` of the README, in order."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## )", text, flags=re.S | re.M)
-    assert match, f"README has no '## {section}' section"
+def readme_python_blocks(section: str = "Python API", page: str = "docs/python-api.md") -> list[str]:
+    """Return the ```python blocks of one `## section` of a documentation page (moved from the README), in order."""
+    text = (REPO / page).read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
+    assert match, f"{page} has no '## {section}' section"
     return re.findall(r"^```python\n(.*?)^```", match.group(1), flags=re.S | re.M)
 
 

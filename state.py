@@ -205,6 +205,16 @@ class InputShape(_Strict):
     llm: dict[str, Any] | None = Field(default=None, description="The LLM's answer when it was consulted.")
 
 
+class BackendSummary(_Strict):
+    """The deliverable forms' per-node profile, condensed (the full one is profile.json's backend_profile)."""
+
+    planned_on: str = "torch"  # the form whose latency shares the planners read
+    forms_ms: dict[str, float] = Field(default_factory=dict)  # batch-1 node-time total per profiled form, ms
+    failed: dict[str, str] = Field(default_factory=dict)  # forms that could not be profiled, and why
+    latency_table: str | None = None  # the form a per-group latency table was measured on
+    notes: list[str] = Field(default_factory=list)  # runtimes left out, and why
+
+
 class ProfileSummary(_Strict):
     """The compact profile kept in the state (the full one is profile.json)."""
 
@@ -216,6 +226,7 @@ class ProfileSummary(_Strict):
     top_latency: list[dict[str, Any]] = Field(default_factory=list, description="Layers by self time.")
     top_macs: list[dict[str, Any]] = Field(default_factory=list, description="Layers by MACs.")
     error: str | None = Field(default=None, description="Why MACs are unknown (the counter failed on this model).")
+    backend: BackendSummary | None = Field(default=None, description="The deliverable forms' profile (CPU runs).")
 
 
 class GroupSensitivity(_Strict):
@@ -327,6 +338,19 @@ class RecoveryRecord(_Strict):
     error: str | None = Field(default=None, description="Why recovery was abandoned (the pruned weights go on).")
 
 
+class RoundCheck(_Strict):
+    """A round's predictions (calibration trial; latency model of the planned form) beside its measurements."""
+
+    predicted_drop_pp: float | None = None  # the calibration trial's accuracy loss, pp
+    measured_drop_pp: float | None = None  # validation's loss after recovery, pp
+    correction: float | None = None  # measured over predicted loss, carried to the next round
+    latency_form: str | None = None  # the delivered form the latency reduction was measured on
+    predicted_latency_reduction: float | None = None  # the plan's estimate on the planned form
+    measured_latency_reduction: float | None = None  # against the unpruned model in the same form
+    latency_error: float | None = None  # measured minus predicted
+    latency_against: str | None = None  # where the unpruned form's latency came from
+
+
 class Candidate(_Strict):
     """One iteration's plan, what pruning actually did, its artifacts and its evaluation."""
 
@@ -350,6 +374,7 @@ class Candidate(_Strict):
     delivered: ArtifactRef | None = Field(default=None, description="The delivered form when not `artifact`.")
     eval: EvalRecord | None = Field(default=None, description="Its measurements.")
     error: str | None = Field(default=None, description="Why it failed or was skipped.")
+    check: RoundCheck | None = Field(default=None, description="The plan's predictions beside the measurements.")
 
 
 class Best(Candidate):

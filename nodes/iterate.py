@@ -25,43 +25,18 @@ def finished_candidate(state: State) -> Candidate:
     )
 
 
-def prediction_check(cand: dict[str, Any], base: dict[str, Any] | None) -> str:
-    """Say how the plan's calibration trial compared with what validation showed after recovery ('' without one)."""
-    from profiling_agent.tools.evaluation.selection import accuracy_drop
-    from profiling_agent.tools.planning.search import prediction_correction
-
-    predicted = (cand.get("planner_meta") or {}).get("predicted_drop")
-    if predicted is None or not base or not cand.get("eval"):
-        return ""
-    measured = accuracy_drop(cand["eval"], base)
-    factor = prediction_correction([{"drop": measured, "predicted_drop": predicted}])
-    return (
-        f"; its calibration trial predicted a {predicted:.2f} pp loss, validation showed {measured:.2f} pp after "
-        f"recovery (correction x{factor:.2f} carried to the next round)"
-    )
-
-
-def latency_check(cand: dict[str, Any], base: dict[str, Any] | None, target: str) -> str:
-    """With a latency target: the plan's predicted latency reduction beside the one measured on the delivered form."""
-    from profiling_agent.tools.evaluation.selection import reduction
-
-    goal = (cand.get("planner_meta") or {}).get("goal")
-    if target != "latency" or goal is None or not base or not cand.get("eval"):
-        return ""
-    measured = reduction(cand["eval"], base, "latency")
-    form = cand["eval"].get("delivered") or "torch"
-    return f"; latency reduction predicted {goal:.1%}, measured {measured:.1%} on {form} (error {measured - goal:+.1%})"
-
-
 def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Append this iteration's candidate, re-select the best by the objective's rule, set the stop reason."""
     from profiling_agent.tools.evaluation.selection import select_best, stop_reason
     from profiling_agent.tools.planning.paired import is_paired, paired_stop
+    from profiling_agent.tools.planning.round_check import check_message, round_check
 
-    cand = finished_candidate(state).model_dump()
+    base = state.baseline_eval.model_dump() if state.baseline_eval else None
+    finished_one = finished_candidate(state)
+    check = round_check(finished_one.model_dump(), base, state.objective.target)
+    cand = finished_one.model_copy(update={"check": check}).model_dump()
     candidates = [*(c.model_dump() for c in state.candidates), cand]
     objective = state.objective
-    base = state.baseline_eval.model_dump() if state.baseline_eval else None
     best = select_best(candidates, base, objective) if base else None
     finished = [*state.candidates, Candidate.model_validate(cand)]
     # an LLM run stops when the deterministic sequence would (tools/planning/paired.py)
@@ -71,7 +46,7 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         message = f"candidate {state.iteration} recorded; {note}"
     elif cand["status"] == "ok":
         message = f"candidate {state.iteration} recorded; best is iteration {best['iteration'] if best else '-'}"
-        message += prediction_check(cand, base) + latency_check(cand, base, objective.target)
+        message += check_message(check)
     elif cand["status"] == "rejected":
         message = f"candidate {state.iteration} skipped: {cand['error']}"
     else:

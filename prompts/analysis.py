@@ -117,14 +117,24 @@ def top_layers_table(layers: list[dict[str, Any]], top: int = TOP_LAYERS) -> str
 
 
 def group_table(groups: list[dict[str, Any]], costs: dict[str, Any], sensitivity: dict[str, Any]) -> str:
-    """Render one row per prunable group: exact module name, size, cost shares (%) and probe results."""
-    lines = ["group | kind | module | units | params% | MACs% | lat% | damage | acc_drop_pp"]
+    """Render one row per prunable group: exact module name, size, cost shares (%) and probe results.
+
+    When the latency shares are the delivered backend form's (`torch_latency_share` kept beside them), both
+    columns are shown: lat% (the form that ships) and torch_lat% (torch eager FP32).
+    """
+    both = any("torch_latency_share" in c for c in costs.values())
+    lines = [
+        "group | kind | module | units | params% | MACs% | lat% | "
+        + ("torch_lat% | " if both else "")
+        + "damage | acc_drop_pp"
+    ]
     for g in groups[:MAX_GROUP_ROWS]:
         c, s = costs.get(g["name"], {}), sensitivity.get(g["name"], {})
+        torch_col = f"{_pct(c.get('torch_latency_share'))} | " if both else ""
         lines.append(
             f"{g['name']} | {g['kind']} | {g['module']} | {g['units']} | {_pct(c.get('params_share'))} | "
-            f"{_pct(c.get('macs_share'))} | {_pct(c.get('latency_share'))} | {number(s.get('damage'), '.3g')} | "
-            f"{number(s.get('acc_drop'), '.2g')}"
+            f"{_pct(c.get('macs_share'))} | {_pct(c.get('latency_share'))} | {torch_col}"
+            f"{number(s.get('damage'), '.3g')} | {number(s.get('acc_drop'), '.2g')}"
         )
     if len(groups) > MAX_GROUP_ROWS:
         lines.append(f"... {len(groups) - MAX_GROUP_ROWS} more groups: use the match_layers tool to see them")
@@ -231,6 +241,16 @@ def _probe_note(sensitivity: dict[str, Any]) -> str:
     )
 
 
+def _latency_note(profile: dict[str, Any]) -> str:
+    form = (profile.get("backend_profile") or {}).get("planned_on")
+    if not form or form == "torch":
+        return " lat% is torch eager FP32."
+    return (
+        f" lat% is the share of batch-1 latency in {form}, the form that will most likely ship (its per-node "
+        "profile); torch_lat% is torch eager FP32, for comparison. Plan for lat%."
+    )
+
+
 def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_info: dict[str, Any]) -> str:
     """Render the profile part shared by the analysis and iterative prompts."""
     groups = list(profile.get("groups") or [])
@@ -242,7 +262,7 @@ def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_in
         [
             f"Model: {info}\n{totals_line(profile.get('totals') or {})}",
             f"Most expensive layers by self latency:\n{top_layers_table(profile.get('layers') or [])}",
-            f"Prunable groups ({len(groups)}). {_probe_note(sensitivity)}\n"
+            f"Prunable groups ({len(groups)}). {_probe_note(sensitivity)}{_latency_note(profile)}\n"
             f"{group_table(groups, profile.get('group_costs') or {}, sensitivity)}",
             f"Regexes that select whole families of groups:\n{regex_help(groups, protected)}",
             protected_line(protected),

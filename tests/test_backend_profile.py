@@ -104,3 +104,57 @@ def test_a_latency_table_of_the_planned_form_shapes_the_latency_estimate():
     assert estimate_reduction({"g": 0.5}, groups, costs, "latency") == pytest.approx(0.3)
     assert estimate_reduction({"h": 0.5}, groups, costs, "latency") == pytest.approx(0.0)  # h's share there is 0
     assert estimate_reduction({"g": 0.5}, groups, costs, "params") == pytest.approx(0.0)
+
+
+def test_a_called_container_scope_is_not_doubled_in_the_module_path():
+    """TorchScript names an nn.Sequential `layer` and its child `layer.0`: the module is `...layer.0`."""
+    node = "/model/resnet/encoder/stages.0/layers.0/layer/layer.0/convolution/Conv"
+    assert module_of(node) == "resnet.encoder.stages.0.layers.0.layer.0.convolution"
+    assert module_of("/model/vit/layers.0/mlp/fc1/MatMul") == "vit.layers.0.mlp.fc1"
+
+
+def test_openvino_node_names_map_to_module_paths():
+    from profiling_agent.tools.profiling.openvino_profile import ov_module_of
+
+    assert ov_module_of("/model/vit/layers.0/attention/q_proj/MatMul/DequantizationMultiply") == (
+        "vit.layers.0.attention.q_proj"
+    )
+    assert ov_module_of("/model/vit/layers.1/mlp/activation_fn/Mul_1_0_0/nncf_smooth_quant") == (
+        "vit.layers.1.mlp.activation_fn"
+    )
+    reorder = "/model/vit/embeddings/patch_embeddings/projection/Conv/WithoutBiases_acdb_abcd_/model/vit/Reshape"
+    assert ov_module_of(reorder) == "vit.embeddings.patch_embeddings.projection"
+    assert ov_module_of("/model/resnet/encoder/stages.0/layers.0/layer/layer.1/convolution/Conv") == (
+        "resnet.encoder.stages.0.layers.0.layer.1.convolution"
+    )
+    for fused in ("Multiply_100413", "pixel_values_abcd_acdb_/model/vit/embeddings/Conv", "logits", "/model/vit"):
+        assert ov_module_of(fused) == ""
+
+
+def test_every_resnet_group_owns_backend_time(tiny_resnet):
+    """ONNX Runtime names a fused Conv+BN+ReLU after its activation: the group still owns that time."""
+    groups = [dataclasses.asdict(g) for g in adapter_for(tiny_resnet).prunable_groups(tiny_resnet)]
+    out = profile_backends(tiny_resnet, torch.randn(1, 1, 16, 16), groups, ORT_FORMS[:1], repeats=3)
+    shares = out["forms"]["ort_fp32"]["group_latency_share"]
+    assert set(shares) == {g["name"] for g in groups} and all(s > 0 for s in shares.values()), shares
+
+
+def test_openvino_forms_are_profiled_per_node_and_planned_on_under_openvino(tiny_vit):
+    from profiling_agent.tools.profiling.deliverable import deliverable_forms
+    from profiling_agent.tools.profiling.openvino_profile import OV_PROFILE_FORMS
+
+    assert [f.name for f in deliverable_forms("openvino")[0]] == ["ov_fp32", "ov_int8"]
+    assert [f.name for f in deliverable_forms("onnxruntime")[0]] == ["ort_fp32", "ort_dynamic"]
+    assert len(deliverable_forms("auto")[0]) == 4 and deliverable_forms("torch") == ([], [])
+    groups = [dataclasses.asdict(g) for g in adapter_for(tiny_vit).prunable_groups(tiny_vit)]
+    out = profile_backends(tiny_vit, torch.randn(1, 1, 16, 16), groups, OV_PROFILE_FORMS, repeats=3)
+    for name in ("ov_fp32", "ov_int8"):
+        row = out["forms"][name]
+        assert "error" not in row, row
+        assert row["backend"] == "openvino" and row["total_ms"] > 0
+        assert set(row["group_latency_share"]) == {g["name"] for g in groups}
+        modules = {layer["name"] for layer in row["layers"]}  # the module paths survive NNCF and fusion
+        for i in (0, 1):
+            assert {f"vit.layers.{i}.mlp.fc1", f"vit.layers.{i}.attention.q_proj"} <= modules, modules
+    assert planned_form(out, "openvino", torch_ms=1e9) in ("ov_fp32", "ov_int8")
+    assert planned_form(out, "onnxruntime", torch_ms=1e9) == "torch"  # no ONNX Runtime form was profiled

@@ -129,6 +129,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     import profiling_agent.tools.evaluation.latency as evaluation
     import profiling_agent.tools.profiling.backend_profile as backend_profile
     import profiling_agent.tools.profiling.dynamic as profiling
+    import profiling_agent.tools.profiling.openvino_profile as openvino_profile
 
     model_dir, dataset = digits_assets
     calls = {"prune": 0, "latency": 0}
@@ -137,6 +138,8 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     monkeypatch.setattr(profiling, "module_timings", _steady_timings)
     real_nodes = backend_profile.time_ort_nodes
     monkeypatch.setattr(backend_profile, "time_ort_nodes", lambda *a: dict.fromkeys(real_nodes(*a), 1.0))
+    real_ov_nodes = openvino_profile.time_ov_nodes
+    monkeypatch.setattr(openvino_profile, "time_ov_nodes", lambda *a: dict.fromkeys(real_ov_nodes(*a), 2.0))
     real_prune, real_latency = pruning.prune_model, _steady_latency
 
     def counting_prune(*args, **kwargs):

@@ -90,6 +90,8 @@ def final_table(run_path: Path) -> str:
             + (f" as {best['delivered']} ({best.get('delivery_note')})" if best.get("delivered") else "")
         )
         lines += [line for line in test_lines(result) if line]
+    if result.get("outcome"):
+        lines.append(f"target: {result['outcome']['statement']}")
     lines.append(f"stopped: {result.get('stop_reason')}")
     lines.append(f"report: {run_path / 'report.md'}   result: {run_path / 'result.json'}")
     return "\n".join(lines)

@@ -7,15 +7,37 @@ from typing import Any
 from profiling_agent.state import Objective
 
 
+def same_form_latency(record: dict[str, Any], baseline: dict[str, Any]) -> tuple[float, str, str]:
+    """Return the latency reduction of a record against the unpruned model in the record's delivered form.
+
+    The unpruned model in that form is read, in order of trust, from the peer timed beside the candidate (when
+    the peer is that form), from the baseline's forms (both speedups measured side by side with the torch
+    baseline), or is the torch baseline itself (a torch delivery).
+
+    Returns:
+        (reduction, the delivered form, how the unpruned form's latency was obtained).
+    """
+    delivered = str(record.get("delivered") or "torch")
+    lat = float(record.get("latency_ms") or 0.0)
+    peer = record.get("peer") or {}
+    if peer.get("name") == delivered and lat > 0 and float(peer.get("latency_ms") or 0.0) > 0:
+        return 1.0 - lat / float(peer["latency_ms"]), delivered, "timed beside it"
+    speedup = float(record.get("speedup") or 0.0)
+    for form in baseline.get("variants") or []:
+        if form.get("name") == delivered and form.get("status") == "ok" and form.get("speedup") and speedup > 0:
+            return 1.0 - float(form["speedup"]) / speedup, delivered, "the baseline's forms"
+    return (1.0 - 1.0 / speedup if speedup > 0 else 0.0), delivered, "the torch baseline"
+
+
 def reduction(record: dict[str, Any], baseline: dict[str, Any], target: str) -> float:
     """Return the fractional reduction of `target` of an evaluation record against the baseline's.
 
-    Latency is taken from the side-by-side speedup measured in the same run (1 - 1/speedup), so machine
-    noise between rounds does not leak into the comparison.
+    Latency is measured on the delivered form against the unpruned model in that same form
+    (`same_form_latency`), from timings taken side by side, so neither quantization alone nor machine noise
+    between rounds counts as a reduction.
     """
     if target == "latency":
-        speedup = float(record.get("speedup") or 0.0)
-        return 1.0 - 1.0 / speedup if speedup > 0 else 0.0
+        return same_form_latency(record, baseline)[0]
     key = {"params": "params", "macs": "macs", "size": "size_mb"}[target]
     base = float(baseline.get(key) or 0.0)
     if base <= 0:

@@ -171,6 +171,16 @@ def next_goal(
     """Choose this round's goal and gamma from earlier rounds; return (goal, gamma, converged, why)."""
     if not history:  # a small margin: the estimate ignores biases and norms, which are not pruned
         goal = min(objective.target_reduction + config.first_margin, feasible)
+        if feasible < objective.target_reduction:
+            return (
+                goal,
+                config.gamma_start,
+                False,
+                (
+                    f"round 1 aims at {goal:.1%}, the largest {objective.target} reduction the ratio caps allow in the "
+                    f"profile the planner reads: the {objective.target_reduction:.0%} target cannot be reached"
+                ),
+            )
         return goal, config.gamma_start, False, f"round 1 aims at the objective's {goal:.0%} reduction"
     passes = [h["goal"] for h in history if h["passed"]]
     fails = [h["goal"] for h in history if not h["passed"]]

@@ -167,9 +167,8 @@ def planning_round(
         from profiling_agent.tools.planning.llm_planner import plan_with_llm
 
         this_round = state.model_copy(update={"iteration": iteration})
-        outcome = plan_with_llm(
-            this_round, ctx, full_profile, sensitivity, fallback=result, evaluate_fn=evaluator(None)
-        )
+        shipped = {**full_profile, "group_costs": costs}  # the LLM reads the delivered form's shares too
+        outcome = plan_with_llm(this_round, ctx, shipped, sensitivity, fallback=result, evaluate_fn=evaluator(None))
         plan, planner, fallbacks = outcome.plan, outcome.planner, outcome.fallbacks
         llm_info = outcome.summary(ctx.llm_model)
         if state.objective.planner == "llm" and planner != "llm" and not outcome.usage["calls"]:
@@ -182,7 +181,8 @@ def planning_round(
         plan=plan,
         planner=planner,
         meta=round_meta(result, outcome, planner, turn, predicted, search, backoff, llm_info, state.objective),
-        message=round_message(plan, planner, turn, outcome, backoff, search, fallbacks, llm_info),
+        message=round_message(plan, planner, turn, outcome, backoff, search, fallbacks, llm_info)
+        + "".join(f"; {n}" for n in result.notes if "cannot be reached" in n),
         fallbacks=fallbacks,
         llm=llm_info,
         stop_reason=stop,

@@ -29,6 +29,28 @@ log = logging.getLogger(__name__)
 
 Builder = Callable[[nn.Module, torch.Tensor, Path], Path]
 NodeTimer = Callable[[Path, torch.Tensor, int, int], dict[str, float]]
+ModuleOf = Callable[[str], str]
+
+
+WRAPPER = "model"  # the export wraps the classifier as `PixelWrapper.model`: node paths start with /model/
+
+
+def module_path_of(scopes: list[str]) -> str:
+    """Join TorchScript scope segments into a module path.
+
+    A called container (an `nn.Sequential` named `layer`) is a scope of its own and names its children
+    `layer.0`, `layer.1`: the segments "layer", "layer.0" are the module `layer.0`, not `layer.layer.0`.
+    """
+    kept = [s for i, s in enumerate(scopes) if not (i + 1 < len(scopes) and scopes[i + 1].startswith(s + "."))]
+    return ".".join(kept)
+
+
+def module_of(node: str) -> str:
+    """Return the module path a TorchScript-exported node name carries ('' when it carries none)."""
+    parts = [p for p in node.split("/") if p]
+    if parts and parts[0] == WRAPPER:
+        parts = parts[1:]
+    return module_path_of(parts[:-1]) if len(parts) > 1 else ""
 
 
 @dataclass(frozen=True)
@@ -40,23 +62,14 @@ class BackendForm:
         backend: The runtime (`onnxruntime`, `openvino`).
         build: build(model, example pixels, folder) -> the file to run.
         time_nodes: time_nodes(file, pixels, warmup, repeats) -> {node name: median ms per run}.
+        module_path: node name -> the module path it carries ('' when none); the runtime's naming decides.
     """
 
     name: str
     backend: str
     build: Builder
     time_nodes: NodeTimer
-
-
-WRAPPER = "model"  # the export wraps the classifier as `PixelWrapper.model`: node paths start with /model/
-
-
-def module_of(node: str) -> str:
-    """Return the module path a TorchScript-exported node name carries ('' when it carries none)."""
-    parts = [p for p in node.split("/") if p]
-    if parts and parts[0] == WRAPPER:
-        parts = parts[1:]
-    return ".".join(parts[:-1]) if len(parts) > 1 else ""
+    module_path: ModuleOf = module_of
 
 
 def _build_ort_fp32(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
@@ -112,8 +125,32 @@ ORT_FORMS = (
 )
 
 
-def form_profile(node_ms: Mapping[str, float], groups: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+FUSED_LAYER_PARTS = ("convolution", "normalization")  # HF ResNet's ConvLayer: convolution, normalization, activation
+
+
+def backend_members(group: Mapping[str, Any]) -> tuple[str, ...]:
+    """Return the modules whose backend node time a group owns.
+
+    A backend fuses a layer's operations into one node named after one of them: ONNX Runtime names a ResNet
+    Conv+BatchNorm+ReLU after the activation, so a member `...layer.0.convolution` owns its whole conv layer
+    (`...layer.0`); a head group owns the attention module (its softmax and matmuls).
+    """
+    members = list(group["members"])
+    if group.get("kind") == "head":
+        members.append(group["module"])
+    for m in group["members"]:
+        parent, _, last = m.rpartition(".")
+        if last in FUSED_LAYER_PARTS and parent:
+            members.append(parent)
+    return tuple(dict.fromkeys(members))
+
+
+def form_profile(
+    node_ms: Mapping[str, float], groups: Iterable[Mapping[str, Any]], modules: ModuleOf = module_of
+) -> dict[str, Any]:
     """Turn node times into module rows, per-group latency shares and the share no module claims.
+
+    `modules` maps a node name to its module path (the form's `module_path`).
 
     Returns:
         {"total_ms", "layers": [{"name", "latency_ms", "latency_share"}], "group_latency_share": {group: share},
@@ -122,14 +159,14 @@ def form_profile(node_ms: Mapping[str, float], groups: Iterable[Mapping[str, Any
     total = sum(node_ms.values()) or 1.0
     rows: dict[str, float] = {}
     for node, ms in node_ms.items():
-        module = module_of(node)
+        module = modules(node)
         rows[module] = rows.get(module, 0.0) + ms
     layers = [
         {"name": name, "params": 0, "macs": 0, "latency_ms": ms, "latency_share": ms / total}
         for name, ms in sorted(rows.items(), key=lambda kv: -kv[1])
         if name
     ]
-    owned = [{**g, "members": (*g["members"], g["module"])} if g["kind"] == "head" else g for g in groups]
+    owned = [{**g, "members": backend_members(g)} for g in groups]
     costs = group_costs({"totals": {"params": 0, "macs": 0}, "layers": layers}, owned)
     top = sorted(node_ms.items(), key=lambda kv: -kv[1])[:10]
     return {
@@ -173,7 +210,7 @@ def profile_backends(
             try:
                 path = form.build(model, example, base / form.name)
                 node_ms = form.time_nodes(path, example, warmup, repeats)
-                row = {"backend": form.backend, **form_profile(node_ms, groups)}
+                row = {"backend": form.backend, **form_profile(node_ms, groups, form.module_path)}
             except Exception as exc:  # noqa: BLE001 - a form that cannot be built or run is reported, not fatal
                 log.warning("backend profile of %s failed: %s", form.name, exc)
                 row = {"backend": form.backend, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}

@@ -65,7 +65,7 @@ def measure_table(
             entries = [{"layer": f"^{g.module}$", "type": g.kind, "ratio": ratio} for g in groups]
             prune_model(trial, entries, example)
         path = form.build(trial, example, folder / f"r{int(ratio * 100):02d}")
-        prof = form_profile(form.time_nodes(path, example, 2, repeats), rows)
+        prof = form_profile(form.time_nodes(path, example, 2, repeats), rows, form.module_path)
         total = prof["total_ms"]
         owned = 0.0
         for name, share in prof["group_latency_share"].items():

@@ -149,9 +149,31 @@ def summarize_profile(
                 for name, c in costs.items()
             },
         }
+    backend = profile.get("backend_profile")
+    if backend:
+        summary["backend"] = backend_summary(backend)
+        planned = backend.get("planned_on", "torch")
+        shares = (backend.get("forms", {}).get(planned) or {}).get("group_latency_share")
+        if planned != "torch" and shares and "groups" in summary:
+            summary["groups"]["columns"].append(f"{planned}_latency_share")
+            for name, row in summary["groups"]["rows"].items():
+                row.append(_round(float(shares.get(name, 0.0))))
     if "error" in profile:
         summary["error"] = profile["error"]
     return summary
+
+
+def backend_summary(backend: Mapping[str, Any]) -> dict[str, Any]:
+    """Condense profile.json's `backend_profile` into the state's BackendSummary fields."""
+    forms = backend.get("forms", {})
+    table = backend.get("latency_table")
+    return {
+        "planned_on": backend.get("planned_on", "torch"),
+        "forms_ms": {name: float(row["total_ms"]) for name, row in forms.items() if "total_ms" in row},
+        "failed": {name: str(row["error"]) for name, row in forms.items() if "error" in row},
+        "latency_table": table.get("form") if table else None,
+        "notes": [str(n) for n in backend.get("notes") or []],
+    }
 
 
 def format_layer_table(profile: Mapping[str, Any], top: int = 30) -> str:

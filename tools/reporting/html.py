@@ -7,7 +7,7 @@ from typing import Any
 
 from profiling_agent.tools.reporting.html_parts import REPORT_CSS, data_uri, esc, html_card, html_facts, html_table
 from profiling_agent.tools.reporting.html_plans import fallbacks_section, plans_section, profile_section
-from profiling_agent.tools.reporting.markdown import test_lines
+from profiling_agent.tools.reporting.markdown import backend_lines, test_lines
 from profiling_agent.tools.reporting.plots import PLOT_FILES
 from profiling_agent.tools.text import as_number, number, percent
 
@@ -75,6 +75,8 @@ def _summary(result: Mapping[str, Any]) -> str:
         ("Planner", _planner_text(planner)),
         *([("LLM", _llm_text(planner["llm"]))] if isinstance(planner.get("llm"), Mapping) else []),
         ("Stopped", esc(result.get("stop_reason") or "-")),
+        ("Profile", esc(backend_lines(result.get("backend_profile"))[0].removeprefix("- Profile: "))),
+        *([("Target", esc(result["outcome"]["statement"]))] if result.get("outcome") else []),
         (
             "Latency",
             esc(

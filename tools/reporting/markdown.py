@@ -302,6 +302,19 @@ def variant_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def backend_lines(backend: dict[str, Any] | None) -> list[str]:
+    """Say which profile the planners read: the deliverable forms' per-node totals and the one planned on."""
+    if not backend:
+        return ["- Profile: torch eager only (no backend form profiled)"]
+    forms = ", ".join(f"{name} {ms:.2f} ms" for name, ms in backend.get("forms_ms", {}).items())
+    failed = "; ".join(f"{name} failed: {why}" for name, why in backend.get("failed", {}).items())
+    table = f"; latency table measured on {backend['latency_table']}" if backend.get("latency_table") else ""
+    return [
+        f"- Profile: torch eager FP32 and the deliverable forms ({forms or 'none'}{'; ' + failed if failed else ''}); "
+        f"planners read {backend.get('planned_on', 'torch')}'s latency shares{table}"
+    ]
+
+
 def _devices_line(result: dict[str, Any]) -> str:
     """Say which device each number comes from (accuracy passes and latency of a record share its device)."""
     base = (result.get("baseline") or {}).get("device") or "-"
@@ -333,9 +346,11 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
         *_llm_line(result["planner"].get("llm")),
         *proposal_lines(result.get("candidates") or []),
         f"- Stopped: {result.get('stop_reason') or '-'}",
+        *backend_lines(result.get("backend_profile")),
         "",
         "## Outcome",
         "",
+        *([f"Target: {md_text(result['outcome']['statement'])}.", ""] if result.get("outcome") else []),
     ]
     if best:
         base = result["baseline"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from profiling_agent.tools.reporting.outcome import target_outcome
 from profiling_agent.tools.versions import versions
 
 METRIC_KEYS = (
@@ -164,6 +165,7 @@ def build_result(
                 "applied": c.get("applied"),
                 "quantized": len(c.get("quantized") or []),
                 "recovery": c.get("recovery"),
+                "check": c.get("check"),
                 "path": (c.get("delivered") or c.get("artifact") or {}).get("path"),
                 "sha256": (c.get("delivered") or c.get("artifact") or {}).get("sha256"),
                 "error": c.get("error"),
@@ -212,6 +214,8 @@ def build_result(
             "path": (state.get("baseline") or {}).get("path"),
         },
         "best": best_out,
+        "outcome": target_outcome(best, baseline_eval, objective),
+        "backend_profile": (state.get("profile") or {}).get("backend"),
         "candidates": candidates,
         "latency_method": (
             "final: baseline and all candidates measured together, interleaved, median of repeats"

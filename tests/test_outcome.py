@@ -1,0 +1,48 @@
+"""The run's verdict on its target: met, or missed by how much, measured where the model ships."""
+
+from __future__ import annotations
+
+import pytest
+
+from profiling_agent.state import Objective
+from profiling_agent.tools.planning.deterministic import PlannerConfig, next_goal
+from profiling_agent.tools.reporting.markdown import backend_lines
+from profiling_agent.tools.reporting.outcome import target_outcome
+
+BASE = {"accuracy": 95.0, "params": 1000, "variants": [{"name": "ort_dynamic", "status": "ok", "speedup": 3.0}]}
+
+
+def _best(reduction, **ev):
+    return {"reduction": reduction, "within_budget": True, "eval": {"accuracy": 94.5, **ev}}
+
+
+def test_a_latency_target_missed_says_by_how_much_and_on_which_form():
+    best = _best(0.115, delivered="ort_dynamic", speedup=3.39, latency_ms=0.5)
+    out = target_outcome(best, BASE, {"target": "latency", "target_reduction": 0.4})
+    assert out["met"] is False and out["missed_by"] == pytest.approx(0.285)
+    assert out["form"] == "ort_dynamic" and out["against"] == "the baseline's forms"
+    assert "missed by 28.5%" in out["statement"] and "unpruned model's ort_dynamic" in out["statement"]
+
+
+def test_a_met_target_and_no_candidate():
+    out = target_outcome(_best(0.42), BASE, {"target": "params", "target_reduction": 0.4})
+    assert out["met"] is True and out["missed_by"] == 0.0 and "target met" in out["statement"]
+    none = target_outcome(None, BASE, {"target": "params", "target_reduction": 0.4})
+    assert none["met"] is False and none["measured"] is None and "no candidate" in none["statement"]
+
+
+def test_round_one_says_when_the_target_is_out_of_reach_of_the_profile():
+    objective = Objective(target="latency", target_reduction=0.4)
+    goal, _, converged, why = next_goal([], objective, feasible=0.134, config=PlannerConfig())
+    assert goal == pytest.approx(0.134) and not converged and "cannot be reached" in why
+    _, _, _, reachable = next_goal([], objective, feasible=0.9, config=PlannerConfig())
+    assert "cannot be reached" not in reachable
+
+
+def test_the_report_names_the_profile_the_planners_read():
+    backend = {"planned_on": "ov_int8", "forms_ms": {"ort_dynamic": 2.0, "ov_int8": 1.5},
+               "failed": {"ov_fp32": "RuntimeError: no"}, "latency_table": "ov_int8"}  # fmt: skip
+    (line,) = backend_lines(backend)
+    assert "planners read ov_int8" in line and "ort_dynamic 2.00 ms" in line and "ov_fp32 failed" in line
+    assert "latency table measured on ov_int8" in line
+    assert "torch eager only" in backend_lines(None)[0]

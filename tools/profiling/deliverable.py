@@ -1,0 +1,89 @@
+"""Profile the forms a run can deliver and the latency table of the one the planners will read.
+
+The profile node calls `profile_deliverable` once: every backend form the `--backend` choice can deliver
+(ONNX Runtime's with `onnxruntime`, OpenVINO's with `openvino`, both with `auto`) is built and profiled per node,
+the planned form is named (the fastest), and with a latency target its per-group latency table is measured or read
+from the cache. A form that cannot be built is recorded with its reason; a missing runtime is a note, not a fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.tools.profiling.backend_profile import ORT_FORMS, BackendForm, planned_form, profile_backends
+
+
+def deliverable_forms(backend: str) -> tuple[list[BackendForm], list[str]]:
+    """Return the profiled forms the `--backend` choice can deliver, and why others are left out."""
+    from profiling_agent.tools.runtimes.onnx_model import onnxruntime_missing
+    from profiling_agent.tools.runtimes.openvino_model import nncf_missing
+
+    forms: list[BackendForm] = []
+    notes: list[str] = []
+    if backend in ("onnxruntime", "auto"):
+        missing = onnxruntime_missing()
+        forms += [] if missing else list(ORT_FORMS)
+        notes += [missing] if missing else []
+    if backend in ("openvino", "auto"):
+        missing = nncf_missing()
+        if missing:
+            notes.append(missing)
+        else:
+            from profiling_agent.tools.profiling.openvino_profile import OV_PROFILE_FORMS
+
+            forms += list(OV_PROFILE_FORMS)
+    return forms, notes
+
+
+def latency_table_of(model: nn.Module, example: torch.Tensor, backend: dict[str, Any], forms: Sequence[BackendForm]):
+    """Measure (or read from the cache) the planned form's per-group latency table into `backend`; one-line note."""
+    from profiling_agent.tools.models.embedded_data import cache_dir
+    from profiling_agent.tools.profiling.latency_model import cached_table
+
+    form = next((f for f in forms if f.name == backend.get("planned_on")), None)
+    if form is None:
+        return ""
+    try:
+        backend["latency_table"] = cached_table(model, example, form, cache_dir() / "latency")
+    except Exception as exc:  # noqa: BLE001 - planning falls back to the profile's shares
+        return f"; latency table of {form.name} failed ({type(exc).__name__}: {str(exc)[:120]})"
+    return f"; latency table of {form.name} at ratios {backend['latency_table']['ratios']}"
+
+
+def profile_deliverable(
+    model: nn.Module,
+    shape: Sequence[int],
+    groups: list[Mapping[str, Any]],
+    backend: str,
+    torch_ms: float,
+    latency_target: bool,
+) -> tuple[dict[str, Any], str]:
+    """Profile the deliverable forms of the FP32 baseline per node and name the one the planners read.
+
+    Args:
+        model: The FP32 baseline (moved to the CPU).
+        shape: The input (C, H, W).
+        groups: The torch profile's prunable groups.
+        backend: The `--backend` choice (torch, onnxruntime, openvino, auto).
+        torch_ms: The torch profile's batch-1 total (torch is a candidate under auto).
+        latency_target: Measure the planned form's latency table too.
+
+    Returns:
+        (profile.json's `backend_profile`: forms, planned_on, notes and maybe latency_table; a console note).
+    """
+    forms, notes = deliverable_forms(backend)
+    if not forms:
+        return {"forms": {}, "planned_on": "torch", "notes": notes}, ""
+    model = model.cpu()
+    example = torch.randn((1, *shape), generator=torch.Generator().manual_seed(0))
+    out = profile_backends(model, example, groups, forms)
+    out["planned_on"], out["notes"] = planned_form(out, backend, torch_ms), notes
+    times = ", ".join(f"{name} {row['total_ms']:.2f} ms" for name, row in out["forms"].items() if "total_ms" in row)
+    note = f"; backend profile: {times}; planners read {out['planned_on']}'s latency shares"
+    if latency_target:
+        note += latency_table_of(model, example, out, forms)
+    return out, note

@@ -1,0 +1,54 @@
+"""The profile step as one tool: the torch profile, the deliverable forms' profile, profile.json and its summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from profiling_agent.state import ProfileSummary
+
+
+def profile_baseline(
+    model: nn.Module,
+    shape: Sequence[int],
+    device: torch.device,
+    backend: str,
+    target: str,
+    out_file: Path,
+) -> tuple[ProfileSummary, str]:
+    """Profile the FP32 baseline, write profile.json and return its summary and a one-line message.
+
+    The torch profile (static MACs and params, per-module latency) always runs; on the CPU, unless the
+    `--backend` is torch, the deliverable backend forms are profiled per node too (`deliverable`), with the
+    planned form's latency table when the target is latency.
+
+    Raises:
+        ValueError: A MACs target on a model whose MACs cannot be counted (bad input: the run cannot judge it).
+    """
+    from profiling_agent.tools.io import write_json_atomic
+    from profiling_agent.tools.profiling.deliverable import profile_deliverable
+    from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
+
+    full = planner_profile(model.to(device), shape, device=str(device))
+    groups = full["groups"]
+    if full["totals"].get("macs") is None and target == "macs":
+        raise ValueError(f"--target macs cannot be judged: this model's MACs cannot be counted ({full.get('error')})")
+    backend_note = ""
+    if backend != "torch" and device.type == "cpu":
+        torch_ms = float(full.get("totals", {}).get("latency_ms", 0.0))
+        full["backend_profile"], backend_note = profile_deliverable(
+            model, shape, groups, backend, torch_ms, target == "latency"
+        )
+    write_json_atomic(out_file, full)
+    summary = summarize_profile(full, groups)
+    summary["path"] = out_file.name
+    totals = full.get("totals", {})
+    macs = f"{totals['macs']:,} MACs" if totals.get("macs") is not None else f"MACs unknown ({full.get('error')})"
+    message = (
+        f"{totals.get('params', 0):,} params, {macs}, "
+        f"{totals.get('latency_ms', 0):.2f} ms batch-1 on {device}; {len(groups)} prunable groups"
+    )
+    return ProfileSummary.model_validate(summary), message + backend_note

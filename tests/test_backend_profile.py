@@ -158,3 +158,10 @@ def test_openvino_forms_are_profiled_per_node_and_planned_on_under_openvino(tiny
             assert {f"vit.layers.{i}.mlp.fc1", f"vit.layers.{i}.attention.q_proj"} <= modules, modules
     assert planned_form(out, "openvino", torch_ms=1e9) in ("ov_fp32", "ov_int8")
     assert planned_form(out, "onnxruntime", torch_ms=1e9) == "torch"  # no ONNX Runtime form was profiled
+
+
+def test_measured_savings_never_go_negative_or_backwards():
+    from profiling_agent.tools.profiling.backend_profile import monotone_savings
+
+    # a noisy table: the group looked slower at 25% and at 75% than at lower ratios
+    assert monotone_savings([1.0, 1.1, 0.6, 0.8], base=10.0) == pytest.approx([0.0, 0.0, 0.04, 0.04])

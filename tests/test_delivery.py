@@ -87,6 +87,17 @@ def test_the_peer_is_the_fastest_unpruned_form_within_the_budget():
     assert quantization_only_peer(BASE_VARIANTS, _baseline(objective), Objective(max_acc_drop=6.0))["name"] == "ov_int8"
 
 
+def test_the_peer_is_one_the_backend_choice_could_deliver():
+    """Under --backend openvino the ONNX Runtime forms (built as OpenVINO's source) are no peer; torch counts."""
+    objective = Objective(max_acc_drop=2.0)
+    base = _baseline(objective)
+    assert quantization_only_peer(BASE_VARIANTS, base, objective, "openvino")["name"] == "torch_fp32"  # ov_int8 lost 5
+    wide = Objective(max_acc_drop=6.0)
+    assert quantization_only_peer(BASE_VARIANTS, base, wide, "openvino")["name"] == "ov_int8"
+    assert quantization_only_peer(BASE_VARIANTS, base, wide, "onnxruntime")["name"] == "ort_dynamic"
+    assert quantization_only_peer(BASE_VARIANTS, base, wide, "torch")["name"] == "torch_fp32"
+
+
 def test_a_candidate_outside_the_budget_is_never_delivered():
     objective = Objective(max_acc_drop=2.0)
     best = _best(objective, accuracy=80.0, latency=1.0, peer_latency=4.0, reduction=0.4)

@@ -104,5 +104,5 @@ def measure_unpruned(
         variants=out["variants"],
         timing=out["timing"],
     )
-    record.peer = quantization_only_peer(out["variants"], record.model_dump(), objective)
+    record.peer = quantization_only_peer(out["variants"], record.model_dump(), objective, ctx.backend)
     return record, baseline_message(record, out, forms)

@@ -19,17 +19,30 @@ BASELINE_TORCH = "torch_fp32"  # the untouched torch model among the baseline's 
 
 
 def quantization_only_peer(
-    variants: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], objective: Objective
+    variants: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], objective: Objective, backend: str = "auto"
 ) -> dict[str, Any] | None:
-    """Return the unpruned model's fastest form within the budget (its torch model counts), or None.
+    """Return the unpruned model's fastest form within the budget that `backend` may deliver, or None.
+
+    The peer is what the user could deploy instead with the same `--backend` choice (its torch model counts):
+    under `--backend openvino` an ONNX Runtime form, built only as OpenVINO's source, is not one.
 
     Args:
         variants: The baseline's VariantRecord dicts (torch_fp32 and the ONNX Runtime / OpenVINO forms).
         baseline: The baseline's EvalRecord dict (its accuracy is the budget's reference).
         objective: Budget and target.
+        backend: The run's `--backend` choice.
     """
+    from profiling_agent.tools.runtimes.forms import eligible_forms
+
     base = dict(baseline)
-    fitting = [dict(v) for v in variants if v.get("status") == "ok" and within_budget(dict(v), base, objective)]
+    allowed = eligible_forms(backend, [str(v.get("name")) for v in variants], BASELINE_TORCH)
+    fitting = [
+        dict(v)
+        for v in variants
+        if v.get("status") == "ok"
+        and (allowed is None or v.get("name") in allowed or v.get("name") == BASELINE_TORCH)
+        and within_budget(dict(v), base, objective)
+    ]
     if not fitting:
         return None
     chosen = choose_variant(fitting, dict(baseline), objective.model_copy(update={"target": "latency"}))

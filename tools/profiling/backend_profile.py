@@ -15,7 +15,7 @@ import logging
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,6 +237,20 @@ def planned_form(backend_profile: Mapping[str, Any] | None, backend: str, torch_
     return min(forms, key=lambda n: forms[n]) if forms else "torch"
 
 
+def monotone_savings(times: Sequence[float], base: float) -> list[float]:
+    """Return the share of `base` saved at each ratio, never negative and never smaller than at a lower ratio.
+
+    Pruning more units of a group does not make it slower; a measured table that says so (timer noise on a
+    small model or a busy machine) would make the planner aim at a negative reduction, so the savings are the
+    running maximum of the measured ones, floored at zero.
+    """
+    out, best = [], 0.0
+    for t in times:
+        best = max(best, (times[0] - t) / base)
+        out.append(best)
+    return out
+
+
 def planning_costs(profile: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Return the profile's group costs with `latency_share` taken from the planned form (unchanged for torch)."""
     costs = {name: dict(c) for name, c in profile["group_costs"].items()}
@@ -251,5 +265,5 @@ def planning_costs(profile: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         c["latency_share"] = float(shares.get(name, 0.0))
         if table and table.get("form") == form and name in table["groups"]:
             times, base = table["groups"][name], float(table["total_ms"][0]) or 1.0
-            c["latency_curve"] = {"ratios": table["ratios"], "saved_share": [(times[0] - t) / base for t in times]}
+            c["latency_curve"] = {"ratios": table["ratios"], "saved_share": monotone_savings(times, base)}
     return costs

@@ -1,5 +1,5 @@
-"""`run --recover-procs 2`: the recover node distills in a 2-process gloo job (and the held-out test pass is sharded);
-a SIGKILLed rank stops the run with one line and exit code 1, and `resume` finishes it with every step once."""
+"""`run --recover-procs 2`: the recover node distills in a 2-process gloo job (the validation and held-out test passes
+are sharded too); a SIGKILLed rank stops the run with one line and exit code 1, and `resume` finishes it with every step once."""
 
 from __future__ import annotations
 
@@ -53,5 +53,8 @@ def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(
     assert len(history) == 1 and "2 processes distilled" in history[0], history
     tested = [h["message"] for h in values["history"] if h["node"] == "evaluate_held_out"]
     assert "2 processes" in tested[0] and values["test_eval"]["best_accuracy"] is not None, tested
+    for node in ("measure_baseline", "evaluate"):  # the validation passes are split too
+        passes = [h["message"] for h in values["history"] if h["node"] == node]
+        assert passes and all("validation pass on 2 processes" in m for m in passes), (node, passes)
     curve = json.loads((runs / THREAD / "iter_01" / "recovery.json").read_text())["distill"]
     assert curve["procs"] == 2 and [c[0] for c in curve["curve"]] == list(range(60))  # every step once

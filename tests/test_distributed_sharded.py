@@ -98,3 +98,26 @@ def test_two_gloo_processes_give_the_single_process_predictions_and_figures(two_
     labels = data[f"{part}_labels"]
     assert summarize(sharded, labels, "baseline") == summarize(single, labels, "baseline")
     assert len(sharded["pruned"]) == len(labels) and (single["pruned"] != single["baseline"]).any()
+
+
+@pytest.mark.slow
+def test_recover_procs_splits_the_baselines_validation_pass_and_every_form_scores_the_same(two_models):
+    """`--recover-procs 2` runs measure_baseline's validation pass as a 2-process job: every form's figures equal."""
+    from profiling_agent.state import ArtifactRef, Context, Objective
+    from profiling_agent.tools.data.stream import open_run_data
+    from profiling_agent.tools.evaluation.baseline_eval import measure_unpruned
+
+    run, _ = two_models
+    baseline = ArtifactRef(path="baseline", sha256="", size_bytes=1, params=1)
+    tensors = open_run_data(run, parts=("eval", "calib"))
+    figures = {}
+    for procs in (1, 2):
+        ctx = Context(backend="onnxruntime", recover_procs=procs, launcher=LAUNCHER, latency_repeats=3,
+                      latency_warmup=1, latency_batch=4)  # fmt: skip
+        record, message = measure_unpruned(baseline, Objective(), ctx, root=run, tensors=tensors, macs=None)
+        figures[procs] = {v.name: (v.status, v.accuracy, v.agreement) for v in record.variants}
+        assert (record.timing or {}).get("accuracy_procs") == (2 if procs == 2 else None)
+        assert ("validation pass on 2 processes" in message) == (procs == 2), message
+    assert figures[2] == figures[1]
+    assert sum(status == "ok" for status, _, _ in figures[1].values()) >= 3, figures[1]
+    assert not (run / "baseline_forms" / "eval_job" / "error_rank1.txt").exists()

@@ -81,7 +81,8 @@ def measure_unpruned(
             rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())), processor=loaded.processor,
             extra={"params": baseline.params, "macs": macs}, objective=objective, ctx=ctx, device=device,
             threads=threads, allowed_ids=allowed_ids, check_images=CHECK_IMAGES,
-            torch_forms={"torch_fp32": ("baseline", baseline.size_bytes, baseline.path)},
+            torch_forms={"torch_fp32": ("baseline", baseline.size_bytes, baseline.path)}, run=root,
+            model_paths={"baseline": root / baseline.path},
         )  # fmt: skip
         report(2, 2, "")
     lat = out["measured"]["baseline"]

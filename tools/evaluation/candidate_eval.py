@@ -32,7 +32,8 @@ def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path) -> d
     """Load what one round measures: the baseline, the candidate's torch forms and the one-shot weights.
 
     Returns:
-        {"models" (key -> model), "fp32" (what the runtimes convert), "torch_name", "torch_forms", "processor"}.
+        {"models" (key -> model), "paths" (key -> its artifact), "fp32" (what the runtimes convert), "torch_name",
+        "torch_forms", "processor"}.
     """
     from profiling_agent.tools.models.artifact_load import load_artifact
 
@@ -40,15 +41,18 @@ def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path) -> d
     cand = load_artifact(root / current.artifact.path)
     torch_name = f"torch_{sorted(set(quantized_dtypes(cand.recipe)))[0]}" if current.quantized else "torch_fp32"
     models = {"baseline": load_artifact(root / baseline.path).model, torch_name: cand.model}
+    paths = {"baseline": root / baseline.path, torch_name: root / current.artifact.path}
     fp32 = cand.model
     fp32_ref = current.recovered or current.pruned  # the fp32 pruned model, after recovery when it ran
     torch_forms = {torch_name: (torch_name, current.artifact.size_bytes, current.artifact.path)}
     if current.quantized and fp32_ref:  # the fp32 pruned model: its own variant and what the runtimes convert
         fp32 = models["torch_fp32"] = load_artifact(root / fp32_ref.path).model
+        paths["torch_fp32"] = root / fp32_ref.path
         torch_forms["torch_fp32"] = ("torch_fp32", fp32_ref.size_bytes, fp32_ref.path)
     if current.recovered and current.pruned:  # the one-shot weights: accuracy before recovery (not timed)
         models[UNRECOVERED] = load_artifact(root / current.pruned.path).model
-    return {"models": models, "fp32": fp32, "torch_name": torch_name, "torch_forms": torch_forms,
+        paths[UNRECOVERED] = root / current.pruned.path
+    return {"models": models, "paths": paths, "fp32": fp32, "torch_name": torch_name, "torch_forms": torch_forms,
             "processor": cand.processor}  # fmt: skip
 
 
@@ -203,7 +207,8 @@ def evaluate_candidate(
             rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())), objective=objective, ctx=ctx,
             device=device, threads=threads, torch_forms=loaded["torch_forms"], processor=loaded["processor"],
             extra={"params": current.artifact.params, "macs": current.macs}, allowed_ids=allowed_ids,
-            check_images=CHECK_IMAGES, untimed=[UNRECOVERED], peer=base_eval.peer, peer_root=root,
+            check_images=CHECK_IMAGES, untimed=[UNRECOVERED], peer=base_eval.peer, peer_root=root, run=root,
+            model_paths=loaded["paths"],
         )  # fmt: skip
     report(3, 3, "")
     measured = out["measured"]

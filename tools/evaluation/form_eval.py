@@ -97,6 +97,34 @@ def int8_retry(
     return retry
 
 
+def sharded_predictor(
+    run: Path,
+    paths: Mapping[str, Path],
+    ctx: Context,
+    *,
+    job_dir: Path,
+    device: str,
+    threads: int,
+    allowed_ids: list[int] | None,
+) -> Callable[[Mapping[str, nn.Module]], dict[str, torch.Tensor]]:
+    """Return measure_forms' `predict`: the run's validation images split over `ctx.recover_procs` processes.
+
+    Every rank opens the saved models (`paths`: model key -> artifact or form folder) and predicts whole batches
+    of its shard in the batches one process uses, so the predictions are the single process's exactly
+    (docs/distributed.md).
+    """
+    from profiling_agent.tools.evaluation.sharded import sharded_predictions
+
+    def predict(models: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+        return sharded_predictions(
+            run, "eval", {name: paths[name] for name in models}, procs=ctx.recover_procs, job_dir=job_dir,
+            batch_size=accuracy_batch(ctx.eval_batch, device), launcher=ctx.launcher, device=device,
+            threads=threads, allowed_ids=allowed_ids,
+        )  # fmt: skip
+
+    return predict
+
+
 def forms_line(variants: Sequence[Mapping[str, Any]]) -> str:
     """One line per run step: each form's speed-up and accuracy, or failed / skipped."""
     parts = []
@@ -109,9 +137,14 @@ def forms_line(variants: Sequence[Mapping[str, Any]]) -> str:
 
 
 def timing_notice(timing: Mapping[str, Any] | None) -> str:
-    """Say when the timings were taken on a busy machine (flagged) or had to be taken again."""
+    """Say when the validation pass was split over processes, and when the timings were taken on a busy machine
+    (flagged) or had to be taken again."""
     if not timing:
         return ""
+    if timing.get("accuracy_procs"):
+        return f"; validation pass on {timing['accuracy_procs']} processes" + timing_notice(
+            {k: v for k, v in timing.items() if k != "accuracy_procs"}
+        )
     ratio, factor = timing.get("wall_over_cpu"), timing.get("factor")
     if timing.get("busy"):
         return (
@@ -145,6 +178,8 @@ def evaluate_forms(
     untimed: Sequence[str] = (),
     peer: Mapping[str, Any] | None = None,
     peer_root: Path | None = None,
+    run: Path | None = None,
+    model_paths: Mapping[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Build `forms` of `fp32`, measure them with `models` (which hold "baseline"), and record every form.
 
@@ -169,6 +204,9 @@ def evaluate_forms(
         untimed: Model keys predicted but not timed.
         peer: The quantization-only peer (the baseline's fastest form), timed beside as "unpruned_<name>".
         peer_root: Folder the peer's recorded path is relative to.
+        run: The run folder (its prepared images); with `model_paths` and `ctx.recover_procs` > 1, the
+            validation pass is split over that many processes (the same predictions).
+        model_paths: Where each of `models` is saved (every one must be for a split pass).
 
     Returns:
         {"measured", "timing", "variants" (VariantRecord dicts: torch forms first), "built", "line", "notice"}.
@@ -187,6 +225,11 @@ def evaluate_forms(
     config = getattr(fp32, "config", None)
     retry = int8_retry(built, calib_pixels, pixels, labels, objective, allowed_ids, threads,
                         getattr(config, "model_type", None))  # fmt: skip
+    paths = {**(model_paths or {}), **{v.name: Path(v.path) for v in built if v.status == "ok" and v.path}}
+    predict = None
+    if ctx.recover_procs > 1 and run is not None and set(models) <= set(paths):
+        predict = sharded_predictor(run, paths, ctx, job_dir=out_dir / "eval_job", device=device,
+                                    threads=threads, allowed_ids=allowed_ids)  # fmt: skip
     measured, timing = measure_forms(
         models,
         pixels,
@@ -201,7 +244,10 @@ def evaluate_forms(
         parallel=concurrent_models(device, threads, len(models)),  # accuracy passes only; timing runs alone
         retry=retry,
         time_only=time_only,
+        predict=predict,
     )
+    if predict is not None:
+        timing["accuracy_procs"] = ctx.recover_procs
     variants = [
         variant_record(name, measured[key], size_bytes=size, path=path)
         for name, (key, size, path) in torch_forms.items()

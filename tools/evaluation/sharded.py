@@ -111,11 +111,15 @@ def summarize(preds: Mapping[str, torch.Tensor], labels: torch.Tensor, reference
 
 
 def load_model(path: str | Path, threads: int = 1) -> nn.Module:
-    """Open a saved model as a run delivers it: an ONNX Runtime folder, or a torch artifact."""
+    """Open a saved model as a run delivers it: an OpenVINO IR or ONNX Runtime folder, or a torch artifact."""
+    from profiling_agent.tools.evaluation.form_eval import load_form
     from profiling_agent.tools.models.artifact_load import load_artifact
-    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder
+    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder
+    from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder
 
-    return load_onnx_folder(path, threads) if is_onnx_folder(path) else load_artifact(path).model
+    if is_onnx_folder(path) or is_openvino_folder(path):
+        return load_form(path, threads)
+    return load_artifact(path).model
 
 
 def main(argv: list[str] | None = None) -> int:

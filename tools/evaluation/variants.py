@@ -33,6 +33,7 @@ def measure_forms(
     parallel: int = 1,
     retry: Callable[[dict[str, float]], dict[str, nn.Module]] | None = None,
     time_only: Mapping[str, nn.Module] | None = None,
+    predict: Callable[[Mapping[str, nn.Module]], dict[str, torch.Tensor]] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Predict with every model on the same images, then time them interleaved in one `measure_latency` call.
 
@@ -55,6 +56,8 @@ def measure_forms(
         retry: Called with every model's accuracy after the accuracy pass; returns models to replace (rebuilt
             forms, e.g. an accuracy-controlled INT8), which are predicted again before timing.
         time_only: Models timed beside the others but not predicted (their accuracy is known: the peer).
+        predict: Predicts `models` on `pixels` for the accuracy pass (default: `predict_many` in this process;
+            a sharded pass gives the same predictions). A retry's rebuilt models are predicted in this process.
 
     Returns:
         ({name: {"preds", "accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch",
@@ -64,7 +67,11 @@ def measure_forms(
     if BASELINE not in models:
         raise ValueError("measure_forms needs a 'baseline' model")
     batch = accuracy_batch(eval_batch, device)
-    preds = predict_many(models, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids, parallel=parallel)
+    if predict is not None:
+        preds = predict(models)
+    else:
+        preds = predict_many(models, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids,
+                             parallel=parallel)  # fmt: skip
     if retry is not None:
         replaced = retry({name: top1(p, labels) for name, p in preds.items()})
         if replaced:

@@ -1,5 +1,8 @@
-"""`run --recover-procs 2`: the recover node distills in a 2-process gloo job (the validation and held-out test passes
-are sharded too); a SIGKILLed rank stops the run with one line and exit code 1, and `resume` finishes it with every step once."""
+"""`run --recover-procs 2`: the recover node distills in a 2-process gloo job.
+
+The validation and held-out test passes are sharded too; a SIGKILLed rank stops the run with one line and exit
+code 1, and `resume` finishes it with every step once.
+"""
 
 from __future__ import annotations
 

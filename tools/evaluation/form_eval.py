@@ -137,8 +137,10 @@ def forms_line(variants: Sequence[Mapping[str, Any]]) -> str:
 
 
 def timing_notice(timing: Mapping[str, Any] | None) -> str:
-    """Say when the validation pass was split over processes, and when the timings were taken on a busy machine
-    (flagged) or had to be taken again."""
+    """Say when the validation pass was split over processes and when the timings were busy or taken again.
+
+    Timings taken on a busy machine are flagged; a first busy attempt that was re-measured is said.
+    """
     if not timing:
         return ""
     if timing.get("accuracy_procs"):

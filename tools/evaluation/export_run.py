@@ -98,10 +98,9 @@ def export_run(
         ExportError: Bad run folder or format/quantize pair; RuntimeError: the export or quantization failed.
     """
     from profiling_agent.tools.data.stream import open_run_data
-    from profiling_agent.tools.evaluation.form_eval import load_form
     from profiling_agent.tools.evaluation.metrics import predict, top1
     from profiling_agent.tools.models.artifact_load import load_artifact
-    from profiling_agent.tools.runtimes.forms import build_forms
+    from profiling_agent.tools.runtimes.forms import build_forms, load_form
 
     form = FORMS.get((fmt, quantize))
     if form is None:

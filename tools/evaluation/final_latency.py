@@ -34,9 +34,10 @@ def final_latency(
     """
     from profiling_agent.tools.device import cpu_only, measure_device
     from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
-    from profiling_agent.tools.evaluation.form_eval import eval_threads, load_form
+    from profiling_agent.tools.evaluation.form_eval import eval_threads
     from profiling_agent.tools.evaluation.latency import measure_latency_checked
     from profiling_agent.tools.models.artifact_load import load_artifact, load_run_form
+    from profiling_agent.tools.runtimes.forms import load_form
 
     ok = [c for c in candidates if c.status == "ok" and c.artifact]
     if not ok or baseline is None or images is None:

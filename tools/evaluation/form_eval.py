@@ -9,7 +9,6 @@ numbers into VariantRecord dicts.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,10 @@ from profiling_agent.state import Context, Objective
 from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models
 from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
-from profiling_agent.tools.runtimes.forms import build_forms, fp32_reference, rebuild_int8
+from profiling_agent.tools.runtimes.forms import build_forms, fp32_reference, load_form, rebuild_int8
 from profiling_agent.tools.runtimes.onnx_forms import Variant
-from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, is_onnx_folder, load_onnx_folder
-from profiling_agent.tools.runtimes.openvino_model import OV_FILE, is_openvino_folder, load_openvino_folder
+from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE
+from profiling_agent.tools.runtimes.openvino_model import OV_FILE
 
 # One thread unless --threads says otherwise: every runtime then gets the same single core (no thread-pool or
 # spin-wait differences between torch's OpenMP, ONNX Runtime and OpenVINO), wall time over process CPU time
@@ -43,15 +42,6 @@ def eval_threads(threads: int | None) -> Iterator[int]:
         yield torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-
-
-def load_form(path: str | os.PathLike, threads: int | None = None) -> nn.Module:
-    """Open a delivered form's folder: an OpenVINO IR or an ONNX Runtime file (raises when it is neither)."""
-    if is_openvino_folder(path):
-        return load_openvino_folder(path, threads)
-    if is_onnx_folder(path):
-        return load_onnx_folder(path, threads)
-    raise ValueError(f"{path} holds neither an OpenVINO nor an ONNX form")
 
 
 def int8_retry(

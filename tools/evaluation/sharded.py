@@ -112,8 +112,8 @@ def summarize(preds: Mapping[str, torch.Tensor], labels: torch.Tensor, reference
 
 def load_model(path: str | Path, threads: int = 1) -> nn.Module:
     """Open a saved model as a run delivers it: an OpenVINO IR or ONNX Runtime folder, or a torch artifact."""
-    from profiling_agent.tools.evaluation.form_eval import load_form
     from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.runtimes.forms import load_form
     from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder
     from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder
 

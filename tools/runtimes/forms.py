@@ -43,6 +43,18 @@ ROUND_TIE = 1.5  # ... and every other form within this factor of the fastest on
 FP32_REFERENCES = ("ov_fp32", "ort_fp32", "torch_fp32", "baseline")  # an int8 form's "own FP32 form", first found
 
 
+def load_form(path: str | os.PathLike, threads: int | None = None) -> nn.Module:
+    """Open a delivered form's folder: an OpenVINO IR or an ONNX Runtime file (raises when it is neither)."""
+    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder
+    from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
+
+    if is_openvino_folder(path):
+        return load_openvino_folder(path, threads)
+    if is_onnx_folder(path):
+        return load_onnx_folder(path, threads)
+    raise ValueError(f"{path} holds neither an OpenVINO nor an ONNX form")
+
+
 def build_forms(
     model: nn.Module,
     calib_pixels: torch.Tensor,

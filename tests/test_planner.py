@@ -47,6 +47,26 @@ def test_effective_ratio_floors_and_keeps_min_units():
     assert effective_ratio(10, 1, 0.5) == 0.5
 
 
+def test_planned_channel_widths_are_whole_blocks_and_the_engine_floor_removes_exactly_them():
+    from profiling_agent.tools.compression.units import removed_units, unit_align
+    from profiling_agent.tools.planning.deterministic import aligned_ratio
+
+    assert [unit_align("structured", n) for n in (8, 16, 31, 32, 3072)] == [1, 8, 8, 16, 16]
+    assert unit_align("head", 64) == 1  # heads are whole units already
+    assert removed_units(64, 1, 0.3, 16) == 16  # 19 removed -> 45 kept -> 48 kept
+    assert removed_units(64, 1, 0.1, 16) == 0  # 58 kept rounds back up to 64
+    assert removed_units(16, 1, 0.34, 8) == 8  # 11 kept -> 8
+    assert removed_units(64, 1, 0.99, 16) == 48  # at least one block stays
+    assert removed_units(47, 1, 0.05, 16) == 0  # never more than the group has
+    for units, ratio in ((16, 0.34), (32, 0.45), (64, 0.3), (3072, 0.437), (12, 0.3)):
+        group = {"units": units, "min_units": 1, "kind": "structured"}
+        r = aligned_ratio(group, ratio)
+        kept = units - removed_units(units, 1, r)  # what the engine does with the emitted ratio
+        assert kept % unit_align("structured", units) == 0 and kept > 0, (units, ratio, kept)
+    assert aligned_ratio({"units": 64, "min_units": 1, "kind": "structured"}, 0.7, cap=0.7) == 0.5  # 48 > cap
+    assert aligned_ratio({"units": 12, "min_units": 1, "kind": "head"}, 0.3) == 3 / 12
+
+
 def test_round_one_hits_the_target_estimate_and_prefers_insensitive_groups():
     objective = Objective(target="params", target_reduction=0.3, quantize="qint8")
     result = plan_round(GROUPS, COSTS, SENS, objective, history=[])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiling_agent.state import Candidate, CompressionPlan, EvalRecord, Objective, PruneEntry, QuantEntry
-from profiling_agent.tools.compression.units import removed_units
+from profiling_agent.tools.compression.units import removed_units, unit_align
 from profiling_agent.tools.evaluation.selection import (
     accuracy_drop,
     quantization_slowed,
@@ -62,6 +62,24 @@ def effective_ratio(units: int, min_units: int, ratio: float) -> float:
     return removed_units(units, min_units, ratio) / units
 
 
+def aligned_ratio(group: dict[str, Any], ratio: float, cap: float = 1.0) -> float:
+    """Return the ratio that prunes `group` at about `ratio` (at most `cap`) and keeps whole channel blocks.
+
+    A channel group's kept width is rounded to the nearest multiple of the runtimes' channel block
+    (`units.unit_align`: 16 from 32 channels, 8 from 16; heads are whole already), one block more when the
+    nearest would pass `cap`; the ratio is returned as removed / units, so the engine's floor removes exactly
+    that many units and a pruned width never pays for a partly filled block.
+    """
+    units, min_units = int(group["units"]), int(group.get("min_units", 1))
+    if units <= 0:
+        return 0.0
+    align = unit_align(str(group.get("kind", "structured")), units)
+    removed = removed_units(units, min_units, ratio, align)
+    if removed > units * cap + 1e-9:
+        removed = max(0, removed - align)
+    return removed / units
+
+
 def group_weights(
     groups: list[dict[str, Any]], costs: dict[str, dict[str, Any]], sensitivity: dict[str, dict[str, Any]], gamma: float
 ) -> dict[str, float]:
@@ -82,7 +100,7 @@ def _ratios_at(level: float, groups, weights, config: PlannerConfig) -> dict[str
     out = {}
     for g in groups:
         cap = config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured
-        out[g["name"]] = min(cap, level * weights[g["name"]])
+        out[g["name"]] = aligned_ratio(g, min(cap, level * weights[g["name"]]), cap)
     return out
 
 
@@ -162,7 +180,8 @@ def ceiling_of(history: list[dict[str, Any]]) -> float | None:
 def max_feasible(groups, costs, target: str, config: PlannerConfig) -> float:
     """Return the largest reduction the ratio caps allow."""
     caps = {g["name"]: config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured for g in groups}
-    return estimate_reduction(caps, groups, costs, target)
+    aligned = {g["name"]: aligned_ratio(g, caps[g["name"]], caps[g["name"]]) for g in groups}
+    return estimate_reduction(aligned, groups, costs, target)
 
 
 def next_goal(

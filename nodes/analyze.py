@@ -51,10 +51,11 @@ def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None):
 
 def baseline_round(state: State, iteration: int) -> dict[str, Any]:
     """Plan a uniform l1/l2/random baseline: no sensitivity probe; the plan never changes, so one round is enough."""
-    from profiling_agent.tools.compression.baselines import uniform_plan
+    from profiling_agent.tools.compression.baselines import as_baseline, check_ratio, uniform_plan
     from profiling_agent.tools.io import read_json, write_json_atomic
 
-    planner, ratio = state.objective.planner, state.objective.ratio
+    planner = as_baseline(state.objective.planner)
+    ratio = check_ratio(state.objective.ratio, planner)
     if state.candidates:  # the same plan again would give the same candidate
         stop = f"uniform {planner} baseline at ratio {ratio:g}: stopped after 1 iteration (its plan never changes)"
         return {"stop_reason": stop, "history": event("analyze", f"stopping: {stop}", state.iteration)}

@@ -16,6 +16,7 @@ from profiling_agent.tools.compression.depgraph import (
     PlanStep,
     build_dependency_graph,
     dependency_groups,
+    output_width,
     per_head_params,
     plan_steps,
     protected_names,
@@ -68,9 +69,9 @@ def _verify_sizes(model: nn.Module, steps: list[PlanStep], applied: list[dict[st
     for step, row in zip(steps, applied, strict=True):
         expected = row["units_after"] * step.group.unit_size
         for root in step.group.roots:
-            weight = model.get_submodule(root).weight
-            if weight.shape[0] != expected:
-                raise PruneError(f"group {step.group.name}: {root} has {weight.shape[0]} outputs, expected {expected}")
+            width = output_width(model, root)
+            if width != expected:
+                raise PruneError(f"group {step.group.name}: {root} has {width} outputs, expected {expected}")
 
 
 def _applied_row(step: PlanStep, removed: list[int]) -> dict[str, Any]:

@@ -56,7 +56,9 @@ def mask_removed_units(
             for name in group.members:
                 module = model.get_submodule(name)
                 weight = getattr(module, "weight", None)
-                consumer = isinstance(weight, torch.Tensor) and weight.ndim >= 2 and weight.shape[1] == width
+                if not isinstance(weight, torch.Tensor):
+                    continue
+                consumer = weight.ndim >= 2 and weight.shape[1] == width
                 if name not in group.roots and consumer and getattr(module, "groups", 1) == 1:
                     weight[:, channels] = 0.0
 

@@ -7,7 +7,7 @@ import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -175,6 +175,18 @@ def unit_scores(model: nn.Module, group: PrunableGroup, importance: Literal["l2"
             per_channel += terms
     per_unit = per_channel.view(group.units, group.unit_size).sum(1)
     return per_unit.sqrt() if power == 2 else per_unit
+
+
+def as_importance(value: str) -> Importance:
+    """Return `value` as an importance name (l2, l1 or random).
+
+    Raises:
+        ValueError: On any other name.
+    """
+    for name in get_args(Importance):
+        if value == name:
+            return name
+    raise ValueError(f"unknown importance {value!r}: use l2, l1 or random")
 
 
 def select_units(

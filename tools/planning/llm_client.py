@@ -160,19 +160,20 @@ def planner_mode(requested: str, ctx: Context) -> tuple[str, str]:
 def build_chat_model(ctx: Context) -> Any:
     """Build the OpenAI-compatible chat model from the run context (the key is read from the environment)."""
     from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
 
     url = llm_base_url(ctx)
     # langchain sends OpenAI's max_completion_tokens; llama-cpp-python and older servers only read max_tokens
-    extra = {} if "api.openai.com" in url or not url else {"extra_body": {"max_tokens": ctx.llm_max_tokens}}
+    extra_body = None if "api.openai.com" in url or not url else {"max_tokens": ctx.llm_max_tokens}
     return ChatOpenAI(
         model=ctx.llm_model,
         base_url=url or None,
-        api_key=os.environ.get(ctx.llm_api_key_env) or "no-key",  # keyless local servers accept any key
+        api_key=SecretStr(os.environ.get(ctx.llm_api_key_env) or "no-key"),  # keyless local servers accept any key
         temperature=ctx.llm_temperature,
         timeout=ctx.llm_timeout,
         max_retries=1,
-        max_tokens=ctx.llm_max_tokens,
-        **extra,
+        max_completion_tokens=ctx.llm_max_tokens,
+        extra_body=extra_body,
     )
 
 
@@ -215,7 +216,7 @@ def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> A
         raise PlannerFailure("timeout", f"no reply within {deadline:.1f} s")
     if "error" in box:
         exc = box["error"]
-        stage = "timeout" if _is_timeout(exc) else "error"
+        stage: Stage = "timeout" if _is_timeout(exc) else "error"
         raise PlannerFailure(stage, f"{type(exc).__name__}: {str(exc)[:300]}", status=http_status(exc))
     reply = box.get("reply")
     if not isinstance(reply, AIMessage):

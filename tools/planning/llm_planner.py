@@ -150,7 +150,8 @@ def plan_with_llm(
     iteration = planning_round(state)
     transcript = Transcript.open(state.run_path, iteration)
     guard = llm_guard(state, iteration)
-    usage, tool_errors = empty_usage(), []
+    usage = empty_usage()
+    tool_errors: list[dict[str, str]] = []
     finder = ModeFinder(ctx.llm_structured, known_structured_mode(state))
     proposals: list[Proposal] = []
     try:

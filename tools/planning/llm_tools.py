@@ -302,7 +302,7 @@ def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], d
             verdict, _ = data.guard(plan_json)
         except ValueError as exc:
             return f"error: {exc}"
-        if not verdict.ok:
+        if not verdict.ok or verdict.plan is None:
             return dump({"valid": False, "reasons": verdict.reasons})
         try:
             return dump({"valid": True, "measured": evaluate_fn(verdict.plan.model_dump())})
@@ -350,6 +350,7 @@ def make_plan_evaluator(
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.compression.quantization import quantize_model
     from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.compression.units import as_importance
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
     from profiling_agent.tools.models.sizes import count_params
 
@@ -369,7 +370,7 @@ def make_plan_evaluator(
         base_preds, base_params = reference()
         model = load_baseline()
         example = pixels[:1].clone()
-        report = prune_model(model, plan.get("pruning") or [], example, importance=importance, seed=seed)
+        report = prune_model(model, plan.get("pruning") or [], example, importance=as_importance(importance), seed=seed)
         self_check(model, example, int(model.config.num_labels))
         if recover is not None:
             recover(model, report.applied)

@@ -54,16 +54,16 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         iteration_dir(state, it) / "pruned",
         processor=loaded.processor,
         attrs=report.attrs,
-        extra={"role": "pruned", "iteration": it, "applied": report.applied, "macs": macs},
+        extra={"role": "pruned", "iteration": it, "applied": [a.model_dump() for a in report.applied], "macs": macs},
     )
-    applied = [{k: v for k, v in a.items() if k != "removed"} for a in report.applied]
+    applied = [a.applied() for a in report.applied]
     current.status, current.applied, current.macs = "ok", applied, macs
     current.pruned = ArtifactRef.model_validate(artifact_ref(state, saved))
     current.params_before, current.params_after = report.params_before, report.params_after
     emit(runtime, kind="progress", task=f"iteration {it}: pruning", done=1, total=1, label="")
     removed = report.params_before - report.params_after
     message = (
-        f"pruned {sum(a['units_before'] != a['units_after'] for a in applied)} groups: "
+        f"pruned {sum(a.units_before != a.units_after for a in applied)} groups: "
         f"{removed:,} params removed ({removed / max(report.params_before, 1):.1%}); self-check passed"
     )
     return {"current": current.model_dump(), "history": event("prune", message, it)}

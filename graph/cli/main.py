@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from profiling_agent.tools.planning.llm_client import planner_mode
 
     try:  # auto: the LLM when one is configured; llm without one: one-line error naming the missing setting
-        _mode, planner_note = planner_mode(payload["objective"]["planner"], Context.of(ctx))
+        planner_note = planner_mode(payload["objective"]["planner"], Context.of(ctx)).note
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     thread_id = args.thread_id = args.thread_id or _new_thread_id(payload["model"]["ref"])

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, tool
 
+from profiling_agent.tools.compression.units import PrunedGroup
 from profiling_agent.tools.planning.plan_guard import GuardConfig, GuardVerdict, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
 from profiling_agent.tools.planning.regex_safety import regex_problem
@@ -326,7 +327,7 @@ def make_plan_evaluator(
     importance: str = "l2",
     seed: int = 0,
     max_calls: int = MAX_EVALUATIONS,
-    recover: Callable[[Any, list[dict[str, Any]]], None] | None = None,
+    recover: Callable[[Any, list[PrunedGroup]], None] | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Build `evaluate_fn` for the evaluate_plan tool: apply a plan to a fresh copy of the baseline and measure it.
 
@@ -387,7 +388,7 @@ def make_plan_evaluator(
             "agreement": agreement(preds, base_preds),
             "params": params,
             "params_reduction": 1 - params / max(base_params, 1),
-            "groups_pruned": sum(a["units_before"] != a["units_after"] for a in report.applied),
+            "groups_pruned": sum(a.units_before != a.units_after for a in report.applied),
             "quantized_linear_layers": len(layers),
             "evaluations_left": max_calls - cache["calls"],
         }

@@ -15,7 +15,8 @@ PruneType = Literal["structured", "head"]
 QuantDtype = Literal["qint8", "float16"]
 QuantizeChoice = Literal["qint8", "float16", "none"]
 PlannerChoice = Literal["deterministic", "llm", "auto", "l1", "l2", "random"]
-BASELINE_PLANNERS = ("l1", "l2", "random")  # uniform pruning baselines (tools/compression/baselines.py)
+BaselinePlanner = Literal["l1", "l2", "random"]
+BASELINE_PLANNERS: tuple[BaselinePlanner, ...] = ("l1", "l2", "random")  # uniform baselines (compression/baselines.py)
 SelectRule = Literal["paper", "budget"]
 TargetMetric = Literal["params", "macs", "latency", "size"]
 BackendChoice = Literal["torch", "onnxruntime", "auto"]
@@ -293,13 +294,25 @@ class EvalRecord(_Strict):
     timing: dict[str, Any] | None = Field(default=None, description="Wall vs CPU time, busy flag, re-measures.")
 
 
+class LLMStep(_Strict):
+    """What one LLM planning step did (never the API key): its model, outcome, transcript and token usage."""
+
+    model: str = Field(default="", description="The chat model.")
+    planner: str = Field(default="", description="llm, or deterministic when the LLM's plan was refused.")
+    transcript: str | None = Field(default=None, description="The step's JSONL transcript, relative to the run.")
+    usage: dict[str, int] = Field(default_factory=dict, description="calls, input/output/total tokens.")
+    tool_errors: list[dict[str, str]] = Field(default_factory=list, description="Tool calls refused or failed.")
+    structured: dict[str, Any] = Field(default_factory=dict, description="Structured-output mode tried and found.")
+    vs_proposal: str | None = Field(default=None, description="The applied plan against the proposal, in words.")
+
+
 class PlannerMeta(_Strict):
     """What the planner aimed at in a round (later rounds learn from it)."""
 
     goal: float | None = Field(default=None, description="Estimated reduction of the target the plan aimed at.")
     gamma: float | None = Field(default=None, description="Sensitivity exponent of the deterministic planner.")
     converged: bool = Field(default=False, description="The deterministic planner had nothing new to try.")
-    llm: dict[str, Any] | None = Field(default=None, description="The LLM step's facts (model, usage, transcript).")
+    llm: LLMStep | None = Field(default=None, description="The LLM step's facts (model, usage, transcript).")
     vs_proposal: dict[str, Any] | None = Field(default=None, description="LLM plan vs proposal: a ProposalDiff.")
     turn: str | None = Field(default=None, description="With an LLM: llm, or reference (the deterministic sequence).")
     baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
@@ -351,6 +364,17 @@ class RoundCheck(_Strict):
     latency_against: str | None = None  # where the unpruned form's latency came from
 
 
+class AppliedGroup(_Strict):
+    """What pruning did to one matched group (the removed unit indices stay in the pruned artifact's JSON)."""
+
+    group: str = Field(description="Prunable group name.")
+    module: str = Field(description="The group's module.")
+    kind: PruneType = Field(description="structured (channels) or head (attention heads).")
+    ratio: float = Field(description="The plan's ratio for it.")
+    units_before: int = Field(description="Units (channels or heads) before pruning.")
+    units_after: int = Field(description="Units left.")
+
+
 class Candidate(_Strict):
     """One iteration's plan, what pruning actually did, its artifacts and its evaluation."""
 
@@ -362,7 +386,7 @@ class Candidate(_Strict):
     planner: str = Field(default="", description="Planner that produced the plan.")
     planner_meta: PlannerMeta = Field(default_factory=PlannerMeta, description="What the planner aimed at.")
     review: Review | None = Field(default=None, description="The human decision, when the run asks for one.")
-    applied: list[dict[str, Any]] = Field(default_factory=list, description="Per-group pruning as applied.")
+    applied: list[AppliedGroup] = Field(default_factory=list, description="Per-group pruning as applied.")
     pruned: ArtifactRef | None = Field(default=None, description="The pruned fp32 model.")
     macs: int | None = Field(default=None, description="MACs of one image after pruning.")
     params_before: int | None = Field(default=None, description="Parameters before pruning.")
@@ -422,15 +446,52 @@ class ReportRef(_Strict):
     best: str | None = Field(default=None, description="The delivered model's folder.")
 
 
-class HistoryEvent(BaseModel):
-    """One node step: which node, which iteration, when, and what it did (extra facts allowed)."""
+class PlannerMode(_Strict):
+    """How the objective's planner choice resolved against the configuration."""
 
-    model_config = ConfigDict(extra="allow")
+    requested: str = Field(description="The objective's planner (auto, llm, deterministic, l1/l2/random).")
+    mode: str = Field(description="What plans the rounds: llm (beside the deterministic reference) or that planner.")
+    note: str = Field(default="", description="Why, in words (the endpoint, or the missing setting).")
+
+
+class StateSchemaError(Exception):
+    """A checkpoint holds a key this version does not know (written by another version, or damaged): one line."""
+
+
+# keys older versions wrote in history events -> today's field
+LEGACY_HISTORY_KEYS = {"planner": "planner_choice"}
+
+
+class HistoryEvent(_Strict):
+    """One node step: which node, which iteration, when, what it did, and the facts some nodes add."""
 
     node: str
     iteration: int = 0
     time: float
     message: str
+    rationale: str | None = Field(default=None, description="analyze: the plan's rationale.")
+    planner_choice: PlannerMode | None = Field(default=None, description="analyze: how the planner choice resolved.")
+    llm: LLMStep | None = Field(default=None, description="analyze: the round's LLM step, when an LLM was asked.")
+    safe_adapter: bool | None = Field(default=None, description="acquire: the family adapter is a tested one.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """Map the keys older versions wrote to today's fields; refuse an unknown key in one line naming it."""
+        if not isinstance(data, dict):
+            return data
+        data = {LEGACY_HISTORY_KEYS.get(k, k): v for k, v in data.items()}
+        unknown = sorted(set(data) - set(cls.model_fields))
+        if unknown:
+            raise StateSchemaError(
+                f"a history event of node {data.get('node')!r} has the unknown key {unknown[0]!r}: this checkpoint "
+                "was written by another version of profiling-agent"
+            )
+        return data
+
+    def to_update(self) -> dict[str, Any]:
+        """Return the event as the JSON a node returns (the facts it does not carry left out)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 # ---------------------------------------------------------------- graph state

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -113,6 +114,8 @@ def thread_ids(saver: BaseCheckpointSaver) -> list[str]:
         from profiling_agent.graph.checkpoint_pg import postgres_thread_ids
 
         return postgres_thread_ids(saver)
+    if not isinstance(saver, SqliteSaver):
+        raise TypeError(f"cannot list the threads of a {type(saver).__name__}: SQLite or PostgreSQL only")
     try:
         cur = saver.conn.execute("SELECT thread_id, MIN(rowid) FROM checkpoints GROUP BY thread_id ORDER BY 2")
     except sqlite3.OperationalError as exc:
@@ -160,7 +163,7 @@ def follow_renamed_node(graph: Any, saver: BaseCheckpointSaver, config: dict[str
     The checkpoint's pending trigger names the old node, which the graph no longer has: re-running the router of
     the node before it (with no new values) triggers the node under its new name, so `resume` continues there.
     """
-    saved = saver.get_tuple(config)
+    saved = saver.get_tuple(cast(RunnableConfig, config))
     pending = (saved.checkpoint.get("channel_values") or {}) if saved else {}
     for old, before in RENAMED_NODES.items():
         if f"branch:to:{old}" in pending:

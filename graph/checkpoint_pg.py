@@ -74,7 +74,7 @@ def open_postgres(url: str) -> Any:
         params = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         raise CheckpointStoreError(f"invalid checkpoint URL {redact(url)}: {_first_line(exc)}") from None
-    extra = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT}
+    extra: dict[str, Any] = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT}
     try:
         conn = psycopg.Connection.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row, **extra)
     except psycopg.Error as exc:

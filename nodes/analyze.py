@@ -51,10 +51,11 @@ def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None):
 
 def baseline_round(state: State, iteration: int) -> dict[str, Any]:
     """Plan a uniform l1/l2/random baseline: no sensitivity probe; the plan never changes, so one round is enough."""
-    from profiling_agent.tools.compression.baselines import uniform_plan
+    from profiling_agent.tools.compression.baselines import as_baseline, check_ratio, uniform_plan
     from profiling_agent.tools.io import read_json, write_json_atomic
 
-    planner, ratio = state.objective.planner, state.objective.ratio
+    planner = as_baseline(state.objective.planner)
+    ratio = check_ratio(state.objective.ratio, planner)
     if state.candidates:  # the same plan again would give the same candidate
         stop = f"uniform {planner} baseline at ratio {ratio:g}: stopped after 1 iteration (its plan never changes)"
         return {"stop_reason": stop, "history": event("analyze", f"stopping: {stop}", state.iteration)}
@@ -85,10 +86,11 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     iteration = state.iteration + 1
     if is_baseline(state.objective.planner):
         return baseline_round(state, iteration)
-    requested = state.objective.planner
-    mode, mode_note = planner_mode(requested, ctx)  # --planner llm without an LLM: ValueError naming the setting
+    choice = planner_mode(state.objective.planner, ctx)  # --planner llm without an LLM: ValueError naming the setting
     full_profile = read_json(run_dir(state) / "profile.json")
-    out = planning_round(state, ctx, full_profile, mode, lambda calls: plan_evaluator(state, ctx, max_calls=calls))
+    out = planning_round(
+        state, ctx, full_profile, choice.mode, lambda calls: plan_evaluator(state, ctx, max_calls=calls)
+    )
     plan_dict = out.plan.model_dump()
     write_json_atomic(
         iteration_dir(state, iteration) / "plan.json",
@@ -98,13 +100,12 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "iteration": iteration,
         "plan": plan_dict,
         "planner_used": out.planner,
-        "current": {"iteration": iteration, "planner_meta": out.meta},
-        "fallbacks": [{**f, "iteration": iteration} for f in out.fallbacks],
+        "current": {"iteration": iteration, "planner_meta": out.meta.model_dump()},
+        "fallbacks": [f.model_copy(update={"iteration": iteration}).model_dump() for f in out.fallbacks],
     }
     if out.stop_reason:
         update["stop_reason"] = out.stop_reason
-    planner = {"requested": requested, "mode": mode, "note": mode_note}
     update["history"] = event(
-        "analyze", out.message, iteration, rationale=out.plan.rationale, planner=planner, llm=out.llm
+        "analyze", out.message, iteration, rationale=out.plan.rationale, planner_choice=choice, llm=out.llm
     )
     return update

@@ -64,7 +64,7 @@ def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             break
         payload = {**payload, "error": error}
     current = current_candidate(state)
-    review = Review(decision=decision, proposed_by=state.planner_used)
+    review = Review.model_validate({"decision": decision, "proposed_by": state.planner_used})
     current.review = review
     if decision == "reject":
         current.status, current.error = "rejected", REJECTED
@@ -72,6 +72,7 @@ def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         return {"current": current.model_dump(), "history": event("approve", message, it)}
     if decision == "approve":
         return {"current": current.model_dump(), "history": event("approve", "plan approved by the reviewer", it)}
+    assert plan is not None, "parse_answer returns the edited plan with decision 'edit'"
     folder = iteration_dir(state, it)
     proposed_doc = {
         "iteration": it,

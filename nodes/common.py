@@ -8,7 +8,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.state import ArtifactRef, Candidate, Context, State
+from profiling_agent.state import ArtifactRef, Candidate, Context, HistoryEvent, State
 
 
 def context_of(runtime: Runtime[Context] | None) -> Context:
@@ -60,9 +60,10 @@ def iteration_dir(state: State, iteration: int) -> Path:
     return run_dir(state) / f"iter_{iteration:02d}"
 
 
-def event(node: str, message: str, iteration: int = 0, **data: Any) -> list[dict[str, Any]]:
-    """Build a one-element history update."""
-    return [{"node": node, "iteration": iteration, "time": round(time.time(), 3), "message": message, **data}]
+def event(node: str, message: str, iteration: int = 0, **facts: Any) -> list[dict[str, Any]]:
+    """Build a one-element history update; `facts` are HistoryEvent's optional fields (checked here)."""
+    record = HistoryEvent(node=node, iteration=iteration, time=round(time.time(), 3), message=message, **facts)
+    return [record.to_update()]
 
 
 def emit(runtime: Runtime[Context] | None, **payload: Any) -> None:

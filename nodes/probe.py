@@ -56,4 +56,5 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     write_json_atomic(run_dir(state) / "sensitivity.json", result)
     cpu, seconds = time.process_time() - started, time.perf_counter() - wall
     rounded, message = probe_record(result, ctx.probe_ratio, cpu, seconds, refit=ctx.recover != "none")
-    return {"sensitivity": rounded, "history": event("probe_sensitivity", message)}
+    sensitivity = {name: row.model_dump(exclude_unset=True) for name, row in rounded.items()}
+    return {"sensitivity": sensitivity, "history": event("probe_sensitivity", message)}

@@ -25,6 +25,7 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.compression.units import as_importance
     from profiling_agent.tools.models.artifacts import save_artifact
     from profiling_agent.tools.profiling.static import static_profile
 
@@ -37,8 +38,9 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     model = loaded.model
     example = example_input(state)
     # a uniform baseline (l1/l2/random) is defined by its importance; the other planners use the context's
-    importance = state.objective.planner if is_baseline(state.objective.planner) else ctx.importance
+    chosen = state.objective.planner if is_baseline(state.objective.planner) else ctx.importance
     try:
+        importance = as_importance(chosen)
         report = prune_model(model, plan.pruning, example, importance=importance, seed=state.dataset.seed)
         self_check(model, example, int(model.config.num_labels))
     except Exception as exc:  # a plan the engine cannot apply is a failed candidate, not a failed run
@@ -52,16 +54,16 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         iteration_dir(state, it) / "pruned",
         processor=loaded.processor,
         attrs=report.attrs,
-        extra={"role": "pruned", "iteration": it, "applied": report.applied, "macs": macs},
+        extra={"role": "pruned", "iteration": it, "applied": [a.model_dump() for a in report.applied], "macs": macs},
     )
-    applied = [{k: v for k, v in a.items() if k != "removed"} for a in report.applied]
+    applied = [a.applied() for a in report.applied]
     current.status, current.applied, current.macs = "ok", applied, macs
     current.pruned = ArtifactRef.model_validate(artifact_ref(state, saved))
     current.params_before, current.params_after = report.params_before, report.params_after
     emit(runtime, kind="progress", task=f"iteration {it}: pruning", done=1, total=1, label="")
     removed = report.params_before - report.params_after
     message = (
-        f"pruned {sum(a['units_before'] != a['units_after'] for a in applied)} groups: "
+        f"pruned {sum(a.units_before != a.units_after for a in applied)} groups: "
         f"{removed:,} params removed ({removed / max(report.params_before, 1):.1%}); self-check passed"
     )
     return {"current": current.model_dump(), "history": event("prune", message, it)}

@@ -92,8 +92,8 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             state, current, reused[1], f"{reused[2]} (finished before the interruption: reused, not redone)"
         )
     loaded = load_artifact_model(state, current.pruned)
-    applied = (loaded.recipe.get("extra") or {}).get("applied") or []
-    if ctx.recover == "none" or not any(row.get("removed") for row in applied):
+    applied = candidate.pruned_groups(loaded.recipe)
+    if ctx.recover == "none" or not any(row.removed for row in applied):
         note = "recovery off" if ctx.recover == "none" else "nothing was pruned"
         return recovered(state, current, RecoveryRecord(requested=ctx.recover, note=note), f"{note}: weights unchanged")
     source = training_source(state) if ctx.recover in ("distill", "auto") else None

@@ -139,7 +139,7 @@ def rejections_block(fallbacks: list[dict[str, Any]], limit: int = 3) -> str:
     """Render the latest LLM plans the guard or parser rejected, with their reasons."""
     lines = []
     for fb in fallbacks[-limit:]:
-        reasons = []
+        reasons: list[str] = []
         for attempt in fb.get("rejected") or []:
             reasons += attempt.get("reasons", []) if isinstance(attempt, dict) else [str(attempt)]
         detail = "; ".join(reasons[:4]) or str(fb.get("reason", ""))

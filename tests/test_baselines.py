@@ -31,7 +31,7 @@ def _x(model, batch=2):
 
 
 def _removed(report, group):
-    return next(row["removed"] for row in report.applied if row["group"] == group)
+    return next(row.removed for row in report.applied if row.group == group)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_vit", "tiny_resnet", "tiny_resnet_basic"])
@@ -41,7 +41,7 @@ def test_each_group_loses_the_floor_of_its_units(request, fixture, ratio):
     groups = adapter_for(model).prunable_groups(model)
     expected = {g.name: g.units - max(0, min(math.floor(g.units * ratio), g.units - g.min_units)) for g in groups}
     report = prune_uniform(model, ratio, _x(model), importance="l2")
-    after = {row["group"]: row["units_after"] for row in report.applied}
+    after = {row.group: row.units_after for row in report.applied}
     assert after == expected  # every group is targeted, each at floor(units * ratio)
     assert uniform_removals(groups, ratio) == {g.name: g.units - expected[g.name] for g in groups}
     live = {g.name: g.units for g in adapter_for(model).prunable_groups(model)}
@@ -54,9 +54,9 @@ def test_each_group_loses_the_floor_of_its_units(request, fixture, ratio):
 
 def test_vit_heads_and_mlp_counts(tiny_vit):
     report = prune_uniform(tiny_vit, 0.3, _x(tiny_vit), importance="l1")
-    rows = {row["group"]: row for row in report.applied}
-    assert rows["layers.0.mlp"]["units_after"] == 64 - 19  # floor(64 * 0.3)
-    assert rows["layers.0.heads"]["units_after"] == 4 - 1  # floor(4 * 0.3)
+    rows = {row.group: row for row in report.applied}
+    assert rows["layers.0.mlp"].units_after == 64 - 19  # floor(64 * 0.3)
+    assert rows["layers.0.heads"].units_after == 4 - 1  # floor(4 * 0.3)
     assert tiny_vit.vit.layers[0].attention.q_proj.out_features == 3 * 8
 
 
@@ -65,7 +65,7 @@ def test_random_is_reproducible_by_seed_and_differs_across_seeds(tiny_vit):
     reports = {}
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         reports[name] = prune_uniform(copy.deepcopy(tiny_vit), 0.5, x, importance="random", seed=seed)
-    groups = [row["group"] for row in reports["a"].applied]
+    groups = [row.group for row in reports["a"].applied]
     assert [_removed(reports["a"], g) for g in groups] == [_removed(reports["b"], g) for g in groups]
     assert [_removed(reports["a"], g) for g in groups] != [_removed(reports["c"], g) for g in groups]
 

@@ -476,7 +476,7 @@ def test_engine_zero_removal_is_bit_identical(kind, ratio):
     pixels = _pixels(shape)
     before, n_params = _outputs(model, pixels), _n_params(model)
     report = prune_model(model, _engine_entries(ratio), _pixels(shape))
-    assert all(row["removed"] == [] for row in report.applied)
+    assert all(row.removed == [] for row in report.applied)
     assert _n_params(model) == n_params
     assert all(torch.equal(a, b) for a, b in zip(before, _outputs(model, pixels), strict=True))
 
@@ -495,7 +495,7 @@ def test_engine_pruning_equals_masked(kind, ratio):
     groups = {g.name: g for g in adapter.prunable_groups(model)}
 
     report = prune_model(model, _engine_entries(ratio), _pixels(shape))
-    removals = {row["group"]: row["removed"] for row in report.applied}
+    removals = {row.group: row.removed for row in report.applied}
     assert set(removals) == set(groups)
     for name, group in groups.items():  # floor(units * ratio) units go, at least one stays
         assert len(removals[name]) == min(int(group.units * ratio + 1e-9), group.units - 1)

@@ -168,15 +168,15 @@ def test_prune_quantize_save_reload(family, kinds, ratio, tmp_path):
     # verify=True: the pruned logits must equal the unpruned model's with the removed units masked
     report = prune_model(model, entries, pixels, verify=True)
     self_check(model, pixels, NUM_LABELS)
-    assert {row["group"] for row in report.applied} == {n for n, g in groups.items() if g.kind in kinds}
+    assert {row.group for row in report.applied} == {n for n, g in groups.items() if g.kind in kinds}
     for row in report.applied:  # floor(units * ratio) units go per group, at least one stays
-        units = groups[row["group"]].units
-        assert len(row["removed"]) == min(math.floor(units * ratio + 1e-9), units - 1)
-        assert row["units_after"] == units - len(row["removed"])
+        units = groups[row.group].units
+        assert len(row.removed) == min(math.floor(units * ratio + 1e-9), units - 1)
+        assert row.units_after == units - len(row.removed)
     removed = report.params_before - report.params_after
     assert removed == estimate["params_removed"]
     live = {g.name: g.units for g in adapter_for(model).prunable_groups(model)}
-    assert live == {n: g.units for n, g in groups.items()} | {r["group"]: r["units_after"] for r in report.applied}
+    assert live == {n: g.units for n, g in groups.items()} | {r.group: r.units_after for r in report.applied}
     pruned_out = _outputs(model, pixels)
     if ratio == 0.0:
         assert removed == 0 and _equal(pruned_out, want_original)
@@ -229,8 +229,8 @@ def test_reloaded_pruned_artifact_prunes_again(family, tmp_path):
     assert second.params_before == first.params_after > second.params_after
     assert second.params_before - second.params_after == estimate["params_removed"]
     for row in second.applied:
-        units = next(r for r in first.applied if r["group"] == row["group"])["units_after"]
-        assert row["units_before"] == units
+        units = next(r for r in first.applied if r.group == row.group).units_after
+        assert row.units_before == units
     self_check(again, pixels, NUM_LABELS)
     save_artifact(again, tmp_path / "second", attrs=second.attrs)
     assert _equal(_outputs(load_artifact(tmp_path / "second").model, pixels), _outputs(again, pixels))
@@ -300,7 +300,7 @@ def test_generic_fallback_refuses_channel_mixing_ops(op, caplog):
     assert adapter.name == "generic" and "no family adapter matches _MixerNet" in caplog.text
     if op == "identity":
         report = prune_model(model, entries, x)
-        assert report.applied[0]["units_after"] == 12 and model.block.fc2.in_features == 12
+        assert report.applied[0].units_after == 12 and model.block.fc2.in_features == 12
         return
     with pytest.raises(PruneError) as err:
         prune_model(model, entries, x)
@@ -365,7 +365,7 @@ def test_unknown_hf_model_uses_generic_fallback_and_round_trips(build, tmp_path,
         report = prune_model(model, _entries(("structured", "head"), 0.3), pixels)  # verified: generic is unsafe
     assert f"no family adapter matches {type(model).__name__}; using the 'generic' fallback" in caplog.text
     assert report.family == "generic" and report.applied and not report.skipped
-    assert all(row["kind"] == "structured" for row in report.applied)  # the fallback never prunes heads
+    assert all(row.kind == "structured" for row in report.applied)  # the fallback never prunes heads
     assert report.params_after < report.params_before
     self_check(model, pixels, 5)
     assert not _equal(_outputs(model, pixels), before)

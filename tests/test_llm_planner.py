@@ -76,8 +76,8 @@ def assert_fallback(outcome, fallback, stage):
     assert outcome.plan == fallback.plan and outcome.estimate == {}
     assert len(outcome.fallbacks) == 1
     record = outcome.fallbacks[0]
-    assert record["stage"] == stage and record["reason"]
-    json.dumps(record)  # must be JSON for the state
+    assert record.stage == stage and record.reason
+    json.dumps(record.model_dump())  # must be JSON for the state
     return record
 
 
@@ -125,7 +125,7 @@ def test_malformed_json_retries_then_falls_back(tmp_path):
     outcome, model, fallback = run(tmp_path, script)
     record = assert_fallback(outcome, fallback, "parse")
     assert len(model.calls) == 3  # first answer + llm_retries (2)
-    assert len(record["rejected"]) == 3 and all(r["stage"] == "parse" for r in record["rejected"])
+    assert len(record.rejected) == 3 and all(r["stage"] == "parse" for r in record.rejected)
     retry = model.calls[1][-1]
     assert isinstance(retry, HumanMessage) and "could not be used" in retry.content
 
@@ -149,7 +149,7 @@ def test_guard_rejections_go_back_to_the_llm_then_fall_back(tmp_path, entry, fra
     outcome, model, fallback = run(tmp_path, [plan_json(entry)], repeat_last=True)
     record = assert_fallback(outcome, fallback, "guard")
     assert len(model.calls) == 3
-    assert all(fragment in " ".join(r["reasons"]) for r in record["rejected"])
+    assert all(fragment in " ".join(r["reasons"]) for r in record.rejected)
     assert fragment in model.calls[1][-1].content  # the reasons were sent back
     verdicts = [e for e in events(tmp_path, outcome) if e["event"] == "guard"]
     assert len(verdicts) == 3 and not any(v["ok"] for v in verdicts)
@@ -163,7 +163,7 @@ def test_ninety_five_percent_everywhere_is_refused(tmp_path):
     )
     outcome, _, fallback = run(tmp_path, [greedy], repeat_last=True)
     record = assert_fallback(outcome, fallback, "guard")
-    reasons = " ".join(record["rejected"][0]["reasons"])
+    reasons = " ".join(record.rejected[0]["reasons"])
     assert "exceeds the structured cap 0.8" in reasons and "exceeds the head cap 0.75" in reasons
 
 
@@ -232,7 +232,7 @@ def test_a_model_sleeping_past_the_deadline_falls_back_quickly(tmp_path):
         outcome, _, fallback = run(tmp_path, [sleeping], ctx=make_ctx(llm_timeout=0.2))
         assert slept_out == []  # the planner returned while the model was still sleeping
         record = assert_fallback(outcome, fallback, "timeout")
-        assert "no reply within" in record["reason"]
+        assert "no reply within" in record.reason
     finally:
         release.set()
 
@@ -240,7 +240,7 @@ def test_a_model_sleeping_past_the_deadline_falls_back_quickly(tmp_path):
 def test_any_other_exception_falls_back(tmp_path):
     outcome, _, fallback = run(tmp_path, [ConnectionError("connection refused")])
     record = assert_fallback(outcome, fallback, "error")
-    assert "ConnectionError" in record["reason"]
+    assert "ConnectionError" in record.reason
     log = events(tmp_path, outcome)
     assert log[-2]["event"] == "fallback" and log[-1]["planner"] == "deterministic"
 
@@ -298,7 +298,16 @@ def test_later_rounds_use_the_iterative_prompt_with_measurements(tmp_path):
         "planner": "llm",
         "plan": PLAN,
         "error": None,
-        "applied": [{"group": "layers.0.mlp", "units_before": 64, "units_after": 38}],
+        "applied": [
+            {
+                "group": "layers.0.mlp",
+                "module": "vit.layers.0.mlp.fc1",
+                "kind": "structured",
+                "ratio": 0.4,
+                "units_before": 64,
+                "units_after": 38,
+            }
+        ],
         "eval": eval_record(accuracy=87.0, params=70_000, macs=690_000, latency_ms=1.5, speedup=1.33, size_mb=0.1),
     }
     failed = {
@@ -556,7 +565,7 @@ def test_chat_openai_http_500_falls_back(tmp_path):
         outcome = plan_with_llm(state, ctx, PROFILE, SENS, fallback)
         n = len(server.requests)
     record = assert_fallback(outcome, fallback, "error")
-    assert "500" in record["reason"] and n == 2  # max_retries=1: one retry
+    assert "500" in record.reason and n == 2  # max_retries=1: one retry
 
 
 def test_chat_openai_timeout_falls_back(tmp_path):
@@ -579,7 +588,7 @@ def test_chat_openai_connection_refused_falls_back(tmp_path):
     fallback = fallback_for(state)
     outcome = plan_with_llm(state, ctx, PROFILE, SENS, fallback)
     record = assert_fallback(outcome, fallback, "error")
-    assert "Connection" in record["reason"]
+    assert "Connection" in record.reason
 
 
 # ---------------------------------------------------------------- the real profiler's output

@@ -10,7 +10,7 @@ from fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sen
 
 from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
 from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
-from profiling_agent.state import Candidate, Context, Objective, State
+from profiling_agent.state import Candidate, Context, Fallback, LLMStep, Objective, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import LLMUnreachable, llm_console_note, never_reached
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
@@ -166,7 +166,7 @@ def test_an_edited_proposal_is_applied_and_recorded_as_edited(tmp_path):
     assert diff.changes == len(edited["groups"]) and set(diff.ratios) == set(edited["groups"])
     assert not diff.added and not diff.removed and diff.quantization == ""
     assert diff.label() == f"edited ({diff.changes} changes)"
-    assert outcome.summary("m")["vs_proposal"] == diff.label()
+    assert outcome.summary("m").vs_proposal == diff.label()
     assert outcome.plan != fallback.plan  # the applied plan is the LLM's edit, not the deterministic fallback
     logged = next(e for e in transcript(tmp_path, outcome) if e["event"] == "vs_proposal")
     assert logged["verdict"] == "edited" and logged["label"] == diff.label()
@@ -266,7 +266,7 @@ def test_paired_rounds_follow_the_deterministic_sequence_and_stop_when_it_would(
 )
 def test_an_endpoint_never_reached_is_one_line_naming_the_endpoint(fallback, kind):
     ctx = Context(llm_base_url="http://127.0.0.1:9/v1", llm_model="m")
-    error = never_reached(fallback, ctx)
+    error = never_reached(Fallback(**fallback), ctx)
     assert type(error) is kind and "\n" not in str(error)
     assert (
         "--planner llm" in str(error) and "m at http://127.0.0.1:9/v1" in str(error) and "--planner auto" in str(error)
@@ -274,9 +274,9 @@ def test_an_endpoint_never_reached_is_one_line_naming_the_endpoint(fallback, kin
 
 
 def test_the_console_names_a_structured_mode_only_when_it_was_used():
-    none = {"usage": {"calls": 0}, "structured": {"mode": "json_schema", "confirmed": False}, "transcript": "t"}
+    none = LLMStep(usage={"calls": 0}, structured={"mode": "json_schema", "confirmed": False}, transcript="t")
     assert llm_console_note(none) == "[LLM: no reply; transcript t]"
-    free = {"usage": {"calls": 2, "total_tokens": 9}, "structured": {"mode": "json_schema"}, "transcript": "t"}
+    free = LLMStep(usage={"calls": 2, "total_tokens": 9}, structured={"mode": "json_schema"}, transcript="t")
     assert "free-text answers" in llm_console_note(free) and "json_schema" not in llm_console_note(free)
-    used = {**free, "structured": {"mode": "json_object", "confirmed": True}}
+    used = free.model_copy(update={"structured": {"mode": "json_object", "confirmed": True}})
     assert "structured output json_object" in llm_console_note(used)

@@ -100,7 +100,7 @@ def test_a_server_refusing_json_schema_is_driven_through_json_object(tmp_path):
     assert outcome.structured["mode"] == "json_object" and outcome.structured["confirmed"]
     assert outcome.structured["given_up"][0]["mode"] == "json_schema"
     assert "refused by the server" in outcome.structured["given_up"][0]["why"]
-    assert outcome.summary("m")["structured"] == outcome.structured  # what result.json records
+    assert outcome.summary("m").structured == outcome.structured  # what result.json records
 
 
 def test_a_server_ignoring_response_format_falls_back_with_the_reason(tmp_path):
@@ -108,9 +108,9 @@ def test_a_server_ignoring_response_format_falls_back_with_the_reason(tmp_path):
         outcome, fallback = plan_with(server, tmp_path)
     assert outcome.planner == "deterministic" and outcome.plan == fallback.plan
     record = outcome.fallbacks[0]
-    assert record["stage"] == "parse" and "no JSON object found" in record["reason"]
+    assert record.stage == "parse" and "no JSON object found" in record.reason
     assert formats(server) == [None, "json_schema", "json_object"]  # each mode tried once, then given up
-    assert [r["structured"] for r in record["rejected"]] == ["off", "json_schema", "json_object"]
+    assert [r["structured"] for r in record.rejected] == ["off", "json_schema", "json_object"]
     assert outcome.structured["mode"] == "off" and not outcome.structured["confirmed"]
     assert [g["mode"] for g in outcome.structured["given_up"]] == ["json_schema", "json_object"]
 
@@ -121,8 +121,8 @@ def test_a_no_op_plan_is_refused_and_retried_then_falls_back_with_the_reason(tmp
         outcome, _ = plan_with(server, tmp_path)
     assert outcome.planner == "deterministic"
     record = outcome.fallbacks[0]
-    assert record["stage"] == "guard" and len(record["rejected"]) == 3
-    assert "prunes nothing" in record["reason"] and "40% fewer parameters" in record["reason"]
+    assert record.stage == "guard" and len(record.rejected) == 3
+    assert "prunes nothing" in record.reason and "40% fewer parameters" in record.reason
     assert outcome.structured["confirmed"]  # the JSON parsed under json_schema: that mode works on this server
 
 

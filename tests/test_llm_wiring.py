@@ -102,14 +102,16 @@ def test_llm_flags_and_environment_fill_the_context(tmp_path, monkeypatch):
 
 def test_planner_mode_resolves_auto_and_names_what_is_missing(monkeypatch):
     ctx = Context(llm_api_key_env="PA_WIRING_KEY")
-    assert planner_mode("deterministic", ctx)[0] == "deterministic"
-    assert planner_mode("l2", ctx)[0] == "l2"
-    mode, note = planner_mode("auto", ctx)
+    assert planner_mode("deterministic", ctx).mode == "deterministic"
+    assert planner_mode("l2", ctx).mode == "l2"
+    choice = planner_mode("auto", ctx)
+    mode, note = choice.mode, choice.note
     assert mode == "deterministic" and "no LLM configured" in note and "PA_WIRING_KEY" in note
     with pytest.raises(ValueError, match="PA_WIRING_KEY"):
         planner_mode("llm", ctx)
     monkeypatch.setenv("PA_WIRING_KEY", "sk-secret-value")
-    mode, note = planner_mode("auto", ctx)
+    choice = planner_mode("auto", ctx)
+    mode, note = choice.mode, choice.note
     assert mode == "llm" and "gpt-4o at the OpenAI API" in note and "sk-secret" not in note
     ctx = Context(llm_base_url="https://user:pw@llm.example:8443/v1?token=x")
     assert describe_endpoint(ctx) == "gpt-4o at https://llm.example:8443/v1"
@@ -244,10 +246,10 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
     assert outcome.planner == "deterministic"
     assert outcome.usage == {"calls": 2, "input_tokens": 200, "output_tokens": 40, "total_tokens": 240}
     assert outcome.tool_errors == [{"name": "rm_rf", "error": "unknown tool: refused, nothing was run"}]
-    assert outcome.fallbacks[0]["tool_errors"] == outcome.tool_errors
+    assert outcome.fallbacks[0].tool_errors == outcome.tool_errors
     summary = outcome.summary("m")
-    assert summary["transcript"] == "iter_01/llm_transcript.jsonl" and summary["usage"]["total_tokens"] == 240
-    lines = (tmp_path / summary["transcript"]).read_text().splitlines()
+    assert summary.transcript == "iter_01/llm_transcript.jsonl" and summary.usage["total_tokens"] == 240
+    lines = (tmp_path / summary.transcript).read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines[-4:]] == ["usage", "structured", "fallback", "final"]
     bad_args = ScriptedChatModel(script=[ai_tool_calls(tool_call("layer_profile", {"top": "many"})), "{}"])
     outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=bad_args)
@@ -261,6 +263,7 @@ def _analyze_event(iteration, mode, llm=None):
     return {
         "node": "analyze",
         "iteration": iteration,
+        "time": 0.0,
         "message": "",
         "llm": llm,
         "planner": {"requested": "auto", "mode": mode, "note": f"{mode} because"},
@@ -275,7 +278,11 @@ def test_planner_facts_sum_usage_and_list_transcripts():
         "usage": {"calls": 2, "input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
     }
     later = {**step, "transcript": "iter_02/llm_transcript.jsonl", "tool_errors": []}
-    history = [{"node": "profile", "iteration": 0}, _analyze_event(1, "llm", step), _analyze_event(2, "llm", later)]
+    history = [
+        {"node": "profile", "iteration": 0, "time": 0.0, "message": ""},
+        _analyze_event(1, "llm", step),
+        _analyze_event(2, "llm", later),
+    ]
     facts = planner_facts(history)
     assert facts["mode"] == "llm" and facts["mode_note"] == "llm because"
     assert facts["llm"]["usage"] == {"calls": 4, "input_tokens": 20, "output_tokens": 10, "total_tokens": 30}
@@ -372,8 +379,8 @@ def test_a_server_answering_just_in_time_cannot_stall_the_step(tmp_path, monkeyp
     monkeypatch.setattr(llm_session, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     slow = ScriptedChatModel(script=["not a plan"], repeat_last=True)
     outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=slow)
-    assert outcome.planner == "deterministic" and outcome.fallbacks[0]["stage"] == "timeout"
-    assert f"planning step took longer than {budget:.1f} s" in outcome.fallbacks[0]["reason"]
+    assert outcome.planner == "deterministic" and outcome.fallbacks[0].stage == "timeout"
+    assert f"planning step took longer than {budget:.1f} s" in outcome.fallbacks[0].reason
     # the budget is 4 deadlines (1.2 s): replies at 0.25, 0.5, 0.75 and 1.0 s; at 1.25 s the step stops, long
     # before the 11 attempts llm_retries=10 would allow
     assert budget == pytest.approx(1.2) and len(slow.calls) == 4

@@ -85,7 +85,7 @@ def test_torch_pruning_global_ranking_removes_its_units_through_our_engine(tiny_
     estimate = estimate_pruning(tiny_vit, entries)
     pruned = copy.deepcopy(tiny_vit)
     report = prune_model(pruned, entries, pixels[:1], chosen=removals)
-    assert {row["group"]: row["removed"] for row in report.applied} == {
+    assert {row.group: row.removed for row in report.applied} == {
         name: units for name, units in removals.items() if units
     }
     assert count_params(pruned) == estimate["params_after"]

@@ -20,6 +20,7 @@ from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.compression.self_check import self_check
 from profiling_agent.tools.compression.units import (
     PruneCheckError,
+    PrunedGroup,
     PruneError,
     match_groups,
     select_units,
@@ -61,15 +62,15 @@ def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
-def _mask(model: nn.Module, applied: list[dict]) -> None:
+def _mask(model: nn.Module, applied: list[PrunedGroup]) -> None:
     """Zero the removed units so they contribute nothing, without changing any shape."""
     with torch.no_grad():
         for row in applied:
-            idx = torch.tensor(row["removed"], dtype=torch.long)
+            idx = torch.tensor(row.removed, dtype=torch.long)
             if not len(idx):
                 continue
-            module = model.get_submodule(row["module"])
-            if row["kind"] == "head":  # a head whose values are 0 adds 0 through o_proj, whatever q and k are
+            module = model.get_submodule(row.module)
+            if row.kind == "head":  # a head whose values are 0 adds 0 through o_proj, whatever q and k are
                 rows = (idx[:, None] * module.head_dim + torch.arange(module.head_dim)).flatten()
                 module.v_proj.weight[rows] = 0
                 module.v_proj.bias[rows] = 0
@@ -77,7 +78,7 @@ def _mask(model: nn.Module, applied: list[dict]) -> None:
                 module.weight[idx] = 0
                 module.bias[idx] = 0
             else:  # conv -> BN(gamma=beta=0) -> ReLU gives exactly 0 on the channel
-                norm = model.get_submodule(row["module"].replace(".convolution", ".normalization"))
+                norm = model.get_submodule(row.module.replace(".convolution", ".normalization"))
                 norm.weight[idx] = 0
                 norm.bias[idx] = 0
 
@@ -220,7 +221,7 @@ def _assert_pruned_equals_masked(model, entries, **kwargs):
     x = _pixels(model)
     pruned = copy.deepcopy(model)
     report = prune_model(pruned, entries, x, **kwargs)
-    assert any(row["removed"] for row in report.applied)
+    assert any(row.removed for row in report.applied)
     masked = copy.deepcopy(model)
     _mask(masked, report.applied)
     original, got, want = _logits(model, x), _logits(pruned, x), _logits(masked, x)
@@ -233,7 +234,7 @@ def _assert_pruned_equals_masked(model, entries, **kwargs):
 def test_vit_pruned_equals_masked(tiny_vit, importance):
     _randomize(tiny_vit)
     pruned, report = _assert_pruned_equals_masked(tiny_vit, ALL, importance=importance, seed=5)
-    assert [(r["group"], r["units_after"]) for r in report.applied] == [
+    assert [(r.group, r.units_after) for r in report.applied] == [
         ("layers.0.heads", 2),
         ("layers.0.mlp", 32),
         ("layers.1.heads", 2),
@@ -253,7 +254,7 @@ def test_vit_eager_attention_pruned_equals_masked():
         {"layer": ".", "type": "structured", "ratio": 0.3},
     ]
     pruned, report = _assert_pruned_equals_masked(model, entries)
-    assert report.applied[0]["units_after"] == 1 and len(report.applied[0]["removed"]) == 3
+    assert report.applied[0].units_after == 1 and len(report.applied[0].removed) == 3
 
 
 @pytest.mark.parametrize("fixture", ["tiny_resnet", "tiny_resnet_basic"])
@@ -261,8 +262,8 @@ def test_resnet_pruned_equals_masked(fixture, request):
     model = _randomize(request.getfixturevalue(fixture))
     pruned, report = _assert_pruned_equals_masked(model, [{"layer": ".", "type": "structured", "ratio": 0.5}])
     for row in report.applied:
-        conv = pruned.get_submodule(row["module"])
-        assert conv.out_channels == row["units_after"] == row["units_before"] - row["units_before"] // 2
+        conv = pruned.get_submodule(row.module)
+        assert conv.out_channels == row.units_after == row.units_before - row.units_before // 2
     # stage widths are unchanged
     for stage, width in zip(pruned.resnet.encoder.stages, pruned.config.hidden_sizes, strict=True):
         assert all(block.layer[-1].convolution.out_channels == width for block in stage.layers)
@@ -278,7 +279,7 @@ def test_random_importance_reproducible(tiny_vit):
     rc = prune_model(c, ALL, x, importance="random", seed=12)
     assert ra.applied == rb.applied
     assert torch.equal(_logits(a, x), _logits(b, x))
-    assert [r["removed"] for r in ra.applied] != [r["removed"] for r in rc.applied]
+    assert [r.removed for r in ra.applied] != [r.removed for r in rc.applied]
 
 
 @pytest.mark.parametrize("fixture", ["tiny_vit", "tiny_resnet"])
@@ -293,7 +294,7 @@ def test_removing_nothing_is_bit_identical(fixture, request):
         {"layer": r"stages\.0", "type": "structured", "ratio": 0.2},
     ]
     report = prune_model(pruned, entries, x)
-    assert report.applied and all(r["removed"] == [] for r in report.applied)
+    assert report.applied and all(r.removed == [] for r in report.applied)
     assert report.params_before == report.params_after
     assert torch.equal(_logits(model, x), _logits(pruned, x))
 
@@ -312,7 +313,7 @@ def test_protected_modules_untouched(tiny_vit, tiny_resnet):
             owner = key.rsplit(".", 1)[0]
             if owner in consumers:
                 group = consumers[owner]
-                removed = next(r["removed"] for r in report.applied if r["group"] == group.name)
+                removed = next(r.removed for r in report.applied if r.group == group.name)
                 kept = [c for c in range(group.units) if c not in removed]
                 assert torch.equal(before[key][:, kept], after[key])
             else:
@@ -395,10 +396,10 @@ def test_generic_prunes_toy_like_masking():
     pruned = copy.deepcopy(model)
     report = prune_model(pruned, [{"layer": ".", "type": "structured", "ratio": 0.5}], x)
     assert report.family == "generic" and not report.skipped
-    assert [(r["group"], r["units_after"]) for r in report.applied] == [("convblock.conv1", 6), ("mlp.fc1", 24)]
+    assert [(r.group, r.units_after) for r in report.applied] == [("convblock.conv1", 6), ("mlp.fc1", 24)]
     masked = copy.deepcopy(model)
     with torch.no_grad():
-        conv_idx, mlp_idx = (torch.tensor(r["removed"]) for r in report.applied)
+        conv_idx, mlp_idx = (torch.tensor(r.removed) for r in report.applied)
         masked.convblock.bn1.weight[conv_idx] = 0
         masked.convblock.bn1.bias[conv_idx] = 0
         masked.mlp.fc1.weight[mlp_idx] = 0
@@ -498,7 +499,7 @@ def test_estimate_predicts_real_drop(fixture, request):
     report = prune_model(pruned, entries, x)
     assert estimate["params_removed"] == report.params_before - report.params_after > 0
     assert estimate["params_after"] == report.params_after
-    assert [g["units_after"] for g in estimate["groups"]] == [r["units_after"] for r in report.applied]
+    assert [g["units_after"] for g in estimate["groups"]] == [r.units_after for r in report.applied]
     assert estimate["macs_removed"] == _linear_conv_macs(model, x) - _linear_conv_macs(pruned, x)
 
 

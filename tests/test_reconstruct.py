@@ -50,7 +50,7 @@ def test_reconstruction_wins_back_at_least_half_of_the_logit_damage(request, fix
     recovered = _mse(pruned, baseline, held_out)
     assert damage > 0 and recovered <= 0.5 * damage, (damage, recovered)
     assert all(c["error_after"] <= c["error_before"] for c in info["consumers"])
-    assert len(info["consumers"]) == sum(1 for row in report.applied if row["removed"])
+    assert len(info["consumers"]) == sum(1 for row in report.applied if row.removed)
     self_check(pruned, calib[:2], 10)  # shapes unchanged, finite logits
 
 

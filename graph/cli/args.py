@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUN_SETTINGS = "run.json"
@@ -16,7 +16,7 @@ class BadInput(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
@@ -98,7 +98,7 @@ def _refuse_goal_flags(run: argparse.ArgumentParser, resume: argparse.ArgumentPa
         opts = [opt for opt in action.option_strings if opt not in taken]
         if opts and not isinstance(action, argparse._HelpAction):
             kind: dict[str, Any] = {"action": "store_true"} if action.nargs == 0 else {}
-            hidden = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+            hidden: dict[str, Any] = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
             resume.add_argument(*opts, dest=f"goal_{action.dest}", **hidden, **kind)
 
 
@@ -270,7 +270,7 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "approve", False):
         objective["approve"] = True
     try:
-        return InputState(model=model, dataset=dataset, objective=objective).model_dump()
+        return InputState.model_validate({"model": model, "dataset": dataset, "objective": objective}).model_dump()
     except ValidationError as exc:
         err = exc.errors()[0]
         where = "--" + str(err["loc"][-1]).replace("_", "-")

@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from profiling_agent.tools.planning.llm_client import planner_mode
 
     try:  # auto: the LLM when one is configured; llm without one: one-line error naming the missing setting
-        _mode, planner_note = planner_mode(payload["objective"]["planner"], Context.of(ctx))
+        planner_note = planner_mode(payload["objective"]["planner"], Context.of(ctx)).note
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     thread_id = args.thread_id = args.thread_id or _new_thread_id(payload["model"]["ref"])
@@ -340,8 +340,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             device=args.device,
             work_dir=Path(tmp),
         )
-    rows = [["metric", "value"]] + [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in metrics.items()]
-    print(format_table(rows))
+    table = [["metric", "value"]] + [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in metrics.items()]
+    print(format_table(table))
     if args.json_out:
         write_json_atomic(args.json_out, metrics)
     return EXIT_OK
@@ -413,8 +413,8 @@ def _run_command(args: argparse.Namespace) -> int:
         where = Path(getattr(args, "run_dir", None) or "runs").resolve() / DB_NAME
         return fault(args, f"checkpoint database {where}: {str(exc).splitlines()[0]}")
     except OSError as exc:  # a full disk, a read-only or vanished folder: the machine's fault, named
-        where = f": {exc.filename}" if exc.filename else ""
-        return fault(args, f"{exc.strerror or str(exc).splitlines()[0]}{where}")
+        named = f": {exc.filename}" if exc.filename else ""
+        return fault(args, f"{exc.strerror or str(exc).splitlines()[0]}{named}")
     except Exception as exc:  # unexpected: one line plus where the details are, never a bare traceback
         logging.getLogger(__name__).debug("unexpected failure", exc_info=True)
         hint = resume_line(args)

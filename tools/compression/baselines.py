@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from torch import nn
 
-from profiling_agent.state import BASELINE_PLANNERS, CompressionPlan, PruneEntry, QuantEntry
+from profiling_agent.state import (
+    BASELINE_PLANNERS,
+    BaselinePlanner,
+    CompressionPlan,
+    PruneEntry,
+    PruneType,
+    QuantEntry,
+    QuantizeChoice,
+)
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
 from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.compression.units import PruneReport, removed_units
 
-Baseline = Literal["l1", "l2", "random"]
+Baseline = BaselinePlanner
 BASELINES: tuple[Baseline, ...] = BASELINE_PLANNERS  # the planner names Objective accepts with a ratio
-KIND_ORDER = ("structured", "head")
+KIND_ORDER: tuple[PruneType, ...] = ("structured", "head")
 ALL_MODULES = ".*"  # uniform: the entry's regex matches every group of its kind
 
 _DESCRIPTION = {
@@ -38,6 +46,18 @@ __all__ = [
 def is_baseline(planner: str) -> bool:
     """Return True when `planner` names a uniform baseline (l1, l2 or random)."""
     return planner in BASELINES
+
+
+def as_baseline(planner: str) -> Baseline:
+    """Return `planner` as a uniform baseline's name.
+
+    Raises:
+        ValueError: When it names no baseline.
+    """
+    for name in BASELINES:
+        if planner == name:
+            return name
+    raise ValueError(f"unknown baseline {planner!r}: use one of {', '.join(BASELINES)}")
 
 
 def check_ratio(ratio: float | None, planner: str = "l2") -> float:
@@ -100,7 +120,7 @@ def uniform_plan(
     groups: Sequence[PrunableGroup | Mapping[str, Any]],
     ratio: float,
     planner: Baseline = "l2",
-    quantize: str = "none",
+    quantize: QuantizeChoice = "none",
 ) -> CompressionPlan:
     """Build the uniform baseline plan: every prunable group pruned by `ratio`, plus optional quantization.
 

@@ -205,6 +205,18 @@ def plan_steps(
     return [PlanStep(g, ratios[g.name], units_to_remove(g, ratios[g.name])) for g in groups if g.name in ratios]
 
 
+def output_width(model: nn.Module, name: str) -> int:
+    """Return the output channels (dim 0 of the weight) of the module `name`.
+
+    Raises:
+        PruneError: When the module has no weight tensor.
+    """
+    weight = getattr(model.get_submodule(name), "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise PruneError(f"{name} has no weight tensor")
+    return int(weight.shape[0])
+
+
 def _check_step(dg: tp.DependencyGraph, model: nn.Module, step: PlanStep, protected: list[str]) -> None:
     """Check one step without changing anything: targets, live sizes and the traced coupling.
 
@@ -215,7 +227,7 @@ def _check_step(dg: tp.DependencyGraph, model: nn.Module, step: PlanStep, protec
     if _is_under(group.module, protected) or any(_is_under(r, protected) for r in group.roots):
         raise PruneError(f"group {group.name} targets protected module {group.module}")
     for root in group.roots:
-        width = model.get_submodule(root).weight.shape[0]
+        width = output_width(model, root)
         if width != group.units * group.unit_size:
             raise PruneError(f"group {group.name}: {root} has {width} outputs, not {group.units} units")
     if step.n_remove:

@@ -16,6 +16,7 @@ from profiling_agent.tools.compression.depgraph import (
     PlanStep,
     build_dependency_graph,
     dependency_groups,
+    output_width,
     per_head_params,
     plan_steps,
     protected_names,
@@ -24,7 +25,14 @@ from profiling_agent.tools.compression.depgraph import (
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.families.base import FamilyAdapter
 from profiling_agent.tools.compression.self_check import verify_against_masking
-from profiling_agent.tools.compression.units import Importance, PruneError, PruneReport, channels_of, select_units
+from profiling_agent.tools.compression.units import (
+    Importance,
+    PrunedGroup,
+    PruneError,
+    PruneReport,
+    channels_of,
+    select_units,
+)
 from profiling_agent.tools.models.sizes import count_params
 
 logger = logging.getLogger(__name__)
@@ -63,27 +71,27 @@ def _prune_step(
     return removed
 
 
-def _verify_sizes(model: nn.Module, steps: list[PlanStep], applied: list[dict[str, Any]]) -> None:
+def _verify_sizes(model: nn.Module, steps: list[PlanStep], applied: list[PrunedGroup]) -> None:
     """Check every root now has exactly units_after * unit_size output channels."""
     for step, row in zip(steps, applied, strict=True):
-        expected = row["units_after"] * step.group.unit_size
+        expected = row.units_after * step.group.unit_size
         for root in step.group.roots:
-            weight = model.get_submodule(root).weight
-            if weight.shape[0] != expected:
-                raise PruneError(f"group {step.group.name}: {root} has {weight.shape[0]} outputs, expected {expected}")
+            width = output_width(model, root)
+            if width != expected:
+                raise PruneError(f"group {step.group.name}: {root} has {width} outputs, expected {expected}")
 
 
-def _applied_row(step: PlanStep, removed: list[int]) -> dict[str, Any]:
+def _applied_row(step: PlanStep, removed: list[int]) -> PrunedGroup:
     group = step.group
-    return {
-        "group": group.name,
-        "module": group.module,
-        "kind": group.kind,
-        "ratio": step.ratio,
-        "units_before": group.units,
-        "units_after": group.units - len(removed),
-        "removed": removed,
-    }
+    return PrunedGroup(
+        group=group.name,
+        module=group.module,
+        kind=group.kind,
+        ratio=step.ratio,
+        units_before=group.units,
+        units_after=group.units - len(removed),
+        removed=removed,
+    )
 
 
 def prune_model(

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
-from profiling_agent.tools.compression.units import PruneCheckError, PruneError, PruneReport, channels_of
+from profiling_agent.tools.compression.units import PruneCheckError, PrunedGroup, PruneError, PruneReport, channels_of
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 # ---------------------------------------------------------------- forward helpers
@@ -33,9 +33,7 @@ def clone_inputs(inputs: Any) -> Any:
 VERIFY_TOLERANCE = 1e-3  # largest |pruned - masked| logit gap accepted, relative to 1 + max |masked logit|
 
 
-def mask_removed_units(
-    model: nn.Module, applied: Iterable[Mapping[str, Any]], groups: Mapping[str, PrunableGroup]
-) -> None:
+def mask_removed_units(model: nn.Module, applied: Iterable[PrunedGroup], groups: Mapping[str, PrunableGroup]) -> None:
     """Zero, in an unpruned model, the input channels that read the removed units (what pruning must equal).
 
     A removed unit contributes nothing downstream once every member that consumes it (fc2, o_proj, the next conv)
@@ -48,15 +46,17 @@ def mask_removed_units(
     """
     with torch.no_grad():
         for row in applied:
-            if not row["removed"]:
+            if not row.removed:
                 continue
-            group = groups[row["group"]]
-            channels = channels_of(group, row["removed"])
+            group = groups[row.group]
+            channels = channels_of(group, row.removed)
             width = group.units * group.unit_size
             for name in group.members:
                 module = model.get_submodule(name)
                 weight = getattr(module, "weight", None)
-                consumer = isinstance(weight, torch.Tensor) and weight.ndim >= 2 and weight.shape[1] == width
+                if not isinstance(weight, torch.Tensor):
+                    continue
+                consumer = weight.ndim >= 2 and weight.shape[1] == width
                 if name not in group.roots and consumer and getattr(module, "groups", 1) == 1:
                     weight[:, channels] = 0.0
 

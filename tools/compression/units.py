@@ -7,12 +7,13 @@ import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from profiling_agent.state import PruneEntry
+from profiling_agent.state import AppliedGroup, PruneEntry
 from profiling_agent.tools.compression.families.base import PrunableGroup
 
 Importance = Literal["l2", "l1", "random"]
@@ -28,14 +29,24 @@ class PruneCheckError(RuntimeError):
     """A pruned model failed its numerical or structural self-check."""
 
 
+class PrunedGroup(AppliedGroup):
+    """One group as `prune_model` applied it, with the removed unit indices (channels, or heads)."""
+
+    removed: list[int] = Field(default_factory=list, description="Indices of the removed units, sorted.")
+
+    def applied(self) -> AppliedGroup:
+        """Return the record the state keeps (the unit indices stay in the pruned artifact's JSON)."""
+        return AppliedGroup.model_validate(self.model_dump(exclude={"removed"}))
+
+
 @dataclass
 class PruneReport:
     """What `prune_model` did.
 
     Attributes:
         family: Adapter name used (vit, resnet, ...).
-        applied: One dict per matched group: group, module, kind, ratio, units_before, units_after, removed
-            (unit indices: channels, or heads).
+        applied: One PrunedGroup per matched group: group, module, kind, ratio, units_before, units_after,
+            removed (unit indices: channels, or heads).
         attrs: Attributes set by the adapter's fix_up, {module_name: {attr: value}}.
         params_before: Parameter count before pruning.
         params_after: Parameter count after pruning.
@@ -43,7 +54,7 @@ class PruneReport:
     """
 
     family: str
-    applied: list[dict[str, Any]] = field(default_factory=list)
+    applied: list[PrunedGroup] = field(default_factory=list)
     attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
     params_before: int = 0
     params_after: int = 0
@@ -51,7 +62,7 @@ class PruneReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as plain JSON-ready data."""
-        return asdict(self)
+        return {**asdict(self), "applied": [row.model_dump() for row in self.applied]}
 
 
 # ---------------------------------------------------------------- plan entries -> groups
@@ -198,6 +209,18 @@ def unit_scores(model: nn.Module, group: PrunableGroup, importance: Literal["l2"
             per_channel += terms
     per_unit = per_channel.view(group.units, group.unit_size).sum(1)
     return per_unit.sqrt() if power == 2 else per_unit
+
+
+def as_importance(value: str) -> Importance:
+    """Return `value` as an importance name (l2, l1 or random).
+
+    Raises:
+        ValueError: On any other name.
+    """
+    for name in get_args(Importance):
+        if value == name:
+            return name
+    raise ValueError(f"unknown importance {value!r}: use l2, l1 or random")
 
 
 def select_units(

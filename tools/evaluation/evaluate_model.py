@@ -59,8 +59,9 @@ def evaluate_model(
         dataset, subset = dataset.select(rows), len(rows)
     image_col, label_col = detect_columns(dataset, image_column, label_column)
     names = label_names(dataset, label_col)
-    id2label = {int(k): str(v) for k, v in (model.config.id2label or {}).items()}
-    mapping = map_labels(names, id2label, model_wnids=wnids_from_config(model.config))
+    config: Any = model.config  # a transformers PretrainedConfig
+    id2label = {int(k): str(v) for k, v in (config.id2label or {}).items()}
+    mapping = map_labels(names, id2label, model_wnids=wnids_from_config(config))
     prepared = prepare_images(
         dataset,
         loaded.processor,

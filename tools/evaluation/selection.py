@@ -106,7 +106,9 @@ def select_best(
 def interval_crosses_budget(record: dict[str, Any], objective: Objective) -> bool:
     """Return True when the accuracy change's 95% interval reaches below -max_acc_drop (the point may not)."""
     ci = record.get("acc_delta_ci")
-    return bool(ci) and float(ci[0]) < -objective.max_acc_drop
+    if not ci:
+        return False
+    return float(ci[0]) < -objective.max_acc_drop
 
 
 def objective_met(best: dict[str, Any] | None, baseline: dict[str, Any] | None, objective: Objective) -> bool:

@@ -161,7 +161,7 @@ def _portable_config(config: Any) -> dict[str, Any]:
 
 def _write_config(model: nn.Module, folder: Path, architecture: str) -> None:
     """Save the model's config with `architectures` naming the saved class (and no source path)."""
-    config = copy.deepcopy(model.config)
+    config: Any = copy.deepcopy(model.config)  # a transformers PretrainedConfig
     config.architectures = [architecture]
     config._name_or_path = ""
     with quiet_hf():

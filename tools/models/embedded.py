@@ -111,7 +111,7 @@ def build_architecture(name: str) -> torch.nn.Module:
     if name == "resnet-digits":
         from transformers import ResNetConfig, ResNetForImageClassification
 
-        config = ResNetConfig(
+        resnet_config = ResNetConfig(
             num_channels=1,
             embedding_size=16,
             hidden_sizes=[64, 128, 256],
@@ -121,7 +121,7 @@ def build_architecture(name: str) -> torch.nn.Module:
             id2label=id2label,
             label2id=label2id,
         )
-        return ResNetForImageClassification(config)
+        return ResNetForImageClassification(resnet_config)
     raise ValueError(f"unknown embedded model {name!r}; choose from {', '.join(MODEL_NAMES)}")
 
 
@@ -243,10 +243,11 @@ def train_model(
 
     if config.epochs is None or config.lr is None:
         raise ValueError("train_model needs config.epochs and config.lr")
-    labels = getattr(model.config, "num_labels", None)
+    hf_model: Any = model  # a transformers classifier: config and save_pretrained are not nn.Module's
+    labels = getattr(hf_model.config, "num_labels", None)
     if labels != len(LABEL_NAMES):
         raise ValueError(f"the model must have {len(LABEL_NAMES)} labels, not {labels}")
-    model.config.id2label, model.config.label2id = _label_maps()
+    hf_model.config.id2label, hf_model.config.label2id = _label_maps()
     splits = load_from_disk(str(ensure_dataset()))
     processor = digits_processor()
     x_train, y_train = split_pixels(splits["train"], processor)
@@ -275,7 +276,7 @@ def train_model(
         "versions": versions("datasets", "scikit-learn"),
     }
     with atomic_dir(out_dir) as tmp, quiet_hf():
-        model.save_pretrained(tmp)
+        hf_model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
         write_json_atomic(tmp / _MODEL_MARKER, record)
     logger.info("trained %s: %.1f%% test accuracy in %.1f s", name, test_acc, seconds)

@@ -62,7 +62,7 @@ def _digit_images(images: np.ndarray) -> list:
     out = []
     for img in images:
         small = Image.fromarray(np.clip(img * (255.0 / 16.0), 0, 255).round().astype(np.uint8), mode="L")
-        out.append(small.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR))
+        out.append(small.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR))
     return out
 
 

@@ -83,8 +83,9 @@ def _resolve_channels(config: Any, processor: Any, notes: list[str]) -> tuple[in
     if from_config and from_proc and from_config != from_proc:
         notes.append(f"config num_channels={from_config} but processor image_mean has {from_proc} values")
         return from_config, True
-    if from_config or from_proc:
-        return from_config or from_proc, False
+    found = from_config or from_proc
+    if found:
+        return found, False
     notes.append("no channel count in config or processor: assuming 3")
     return 3, True
 
@@ -121,9 +122,9 @@ def resolve_input_shape(model: nn.Module, processor: Any | None) -> dict[str, An
             )
         hw = from_config
         candidates = [from_config, from_proc]
-    elif from_config or from_proc:
+    elif (found := from_config or from_proc) is not None:
         source = "config" if from_config else "processor"
-        hw = from_config or from_proc
+        hw = found
         candidates = [hw]
     else:
         source, hw, ambiguous = "default", (DEFAULT_SIZE, DEFAULT_SIZE), True
@@ -143,7 +144,7 @@ def resolve_input_shape(model: nn.Module, processor: Any | None) -> dict[str, An
 
 def _shape_tuple(shape: Mapping[str, Any] | Sequence[int]) -> tuple[int, int, int]:
     if isinstance(shape, Mapping):
-        values = (shape.get("channels"), shape.get("height"), shape.get("width"))
+        values: tuple[Any, ...] = (shape.get("channels"), shape.get("height"), shape.get("width"))
     else:
         values = tuple(shape)
     if len(values) != 3 or not all(_int_or_none(v) for v in values):

@@ -49,8 +49,9 @@ def packed_linear_tensors(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor
     packed = getattr(module, "_packed_params", None)
     if packed_type is None or not isinstance(packed, packed_type):
         return None
-    weight, bias = packed._weight_bias()
-    return weight, bias, packed.dtype
+    container: Any = packed  # a LinearPackedParams, whose methods torch does not type
+    weight, bias = container._weight_bias()
+    return weight, bias, container.dtype
 
 
 def own_params(module: nn.Module, seen: set[int] | None = None) -> int:
@@ -90,9 +91,10 @@ def state_bytes(model: nn.Module) -> int:
 
 def quantized_tensors(name: str, module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Return the stored tensors of one dynamically quantized Linear and its scheme description."""
-    weight, bias = module.weight(), module.bias()
+    linear: Any = module  # a dynamic quantized Linear: weight() and bias() are methods, not the usual tensors
+    weight, bias = linear.weight(), linear.bias()
     tensors: dict[str, torch.Tensor] = {}
-    if module._packed_params.dtype == torch.float16:
+    if linear._packed_params.dtype == torch.float16:
         scheme: dict[str, Any] = {"dtype": "float16"}
         tensors[f"{name}.{QWEIGHT}"] = weight.to(torch.float16)
     elif weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):

@@ -8,7 +8,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import Candidate, CompressionPlan, EvalRecord, Objective, PruneEntry, QuantEntry
+from profiling_agent.state import (
+    Candidate,
+    CompressionPlan,
+    EvalRecord,
+    Objective,
+    PruneEntry,
+    QuantEntry,
+    QuantizeChoice,
+)
 from profiling_agent.tools.compression.units import removed_units, unit_align
 from profiling_agent.tools.evaluation.selection import (
     accuracy_drop,
@@ -253,7 +261,9 @@ def slowed_round(history: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def _quant_entries(quantize: str, history: list[dict[str, Any]], target: str) -> tuple[list[QuantEntry], str]:
+def _quant_entries(
+    quantize: QuantizeChoice, history: list[dict[str, Any]], target: str
+) -> tuple[list[QuantEntry], str]:
     if quantize == "none":
         return [], ""
     slow = slowed_round(history) if target != "size" else None

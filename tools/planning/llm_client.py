@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-from profiling_agent.state import Context
+from profiling_agent.state import Context, Fallback, LLMStep, PlannerMode
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def describe_endpoint(ctx: Context) -> str:
     return f"{ctx.llm_model} at {url or 'the OpenAI API'}"
 
 
-def planner_mode(requested: str, ctx: Context) -> tuple[str, str]:
+def planner_mode(requested: str, ctx: Context) -> PlannerMode:
     """Resolve the objective's planner choice against the configuration.
 
     Args:
@@ -143,36 +143,40 @@ def planner_mode(requested: str, ctx: Context) -> tuple[str, str]:
         ctx: Run context (endpoint, key variable, model).
 
     Returns:
-        ("llm", or the planner that runs without an LLM, a one-line explanation for the console and result.json).
+        The choice resolved: mode "llm", or the planner that runs without an LLM, and a one-line note for the
+        console and result.json.
 
     Raises:
         ValueError: `requested` is "llm" but no LLM is configured (the message names the missing setting).
     """
     if requested not in ("llm", "auto"):
-        return requested, f"{requested} planner (requested)"
+        return PlannerMode(requested=requested, mode=requested, note=f"{requested} planner (requested)")
     if llm_configured(ctx):
-        return "llm", f"LLM planner, {describe_endpoint(ctx)} (requested {requested}; deterministic plan if it fails)"
+        note = f"LLM planner, {describe_endpoint(ctx)} (requested {requested}; deterministic plan if it fails)"
+        return PlannerMode(requested=requested, mode="llm", note=note)
     if requested == "llm":
         raise ValueError(f"--planner llm needs an LLM endpoint: {missing_llm_setting(ctx)}")
-    return "deterministic", f"deterministic planner (auto: no LLM configured; {missing_llm_setting(ctx)})"
+    note = f"deterministic planner (auto: no LLM configured; {missing_llm_setting(ctx)})"
+    return PlannerMode(requested=requested, mode="deterministic", note=note)
 
 
 def build_chat_model(ctx: Context) -> Any:
     """Build the OpenAI-compatible chat model from the run context (the key is read from the environment)."""
     from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
 
     url = llm_base_url(ctx)
     # langchain sends OpenAI's max_completion_tokens; llama-cpp-python and older servers only read max_tokens
-    extra = {} if "api.openai.com" in url or not url else {"extra_body": {"max_tokens": ctx.llm_max_tokens}}
+    extra_body = None if "api.openai.com" in url or not url else {"max_tokens": ctx.llm_max_tokens}
     return ChatOpenAI(
         model=ctx.llm_model,
         base_url=url or None,
-        api_key=os.environ.get(ctx.llm_api_key_env) or "no-key",  # keyless local servers accept any key
+        api_key=SecretStr(os.environ.get(ctx.llm_api_key_env) or "no-key"),  # keyless local servers accept any key
         temperature=ctx.llm_temperature,
         timeout=ctx.llm_timeout,
         max_retries=1,
-        max_tokens=ctx.llm_max_tokens,
-        **extra,
+        max_completion_tokens=ctx.llm_max_tokens,
+        extra_body=extra_body,
     )
 
 
@@ -215,7 +219,7 @@ def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> A
         raise PlannerFailure("timeout", f"no reply within {deadline:.1f} s")
     if "error" in box:
         exc = box["error"]
-        stage = "timeout" if _is_timeout(exc) else "error"
+        stage: Stage = "timeout" if _is_timeout(exc) else "error"
         raise PlannerFailure(stage, f"{type(exc).__name__}: {str(exc)[:300]}", status=http_status(exc))
     reply = box.get("reply")
     if not isinstance(reply, AIMessage):
@@ -237,39 +241,42 @@ CONFIG_STATUS = re.compile(r"Error code: (401|403|404)\b")
 def llm_replied(state: Any) -> bool:
     """Return True when an earlier round of this run got at least one reply from the LLM."""
     for cand in getattr(state, "candidates", []) or []:
-        llm = cand.planner_meta.llm or {}
-        if int((llm.get("usage") or {}).get("calls") or 0) > 0:
+        llm = cand.planner_meta.llm
+        if llm is not None and int(llm.usage.get("calls") or 0) > 0:
             return True
     return False
 
 
-def never_reached(fallback: dict[str, Any], ctx: Context) -> Exception:
+def never_reached(fallback: Fallback | None, ctx: Context) -> Exception:
     """Return the one-line error for an explicit `--planner llm` whose endpoint never answered.
 
     A configuration fault (nothing listening, a wrong URL or model: 404, a refused key: 401/403) is a ValueError
     (exit 2); a server that hangs or answers garbage is LLMUnreachable (exit 1).
     """
-    reason = " ".join(str(fallback.get("reason") or "no reply").split())[:200]
+    stage = fallback.stage if fallback is not None else "error"
+    reason = " ".join(((fallback.reason if fallback is not None else "") or "no reply").split())[:200]
     where = describe_endpoint(ctx)
-    if fallback.get("stage") == "error" and (
-        any(word in reason for word in CONFIG_FAULTS) or CONFIG_STATUS.search(reason)
+    if (
+        fallback is not None
+        and stage == "error"
+        and (any(word in reason for word in CONFIG_FAULTS) or CONFIG_STATUS.search(reason))
     ):
         return ValueError(
             f"--planner llm: the LLM {where} could not be used ({reason}); check --llm-base-url, --llm-model and "
             f"${ctx.llm_api_key_env}, or use --planner auto to fall back to the deterministic planner"
         )
     return LLMUnreachable(
-        f"--planner llm: the LLM {where} never gave a usable reply ({fallback.get('stage', 'error')}: {reason}); "
+        f"--planner llm: the LLM {where} never gave a usable reply ({stage}: {reason}); "
         "use --planner auto to fall back to the deterministic planner"
     )
 
 
-def llm_console_note(info: dict[str, Any]) -> str:
+def llm_console_note(info: LLMStep) -> str:
     """Return the console's bracketed note on an LLM step; a structured mode is named only when it was used."""
-    usage, found = info.get("usage") or {}, info.get("structured") or {}
+    usage, found = info.usage, info.structured
     if not usage.get("calls"):
-        return f"[LLM: no reply; transcript {info.get('transcript')}]"
+        return f"[LLM: no reply; transcript {info.transcript}]"
     mode = found.get("mode") if found.get("confirmed") else None
     shown = f"structured output {mode}" if mode and mode != "off" else "free-text answers (no structured output)"
     tokens = usage.get("total_tokens", 0)
-    return f"[LLM: {usage['calls']} calls, {tokens} tokens, {shown}; transcript {info.get('transcript')}]"
+    return f"[LLM: {usage['calls']} calls, {tokens} tokens, {shown}; transcript {info.transcript}]"

@@ -10,7 +10,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from profiling_agent.state import CompressionPlan, Context, State
+from profiling_agent.state import CompressionPlan, Context, Fallback, LLMStep, State
 from profiling_agent.tools.planning.deterministic import PlanResult
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
@@ -37,7 +37,7 @@ class LLMOutcome:
     Attributes:
         plan: The LLM's guarded plan, or the deterministic fallback's.
         planner: "llm" when the LLM's plan is applied, "deterministic" after a fallback.
-        fallbacks: One record per fallback: {"reason", "stage", "rejected", "tool_errors", "model"}.
+        fallbacks: One Fallback per fallback (reason, stage, rejected, tool_errors, model; the round is set later).
         transcript: Transcript path relative to the run folder, or None when there is no run folder.
         estimate: The guard's predicted reduction of the LLM plan ({"params", "macs", "latency"}, from group
             cost shares); empty after a fallback.
@@ -51,7 +51,7 @@ class LLMOutcome:
 
     plan: CompressionPlan
     planner: str
-    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
     transcript: str | None = None
     estimate: dict[str, float] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: empty_usage())
@@ -59,24 +59,24 @@ class LLMOutcome:
     structured: dict[str, Any] = field(default_factory=dict)
     vs_proposal: ProposalDiff | None = None
 
-    def summary(self, model: str) -> dict[str, Any]:
-        """Return the JSON facts about this step for the state history and result.json (never the API key)."""
-        return {
-            "model": model,
-            "planner": self.planner,
-            "transcript": self.transcript,
-            "usage": dict(self.usage),
-            "tool_errors": list(self.tool_errors),
-            "structured": dict(self.structured),
-            "vs_proposal": self.vs_proposal.label() if self.vs_proposal else None,
-        }
+    def summary(self, model: str) -> LLMStep:
+        """Return the facts about this step for the state history and result.json (never the API key)."""
+        return LLMStep(
+            model=model,
+            planner=self.planner,
+            transcript=self.transcript,
+            usage=dict(self.usage),
+            tool_errors=list(self.tool_errors),
+            structured=dict(self.structured),
+            vs_proposal=self.vs_proposal.label() if self.vs_proposal else None,
+        )
 
 
 def known_structured_mode(state: State) -> StructuredMode | None:
     """Return the structured-output mode an earlier round of this run confirmed with the server, if any."""
     for candidate in reversed(state.candidates):
         llm = candidate.planner_meta.llm if candidate.planner_meta else None
-        found = (llm or {}).get("structured") or {}
+        found = llm.structured if llm is not None else {}
         if found.get("confirmed") and found.get("mode") in AUTO_ORDER:
             return found["mode"]
     return None
@@ -150,7 +150,8 @@ def plan_with_llm(
     iteration = planning_round(state)
     transcript = Transcript.open(state.run_path, iteration)
     guard = llm_guard(state, iteration)
-    usage, tool_errors = empty_usage(), []
+    usage = empty_usage()
+    tool_errors: list[dict[str, str]] = []
     finder = ModeFinder(ctx.llm_structured, known_structured_mode(state))
     proposals: list[Proposal] = []
     try:
@@ -236,17 +237,17 @@ class _Failed:
 def _fall_back(
     transcript: Transcript, fallback: PlanResult, ctx: Context, failed: _Failed, finder: ModeFinder
 ) -> LLMOutcome:
-    record = {
-        "reason": failed.reason,
-        "stage": failed.stage,
-        "rejected": failed.rejected,
-        "tool_errors": failed.tool_errors,
-        "model": ctx.llm_model,
-    }
+    record = Fallback(
+        reason=failed.reason,
+        stage=failed.stage,
+        rejected=failed.rejected,
+        tool_errors=failed.tool_errors,
+        model=ctx.llm_model,
+    )
     logger.warning("LLM planner fell back to the deterministic plan (%s): %s", failed.stage, failed.reason)
     transcript.write("usage", **failed.usage)
     transcript.write("structured", **finder.record())
-    transcript.write("fallback", **record)
+    transcript.write("fallback", **record.model_dump(exclude={"iteration"}))
     transcript.write("final", planner="deterministic", plan=fallback.plan.model_dump())
     return LLMOutcome(
         fallback.plan,

@@ -9,7 +9,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from profiling_agent.state import CompressionPlan, Context, QuantEntry
+from profiling_agent.state import CompressionPlan, Context, QuantEntry, QuantizeChoice
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
     Stage,
@@ -62,7 +62,7 @@ class _Rejected(Exception):
 
 
 def apply_quantize_choice(
-    plan: dict[str, Any], quantize: str, fallback_plan: CompressionPlan
+    plan: dict[str, Any], quantize: QuantizeChoice, fallback_plan: CompressionPlan
 ) -> tuple[dict[str, Any], list[str]]:
     """Make a parsed plan respect the objective's quantization choice.
 
@@ -117,7 +117,7 @@ class Session:
     ctx: Context
     transcript: Transcript
     profile: dict[str, Any]
-    quantize: str
+    quantize: QuantizeChoice
     fallback_plan: CompressionPlan
     guard: GuardConfig = field(default_factory=GuardConfig)
     usage: dict[str, int] = field(default_factory=empty_usage)
@@ -189,7 +189,7 @@ class Session:
             layers=self.profile.get("layers"),
         )
         self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
-        if not verdict.ok:
+        if not verdict.ok or verdict.plan is None:
             raise _Rejected("guard", verdict.reasons)
         self.ratios = dict(verdict.ratios)
         return verdict.plan, verdict.estimate
@@ -213,7 +213,8 @@ class Session:
 
     def run(self, messages: list[BaseMessage]) -> tuple[CompressionPlan, dict[str, float]]:
         """Talk to the model until it gives a plan the guard accepts (returned with its estimate), or raise."""
-        rounds, forced, rejected = 0, False, []
+        rounds, forced = 0, False
+        rejected: list[dict[str, Any]] = []
         constrained = not self.has_tools  # without tools, every answer is the final one
         budget = STEP_BUDGET_REQUESTS * self.deadline
         stop_at = time.monotonic() + budget

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, tool
 
+from profiling_agent.tools.compression.units import PrunedGroup
 from profiling_agent.tools.planning.plan_guard import GuardConfig, GuardVerdict, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
 from profiling_agent.tools.planning.regex_safety import regex_problem
@@ -302,7 +303,7 @@ def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], d
             verdict, _ = data.guard(plan_json)
         except ValueError as exc:
             return f"error: {exc}"
-        if not verdict.ok:
+        if not verdict.ok or verdict.plan is None:
             return dump({"valid": False, "reasons": verdict.reasons})
         try:
             return dump({"valid": True, "measured": evaluate_fn(verdict.plan.model_dump())})
@@ -326,7 +327,7 @@ def make_plan_evaluator(
     importance: str = "l2",
     seed: int = 0,
     max_calls: int = MAX_EVALUATIONS,
-    recover: Callable[[Any, list[dict[str, Any]]], None] | None = None,
+    recover: Callable[[Any, list[PrunedGroup]], None] | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Build `evaluate_fn` for the evaluate_plan tool: apply a plan to a fresh copy of the baseline and measure it.
 
@@ -350,6 +351,7 @@ def make_plan_evaluator(
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.compression.quantization import quantize_model
     from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.compression.units import as_importance
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
     from profiling_agent.tools.models.sizes import count_params
 
@@ -369,7 +371,7 @@ def make_plan_evaluator(
         base_preds, base_params = reference()
         model = load_baseline()
         example = pixels[:1].clone()
-        report = prune_model(model, plan.get("pruning") or [], example, importance=importance, seed=seed)
+        report = prune_model(model, plan.get("pruning") or [], example, importance=as_importance(importance), seed=seed)
         self_check(model, example, int(model.config.num_labels))
         if recover is not None:
             recover(model, report.applied)
@@ -386,7 +388,7 @@ def make_plan_evaluator(
             "agreement": agreement(preds, base_preds),
             "params": params,
             "params_reduction": 1 - params / max(base_params, 1),
-            "groups_pruned": sum(a["units_before"] != a["units_after"] for a in report.applied),
+            "groups_pruned": sum(a.units_before != a.units_after for a in report.applied),
             "quantized_linear_layers": len(layers),
             "evaluations_left": max_calls - cache["calls"],
         }

@@ -13,12 +13,12 @@ from profiling_agent.state import MAX_REGEX_LEN
 
 logger = logging.getLogger(__name__)
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import re._constants as _sre
     import re._parser as _sre_parse
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as _sre  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import sre_constants as _sre
+    import sre_parse as _sre_parse
 
 _REPEATS = {_sre.MAX_REPEAT, _sre.MIN_REPEAT}
 _POSSESSIVE = getattr(_sre, "POSSESSIVE_REPEAT", None)
@@ -41,7 +41,8 @@ def _first_chars(items: list[Any]) -> set[int] | None:
             return _first_chars(list(av[-1]))
         if op is _sre.BRANCH:
             sets = [_first_chars(list(b)) for b in av[1]]
-            return None if any(s is None for s in sets) else set().union(*sets)
+            known = [s for s in sets if s is not None]
+            return None if len(known) < len(sets) else set().union(*known)
         if op in _REPEATS or op is _POSSESSIVE:
             return _first_chars(list(av[2])) if av[0] > 0 else None
         return None
@@ -93,9 +94,10 @@ def _overlapping_branches(items: list[Any]) -> bool:
             return _overlapping_branches(list(av[-1]))
         if op is _sre.BRANCH:
             sets = [_first_chars(list(b)) for b in av[1]]
-            if any(s is None for s in sets):
+            known = [s for s in sets if s is not None]
+            if len(known) < len(sets):
                 return True
-            return any(sets[i] & sets[j] for i in range(len(sets)) for j in range(i + 1, len(sets)))
+            return any(known[i] & known[j] for i in range(len(known)) for j in range(i + 1, len(known)))
     return False
 
 
@@ -181,7 +183,8 @@ def slow_patterns(patterns: list[str], subjects: list[str], budget: float) -> li
             check=True,
         )
     except subprocess.TimeoutExpired as exc:
-        done = (exc.stdout or b"").count(b"." if isinstance(exc.stdout, bytes) else ".")
+        out = exc.stdout or b""
+        done = out.count(b".") if isinstance(out, bytes) else out.count(".")
         return patterns[done : done + 1]
     except (OSError, subprocess.SubprocessError) as exc:
         logger.warning("regex timing check skipped: %s", exc)

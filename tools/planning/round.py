@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, Context, State
+from profiling_agent.state import CompressionPlan, Context, Fallback, LLMStep, PlannerMeta, State
 from profiling_agent.tools.planning.backoff import Backoff
 from profiling_agent.tools.planning.llm_client import llm_console_note, llm_replied, never_reached
 from profiling_agent.tools.planning.paired import deterministic_sequence, reference_due
@@ -21,10 +21,10 @@ class RoundOutcome:
 
     plan: CompressionPlan
     planner: str
-    meta: dict[str, Any]
+    meta: PlannerMeta
     message: str
-    fallbacks: list[dict[str, Any]] = field(default_factory=list)
-    llm: dict[str, Any] | None = None
+    fallbacks: list[Fallback] = field(default_factory=list)
+    llm: LLMStep | None = None
     stop_reason: str = ""
 
 
@@ -84,30 +84,37 @@ def deterministic_plan(state: State, groups, costs, sensitivity, history, evalua
     return result, backoff, search, predicted
 
 
-def round_meta(result, outcome, planner: str, turn: str | None, predicted, search, backoff, llm_info, objective):
+def round_meta(
+    result, outcome, planner: str, turn: str | None, predicted, search, backoff, llm_info: LLMStep | None, objective
+) -> PlannerMeta:
     """Return the planner facts the candidate records (goal, convergence, back-off, search, the LLM's turn)."""
     from profiling_agent.tools.planning.deterministic import estimate_key
 
     goal = result.target_estimate
     if planner == "llm":  # feedback for later deterministic rounds: what the applied plan aimed at
         goal = float(outcome.estimate.get(estimate_key(objective.target), goal) or goal)
-    meta: dict[str, Any] = {"goal": goal, "gamma": result.gamma, "converged": result.converged}
+    meta = PlannerMeta(goal=goal, gamma=result.gamma, converged=result.converged, llm=llm_info, turn=turn or None)
     if planner == "deterministic" and predicted is not None:
-        meta["predicted_drop"] = round(predicted, 3)
+        meta.predicted_drop = round(predicted, 3)
     if search is not None:
-        meta["search"] = search.to_dict()
+        meta.search = search.to_dict()
     if backoff is not None:
-        meta["backoff"] = {"cap_pp": backoff.cap, "kept_goal": backoff.goal, "trials": backoff.trials}
-    if llm_info:
-        meta["llm"] = llm_info
-    if turn:
-        meta["turn"] = turn
+        meta.backoff = {"cap_pp": backoff.cap, "kept_goal": backoff.goal, "trials": backoff.trials}
     if planner == "llm" and outcome.vs_proposal is not None:
-        meta["vs_proposal"] = outcome.vs_proposal.model_dump()
+        meta.vs_proposal = outcome.vs_proposal.model_dump()
     return meta
 
 
-def round_message(plan: CompressionPlan, planner: str, turn, outcome, backoff, search, fallbacks, llm_info) -> str:
+def round_message(
+    plan: CompressionPlan,
+    planner: str,
+    turn,
+    outcome,
+    backoff,
+    search,
+    fallbacks: list[Fallback],
+    llm_info: LLMStep | None,
+) -> str:
     """Say in one line what the round planned, how it got there and what the LLM did."""
     message = f"{planner} plan: {len(plan.pruning)} pruning and {len(plan.quantization)} quantization entries"
     if turn == "reference":
@@ -123,8 +130,8 @@ def round_message(plan: CompressionPlan, planner: str, turn, outcome, backoff, s
     if search is not None:
         message += f"; {search.why}"
     for f in fallbacks:
-        message = f"LLM plan refused ({f['stage']}: {f['reason'][:160]}); {message}"
-    if llm_info:
+        message = f"LLM plan refused ({f.stage}: {f.reason[:160]}); {message}"
+    if llm_info is not None:
         message += " " + llm_console_note(llm_info)
     return message
 
@@ -159,7 +166,8 @@ def planning_round(
     groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
     groups = [g for g in groups if not (sensitivity.get(g["name"]) or {}).get("error")]  # the probe could not prune
     result, backoff, search, predicted = deterministic_plan(state, groups, costs, sensitivity, history, evaluator)
-    plan, planner, fallbacks, llm_info, outcome = result.plan, result.planner, [], None, None
+    plan, planner, llm_info, outcome = result.plan, result.planner, None, None
+    fallbacks: list[Fallback] = []
     turn = None if mode != "llm" else "reference" if reference_due(state.candidates) else "llm"
     if turn == "llm" and result.converged:  # the deterministic sequence is over: the run stops, nothing to pair
         turn = "reference"
@@ -173,7 +181,7 @@ def planning_round(
         llm_info = outcome.summary(ctx.llm_model)
         if state.objective.planner == "llm" and planner != "llm" and not outcome.usage["calls"]:
             if not llm_replied(state):  # explicit llm, endpoint never answered
-                raise never_reached(fallbacks[0] if fallbacks else {}, ctx)
+                raise never_reached(fallbacks[0] if fallbacks else None, ctx)
     stop = ""
     if result.converged and (planner == "deterministic" or turn):
         stop = f"planner converged before iteration {iteration}: {result.notes[0]}"

@@ -175,7 +175,7 @@ class _TimingRecorder:
     def rows(self) -> list[dict[str, Any]]:
         """Return one row per called module, in first-call order, with medians over the passes."""
         rows = []
-        for name in sorted(self.order, key=self.order.get):
+        for name in sorted(self.order, key=lambda n: self.order[n]):
             seen = [p[name] for p in self.passes if name in p]
             last = seen[-1]
             rows.append(

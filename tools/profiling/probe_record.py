@@ -8,8 +8,8 @@ from profiling_agent.state import GroupSensitivity
 
 
 def probe_record(result: dict[str, dict[str, Any]], ratio: float, cpu: float, seconds: float,
-                 refit: bool) -> tuple[dict[str, dict[str, Any]], str]:  # fmt: skip
-    """Return the sensitivity kept in state (sensitivity.json keeps the probe's extra facts) and its summary.
+                 refit: bool) -> tuple[dict[str, GroupSensitivity], str]:  # fmt: skip
+    """Return the sensitivity kept in state per group (sensitivity.json keeps the probe's extra facts) and its summary.
 
     Args:
         result: The probe's rows by group (probe_sensitivity_fast).
@@ -20,11 +20,13 @@ def probe_record(result: dict[str, dict[str, Any]], ratio: float, cpu: float, se
     """
     fields = GroupSensitivity.model_fields
     rounded = {
-        name: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in fields or k == "error"}
+        name: GroupSensitivity.model_validate(
+            {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in fields}
+        )
         for name, r in result.items()
     }
-    least = min(rounded, key=lambda g: rounded[g]["damage"]) if rounded else "-"
-    most = max(rounded, key=lambda g: rounded[g]["damage"]) if rounded else "-"
+    least = min(rounded, key=lambda g: rounded[g].damage) if rounded else "-"
+    most = max(rounded, key=lambda g: rounded[g].damage) if rounded else "-"
     fast = sum(1 for r in result.values() if r.get("fast"))
     message = (
         f"{len(rounded)} groups probed at ratio {ratio:g} in {cpu:.1f} CPU-s ({seconds:.1f} s wall; "
@@ -32,7 +34,7 @@ def probe_record(result: dict[str, dict[str, Any]], ratio: float, cpu: float, se
     )
     if refit:
         message += " (after reconstruction)"
-    unprunable = {name: r["error"] for name, r in rounded.items() if r.get("error")}
+    unprunable = {name: r.error for name, r in rounded.items() if r.error}
     if unprunable:  # recorded facts: planners leave these groups out
         message += f"; {len(unprunable)} unprunable: " + "; ".join(f"{n} ({why})" for n, why in unprunable.items())
     return rounded, message

@@ -94,7 +94,7 @@ def probe_sensitivity(
         trial = copy.deepcopy(model)
         try:
             report = prune_model(trial, [entry], example, seed=seed)
-            removed = sum(a["units_before"] - a["units_after"] for a in report.applied if a["group"] == group.name)
+            removed = sum(a.units_before - a.units_after for a in report.applied if a.group == group.name)
             if not removed:
                 raise UnprunableGroup(f"pruning at ratio {probe:.2f} removes none of its {group.units} units")
             if recover:

@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from profiling_agent.state import ArtifactRef, Context, RecoveryRecord
+from profiling_agent.tools.compression.units import PrunedGroup
 
 DONE = "recovery_done.json"  # in the iteration folder: a finished recovery, so a re-run of the node reuses it
 
@@ -80,11 +81,16 @@ def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx
                    fingerprint=fingerprint, progress=progress)  # fmt: skip
 
 
+def pruned_groups(recipe: dict[str, Any]) -> list[PrunedGroup]:
+    """Return the groups a pruned artifact's recipe records as applied, with their removed unit indices."""
+    return [PrunedGroup.model_validate(row) for row in (recipe.get("extra") or {}).get("applied") or []]
+
+
 def recover_student(
     teacher: nn.Module,
     student: Any,  # a Hugging Face classifier (its config says the number of labels)
     calib: Any,
-    applied: list[dict[str, Any]],
+    applied: list[PrunedGroup],
     steps: list[str],
     record: RecoveryRecord,
     *,

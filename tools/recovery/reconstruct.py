@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiling_agent.tools.compression.families import adapter_for
-from profiling_agent.tools.compression.units import channels_of
+from profiling_agent.tools.compression.units import PrunedGroup, channels_of
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
@@ -53,7 +53,7 @@ class _Stop(Exception):
 
 
 def find_consumers(
-    baseline: nn.Module, pruned: nn.Module, applied: Iterable[Mapping[str, Any]], adapter: Any = None
+    baseline: nn.Module, pruned: nn.Module, applied: Iterable[PrunedGroup], adapter: Any = None
 ) -> list[Consumer]:
     """List, in forward order, the non-root members of each pruned group that lost input channels.
 
@@ -68,19 +68,19 @@ def find_consumers(
     rows = list(applied)
     outputs: dict[str, tuple[int, ...]] = {}  # a root that lost output channels keeps these
     for row in rows:
-        if row.get("removed") and row["group"] in groups:
-            group = groups[row["group"]]
-            gone = set(channels_of(group, row["removed"]))
+        if row.removed and row.group in groups:
+            group = groups[row.group]
+            gone = set(channels_of(group, row.removed))
             for root in group.roots:
                 outputs[root] = tuple(c for c in range(group.units * group.unit_size) if c not in gone)
     found = []
     for row in rows:
-        removed_units = list(row.get("removed") or [])
+        removed_units = list(row.removed)
         if not removed_units:
             continue
-        if row["group"] not in groups:
-            raise ReconstructError(f"group {row['group']} is not a group of the baseline")
-        group = groups[row["group"]]
+        if row.group not in groups:
+            raise ReconstructError(f"group {row.group} is not a group of the baseline")
+        group = groups[row.group]
         removed = channels_of(group, removed_units)
         width = group.units * group.unit_size
         kept = tuple(c for c in range(width) if c not in set(removed))
@@ -245,7 +245,7 @@ def reconstruct(
     baseline: nn.Module,
     pruned: nn.Module,
     pixels: torch.Tensor,
-    applied: Iterable[Mapping[str, Any]],
+    applied: Iterable[PrunedGroup],
     *,
     ridge: float = RIDGE,
     batch_size: int = 32,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from profiling_agent.tools.evaluation.delivery import summary_line
@@ -209,7 +210,7 @@ def fallback_lines(fallbacks: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def test_lines(result: dict[str, Any]) -> list[str]:
+def test_lines(result: Mapping[str, Any]) -> list[str]:
     """Say what the held-out test images report and whether the validation interval reaches past the budget."""
     best, base = result.get("best") or {}, result.get("baseline") or {}
     lines = []

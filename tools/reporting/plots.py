@@ -234,8 +234,11 @@ def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None
     rows = rows[::-1]
     fig = new_figure(9.0, 1.3 + 0.3 * len(rows))
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, idx, title, color in ((axes[0], 1, "params", _CAND_COLOR), (axes[1], 2, "MACs", _FRONT_COLOR)):
-        values = [r[idx] for r in rows]
+    panels = (
+        (axes[0], [r[1] for r in rows], "params", _CAND_COLOR),
+        (axes[1], [r[2] for r in rows], "MACs", _FRONT_COLOR),
+    )
+    for ax, values, title, color in panels:
         total = sum(values) or 1
         bars = ax.barh(range(len(rows)), values, color=color)
         for bar, v in zip(bars, values, strict=True):
@@ -279,7 +282,7 @@ def render_plots(result: Mapping[str, Any], profile: Mapping[str, Any] | None) -
         "cost_by_group": plot_cost_by_group(profile),
         "cost_by_type": plot_cost_by_type(profile),
     }
-    return {key: made[key] for key in PLOT_FILES if made.get(key)}
+    return {key: image for key in PLOT_FILES if (image := made.get(key))}
 
 
 def write_plots(run_path: str | os.PathLike, images: Mapping[str, bytes]) -> dict[str, str]:

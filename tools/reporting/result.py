@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from profiling_agent.state import HistoryEvent, LLMStep, PlannerMode
 from profiling_agent.tools.reporting.outcome import target_outcome
 from profiling_agent.tools.versions import versions
 
@@ -49,40 +51,35 @@ def _with_final_latency(metrics: dict[str, Any], final: dict[str, Any] | None, b
     return out
 
 
-def planner_facts(history: list[dict[str, Any]]) -> dict[str, Any]:
+def planner_facts(history: Sequence[HistoryEvent | Mapping[str, Any]]) -> dict[str, Any]:
     """Return how the planner choice resolved ("mode", "mode_note") and the LLM's transcripts and token usage.
 
-    Read from the analyze events of the state history; the last event of each iteration counts.
+    Read from the analyze events of the state history (checkpointed JSON is validated, old keys mapped); the last
+    event of each iteration counts.
     """
-    last: dict[int, dict[str, Any]] = {}
+    last: dict[int, tuple[PlannerMode, LLMStep | None]] = {}
     for item in history:
-        if item.get("node") == "analyze" and item.get("planner"):
-            last[int(item.get("iteration") or 0)] = item
-    events = [last[k] for k in sorted(last)]
-    if not events:
+        event = item if isinstance(item, HistoryEvent) else HistoryEvent.model_validate(item)
+        if event.node == "analyze" and event.planner_choice is not None:
+            last[event.iteration] = (event.planner_choice, event.llm)
+    if not last:
         return {"mode": None, "mode_note": None, "llm": None}
-    steps = [e["llm"] for e in events if e.get("llm")]
+    steps = [(it, step) for it, (_, step) in sorted(last.items()) if step is not None]
     llm = None
     if steps:
         usage = {
-            k: sum(int((s.get("usage") or {}).get(k) or 0) for s in steps)
+            k: sum(int(s.usage.get(k) or 0) for _, s in steps)
             for k in ("calls", "input_tokens", "output_tokens", "total_tokens")
         }
         llm = {
-            "model": steps[-1].get("model"),
-            "transcripts": [s.get("transcript") for s in steps if s.get("transcript")],
+            "model": steps[-1][1].model,
+            "transcripts": [s.transcript for _, s in steps if s.transcript],
             "usage": usage,
-            "tool_errors": [
-                {**t, "iteration": e["iteration"]}
-                for e in events
-                if e.get("llm")
-                for t in e["llm"].get("tool_errors") or []
-            ],
-            "structured": [
-                {**(e["llm"].get("structured") or {}), "iteration": e["iteration"]} for e in events if e.get("llm")
-            ],
+            "tool_errors": [{**t, "iteration": it} for it, s in steps for t in s.tool_errors],
+            "structured": [{**s.structured, "iteration": it} for it, s in steps],
         }
-    return {"mode": events[-1]["planner"].get("mode"), "mode_note": events[-1]["planner"].get("note"), "llm": llm}
+    choice = last[max(last)][0]
+    return {"mode": choice.mode, "mode_note": choice.note, "llm": llm}
 
 
 def _test_fields(test: dict[str, Any], iteration: int) -> dict[str, Any]:

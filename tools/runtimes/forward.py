@@ -80,15 +80,15 @@ def input_chw(input_shape: Sequence[int] | Mapping[str, Any]) -> tuple[int, int,
         shape = tuple(int(v) for v in input_shape)
     if len(shape) != 3 or min(shape) < 1:
         raise ValueError(f"input_shape must be (channels, height, width), got {input_shape!r}")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def model_device(model: nn.Module) -> torch.device:
     """Return the device of the model's first parameter or buffer (CPU when it has none)."""
     for tensor in model.parameters():
         return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
+    for buffer in model.buffers():
+        return buffer.device
     return torch.device("cpu")
 
 

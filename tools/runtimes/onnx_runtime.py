@@ -50,7 +50,7 @@ def quiet() -> Iterator[None]:
 
 
 def _export(wrapper: nn.Module, example: torch.Tensor, path: Path, exporter: str, opset: int) -> None:
-    common = {"input_names": [INPUT_NAME], "output_names": [OUTPUT_NAME], "opset_version": opset}
+    common: dict[str, Any] = {"input_names": [INPUT_NAME], "output_names": [OUTPUT_NAME], "opset_version": opset}
     if exporter == "torchscript":
         axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}}
         torch.onnx.export(wrapper, (example,), str(path), dynamo=False, dynamic_axes=axes, **common)

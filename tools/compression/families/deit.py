@@ -38,9 +38,10 @@ def check_attention(name: str, attention: nn.Module) -> int:
     Raises:
         ValueError: When the projections disagree or are not a multiple of head_dim.
     """
-    head_dim = attention.head_dim
-    widths = {p: getattr(attention, p).out_features for p in ("q_proj", "k_proj", "v_proj")}
-    widths["o_proj.in"] = attention.o_proj.in_features
+    attn: Any = attention  # transformers sets the projections and head_dim in __init__: invisible to mypy
+    head_dim = int(attn.head_dim)
+    widths = {p: int(getattr(attn, p).out_features) for p in ("q_proj", "k_proj", "v_proj")}
+    widths["o_proj.in"] = int(attn.o_proj.in_features)
     if len(set(widths.values())) != 1 or widths["q_proj"] % head_dim:
         raise ValueError(f"{name}: inconsistent attention widths {widths} for head_dim {head_dim}")
     return widths["q_proj"] // head_dim
@@ -49,9 +50,10 @@ def check_attention(name: str, attention: nn.Module) -> int:
 def fix_attention(name: str, attention: nn.Module) -> dict[str, Any]:
     """Set the cached head count (and the unchanged head_dim scaling) of one attention module."""
     heads = check_attention(name, attention)
-    attention.num_attention_heads = heads
-    attention.scaling = attention.head_dim**-0.5
-    return {"num_attention_heads": heads, "head_dim": attention.head_dim, "scaling": attention.scaling}
+    attn: Any = attention  # head_dim and scaling are plain attributes of the transformers module
+    attn.num_attention_heads = heads
+    attn.scaling = attn.head_dim**-0.5
+    return {"num_attention_heads": heads, "head_dim": attn.head_dim, "scaling": attn.scaling}
 
 
 class DeiTAdapter(FamilyAdapter):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 from transformers.models.resnet.modeling_resnet import ResNetModel
 
@@ -22,10 +24,11 @@ class ResNetAdapter(FamilyAdapter):
         """Return True for a ResNetModel backbone under `.resnet` with a `.classifier` head."""
         return isinstance(getattr(model, "resnet", None), ResNetModel) and hasattr(model, "classifier")
 
-    def _blocks(self, model: nn.Module) -> list[tuple[str, str, nn.Module]]:
+    def _blocks(self, model: nn.Module) -> list[tuple[str, str, Any]]:
         """Return (short name, module name, block) for every residual block in forward order."""
         blocks = []
-        for s, stage in enumerate(model.resnet.encoder.stages):
+        resnet: Any = model.resnet  # a transformers ResNetModel: its submodules are attributes mypy cannot see
+        for s, stage in enumerate(resnet.encoder.stages):
             for b, block in enumerate(stage.layers):
                 blocks.append((f"stages.{s}.layers.{b}", f"resnet.encoder.stages.{s}.layers.{b}", block))
         return blocks

@@ -16,7 +16,8 @@ def attention_heads(attention: nn.Module) -> int:
     Raises:
         ValueError: If q_proj's width is not a whole number of heads.
     """
-    width, head_dim = attention.q_proj.out_features, attention.head_dim
+    attn: Any = attention  # transformers sets q_proj and head_dim in __init__: plain attributes mypy cannot see
+    width, head_dim = int(attn.q_proj.out_features), int(attn.head_dim)
     if width % head_dim:
         raise ValueError(f"q_proj width {width} is not a multiple of head_dim {head_dim}")
     return width // head_dim
@@ -33,7 +34,8 @@ class ViTAdapter(FamilyAdapter):
     name = "vit"
     backbone_attr = "vit"  # subclasses for ViT-shaped families (e.g. DeiT) can point this elsewhere
 
-    def _backbone(self, model: nn.Module) -> nn.Module:
+    def _backbone(self, model: nn.Module) -> Any:
+        """Return the ViT-shaped backbone (typed Any: its layers are transformers attributes mypy cannot see)."""
         return getattr(model, self.backbone_attr)
 
     def matches(self, model: nn.Module) -> bool:

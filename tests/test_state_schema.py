@@ -1,0 +1,131 @@
+"""The state's records are typed end to end: history events forbid unknown keys, and old checkpoints still load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+
+from profiling_agent.nodes.common import event
+from profiling_agent.state import AppliedGroup, HistoryEvent, LLMStep, PlannerMode, State, StateSchemaError
+from profiling_agent.tools.reporting.result import planner_facts
+
+# an LLM step as the first LLM planner recorded it (before `structured` and `vs_proposal` existed)
+OLD_LLM_STEP = {
+    "model": "gpt-4o",
+    "planner": "llm",
+    "transcript": "iter_01/llm_transcript.jsonl",
+    "usage": {"calls": 2, "input_tokens": 100, "output_tokens": 20, "total_tokens": 120},
+    "tool_errors": [{"name": "rm_rf", "error": "unknown tool"}],
+}
+OLD_PLANNER = {"requested": "auto", "mode": "llm", "note": "LLM planner, gpt-4o at the OpenAI API"}
+
+
+def _legacy_values() -> dict:
+    """State values as an older version checkpointed them: the planner choice and LLM step as loose extras."""
+    return {
+        "iteration": 1,
+        "history": [
+            {"node": "acquire", "iteration": 0, "time": 1.0, "message": "loaded", "safe_adapter": True},
+            {
+                "node": "analyze",
+                "iteration": 1,
+                "time": 2.0,
+                "message": "llm plan: 1 pruning and 1 quantization entries",
+                "rationale": "prune the widest MLP",
+                "planner": OLD_PLANNER,
+                "llm": OLD_LLM_STEP,
+            },
+        ],
+        "sensitivity": {"layers.0.mlp": {"kl": 0.01, "agreement": 99.0, "damage": 0.02, "ratio": 0.3}},
+        "candidates": [
+            {
+                "iteration": 1,
+                "status": "ok",
+                "planner": "llm",
+                "planner_meta": {"goal": 0.3, "gamma": 1.0, "converged": False, "llm": OLD_LLM_STEP, "turn": "llm"},
+                "applied": [
+                    {
+                        "group": "layers.0.mlp",
+                        "module": "vit.layers.0.mlp.fc1",
+                        "kind": "structured",
+                        "ratio": 0.3,
+                        "units_before": 64,
+                        "units_after": 45,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def test_a_legacy_state_dict_loads_into_the_typed_fields():
+    state = State.model_validate(_legacy_values())
+    acquire, analyze = state.history
+    assert acquire.safe_adapter is True and acquire.planner_choice is None and acquire.llm is None
+    assert analyze.planner_choice == PlannerMode(**OLD_PLANNER)  # the old key `planner` maps to planner_choice
+    assert isinstance(analyze.llm, LLMStep) and analyze.llm.usage["total_tokens"] == 120
+    assert analyze.llm.structured == {} and analyze.llm.vs_proposal is None  # fields the old step did not have
+    assert analyze.rationale == "prune the widest MLP"
+    cand = state.candidates[0]
+    assert cand.applied == [AppliedGroup(**_legacy_values()["candidates"][0]["applied"][0])]
+    assert cand.planner_meta.llm == analyze.llm
+    assert state.sensitivity is not None and state.sensitivity["layers.0.mlp"].damage == 0.02
+    facts = planner_facts(_legacy_values()["history"])  # result.json reads the old events as typed ones
+    assert facts["mode"] == "llm" and facts["mode_note"] == OLD_PLANNER["note"]
+    assert facts["llm"]["transcripts"] == ["iter_01/llm_transcript.jsonl"] and facts["llm"]["usage"]["calls"] == 2
+
+
+def test_a_history_key_no_version_knows_is_refused_in_one_line_naming_it():
+    values = _legacy_values()
+    values["history"][1]["backend_note"] = "a field this version no longer has"
+    with pytest.raises(StateSchemaError) as caught:
+        State.model_validate(values)
+    message = str(caught.value)
+    assert "\n" not in message and "'backend_note'" in message and "'analyze'" in message, message
+    with pytest.raises(StateSchemaError, match="'planer'"):
+        event("analyze", "a misspelt fact", 1, planer=OLD_PLANNER)
+
+
+def test_an_event_is_written_as_json_with_only_the_facts_it_carries():
+    (plain,) = event("profile", "profiled")
+    assert set(plain) == {"node", "iteration", "time", "message"}
+    choice, step = PlannerMode(**OLD_PLANNER), LLMStep.model_validate(OLD_LLM_STEP)
+    (written,) = event("analyze", "planned", 1, rationale="r", planner_choice=choice, llm=step)
+    assert json.loads(json.dumps(written)) == written  # plain JSON, as checkpoints hold it
+    assert written["planner_choice"] == OLD_PLANNER and written["llm"]["usage"] == OLD_LLM_STEP["usage"]
+    assert HistoryEvent.model_validate(written).llm == step
+
+
+def _graph(saver, first, second):
+    builder = StateGraph(State)
+    builder.add_node("first", first)
+    builder.add_node("second", second)
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "second")
+    builder.add_edge("second", END)
+    return builder.compile(checkpointer=saver, interrupt_before=["second"])
+
+
+def test_a_checkpoint_holding_legacy_history_keys_resumes():
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "old"}}
+    legacy = _legacy_values()["history"]
+    old = _graph(saver, lambda s: {"history": legacy}, lambda s: {})
+    old.invoke({}, config)
+    assert "planner" in old.get_state(config).values["history"][1]  # the checkpoint holds the legacy key
+    seen = {}
+
+    def read(state: State) -> dict:
+        seen["mode"] = state.history[-1].planner_choice.mode
+        return {"history": event("second", "resumed")}
+
+    new = _graph(saver, lambda s: {}, read)
+    new.invoke(None, config)
+    assert seen == {"mode": "llm"} and new.get_state(config).values["history"][-1]["node"] == "second"
+    config = {"configurable": {"thread_id": "unknown"}}
+    new.invoke({}, config)
+    new.update_state(config, {"history": [{**legacy[1], "backend_note": "x"}]})  # as another version saved it
+    with pytest.raises(StateSchemaError, match="'backend_note'"):
+        new.invoke(None, config)

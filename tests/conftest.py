@@ -12,61 +12,32 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(1)
 
 
-def _seeded(build):
-    torch.manual_seed(0)
-    model = build()
-    model.eval()
-    return model
-
-
 @pytest.fixture
 def tiny_vit():
     """A 2-layer ViT (hidden 32, 4 heads, 1x16x16 images, 10 labels), random weights, eval mode."""
-    from transformers import ViTConfig, ViTForImageClassification
+    from tiny import seeded, vit_config
+    from transformers import ViTForImageClassification
 
-    config = ViTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=1,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=10,
-    )
-    return _seeded(lambda: ViTForImageClassification(config))
+    return seeded(ViTForImageClassification, vit_config())
 
 
 @pytest.fixture
 def tiny_resnet():
     """A 2-stage bottleneck ResNet (1x16x16 images, 10 labels), random weights, eval mode."""
-    from transformers import ResNetConfig, ResNetForImageClassification
+    from tiny import resnet_config, seeded
+    from transformers import ResNetForImageClassification
 
-    config = ResNetConfig(
-        num_channels=1,
-        embedding_size=8,
-        hidden_sizes=[16, 32],
-        depths=[1, 2],
-        layer_type="bottleneck",
-        num_labels=10,
-    )
-    return _seeded(lambda: ResNetForImageClassification(config))
+    return seeded(ResNetForImageClassification, resnet_config())
 
 
 @pytest.fixture
 def tiny_resnet_basic():
     """A 2-stage basic-block ResNet (3x16x16 images, 10 labels), random weights, eval mode."""
-    from transformers import ResNetConfig, ResNetForImageClassification
+    from tiny import resnet_config, seeded
+    from transformers import ResNetForImageClassification
 
-    config = ResNetConfig(
-        num_channels=3,
-        embedding_size=8,
-        hidden_sizes=[8, 16],
-        depths=[1, 1],
-        layer_type="basic",
-        num_labels=10,
-    )
-    return _seeded(lambda: ResNetForImageClassification(config))
+    config = resnet_config(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+    return seeded(ResNetForImageClassification, config)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 # subset/calibration small enough for seconds-long runs; the digits test split has 360 images
 FAST_DATASET = {"subset": 160, "calibration": 32}
+# latency settings that keep evaluation cheap, for runs that check no timing
+FAST_LATENCY = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
 # latency settings that keep evaluation and the final report cheap
 # recover_steps: distillation runs (recovery is on by default) but stays a few steps long
 FAST_CONTEXT = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}

@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.graph.checkpoint import open_checkpointer
 from profiling_agent.state import Context
 
 pytestmark = pytest.mark.slow
-
-FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
 
 
 @pytest.fixture
@@ -41,7 +40,7 @@ def _inputs(model_dir, dataset, **objective):
 def _run(tmp_path, inputs, thread="t1", **kw):
     graph = build_graph(checkpointer=open_checkpointer(tmp_path))
     config = {"configurable": {"thread_id": thread}}
-    out = graph.invoke(inputs, config, context=Context(run_root=str(tmp_path), **FAST), durability="sync", **kw)
+    out = graph.invoke(inputs, config, context=Context(run_root=str(tmp_path), **FAST_CONTEXT), durability="sync", **kw)
     return graph, config, out
 
 
@@ -162,7 +161,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     snapshot = graph.get_state(config)
     assert snapshot.next == ("evaluate",) and snapshot.values["iteration"] == 2
     probe_and_plan_prunes = calls["prune"]
-    out = graph.invoke(None, config, context=Context(run_root=str(tmp_path), **FAST), durability="sync")
+    out = graph.invoke(None, config, context=Context(run_root=str(tmp_path), **FAST_CONTEXT), durability="sync")
     assert out["status"] == "done" and [c["iteration"] for c in out["candidates"]] == [1, 2, 3]
     search = out["candidates"][2]["planner_meta"]["search"]  # round 3's calibration trials prune copies too
     trials = len(search["trials"]) + (search["goal"] not in [t["goal"] for t in search["trials"]]) if search else 0

@@ -6,11 +6,10 @@ import inspect
 import json
 
 import pytest
+from quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.state import Context
-
-FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
 
 
 @pytest.mark.slow
@@ -31,7 +30,7 @@ def test_test_images_are_read_only_after_selection_and_reported_with_intervals(t
         "dataset": {"ref": "embedded:digits", "subset": 120, "test_subset": 150, "calibration": 32},
         "objective": {"planner": "deterministic", "iterations": 2, "quantize": "none"},
     }
-    out = build_graph().invoke(inputs, context=Context(run_root=str(tmp_path), **FAST))
+    out = build_graph().invoke(inputs, context=Context(run_root=str(tmp_path), **FAST_CONTEXT))
     assert out["best"] is not None and out["status"] == "done"
 
     test_readers = [callers for parts, callers in readers if "test" in parts]

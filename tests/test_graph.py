@@ -44,15 +44,13 @@ def _run(tmp_path, inputs, thread="t1", **kw):
     return graph, config, out
 
 
-def test_two_iterations_end_to_end(tmp_path, digits_assets):
+def test_two_iterations_end_to_end(digits_run):
     from profiling_agent.tools.models.loading import load_model
 
-    model_dir, dataset = digits_assets
-    graph, config, out = _run(tmp_path, _inputs(model_dir, dataset))
+    out, run = digits_run.out, digits_run.run  # the session's shared two-round run (thread "t1")
     assert out["status"] == "done"
     assert [c["iteration"] for c in out["candidates"]] == [1, 2]
     assert out["stop_reason"].startswith("iteration bound")
-    run = tmp_path / "t1"
     result = json.loads((run / "result.json").read_text())
     for key in ("thread_id", "status", "planner", "baseline", "best", "candidates"):
         assert key in result

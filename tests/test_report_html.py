@@ -32,25 +32,10 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, digits_vit):
-    """One real run of the session's digits ViT: two iterations through the graph (accuracy is not under test)."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import open_checkpointer
-    from profiling_agent.state import Context
-
-    model_dir, dataset = digits_vit.model, digits_vit.dataset
-    root = tmp_path_factory.mktemp("runs")
-    inputs = {
-        "model": {"ref": str(model_dir)},
-        "dataset": {"ref": str(dataset), "subset": 128, "calibration": 16},
-        "objective": {"planner": "deterministic", "iterations": 2, "target_reduction": 0.9, "max_acc_drop": 0.5},
-    }
-    graph = build_graph(checkpointer=open_checkpointer(root))
-    context = Context(run_root=str(root), **FAST_CONTEXT)
-    out = graph.invoke(inputs, {"configurable": {"thread_id": "t1"}}, context=context, durability="sync")
-    assert out["status"] == "done"
-    return root / "t1", out
+@pytest.fixture
+def finished_run(digits_run):
+    """(run folder, final state) of the session's shared two-round digits ViT run (accuracy is not under test)."""
+    return digits_run.run, digits_run.out
 
 
 def _result(run: Path) -> dict:

@@ -12,61 +12,32 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(1)
 
 
-def _seeded(build):
-    torch.manual_seed(0)
-    model = build()
-    model.eval()
-    return model
-
-
 @pytest.fixture
 def tiny_vit():
     """A 2-layer ViT (hidden 32, 4 heads, 1x16x16 images, 10 labels), random weights, eval mode."""
-    from transformers import ViTConfig, ViTForImageClassification
+    from tiny import seeded, vit_config
+    from transformers import ViTForImageClassification
 
-    config = ViTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=1,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=10,
-    )
-    return _seeded(lambda: ViTForImageClassification(config))
+    return seeded(ViTForImageClassification, vit_config())
 
 
 @pytest.fixture
 def tiny_resnet():
     """A 2-stage bottleneck ResNet (1x16x16 images, 10 labels), random weights, eval mode."""
-    from transformers import ResNetConfig, ResNetForImageClassification
+    from tiny import resnet_config, seeded
+    from transformers import ResNetForImageClassification
 
-    config = ResNetConfig(
-        num_channels=1,
-        embedding_size=8,
-        hidden_sizes=[16, 32],
-        depths=[1, 2],
-        layer_type="bottleneck",
-        num_labels=10,
-    )
-    return _seeded(lambda: ResNetForImageClassification(config))
+    return seeded(ResNetForImageClassification, resnet_config())
 
 
 @pytest.fixture
 def tiny_resnet_basic():
     """A 2-stage basic-block ResNet (3x16x16 images, 10 labels), random weights, eval mode."""
-    from transformers import ResNetConfig, ResNetForImageClassification
+    from tiny import resnet_config, seeded
+    from transformers import ResNetForImageClassification
 
-    config = ResNetConfig(
-        num_channels=3,
-        embedding_size=8,
-        hidden_sizes=[8, 16],
-        depths=[1, 1],
-        layer_type="basic",
-        num_labels=10,
-    )
-    return _seeded(lambda: ResNetForImageClassification(config))
+    config = resnet_config(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+    return seeded(ResNetForImageClassification, config)
 
 
 @pytest.fixture(scope="session")
@@ -141,3 +112,36 @@ def quick_resnet(tmp_path_factory):
     cache = tmp_path_factory.mktemp("quick-resnet-cache")
     model, dataset = build_quick_resnet(cache)
     return model, dataset, cache
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory, digits_vit):
+    """One finished run that test_graph, test_report_html and test_protocol all read: the whole graph runs once.
+
+    Two deterministic rounds on the session's digits ViT through the checkpointed graph (thread "t1"), 120
+    validation and 150 held-out test images, recovery and every backend form on. Returns a namespace: `run` (its
+    folder), `out` (the graph's final state) and `readers`: for every read of the prepared data during the run, the
+    parts read and the functions that asked, the node first. Tests only read it: copy the folder to change anything.
+    """
+    from types import SimpleNamespace
+
+    from quick_assets import FAST_CONTEXT, spy_prepared_reads
+
+    from profiling_agent.graph.builder import build_graph
+    from profiling_agent.graph.checkpoint import open_checkpointer
+    from profiling_agent.state import Context
+
+    root = tmp_path_factory.mktemp("digits-run")
+    inputs = {
+        "model": str(digits_vit.model),  # a plain string, as people type it in Studio
+        "dataset": {"ref": str(digits_vit.dataset), "subset": 120, "test_subset": 150, "calibration": 32},
+        "objective": {"planner": "deterministic", "iterations": 2, "target_reduction": 0.9, "max_acc_drop": 0.5},
+    }
+    graph = build_graph(checkpointer=open_checkpointer(root))
+    context = Context(run_root=str(root), **FAST_CONTEXT)
+    readers: list = []
+    with pytest.MonkeyPatch.context() as patch:
+        spy_prepared_reads(patch, readers)
+        out = graph.invoke(inputs, {"configurable": {"thread_id": "t1"}}, context=context, durability="sync")
+    assert out["status"] == "done"
+    return SimpleNamespace(run=root / "t1", out=out, readers=readers)

@@ -122,12 +122,20 @@ def check_complete(runs: Path, url: str | None = None) -> dict:
     return values
 
 
-def offline_resnet_setup(folder: Path):
-    """The quick digits ResNet in a private cache, a runs folder, and an offline environment without LLM keys."""
-    from quick_assets import build_quick_resnet
+def offline_resnet_setup(folder: Path, quick_resnet: tuple[Path, Path, Path] | None = None):
+    """The quick digits ResNet, a runs folder in `folder`, and an offline environment without LLM keys.
 
-    model, dataset = build_quick_resnet(folder / "cache")
-    env = {**os.environ, "PROFILING_AGENT_CACHE": str(folder / "cache"), "HF_HUB_OFFLINE": "1"}
+    The ResNet is the session's `quick_resnet` fixture (model, dataset, cache) when given, else one trained here
+    into the private cache FOLDER/cache.
+    """
+    if quick_resnet is None:
+        from quick_assets import build_quick_resnet
+
+        cache = folder / "cache"
+        model, dataset = build_quick_resnet(cache)
+    else:
+        model, dataset, cache = quick_resnet
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         env.pop(key, None)
     return model, dataset, folder / "runs", env

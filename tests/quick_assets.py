@@ -8,6 +8,8 @@ from pathlib import Path
 
 # subset/calibration small enough for seconds-long runs; the digits test split has 360 images
 FAST_DATASET = {"subset": 160, "calibration": 32}
+# latency settings that keep evaluation cheap, for runs that check no timing
+FAST_LATENCY = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
 # latency settings that keep evaluation and the final report cheap
 # recover_steps: distillation runs (recovery is on by default) but stays a few steps long
 FAST_CONTEXT = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
@@ -42,3 +44,20 @@ def build_quick_resnet(cache: Path) -> tuple[Path, Path]:
         record = embedded.build_model("resnet-digits", model_dir, config)
     assert record["test_accuracy"] > 80.0, record
     return model_dir, dataset
+
+
+def spy_prepared_reads(monkeypatch, readers: list) -> None:
+    """Record in `readers` every read of a run's prepared data: (parts read, [node, *the functions that asked])."""
+    import inspect
+
+    import profiling_agent.tools.data.prepare as prepare
+
+    real = prepare.load_prepared
+
+    def spying(path, with_indices=False, parts=("eval", "calib"), **kwargs):
+        callers = [f.function for f in inspect.stack()[1:8]]
+        node = next(f for f in callers if f not in ("open_prepared", "open_run_data", "prepared"))
+        readers.append((tuple(parts), [node, *callers]))
+        return real(path, with_indices=with_indices, parts=parts, **kwargs)
+
+    monkeypatch.setattr(prepare, "load_prepared", spying)

@@ -8,6 +8,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from tiny import deit_config, seeded, swin_config, vit_config
 from torch import nn
 
 from profiling_agent.state import QuantEntry
@@ -195,20 +196,9 @@ def test_pruned_quantized_resnet_round_trip(tiny_resnet, tmp_path):
 
 def test_qint8_artifact_is_much_smaller(tmp_path):
     # a wider ViT so Linear weights dominate the file, as in real models
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import ViTForImageClassification
 
-    torch.manual_seed(0)
-    config = ViTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=1,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=512,
-        num_labels=10,
-    )
-    model = ViTForImageClassification(config).eval()
+    model = seeded(ViTForImageClassification, vit_config(hidden_size=128, intermediate_size=512))
     fp32 = save_artifact(model, tmp_path / "fp32")
     quantized, _ = quantize_model(model, [QuantEntry(layer="all")])
     qint8 = save_artifact(quantized, tmp_path / "qint8")
@@ -217,41 +207,18 @@ def test_qint8_artifact_is_much_smaller(tmp_path):
 
 
 def test_deit_with_teacher_round_trip(tmp_path):
-    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
+    from transformers import DeiTForImageClassificationWithTeacher
 
-    torch.manual_seed(0)
-    config = DeiTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=3,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=10,
-    )
-    model = DeiTForImageClassificationWithTeacher(config).eval()
+    model = seeded(DeiTForImageClassificationWithTeacher, deit_config())
     _, loaded = _round_trip(model, tmp_path / "deit", _images(channels=3))
     assert type(loaded.model) is DeiTForImageClassificationWithTeacher
     assert loaded.recipe["architecture"] == "DeiTForImageClassificationWithTeacher"
 
 
 def test_swin_round_trip(tmp_path):
-    from transformers import SwinConfig, SwinForImageClassification
+    from transformers import SwinForImageClassification
 
-    torch.manual_seed(0)
-    config = SwinConfig(
-        image_size=16,
-        patch_size=2,
-        num_channels=3,
-        embed_dim=16,
-        depths=[1, 1],
-        num_heads=[2, 4],
-        window_size=4,
-        mlp_ratio=2.0,
-        num_labels=10,
-    )
-    model = SwinForImageClassification(config).eval()
+    model = seeded(SwinForImageClassification, swin_config())
     with torch.no_grad():  # the table is zero-initialised: make it matter
         for module in model.modules():
             if hasattr(module, "relative_position_bias_table"):

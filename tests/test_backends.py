@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import deit_config, resnet_config, seeded, swin_config, vit_config
 from torch import nn
 
 pytest.importorskip("onnxruntime")
@@ -25,27 +26,15 @@ from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_
 def _model(family: str) -> tuple[nn.Module, int]:
     import transformers as tf
 
-    torch.manual_seed(0)
-    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+    # three-channel images throughout
     if family == "vit":
-        model, size = (
-            tf.ViTForImageClassification(tf.ViTConfig(image_size=16, patch_size=4, num_labels=10, **small)),
-            16,
-        )
-    elif family == "deit":
-        config = tf.DeiTConfig(image_size=16, patch_size=4, num_labels=10, **small)
-        model, size = tf.DeiTForImageClassification(config), 16
-    elif family == "swin":
-        config = tf.SwinConfig(
-            image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4, num_labels=10
-        )
-        model, size = tf.SwinForImageClassification(config), 32
-    else:
-        config = tf.ResNetConfig(
-            embedding_size=8, hidden_sizes=[16, 32], depths=[1, 2], layer_type="bottleneck", num_labels=10
-        )
-        model, size = tf.ResNetForImageClassification(config), 16
-    return model.eval(), size
+        return seeded(tf.ViTForImageClassification, vit_config(num_channels=3)), 16
+    if family == "deit":
+        return seeded(tf.DeiTForImageClassification, deit_config()), 16
+    if family == "swin":
+        config = swin_config(image_size=32, num_heads=[2, 2], mlp_ratio=4.0)
+        return seeded(tf.SwinForImageClassification, config), 32
+    return seeded(tf.ResNetForImageClassification, resnet_config(num_channels=3)), 16
 
 
 def _pixels(n: int, size: int, seed: int = 1) -> torch.Tensor:

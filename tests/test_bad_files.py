@@ -39,15 +39,12 @@ def _imagefolder(root, classes=DIGITS, per_class: int = 6, size: int = 32):
 @pytest.fixture(scope="module")
 def rgb_vit(tmp_path_factory):
     """A random 3-channel ViT for 32x32 images with the digit labels, saved with its image processor."""
-    import torch
-    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+    from tiny import digit_labels, seeded, vit_config
+    from transformers import ViTForImageClassification, ViTImageProcessor
 
     folder = tmp_path_factory.mktemp("rgb-vit") / "model"
-    labels = {"id2label": dict(enumerate(DIGITS)), "label2id": {d: i for i, d in enumerate(DIGITS)}}
-    config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
-                       num_attention_heads=2, intermediate_size=64, num_labels=10, **labels)  # fmt: skip
-    torch.manual_seed(0)
-    ViTForImageClassification(config).save_pretrained(folder)
+    config = vit_config(image_size=32, patch_size=8, num_channels=3, num_attention_heads=2, **digit_labels())
+    seeded(ViTForImageClassification, config).save_pretrained(folder)
     ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
     return folder
 

@@ -65,8 +65,8 @@ def test_a_step_saved_without_its_checkpoint_is_still_pending():
 
 
 @pytest.mark.slow
-def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
-    model, dataset, runs, env = offline_resnet_setup(tmp_path)
+def test_killed_and_interrupted_run_resumes_without_loss(tmp_path, quick_resnet):
+    model, dataset, runs, env = offline_resnet_setup(tmp_path, quick_resnet)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "3", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
@@ -104,8 +104,8 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_path):
-    model, dataset, runs, env = offline_resnet_setup(tmp_path)
+def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_path, quick_resnet):
+    model, dataset, runs, env = offline_resnet_setup(tmp_path, quick_resnet)
     run_args = _cli(
         "run", *quick_flags(model, dataset, runs, "--planner", "l2", "--ratio", "0.4", "--recover", "auto",
                             "--recover-steps", "120", "--recover-batch", "16", "--recover-minutes", "0"),

@@ -19,8 +19,8 @@ from crash_helpers import cli as _cli
 
 
 @pytest.mark.slow
-def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(tmp_path):
-    model, dataset, runs, env = offline_resnet_setup(tmp_path)
+def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(tmp_path, quick_resnet):
+    model, dataset, runs, env = offline_resnet_setup(tmp_path, quick_resnet)
     run_args = _cli(
         "run", *quick_flags(model, dataset, runs, "--planner", "deterministic", "--backend", "torch",
                             "--recover", "distill", "--recover-steps", "60", "--recover-batch", "16",

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from quick_assets import FAST_LATENCY
 
 pytest.importorskip("onnxruntime")
 
@@ -21,7 +22,7 @@ from profiling_agent.tools.runtimes import onnx_forms  # noqa: E402
 from profiling_agent.tools.runtimes.onnx_model import OrtClassifier  # noqa: E402
 from profiling_agent.tools.runtimes.openvino_model import OvClassifier  # noqa: E402
 
-FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 4, "threads": 1, "eval_batch": 16}
+FAST = {**FAST_LATENCY, "latency_batch": 4, "eval_batch": 16}
 
 
 def _ref(run, saved):

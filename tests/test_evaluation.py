@@ -112,21 +112,11 @@ def test_latency_inputs_repeat_a_sample_or_slice_a_batch():
 
 
 def test_measure_latency_side_by_side(tiny_vit):
-    from transformers import ViTConfig, ViTForImageClassification
+    from tiny import seeded, vit_config
+    from transformers import ViTForImageClassification
 
-    torch.manual_seed(0)
-    big = ViTForImageClassification(
-        ViTConfig(
-            image_size=16,
-            patch_size=4,
-            num_channels=1,
-            hidden_size=384,
-            num_hidden_layers=4,
-            num_attention_heads=6,
-            intermediate_size=1536,
-            num_labels=10,
-        )
-    ).eval()
+    config = vit_config(hidden_size=384, num_hidden_layers=4, num_attention_heads=6, intermediate_size=1536)
+    big = seeded(ViTForImageClassification, config)
     models = {"tiny": tiny_vit, "big": big, "tiny_q": _quantized(tiny_vit)}
     result = measure_latency(models, _pixels(1)[0], batch_size=8, warmup=1, repeats=5)
     assert set(result) == set(models)

@@ -6,15 +6,10 @@ import re
 
 import pytest
 import torch
+from tiny import deit_config, seeded, swin_config
 from torch import nn
 from toy_models import all_logits
-from transformers import (
-    DeiTConfig,
-    DeiTForImageClassification,
-    DeiTForImageClassificationWithTeacher,
-    SwinConfig,
-    SwinForImageClassification,
-)
+from transformers import DeiTForImageClassification, DeiTForImageClassificationWithTeacher, SwinForImageClassification
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.families.deit import DeiTAdapter
@@ -44,35 +39,20 @@ def _randomize(model: nn.Module, seed: int) -> nn.Module:
 
 
 def _deit(cls, attn: str = "sdpa") -> nn.Module:
-    config = DeiTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=3,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=5,
-        attn_implementation=attn,
-    )
-    torch.manual_seed(0)
-    return _randomize(cls(config), seed=1)
+    return _randomize(seeded(cls, deit_config(num_labels=5, attn_implementation=attn)), seed=1)
 
 
 def _swin(heads=(2, 4), depths=(2, 2), window: int = 4, attn: str = "sdpa") -> nn.Module:
-    config = SwinConfig(
+    config = swin_config(
         image_size=32,
-        patch_size=2,
-        num_channels=3,
-        embed_dim=16,
         depths=list(depths),
         num_heads=list(heads),
         window_size=window,
+        mlp_ratio=4.0,
         num_labels=5,
         attn_implementation=attn,
     )
-    torch.manual_seed(0)
-    return _randomize(SwinForImageClassification(config), seed=2)
+    return _randomize(seeded(SwinForImageClassification, config), seed=2)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from quick_assets import cache_env
+from tiny import deit_config, digit_labels, resnet_config, swin_config
 
 from profiling_agent.graph.cli.main import main
 
@@ -17,60 +18,41 @@ SUBSET = "128"
 RUN_FLAGS = ["--subset", SUBSET, "--calibration", "16", "--repeats", "2", "--threads", "1", "--device", "cpu"]
 
 
-def _labels() -> dict:
-    return {"num_labels": 10, "id2label": {i: str(i) for i in range(10)}, "label2id": {str(i): i for i in range(10)}}
-
-
 def _resnet():
-    from transformers import ResNetConfig, ResNetForImageClassification
+    from transformers import ResNetForImageClassification
 
-    config = ResNetConfig(
-        num_channels=1,
-        embedding_size=16,
-        hidden_sizes=[32, 64],
-        depths=[1, 1],
-        layer_type="bottleneck",
-        downsample_in_first_stage=False,
-        **_labels(),
+    config = resnet_config(
+        embedding_size=16, hidden_sizes=[32, 64], depths=[1, 1], downsample_in_first_stage=False, **digit_labels()
     )
     return ResNetForImageClassification(config)
 
 
-def _deit():
-    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
+# the transformers train without dropout
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
-    config = DeiTConfig(
-        image_size=32,
-        patch_size=8,
-        num_channels=1,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **_labels(),
-    )
+
+def _deit():
+    from transformers import DeiTForImageClassificationWithTeacher
+
+    sizes = {"image_size": 32, "patch_size": 8, "num_channels": 1, "hidden_size": 64, "intermediate_size": 128}
+    config = deit_config(**sizes, **NO_DROPOUT, **digit_labels())
     return DeiTForImageClassificationWithTeacher(config)
 
 
 def _swin():
-    from transformers import SwinConfig, SwinForImageClassification
+    from transformers import SwinForImageClassification
 
     # 4x4 patches, 2x2 windows: stage 0 has shifted windows (attention mask), stage 1 is one window
-    config = SwinConfig(
+    config = swin_config(
         image_size=32,
         patch_size=8,
         num_channels=1,
         embed_dim=32,
         depths=[2, 2],
-        num_heads=[2, 4],
         window_size=2,
-        mlp_ratio=2.0,
         drop_path_rate=0.0,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **_labels(),
+        **NO_DROPOUT,
+        **digit_labels(),
     )
     return SwinForImageClassification(config)
 

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from estimate import estimate_pruning
+from tiny import beit_config, deit_config, resnet_config, swin_config, vit_config
 from torch import nn
 from toy_models import all_logits
 
@@ -44,68 +45,36 @@ def _randomize(model: nn.Module, seed: int = 1) -> nn.Module:
     return model.eval()
 
 
-def _vit():
-    from transformers import ViTConfig, ViTForImageClassification
+# ten heads a layer (four channels each), so that 10% of the heads is one whole head
+TEN_HEADS = {"hidden_size": 40, "num_attention_heads": 10, "intermediate_size": 80, "num_labels": 7}
 
-    config = ViTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=1,
-        hidden_size=40,
-        num_hidden_layers=2,
-        num_attention_heads=10,
-        intermediate_size=80,
-        num_labels=7,
-    )
-    return ViTForImageClassification(config)
+
+def _vit():
+    from transformers import ViTForImageClassification
+
+    return ViTForImageClassification(vit_config(**TEN_HEADS))
 
 
 def _deit():
-    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
+    from transformers import DeiTForImageClassificationWithTeacher
 
-    config = DeiTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=3,
-        hidden_size=40,
-        num_hidden_layers=2,
-        num_attention_heads=10,
-        intermediate_size=80,
-        num_labels=7,
-    )
-    return DeiTForImageClassificationWithTeacher(config)
+    return DeiTForImageClassificationWithTeacher(deit_config(**TEN_HEADS))
 
 
 def _swin():
-    from transformers import SwinConfig, SwinForImageClassification
+    from transformers import SwinForImageClassification
 
     # 8x8 patches, 4x4 windows: stage 0 uses shifted windows, stage 1 (4x4) one window; 10 and 20 heads
-    config = SwinConfig(
-        image_size=16,
-        patch_size=2,
-        num_channels=3,
-        embed_dim=40,
-        depths=[2, 2],
-        num_heads=[10, 20],
-        window_size=4,
-        mlp_ratio=1.0,
-        num_labels=7,
-    )
+    config = swin_config(embed_dim=40, depths=[2, 2], num_heads=[10, 20], mlp_ratio=1.0, num_labels=7)
     return SwinForImageClassification(config)
 
 
 def _resnet(layer_type: str):
-    from transformers import ResNetConfig, ResNetForImageClassification
+    from transformers import ResNetForImageClassification
 
-    config = ResNetConfig(
-        num_channels=3,
-        embedding_size=8,
-        hidden_sizes=[20, 40],
-        depths=[1, 2],
-        layer_type=layer_type,
-        num_labels=7,
+    return ResNetForImageClassification(
+        resnet_config(num_channels=3, hidden_sizes=[20, 40], layer_type=layer_type, num_labels=7)
     )
-    return ResNetForImageClassification(config)
 
 
 # name -> (builder, input shape, adapter name, kinds the family prunes)
@@ -337,19 +306,9 @@ def _convnext():
 
 
 def _beit():
-    from transformers import BeitConfig, BeitForImageClassification
+    from transformers import BeitForImageClassification
 
-    config = BeitConfig(
-        image_size=16,
-        patch_size=4,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=5,
-        use_relative_position_bias=True,
-    )
-    return BeitForImageClassification(config)
+    return BeitForImageClassification(beit_config(num_labels=5, use_relative_position_bias=True))
 
 
 @pytest.mark.parametrize("build", [_convnext, _beit], ids=["convnext", "beit"])

@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.graph.checkpoint import open_checkpointer
 from profiling_agent.state import Context
 
 pytestmark = pytest.mark.slow
-
-FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
 
 
 @pytest.fixture
@@ -41,19 +40,17 @@ def _inputs(model_dir, dataset, **objective):
 def _run(tmp_path, inputs, thread="t1", **kw):
     graph = build_graph(checkpointer=open_checkpointer(tmp_path))
     config = {"configurable": {"thread_id": thread}}
-    out = graph.invoke(inputs, config, context=Context(run_root=str(tmp_path), **FAST), durability="sync", **kw)
+    out = graph.invoke(inputs, config, context=Context(run_root=str(tmp_path), **FAST_CONTEXT), durability="sync", **kw)
     return graph, config, out
 
 
-def test_two_iterations_end_to_end(tmp_path, digits_assets):
+def test_two_iterations_end_to_end(digits_run):
     from profiling_agent.tools.models.loading import load_model
 
-    model_dir, dataset = digits_assets
-    graph, config, out = _run(tmp_path, _inputs(model_dir, dataset))
+    out, run = digits_run.out, digits_run.run  # the session's shared two-round run (thread "t1")
     assert out["status"] == "done"
     assert [c["iteration"] for c in out["candidates"]] == [1, 2]
     assert out["stop_reason"].startswith("iteration bound")
-    run = tmp_path / "t1"
     result = json.loads((run / "result.json").read_text())
     for key in ("thread_id", "status", "planner", "baseline", "best", "candidates"):
         assert key in result
@@ -162,7 +159,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     snapshot = graph.get_state(config)
     assert snapshot.next == ("evaluate",) and snapshot.values["iteration"] == 2
     probe_and_plan_prunes = calls["prune"]
-    out = graph.invoke(None, config, context=Context(run_root=str(tmp_path), **FAST), durability="sync")
+    out = graph.invoke(None, config, context=Context(run_root=str(tmp_path), **FAST_CONTEXT), durability="sync")
     assert out["status"] == "done" and [c["iteration"] for c in out["candidates"]] == [1, 2, 3]
     search = out["candidates"][2]["planner_meta"]["search"]  # round 3's calibration trials prune copies too
     trials = len(search["trials"]) + (search["goal"] not in [t["goal"] for t in search["trials"]]) if search else 0

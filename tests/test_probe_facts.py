@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from quick_assets import cache_env
+from quick_assets import FAST_LATENCY, cache_env
+from tiny import digit_labels, vit_config
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.state import Context, GroupSensitivity, ProfileSummary
 
-FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover": "none"}
+FAST = {**FAST_LATENCY, "recover": "none"}
 
 
 def _one_head_vit():
     """A 2-layer ViT with one attention head per layer: the probe cannot remove a head of a one-head layer."""
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import ViTForImageClassification
 
-    labels = {"id2label": {i: str(i) for i in range(10)}, "label2id": {str(i): i for i in range(10)}}
-    config = ViTConfig(
-        image_size=32,
-        patch_size=8,
-        num_channels=1,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=1,
-        intermediate_size=64,
-        num_labels=10,
-        **labels,
-    )
-    return ViTForImageClassification(config)
+    return ViTForImageClassification(vit_config(image_size=32, patch_size=8, num_attention_heads=1, **digit_labels()))
 
 
 @pytest.fixture(scope="module")

@@ -224,20 +224,10 @@ def test_group_costs_sum_member_rows(tiny_vit):
 
 
 def test_summary_of_a_12_layer_vit_is_small(request):
-    from transformers import ViTConfig, ViTForImageClassification
+    from tiny import seeded, vit_config
+    from transformers import ViTForImageClassification
 
-    torch.manual_seed(0)
-    config = ViTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=1,
-        hidden_size=32,
-        num_hidden_layers=12,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=10,
-    )
-    model = ViTForImageClassification(config).eval()
+    model = seeded(ViTForImageClassification, vit_config(num_hidden_layers=12))
     profile = profile_model(model, (1, 16, 16), warmup=1, repeats=2)
     summary = summarize_profile(profile, _vit_groups(12), top_k=8)
     text = json.dumps(summary)

@@ -2,36 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
 
-from profiling_agent.graph.builder import build_graph
-from profiling_agent.state import Context
-
-FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
-
 
 @pytest.mark.slow
-def test_test_images_are_read_only_after_selection_and_reported_with_intervals(tmp_path, monkeypatch):
-    import profiling_agent.tools.data.prepare as prepare
-
-    real, readers = prepare.load_prepared, []
-
-    def spying(path, with_indices=False, parts=("eval", "calib"), **kwargs):
-        callers = [f.function for f in inspect.stack()[1:8]]
-        node = next(f for f in callers if f not in ("open_prepared", "open_run_data", "prepared"))
-        readers.append((tuple(parts), [node, *callers]))
-        return real(path, with_indices=with_indices, parts=parts, **kwargs)
-
-    monkeypatch.setattr(prepare, "load_prepared", spying)
-    inputs = {  # plain strings, as people type them in Studio
-        "model": "embedded:vit-digits",
-        "dataset": {"ref": "embedded:digits", "subset": 120, "test_subset": 150, "calibration": 32},
-        "objective": {"planner": "deterministic", "iterations": 2, "quantize": "none"},
-    }
-    out = build_graph().invoke(inputs, context=Context(run_root=str(tmp_path), **FAST))
+def test_test_images_are_read_only_after_selection_and_reported_with_intervals(tmp_path, digits_run):
+    # the session's shared run: 120 validation and 150 test images, prepared-data reads recorded by a spy
+    out, readers, run = digits_run.out, digits_run.readers, digits_run.run
     assert out["best"] is not None and out["status"] == "done"
 
     test_readers = [callers for parts, callers in readers if "test" in parts]
@@ -40,7 +19,6 @@ def test_test_images_are_read_only_after_selection_and_reported_with_intervals(t
     assert [c[0] for c in test_readers] == ["prepare_data", "evaluate_held_out"], test_readers
     assert all("test" not in parts for parts, _ in readers[1:] if "evaluate_held_out" not in _)
 
-    run = next(p for p in tmp_path.iterdir() if (p / "result.json").exists())
     subsets = json.loads((run / "subsets.json").read_text())
     val, test = set(subsets["validation"]["indices"]), set(subsets["test"]["indices"])
     calib = subsets["calibration"]

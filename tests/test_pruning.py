@@ -84,21 +84,10 @@ def _mask(model: nn.Module, applied: list[PrunedGroup]) -> None:
 
 
 def _vit_eager():
-    from transformers import ViTConfig, ViTForImageClassification
+    from tiny import seeded, vit_config
+    from transformers import ViTForImageClassification
 
-    config = ViTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=1,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=10,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(0)
-    return ViTForImageClassification(config).eval()
+    return seeded(ViTForImageClassification, vit_config(attn_implementation="eager"))
 
 
 # ---------------------------------------------------------------- match_groups

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from quick_assets import FAST_LATENCY
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.graph.checkpoint import open_checkpointer
 from profiling_agent.state import Context
 
 pytestmark = pytest.mark.slow
-FAST = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "backend": "torch"}
+FAST = {**FAST_LATENCY, "backend": "torch"}
 
 
 def _run(tmp_path, quick_resnet, thread: str, **ctx):

@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.cli.main import main
 from profiling_agent.tools.reporting.html import render_html
@@ -27,31 +28,14 @@ from profiling_agent.tools.reporting.plots import (
 
 pytestmark = pytest.mark.slow
 
-FAST = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, digits_vit):
-    """One real run of the session's digits ViT: two iterations through the graph (accuracy is not under test)."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import open_checkpointer
-    from profiling_agent.state import Context
-
-    model_dir, dataset = digits_vit.model, digits_vit.dataset
-    root = tmp_path_factory.mktemp("runs")
-    inputs = {
-        "model": {"ref": str(model_dir)},
-        "dataset": {"ref": str(dataset), "subset": 128, "calibration": 16},
-        "objective": {"planner": "deterministic", "iterations": 2, "target_reduction": 0.9, "max_acc_drop": 0.5},
-    }
-    graph = build_graph(checkpointer=open_checkpointer(root))
-    out = graph.invoke(
-        inputs, {"configurable": {"thread_id": "t1"}}, context=Context(run_root=str(root), **FAST), durability="sync"
-    )
-    assert out["status"] == "done"
-    return root / "t1", out
+@pytest.fixture
+def finished_run(digits_run):
+    """(run folder, final state) of the session's shared two-round digits ViT run (accuracy is not under test)."""
+    return digits_run.run, digits_run.out
 
 
 def _result(run: Path) -> dict:
@@ -341,7 +325,7 @@ def test_report_node_keeps_report_md_when_charts_fail(finished_run, tmp_path, mo
 
     monkeypatch.setattr(report_files, "write_report_files", broken)
     state = State.model_validate({**out, "run_path": str(copy_dir)})
-    update = report(state, SimpleNamespace(context=Context(run_root=str(tmp_path), **FAST)))
+    update = report(state, SimpleNamespace(context=Context(run_root=str(tmp_path), **FAST_CONTEXT)))
     assert update["status"] == "done" and update["report"]["html"] is None
     assert "plots and report.html not written (RuntimeError: no fonts)" in update["history"][0]["message"]
     assert (copy_dir / "report.md").read_text().startswith("# profiling-agent report")

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def setup(tmp_path):
-    return offline_resnet_setup(tmp_path)
+def setup(tmp_path, quick_resnet):
+    return offline_resnet_setup(tmp_path, quick_resnet)
 
 
 def _run_flags(model, dataset, runs, steps: int) -> list[str]:

@@ -60,17 +60,14 @@ def held_out_predictions(state: State, runtime: Runtime[Context], best: Best | N
         models["best"] = load_delivered(state, best, threads=set_threads(ctx.threads))
     emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
     if ctx.recover_procs > 1:  # split across processes: the same predictions (docs/distributed.md)
-        from profiling_agent.tools.evaluation.sharded import sharded_predictions
+        from profiling_agent.tools.evaluation.sharded import run_pass
 
         paths = {"baseline": absolute(state, state.baseline.path)} if state.baseline else {}
         ref = delivered_ref(best) if best else None
         if ref is not None:
             paths["best"] = absolute(state, ref.path)
-        preds = sharded_predictions(
-            run_dir(state), "test", paths, procs=ctx.recover_procs, job_dir=run_dir(state) / "test_job",
-            batch_size=accuracy_batch(ctx.eval_batch, device), launcher=ctx.launcher, device=device,
-            threads=max(1, ctx.threads), allowed_ids=allowed_ids(state),
-        )  # fmt: skip
+        preds = run_pass(run_dir(state), "test", paths, ctx, job_dir=run_dir(state) / "test_job", device=device,
+                         threads=max(1, ctx.threads), allowed_ids=allowed_ids(state))  # fmt: skip
     else:  # one streamed pass feeds both models (concurrently when cores allow)
         preds = predict_many(models, pixels, batch_size=accuracy_batch(ctx.eval_batch, device), device=device,
                              allowed_ids=allowed_ids(state),

@@ -103,14 +103,11 @@ def sharded_predictor(
     of its shard in the batches one process uses, so the predictions are the single process's exactly
     (docs/distributed.md).
     """
-    from profiling_agent.tools.evaluation.sharded import sharded_predictions
+    from profiling_agent.tools.evaluation.sharded import run_pass
 
     def predict(models: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
-        return sharded_predictions(
-            run, "eval", {name: paths[name] for name in models}, procs=ctx.recover_procs, job_dir=job_dir,
-            batch_size=accuracy_batch(ctx.eval_batch, device), launcher=ctx.launcher, device=device,
-            threads=threads, allowed_ids=allowed_ids,
-        )  # fmt: skip
+        return run_pass(run, "eval", {name: paths[name] for name in models}, ctx, job_dir=job_dir, device=device,
+                        threads=threads, allowed_ids=allowed_ids)  # fmt: skip
 
     return predict
 
@@ -133,19 +130,17 @@ def timing_notice(timing: Mapping[str, Any] | None) -> str:
     """
     if not timing:
         return ""
-    if timing.get("accuracy_procs"):
-        return f"; validation pass on {timing['accuracy_procs']} processes" + timing_notice(
-            {k: v for k, v in timing.items() if k != "accuracy_procs"}
-        )
+    procs = timing.get("accuracy_procs")
+    split = f"; validation pass on {procs} processes" if procs else ""
     ratio, factor = timing.get("wall_over_cpu"), timing.get("factor")
     if timing.get("busy"):
-        return (
+        return split + (
             f"; TIMINGS FLAGGED: the machine was busy (wall time {ratio:.2f}x the process CPU time, over {factor}; "
             f"measured {len(timing.get('attempts') or [])} times)"
         )
     if timing.get("remeasured"):
-        return f"; timings re-measured (first attempt busy), kept at wall/CPU {ratio:.2f}"
-    return ""
+        return split + f"; timings re-measured (first attempt busy), kept at wall/CPU {ratio:.2f}"
+    return split
 
 
 def evaluate_forms(

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.tools.evaluation.metrics import predict_many
+from profiling_agent.state import Context
+from profiling_agent.tools.evaluation.metrics import accuracy_batch, predict_many
 from profiling_agent.tools.recovery.distributed_launch import (
     DEFAULT_LAUNCHER,
     DistributedJobError,
@@ -110,34 +111,24 @@ def summarize(preds: Mapping[str, torch.Tensor], labels: torch.Tensor, reference
     return out
 
 
-def load_model(path: str | Path, threads: int = 1) -> nn.Module:
-    """Open a saved model as a run delivers it: an OpenVINO IR or ONNX Runtime folder, or a torch artifact."""
-    from profiling_agent.tools.models.artifact_load import load_artifact
-    from profiling_agent.tools.runtimes.forms import load_form
-    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder
-    from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder
-
-    if is_onnx_folder(path) or is_openvino_folder(path):
-        return load_form(path, threads)
-    return load_artifact(path).model
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one rank of a sharded pass over a run's role (spec file argv[0]); rank 0 writes the predictions."""
     from safetensors.torch import save_file
 
     from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.io import read_json, write_json_atomic
+    from profiling_agent.tools.models.artifact_load import load_run_form
 
     spec_path = Path((argv if argv is not None else sys.argv[1:])[0])
     spec, job_dir, rank = read_json(spec_path), spec_path.parent, 0
-    torch.set_num_threads(max(1, int(spec.get("threads") or 1)))
+    threads = max(1, int(spec.get("threads") or 1))
+    torch.set_num_threads(threads)
     try:
         where = init_group(spec["device"], job_dir)
         rank = where.rank
         part = spec["part"]
         data = open_run_data(spec["run"], parts=(part,), materialize=())
-        models = {name: load_model(path, int(spec.get("threads") or 1)) for name, path in spec["models"].items()}
+        models = {name: load_run_form(path, threads) for name, path in spec["models"].items()}
         began, cpu0 = time.perf_counter(), time.process_time()
         preds = predict_sharded(
             models, data[f"{part}_pixels"], where.rank, where.world, batch_size=int(spec["batch"]),
@@ -192,6 +183,28 @@ def sharded_predictions(
         raise DistributedJobError(f"the sharded pass ended without writing {job_dir / 'predictions.safetensors'}")
     saved = load_file(str(job_dir / "predictions.safetensors"))
     return {name: saved[name] for name in models}
+
+
+def run_pass(
+    run: Path,
+    part: str,
+    models: Mapping[str, Path],
+    ctx: Context,
+    *,
+    job_dir: Path,
+    device: str,
+    threads: int,
+    allowed_ids: Sequence[int] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Split a run's accuracy pass as the run's settings say (`sharded_predictions` with them).
+
+    `ctx.recover_procs` processes started by `ctx.launcher`, predicting in the batches one process uses
+    (`accuracy_batch(ctx.eval_batch, device)`).
+    """
+    return sharded_predictions(
+        run, part, models, procs=ctx.recover_procs, job_dir=job_dir, launcher=ctx.launcher, device=device,
+        batch_size=accuracy_batch(ctx.eval_batch, device), threads=threads, allowed_ids=allowed_ids,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def _cli(capfd, args):
 
 
 FAST = ["--subset", "24", "--test-subset", "16", "--calibration", "8", "--repeats", "2", "--threads", "1",
-        "--planner", "deterministic", "--iterations", "1", "--approve"]  # fmt: skip
+        "--planner", "deterministic", "--iterations", "1", "--approve", "--backend", "torch"]  # fmt: skip
 
 
 # ------------------------------------------------------------------ images

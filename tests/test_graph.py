@@ -37,10 +37,10 @@ def _inputs(model_dir, dataset, **objective):
     }
 
 
-def _run(tmp_path, inputs, thread="t1", **kw):
+def _run(tmp_path, inputs, thread="t1", context=FAST_CONTEXT, **kw):
     graph = build_graph(checkpointer=open_checkpointer(tmp_path))
     config = {"configurable": {"thread_id": thread}}
-    out = graph.invoke(inputs, config, context=Context(run_root=str(tmp_path), **FAST_CONTEXT), durability="sync", **kw)
+    out = graph.invoke(inputs, config, context=Context(run_root=str(tmp_path), **context), durability="sync", **kw)
     return graph, config, out
 
 
@@ -126,17 +126,17 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     import profiling_agent.tools.evaluation.latency as evaluation
     import profiling_agent.tools.profiling.backend_profile as backend_profile
     import profiling_agent.tools.profiling.dynamic as profiling
-    import profiling_agent.tools.profiling.openvino_profile as openvino_profile
 
     model_dir, dataset = digits_assets
+    # ONNX Runtime's forms (backend profile, delivery) resume like the rest; every form's build is checked by
+    # test_two_iterations_end_to_end, and OpenVINO's would double this test's time
+    context = {**FAST_CONTEXT, "backend": "onnxruntime"}
     calls = {"prune": 0, "latency": 0}
     # measured times differ between two runs; everything else (profile costs, probe, pruning, accuracy) is
     # deterministic, so with steady timings the resumed run must equal an uninterrupted one exactly
     monkeypatch.setattr(profiling, "module_timings", _steady_timings)
     real_nodes = backend_profile.time_ort_nodes
     monkeypatch.setattr(backend_profile, "time_ort_nodes", lambda *a: dict.fromkeys(real_nodes(*a), 1.0))
-    real_ov_nodes = openvino_profile.time_ov_nodes
-    monkeypatch.setattr(openvino_profile, "time_ov_nodes", lambda *a: dict.fromkeys(real_ov_nodes(*a), 2.0))
     real_prune, real_latency = pruning.prune_model, _steady_latency
 
     def counting_prune(*args, **kwargs):
@@ -153,26 +153,27 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     monkeypatch.setattr(evaluation, "measure_latency", flaky_latency)
     inputs = _inputs(model_dir, dataset, iterations=3)
     with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path, inputs, thread="resumable")
+        _run(tmp_path, inputs, thread="resumable", context=context)
     graph = build_graph(checkpointer=open_checkpointer(tmp_path))
     config = {"configurable": {"thread_id": "resumable"}}
     snapshot = graph.get_state(config)
     assert snapshot.next == ("evaluate",) and snapshot.values["iteration"] == 2
     probe_and_plan_prunes = calls["prune"]
-    out = graph.invoke(None, config, context=Context(run_root=str(tmp_path), **FAST_CONTEXT), durability="sync")
+    out = graph.invoke(None, config, context=Context(run_root=str(tmp_path), **context), durability="sync")
     assert out["status"] == "done" and [c["iteration"] for c in out["candidates"]] == [1, 2, 3]
     search = out["candidates"][2]["planner_meta"]["search"]  # round 3's calibration trials prune copies too
     trials = len(search["trials"]) + (search["goal"] not in [t["goal"] for t in search["trials"]]) if search else 0
     assert calls["prune"] == probe_and_plan_prunes + 1 + trials  # only iteration 3 pruned after the resume
 
     monkeypatch.setattr(evaluation, "measure_latency", real_latency)
-    _, _, fresh = _run(tmp_path, inputs, thread="uninterrupted")
+    _, _, fresh = _run(tmp_path, inputs, thread="uninterrupted", context=context)
     for a, b in zip(out["candidates"], fresh["candidates"], strict=True):
         assert a["plan"] == b["plan"]
         assert a["eval"] == b["eval"]
         assert a["artifact"]["sha256"] == b["artifact"]["sha256"]
     # equal weights and numbers; only recovery's wall-clock seconds differ, and the bytes of an unpruned form that
-    # NNCF quantized again in each run (its numbers are compared through the rest of the record)
+    # NNCF quantizes again in each run under the openvino and auto backends (its numbers are compared through the
+    # rest of the record)
     untimed = [
         {
             **b,
@@ -215,6 +216,8 @@ def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
         "3",
         "--threads",
         "1",
+        "--backend",  # the ONNX export is under test; every form's build: test_two_iterations_end_to_end
+        "onnxruntime",
     ]
     assert main(args) == 0
     out = capsys.readouterr().out

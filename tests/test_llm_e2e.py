@@ -78,6 +78,9 @@ def _run(tmp_path, assets, *extra):
         str(tmp_path / "runs"),
         "--thread-id",
         "t",
+        # the planner, not the runtimes, is under test: torch forms only (every form is exercised in test_graph)
+        "--backend",
+        "torch",
         *extra,
     ]
     code = main(argv)

@@ -10,7 +10,7 @@ from tiny import digit_labels, vit_config
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.state import Context, GroupSensitivity, ProfileSummary
 
-FAST = {**FAST_LATENCY, "recover": "none"}
+FAST = {**FAST_LATENCY, "recover": "none", "backend": "torch"}  # the probe and the profile are under test
 
 
 def _one_head_vit():

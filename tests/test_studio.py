@@ -171,7 +171,7 @@ def test_full_run_with_approval_from_studio(studio):
     client = get_sync_client(url=studio["url"], api_key=None, timeout=RUN_TIMEOUT)
     thread_id = client.threads.create()["thread_id"]
     run_root = studio["tmp"] / "runs"
-    context = {"run_root": str(run_root), **FAST_CONTEXT}
+    context = {"run_root": str(run_root), **FAST_CONTEXT, "backend": "onnxruntime"}  # Studio, not OpenVINO, under test
     inputs = {
         "model": {"ref": str(studio["model"])},
         "dataset": {"ref": str(studio["dataset"]), **FAST_DATASET},

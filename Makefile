@@ -25,12 +25,17 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/profiling-agent run
 
+# test files run on this many processes (pytest-xdist; a file stays in one process, so its fixtures are built
+# once); 1 runs them in this process, in order
+TEST_PROCS ?= 2
+PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(TEST_PROCS)),-n $(TEST_PROCS) --dist loadfile)
+
 test: lint typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(PYTEST)
 
 # the fast tier: every test not marked slow (unit tests of tools, routers, parsers; no whole runs)
 test-fast: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .

@@ -78,7 +78,8 @@ def test_cli_approval_flow(tmp_path, capfd, digits_vit):
     base = ["--run-dir", str(runs)]
     run = ["run", "--model", str(model), "--dataset", str(dataset), "--planner", "deterministic", "--iterations", "3",
            "--target-reduction", "0.9", "--max-acc-drop", "0.5", "--subset", "96", "--calibration", "16",
-           "--repeats", "2", "--threads", "1", "--approve", "--thread-id", "t", "--backend", "torch", *base]  # fmt: skip
+           "--repeats", "2", "--threads", "1", "--backend", "torch", "--approve", "--thread-id", "t",
+           *base]  # fmt: skip
     assert main(run) == 0
     out, err = capfd.readouterr()
     assert "iteration 1/3: deterministic plan waiting for approval" in out and "prune     head" in out

@@ -165,7 +165,9 @@ def test_baseline_planner_runs_one_iteration_through_the_graph(tmp_path, tiny_vi
         "objective": {"planner": "l2", "ratio": 0.3, "iterations": 5, "quantize": "none", "max_acc_drop": 100},
     }
     graph = build_graph(checkpointer=open_checkpointer(tmp_path))
-    ctx = Context(run_root=str(tmp_path), latency_repeats=2, latency_warmup=1, latency_batch=4, threads=1, backend="torch")
+    ctx = Context(
+        run_root=str(tmp_path), latency_repeats=2, latency_warmup=1, latency_batch=4, threads=1, backend="torch"
+    )
     out = graph.invoke(inputs, {"configurable": {"thread_id": "t"}}, context=ctx, durability="sync")
     assert out["status"] == "done"
     assert [c["iteration"] for c in out["candidates"]] == [1]  # one iteration, not five

@@ -70,7 +70,7 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path, quick_resnet)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "3", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
-        "--repeats", "2", "--threads", "1", "--run-dir", str(runs), "--thread-id", THREAD,
+        "--repeats", "2", "--threads", "1", "--recover-steps", "8", "--run-dir", str(runs), "--thread-id", THREAD,
     )  # fmt: skip
     resume_args = _cli("resume", THREAD, "--run-dir", str(runs))
 

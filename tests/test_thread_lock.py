@@ -96,7 +96,8 @@ def test_two_resumes_of_a_killed_run_exactly_one_runs(tmp_path, quick_resnet, st
     run_args = cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "3", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
-        "--repeats", "2", "--threads", "1", "--run-dir", str(runs), "--thread-id", THREAD, *flag,
+        "--repeats", "2", "--threads", "1", "--recover-steps", "8", "--run-dir", str(runs), "--thread-id", THREAD,
+        *flag,
     )  # fmt: skip
     mid_loop = next_is(("quantize", "evaluate"), 1)
     err, nxt, code = stop_when(start(run_args, env, tmp_path), runs, mid_loop, signal.SIGKILL, url)

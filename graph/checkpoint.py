@@ -12,6 +12,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from profiling_agent.graph.serde import state_serializer
+
 DB_NAME = "checkpoints.sqlite"
 CHECKPOINT_URL_ENV = "PROFILING_AGENT_CHECKPOINT_URL"
 
@@ -75,12 +77,12 @@ def open_checkpointer(run_root: str | Path, url: str | None = None, *, read_only
         if read_only:
             conn = _open_read_only(path)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            saver = SqliteSaver(conn)
+            saver = SqliteSaver(conn, serde=state_serializer())
             saver.is_setup = True  # setting up writes (journal mode, tables): a reader must not
             return saver
         root.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, check_same_thread=False)
-        saver = SqliteSaver(conn)
+        saver = SqliteSaver(conn, serde=state_serializer())
         saver.setup()
         return saver
     except sqlite3.DatabaseError as exc:

@@ -80,7 +80,9 @@ def open_postgres(url: str) -> Any:
     except psycopg.Error as exc:
         why = _first_line(exc)
         raise CheckpointStoreError(f"cannot connect to the checkpoint database {redact(url)}: {why}") from None
-    saver = PostgresSaver(conn)
+    from profiling_agent.graph.serde import state_serializer
+
+    saver = PostgresSaver(conn, serde=state_serializer())
     try:
         conn.execute("SELECT pg_advisory_lock(%s)", (SETUP_LOCK,))  # two first runs must not both create tables
         try:

@@ -129,3 +129,38 @@ def test_a_checkpoint_holding_legacy_history_keys_resumes():
     new.update_state(config, {"history": [{**legacy[1], "backend_note": "x"}]})  # as another version saved it
     with pytest.raises(StateSchemaError, match="'backend_note'"):
         new.invoke(None, config)
+
+
+CHECKPOINT_READ = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from profiling_agent.graph.checkpoint import close_checkpointer, open_checkpointer
+from profiling_agent.state import CompressionPlan, Objective, ProfileSummary
+
+value = {"profile": ProfileSummary(), "plan": CompressionPlan(), "nested": {"objective": Objective()}}
+saver = open_checkpointer(sys.argv[1])
+back = saver.serde.loads_typed(saver.serde.dumps_typed(value))
+close_checkpointer(saver)
+print("ours", back == value and type(back["nested"]["objective"]).__name__, flush=True)
+plain = JsonPlusSerializer()
+print("plain", plain.loads_typed(plain.dumps_typed(value)) == value, flush=True)
+"""
+
+
+def test_checkpoints_rebuild_the_state_models_without_langgraphs_unregistered_type_warning(tmp_path):
+    """Our checkpointers name state.py's models: they read back as themselves, without the warning a plain
+    serializer logs (once per type and process, hence a fresh process)."""
+    import subprocess
+    import sys
+
+    from profiling_agent.graph.serde import state_types
+
+    assert {("profiling_agent.state", "ProfileSummary"), ("profiling_agent.state", "PlannerMode")} <= set(state_types())
+    proc = subprocess.run([sys.executable, "-c", CHECKPOINT_READ, str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    ours, plain = lines.index("ours Objective"), lines.index("plain True")
+    warned = [line for line in lines if "unregistered type profiling_agent.state." in line]
+    assert warned and all(lines.index(line) > ours for line in warned), lines  # only the plain serializer warned
+    assert plain > ours

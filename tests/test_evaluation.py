@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 
 import pytest
@@ -125,6 +126,31 @@ def test_measure_latency_side_by_side(tiny_vit):
         assert row["batch_size"] == 8 and row["threads"] == torch.get_num_threads() and row["repeats"] == 5
     # ~360x the MACs of the tiny model: far slower at batch 8 even on a noisy machine.
     assert result["big"]["latency_batch_ms"] > 2 * result["tiny"]["latency_batch_ms"]
+
+
+class _Sleeper(nn.Module):
+    """A classifier whose every call takes `seconds` of wall time (and almost no CPU)."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, pixel_values):
+        time.sleep(self.seconds)
+        return torch.zeros(len(pixel_values), 10)
+
+
+def test_a_model_past_the_timing_budget_sits_out_the_remaining_repeats_and_says_how_many_it_got():
+    from profiling_agent.tools.evaluation.latency import MIN_REPEATS
+
+    models = {"slow": _Sleeper(0.02), "fast": _Sleeper(0.0)}
+    # the slow model spends 0.04 s per repeat (batch 1 and batch 2): past 0.1 s after 3 repeats, so it stops at
+    # MIN_REPEATS; the fast one never reaches the budget and gets all 12
+    result = measure_latency(models, _pixels(1)[0], batch_size=2, warmup=0, repeats=12, budget_s=0.1)
+    assert result["slow"]["repeats"] == MIN_REPEATS and result["fast"]["repeats"] == 12
+    assert 15 <= result["slow"]["latency_ms"] < 200 and result["slow"]["wall_s"] < 12 * 0.04
+    unbounded = measure_latency(models, _pixels(1)[0], batch_size=2, warmup=0, repeats=7)
+    assert unbounded["slow"]["repeats"] == unbounded["fast"]["repeats"] == 7
 
 
 def test_eval_config_defaults():

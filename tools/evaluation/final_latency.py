@@ -35,7 +35,7 @@ def final_latency(
     from profiling_agent.tools.device import cpu_only, measure_device
     from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
     from profiling_agent.tools.evaluation.form_eval import eval_threads
-    from profiling_agent.tools.evaluation.latency import measure_latency_checked
+    from profiling_agent.tools.evaluation.latency import RUN_BUDGET_S, measure_latency_checked
     from profiling_agent.tools.models.artifact_load import load_artifact, load_run_form
     from profiling_agent.tools.runtimes.forms import load_form
 
@@ -62,4 +62,5 @@ def final_latency(
             warmup=ctx.latency_warmup,
             repeats=ctx.latency_repeats,
             device=device,
+            budget_s=RUN_BUDGET_S,
         )

@@ -32,6 +32,13 @@ def latency_inputs(sample: torch.Tensor, batch_size: int) -> tuple[torch.Tensor,
     return sample[:1].contiguous(), sample[index].contiguous()
 
 
+# A run's timing budget per model: once a model has MIN_REPEATS repeats and its timed calls took more than this many
+# seconds, it sits out the remaining repeats (a full-size ViT-B/16 in torch FP32 takes about 7 s per repeat at batch
+# 16; the fast forms, whose medians need the repeats, keep all of them)
+RUN_BUDGET_S = 30.0
+MIN_REPEATS = 5
+
+
 def measure_latency(
     models: Mapping[str, nn.Module],
     sample: torch.Tensor,
@@ -40,6 +47,7 @@ def measure_latency(
     warmup: int = 3,
     repeats: int = 10,
     device: str = "cpu",
+    budget_s: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Measure batch-1 and batch-`batch_size` forward latency of several models side by side.
 
@@ -47,6 +55,16 @@ def measure_latency(
     order that changes with every repeat, so machine noise and any cost of switching between models (cold caches,
     another runtime's kernels) hit all models alike instead of always the same neighbour. Models are put in eval
     mode and moved to `device` in place; the thread count is whatever torch uses now.
+
+    Args:
+        models: Name -> model, timed side by side.
+        sample: One image (C, H, W) or a batch the inputs are cut from (`latency_inputs`).
+        batch_size: The larger batch.
+        warmup: Untimed passes of every model at both sizes.
+        repeats: Timed repeats (the median is reported).
+        device: Where the models run.
+        budget_s: When set, a model that has MIN_REPEATS repeats and whose timed calls took more than this many
+            seconds of wall time sits out the remaining repeats (its `repeats` says how many it got).
 
     Returns:
         {name: {"latency_ms", "latency_batch_ms", "batch_size", "threads", "repeats"}}, medians in ms.
@@ -65,8 +83,10 @@ def measure_latency(
                 forward_logits(models[name], single)
                 forward_logits(models[name], batch)
         shuffler = random.Random(0)
-        for _ in range(max(repeats, 1)):
+        for repeat in range(max(repeats, 1)):
             order = shuffler.sample(names, len(names))
+            if budget_s is not None and repeat >= MIN_REPEATS:
+                order = [name for name in order if wall[name] <= budget_s]
             for kind, inputs in (("single", single), ("batch", batch)):
                 for name in order:
                     c0 = time.process_time()
@@ -81,7 +101,7 @@ def measure_latency(
             "latency_batch_ms": statistics.median(times[name]["batch"]),
             "batch_size": batch_size,
             "threads": threads,
-            "repeats": max(repeats, 1),
+            "repeats": len(times[name]["single"]),
             "wall_s": round(wall[name], 6),
             "cpu_s": round(cpu[name], 6),
         }

@@ -87,6 +87,7 @@ def measure_forms(
         warmup=warmup,
         repeats=repeats,
         device=device,
+        budget_s=latency.RUN_BUDGET_S,
     )
     timing["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in lat.values()), 3)
     timing["cpu_s"] = round(sum(r.get("cpu_s", 0.0) for r in lat.values()), 3)

@@ -13,21 +13,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paper_tables import build_full_size  # noqa: E402
+
 
 def _forms(tiny: bool, folder: Path) -> tuple[dict[str, torch.nn.Module], torch.Tensor]:
-    from transformers import ViTConfig, ViTForImageClassification
-
     from profiling_agent.tools.runtimes.forms import build_forms
 
-    small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
-    torch.manual_seed(0)
-    model = ViTForImageClassification(ViTConfig(num_labels=1000, **(small if tiny else {}))).eval()
+    if tiny:
+        from transformers import ViTConfig, ViTForImageClassification
+
+        small = ViTConfig(num_labels=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=128)  # fmt: skip
+        torch.manual_seed(0)
+        model = ViTForImageClassification(small).eval()
+    else:
+        model = build_full_size("vit-b16")
     pixels = torch.randn(16, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     built = build_forms(model, pixels[:8], pixels[:4], folder, forms=["ort_fp32", "ort_dynamic"], threads=1)
     models: dict[str, torch.nn.Module] = {"baseline": model}

@@ -148,7 +148,7 @@ def test_a_model_past_the_timing_budget_sits_out_the_remaining_repeats_and_says_
     # MIN_REPEATS; the fast one never reaches the budget and gets all 12
     result = measure_latency(models, _pixels(1)[0], batch_size=2, warmup=0, repeats=12, budget_s=0.1)
     assert result["slow"]["repeats"] == MIN_REPEATS and result["fast"]["repeats"] == 12
-    assert 15 <= result["slow"]["latency_ms"] < 200 and result["slow"]["wall_s"] < 12 * 0.04
+    assert result["slow"]["latency_ms"] >= 20 and result["slow"]["wall_s"] >= MIN_REPEATS * 0.04  # it slept each time
     unbounded = measure_latency(models, _pixels(1)[0], batch_size=2, warmup=0, repeats=7)
     assert unbounded["slow"]["repeats"] == unbounded["fast"]["repeats"] == 7
 

@@ -153,6 +153,27 @@ def test_a_model_past_the_timing_budget_sits_out_the_remaining_repeats_and_says_
     assert unbounded["slow"]["repeats"] == unbounded["fast"]["repeats"] == 7
 
 
+def test_under_the_budget_a_model_whose_first_warm_up_was_long_gets_no_more_warm_ups(monkeypatch):
+    from profiling_agent.tools.evaluation import latency
+
+    class Counting(_Sleeper):
+        calls = 0
+
+        def forward(self, pixel_values):
+            self.calls += 1
+            return super().forward(pixel_values)
+
+    # one warm-up pass (batch 1 and 2) of the slow model sleeps 0.04 s, past the 0.03 s that makes a model warm
+    monkeypatch.setattr(latency, "WARM_AFTER_S", 0.03)
+    slow, fast = Counting(0.02), Counting(0.0)
+    latency.measure_latency({"slow": slow, "fast": fast}, _pixels(1)[0], batch_size=2, warmup=3, repeats=1,
+                            budget_s=10.0)  # fmt: skip
+    assert (slow.calls, fast.calls) == (2 + 2, 6 + 2)  # one warm-up pass against three, then one timed repeat
+    slow.calls = fast.calls = 0
+    latency.measure_latency({"slow": slow, "fast": fast}, _pixels(1)[0], batch_size=2, warmup=3, repeats=1)
+    assert (slow.calls, fast.calls) == (8, 8)  # without a budget (the benchmarks' protocol) every warm-up runs
+
+
 def test_eval_config_defaults():
     config = EvalConfig()
     assert (config.batch_size, config.warmup, config.repeats, config.eval_batch_size, config.device) == (

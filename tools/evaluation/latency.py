@@ -37,6 +37,9 @@ def latency_inputs(sample: torch.Tensor, batch_size: int) -> tuple[torch.Tensor,
 # 16; the fast forms, whose medians need the repeats, keep all of them)
 RUN_BUDGET_S = 30.0
 MIN_REPEATS = 5
+# ... and, under a budget, a model whose first warm-up pass (batch 1 and the larger batch) took longer than this is
+# warm after it: the remaining warm-ups (up to 2 x 7 s for that ViT-B/16) would only repeat a steady call
+WARM_AFTER_S = 1.0
 
 
 def measure_latency(
@@ -64,7 +67,8 @@ def measure_latency(
         repeats: Timed repeats (the median is reported).
         device: Where the models run.
         budget_s: When set, a model that has MIN_REPEATS repeats and whose timed calls took more than this many
-            seconds of wall time sits out the remaining repeats (its `repeats` says how many it got).
+            seconds of wall time sits out the remaining repeats (its `repeats` says how many it got), and a model
+            whose first warm-up pass took over WARM_AFTER_S gets no further warm-ups.
 
     Returns:
         {name: {"latency_ms", "latency_batch_ms", "batch_size", "threads", "repeats"}}, medians in ms.
@@ -77,11 +81,16 @@ def measure_latency(
     times: dict[str, dict[str, list[float]]] = {name: {"single": [], "batch": []} for name in names}
     cpu: dict[str, float] = {name: 0.0 for name in names}  # process CPU seconds spent in this model's timed calls
     wall: dict[str, float] = {name: 0.0 for name in names}
+    warm_s: dict[str, float] = {name: 0.0 for name in names}
     with torch.inference_mode():
         for _ in range(warmup):
             for name in names:
+                if budget_s is not None and warm_s[name] > WARM_AFTER_S:
+                    continue
+                started = time.perf_counter()
                 forward_logits(models[name], single)
                 forward_logits(models[name], batch)
+                warm_s[name] += time.perf_counter() - started
         shuffler = random.Random(0)
         for repeat in range(max(repeats, 1)):
             order = shuffler.sample(names, len(names))

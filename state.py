@@ -247,8 +247,12 @@ class VariantRecord(_Strict):
 
     name: str = Field(description="torch_fp32, torch_qint8, torch_float16, ort_fp32/dynamic/static, ov_fp32/bf16/int8.")
     backend: Literal["torch", "onnxruntime", "openvino"] = Field(description="The runtime that executes it.")
-    status: Literal["ok", "failed", "skipped"] = Field(description="failed: not built/loadable/matching; skipped: why.")
-    error: str | None = Field(default=None, description="Why it failed.")
+    status: Literal["ok", "failed", "skipped", "unscored"] = Field(
+        description="failed: not built/loadable/matching; skipped: not built, and why; unscored: its accuracy pass "
+        "was left out (timed, but faster forms within the budget rule it out; or built only as the other forms' "
+        "source, not timed either): error says why."
+    )
+    error: str | None = Field(default=None, description="Why it failed, was skipped or was not scored.")
     accuracy: float | None = Field(default=None, description="Top-1 % on the validation subset.")
     agreement: float | None = Field(default=None, description="% of predictions equal to the baseline's.")
     latency_ms: float | None = Field(default=None, description="Median batch-1 latency, ms (beside the baseline).")

@@ -9,6 +9,36 @@ from typing import Any
 from profiling_agent.state import ArtifactRef, Context, EvalRecord, Objective
 
 CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
+PREDICTIONS_FILE = "baseline_forms/predictions.safetensors"  # the baseline's validation predictions, run-relative
+
+
+def save_baseline_predictions(root: Path, preds: Any, labels: Any, device: str) -> None:
+    """Keep the baseline's validation predictions, so later rounds time the baseline without predicting again."""
+    from safetensors.torch import save_file
+
+    path = root / PREDICTIONS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"preds": preds.detach().cpu().contiguous(), "labels": labels.detach().cpu().contiguous()}, str(path),
+              metadata={"device": device})  # fmt: skip
+
+
+def baseline_predictions(root: Path, labels: Any, device: str) -> Any | None:
+    """Return the baseline's saved validation predictions when they were made on these labels and this device.
+
+    None when there are none (an older run) or they do not match: the round then predicts the baseline again.
+    """
+    from safetensors import safe_open
+
+    path = root / PREDICTIONS_FILE
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        if (f.metadata() or {}).get("device") != device:
+            return None
+        saved_labels, preds = f.get_tensor("labels"), f.get_tensor("preds")
+    if saved_labels.shape != labels.shape or not bool((saved_labels == labels.cpu()).all()):
+        return None
+    return preds
 
 
 def baseline_message(record: EvalRecord, out: dict[str, Any], forms: list[str]) -> str:
@@ -65,7 +95,7 @@ def measure_unpruned(
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
     from profiling_agent.tools.models.artifact_load import load_artifact
     from profiling_agent.tools.models.sizes import state_bytes
-    from profiling_agent.tools.runtimes.forms import ALL_FORMS, forms_for_backend
+    from profiling_agent.tools.runtimes.forms import ALL_FORMS, eligible_forms, forms_for_backend
 
     report = progress or (lambda done, total, label: None)
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
@@ -82,8 +112,9 @@ def measure_unpruned(
             extra={"params": baseline.params, "macs": macs}, objective=objective, ctx=ctx, device=device,
             threads=threads, allowed_ids=allowed_ids, check_images=CHECK_IMAGES,
             torch_forms={"torch_fp32": ("baseline", baseline.size_bytes, baseline.path)}, run=root,
-            model_paths={"baseline": root / baseline.path},
+            model_paths={"baseline": root / baseline.path}, eligible=eligible_forms(ctx.backend, forms, "baseline"),
         )  # fmt: skip
+        save_baseline_predictions(root, out["measured"]["baseline"]["preds"], labels, device)
         report(2, 2, "")
     lat = out["measured"]["baseline"]
     record = EvalRecord(

@@ -184,10 +184,11 @@ def evaluate_candidate(
         The candidate with its EvalRecord and delivered form, and the round's one-line summary.
     """
     from profiling_agent.tools.device import measure_device
+    from profiling_agent.tools.evaluation.baseline_eval import baseline_predictions
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
     from profiling_agent.tools.io import sha256_path
-    from profiling_agent.tools.runtimes.forms import forms_for_backend, round_forms
+    from profiling_agent.tools.runtimes.forms import eligible_forms, forms_for_backend, round_contenders, round_forms
 
     assert current.artifact is not None  # quantize ran
     report = progress or (lambda done, total, label: None)
@@ -197,10 +198,13 @@ def evaluate_candidate(
     torch_name = loaded["torch_name"]
     base_variants = [v.model_dump() for v in base_eval.variants]
     forms = forms_for_backend(backend, round_forms(base_variants, base_eval.accuracy, objective.max_acc_drop))
+    contenders = round_contenders(base_variants, base_eval.accuracy, objective.max_acc_drop)
+    sources = [f for f in forms if f not in contenders]  # built only because the contenders start from its file
     report(0, 3, "backends")
     with eval_threads(ctx.threads) as threads:
         device = measure_device(ctx.device, forms, quantized=bool(current.quantized))
         models = {name: m.to(device) for name, m in loaded["models"].items()}
+        known = baseline_predictions(root, labels, device)
         out = evaluate_forms(
             models, fp32=loaded["fp32"], forms=forms, calib_pixels=tensors["calib_pixels"], pixels=pixels,
             labels=labels, out_dir=root / f"iter_{iteration:02d}" / "variants",
@@ -208,7 +212,8 @@ def evaluate_candidate(
             device=device, threads=threads, torch_forms=loaded["torch_forms"], processor=loaded["processor"],
             extra={"params": current.artifact.params, "macs": current.macs}, allowed_ids=allowed_ids,
             check_images=CHECK_IMAGES, untimed=[UNRECOVERED], peer=base_eval.peer, peer_root=root, run=root,
-            model_paths=loaded["paths"],
+            model_paths=loaded["paths"], known={"baseline": known} if known is not None else None,
+            eligible=eligible_forms(backend, [*forms, *loaded["torch_forms"]], torch_name), sources=sources,
         )  # fmt: skip
     report(3, 3, "")
     measured = out["measured"]

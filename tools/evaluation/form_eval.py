@@ -19,8 +19,15 @@ from torch import nn
 from profiling_agent.state import Context, Objective
 from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models
-from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
-from profiling_agent.tools.runtimes.forms import build_forms, fp32_reference, load_form, rebuild_int8
+from profiling_agent.tools.evaluation.scoring import ScoringRule
+from profiling_agent.tools.evaluation.variants import Retry, Scorer, measure_forms, recipe_summary, variant_record
+from profiling_agent.tools.runtimes.forms import (
+    FP32_REFERENCES,
+    build_forms,
+    fp32_reference,
+    load_form,
+    rebuild_int8,
+)
 from profiling_agent.tools.runtimes.onnx_forms import Variant
 from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE
 from profiling_agent.tools.runtimes.openvino_model import OV_FILE
@@ -31,6 +38,10 @@ from profiling_agent.tools.runtimes.openvino_model import OV_FILE
 # processes (or to the concurrent accuracy pass) instead of making a 2-thread forward collapse (DESIGN.md 8).
 DEFAULT_THREADS = 1
 ACCURACY_CONTROL_IMAGES = 300  # validation images NNCF's accuracy control ranks layers and checks the drop on
+SOURCE_ONLY = (
+    "built as the source of the other forms only: the unpruned model's form of this kind was not among the forms "
+    "that can win (neither timed nor scored)"
+)
 
 
 @contextlib.contextmanager
@@ -53,14 +64,28 @@ def int8_retry(
     allowed: list[int] | None,
     threads: int,
     model_type: str | None,
-) -> Callable[[dict[str, float]], dict[str, nn.Module]]:
-    """Return measure_forms' retry hook: rebuild ov_int8 with NNCF's accuracy control when it lost past the budget."""
+) -> Retry:
+    """Return measure_forms' retry hook: rebuild ov_int8 with NNCF's accuracy control when it lost past the budget.
+
+    The loss is taken against the INT8 form's own FP32 form. When that form's accuracy pass was left out (a slow
+    form that cannot ship, `scoring`), it is scored now only if the INT8 form is also outside the run's budget
+    against the baseline: within it, the INT8 form can ship as it is, and a rebuild would only make it slower.
+    """
     by_name = {v.name: v for v in built}
 
-    def retry(accuracies: dict[str, float]) -> dict[str, nn.Module]:
+    def retry(accuracies: dict[str, float], score: Scorer | None = None) -> dict[str, nn.Module]:
         int8 = by_name.get("ov_int8")
         if int8 is None or int8.status != "ok" or "ov_int8" not in accuracies:
             return {}
+        own = FP32_REFERENCES[:3]  # the model's own FP32 forms, best first ("baseline" may be another model)
+        if score is not None and not any(n in accuracies for n in own):
+            base = accuracies.get("baseline")
+            if base is not None and base - accuracies["ov_int8"] <= objective.max_acc_drop + 1e-9:
+                return {}
+            for name in own:  # the first one this round has (a form built only as a source is not among them)
+                accuracies = score([name])
+                if name in accuracies:
+                    break
         ref = fp32_reference({k: v for k, v in accuracies.items() if k != "ov_int8"})
         if ref is None:
             return {}
@@ -113,11 +138,13 @@ def sharded_predictor(
 
 
 def forms_line(variants: Sequence[Mapping[str, Any]]) -> str:
-    """One line per run step: each form's speed-up and accuracy, or failed / skipped."""
+    """One line per run step: each form's speed-up and accuracy, or failed / skipped / not scored."""
     parts = []
     for v in variants:
         if v["status"] == "ok" and v.get("speedup") is not None:
             parts.append(f"{v['name']} {v['speedup']:.2f}x {v['accuracy']:.1f}%")
+        elif v["status"] == "unscored" and v.get("speedup") is not None:
+            parts.append(f"{v['name']} {v['speedup']:.2f}x (slower, not scored)")
         else:
             parts.append(f"{v['name']} {v['status']}")
     return ", ".join(parts)
@@ -167,6 +194,9 @@ def evaluate_forms(
     peer_root: Path | None = None,
     run: Path | None = None,
     model_paths: Mapping[str, Path] | None = None,
+    known: Mapping[str, torch.Tensor] | None = None,
+    eligible: Sequence[str] | None = None,
+    sources: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Build `forms` of `fp32`, measure them with `models` (which hold "baseline"), and record every form.
 
@@ -194,6 +224,11 @@ def evaluate_forms(
         run: The run folder (its prepared images); with `model_paths` and `ctx.recover_procs` > 1, the
             validation pass is split over that many processes (the same predictions).
         model_paths: Where each of `models` is saved (every one must be for a split pass).
+        known: Predictions already made on these images (the baseline's): not predicted again.
+        eligible: The forms the run may deliver (None: all). With a latency target, slow forms are scored only
+            while they could still be delivered (`scoring.ScoringRule`); under a size target every form is.
+        sources: Forms built only because the others start from their file (a round's ort_fp32 when it cannot
+            win): recorded, neither timed nor scored.
 
     Returns:
         {"measured", "timing", "variants" (VariantRecord dicts: torch forms first), "built", "line", "notice"}.
@@ -201,7 +236,7 @@ def evaluate_forms(
     check = pixels[:check_images]
     built = build_forms(fp32, calib_pixels, check, out_dir, forms=forms, threads=threads, processor=processor,
                         extra=extra)  # fmt: skip
-    models.update({v.name: v.model for v in built if v.status == "ok"})
+    models.update({v.name: v.model for v in built if v.status == "ok" and v.name not in sources})
     peer_name, time_only = None, {}
     if peer and peer.get("path") and peer_root is not None and str(peer.get("name", "")).startswith(("ort_", "ov_")):
         try:  # timed beside the forms, not predicted again: its accuracy was measured with the baseline
@@ -217,6 +252,13 @@ def evaluate_forms(
     if ctx.recover_procs > 1 and run is not None and set(models) <= set(paths):
         predict = sharded_predictor(run, paths, ctx, job_dir=out_dir / "eval_job", device=device,
                                     threads=threads, allowed_ids=allowed_ids)  # fmt: skip
+    scoring = None
+    if objective.target != "size":  # the smallest form ships under a size target: every accuracy may matter
+        optional = {v.name for v in built if v.status == "ok"} | {k for k in torch_forms if k != "baseline"}
+        scoring = ScoringRule(
+            optional=frozenset(optional & set(models)), budget=objective.max_acc_drop,
+            eligible=frozenset(eligible) if eligible is not None else None,
+        )  # fmt: skip
     measured, timing = measure_forms(
         models,
         pixels,
@@ -232,11 +274,24 @@ def evaluate_forms(
         retry=retry,
         time_only=time_only,
         predict=predict,
+        known=known,
+        scoring=scoring,
     )
     if predict is not None:
         timing["accuracy_procs"] = ctx.recover_procs
+    unscored = {
+        **{name: SOURCE_ONLY for name in sources},
+        **(timing.get("unscored") or {}),
+    }
     variants = [
-        variant_record(name, measured[key], size_bytes=size, path=path)
+        variant_record(
+            name,
+            measured[key],
+            size_bytes=size,
+            path=path,
+            error=unscored.get(key),
+            status="unscored" if key in unscored else None,
+        )  # fmt: skip
         for name, (key, size, path) in torch_forms.items()
     ]
     for v in built:
@@ -246,10 +301,10 @@ def evaluate_forms(
                 measured.get(v.name) if v.status == "ok" else None,
                 size_bytes=v.size_bytes,
                 path=rel(Path(v.path)) if v.path else None,
-                error=v.error,
+                error=v.error or unscored.get(v.name),
                 max_abs_diff=v.max_abs_diff,
                 recipe=recipe_summary(v.recipe),
-                status=v.status if v.status != "ok" else None,
+                status=v.status if v.status != "ok" else "unscored" if v.name in unscored else None,
             )
         )
     batch = accuracy_batch(ctx.eval_batch, device)

@@ -10,8 +10,11 @@ from torch import nn
 
 from profiling_agent.tools.evaluation import latency
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict_many, top1
+from profiling_agent.tools.evaluation.scoring import ScoringRule, left_out_reason, passes_needed
 
 BASELINE = "baseline"
+Scorer = Callable[[list[str]], dict[str, float]]  # scores the named models (not scored yet) and returns all accuracies
+Retry = Callable[[dict[str, float], Scorer], dict[str, nn.Module]]  # accuracies, scorer -> models to replace
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -31,15 +34,18 @@ def measure_forms(
     allowed_ids: list[int] | None = None,
     timed: list[str] | None = None,
     parallel: int = 1,
-    retry: Callable[[dict[str, float]], dict[str, nn.Module]] | None = None,
+    retry: Retry | None = None,
     time_only: Mapping[str, nn.Module] | None = None,
     predict: Callable[[Mapping[str, nn.Module]], dict[str, torch.Tensor]] | None = None,
+    known: Mapping[str, torch.Tensor] | None = None,
+    scoring: ScoringRule | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Predict with every model on the same images, then time them interleaved in one `measure_latency` call.
+    """Time every model interleaved in one `measure_latency` call, then predict with them on the same images.
 
-    The accuracy pass reads the images once (streamed) and feeds each batch to every model, `parallel` of them at
-    a time; timing starts only after it (and any retry) has finished, so nothing runs beside a timed forward pass.
-    Timing is taken again when the machine looked busy (`latency.measure_latency_checked`).
+    Timing comes first and runs alone; the accuracy pass follows (reading the images once per pass, streamed,
+    `parallel` models at a time), so nothing runs beside a timed forward pass. Timing is taken again when the
+    machine looked busy (`latency.measure_latency_checked`). With a `scoring` rule, the forms it makes optional
+    are scored fastest first, and a slow one is left out once it can no longer be delivered (`scoring`).
 
     Args:
         models: Name -> model; must include "baseline". Models a retry replaces are replaced in place.
@@ -53,42 +59,87 @@ def measure_forms(
         allowed_ids: Model ids predictions are restricted to.
         timed: Names to time (default: all).
         parallel: Models predicting concurrently in the accuracy pass (1: one after the other).
-        retry: Called with every model's accuracy after the accuracy pass; returns models to replace (rebuilt
-            forms, e.g. an accuracy-controlled INT8), which are predicted again before timing.
+        retry: Called with every scored model's accuracy after the accuracy pass, and a scorer for a model whose
+            pass was left out; returns models to replace (rebuilt forms, e.g. an accuracy-controlled INT8), which
+            are predicted again and then timed again with the others.
         time_only: Models timed beside the others but not predicted (their accuracy is known: the peer).
         predict: Predicts `models` on `pixels` for the accuracy pass (default: `predict_many` in this process;
             a sharded pass gives the same predictions). A retry's rebuilt models are predicted in this process.
+        known: Predictions already made on these images (the baseline's, from the run's first measurement): those
+            models are timed but not predicted again.
+        scoring: Which models' passes may be left out (None: every model is scored).
 
     Returns:
         ({name: {"preds", "accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch",
         "wall_over_cpu"}}, timing facts), ratios against the baseline measured in the same run (latency fields
-        absent for untimed models).
+        absent for untimed models, prediction fields for models left out). The timing facts' "unscored" maps each
+        model left out to why.
     """
     if BASELINE not in models:
         raise ValueError("measure_forms needs a 'baseline' model")
     batch = accuracy_batch(eval_batch, device)
-    if predict is not None:
-        preds = predict(models)
-    else:
-        preds = predict_many(models, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids,
-                             parallel=parallel)  # fmt: skip
+
+    def run_pass(chosen: list[str], in_process: bool = False) -> dict[str, torch.Tensor]:
+        subset = {n: models[n] for n in chosen}
+        if not subset:
+            return {}
+        if predict is not None and not in_process:
+            return predict(subset)
+        return predict_many(subset, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids,
+                            parallel=max(1, min(parallel, len(subset))))  # fmt: skip
+
+    def time_all() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+        names = [n for n in models if timed is None or n in timed or n == BASELINE]
+        return latency.measure_latency_checked(  # through the module, so tests can stand in for the clock
+            {**{n: models[n] for n in names}, **dict(time_only or {})},
+            pixels[:batch_size],
+            batch_size=batch_size,
+            warmup=warmup,
+            repeats=repeats,
+            device=device,
+            budget_s=latency.RUN_BUDGET_S,
+        )
+
+    def accuracies() -> dict[str, float]:
+        return {name: top1(p, labels) for name, p in preds.items()}
+
+    def score(names: list[str]) -> dict[str, float]:
+        preds.update(run_pass([n for n in names if n in models and n not in preds]))
+        return accuracies()
+
+    def score_optional() -> None:
+        tried: set[str] = set()  # a model whose pass gave no predictions is not asked again
+        while scoring is not None:
+            reference = top1(preds[BASELINE], labels)
+            need = [n for n in passes_needed(scoring, accuracies(), reference, lat, len(labels), models)
+                    if n not in tried]  # fmt: skip
+            if not need:
+                return
+            tried.update(need[: max(1, parallel)])
+            score(need[: max(1, parallel)])
+
+    lat, timing = time_all()
+    preds = {n: p for n, p in (known or {}).items() if n in models}
+    optional = scoring.optional if scoring is not None else frozenset()
+    required = [n for n in models if n not in preds and n not in optional]
+    spare = max(0, parallel - len(required))  # the fastest optional forms share the first pass's free slots
+    score(required + (passes_needed(scoring, {}, 0.0, lat, len(labels), models)[:spare] if scoring else []))
+    score_optional()
     if retry is not None:
-        replaced = retry({name: top1(p, labels) for name, p in preds.items()})
+        replaced = retry(accuracies(), score)
         if replaced:
             models.update(replaced)
-            again = predict_many(replaced, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids,
-                                 parallel=parallel)  # fmt: skip
-            preds.update(again)
-    names = [n for n in models if timed is None or n in timed or n == BASELINE]
-    lat, timing = latency.measure_latency_checked(  # through the module, so tests can stand in for the clock
-        {**{n: models[n] for n in names}, **dict(time_only or {})},
-        pixels[:batch_size],
-        batch_size=batch_size,
-        warmup=warmup,
-        repeats=repeats,
-        device=device,
-        budget_s=latency.RUN_BUDGET_S,
-    )
+            preds.update(run_pass(list(replaced), in_process=True))
+            lat, timing = time_all()  # the rebuilt form is timed beside the others, as the first one was
+            timing["retimed"] = sorted(replaced)
+            score_optional()
+    if scoring is not None:
+        reference = top1(preds[BASELINE], labels)
+        timing["unscored"] = {
+            n: left_out_reason(scoring, accuracies(), reference, lat, len(labels), n)
+            for n in models
+            if n not in preds and n in scoring.optional
+        }
     timing["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in lat.values()), 3)
     timing["cpu_s"] = round(sum(r.get("cpu_s", 0.0) for r in lat.values()), 3)
     base = lat[BASELINE]

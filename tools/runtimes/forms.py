@@ -89,6 +89,10 @@ def build_forms(
     if not wanted:
         return []
     methods = tuple(m for m in ORT_METHODS if f"ort_{m}" in wanted or m == "fp32")
+    config = getattr(model, "config", None)
+    check = check_pixels.detach().to("cpu", torch.float32)
+    with torch.inference_mode():  # torch's logits on the check images, computed once for every form's check
+        reference = forward_logits(model.eval().to("cpu"), check).float()
     ort = build_ort_variants(
         model,
         calib_pixels,
@@ -98,15 +102,13 @@ def build_forms(
         threads=threads,
         processor=processor,
         extra=extra,
+        reference=reference,
     )
     ov_forms = tuple(f for f in OV_FORMS if f"ov_{f}" in wanted)
     if not ov_forms:
         return ort
-    config = getattr(model, "config", None)
     fp32 = ort[0]
     onnx_path = Path(fp32.path) / ONNX_FILE if fp32.status == "ok" and fp32.path else None
-    with torch.inference_mode():
-        reference = forward_logits(model.eval(), check_pixels.detach().to("cpu", torch.float32)).float()
     ov = build_ov_forms(
         onnx_path,
         calib_pixels,
@@ -123,13 +125,14 @@ def build_forms(
     return ort + ov
 
 
-def round_forms(baseline_variants: Sequence[Mapping[str, Any]], baseline_accuracy: float, budget: float) -> list[str]:
-    """Return the forms a pruning round builds: the unpruned model's fastest ones within the budget.
+def round_contenders(
+    baseline_variants: Sequence[Mapping[str, Any]], baseline_accuracy: float, budget: float
+) -> list[str]:
+    """Return the forms that can win a pruning round: the unpruned model's fastest ones within the budget.
 
     Pruning narrows layers but keeps their kinds, so the order of the backends on the unpruned model predicts their
-    order on its pruned candidates; building only the contenders keeps each round at a few seconds. ort_fp32 is
-    always built (every other form starts from its file). Without baseline forms (backend torch, a resumed old run)
-    every form is built.
+    order on its pruned candidates: its ROUND_KEEP fastest forms within the budget and every other within ROUND_TIE
+    of the fastest. Without baseline forms (backend torch, a resumed old run) every form is a contender.
     """
     ok = [
         v
@@ -142,6 +145,17 @@ def round_forms(baseline_variants: Sequence[Mapping[str, Any]], baseline_accurac
     ok.sort(key=lambda v: float(v["latency_ms"]))
     fastest = float(ok[0]["latency_ms"])
     keep = {v["name"] for i, v in enumerate(ok) if i < ROUND_KEEP or float(v["latency_ms"]) <= fastest * ROUND_TIE}
+    return [f for f in ALL_FORMS if f in keep]
+
+
+def round_forms(baseline_variants: Sequence[Mapping[str, Any]], baseline_accuracy: float, budget: float) -> list[str]:
+    """Return the forms a pruning round builds: the contenders (`round_contenders`) and ort_fp32.
+
+    ort_fp32 is always built: every other form starts from its file. Building only the contenders keeps each round
+    at a few conversions; a round times and scores only the contenders (ort_fp32 built only as their source is
+    neither).
+    """
+    keep = round_contenders(baseline_variants, baseline_accuracy, budget)
     return [f for f in ALL_FORMS if f in keep or f == "ort_fp32"]
 
 

@@ -278,6 +278,7 @@ def build_ort_variants(
     threads: int | None = None,
     processor: Any = None,
     extra: Mapping[str, Any] | None = None,
+    reference: torch.Tensor | None = None,
 ) -> list[Variant]:
     """Export a pruned FP32 torch classifier to ONNX, quantize it with ONNX Runtime, check every file against torch.
 
@@ -290,6 +291,7 @@ def build_ort_variants(
         threads: ONNX Runtime intra-op threads (default: torch's).
         processor: The image processor, saved into each folder so it can be evaluated on its own.
         extra: JSON facts copied into each recipe (e.g. params, MACs, the source artifact).
+        reference: The model's FP32 logits on `check_pixels`, when the caller has them (computed otherwise).
 
     Returns:
         One Variant per requested method, in order; failed ones carry the reason.
@@ -308,8 +310,9 @@ def build_ort_variants(
             v.status, v.error = "skipped", STATIC_TRANSFORMER_REASON
     model = model.eval().to("cpu")
     check = check_pixels.detach().to("cpu", torch.float32)
-    with torch.inference_mode():
-        reference = forward_logits(model, check).float()
+    if reference is None:
+        with torch.inference_mode():
+            reference = forward_logits(model, check).float()
     shutil.rmtree(out / "ort_fp32", ignore_errors=True)
     fp32_folder = out / "ort_fp32"
     try:

@@ -122,3 +122,37 @@ def test_the_sensitivity_probe_measures_damage_after_reconstruction_when_asked(t
     refit = probe_sensitivity(tiny_vit, groups, pixels, ratio=0.5, recover=True)
     assert plain.keys() == refit.keys()
     assert sum(r["kl"] for r in refit.values()) < 0.5 * sum(r["kl"] for r in plain.values())
+
+
+@pytest.mark.parametrize(
+    ("fixture", "entries", "replays"),
+    [
+        ("tiny_vit", [MLP_HARD, HEADS_HALF], True),
+        ("tiny_resnet", [{"layer": "conv", "type": "structured", "ratio": 0.6}], True),
+        ("swin", [MLP_HARD], None),  # its stages downsample what the skipped blocks hand on: whichever path works
+    ],
+)  # fmt: skip
+def test_the_refit_from_cached_block_inputs_is_the_refit_from_the_stem(request, fixture, entries, replays):
+    """Replaying each consumer's block from cached inputs gives the same fits as running both models from the stem."""
+    if fixture == "swin":
+        from test_families_deit_swin import _swin
+
+        baseline, shape = _swin(), (3, 32, 32)
+    else:
+        baseline, shape = request.getfixturevalue(fixture), (1, 16, 16)
+    if fixture == "tiny_resnet":
+        _warm_batchnorm(baseline, shape)
+    calib = torch.randn(40, *shape, generator=torch.Generator().manual_seed(2))  # two batches of 32: one partial
+    pruned = copy.deepcopy(baseline)
+    report = prune_model(pruned, entries, calib[:1])
+    twin = copy.deepcopy(pruned)
+    fast = reconstruct(baseline, pruned, calib, report.applied)
+    slow = reconstruct(baseline, twin, calib, report.applied, by_blocks=False)
+    if replays is not None:
+        assert fast["by_blocks"] is replays
+    assert slow["by_blocks"] is False and len(fast["consumers"]) == len(slow["consumers"]) > 0
+    for a, b in zip(fast["consumers"], slow["consumers"], strict=True):
+        assert a["name"] == b["name"] and a["rows"] == b["rows"]
+        assert a["error_after"] == pytest.approx(b["error_after"], rel=1e-4, abs=1e-7)
+    for (name, x), (_, y) in zip(pruned.state_dict().items(), twin.state_dict().items(), strict=True):
+        assert torch.allclose(x, y, rtol=1e-4, atol=1e-6), name

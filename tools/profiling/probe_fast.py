@@ -28,6 +28,7 @@ from torch import nn
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import removed_units, select_units
 from profiling_agent.tools.profiling.sensitivity import compare_logits, probe_sensitivity, restrict_logits
+from profiling_agent.tools.runtimes.blocks import Stop, started_at
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 log = logging.getLogger(__name__)
@@ -52,38 +53,6 @@ class FastProbeConfig:
     max_rows: int = 2048
     batch_size: int = 32
     float32_gram: bool = True
-
-
-class _Pass(nn.Module):
-    """Stands in for a block before the pruned one: returns its input (the next block's input is injected)."""
-
-    def __init__(self, as_tuple: bool) -> None:
-        super().__init__()
-        self.as_tuple = as_tuple
-
-    def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
-        return (hidden,) if self.as_tuple else hidden
-
-
-class _Inject(nn.Module):
-    """Runs a block on cached inputs (`current`), ignoring the hidden state the skipped blocks hand it."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.block = block
-        self.current: torch.Tensor | None = None
-
-    def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
-        return self.block(self.current, *args, **kwargs)
-
-
-def _swap(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
-    """Put `module` at `name` in `model` and return what was there."""
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    old = parent.get_submodule(child)
-    setattr(parent, child, module)
-    return old
 
 
 def _channels(group: PrunableGroup, units: list[int]) -> list[int]:
@@ -227,18 +196,11 @@ class _Runner:
 
     def logits(self, index: int, block: nn.Module, inputs: torch.Tensor, batch_size: int) -> torch.Tensor:
         """Return the logits with block `index` replaced by `block`, fed `inputs` (one row per image)."""
-        inject = _Inject(block)
-        saved = {name: _swap(self.model, name, _Pass(self.as_tuple[name])) for name in self.blocks[:index]}
-        saved[self.blocks[index]] = _swap(self.model, self.blocks[index], inject)
         outs = []
-        try:
-            with torch.inference_mode():
-                for start in range(0, len(inputs), batch_size):
-                    inject.current = inputs[start : start + batch_size]
-                    outs.append(forward_logits(self.model, self.pixels[start : start + batch_size]))
-        finally:
-            for name, module in saved.items():
-                _swap(self.model, name, module)
+        with started_at(self.model, self.blocks, index, self.as_tuple, block) as inject, torch.inference_mode():
+            for start in range(0, len(inputs), batch_size):
+                inject.current = inputs[start : start + batch_size]
+                outs.append(forward_logits(self.model, self.pixels[start : start + batch_size]))
         return torch.cat(outs)
 
 
@@ -265,10 +227,6 @@ def _block_pass(
     return torch.cat(outs)
 
 
-class _Stop(Exception):
-    """Ends a forward pass once the first block's input is captured."""
-
-
 def _capture_first(
     model: nn.Module, names: list[str], pixels: torch.Tensor, n_eval: int, batch_size: int
 ) -> dict[str, Any]:
@@ -285,7 +243,7 @@ def _capture_first(
         if info["args"] is None:
             info["args"] = (args[1:], kwargs)
         if info["stop"]:
-            raise _Stop
+            raise Stop
 
     handles.append(model.get_submodule(names[0]).register_forward_pre_hook(pre, with_kwargs=True))
     for name in names:
@@ -303,7 +261,7 @@ def _capture_first(
             for start in range(n_eval, len(pixels), batch_size):
                 try:
                     forward_logits(model, pixels[start : start + batch_size])
-                except _Stop:
+                except Stop:
                     pass
     finally:
         for h in handles:

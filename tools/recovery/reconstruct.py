@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -13,6 +14,7 @@ from torch import nn
 
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.units import PrunedGroup, channels_of
+from profiling_agent.tools.runtimes.blocks import Stop, replays, started_at
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
@@ -50,6 +52,11 @@ class ConsumerFit:
 
 class _Stop(Exception):
     """Raised by a capture hook to end a forward pass once the layer of interest has run."""
+
+
+BaseCapture = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # batch index -> baseline (input, output)
+NewCapture = Callable[[int], torch.Tensor]  # batch index -> the pruned model's input of the consumer
+Hook = Callable[[nn.Module, tuple, Any], None]  # a forward hook: (module, args, output)
 
 
 def find_consumers(
@@ -165,8 +172,13 @@ def _fit_one(
     batch_size: int,
     max_rows: int,
     seed: int,
+    captures: tuple[BaseCapture, NewCapture] | None = None,
 ) -> ConsumerFit:
-    """Accumulate the Gram matrices of one consumer over the calibration batches and solve the ridge problem."""
+    """Accumulate the Gram matrices of one consumer over the calibration batches and solve the ridge problem.
+
+    `captures` give, per batch index, the baseline's input and output of the consumer and the pruned model's input
+    (default: forwards of both whole models up to the consumer).
+    """
     base_mod = cast(Layer, baseline.get_submodule(consumer.name))
     mod = cast(Layer, pruned.get_submodule(consumer.name))
     sink, sink_mod = _bias_sink(pruned, consumer.name, mod)
@@ -182,10 +194,14 @@ def _fit_one(
     yy, n_rows = 0.0, 0
     generator = torch.Generator().manual_seed(seed)
     device = next(pruned.parameters()).device
-    for start in range(0, len(pixels), batch_size):
-        batch = pixels[start : start + batch_size].to(device)
-        x_base, y_base = _capture(baseline, consumer.name, batch)
-        x_new, _ = _capture(pruned, consumer.name, batch)
+    for index, start in enumerate(range(0, len(pixels), batch_size)):
+        if captures is not None:
+            x_base, y_base = captures[0](index)
+            x_new = captures[1](index)
+        else:
+            batch = pixels[start : start + batch_size].to(device)
+            x_base, y_base = _capture(baseline, consumer.name, batch)
+            x_new, _ = _capture(pruned, consumer.name, batch)
         rows_base = _rows(base_mod, x_base).double().cpu()
         target = _targets(base_mod, y_base).double().cpu()[:, outs]
         rows_new = _rows(mod, x_new).double().cpu()
@@ -241,6 +257,137 @@ def _write(mod: Layer, theta: torch.Tensor, sink: str, sink_mod: nn.Module | Non
             mean.copy_(mean - theta[n_cols].to(mean.dtype).to(mean.device))
 
 
+class _Feed:
+    """One model's cached block inputs, batch by batch, and its forward from a block on them (`blocks.started_at`)."""
+
+    def __init__(self, model: nn.Module, blocks: list[str], as_tuple: dict[str, bool], pixels: torch.Tensor,
+                 batch_size: int) -> None:  # fmt: skip
+        self.model, self.blocks, self.as_tuple = model, blocks, as_tuple
+        device = next(model.parameters()).device
+        self.batches = [pixels[s : s + batch_size].to(device) for s in range(0, len(pixels), batch_size)]
+        self.inputs: list[torch.Tensor] = []
+
+    def run(self, index: int | None, batch: int, watch: dict[str, Hook],
+            stop_at: str | None) -> torch.Tensor | None:  # fmt: skip
+        """Run batch `batch` from block `index` (None: the whole model); return the input of `stop_at`, if given.
+
+        `watch` maps module names to forward hooks; a hook may raise `Stop` to end the pass.
+        """
+        box: dict[str, torch.Tensor] = {}
+        handles = [self.model.get_submodule(name).register_forward_hook(hook) for name, hook in watch.items()]
+        if stop_at is not None:
+
+            def pre(module: nn.Module, args: tuple) -> None:
+                box["x"] = args[0].detach()
+                raise Stop
+
+            handles.append(self.model.get_submodule(stop_at).register_forward_pre_hook(pre))
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.inference_mode())
+                if index is not None:
+                    inject = stack.enter_context(started_at(self.model, self.blocks, index, self.as_tuple))
+                    inject.current = self.inputs[batch]
+                forward_logits(self.model, self.batches[batch])
+        except Stop:
+            pass
+        finally:
+            for h in handles:
+                h.remove()
+        return box.get("x")
+
+    def consumer_input(self, index: int, batch: int, name: str) -> torch.Tensor:
+        """Return the input of module `name` (inside block `index`) on batch `batch`, from the cached block input."""
+        box: dict[str, torch.Tensor] = {}
+
+        def hook(module: nn.Module, args: tuple, out: Any) -> None:
+            box["x"] = args[0].detach()
+            raise Stop
+
+        self.run(index, batch, {name: hook}, None)
+        if "x" not in box:
+            raise ReconstructError(f"{name} is not called in the forward pass")
+        return box["x"]
+
+    def advance(self, index: int | None, to: str) -> None:
+        """Replace the cached inputs by those of block `to`, running from block `index` (None: from the stem)."""
+        self.inputs = [cast(torch.Tensor, self.run(index, b, {}, to)) for b in range(len(self.batches))]
+
+
+def block_layout(baseline: nn.Module, consumers: list[Consumer]) -> tuple[list[str], list[int]] | None:
+    """Return the model's blocks (family adapter, forward order) and each consumer's block.
+
+    None when a consumer lies outside every block or the consumers are not in block order: the whole-model refit
+    handles those.
+    """
+    try:
+        groups = adapter_for(baseline).prunable_groups(baseline)
+    except Exception:  # noqa: BLE001 - no adapter: the whole-model refit
+        return None
+    blocks = list(dict.fromkeys(g.block for g in groups if g.block))
+    where = []
+    for c in consumers:
+        index = next((i for i, b in enumerate(blocks) if c.name.startswith(b + ".")), None)
+        if index is None:
+            return None
+        where.append(index)
+    return (blocks, where) if where == sorted(where) else None
+
+
+def _refit_by_blocks(
+    baseline: nn.Module,
+    pruned: nn.Module,
+    consumers: list[Consumer],
+    pixels: torch.Tensor,
+    layout: tuple[list[str], list[int]],
+    *,
+    ridge: float,
+    batch_size: int,
+    max_rows: int,
+    seed: int,
+    progress: Callable[[int, int, str], None] | None,
+) -> list[ConsumerFit] | None:
+    """Refit like the whole-model path, each consumer from its block's cached inputs (None: the layout cannot replay).
+
+    The baseline runs once over the blocks; the pruned model runs each block once per consumer in it and once more
+    to hand the next block its input, instead of both models running from the stem for every consumer.
+    """
+    blocks, where = layout
+    used = sorted(set(where))
+    checks = [replays(m, blocks, used, pixels[:1]) for m in (baseline, pruned)]
+    if not all(c["ok"] for c in checks):
+        return None
+    base = _Feed(baseline, blocks, checks[0]["as_tuple"], pixels, batch_size)
+    new = _Feed(pruned, blocks, checks[1]["as_tuple"], pixels, batch_size)
+    base.advance(None, blocks[used[0]])
+    new.advance(None, blocks[used[0]])
+    fits: list[ConsumerFit] = []
+    for k, index in enumerate(used):
+        mine = [(i, c) for i, c in enumerate(consumers) if where[i] == index]
+        following = blocks[used[k + 1]] if k + 1 < len(used) else None
+        seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {c.name: [] for _, c in mine}
+
+        def keep(name: str, store: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = seen) -> Hook:
+            return lambda module, args, out: store[name].append((args[0].detach(), out.detach()))
+
+        hooks = {c.name: keep(c.name) for _, c in mine}
+        following_base = [base.run(index, b, hooks, following) for b in range(len(base.batches))]
+        for i, consumer in mine:
+            captures = (
+                lambda b, name=consumer.name, store=seen: store[name][b],
+                lambda b, name=consumer.name, at=index: new.consumer_input(at, b, name),
+            )
+            fits.append(_fit_one(baseline, pruned, consumer, pixels, ridge=ridge, batch_size=batch_size,
+                                 max_rows=max_rows, seed=seed + i, captures=captures))  # fmt: skip
+            seen.pop(consumer.name)
+            if progress is not None:
+                progress(len(fits), len(consumers), consumer.name)
+        if following is not None:
+            base.inputs = [cast(torch.Tensor, x) for x in following_base]
+            new.advance(index, following)
+    return fits
+
+
 def reconstruct(
     baseline: nn.Module,
     pruned: nn.Module,
@@ -252,6 +399,7 @@ def reconstruct(
     max_rows: int = MAX_ROWS_PER_BATCH,
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
+    by_blocks: bool = True,
 ) -> dict[str, Any]:
     """Refit, in place and in forward order, every layer of `pruned` that reads pruned channels.
 
@@ -273,9 +421,12 @@ def reconstruct(
         max_rows: Activation rows sampled per batch and consumer (seeded).
         seed: Seed of the row sampling.
         progress: Called as progress(done, total, consumer name).
+        by_blocks: Capture each consumer's activations from its block's cached inputs when the model's blocks
+            replay exactly (`blocks.replays`); the same fits as running both models from the stem for every
+            consumer, at a fraction of the forwards. False, or a layout that does not replay: from the stem.
 
     Returns:
-        {"consumers": [ConsumerFit as dict...], "seconds": float, "images": int}.
+        {"consumers": [ConsumerFit as dict...], "seconds": float, "images": int, "by_blocks": bool}.
 
     Raises:
         ReconstructError: A consumer cannot be refitted.
@@ -284,24 +435,22 @@ def reconstruct(
     baseline.eval()
     pruned.eval()
     consumers = find_consumers(baseline, pruned, list(applied))
-    fits = []
-    for i, consumer in enumerate(consumers):
-        fits.append(
-            _fit_one(
-                baseline,
-                pruned,
-                consumer,
-                pixels,
-                ridge=ridge,
-                batch_size=batch_size,
-                max_rows=max_rows,
-                seed=seed + i,
-            )
-        )
-        if progress is not None:
-            progress(i + 1, len(consumers), consumer.name)
+    layout = block_layout(baseline, consumers) if by_blocks and consumers else None
+    fits = None
+    if layout is not None:
+        fits = _refit_by_blocks(baseline, pruned, consumers, pixels, layout, ridge=ridge, batch_size=batch_size,
+                                max_rows=max_rows, seed=seed, progress=progress)  # fmt: skip
+    replayed = fits is not None
+    if fits is None:
+        fits = []
+        for i, consumer in enumerate(consumers):
+            fits.append(_fit_one(baseline, pruned, consumer, pixels, ridge=ridge, batch_size=batch_size,
+                                 max_rows=max_rows, seed=seed + i))  # fmt: skip
+            if progress is not None:
+                progress(i + 1, len(consumers), consumer.name)
     return {
         "consumers": [asdict(f) for f in fits],
         "seconds": round(time.perf_counter() - started, 3),
         "images": int(len(pixels)),
+        "by_blocks": replayed,
     }

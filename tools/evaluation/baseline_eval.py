@@ -14,12 +14,14 @@ PREDICTIONS_FILE = "baseline_forms/predictions.safetensors"  # the baseline's va
 
 def save_baseline_predictions(root: Path, preds: Any, labels: Any, device: str) -> None:
     """Keep the baseline's validation predictions, so later rounds time the baseline without predicting again."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
+
+    from profiling_agent.tools.io import write_bytes_atomic
 
     path = root / PREDICTIONS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"preds": preds.detach().cpu().contiguous(), "labels": labels.detach().cpu().contiguous()}, str(path),
-              metadata={"device": device})  # fmt: skip
+    tensors = {"preds": preds.detach().cpu().contiguous(), "labels": labels.detach().cpu().contiguous()}
+    write_bytes_atomic(path, save(tensors, metadata={"device": device}))  # readable as the umask allows, as run files
 
 
 def baseline_predictions(root: Path, labels: Any, device: str) -> Any | None:

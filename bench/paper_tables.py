@@ -672,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     matched["plots"] = [str(matched_lib.plot(r, matched_lib.RECOVERY, plots)) for r in matched["results"]]
     text = render(report)
     print(text)
+    report["matched"] = matched_lib.json_ready(matched)
     from profiling_agent.tools.io import write_json_atomic, write_text_atomic
 
     write_json_atomic(out, report)

@@ -65,6 +65,8 @@ def test_planned_channel_widths_are_whole_blocks_and_the_engine_floor_removes_ex
         assert kept % unit_align("structured", units) == 0 and kept > 0, (units, ratio, kept)
     assert aligned_ratio({"units": 64, "min_units": 1, "kind": "structured"}, 0.7, cap=0.7) == 0.5  # 48 > cap
     assert aligned_ratio({"units": 12, "min_units": 1, "kind": "head"}, 0.3) == 3 / 12
+    # the matched-budget bench plans in whole units, as its uniform and global peers do
+    assert aligned_ratio({"units": 64, "min_units": 1, "kind": "structured"}, 0.3, align=False) == 19 / 64
 
 
 def test_round_one_hits_the_target_estimate_and_prefers_insensitive_groups():

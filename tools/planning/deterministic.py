@@ -40,6 +40,9 @@ class PlannerConfig:
     growth: float = 1.35  # scale of the target when nothing has failed yet
     converge_tol: float = 0.01  # stop when the search interval is narrower than this
     first_margin: float = 0.02  # round 1 aims this far past the target reduction
+    # kept widths in whole channel blocks (`aligned_ratio`); bench/matched_budgets.py turns it off to compare where
+    # each method puts the same exact budget (the uniform and global peers are not rounded either)
+    align_channels: bool = True
 
 
 @dataclass
@@ -70,21 +73,21 @@ def effective_ratio(units: int, min_units: int, ratio: float) -> float:
     return removed_units(units, min_units, ratio) / units
 
 
-def aligned_ratio(group: dict[str, Any], ratio: float, cap: float = 1.0) -> float:
+def aligned_ratio(group: dict[str, Any], ratio: float, cap: float = 1.0, align: bool = True) -> float:
     """Return the ratio that prunes `group` at about `ratio` (at most `cap`) and keeps whole channel blocks.
 
     A channel group's kept width is rounded to the nearest multiple of the runtimes' channel block
     (`units.unit_align`: 16 from 32 channels, 8 from 16; heads are whole already), one block more when the
     nearest would pass `cap`; the ratio is returned as removed / units, so the engine's floor removes exactly
-    that many units and a pruned width never pays for a partly filled block.
+    that many units and a pruned width never pays for a partly filled block. `align` False: whole units only.
     """
     units, min_units = int(group["units"]), int(group.get("min_units", 1))
     if units <= 0:
         return 0.0
-    align = unit_align(str(group.get("kind", "structured")), units)
-    removed = removed_units(units, min_units, ratio, align)
+    block = unit_align(str(group.get("kind", "structured")), units) if align else 1
+    removed = removed_units(units, min_units, ratio, block)
     if removed > units * cap + 1e-9:
-        removed = max(0, removed - align)
+        removed = max(0, removed - block)
     return removed / units
 
 
@@ -108,7 +111,7 @@ def _ratios_at(level: float, groups, weights, config: PlannerConfig) -> dict[str
     out = {}
     for g in groups:
         cap = config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured
-        out[g["name"]] = aligned_ratio(g, min(cap, level * weights[g["name"]]), cap)
+        out[g["name"]] = aligned_ratio(g, min(cap, level * weights[g["name"]]), cap, config.align_channels)
     return out
 
 
@@ -188,7 +191,7 @@ def ceiling_of(history: list[dict[str, Any]]) -> float | None:
 def max_feasible(groups, costs, target: str, config: PlannerConfig) -> float:
     """Return the largest reduction the ratio caps allow."""
     caps = {g["name"]: config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured for g in groups}
-    aligned = {g["name"]: aligned_ratio(g, caps[g["name"]], caps[g["name"]]) for g in groups}
+    aligned = {g["name"]: aligned_ratio(g, caps[g["name"]], caps[g["name"]], config.align_channels) for g in groups}
     return estimate_reduction(aligned, groups, costs, target)
 
 

@@ -28,14 +28,14 @@ from torch import nn
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import removed_units, select_units
 from profiling_agent.tools.profiling.sensitivity import compare_logits, probe_sensitivity, restrict_logits
-from profiling_agent.tools.runtimes.blocks import Stop, started_at
+from profiling_agent.tools.runtimes.blocks import REPLAY_TOLERANCE, Stop, started_at
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 log = logging.getLogger(__name__)
 
 Layer = nn.Linear | nn.Conv2d
 RIDGE = 1e-2  # as tools/recovery/reconstruct.py: relative to the mean diagonal of the Gram matrix
-SKIP_TOLERANCE = 1e-4  # largest |logit gap| / (1 + max |logit|) when earlier blocks are skipped
+SKIP_TOLERANCE = REPLAY_TOLERANCE  # largest |logit gap| / (1 + max |logit|) when earlier blocks are skipped
 
 
 @dataclass

@@ -50,10 +50,6 @@ class ConsumerFit:
     bias_into: str
 
 
-class _Stop(Exception):
-    """Raised by a capture hook to end a forward pass once the layer of interest has run."""
-
-
 BaseCapture = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # batch index -> baseline (input, output)
 NewCapture = Callable[[int], torch.Tensor]  # batch index -> the pruned model's input of the consumer
 Hook = Callable[[nn.Module, tuple, Any], None]  # a forward hook: (module, args, output)
@@ -100,25 +96,35 @@ def find_consumers(
     return found
 
 
-def _capture(model: nn.Module, name: str, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run `model` on `pixels` until module `name` has run; return its input and output."""
-    box: dict[str, torch.Tensor] = {}
+def _grab(box: dict[str, torch.Tensor]) -> Hook:
+    """Return a forward hook that keeps its layer's input and output in `box` and ends the pass (`Stop`)."""
 
-    def hook(module: nn.Module, args: tuple, output: Any) -> None:
-        box["x"], box["y"] = args[0].detach(), output.detach()
-        raise _Stop
+    def hook(module: nn.Module, args: tuple, out: Any) -> None:
+        box["x"], box["y"] = args[0].detach(), out.detach()
+        raise Stop
 
-    handle = model.get_submodule(name).register_forward_hook(hook)
-    try:
-        with torch.inference_mode():
-            forward_logits(model, pixels)
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
+    return hook
+
+
+def _grabbed(box: dict[str, torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return what `_grab` kept for module `name`."""
     if not box:
         raise ReconstructError(f"{name} is not called in the forward pass")
     return box["x"], box["y"]
+
+
+def _capture(model: nn.Module, name: str, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `model` on `pixels` until module `name` has run; return its input and output."""
+    box: dict[str, torch.Tensor] = {}
+    handle = model.get_submodule(name).register_forward_hook(_grab(box))
+    try:
+        with torch.inference_mode():
+            forward_logits(model, pixels)
+    except Stop:
+        pass
+    finally:
+        handle.remove()
+    return _grabbed(box, name)
 
 
 def _rows(module: Layer, x: torch.Tensor) -> torch.Tensor:
@@ -301,15 +307,8 @@ class _Feed:
     def consumer_input(self, index: int, batch: int, name: str) -> torch.Tensor:
         """Return the input of module `name` (inside block `index`) on batch `batch`, from the cached block input."""
         box: dict[str, torch.Tensor] = {}
-
-        def hook(module: nn.Module, args: tuple, out: Any) -> None:
-            box["x"] = args[0].detach()
-            raise Stop
-
-        self.run(index, batch, {name: hook}, None)
-        if "x" not in box:
-            raise ReconstructError(f"{name} is not called in the forward pass")
-        return box["x"]
+        self.run(index, batch, {name: _grab(box)}, None)
+        return _grabbed(box, name)[0]
 
     def advance(self, index: int | None, to: str) -> None:
         """Replace the cached inputs by those of block `to`, running from block `index` (None: from the stem)."""

@@ -153,6 +153,20 @@ def test_a_model_past_the_timing_budget_sits_out_the_remaining_repeats_and_says_
     assert unbounded["slow"]["repeats"] == unbounded["fast"]["repeats"] == 7
 
 
+def test_under_the_budget_a_model_out_of_the_race_sits_out_and_the_close_contenders_keep_every_repeat(monkeypatch):
+    from profiling_agent.tools.evaluation import latency
+
+    monkeypatch.setattr(latency, "OUT_OF_RACE_S", 0.05)
+    # per repeat (batch 1 and 2): 0.02, 0.024 and 0.08 s; the last is 4x the fastest at both sizes and past 0.05 s
+    # after MIN_REPEATS; the second is within 1.5x of the fastest and keeps all 12, like the fastest
+    models = {"fast": _Sleeper(0.01), "close": _Sleeper(0.012), "far": _Sleeper(0.04)}
+    result = latency.measure_latency(models, _pixels(1)[0], batch_size=2, warmup=0, repeats=12, budget_s=10.0)
+    assert [result[n]["repeats"] for n in models] == [12, 12, latency.MIN_REPEATS]
+    assert result["far"]["latency_ms"] >= 40  # its median is still its own
+    unbounded = latency.measure_latency(models, _pixels(1)[0], batch_size=2, warmup=0, repeats=7)
+    assert {r["repeats"] for r in unbounded.values()} == {7}  # the benchmarks' protocol times every repeat
+
+
 def test_under_the_budget_a_model_whose_first_warm_up_was_long_gets_no_more_warm_ups(monkeypatch):
     from profiling_agent.tools.evaluation import latency
 

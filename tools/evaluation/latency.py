@@ -40,6 +40,11 @@ MIN_REPEATS = 5
 # ... and, under a budget, a model whose first warm-up pass (batch 1 and the larger batch) took longer than this is
 # warm after it: the remaining warm-ups (up to 2 x 7 s for that ViT-B/16) would only repeat a steady call
 WARM_AFTER_S = 1.0
+# ... and a model out of the race sits out too: past MIN_REPEATS and OUT_OF_RACE_S seconds of timed calls, its
+# medians so far are more than OUT_OF_RACE times the fastest model's at both batch sizes (it cannot be the fastest
+# form, and five medians of calls that long already give its ratio; the close contenders keep every repeat)
+OUT_OF_RACE = 1.5
+OUT_OF_RACE_S = 5.0
 
 
 def measure_latency(
@@ -67,8 +72,9 @@ def measure_latency(
         repeats: Timed repeats (the median is reported).
         device: Where the models run.
         budget_s: When set, a model that has MIN_REPEATS repeats and whose timed calls took more than this many
-            seconds of wall time sits out the remaining repeats (its `repeats` says how many it got), and a model
-            whose first warm-up pass took over WARM_AFTER_S gets no further warm-ups.
+            seconds of wall time sits out the remaining repeats (its `repeats` says how many it got), as does one
+            out of the race (`out_of_race`), and a model whose first warm-up pass took over WARM_AFTER_S gets no
+            further warm-ups.
 
     Returns:
         {name: {"latency_ms", "latency_batch_ms", "batch_size", "threads", "repeats"}}, medians in ms.
@@ -95,7 +101,7 @@ def measure_latency(
         for repeat in range(max(repeats, 1)):
             order = shuffler.sample(names, len(names))
             if budget_s is not None and repeat >= MIN_REPEATS:
-                order = [name for name in order if wall[name] <= budget_s]
+                order = [name for name in order if wall[name] <= budget_s and not out_of_race(times, wall, name)]
             for kind, inputs in (("single", single), ("batch", batch)):
                 for name in order:
                     c0 = time.process_time()
@@ -116,6 +122,21 @@ def measure_latency(
         }
         for name in names
     }
+
+
+def out_of_race(times: Mapping[str, Mapping[str, list[float]]], wall: Mapping[str, float], name: str) -> bool:
+    """Return whether `name` is out of the race (see OUT_OF_RACE): it cannot be the fastest model.
+
+    True when its timed calls took over OUT_OF_RACE_S seconds and, at both batch sizes, its median so far is
+    more than OUT_OF_RACE times the fastest model's median.
+    """
+    if wall[name] <= OUT_OF_RACE_S:
+        return False
+    for kind in ("single", "batch"):
+        fastest = min(statistics.median(t[kind]) for t in times.values() if t[kind])
+        if statistics.median(times[name][kind]) <= OUT_OF_RACE * fastest:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------- busy machine

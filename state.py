@@ -277,6 +277,7 @@ class EvalRecord(_Strict):
     latency_batch_ms: float = Field(description="Median latency of one batch of `batch_size`, ms.")
     batch_size: int
     baseline_latency_ms: float = Field(description="Baseline batch-1 median measured in the same run.")
+    baseline_latency_batch_ms: float | None = Field(default=None, description="Its batch-N median, same run.")
     speedup: float = Field(description="baseline_latency_ms / latency_ms, measured side by side.")
     memory_bytes: int = Field(description="Bytes of parameters and buffers (packed weights included).")
     size_mb: float = Field(description="Size of the saved weights file, MB.")

@@ -1,5 +1,7 @@
+from pathlib import Path
+
 from profiling_agent.graph.routing import after_analyze, after_iterate, after_prune, after_quantize
-from profiling_agent.state import Objective, State
+from profiling_agent.state import Context, Objective, State
 from profiling_agent.tools.evaluation.selection import objective_met, reduction, select_best
 
 BASE = {"accuracy": 90.0, "params": 1000, "macs": 5000, "size_mb": 4.0, "latency_ms": 2.0, "speedup": 1.0}
@@ -93,6 +95,39 @@ def test_result_reports_the_final_joint_latency_for_every_candidate():
     for row in (result["candidates"][0], result["best"]):
         assert row["latency_ms"] == 2.0 and row["speedup"] == 2.0 and row["round_latency_ms"] == 5.0
     assert result["baseline"]["latency_ms"] == 4.0
+
+
+def test_a_lone_candidate_reports_its_rounds_side_by_side_timing_and_two_are_timed_again():
+    from profiling_agent.state import Candidate, EvalRecord
+    from profiling_agent.tools.evaluation.final_latency import final_latency, round_as_final
+
+    peer = {"name": "ov_int8", "path": "baseline_forms/ov_int8", "latency_ms": 1.5, "latency_batch_ms": 20.0}
+    base = EvalRecord(name="baseline", accuracy=90.0, agreement=100.0, n_samples=8, latency_ms=9.0,
+                      latency_batch_ms=90.0, batch_size=16, baseline_latency_ms=9.0, speedup=1.0, memory_bytes=1,
+                      size_mb=1.0, params=10, macs=10, threads=1, peer=peer)  # fmt: skip
+    timing = {"busy": False, "wall_over_cpu": 1.01}
+    ev = base.model_copy(update={"name": "iter_01", "latency_ms": 1.0, "latency_batch_ms": 12.0, "speedup": 8.0,
+                                 "baseline_latency_ms": 8.0, "baseline_latency_batch_ms": 80.0, "timing": timing,
+                                 "peer": {**peer, "latency_ms": 1.6, "latency_batch_ms": 21.0}})  # fmt: skip
+    artifact = {"path": "iter_01/c", "sha256": "0", "size_bytes": 1, "params": 10}
+    one = Candidate(iteration=1, status="ok", artifact=artifact, eval=ev)
+    reused = round_as_final([one], base)
+    assert reused is not None
+    latency, facts = reused
+    assert latency == {
+        "baseline": {"latency_ms": 8.0, "latency_batch_ms": 80.0},
+        "iter_01": {"latency_ms": 1.0, "latency_batch_ms": 12.0},
+        "unpruned_ov_int8": {"latency_ms": 1.6, "latency_batch_ms": 21.0},
+    }
+    assert facts["busy"] is False and "round 1" in facts["reused"]
+    # final_latency returns it without loading a model (the paths do not exist)
+    assert final_latency([one], one.artifact, base, Context(), root=Path("/nonexistent"), images=lambda: None) == reused
+    # two finished candidates, a record without the batch median (older runs) or without the peer's: timed again
+    two = [one, one.model_copy(update={"iteration": 2})]
+    assert round_as_final(two, base) is None
+    assert round_as_final([one.model_copy(update={"eval": ev.model_copy(update={"baseline_latency_batch_ms": None})})],
+                          base) is None  # fmt: skip
+    assert round_as_final([one.model_copy(update={"eval": ev.model_copy(update={"peer": None})})], base) is None
 
 
 def test_quantization_that_slowed_the_best_model_earns_one_more_round():

@@ -9,6 +9,36 @@ from typing import Any
 from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord
 
 
+def round_as_final(
+    candidates: Sequence[Candidate], base_eval: EvalRecord | None
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
+    """Return a lone finished candidate's round measurement in `final_latency`'s shape, or None.
+
+    With one finished candidate, its round already timed the baseline, its delivered form and the quantization-only
+    peer side by side, interleaved, with the same images and settings; timing them again would only repeat that
+    measurement (for a full-size ViT-B/16 about 80 CPU-s). None when the record lacks a number (older runs), so
+    the models are timed again.
+    """
+    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+
+    ok = [c for c in candidates if c.status == "ok" and c.artifact]
+    record = ok[0].eval if len(ok) == 1 else None
+    if record is None or record.baseline_latency_batch_ms is None or record.timing is None:
+        return None
+    latency: dict[str, dict[str, Any]] = {
+        "baseline": {"latency_ms": record.baseline_latency_ms, "latency_batch_ms": record.baseline_latency_batch_ms},
+        f"iter_{ok[0].iteration:02d}": {"latency_ms": record.latency_ms, "latency_batch_ms": record.latency_batch_ms},
+    }
+    peer = base_eval.peer if base_eval else None
+    if peer and peer.get("path"):  # the peer was timed beside the round's forms
+        timed = record.peer or {}
+        if timed.get("latency_ms") is None or timed.get("latency_batch_ms") is None:
+            return None
+        latency[PEER_PREFIX + str(peer["name"])] = {k: timed[k] for k in ("latency_ms", "latency_batch_ms")}
+    note = f"round {ok[0].iteration}'s side-by-side measurement (the only finished candidate: not timed again)"
+    return latency, {**record.timing, "reused": note}
+
+
 def final_latency(
     candidates: Sequence[Candidate],
     baseline: ArtifactRef | None,
@@ -19,6 +49,8 @@ def final_latency(
     images: Callable[[], Any] | None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Measure the baseline, every finished candidate (in its delivered form) and the peer together, interleaved.
+
+    A lone finished candidate's round measurement is that already (`round_as_final`) and is returned instead.
 
     Args:
         candidates: The run's candidates (only finished ones are timed).
@@ -42,6 +74,9 @@ def final_latency(
     ok = [c for c in candidates if c.status == "ok" and c.artifact]
     if not ok or baseline is None or images is None:
         return {}, {}
+    reused = round_as_final(ok, base_eval)
+    if reused is not None:
+        return reused
     with eval_threads(ctx.threads) as threads:
         models = {"baseline": load_artifact(root / baseline.path).model}
         for cand in ok:  # each in its delivered form

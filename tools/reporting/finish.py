@@ -50,6 +50,8 @@ def write_run_report(
 
     result = build_result(final, thread, joint_latency(latency, final.get("best")))
     result["final_latency_timing"] = timing or None
+    if (timing or {}).get("reused"):
+        result["latency_method"] = f"final: {timing['reused']}"
     result["delivery"] = delivery_summary(result.get("best"), result["baseline"], objective, latency, timing)
     result = attach_curves(result, root)  # the report rebuilds from result.json
     write_json_atomic(root / "result.json", result)

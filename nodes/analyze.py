@@ -18,10 +18,11 @@ from profiling_agent.nodes.common import (
 from profiling_agent.state import Context, State
 
 
-def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None):
+def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None, refits: Any = None):
     """Build evaluate_plan: a plan on a fresh baseline copy, reconstructed when recovery is on, on calibration images.
 
-    The reconstruction fits the baseline's activations on those images, never their labels.
+    The reconstruction fits the baseline's activations on those images, never their labels; `refits` (a
+    `refit_cache.TrialRefits`) keeps the refitted weights of the last trials for the recover step.
     """
     from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
 
@@ -30,12 +31,21 @@ def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None):
     def load_baseline():
         return load_artifact_model(state, state.baseline).model
 
-    recover = None
+    recover = on_trial = None
     if ctx.recover != "none":  # trials see what the recover step will at least do: the least-squares refit
+        from profiling_agent.tools.recovery import refit_cache
         from profiling_agent.tools.recovery.reconstruct import reconstruct
 
+        last: dict[str, Any] = {}
+        calib, seed = tensors["calib_pixels"], state.dataset.seed
+
         def recover(model, applied) -> None:
-            reconstruct(load_baseline(), model, tensors["calib_pixels"], applied, seed=state.dataset.seed)
+            last["info"] = reconstruct(load_baseline(), model, calib, applied, seed=seed)
+
+        def on_trial(plan, model, applied) -> None:
+            if refits is not None and state.baseline is not None:
+                key = refit_cache.refit_key(applied, calib, seed, state.baseline.sha256)
+                refits.remember(plan.get("pruning") or [], key, model, last.pop("info", {}))
 
     return make_plan_evaluator(
         load_baseline,
@@ -45,6 +55,7 @@ def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None):
         importance=ctx.importance,
         seed=state.dataset.seed,
         recover=recover,
+        on_trial=on_trial,
         **({"max_calls": max_calls} if max_calls else {}),
     )
 
@@ -81,6 +92,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.io import read_json, write_json_atomic
     from profiling_agent.tools.planning.llm_client import planner_mode
     from profiling_agent.tools.planning.round import planning_round
+    from profiling_agent.tools.recovery.refit_cache import TrialRefits, discard
 
     ctx = context_of(runtime)
     iteration = state.iteration + 1
@@ -88,9 +100,13 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         return baseline_round(state, iteration)
     choice = planner_mode(state.objective.planner, ctx)  # --planner llm without an LLM: ValueError naming the setting
     full_profile = read_json(run_dir(state) / "profile.json")
+    refits = TrialRefits()
     out = planning_round(
-        state, ctx, full_profile, choice.mode, lambda calls: plan_evaluator(state, ctx, max_calls=calls)
+        state, ctx, full_profile, choice.mode, lambda calls: plan_evaluator(state, ctx, max_calls=calls, refits=refits)
     )
+    # the chosen plan's trial refit, for the recover step (which checks its key); none: an older one goes
+    if out.stop_reason or not refits.save(out.plan.pruning, iteration_dir(state, iteration)):
+        discard(iteration_dir(state, iteration))
     plan_dict = out.plan.model_dump()
     write_json_atomic(
         iteration_dir(state, iteration) / "plan.json",

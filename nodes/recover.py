@@ -80,7 +80,7 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """
     from profiling_agent.tools.device import measure_device
     from profiling_agent.tools.evaluation.metrics import agreement_probe
-    from profiling_agent.tools.recovery import candidate
+    from profiling_agent.tools.recovery import candidate, refit_cache
 
     ctx = context_of(runtime)  # applies the thread count: a resumed process starts here, with torch's default
     it, started, folder = state.iteration, time.perf_counter(), iteration_dir(state, state.iteration)
@@ -102,9 +102,11 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     teacher = load_artifact_model(state, state.baseline, device=device).model
     student, calib = loaded.model.to(device), prepared(state)["calib_pixels"]
     agree = agreement_probe(teacher, calib, allowed_ids=allowed_ids(state), device=device)  # with the baseline
+    key = refit_cache.refit_key(applied, calib, state.dataset.seed, state.baseline.sha256 if state.baseline else "")
     student, curve = candidate.recover_student(
         teacher, student, calib, applied, steps, record, job=distill_job(state, runtime, source, loaded.processor),
         ctx=ctx, example=example_input(state), agree=agree, device=device,
+        trial_refit=lambda model: refit_cache.load(folder, key, model),
     )  # fmt: skip
     record.seconds = round(time.perf_counter() - started, 2)
     if student is None:  # training failed: the one-shot pruned candidate stays as it was
@@ -114,4 +116,5 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     current.recovered = ArtifactRef.model_validate(artifact_ref(state, saved))
     message = candidate.recovery_message(record)
     candidate.mark_done(folder, done_key(state, ctx), record, current.recovered, message)
+    refit_cache.discard(folder)
     return recovered(state, current, record, message)

@@ -156,3 +156,43 @@ def test_the_refit_from_cached_block_inputs_is_the_refit_from_the_stem(request, 
         assert a["error_after"] == pytest.approx(b["error_after"], rel=1e-4, abs=1e-7)
     for (name, x), (_, y) in zip(pruned.state_dict().items(), twin.state_dict().items(), strict=True):
         assert torch.allclose(x, y, rtol=1e-4, atol=1e-6), name
+
+
+def test_the_planning_trials_refit_is_handed_to_the_recover_step_only_for_the_same_units_images_and_seed(
+    tiny_vit, tmp_path
+):
+    from profiling_agent.tools.recovery import refit_cache
+
+    gen = torch.Generator().manual_seed(3)
+    calib = torch.randn(16, 1, 16, 16, generator=gen)
+    plan = [{"layer": "mlp", "type": "structured", "ratio": 0.5}]
+
+    def pruned_by(entries):
+        model = copy.deepcopy(tiny_vit)
+        return model, prune_model(model, entries, calib[:1]).applied
+
+    trial, applied = pruned_by(plan)  # the analyze step's trial: pruned, refitted, remembered
+    info = reconstruct(tiny_vit, trial, calib, applied)
+    refits = refit_cache.TrialRefits()
+    refits.remember(plan, refit_cache.refit_key(applied, calib, 0, "base"), trial, info)
+    trial_state = {k: v.clone() for k, v in trial.state_dict().items()}
+    torch.nn.init.zeros_(trial.vit.layers[0].mlp.fc2.weight)  # what happens to the trial later (quantization) stays out
+    assert not refits.save([{"layer": "attention", "type": "head", "ratio": 0.5}], tmp_path)  # another plan: none held
+    assert refits.save(plan, tmp_path)
+
+    student, same = pruned_by(plan)  # the recover step: the same plan pruned again
+    key = refit_cache.refit_key(same, calib, 0, "base")
+    assert refit_cache.load(tmp_path, key, student) == info
+    assert all(torch.equal(trial_state[k], v) for k, v in student.state_dict().items())
+    redone, _ = pruned_by(plan)  # and it is what the recover step's own refit gives
+    reconstruct(tiny_vit, redone, calib, same)
+    assert all(torch.allclose(trial_state[k], v, atol=1e-5) for k, v in redone.state_dict().items())
+    # other images, another seed, another baseline or other units: the key differs and the refit runs
+    other, other_applied = pruned_by([{"layer": "mlp", "type": "structured", "ratio": 0.25}])
+    for wrong in (refit_cache.refit_key(same, calib[:8], 0, "base"), refit_cache.refit_key(same, calib, 1, "base"),
+                  refit_cache.refit_key(same, calib, 0, "other"), refit_cache.refit_key(other_applied, calib, 0, "base")):  # fmt: skip
+        assert wrong != key and refit_cache.load(tmp_path, wrong, other) is None
+    (tmp_path / refit_cache.FOLDER / "weights.safetensors").write_bytes(b"torn")  # a torn file: refit
+    assert refit_cache.load(tmp_path, key, student) is None
+    refit_cache.discard(tmp_path)
+    assert not (tmp_path / refit_cache.FOLDER).exists()

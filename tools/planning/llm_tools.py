@@ -328,6 +328,7 @@ def make_plan_evaluator(
     seed: int = 0,
     max_calls: int = MAX_EVALUATIONS,
     recover: Callable[[Any, list[PrunedGroup]], None] | None = None,
+    on_trial: Callable[[dict[str, Any], Any, list[PrunedGroup]], None] | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Build `evaluate_fn` for the evaluate_plan tool: apply a plan to a fresh copy of the baseline and measure it.
 
@@ -344,6 +345,8 @@ def make_plan_evaluator(
         max_calls: Evaluations allowed; later calls raise RuntimeError (returned to the LLM as an error).
         recover: Called as recover(pruned model, applied rows) after pruning and before quantization (the
             run's reconstruction), so the metrics are those of a recovered candidate.
+        on_trial: Called as on_trial(plan, model, applied rows) after that, before quantization (the analyze step
+            keeps the refitted weights for the recover step: `tools/recovery/refit_cache.py`).
 
     Returns:
         A callable taking a plan dict and returning measured metrics.
@@ -376,6 +379,8 @@ def make_plan_evaluator(
         if recover is not None:
             recover(model, report.applied)
             self_check(model, example, int(model.config.num_labels))
+            if on_trial is not None:
+                on_trial(plan, model, report.applied)
         params = count_params(model)
         quantized, layers = quantize_model(model, plan.get("quantization") or [])
         preds = predict(quantized, pixels, allowed_ids=allowed_ids)

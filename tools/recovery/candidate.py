@@ -99,8 +99,12 @@ def recover_student(
     example: Any,
     agree: Callable[[nn.Module, str], float],
     device: str = "cpu",
+    trial_refit: Callable[[nn.Module], dict[str, Any] | None] | None = None,
 ) -> tuple[nn.Module | None, dict[str, Any]]:
     """Run the recovery steps on `student` and fill `record`; return the recovered student and its curves.
+
+    `trial_refit` loads the planning trial's refit of the same pruned units on the same images into the student
+    and returns its facts (None: not the same, the refit runs; `tools/recovery/refit_cache.py`).
 
     A recovery that fails to train returns None (the one-shot weights are kept, `record.error` says why); one that
     cannot write its files raises OSError and a failed distributed job raises, so that a resume redoes them.
@@ -115,9 +119,13 @@ def recover_student(
     try:
         if "reconstruct" in steps:
             task = f"iteration {job.iteration}: reconstructing"
-            info = reconstruct(teacher, student, calib, applied, seed=job.seed,
-                               progress=lambda d, n, name: job.emit(kind="progress", task=task, done=d, total=n,
-                                                                    label=name))  # fmt: skip
+            info = trial_refit(student) if trial_refit is not None else None
+            if info is not None:
+                record.note = f"{record.note}; refit reused from the planning trial of this plan".lstrip("; ")
+            else:
+                info = reconstruct(teacher, student, calib, applied, seed=job.seed,
+                                   progress=lambda d, n, name: job.emit(kind="progress", task=task, done=d, total=n,
+                                                                        label=name))  # fmt: skip
             fits = info["consumers"]
             record.consumers = len(fits)
             record.fit_error_before = round(sum(f["error_before"] for f in fits) / max(1, len(fits)), 5)

@@ -297,6 +297,11 @@ class EvalRecord(_Strict):
     delivery_note: str = Field(default="", description="Why that variant was delivered (or why ORT was not).")
     peer: dict[str, Any] | None = Field(default=None, description="Fastest form of the unpruned model, timed beside.")
     timing: dict[str, Any] | None = Field(default=None, description="Wall vs CPU time, busy flag, re-measures.")
+    predicted_by: str | None = Field(
+        default=None,
+        description="The FP32 form (same weights, logits within the FP32 tolerance of torch) whose faster accuracy "
+        "passes stand for this torch model's, on validation and held-out test; None: torch predicted.",
+    )
 
 
 class LLMStep(_Strict):

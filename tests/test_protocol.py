@@ -60,3 +60,13 @@ def test_test_images_are_read_only_after_selection_and_reported_with_intervals(t
     assert code == 0
     measured = json.loads((tmp_path / "m.json").read_text())
     assert measured["n_samples"] == 150 and measured["accuracy"] == pytest.approx(best["test_accuracy"])
+
+    # the baseline's passes ran on its FP32 form (torch eager is about 3x slower on this tiny model): torch itself
+    # gives the same accuracy
+    by = result["protocol"]["baseline_predicted_by"]
+    assert by == base["predicted_by"] and by in ("ort_fp32", "ov_fp32")
+    argv = ["evaluate", "--model", str(run / base["path"]), "--from-run", str(run), "--json", str(tmp_path / "b.json")]
+    for part, recorded in (("test", base["test_accuracy"]), ("validation", base["accuracy"])):
+        assert main([*argv, "--part", part]) == 0
+        torch_run = json.loads((tmp_path / "b.json").read_text())
+        assert torch_run["accuracy"] == pytest.approx(recorded), (part, by)

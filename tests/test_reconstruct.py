@@ -189,8 +189,9 @@ def test_the_planning_trials_refit_is_handed_to_the_recover_step_only_for_the_sa
     assert all(torch.allclose(trial_state[k], v, atol=1e-5) for k, v in redone.state_dict().items())
     # other images, another seed, another baseline or other units: the key differs and the refit runs
     other, other_applied = pruned_by([{"layer": "mlp", "type": "structured", "ratio": 0.25}])
-    for wrong in (refit_cache.refit_key(same, calib[:8], 0, "base"), refit_cache.refit_key(same, calib, 1, "base"),
-                  refit_cache.refit_key(same, calib, 0, "other"), refit_cache.refit_key(other_applied, calib, 0, "base")):  # fmt: skip
+    for applied_, images, seed, base in ((same, calib[:8], 0, "base"), (same, calib, 1, "base"),
+                                         (same, calib, 0, "other"), (other_applied, calib, 0, "base")):  # fmt: skip
+        wrong = refit_cache.refit_key(applied_, images, seed, base)
         assert wrong != key and refit_cache.load(tmp_path, wrong, other) is None
     (tmp_path / refit_cache.FOLDER / "weights.safetensors").write_bytes(b"torn")  # a torn file: refit
     assert refit_cache.load(tmp_path, key, student) is None

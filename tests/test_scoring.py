@@ -110,6 +110,25 @@ def test_known_baseline_predictions_are_not_made_again(monkeypatch):
     assert measured["ov_int8"]["agreement"] == 97.0
 
 
+def test_the_fastest_fp32_form_predicts_for_its_slower_torch_model_and_a_slower_one_does_not(monkeypatch):
+    _fake_timing(monkeypatch, MS)
+    pixels, labels = _images()
+    # ov_fp32 stands for the baseline: its predictions (97%, marked) are the baseline's, and torch is not run
+    models = {"baseline": Oracle(), "ov_fp32": Oracle(0.03), "ort_fp32": Oracle(0.5), "ov_int8": Oracle()}
+    measured, timing = measure_forms(models, pixels, labels, batch_size=4, eval_batch=10, warmup=0, repeats=1,
+                                     stand_ins={"baseline": ["ort_fp32", "ov_fp32"]})  # fmt: skip
+    assert models["baseline"].calls == 0 and timing["predicted_by"] == {"baseline": "ov_fp32"}
+    assert measured["baseline"]["accuracy"] == measured["ov_fp32"]["accuracy"] == 97.0
+    assert measured["ov_fp32"]["agreement"] == 100.0 and measured["ort_fp32"]["accuracy"] == 50.0
+    assert measured["baseline"]["latency_ms"] == MS["baseline"]  # the torch model is still what is timed
+    # a torch model faster than its FP32 forms (a GPU, a tiny model) predicts for itself
+    _fake_timing(monkeypatch, {**MS, "baseline": 100.0})
+    models = {"baseline": Oracle(), "ov_fp32": Oracle(0.03), "ort_fp32": Oracle(0.5)}
+    measured, timing = measure_forms(models, pixels, labels, batch_size=4, eval_batch=10, warmup=0, repeats=1,
+                                     stand_ins={"baseline": ["ort_fp32", "ov_fp32"]})  # fmt: skip
+    assert models["baseline"].calls > 0 and "predicted_by" not in timing and measured["baseline"]["accuracy"] == 100
+
+
 def test_passes_needed_orders_by_latency_and_stops_at_the_tie():
     rule = ScoringRule(optional=frozenset(FORMS), budget=1.0)
     lat = {n: {"latency_ms": ms, "latency_batch_ms": ms * 4, "batch_size": 4} for n, ms in MS.items()}

@@ -48,8 +48,11 @@ def baseline_message(record: EvalRecord, out: dict[str, Any], forms: list[str]) 
     from profiling_agent.tools.runtimes.openvino_model import nncf_missing
 
     threads = record.threads
+    by = record.predicted_by
     message = (
-        f"baseline top-1 {record.accuracy:.2f}% on {record.n_samples} images, {record.latency_ms:.2f} ms batch-1 "
+        f"baseline top-1 {record.accuracy:.2f}% on {record.n_samples} images"
+        + (f" (predicted by its {by} form: faster, logits checked against torch's)" if by else "")
+        + f", {record.latency_ms:.2f} ms batch-1 "
         f"on {record.device} ({threads} thread{'s' if threads != 1 else ''}), {record.params:,} params, "
         f"{record.size_mb:.2f} MB"
     )
@@ -137,6 +140,7 @@ def measure_unpruned(
         device=device,
         variants=out["variants"],
         timing=out["timing"],
+        predicted_by=(out["timing"].get("predicted_by") or {}).get("baseline"),
     )
     record.peer = quantization_only_peer(out["variants"], record.model_dump(), objective, ctx.backend)
     return record, baseline_message(record, out, forms)

@@ -170,6 +170,18 @@ def timing_notice(timing: Mapping[str, Any] | None) -> str:
     return split
 
 
+def fp32_stand_ins(models: dict[str, Any], fp32: Any, built: list[Any], device: str) -> dict[str, list[str]]:
+    """Return the torch model the forms were built from -> its FP32 forms (`measure_forms` stand-ins).
+
+    Those forms' logits matched it on the check images within the FP32 tolerance (or they failed), and the
+    fastest of them predicts for it when it was timed faster. Only on the CPU, where the forms run beside it;
+    none when no model is `fp32` itself.
+    """
+    forms = [v.name for v in built if v.status == "ok" and v.method == "fp32" and v.name in models]
+    key = next((name for name, model in models.items() if model is fp32), None)
+    return {key: forms} if key is not None and forms and str(device).startswith("cpu") else {}
+
+
 def evaluate_forms(
     models: dict[str, nn.Module],
     *,
@@ -276,6 +288,7 @@ def evaluate_forms(
         predict=predict,
         known=known,
         scoring=scoring,
+        stand_ins=fp32_stand_ins(models, fp32, built, device),
     )
     if predict is not None:
         timing["accuracy_procs"] = ctx.recover_procs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,6 +39,7 @@ def measure_forms(
     predict: Callable[[Mapping[str, nn.Module]], dict[str, torch.Tensor]] | None = None,
     known: Mapping[str, torch.Tensor] | None = None,
     scoring: ScoringRule | None = None,
+    stand_ins: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Time every model interleaved in one `measure_latency` call, then predict with them on the same images.
 
@@ -68,6 +69,9 @@ def measure_forms(
         known: Predictions already made on these images (the baseline's, from the run's first measurement): those
             models are timed but not predicted again.
         scoring: Which models' passes may be left out (None: every model is scored).
+        stand_ins: Torch model -> FP32 forms of the same weights whose logits matched it within the FP32
+            tolerance: the fastest of them, when timed faster than the torch model, predicts for it (its
+            predictions are the torch model's; timing facts' "predicted_by" names it).
 
     Returns:
         ({name: {"preds", "accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch",
@@ -104,7 +108,10 @@ def measure_forms(
         return {name: top1(p, labels) for name, p in preds.items()}
 
     def score(names: list[str]) -> dict[str, float]:
-        preds.update(run_pass([n for n in names if n in models and n not in preds]))
+        wanted = [n for n in names if n in models and n not in preds]
+        ran = run_pass(list(dict.fromkeys(standing.get(n, n) for n in wanted if standing.get(n, n) not in preds)))
+        preds.update(ran)
+        preds.update({n: preds[standing[n]] for n in wanted if n in standing and standing[n] in preds})
         return accuracies()
 
     def score_optional() -> None:
@@ -120,6 +127,7 @@ def measure_forms(
 
     lat, timing = time_all()
     preds = {n: p for n, p in (known or {}).items() if n in models}
+    standing = stand_in_forms(stand_ins or {}, lat, models)
     optional = scoring.optional if scoring is not None else frozenset()
     required = [n for n in models if n not in preds and n not in optional]
     spare = max(0, parallel - len(required))  # the fastest optional forms share the first pass's free slots
@@ -140,6 +148,9 @@ def measure_forms(
             for n in models
             if n not in preds and n in scoring.optional
         }
+    used = {n: form for n, form in standing.items() if n in preds and form in preds and preds[n] is preds[form]}
+    if used:
+        timing["predicted_by"] = used
     timing["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in lat.values()), 3)
     timing["cpu_s"] = round(sum(r.get("cpu_s", 0.0) for r in lat.values()), 3)
     base = lat[BASELINE]
@@ -159,6 +170,21 @@ def measure_forms(
             )
         out[name] = row
     return out, timing
+
+
+def stand_in_forms(
+    stand_ins: Mapping[str, Sequence[str]], lat: Mapping[str, Mapping[str, Any]], models: Mapping[str, Any]
+) -> dict[str, str]:
+    """Return torch model -> the fastest of its timed FP32 forms when that form was timed faster than it."""
+    chosen = {}
+    for name, forms in stand_ins.items():
+        timed = [f for f in forms if f in lat and f in models]
+        if name not in lat or not timed:
+            continue
+        fastest = min(timed, key=lambda f: float(lat[f]["latency_batch_ms"]))
+        if float(lat[fastest]["latency_batch_ms"]) < float(lat[name]["latency_batch_ms"]):
+            chosen[name] = fastest
+    return chosen
 
 
 def variant_record(

@@ -223,6 +223,11 @@ def test_lines(result: Mapping[str, Any]) -> list[str]:
             + (f", 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
             + "). The validation numbers chose this model; the test numbers report it."
         )
+    if base.get("predicted_by"):
+        lines.append(
+            f"The baseline's accuracy passes ran on its {base['predicted_by']} form: the same weights, faster than "
+            "torch here, its logits checked against torch's on the check images within the FP32 tolerance."
+        )
     if best.get("ci_crosses_budget"):
         budget = (result.get("objective") or {}).get("max_acc_drop")
         lines.append(

@@ -28,6 +28,7 @@ METRIC_KEYS = (
     "acc_delta_ci",
     "accuracy_before_recovery",
     "agreement_before_recovery",
+    "predicted_by",
     "delivered",
     "delivery_note",
     "variants",
@@ -123,6 +124,7 @@ def protocol(state: dict[str, Any]) -> dict[str, Any]:
         },
         "subsets": data.get("subsets"),
         "intervals": "paired bootstrap 95% intervals of accuracy changes against the baseline, same images",
+        "baseline_predicted_by": (state.get("baseline_eval") or {}).get("predicted_by"),
     }
 
 

@@ -153,6 +153,18 @@ def test_a_model_past_the_timing_budget_sits_out_the_remaining_repeats_and_says_
     assert unbounded["slow"]["repeats"] == unbounded["fast"]["repeats"] == 7
 
 
+def test_a_slow_model_past_the_budget_sits_out_after_three_repeats(monkeypatch):
+    from profiling_agent.tools.evaluation import latency
+
+    # 0.04 s per repeat counts as slow when SLOW_REPEAT_S is 0.03: past the 0.1 s budget after 3 repeats, it stops
+    # there instead of at MIN_REPEATS
+    monkeypatch.setattr(latency, "SLOW_REPEAT_S", 0.03)
+    models = {"slow": _Sleeper(0.02), "fast": _Sleeper(0.0)}
+    result = latency.measure_latency(models, _pixels(1)[0], batch_size=2, warmup=0, repeats=12, budget_s=0.1)
+    assert result["slow"]["repeats"] == latency.MIN_SLOW_REPEATS < latency.MIN_REPEATS
+    assert result["fast"]["repeats"] == 12
+
+
 def test_under_the_budget_a_model_out_of_the_race_sits_out_and_the_close_contenders_keep_every_repeat(monkeypatch):
     from profiling_agent.tools.evaluation import latency
 

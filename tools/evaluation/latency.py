@@ -45,6 +45,10 @@ WARM_AFTER_S = 1.0
 # form, and five medians of calls that long already give its ratio; the close contenders keep every repeat)
 OUT_OF_RACE = 1.5
 OUT_OF_RACE_S = 5.0
+# ... and for a slow model (its repeats, batch 1 and the larger batch, took over SLOW_REPEAT_S each) those rules
+# apply from MIN_SLOW_REPEATS repeats: the median of three calls of seconds each is as steady as that of five
+SLOW_REPEAT_S = 2.0
+MIN_SLOW_REPEATS = 3
 
 
 def measure_latency(
@@ -71,10 +75,10 @@ def measure_latency(
         warmup: Untimed passes of every model at both sizes.
         repeats: Timed repeats (the median is reported).
         device: Where the models run.
-        budget_s: When set, a model that has MIN_REPEATS repeats and whose timed calls took more than this many
-            seconds of wall time sits out the remaining repeats (its `repeats` says how many it got), as does one
-            out of the race (`out_of_race`), and a model whose first warm-up pass took over WARM_AFTER_S gets no
-            further warm-ups.
+        budget_s: When set, a model that has MIN_REPEATS repeats (MIN_SLOW_REPEATS for a slow one) and whose
+            timed calls took more than this many seconds of wall time sits out the remaining repeats (its
+            `repeats` says how many it got), as does one out of the race (`out_of_race`), and a model whose first
+            warm-up pass took over WARM_AFTER_S gets no further warm-ups.
 
     Returns:
         {name: {"latency_ms", "latency_batch_ms", "batch_size", "threads", "repeats"}}, medians in ms.
@@ -100,8 +104,8 @@ def measure_latency(
         shuffler = random.Random(0)
         for repeat in range(max(repeats, 1)):
             order = shuffler.sample(names, len(names))
-            if budget_s is not None and repeat >= MIN_REPEATS:
-                order = [name for name in order if wall[name] <= budget_s and not out_of_race(times, wall, name)]
+            if budget_s is not None:
+                order = [name for name in order if not sits_out(times, wall, name, repeat, budget_s)]
             for kind, inputs in (("single", single), ("batch", batch)):
                 for name in order:
                     c0 = time.process_time()
@@ -122,6 +126,16 @@ def measure_latency(
         }
         for name in names
     }
+
+
+def sits_out(
+    times: Mapping[str, Mapping[str, list[float]]], wall: Mapping[str, float], name: str, done: int, budget_s: float
+) -> bool:
+    """Return whether `name`, timed `done` times, sits out the remaining repeats under the run's budget."""
+    slow = done > 0 and wall[name] / done > SLOW_REPEAT_S
+    if done < (MIN_SLOW_REPEATS if slow else MIN_REPEATS):
+        return False
+    return wall[name] > budget_s or out_of_race(times, wall, name)
 
 
 def out_of_race(times: Mapping[str, Mapping[str, list[float]]], wall: Mapping[str, float], name: str) -> bool:

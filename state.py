@@ -292,6 +292,7 @@ class EvalRecord(_Strict):
     acc_delta_ci: list[float] | None = Field(default=None, description="Paired bootstrap 95% CI of the change, pp.")
     accuracy_before_recovery: float | None = Field(default=None, description="Top-1 before recovery (fp32 pruned), %.")
     agreement_before_recovery: float | None = Field(default=None, description="Its agreement with the baseline, %.")
+    before_recovery_note: str | None = Field(default=None, description="Why the accuracy before recovery is missing.")
     variants: list[VariantRecord] = Field(default_factory=list, description="Every backend form, side by side.")
     delivered: str = Field(default="torch", description="The variant the fields above describe (handed over).")
     delivery_note: str = Field(default="", description="Why that variant was delivered (or why ORT was not).")

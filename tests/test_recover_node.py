@@ -61,6 +61,19 @@ def test_recover_auto_refits_and_distills_and_records_before_and_after(tmp_path,
     assert "val before recovery %" in report
 
 
+def test_a_slow_pass_of_the_one_shot_weights_is_left_out_and_says_why(tmp_path, quick_resnet, monkeypatch):
+    from profiling_agent.tools.evaluation import candidate_eval, scoring
+
+    costs = []
+    estimate = candidate_eval.before_recovery_cost
+    monkeypatch.setattr(candidate_eval, "before_recovery_cost", lambda *a: costs.append(estimate(*a)) or costs[-1])
+    monkeypatch.setattr(scoring, "MIN_PASS_S", 0.0)  # every pass counts as slow here: the estimate decides nothing
+    cand = _run(tmp_path, quick_resnet, "slow", recover="reconstruct")["candidates"][0]
+    assert cand["recovered"] is not None and cand["eval"]["accuracy_before_recovery"] is None
+    assert "accuracy before recovery not measured" in cand["eval"]["before_recovery_note"]
+    assert len(costs) == 1 and 0 < costs[0] < 5  # the real estimate: this model's pass is cheap, so runs by default
+
+
 def test_a_recovery_finished_before_an_interruption_is_reused_not_redone(tmp_path, quick_resnet, monkeypatch):
     """The recover step ran to the end but its checkpoint was lost (a double Ctrl-C): the re-run reuses its result."""
     from profiling_agent.tools.recovery import distill as distill_module

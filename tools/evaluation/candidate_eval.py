@@ -28,8 +28,21 @@ def run_backend(ctx: Context) -> str:
     return ctx.backend if ctx.backend in ("torch", "onnxruntime", "openvino", "auto") else "auto"
 
 
-def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path) -> dict[str, Any]:
+def before_recovery_cost(current: Candidate, base_eval: EvalRecord, n_images: int) -> float:
+    """Estimate the seconds of the one-shot weights' accuracy pass on `n_images`, from the baseline's torch timing.
+
+    The baseline's batch latency scaled by the candidate's share of its MACs (0 when either is unknown).
+    """
+    if not base_eval.macs or not current.macs or not base_eval.batch_size:
+        return 0.0
+    per_image = base_eval.latency_batch_ms / 1e3 / base_eval.batch_size
+    return per_image * current.macs / base_eval.macs * n_images
+
+
+def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path, *, before: bool = True) -> dict[str, Any]:
     """Load what one round measures: the baseline, the candidate's torch forms and the one-shot weights.
+
+    `before` False leaves the one-shot weights out (their accuracy before recovery is not measured).
 
     Returns:
         {"models" (key -> model), "paths" (key -> its artifact), "fp32" (what the runtimes convert), "torch_name",
@@ -49,7 +62,7 @@ def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path) -> d
         fp32 = models["torch_fp32"] = load_artifact(root / fp32_ref.path).model
         paths["torch_fp32"] = root / fp32_ref.path
         torch_forms["torch_fp32"] = ("torch_fp32", fp32_ref.size_bytes, fp32_ref.path)
-    if current.recovered and current.pruned:  # the one-shot weights: accuracy before recovery (not timed)
+    if before and current.recovered and current.pruned:  # the one-shot weights: accuracy before recovery (not timed)
         models[UNRECOVERED] = load_artifact(root / current.pruned.path).model
         paths[UNRECOVERED] = root / current.pruned.path
     return {"models": models, "paths": paths, "fp32": fp32, "torch_name": torch_name, "torch_forms": torch_forms,
@@ -138,6 +151,7 @@ def eval_message(record: EvalRecord, base_eval: EvalRecord, out: dict[str, Any])
     return (
         f"{record.delivered}: validation top-1 {record.accuracy:.2f}% (baseline {base_eval.accuracy:.2f}%"
         + (f", {before:.2f}% before recovery" if before is not None else "")
+        + (" (before recovery: not measured, a slow pass)" if record.before_recovery_note else "")
         + "; change "
         f"{record.accuracy - base_eval.accuracy:+.2f} pp, 95% CI [{low:+.2f}, {high:+.2f}]), "
         f"agreement {record.agreement:.1f}%, {record.speedup:.2f}x batch-1 speed"
@@ -188,6 +202,7 @@ def evaluate_candidate(
     from profiling_agent.tools.evaluation.baseline_eval import baseline_predictions
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
+    from profiling_agent.tools.evaluation.scoring import MIN_PASS_S
     from profiling_agent.tools.io import sha256_path
     from profiling_agent.tools.runtimes.forms import eligible_forms, forms_for_backend, round_contenders, round_forms
 
@@ -195,7 +210,8 @@ def evaluate_candidate(
     report = progress or (lambda done, total, label: None)
     backend = run_backend(ctx)
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
-    loaded = candidate_models(current, baseline, root)
+    before_s = before_recovery_cost(current, base_eval, len(labels)) if current.recovered else 0.0
+    loaded = candidate_models(current, baseline, root, before=before_s < MIN_PASS_S)
     torch_name = loaded["torch_name"]
     base_variants = [v.model_dump() for v in base_eval.variants]
     forms = forms_for_backend(backend, round_forms(base_variants, base_eval.accuracy, objective.max_acc_drop))
@@ -231,6 +247,11 @@ def evaluate_candidate(
     if UNRECOVERED in measured:
         before = measured[UNRECOVERED]
         record.accuracy_before_recovery, record.agreement_before_recovery = before["accuracy"], before["agreement"]
+    elif before_s >= MIN_PASS_S:
+        record.before_recovery_note = (
+            f"accuracy before recovery not measured: a torch pass of the one-shot weights of about {before_s:.0f} s "
+            "(it cannot change what ships; the recovery record has the calibration agreement before and after)"
+        )
     done = current.model_copy(deep=True)
     done.eval, done.delivered = record, None
     if name != torch_name and chosen["path"]:

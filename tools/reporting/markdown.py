@@ -223,6 +223,9 @@ def test_lines(result: Mapping[str, Any]) -> list[str]:
             + (f", 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
             + "). The validation numbers chose this model; the test numbers report it."
         )
+    if best.get("before_recovery_note"):
+        note = str(best["before_recovery_note"])
+        lines.append(f"The best candidate's {note}.")
     if base.get("predicted_by"):
         lines.append(
             f"The baseline's accuracy passes ran on its {base['predicted_by']} form: the same weights, faster than "

@@ -28,6 +28,7 @@ METRIC_KEYS = (
     "acc_delta_ci",
     "accuracy_before_recovery",
     "agreement_before_recovery",
+    "before_recovery_note",
     "predicted_by",
     "delivered",
     "delivery_note",

@@ -62,7 +62,7 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
         seed=state.dataset.seed, iteration=state.iteration, folder=iteration_dir(state, state.iteration),
         pruned=pruned, pruned_path=absolute(state, pruned.path if pruned else "."),
         baseline_path=absolute(state, base.path if base else "."), dataset_ref=state.dataset.ref,
-        emit=lambda **payload: emit(runtime, **payload),
+        emit=lambda **payload: emit(runtime, **payload), macs=state.current.macs,
     )  # fmt: skip
 
 

@@ -116,11 +116,12 @@ class _Stop(Exception):
     pass
 
 
-def test_a_run_interrupted_mid_distillation_resumes_to_the_uninterrupted_weights(tiny_vit, tmp_path):
+@pytest.mark.parametrize("precision", ["auto", "bf16"])
+def test_a_run_interrupted_mid_distillation_resumes_to_the_uninterrupted_weights(tiny_vit, tmp_path, precision):
     teacher = tiny_vit
     start = copy.deepcopy(teacher)
     prune_model(start, [{"layer": "mlp", "type": "structured", "ratio": 0.5}], torch.zeros(1, 1, 16, 16))
-    config = DistillConfig(steps=12, lr=1e-3, save_every=3, seed=4)
+    config = DistillConfig(steps=12, lr=1e-3, save_every=3, seed=4, precision=precision)
 
     whole = copy.deepcopy(start)
     info = distill(whole, teacher, _synthetic, config, checkpoint_dir=tmp_path / "a")
@@ -144,6 +145,31 @@ def test_a_run_interrupted_mid_distillation_resumes_to_the_uninterrupted_weights
     assert gap <= 1e-6, gap
     assert [c[0] for c in info_b["curve"]] == list(range(12))
     assert any((a != b).any() for a, b in zip(start.state_dict().values(), whole.state_dict().values(), strict=True))
+
+
+def test_bf16_distillation_on_the_cpu_is_its_own_computation_and_is_chosen_for_big_students(tiny_vit, tmp_path,
+                                                                                           monkeypatch):  # fmt: skip
+    from profiling_agent.tools import device
+    from profiling_agent.tools.recovery.policy import BF16_MIN_MACS, distill_precision
+
+    start = copy.deepcopy(tiny_vit)
+    runs = {}
+    for precision in ("auto", "bf16"):
+        runs[precision] = copy.deepcopy(start)
+        distill(runs[precision], tiny_vit, _synthetic, DistillConfig(steps=3, lr=1e-3, precision=precision),
+                checkpoint_dir=tmp_path / precision)  # fmt: skip
+    assert any((a != b).any() for a, b in zip(runs["auto"].state_dict().values(), runs["bf16"].state_dict().values(),
+                                              strict=True))  # fmt: skip
+    # a fp32 checkpoint is not resumed in bf16 (and "auto" keeps the fingerprint of runs saved before the setting)
+    again = copy.deepcopy(start)
+    info = distill(again, tiny_vit, _synthetic, DistillConfig(steps=3, lr=1e-3, precision="bf16"),
+                   checkpoint_dir=tmp_path / "auto")  # fmt: skip
+    assert info["resumed_from"] == 0 and "precision" not in DistillConfig().fingerprint()
+    monkeypatch.setattr(device, "native_bf16_cpu", lambda: True)
+    assert distill_precision("cpu", BF16_MIN_MACS) == "bf16"
+    assert distill_precision("cpu", BF16_MIN_MACS - 1) == distill_precision("cuda", BF16_MIN_MACS) == "auto"
+    monkeypatch.setattr(device, "native_bf16_cpu", lambda: False)  # emulated bf16 is slower: fp32
+    assert distill_precision("cpu", 10 * BF16_MIN_MACS) == "auto"
 
 
 def test_a_checkpoint_of_another_config_is_not_resumed(tiny_vit, tmp_path):

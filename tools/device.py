@@ -7,6 +7,25 @@ from collections.abc import Iterable
 import torch
 
 
+def cpu_flags() -> set[str]:
+    """Return the CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def native_bf16_cpu() -> bool:
+    """Return whether this CPU computes bf16 natively (AVX-512 BF16 or AMX), not by emulation."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
 def resolve_device(choice: str = "auto") -> torch.device:
     """Map 'cpu' | 'cuda' | 'auto' to a torch.device; 'cuda' without a GPU raises ValueError."""
     if choice == "auto":

@@ -32,6 +32,7 @@ class DistillJob:
     baseline_path: Path
     dataset_ref: str
     emit: Callable[..., None]  # sends a progress event (nodes.common.emit bound to the runtime)
+    macs: int | None = None  # the student's MACs per image (decides bf16 distillation on the CPU)
 
 
 def write_failed(exc: OSError, it: int) -> OSError:
@@ -47,11 +48,16 @@ def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx
     from profiling_agent.tools.data.train_stream import TrainBatches
     from profiling_agent.tools.models.sizes import count_params
     from profiling_agent.tools.recovery.distill import DistillConfig, distill
-    from profiling_agent.tools.recovery.policy import auto_steps
+    from profiling_agent.tools.recovery.policy import auto_steps, distill_precision
+    from profiling_agent.tools.runtimes.forward import model_device
 
     batch = max(1, ctx.recover_batch)
     steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, count_params(student))
-    config = DistillConfig(steps=steps, lr=ctx.recover_lr, seed=job.seed, minutes=ctx.recover_minutes)
+    precision = distill_precision(str(model_device(student).type), job.macs)
+    config = DistillConfig(steps=steps, lr=ctx.recover_lr, seed=job.seed, minutes=ctx.recover_minutes,
+                           precision=precision)  # fmt: skip
+    if precision == "bf16":
+        record.note = f"{record.note}; distilled in bf16 autocast (native on this CPU)".lstrip("; ")
     batches = TrainBatches(job.source, job.processor, job.shape, job.labels, batch=batch, seed=job.seed,
                            augmentation=ctx.recover_augment)  # fmt: skip
     task = f"iteration {job.iteration}: distilling"
@@ -66,7 +72,6 @@ def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx
         from profiling_agent.tools.models.artifacts import read_recipe
         from profiling_agent.tools.recovery.distributed import distill_in_job
         from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER
-        from profiling_agent.tools.runtimes.forward import model_device
 
         attrs = read_recipe(job.pruned_path).get("attrs")
         task = f"iteration {job.iteration}: distilling on {ctx.recover_procs} processes"

@@ -37,10 +37,12 @@ class DistillConfig:
     seed: int = 0  # reseeds torch before every step (dropout), so a resumed run draws the same numbers
     minutes: float = 0.0  # wall-clock budget over all attempts (0: none): fixes the step count once, see distill
     save_every: int = 0  # steps between checkpoints (0: about 20 per run)
+    precision: str = "auto"  # the student's forward: bf16 autocast ("bf16"), or "auto" (bf16 on CUDA, else fp32)
 
     def fingerprint(self) -> dict[str, Any]:
         """Return what must match for a saved step to be resumed (the cap and save cadence may change)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("minutes", "save_every")}
+        skip = ("minutes", "save_every") + (("precision",) if self.precision == "auto" else ())  # as before it was
+        return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
 def distill_loss(
@@ -143,7 +145,8 @@ def train_step(
         group["lr"] = lr
     with torch.no_grad():
         teacher_logits = forward_logits(teacher, pixels).float()
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         student_logits = forward_logits(model or student, pixels).float()
     if scales != (1.0, 1.0):
         kl_scale, ce_scale = scales
@@ -227,7 +230,8 @@ def distill(
     after PROBE_STEPS timed steps the step count is fixed to what fits (time already spent counts) and never
     changes again, so neither a slower resumed attempt nor a busier machine cuts the run at another step; the
     run may overrun the budget when its steps get slower. A stop request (`tools.interrupt`) is honoured
-    between steps. On CUDA it runs in bfloat16 autocast. The student is left in eval mode.
+    between steps. The student's forward runs in bfloat16 autocast on CUDA, and on the CPU when
+    `config.precision` is "bf16" (the teacher's stays fp32). The student is left in eval mode.
 
     Args:
         student: The pruned model; trained in place.

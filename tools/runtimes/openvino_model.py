@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from profiling_agent.tools.device import native_bf16_cpu
 from profiling_agent.tools.io import read_json
 
 OV_FORMAT = "profiling-agent-openvino"
@@ -54,12 +55,15 @@ class OpenVinoFolderError(RuntimeError):
     """An OpenVINO folder is incomplete, of an unknown format version, or cannot be compiled."""
 
 
+REINSTALL = "pip install openvino nncf (default dependencies of profiling-agent; there is no extra for them)"
+
+
 def openvino_missing() -> str | None:
     """Return why OpenVINO cannot be used here (one line), or None when `openvino` imports."""
     try:
         import openvino  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build failing on import
-        return f"OpenVINO is unavailable ({type(exc).__name__}: {exc}); pip install 'profiling-agent[openvino]'"
+        return f"OpenVINO is unavailable ({type(exc).__name__}: {exc}); {REINSTALL}"
     return None
 
 
@@ -71,19 +75,8 @@ def nncf_missing() -> str | None:
     try:
         import nncf  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken dependency
-        return f"NNCF is unavailable ({type(exc).__name__}: {exc}); pip install 'profiling-agent[openvino]'"
+        return f"NNCF is unavailable ({type(exc).__name__}: {exc}); {REINSTALL}"
     return None
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 _CORE: list[Any] = []  # the process's one openvino.Core, created on first use and kept until exit
@@ -121,8 +114,8 @@ def bf16_unsupported() -> str | None:
             return None
         return "this CPU has no native bf16 (OpenVINO's CPU capabilities lack BF16: no AVX-512 BF16, no AMX)"
     except Exception:  # noqa: BLE001 - OpenVINO missing or no CPU plugin: read the flags
-        flags = _cpu_flags()
-    if flags & {"avx512_bf16", "amx_bf16"}:
+        pass
+    if native_bf16_cpu():  # tools.device
         return None
     return "this CPU has no native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo)"
 

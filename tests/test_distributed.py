@@ -254,6 +254,18 @@ def test_process_count_and_launcher_flags_reach_the_context_and_bad_values_are_r
             context_from_args(build_parser().parse_args(["run", *bad]))
 
 
+def test_more_processes_than_gpus_on_one_node_is_refused_before_the_run(monkeypatch):
+    from profiling_agent.graph.cli.args import BadInput, build_parser, context_from_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(BadInput, match="has 1; use --recover-procs 1, --device cpu"):
+        context_from_args(build_parser().parse_args(["run", "--recover-procs", "2"]))
+    for fine in (["--recover-procs", "1"], ["--recover-procs", "2", "--device", "cpu"],
+                 ["--recover-procs", "2", "--launcher", "srun -n {procs} python"]):  # fmt: skip
+        context_from_args(build_parser().parse_args(["run", *fine]))
+
+
 def test_a_stop_request_stops_the_job_and_its_ranks(tmp_path):
     from profiling_agent.tools.recovery.distributed_launch import run_job
 

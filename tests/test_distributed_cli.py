@@ -24,7 +24,7 @@ def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(
     run_args = _cli(
         "run", *quick_flags(model, dataset, runs, "--planner", "deterministic", "--backend", "torch",
                             "--recover", "distill", "--recover-steps", "60", "--recover-batch", "16",
-                            "--recover-minutes", "0", "--recover-procs", "2"),
+                            "--recover-minutes", "0", "--recover-procs", "2", "--device", "cpu"),
     )  # fmt: skip
     job = runs / THREAD / "iter_01" / "recovery_job"
     saved = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"

@@ -197,3 +197,17 @@ def test_the_planning_trials_refit_is_handed_to_the_recover_step_only_for_the_sa
     assert refit_cache.load(tmp_path, key, student) is None
     refit_cache.discard(tmp_path)
     assert not (tmp_path / refit_cache.FOLDER).exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_the_refit_runs_on_cuda_with_calibration_images_on_the_cpu(tiny_vit):  # pragma: no cover - GPU only
+    calib = torch.randn(32, 1, 16, 16, generator=torch.Generator().manual_seed(2))
+    plan = [{"layer": "mlp", "type": "structured", "ratio": 0.5}]
+    on_cpu = copy.deepcopy(tiny_vit)
+    applied = prune_model(on_cpu, plan, calib[:1]).applied
+    on_gpu = copy.deepcopy(on_cpu).cuda()
+    reconstruct(tiny_vit, on_cpu, calib, applied)
+    info = reconstruct(copy.deepcopy(tiny_vit).cuda(), on_gpu, calib, applied)  # the recover step's case
+    assert info["by_blocks"]
+    for key, value in on_cpu.state_dict().items():
+        assert torch.allclose(value, on_gpu.state_dict()[key].cpu(), atol=1e-3), key

@@ -306,7 +306,23 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
         if not torch.cuda.is_available():
             raise BadInput("--device cuda was requested but no CUDA device is available")
+    _check_gpu_procs(args, ctx)
     return ctx
+
+
+def _check_gpu_procs(args: argparse.Namespace, ctx: dict[str, Any]) -> None:
+    """Refuse more processes than GPUs on CUDA with the default (one-node) launcher: each process takes one GPU."""
+    procs = int(ctx.get("recover_procs") or 1)
+    if procs < 2 or ctx.get("launcher") or args.device == "cpu":
+        return
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and procs > gpus:
+        raise BadInput(
+            f"invalid --recover-procs {procs}: on CUDA each process takes one GPU and this machine has {gpus}; "
+            f"use --recover-procs {gpus}, --device cpu, or a --launcher that spans several nodes"
+        )
 
 
 def _recover_flags(args: argparse.Namespace, ctx: dict[str, Any]) -> None:

@@ -218,6 +218,9 @@ def init_group(device: str, job_dir: Path) -> Rank:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise RuntimeError(f"rank {rank} on {socket.gethostname()} has no CUDA device")
+        if local >= torch.cuda.device_count():
+            raise RuntimeError(f"rank {rank} on {socket.gethostname()} is local rank {local} but the node has "
+                               f"{torch.cuda.device_count()} CUDA device(s): run one process per GPU")  # fmt: skip
         torch.cuda.set_device(local)
         dev = torch.device("cuda", local)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -355,7 +355,7 @@ def _refit_by_blocks(
     """
     blocks, where = layout
     used = sorted(set(where))
-    checks = [replays(m, blocks, used, pixels[:1]) for m in (baseline, pruned)]
+    checks = [replays(m, blocks, used, pixels[:1].to(next(m.parameters()).device)) for m in (baseline, pruned)]
     if not all(c["ok"] for c in checks):
         return None
     base = _Feed(baseline, blocks, checks[0]["as_tuple"], pixels, batch_size)

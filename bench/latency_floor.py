@@ -11,6 +11,11 @@ softmax, the embeddings and the stem, the depth of the network.
     .venv/bin/python bench/latency_floor.py                     # the zoo ResNet and ViT (bench/zoo.py builds them)
     .venv/bin/python bench/latency_floor.py --models vit --ratios 0.5 0.9 --json floor.json
     .venv/bin/python bench/latency_floor.py --model-path PATH   # any saved classifier (its processor's size)
+    .venv/bin/python bench/latency_floor.py --models vit --depth  # also the ViT with its last blocks removed
+
+`--depth` adds what width pruning cannot reach: the same model with its last 1, half and all but one of its
+transformer blocks removed (ViT and DeiT: the encoder's block list), timed in the same call. The engine does not
+prune depth yet; this measures what it would buy.
 """
 
 from __future__ import annotations
@@ -36,8 +41,37 @@ def _pixels(model: Any, size: int, n: int = 64) -> torch.Tensor:
     return torch.randn(n, channels, size, size, generator=torch.Generator().manual_seed(0))
 
 
-def floor_rows(model: Any, size: int, ratios: list[float], folder: Path, repeats: int) -> dict[str, Any]:
-    """Time the unpruned model and its uniformly pruned copies in every form; return {form: {ratio: row}}."""
+def _blocks_holder(model: Any) -> tuple[Any, str] | None:
+    """Return (module, attribute) of a ViT/DeiT model's block list, or None for other layouts."""
+    import torch.nn as nn
+
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    for holder in (base, getattr(base, "encoder", None)):
+        for attr in ("layers", "layer"):
+            if holder is not None and isinstance(getattr(holder, attr, None), nn.ModuleList):
+                return holder, attr
+    return None
+
+
+def shallower(model: Any, keep: int) -> Any:
+    """Return a copy of `model` with its first `keep` transformer blocks only."""
+    import torch.nn as nn
+
+    copy_ = copy.deepcopy(model).eval()
+    found = _blocks_holder(copy_)
+    assert found is not None
+    holder, attr = found
+    setattr(holder, attr, nn.ModuleList(list(getattr(holder, attr))[:keep]))
+    copy_.config.num_hidden_layers = keep
+    return copy_
+
+
+def floor_rows(model: Any, size: int, ratios: list[float], folder: Path, repeats: int,
+               depth: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Time the unpruned model and its uniformly pruned copies in every form; return {form: {ratio: row}}.
+
+    With `depth`, copies without their last blocks are timed too, keyed "blocks=K".
+    """
     from profiling_agent.tools.compression.baselines import prune_uniform
     from profiling_agent.tools.evaluation.latency import measure_latency
     from profiling_agent.tools.models.sizes import count_params
@@ -45,24 +79,34 @@ def floor_rows(model: Any, size: int, ratios: list[float], folder: Path, repeats
 
     pixels = _pixels(model, size)
     models: dict[str, Any] = {}
-    params: dict[float, int] = {}
+    params: dict[Any, int] = {}
+    variants: dict[Any, Any] = {}
     for ratio in [0.0, *ratios]:
-        pruned = copy.deepcopy(model).eval()
+        variants[ratio] = copy.deepcopy(model).eval()
         if ratio:
-            prune_uniform(pruned, ratio, pixels[:1])
-        params[ratio] = count_params(pruned)
-        models[f"torch_fp32@{ratio}"] = pruned
-        for form in build_forms(pruned, pixels[:32], pixels[:8], folder / str(ratio), forms=FORMS, threads=1):
+            prune_uniform(variants[ratio], ratio, pixels[:1])
+    found = _blocks_holder(model) if depth else None
+    if depth and found is None:
+        print("  --depth: no transformer block list in this model (ViT and DeiT only)", flush=True)
+    if found is not None:
+        n = len(getattr(found[0], found[1]))
+        for keep in sorted({n - 1, max(1, n // 2), 1} - {n}, reverse=True):
+            variants[f"blocks={keep}"] = shallower(model, keep)
+    for key, variant in variants.items():
+        params[key] = count_params(variant)
+        models[f"torch_fp32@{key}"] = variant
+        for form in build_forms(variant, pixels[:32], pixels[:8], folder / str(key), forms=FORMS, threads=1):
             if form.status == "ok":
-                models[f"{form.name}@{ratio}"] = form.model
+                models[f"{form.name}@{key}"] = form.model
             else:
-                print(f"  {form.name} at {ratio}: {form.status} ({form.error})", flush=True)
+                print(f"  {form.name} at {key}: {form.status} ({form.error})", flush=True)
     lat = measure_latency(models, pixels, batch_size=32, warmup=3, repeats=repeats)
     rows: dict[str, Any] = {}
     for key, row in lat.items():
-        form, ratio = key.split("@")
-        rows.setdefault(form, {})[float(ratio)] = {
-            "params": params[float(ratio)],
+        form, name = key.split("@")
+        variant = float(name) if not name.startswith("blocks=") else name
+        rows.setdefault(form, {})[variant] = {
+            "params": params[variant],
             "latency_ms": row["latency_ms"],
             "latency_batch_ms": row["latency_batch_ms"],
         }
@@ -82,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=None, help="input size (default: the zoo's, else 224)")
     parser.add_argument("--ratios", nargs="*", type=float, default=[0.5, 0.75, 0.9])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--depth", action="store_true", help="also time the model with fewer transformer blocks")
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     from transformers import AutoModelForImageClassification
@@ -102,17 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="latency-floor-") as scratch:
         for name, path in targets.items():
             model = AutoModelForImageClassification.from_pretrained(path).eval()
-            rows = floor_rows(model, size, args.ratios, Path(scratch) / name, args.repeats)
+            rows = floor_rows(model, size, args.ratios, Path(scratch) / name, args.repeats, depth=args.depth)
             out[name] = {form: {str(r): row for r, row in by.items()} for form, by in rows.items()}
             print(f"\n{name} ({size}x{size}): latency of the pruned model over the unpruned one, same form, b1 / b32")
-            header = "| form | " + " | ".join(f"{r:.0%} pruned" for r in args.ratios) + " |"
-            print(header + "\n|---|" + "---|" * len(args.ratios))
+            columns = [*args.ratios, *[k for k in rows["torch_fp32"] if isinstance(k, str)]]
+            header = "| form | " + " | ".join(f"{c:.0%} pruned" if isinstance(c, float) else c for c in columns)
+            print(header + " |\n|---|" + "---|" * len(columns))
             for form, by in rows.items():
                 base = by[0.0]
-                cells = [f"{by[r]['ratio_b1']:.2f}x / {by[r]['ratio_b32']:.2f}x" for r in args.ratios if r in by]
+                cells = [f"{by[c]['ratio_b1']:.2f}x / {by[c]['ratio_b32']:.2f}x" for c in columns if c in by]
                 print(f"| {form} ({base['latency_ms']:.3f} ms) | " + " | ".join(cells) + " |")
             params = rows["torch_fp32"]
-            print("params: " + ", ".join(f"{r:g}: {row['params']:,}" for r, row in sorted(params.items())))
+            print("params: " + ", ".join(f"{k}: {row['params']:,}" for k, row in params.items()))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -49,35 +49,18 @@ def evaluate_held_out(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     }
 
 
-def baseline_stand_in(state: State, device: str, threads: int) -> tuple[Any, Any] | None:
-    """Return the FP32 form that predicted for the baseline on validation (opened) and its folder, or None.
-
-    `measure_baseline` chose it (faster than torch, logits within the FP32 tolerance); on the CPU only, and None
-    when its folder no longer opens (torch predicts).
-    """
-    from profiling_agent.tools.runtimes.forms import load_form
-
-    base = state.baseline_eval
-    name = base.predicted_by if base is not None and str(device).startswith("cpu") else None
-    path = next((v.path for v in base.variants if v.name == name and v.path), None) if base and name else None
-    if path is None:
-        return None
-    try:
-        return load_form(absolute(state, path), threads), absolute(state, path)
-    except Exception:  # noqa: BLE001 - a form that no longer opens: torch predicts the baseline
-        return None
-
-
 def held_out_predictions(state: State, runtime: Runtime[Context], best: Best | None, pixels: Any, device: str):
     """Predict the held-out images with the baseline and the best model in its delivered form (sharded or not)."""
     from profiling_agent.tools.device import set_threads
+    from profiling_agent.tools.evaluation.held_out_eval import baseline_stand_in
     from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models, predict_many
 
     ctx = context_of(runtime)
-    stand_in = baseline_stand_in(state, device, set_threads(ctx.threads))
+    threads = set_threads(ctx.threads)
+    stand_in = baseline_stand_in(state.baseline_eval, run_dir(state), device, threads)
     models = {"baseline": stand_in[0] if stand_in else load_artifact_model(state, state.baseline).model}
     if best and best.artifact:  # in its delivered form: the ONNX Runtime session when ORT was fastest
-        models["best"] = load_delivered(state, best, threads=set_threads(ctx.threads))
+        models["best"] = load_delivered(state, best, threads=threads)
     emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
     if ctx.recover_procs > 1:  # split across processes: the same predictions (docs/distributed.md)
         from profiling_agent.tools.evaluation.sharded import run_pass
@@ -93,6 +76,6 @@ def held_out_predictions(state: State, runtime: Runtime[Context], best: Best | N
     else:  # one streamed pass feeds both models (concurrently when cores allow)
         preds = predict_many(models, pixels, batch_size=accuracy_batch(ctx.eval_batch, device), device=device,
                              allowed_ids=allowed_ids(state),
-                             parallel=concurrent_models(device, set_threads(ctx.threads), len(models)))  # fmt: skip
+                             parallel=concurrent_models(device, threads, len(models)))  # fmt: skip
     emit(runtime, kind="progress", task="held-out test images", done=len(models), total=len(models), label="")
     return preds

@@ -102,11 +102,13 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     teacher = load_artifact_model(state, state.baseline, device=device).model
     student, calib = loaded.model.to(device), prepared(state)["calib_pixels"]
     agree = agreement_probe(teacher, calib, allowed_ids=allowed_ids(state), device=device)  # with the baseline
-    key = refit_cache.refit_key(applied, calib, state.dataset.seed, state.baseline.sha256 if state.baseline else "")
+    base_sha = state.baseline.sha256 if state.baseline else ""
     student, curve = candidate.recover_student(
         teacher, student, calib, applied, steps, record, job=distill_job(state, runtime, source, loaded.processor),
         ctx=ctx, example=example_input(state), agree=agree, device=device,
-        trial_refit=lambda model: refit_cache.load(folder, key, model),
+        trial_refit=lambda model: refit_cache.load(
+            folder, refit_cache.refit_key(applied, calib, state.dataset.seed, base_sha), model
+        ),  # the key is hashed only when a refit would run
     )  # fmt: skip
     record.seconds = round(time.perf_counter() - started, 2)
     if student is None:  # training failed: the one-shot pruned candidate stays as it was

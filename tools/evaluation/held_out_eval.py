@@ -30,6 +30,25 @@ def delivered_best(best: Best | None, base_eval: EvalRecord | None, baseline: Ar
     return chosen, delivery + (f" ({why})" if chosen else "")
 
 
+def baseline_stand_in(base_eval: EvalRecord | None, root: Path, device: str, threads: int) -> tuple[Any, Path] | None:
+    """Return the FP32 form that predicted for the baseline on validation (opened) and its folder, or None.
+
+    `measure_baseline` chose it (`EvalRecord.predicted_by`: faster than torch, logits within the FP32 tolerance);
+    on the CPU only, and None when its folder no longer opens (torch predicts).
+    """
+    from profiling_agent.tools.runtimes.forms import load_form
+
+    name = base_eval.predicted_by if base_eval is not None and str(device).startswith("cpu") else None
+    path = next((v.path for v in base_eval.variants if v.name == name and v.path), None) if base_eval and name else None
+    if path is None:
+        return None
+    folder = root / path
+    try:
+        return load_form(folder, threads), folder
+    except Exception:  # noqa: BLE001 - a form that no longer opens: torch predicts the baseline
+        return None
+
+
 def held_out_result(preds: dict[str, Any], labels: Any, best: Best | None, *, split: str, device: str, seed: int,
                     procs: int = 1) -> tuple[TestEval, str]:  # fmt: skip
     """Score the baseline's and the best model's held-out predictions: accuracy, agreement, paired 95% CI."""

@@ -59,8 +59,9 @@ class TrialRefits:
     def remember(self, pruning: Sequence[Any], key: str, model: nn.Module, info: dict[str, Any]) -> None:
         """Hold a copy of `model`'s refitted weights for the plan `pruning` (taken before any quantization)."""
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self._held[plan_key(pruning)] = (key, state, info)
-        self._held.move_to_end(plan_key(pruning))
+        plan = plan_key(pruning)
+        self._held[plan] = (key, state, info)
+        self._held.move_to_end(plan)
         while len(self._held) > KEEP:
             self._held.popitem(last=False)
 

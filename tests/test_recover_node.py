@@ -71,7 +71,7 @@ def test_a_slow_pass_of_the_one_shot_weights_is_left_out_and_says_why(tmp_path, 
     cand = _run(tmp_path, quick_resnet, "slow", recover="reconstruct")["candidates"][0]
     assert cand["recovered"] is not None and cand["eval"]["accuracy_before_recovery"] is None
     assert "accuracy before recovery not measured" in cand["eval"]["before_recovery_note"]
-    assert len(costs) == 1 and 0 < costs[0] < 5  # the real estimate: this model's pass is cheap, so runs by default
+    assert len(costs) == 1 and costs[0] > 0  # the real estimate was made (what it costs: bench/time_to_result.py)
 
 
 def test_a_recovery_finished_before_an_interruption_is_reused_not_redone(tmp_path, quick_resnet, monkeypatch):

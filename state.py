@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 EMBEDDED_MODEL = "embedded:vit-digits"
 EMBEDDED_DATASET = "embedded:digits"
 
-PruneType = Literal["structured", "head"]
+PruneType = Literal["structured", "head", "block"]
 QuantDtype = Literal["qint8", "float16"]
 QuantizeChoice = Literal["qint8", "float16", "none"]
 PlannerChoice = Literal["deterministic", "llm", "auto", "l1", "l2", "random"]
@@ -87,9 +87,14 @@ class Objective(_Strict):
     quantize: QuantizeChoice = Field(default="qint8", description="Dynamic quantization added to each plan.")
     planner: PlannerChoice = Field(default="auto", description="deterministic, llm, auto, or l1/l2/random + ratio.")
     ratio: float | None = Field(
-        default=None, gt=0.0, lt=1.0, description="Uniform ratio of the l1/l2/random baselines (required by them)."
+        default=None, gt=0.0, lt=1.0, description="Uniform ratio of the l1/l2/random baselines."
     )
     approve: bool = Field(default=False, description="Pause before each plan: approve, edit or reject it.")
+    depth: bool | None = Field(default=None, description="Remove whole blocks too (None: under a latency target).")
+
+    def prunes_depth(self) -> bool:
+        """Return whether the planners may remove whole blocks (`depth`; None: only under a latency target)."""
+        return self.target == "latency" if self.depth is None else self.depth
 
     @model_validator(mode="after")
     def _baseline_ratio(self) -> Objective:
@@ -118,9 +123,16 @@ class PruneEntry(_Strict):
     """Prune the prunable groups whose module name matches `layer` (re.search) by `ratio`."""
 
     layer: LayerPattern = Field(description="Regular expression searched in module names, e.g. 'layers\\.(2|3)\\.mlp'.")
-    type: PruneType = Field(description="structured: conv/MLP channels; head: whole attention heads.")
-    ratio: float = Field(gt=0.0, lt=1.0, description="Fraction of channels (or heads) removed per group.")
+    type: PruneType = Field(description="structured: conv/MLP channels; head: attention heads; block: a whole block.")
+    ratio: float = Field(gt=0.0, le=1.0, description="Fraction of channels or heads removed per group; 1.0: a block.")
     justification: str = Field(default="", description="Why, grounded in the profile.")
+
+    @model_validator(mode="after")
+    def _whole_blocks(self) -> PruneEntry:
+        if (self.type == "block") != (self.ratio == 1.0):  # a block goes whole; channels and heads never all go
+            must = "1.0 (a block is removed whole)" if self.type == "block" else "below 1.0 (type 'block' removes one)"
+            raise ValueError(f"a {self.type} entry's ratio must be {must}, not {self.ratio:g}")
+        return self
 
 
 class QuantEntry(_Strict):
@@ -300,8 +312,7 @@ class EvalRecord(_Strict):
     timing: dict[str, Any] | None = Field(default=None, description="Wall vs CPU time, busy flag, re-measures.")
     predicted_by: str | None = Field(
         default=None,
-        description="The FP32 form (same weights, logits within the FP32 tolerance of torch) whose faster accuracy "
-        "passes stand for this torch model's, on validation and held-out test; None: torch predicted.",
+        description="FP32 form (same weights, logits checked against torch) whose accuracy passes stood in.",
     )
 
 
@@ -380,7 +391,7 @@ class AppliedGroup(_Strict):
 
     group: str = Field(description="Prunable group name.")
     module: str = Field(description="The group's module.")
-    kind: PruneType = Field(description="structured (channels) or head (attention heads).")
+    kind: PruneType = Field(description="structured (channels), head (attention heads) or block (a whole block).")
     ratio: float = Field(description="The plan's ratio for it.")
     units_before: int = Field(description="Units (channels or heads) before pruning.")
     units_after: int = Field(description="Units left.")
@@ -391,7 +402,7 @@ class Candidate(_Strict):
 
     iteration: int
     status: Literal["pending", "ok", "failed", "rejected"] = Field(
-        default="pending", description="pending while the iteration runs; then ok, failed or rejected."
+        default="pending", description="Then ok/failed/rejected."
     )
     plan: CompressionPlan = Field(default_factory=CompressionPlan, description="The plan applied.")
     planner: str = Field(default="", description="Planner that produced the plan.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -31,7 +32,9 @@ from profiling_agent.tools.compression.units import (
     PruneError,
     PruneReport,
     channels_of,
+    match_groups,
     select_units,
+    units_to_remove,
 )
 from profiling_agent.tools.models.sizes import count_params
 
@@ -94,6 +97,69 @@ def _applied_row(step: PlanStep, removed: list[int]) -> PrunedGroup:
     )
 
 
+def _renamed(name: str, renamed: Mapping[str, str]) -> str:
+    """Return a module or parameter name after its block was renumbered (`renamed`: old block -> new block)."""
+    for old, new in renamed.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return name
+
+
+def _drop_blocks(
+    model: nn.Module,
+    adapter: FamilyAdapter,
+    entries: list[PruneEntry | Mapping[str, Any]],
+    chosen: Mapping[str, Sequence[int]] | None,
+    report: PruneReport,
+) -> tuple[list[PruneEntry | Mapping[str, Any]], Mapping[str, Sequence[int]] | None, dict[str, str]]:
+    """Remove the blocks the entries name (type "block"); return the width entries and choices on the new names.
+
+    Entries are matched against the groups of the unpruned model, so a plan's names always mean the model it was
+    written for. Width groups inside a removed block are moot (listed in `report.skipped`); the others are
+    re-targeted by exact module name after the renumbering. Block rows go first in `report.applied`.
+    """
+    if not any(_kind_of(e) == "block" for e in entries):
+        return entries, chosen, {}
+    width, blocks = adapter.prunable_groups(model), adapter.block_groups(model)
+    ratios = match_groups([*width, *blocks], entries)  # validates every entry (a block's ratio 1.0, the regex)
+    drop = [g for g in blocks if units_to_remove(g, ratios.get(g.name, 0.0)) == 1]
+    if not drop:
+        return [e for e in entries if _kind_of(e) != "block"], chosen, {}
+    try:
+        renamed = adapter.drop_blocks(model, [g.module for g in drop])
+    except ValueError as err:
+        raise PruneError(str(err)) from None
+    gone = {g.module for g in drop}
+    after = {(g.module, g.kind): g for g in adapter.prunable_groups(model)}
+    kept: list[PruneEntry | Mapping[str, Any]] = []
+    moved: dict[str, Sequence[int]] = {}
+    for group in width:
+        ratio = ratios.get(group.name, 0.0)
+        if not ratio:
+            continue
+        if group.block in gone:
+            report.skipped.append({"group": group.name, "reason": f"inside removed block {group.block}"})
+            continue
+        new = after.get((_renamed(group.module, renamed), group.kind))
+        if new is None:
+            raise PruneError(f"group {group.name} has no counterpart after removing {sorted(gone)}")
+        kept.append({"layer": f"^{re.escape(new.module)}$", "type": new.kind, "ratio": ratio})
+        if chosen is not None and group.name in chosen:
+            moved[new.name] = chosen[group.name]
+    for group in drop:
+        report.applied.append(
+            PrunedGroup(
+                group=group.name, module=group.module, kind="block", ratio=1.0, units_before=1, units_after=0,
+                removed=[0],
+            )
+        )  # fmt: skip
+    return kept, (moved if chosen is not None else None), renamed
+
+
+def _kind_of(entry: PruneEntry | Mapping[str, Any]) -> str:
+    return str(entry.type if isinstance(entry, PruneEntry) else entry.get("type", ""))
+
+
 def prune_model(
     model: nn.Module,
     entries: Iterable[PruneEntry | Mapping[str, Any]],
@@ -108,7 +174,9 @@ def prune_model(
 ) -> PruneReport:
     """Prune `model` in place by the plan entries and repair it with its family adapter.
 
-    Each matched group loses floor(units * ratio) units (clamped so `min_units` remain; 0 removes nothing),
+    Block entries (type "block", ratio 1.0) first remove whole blocks through the adapter's `drop_blocks` (the
+    remaining blocks are renumbered; see `_drop_blocks`). Each matched width group then loses floor(units * ratio)
+    units (clamped so `min_units` remain; 0 removes nothing),
     chosen by `select_units`. Couplings come from torch-pruning's DependencyGraph traced on `example_inputs`;
     every coupling is checked against the group's members and the protected modules before any weight changes.
     The model is left in eval mode.
@@ -140,9 +208,11 @@ def prune_model(
             sizes, or verification finds the pruned model differs from the masked one.
     """
     adapter = adapter or adapter_for(model)
-    guard = protected_names(adapter, model, protected)
     report = PruneReport(family=adapter.name, params_before=count_params(model))
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    entries, chosen, renamed = _drop_blocks(model, adapter, list(entries), chosen, report)
+    frozen = {_renamed(name, renamed) for name in frozen}
+    guard = protected_names(adapter, model, protected)
     steps = plan_steps(adapter, model, entries)
     check = (not adapter.safe) if verify is None else verify
     reference = copy.deepcopy(model) if check and any(step.n_remove for step in steps) else None
@@ -155,7 +225,7 @@ def prune_model(
             removed = _prune_step(dg, model, step, adapter, guard, importance, seed, chosen)
             report.applied.append(_applied_row(step, removed))
         report.attrs = adapter.fix_up(model)
-    _verify_sizes(model, steps, report.applied)
+    _verify_sizes(model, steps, [row for row in report.applied if row.kind != "block"])
     for name, param in model.named_parameters():  # torch-pruning replaces pruned Parameters with trainable ones
         param.requires_grad_(name not in frozen)
     report.params_after = count_params(model)

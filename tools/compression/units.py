@@ -17,7 +17,7 @@ from profiling_agent.state import AppliedGroup, PruneEntry
 from profiling_agent.tools.compression.families.base import PrunableGroup
 
 Importance = Literal["l2", "l1", "random"]
-KINDS = ("structured", "head")
+KINDS = ("structured", "head", "block")
 _EPS = 1e-9  # guards floor(units * ratio) against float error (0.29 * 100 = 28.999...)
 
 
@@ -91,7 +91,9 @@ def _parse_entry(entry: PruneEntry | Mapping[str, Any]) -> _Entry:
     if kind not in KINDS:
         raise ValueError(f"unknown prune type {kind!r}: use one of {KINDS}")
     ratio = float(ratio)
-    if not 0.0 <= ratio < 1.0:
+    if kind == "block" and ratio not in (0.0, 1.0):
+        raise ValueError(f"a block entry for {layer!r} removes whole blocks: its ratio must be 1.0, not {ratio:g}")
+    if kind != "block" and not 0.0 <= ratio < 1.0:
         raise ValueError(f"prune ratio {ratio} for {layer!r} must be in [0, 1)")
     try:
         pattern = re.compile(str(layer))
@@ -142,13 +144,16 @@ def unit_align(kind: str, units: int) -> int:
 
 
 def removed_units(units: int, min_units: int, ratio: float, align: int = 1) -> int:
-    """Return how many of `units` pruning at `ratio` removes: floor(units * ratio), keeping at least `min_units` (>= 1).
+    """Return how many of `units` pruning at `ratio` removes: floor(units * ratio), keeping at least `min_units`.
+
+    Channel and head groups keep at least one unit whatever `min_units` says; only a block group (one unit,
+    `min_units` 0) can lose everything, and only at ratio 1.0.
 
     With `align` > 1 the kept width is rounded to the nearest multiple of `align` (half up, at least `align`, at most
     `units`), so a pruned group's width stays a multiple of the runtimes' channel block (`unit_align`).
     This is the one rule; the engine, the uniform baselines, the planners' estimates and the probe all call it.
     """
-    wanted = max(0, min(math.floor(units * ratio + _EPS), units - max(1, min_units)))
+    wanted = max(0, min(math.floor(units * ratio + _EPS), units - (max(1, min_units) if min_units else 0)))
     if align > 1 and wanted > 0:
         kept = max(align, align * math.floor((units - wanted) / align + 0.5), max(1, min_units))
         wanted = max(0, units - kept)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-GroupKind = Literal["structured", "head"]
+GroupKind = Literal["structured", "head", "block"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,8 @@ class PrunableGroup:
     Attributes:
         name: Short stable id, unique in the model, e.g. "layers.3.mlp", "layers.3.heads",
             "stages.2.layers.1.conv1".
-        kind: "structured" (channels) or "head" (whole attention heads).
+        kind: "structured" (channels), "head" (whole attention heads) or "block" (the whole block: one unit,
+            `min_units` 0, removed by the adapter's `drop_blocks`, never by the dependency graph).
         module: Module name that plan regexes are searched in (re.search): the MLP's first Linear, the
             attention module for heads, the conv for a ResNet group.
         roots: Module names whose output channels are pruned together at the same indices.
@@ -86,6 +87,20 @@ def head_group(
     )  # fmt: skip
 
 
+def block_group(name: str, block: str, stack_blocks: int) -> PrunableGroup:
+    """Describe a whole residual block that depth pruning may remove: one unit, none required to stay.
+
+    Args:
+        name: The group's stable id, e.g. "layers.3.block".
+        block: The block's module name; the block and everything under it is the group's cost.
+        stack_blocks: Blocks in its stack, removable or not (what `depth.block_limits` takes a fraction of).
+    """
+    return PrunableGroup(
+        name=name, kind="block", module=block, roots=(), members=(block,), units=1, min_units=0, block=block,
+        extra={"stack_blocks": stack_blocks},
+    )  # fmt: skip
+
+
 class FamilyAdapter:
     """Base class of a family adapter; subclasses override what differs.
 
@@ -110,6 +125,19 @@ class FamilyAdapter:
     def protected_modules(self, model: nn.Module) -> list[str]:
         """Name the modules that must never be pruned (classifier heads, embeddings, patch merging...)."""
         raise NotImplementedError
+
+    def block_groups(self, model: nn.Module) -> list[PrunableGroup]:
+        """List the blocks depth pruning may remove (kind "block", forward order); the default has none."""
+        return []
+
+    def drop_blocks(self, model: nn.Module, blocks: list[str]) -> dict[str, str]:
+        """Remove the named blocks in place, update the config, and return {old block name: new name} of the rest.
+
+        Raises:
+            ValueError: The family cannot remove blocks, a name is not one of `block_groups`, or every block of
+                a stack would go.
+        """
+        raise ValueError(f"the {self.name} family cannot remove whole blocks")
 
     def before_head_prune(self, model: nn.Module, group: PrunableGroup, head_idxs: list[int]) -> None:
         """Prune per-head tensors that are not root channels; the default has none."""

@@ -13,7 +13,14 @@ from transformers.models.deit.modeling_deit import (
     DeiTLayer,
 )
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, head_group, mlp_group
+from profiling_agent.tools.compression.families.base import (
+    FamilyAdapter,
+    PrunableGroup,
+    block_group,
+    head_group,
+    mlp_group,
+)
+from profiling_agent.tools.compression.families.vit import drop_layers
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +85,18 @@ class DeiTAdapter(FamilyAdapter):
             groups.append(head_group(f"layers.{index}.heads", prefix, layer.attention.q_proj.out_features // hd, hd))
             groups.append(mlp_group(f"layers.{index}.mlp", prefix, layer.mlp.fc1.out_features))
         return groups
+
+    def block_groups(self, model: nn.Module) -> list[PrunableGroup]:
+        """List every DeiT layer as a removable block (a model with one layer has none)."""
+        layers = _layers(model)
+        if len(layers) < 2:
+            return []
+        return [block_group(f"layers.{name.rsplit('.', 1)[-1]}.block", name, len(layers)) for name, _ in layers]
+
+    def drop_blocks(self, model: nn.Module, blocks: list[str]) -> dict[str, str]:
+        """Remove the named layers (at least one stays) and set `num_hidden_layers` to the count left."""
+        backbone: Any = model.deit
+        return drop_layers(model, backbone, "deit.layers", blocks)
 
     def protected_modules(self, model: nn.Module) -> list[str]:
         """Name the embeddings (cls, distillation and position tokens), every LayerNorm and the classifiers."""

@@ -7,7 +7,8 @@ from typing import Any
 from torch import nn
 from transformers.models.resnet.modeling_resnet import ResNetModel
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
+from profiling_agent.tools.compression.depth import drop_stage_blocks
+from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, block_group
 
 
 class ResNetAdapter(FamilyAdapter):
@@ -58,6 +59,20 @@ class ResNetAdapter(FamilyAdapter):
                     )
                 )
         return groups
+
+    def block_groups(self, model: nn.Module) -> list[PrunableGroup]:
+        """List every block after the first of its stage (same width, stride 1, identity shortcut) as removable."""
+        groups = []
+        for short, full, block in self._blocks(model):
+            if not short.endswith(".layers.0") and isinstance(block.shortcut, nn.Identity):
+                stage = model.get_submodule(full.rpartition(".")[0])  # the stage's Sequential of blocks
+                groups.append(block_group(f"{short}.block", full, len(list(stage.children()))))
+        return groups
+
+    def drop_blocks(self, model: nn.Module, blocks: list[str]) -> dict[str, str]:
+        """Remove the named blocks (never a stage's first) and lower the config's `depths` to match."""
+        allowed = {g.module for g in self.block_groups(model)}
+        return drop_stage_blocks(model, blocks, allowed, "only blocks after a stage's first, with identity shortcuts")
 
     def protected_modules(self, model: nn.Module) -> list[str]:
         """Name the embedder, every shortcut, every block's last conv layer and the classifier."""

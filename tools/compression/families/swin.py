@@ -15,7 +15,14 @@ from transformers.models.swin.modeling_swin import (
     SwinPatchMerging,
 )
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, head_group, mlp_group
+from profiling_agent.tools.compression.depth import drop_stage_blocks
+from profiling_agent.tools.compression.families.base import (
+    FamilyAdapter,
+    PrunableGroup,
+    block_group,
+    head_group,
+    mlp_group,
+)
 from profiling_agent.tools.compression.families.deit import fix_attention
 
 logger = logging.getLogger(__name__)
@@ -72,6 +79,27 @@ class SwinAdapter(FamilyAdapter):
             groups.append(head_group(name, prefix, heads, hd, ("relative_position_bias",), (BIAS_TABLE,)))
             groups.append(mlp_group(f"stages.{stage}.blocks.{block}.mlp", prefix, layer.mlp.fc1.out_features))
         return groups
+
+    def block_groups(self, model: nn.Module) -> list[PrunableGroup]:
+        """List the last block of every stage of two or more blocks as removable.
+
+        A stage's blocks alternate plain and shifted windows by position; removing the last keeps that pattern for
+        the others, so the shallower stage is what its config (`depths`) builds.
+        """
+        stages: dict[int, list[tuple[str, int]]] = {}
+        for prefix, stage, block, _ in _blocks(model):
+            stages.setdefault(stage, []).append((prefix, block))
+        groups = []
+        for stage, blocks in sorted(stages.items()):
+            if len(blocks) >= 2:
+                prefix, block = blocks[-1]
+                groups.append(block_group(f"stages.{stage}.blocks.{block}.block", prefix, len(blocks)))
+        return groups
+
+    def drop_blocks(self, model: nn.Module, blocks: list[str]) -> dict[str, str]:
+        """Remove the named blocks (each the last of its stage) and lower the config's `depths` to match."""
+        allowed = {g.module for g in self.block_groups(model)}
+        return drop_stage_blocks(model, blocks, allowed, "only the last block of a Swin stage (two or more blocks)")
 
     def protected_modules(self, model: nn.Module) -> list[str]:
         """Name the patch embeddings, every patch merging (reduction and norm), LayerNorm, bias table and classifier."""

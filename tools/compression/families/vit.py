@@ -7,7 +7,14 @@ from typing import Any
 from torch import nn
 from transformers.models.vit.modeling_vit import ViTModel
 
-from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, head_group, mlp_group
+from profiling_agent.tools.compression.depth import drop_from_stack, group_by_stack
+from profiling_agent.tools.compression.families.base import (
+    FamilyAdapter,
+    PrunableGroup,
+    block_group,
+    head_group,
+    mlp_group,
+)
 
 
 def attention_heads(attention: nn.Module) -> int:
@@ -52,6 +59,20 @@ class ViTAdapter(FamilyAdapter):
             groups.append(mlp_group(f"layers.{i}.mlp", block, layer.mlp.fc1.out_features))
         return groups
 
+    def block_groups(self, model: nn.Module) -> list[PrunableGroup]:
+        """List every transformer layer as a removable block (a model with one layer has none)."""
+        layers = self._backbone(model).layers
+        if len(layers) < 2:
+            return []
+        return [
+            block_group(f"layers.{i}.block", f"{self.backbone_attr}.layers.{i}", len(layers))
+            for i in range(len(layers))
+        ]
+
+    def drop_blocks(self, model: nn.Module, blocks: list[str]) -> dict[str, str]:
+        """Remove the named layers (at least one stays) and set `num_hidden_layers` to the count left."""
+        return drop_layers(model, self._backbone(model), f"{self.backbone_attr}.layers", blocks)
+
     def protected_modules(self, model: nn.Module) -> list[str]:
         """Name the embeddings, final layernorm, pooler, classifier and every LayerNorm."""
         prefix = self.backbone_attr
@@ -70,3 +91,19 @@ class ViTAdapter(FamilyAdapter):
             layer.attention.num_attention_heads = heads
             attrs[f"{self.backbone_attr}.layers.{i}.attention"] = {"num_attention_heads": heads}
         return attrs
+
+
+def drop_layers(model: nn.Module, backbone: Any, stack: str, blocks: list[str]) -> dict[str, str]:
+    """Remove `blocks` from a ViT-shaped backbone's layer list `stack` and update `num_hidden_layers`.
+
+    Raises:
+        ValueError: A name is not a layer of `stack`, or no layer would remain.
+    """
+    stacks = group_by_stack(blocks)
+    if set(stacks) - {stack}:
+        raise ValueError(f"cannot remove {sorted(set(stacks) - {stack})[0]}: only layers of {stack} can go")
+    renamed = drop_from_stack(model, stack, stacks.get(stack, []))
+    for owner in (model, backbone):  # transformers shares one config between them; set it on both regardless
+        config: Any = owner.config
+        config.num_hidden_layers = len(backbone.layers)
+    return renamed

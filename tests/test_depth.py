@@ -1,0 +1,254 @@
+"""Depth pruning: whole blocks removed by plan entries of type "block", probed, planned and refitted around."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from pydantic import ValidationError
+from tiny import resnet_config, seeded, vit_config
+from transformers import ResNetForImageClassification, ViTForImageClassification
+
+from profiling_agent.state import Objective, PruneEntry
+from profiling_agent.tools.compression.families import adapter_for
+from profiling_agent.tools.compression.pruning import prune_model
+from profiling_agent.tools.compression.units import PruneError
+from profiling_agent.tools.models.artifact_load import load_artifact
+from profiling_agent.tools.models.artifacts import save_artifact
+from profiling_agent.tools.planning.deterministic import PlannerConfig, estimate_reduction
+from profiling_agent.tools.planning.deterministic import depth_first_blocks as depth_first
+from profiling_agent.tools.profiling.probe_fast import FastProbeConfig, probe_sensitivity_fast
+from profiling_agent.tools.profiling.sensitivity import compare_logits
+from profiling_agent.tools.recovery.reconstruct import reconstruct
+from profiling_agent.tools.runtimes.blocks import PassBlock
+
+
+@pytest.fixture
+def vit4():
+    """A 4-layer tiny ViT: enough blocks to remove some and keep others."""
+    return seeded(ViTForImageClassification, vit_config(num_hidden_layers=4))
+
+
+@pytest.fixture
+def resnet3():
+    """A bottleneck ResNet whose second stage has three blocks (two removable)."""
+    return seeded(ResNetForImageClassification, resnet_config(depths=[1, 3]))
+
+
+def _pixels(model, n=16):
+    return torch.randn(n, model.config.num_channels, 16, 16, generator=torch.Generator().manual_seed(5))
+
+
+class _SwinPass(torch.nn.Module):
+    """A Swin block's pass-through: its hidden state and no attention weights."""
+
+    def forward(self, hidden, *args, **kwargs):
+        return hidden, None
+
+
+def _skipping(model, names, swin=False):
+    """The unpruned model with `names` replaced by pass-throughs: what removing them computes."""
+    out = copy.deepcopy(model)
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        setattr(out.get_submodule(parent), child, _SwinPass() if swin else PassBlock(False))
+    return out
+
+
+def test_a_block_entry_must_remove_the_whole_block():
+    assert PruneEntry(layer="layers\\.2$", type="block", ratio=1.0).ratio == 1.0
+    with pytest.raises(ValidationError, match="ratio must be 1.0"):
+        PruneEntry(layer="layers\\.2$", type="block", ratio=0.5)
+    with pytest.raises(ValidationError, match="below 1.0"):
+        PruneEntry(layer="mlp", type="structured", ratio=1.0)
+
+
+def test_depth_is_on_by_default_only_for_a_latency_target():
+    assert Objective(target="latency").prunes_depth()
+    assert not Objective(target="params").prunes_depth()
+    assert Objective(target="params", depth=True).prunes_depth()
+    assert not Objective(target="latency", depth=False).prunes_depth()
+
+
+def test_removing_vit_layers_computes_the_model_without_them_and_reloads(vit4, tmp_path):
+    x = _pixels(vit4, 4)
+    pruned = copy.deepcopy(vit4)
+    report = prune_model(pruned, [{"layer": "layers\\.(1|2)$", "type": "block", "ratio": 1.0}], x[:1])
+    assert [(r.group, r.kind, r.units_after) for r in report.applied] == [
+        ("layers.1.block", "block", 0),
+        ("layers.2.block", "block", 0),
+    ]
+    assert pruned.config.num_hidden_layers == 2 and len(pruned.vit.layers) == 2
+    with torch.no_grad():
+        expected = _skipping(vit4, ["vit.layers.1", "vit.layers.2"])(x).logits
+        assert torch.allclose(pruned(x).logits, expected, atol=1e-6)
+    save_artifact(pruned, tmp_path / "a", attrs=report.attrs)
+    with torch.no_grad():
+        assert torch.allclose(load_artifact(tmp_path / "a").model.eval()(x).logits, pruned(x).logits, atol=1e-6)
+
+
+def test_width_entries_follow_the_renumbered_blocks_and_skip_removed_ones(vit4):
+    pruned = copy.deepcopy(vit4)
+    entries = [
+        {"layer": "layers\\.1$", "type": "block", "ratio": 1.0},
+        {"layer": "layers\\.(1|3)\\.mlp", "type": "structured", "ratio": 0.5},
+    ]
+    report = prune_model(pruned, entries, _pixels(vit4, 1))
+    width = [r for r in report.applied if r.kind != "block"]
+    assert [(r.group, r.module) for r in width] == [("layers.2.mlp", "vit.layers.2.mlp.fc1")]  # old layer 3
+    assert pruned.vit.layers[2].mlp.fc1.out_features == vit4.vit.layers[3].mlp.fc1.out_features // 2
+    assert pruned.vit.layers[0].mlp.fc1.out_features == vit4.vit.layers[0].mlp.fc1.out_features
+    assert report.skipped == [{"group": "layers.1.mlp", "reason": "inside removed block vit.layers.1"}]
+
+
+def test_the_engine_keeps_at_least_one_block(vit4):
+    with pytest.raises(PruneError, match="fewer than 1"):
+        prune_model(copy.deepcopy(vit4), [{"layer": "layers", "type": "block", "ratio": 1.0}], _pixels(vit4, 1))
+
+
+def test_resnet_removes_identity_blocks_only_and_lowers_its_depths(resnet3, tmp_path):
+    adapter = adapter_for(resnet3)
+    assert [g.name for g in adapter.block_groups(resnet3)] == ["stages.1.layers.1.block", "stages.1.layers.2.block"]
+    x = _pixels(resnet3, 4)
+    pruned = copy.deepcopy(resnet3)
+    report = prune_model(pruned, [{"layer": "stages\\.1\\.layers\\.1$", "type": "block", "ratio": 1.0}], x[:1])
+    assert pruned.config.depths == [1, 2]
+    with torch.no_grad():
+        expected = _skipping(resnet3, ["resnet.encoder.stages.1.layers.1"])(x).logits
+        assert torch.allclose(pruned(x).logits, expected, atol=1e-5)
+    save_artifact(pruned, tmp_path / "r", attrs=report.attrs)
+    with torch.no_grad():
+        assert torch.allclose(load_artifact(tmp_path / "r").model.eval()(x).logits, pruned(x).logits, atol=1e-5)
+    with pytest.raises(ValueError, match="only blocks after a stage's first"):
+        adapter.drop_blocks(copy.deepcopy(resnet3), ["resnet.encoder.stages.1.layers.0"])
+
+
+def test_the_fast_probe_measures_a_removed_block_exactly(vit4):
+    adapter = adapter_for(vit4)
+    groups = adapter.prunable_groups(vit4) + adapter.block_groups(vit4)
+    pixels = _pixels(vit4, 24)
+    rows = probe_sensitivity_fast(vit4, groups, pixels, ratio=0.3, config=FastProbeConfig(eval_images=0))
+    with torch.no_grad():
+        reference = vit4(pixels).logits
+        for i in range(4):
+            row = rows[f"layers.{i}.block"]
+            direct = compare_logits(reference, _skipping(vit4, [f"vit.layers.{i}"])(pixels).logits, None)
+            assert row["ratio"] == 1.0 and row["units_removed"] == 1
+            assert row["kl"] == pytest.approx(direct["kl"], rel=1e-4, abs=1e-7)
+            assert row["agreement"] == pytest.approx(direct["agreement"])
+
+
+def test_the_refit_after_removing_blocks_fits_the_shallower_baseline(vit4):
+    pixels = _pixels(vit4, 48)
+    pruned = copy.deepcopy(vit4)
+    entries = [
+        {"layer": "layers\\.2$", "type": "block", "ratio": 1.0},
+        {"layer": "mlp", "type": "structured", "ratio": 0.5},
+    ]
+    report = prune_model(pruned, entries, pixels[:1])
+    info = reconstruct(vit4, pruned, pixels, report.applied)
+    assert len(info["consumers"]) == 3  # the MLPs of the three layers left
+    assert all(f["error_after"] <= f["error_before"] for f in info["consumers"])
+    shallow = copy.deepcopy(vit4)
+    adapter_for(shallow).drop_blocks(shallow, ["vit.layers.2"])
+    with torch.no_grad():  # the refitted model is closer to the shallower unpruned model than before the refit
+        before = copy.deepcopy(vit4)
+        prune_model(before, entries, pixels[:1])
+        target = shallow(pixels).logits
+        assert (pruned(pixels).logits - target).pow(2).mean() < (before(pixels).logits - target).pow(2).mean()
+
+
+def _planner_groups(model):
+    adapter = adapter_for(model)
+    return [dataclasses.asdict(g) for g in (*adapter.prunable_groups(model), *adapter.block_groups(model))]
+
+
+def test_depth_first_takes_the_cheapest_blocks_and_at_most_half_a_stack(vit4):
+    groups = _planner_groups(vit4)
+    costs = {g["name"]: {"latency_share": 0.2 if g["kind"] == "block" else 0.01} for g in groups}
+    damage = {"layers.0.block": 1.0, "layers.1.block": 0.5, "layers.2.block": 0.05, "layers.3.block": 0.3}
+    sensitivity = {g["name"]: {"damage": damage.get(g["name"], 0.001)} for g in groups}
+    config = PlannerConfig()
+    one = depth_first(0.2, groups, costs, sensitivity, "latency", config)
+    assert [name for name, r in one.items() if r] == ["layers.2.block"]
+    two = depth_first(0.4, groups, costs, sensitivity, "latency", config)
+    assert sorted(name for name, r in two.items() if r) == ["layers.2.block", "layers.3.block"]
+    most = depth_first(0.9, groups, costs, sensitivity, "latency", config)
+    assert sum(most.values()) == 2  # half of the four layers, however far the goal
+    below = depth_first(0.4, groups, costs, sensitivity, "latency", config, ceiling=0.39)
+    assert [name for name, r in below.items() if r] == ["layers.2.block"]
+    # a removed block's cost counts once: its width groups add nothing on top
+    ratios = {**two, "layers.2.mlp": 0.5, "layers.2.heads": 0.5}
+    assert estimate_reduction(ratios, groups, costs, "latency") == pytest.approx(0.4)
+
+
+def test_auto_recovery_distills_longer_after_removing_blocks():
+    from profiling_agent.tools.recovery.policy import MAX_STEPS, auto_steps
+
+    assert auto_steps(2000, 32, 100_000) == 125  # two passes over the images
+    assert auto_steps(2000, 32, 100_000, removed_blocks=2) == MAX_STEPS  # five passes, capped
+    assert auto_steps(800, 32, 100_000, removed_blocks=1) == 125
+
+
+def test_a_stack_may_lose_half_its_blocks_counting_those_that_cannot_go(vit4, resnet3):
+    from profiling_agent.tools.compression.depth import block_limits
+
+    assert block_limits(_planner_groups(vit4), 0.5) == {"vit.layers": 2}
+    # three blocks, the first not removable: one may go (half of three, rounded down), never the first
+    assert block_limits(_planner_groups(resnet3), 0.5) == {"resnet.encoder.stages.1.layers": 1}
+    zoo_like = seeded(ResNetForImageClassification, resnet_config(depths=[1, 2]))
+    assert block_limits(_planner_groups(zoo_like), 0.5) == {"resnet.encoder.stages.1.layers": 1}
+    assert block_limits(_planner_groups(zoo_like), 0.4) == {"resnet.encoder.stages.1.layers": 0}
+
+
+def test_a_latency_plan_removes_the_cheapest_blocks_first_and_prunes_no_width_inside_them(vit4):
+    from profiling_agent.tools.planning.deterministic import plan_round
+
+    groups = _planner_groups(vit4)
+    costs = {  # as on the zoo ViT at batch 1: a layer is a fifth of the time, its channels and heads little of it
+        g["name"]: {"latency_share": 0.2 if g["kind"] == "block" else 0.02, "macs_share": 0.1, "params_share": 0.1}
+        for g in groups
+    }
+    damage = {"layers.0.block": 1.0, "layers.1.block": 0.5, "layers.2.block": 0.05, "layers.3.block": 0.3}
+    sensitivity = {g["name"]: {"damage": damage.get(g["name"], 0.01)} for g in groups}
+    result = plan_round(groups, costs, sensitivity, Objective(target="latency", target_reduction=0.38), [])
+    blocks = [e.layer for e in result.plan.pruning if e.type == "block"]
+    assert blocks == ["^vit\\.layers\\.2$", "^vit\\.layers\\.3$"]
+    assert all(e.ratio == 1.0 for e in result.plan.pruning if e.type == "block")
+    assert not [
+        e for e in result.plan.pruning if e.type != "block" and ("layers\\.2" in e.layer or "layers\\.3" in e.layer)
+    ]
+    # where channels and heads alone can reach the goal, no block goes
+    wide = {name: {**c, "latency_share": 0.08} if "block" not in name else c for name, c in costs.items()}
+    assert not [e for e in plan_round(groups, wide, sensitivity, Objective(target="latency", target_reduction=0.38),
+                                      []).plan.pruning if e.type == "block"]  # fmt: skip
+    # the same groups under a params target: no block groups planned unless the round lists them (depth off)
+    width = [g for g in groups if g["kind"] != "block"]
+    params = plan_round(width, costs, sensitivity, Objective(target="params", target_reduction=0.3), [])
+    assert params.plan.pruning and not [e for e in params.plan.pruning if e.type == "block"]
+
+
+def test_swin_removes_the_last_block_of_a_stage_and_rebuilds_from_its_config(tmp_path):
+    from tiny import swin_config
+    from transformers import SwinForImageClassification
+
+    model = seeded(SwinForImageClassification, swin_config(depths=[2, 2]))
+    adapter = adapter_for(model)
+    assert [g.module for g in adapter.block_groups(model)] == [
+        "swin.encoder.layers.0.blocks.1",
+        "swin.encoder.layers.1.blocks.1",
+    ]
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    pruned = copy.deepcopy(model)
+    entries = [{"layer": "layers\\.1\\.blocks\\.1$", "type": "block", "ratio": 1.0}]
+    report = prune_model(pruned, entries, x[:1])
+    assert pruned.config.depths == [2, 1]
+    save_artifact(pruned, tmp_path / "s", attrs=report.attrs)
+    with torch.no_grad():
+        expected = _skipping(model, ["swin.encoder.layers.1.blocks.1"], swin=True)(x).logits
+        assert torch.allclose(pruned(x).logits, expected, atol=1e-5)
+        assert torch.allclose(load_artifact(tmp_path / "s").model.eval()(x).logits, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="only the last block"):
+        adapter.drop_blocks(copy.deepcopy(model), ["swin.encoder.layers.0.blocks.0"])

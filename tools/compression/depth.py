@@ -1,0 +1,129 @@
+"""Depth pruning: remove whole blocks from a model's block stacks (ModuleList or Sequential) and renumber the rest.
+
+A transformer layer or a residual block with an identity shortcut computes `x + f(x)`; removing it leaves the
+hidden state as it was, so the model stays valid and its later blocks keep their weights. The stack is rebuilt
+without the removed blocks, so module names are renumbered (the block that was `layers.3` may become `layers.2`)
+and the config's depth field says the new count: the saved model rebuilds from its config like any other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import nn
+
+
+def drop_from_stack(model: nn.Module, stack: str, indices: Iterable[int], keep_at_least: int = 1) -> dict[str, str]:
+    """Remove the children at `indices` of the ModuleList or Sequential `stack` and renumber the others.
+
+    Args:
+        model: The model, changed in place.
+        stack: Module name of the container, e.g. "vit.layers".
+        indices: Child positions to remove.
+        keep_at_least: Children that must remain.
+
+    Returns:
+        {old child name: new child name} for every child kept, as full module names.
+
+    Raises:
+        ValueError: An index is out of range, or fewer than `keep_at_least` children would remain.
+    """
+    container = model.get_submodule(stack)
+    if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+        raise ValueError(f"{stack} is a {type(container).__name__}, not a ModuleList or Sequential")
+    children = list(container)
+    drop = set(indices)
+    if not drop <= set(range(len(children))):
+        raise ValueError(f"{stack} has {len(children)} blocks; cannot remove {sorted(drop)}")
+    kept = [i for i in range(len(children)) if i not in drop]
+    if len(kept) < keep_at_least:
+        raise ValueError(
+            f"removing {len(drop)} of the {len(children)} blocks of {stack} leaves fewer than {keep_at_least}"
+        )
+    chosen = [children[i] for i in kept]
+    rebuilt = nn.Sequential(*chosen) if isinstance(container, nn.Sequential) else nn.ModuleList(chosen)
+    parent_name, _, child = stack.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, rebuilt)
+    return {f"{stack}.{old}": f"{stack}.{new}" for new, old in enumerate(kept)}
+
+
+def split_block_name(name: str) -> tuple[str, int]:
+    """Split a block's module name into its stack and position ("vit.layers.3" -> ("vit.layers", 3)).
+
+    Raises:
+        ValueError: The name does not end in a position.
+    """
+    stack, _, index = name.rpartition(".")
+    if not stack or not index.isdigit():
+        raise ValueError(f"{name!r} does not name a block in a stack")
+    return stack, int(index)
+
+
+def group_by_stack(blocks: Iterable[str]) -> dict[str, list[int]]:
+    """Group block names by their stack: {stack: [positions]}."""
+    out: dict[str, list[int]] = {}
+    for name in blocks:
+        stack, index = split_block_name(name)
+        out.setdefault(stack, []).append(index)
+    return out
+
+
+def drop_stage_blocks(model: nn.Module, blocks: list[str], allowed: set[str], only: str) -> dict[str, str]:
+    """Remove `blocks` from staged stacks ("<...>.<stage>.<blocks>.<i>") and lower `model.config.depths` to match.
+
+    Args:
+        model: A ResNet- or Swin-shaped model whose config has per-stage `depths`; changed in place.
+        blocks: Block module names to remove.
+        allowed: The names that may go (the adapter's block groups).
+        only: What may go, for the error ("only the last block of a Swin stage").
+
+    Returns:
+        {old block name: new name} of the blocks kept in the stacks that changed.
+
+    Raises:
+        ValueError: A name is not in `allowed`.
+    """
+    wrong = sorted(set(blocks) - allowed)
+    if wrong:
+        raise ValueError(f"cannot remove {wrong[0]}: {only}")
+    config: Any = model.config
+    depths = list(config.depths)
+    renamed: dict[str, str] = {}
+    for stack, indices in group_by_stack(blocks).items():
+        renamed.update(drop_from_stack(model, stack, indices))
+        depths[int(stack.split(".")[-2])] -= len(set(indices))
+    config.depths = depths
+    return renamed
+
+
+def stack_of(block: str) -> str:
+    """Return the stack a block belongs to: its module name without the position ("vit.layers.3" -> "vit.layers")."""
+    return block.rpartition(".")[0]
+
+
+def block_limits(groups: Iterable[Any], fraction: float) -> dict[str, int]:
+    """Return how many blocks of each stack a plan may remove.
+
+    At most `fraction` of the stack's blocks (all of them, removable or not: a block group's `extra["stack_blocks"]`),
+    never all of them, and never more than its removable ones. Groups are PrunableGroups or their dicts.
+
+    Returns:
+        {stack: blocks that may go}, for every stack with a block group.
+    """
+    removable: dict[str, int] = {}
+    total: dict[str, int] = {}
+    for group in groups:
+        fields = group if isinstance(group, Mapping) else vars(group)
+        if fields.get("kind") != "block":
+            continue
+        stack = stack_of(str(fields["module"]))
+        removable[stack] = removable.get(stack, 0) + 1
+        total[stack] = max(total.get(stack, 0), int((fields.get("extra") or {}).get("stack_blocks", 0)))
+    out = {}
+    for stack, n in removable.items():
+        size = max(total[stack], n)
+        out[stack] = max(0, min(n, size - 1, math.floor(size * fraction + 1e-9)))
+    return out

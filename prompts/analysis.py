@@ -31,6 +31,7 @@ DEFAULT_BOUNDS: dict[str, Any] = {
     "min_ratio": 0.01,
     "max_ratio_structured": 0.8,
     "max_ratio_head": 0.75,
+    "max_block_fraction": 0.5,
     "max_predicted_param_reduction": 0.9,
     "max_regex_len": MAX_REGEX_LEN,
 }
@@ -251,6 +252,30 @@ def _latency_note(profile: dict[str, Any]) -> str:
     )
 
 
+def depth_note(
+    groups: list[dict[str, Any]],
+    limits: dict[str, int] | None = None,
+    fraction: float = DEFAULT_BOUNDS["max_block_fraction"],
+) -> str:
+    """Explain "block" entries when the groups include block groups (depth pruning is on); "" otherwise.
+
+    `limits` ({stack: blocks that may go}, the profile's `block_limits`, computed by the planning side with the
+    guard's rule) are listed when given.
+    """
+    if not any(g.get("kind") == "block" for g in groups):
+        return ""
+    listed = [f"{n} blocks of {s}" for s, n in (limits or {}).items()]
+    here = "; ".join(listed[:6]) + (f" and {len(listed) - 6} more stacks" if len(listed) > 6 else "")
+    return (
+        '\nDepth: a "block" group is a whole block (a transformer layer, or a residual block with an identity '
+        'shortcut). A pruning entry of type "block" must have ratio 1.0: it removes that block and its whole cost (the '
+        "shares in its row), which is what cuts batch-1 latency most on small models.\n"
+        f"Remove at most {fraction:.0%} of the blocks of a stack, never all"
+        + (f" (here at most {here})" if here else "")
+        + '; "structured" and "head" entries inside a removed block are moot.'
+    )
+
+
 def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_info: dict[str, Any]) -> str:
     """Render the profile part shared by the analysis and iterative prompts."""
     groups = list(profile.get("groups") or [])
@@ -263,7 +288,8 @@ def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_in
             f"Model: {info}\n{totals_line(profile.get('totals') or {})}",
             f"Most expensive layers by self latency:\n{top_layers_table(profile.get('layers') or [])}",
             f"Prunable groups ({len(groups)}). {_probe_note(sensitivity)}{_latency_note(profile)}\n"
-            f"{group_table(groups, profile.get('group_costs') or {}, sensitivity)}",
+            f"{group_table(groups, profile.get('group_costs') or {}, sensitivity)}"
+            f"{depth_note(groups, profile.get('block_limits'))}",
             f"Regexes that select whole families of groups:\n{regex_help(groups, protected)}",
             protected_line(protected),
         ]

@@ -128,7 +128,7 @@ class Session:
         self.by_name = {t.name: t for t in self.tools}
         self.deadline = request_deadline(self.ctx)
         self.bound, self.final, self.has_tools = self._bind()
-        caps = {"structured": self.guard.max_ratio_structured, "head": self.guard.max_ratio_head}
+        caps = {"structured": self.guard.max_ratio_structured, "head": self.guard.max_ratio_head, "block": 1.0}
         groups = self.profile.get("groups") or []
         linears = [str(r["name"]) for r in self.profile.get("layers") or [] if "Linear" in str(r.get("type", ""))]
         self.schema = plan_schema(groups, self.guard.allowed_dtypes, caps, self.guard.min_ratio, linears)

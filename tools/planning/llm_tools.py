@@ -89,9 +89,10 @@ def _match_layers(data: PlanningData, pattern: str, kind: str) -> str:
     hits = [g for g in data.groups if g["kind"] == kind and compiled.search(g["module"])]
     guarded = [n for n in data.protected if compiled.search(n)]
     if not hits:
-        other = [g["module"] for g in data.groups if g["kind"] != kind and compiled.search(g["module"])]
+        other = [g for g in data.groups if g["kind"] != kind and compiled.search(g["module"])]
         examples = [g["module"] for g in data.groups if g["kind"] == kind][:3]
-        hint = f" It matches {len(other)} group(s) of the other kind." if other else ""
+        kinds = "/".join(sorted({str(g["kind"]) for g in other}))
+        hint = f" It matches {len(other)} group(s) of the other kind ({kinds})." if other else ""
         return f"error: no {kind} group module matches {pattern!r}.{hint} {kind} modules look like: {examples}"
     rows = [data.group_row(g) for g in hits]
     total = {k: sum(float(r[k] or 0.0) for r in rows) for k in ("params_share", "macs_share", "latency_share")}
@@ -197,15 +198,7 @@ def make_planning_tools(
     if guard is not None:
         data.guard_config = guard
 
-    @tool(parse_docstring=True)
-    def match_layers(pattern: str, kind: Literal["structured", "head"]) -> str:
-        """List the prunable groups whose module name a plan regex would select (re.search), with their costs.
-
-        Args:
-            pattern: The regex exactly as it would appear in a pruning entry's "layer".
-            kind: The pruning entry's "type": "structured" (channels) or "head" (attention heads).
-        """
-        return _match_layers(data, pattern, kind)
+    match_layers = _match_tool(data)
 
     @tool(parse_docstring=True)
     def layer_profile(top: int = 15, sort_by: Literal["latency", "macs", "params"] = "latency") -> str:
@@ -256,6 +249,36 @@ def make_planning_tools(
     if evaluate_fn is not None:
         tools.append(_evaluate_tool(data, evaluate_fn))
     return tools
+
+
+def _match_tool(data: PlanningData) -> BaseTool:
+    """Build match_layers; its "kind" offers "block" only when the profile has block groups (depth pruning on)."""
+    if not any(g["kind"] == "block" for g in data.groups):
+
+        @tool(parse_docstring=True)
+        def match_layers(pattern: str, kind: Literal["structured", "head"]) -> str:
+            """List the prunable groups whose module name a plan regex would select (re.search), with their costs.
+
+            Args:
+                pattern: The regex exactly as it would appear in a pruning entry's "layer".
+                kind: The pruning entry's "type": "structured" (channels) or "head" (attention heads).
+            """
+            return _match_layers(data, pattern, kind)
+
+        return match_layers
+
+    @tool("match_layers", parse_docstring=True)
+    def match_layers_or_blocks(pattern: str, kind: Literal["structured", "head", "block"]) -> str:
+        """List the prunable groups whose module name a plan regex would select (re.search), with their costs.
+
+        Args:
+            pattern: The regex exactly as it would appear in a pruning entry's "layer".
+            kind: The pruning entry's "type": "structured" (channels), "head" (attention heads) or "block" (whole
+                blocks, removed at ratio 1.0).
+        """
+        return _match_layers(data, pattern, kind)
+
+    return match_layers_or_blocks
 
 
 PROPOSAL_NOTE = (

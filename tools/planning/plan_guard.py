@@ -11,7 +11,14 @@ from pydantic import ValidationError
 
 from profiling_agent.prompts.plan_example import example_copy_reasons
 from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
-from profiling_agent.tools.planning.deterministic import effective_ratio, estimate_key, estimate_reduction
+from profiling_agent.tools.compression.depth import block_limits, stack_of
+from profiling_agent.tools.planning.deterministic import (
+    effective_ratio,
+    estimate_key,
+    estimate_reduction,
+    ratio_cap,
+    removed_blocks,
+)
 from profiling_agent.tools.planning.regex_safety import regex_problem, slow_patterns
 
 
@@ -22,6 +29,7 @@ class GuardConfig:
     min_ratio: float = 0.01  # smaller ratios remove nothing worth a pruning pass
     max_ratio_structured: float = 0.8  # the paper's GPT-4-Turbo plans pruned 0.95 and destroyed accuracy
     max_ratio_head: float = 0.75  # keep at least one head in four
+    max_block_fraction: float = 0.5  # depth pruning removes at most this fraction of a stack's blocks (one stays)
     max_predicted_param_reduction: float = 0.9  # estimated from group sizes and cost shares
     max_regex_len: int = MAX_REGEX_LEN  # characters per layer regex
     max_entries: int = 256  # pruning plus quantization entries
@@ -67,13 +75,31 @@ class GuardVerdict:
 # ---------------------------------------------------------------- plan checks
 
 
-def _schema_reasons(error: ValidationError) -> list[str]:
-    reasons = []
-    for item in error.errors()[:12]:
-        where = ".".join(str(part) for part in item["loc"]) or "plan"
+def _schema_reasons(
+    error: ValidationError, explained: dict[int, str] | None = None, kinds: tuple[str, ...] = ()
+) -> list[str]:
+    """Return one reason per schema error (at most 12), located like "pruning.0.ratio".
+
+    A pruning entry in `explained` gets that reason instead of its schema errors; an unknown pruning type is told
+    `kinds` (this model's: "block" only when it has block groups) rather than every type the schema knows.
+    """
+    explained = explained or {}
+    reasons = list(explained.values())
+    for item in error.errors():
+        loc, msg = item["loc"], item["msg"]
+        if len(loc) > 1 and loc[0] == "pruning" and loc[1] in explained:
+            continue
+        if kinds and item["type"] == "literal_error" and len(loc) == 3 and (loc[0], loc[2]) == ("pruning", "type"):
+            msg = f"Input should be {_choices(kinds)}"
+        where = ".".join(str(part) for part in loc) or "plan"
         value = json.dumps(item.get("input"), default=str)[:60] if "input" in item else ""
-        reasons.append(f"{where}: {item['msg']}" + (f" (got {value})" if value else ""))
-    return reasons
+        reasons.append(f"{where}: {msg}" + (f" (got {value})" if value else ""))
+    return reasons[:12]
+
+
+def _choices(values: tuple[str, ...]) -> str:
+    quoted = [repr(v) for v in values]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
 def _protected_names(protected: list[str], layer_names: list[str]) -> list[str]:
@@ -85,8 +111,8 @@ def _is_linear(row: dict[str, Any]) -> bool:
     return "Linear" in str(row.get("type", ""))
 
 
-def _cap(kind: str, config: GuardConfig) -> float:
-    return config.max_ratio_head if kind == "head" else config.max_ratio_structured
+def _min_units(group: dict[str, Any]) -> int:
+    return int(group.get("min_units", 0 if group["kind"] == "block" else 1))
 
 
 def _short(names: list[str], limit: int = 3) -> str:
@@ -114,6 +140,7 @@ class _Checker:
         self.reasons: list[str] = []
         self.warnings: list[str] = []
         self.compiled: dict[str, re.Pattern[str]] = {}
+        self.moot: list[int] = []  # pruning entries that only target groups inside removed blocks
 
     def _label(self, section: str, i: int, layer: str) -> str:
         return f"{section}[{i}] layer {layer!r}"
@@ -143,12 +170,19 @@ class _Checker:
         self.compiled = {layer: re.compile(layer) for layer in safe if layer not in slow}
 
     def check_pruning(self) -> dict[str, float]:
-        """Check ratios, targets and protection; return the requested ratio per targeted group."""
+        """Check ratios, targets, protection and depth; return the requested ratio per targeted group.
+
+        Width groups inside a removed block are moot: they are left out of the ratios, and an entry that only
+        targets such groups is listed in `moot` (the plan drops it).
+        """
         ratios: dict[str, float] = {}
+        matched: list[tuple[int, str, list[dict[str, Any]]]] = []  # (entry index, label, groups it targets)
         for i, entry in enumerate(self.plan.pruning):
             label = self._label("pruning", i, entry.layer)
-            cap = _cap(entry.type, self.config)
-            if entry.ratio < self.config.min_ratio:
+            cap = ratio_cap(entry.type, self.config)
+            if entry.type == "block" and entry.ratio != 1.0:
+                self.reasons.append(f"{label}: a block entry removes the whole block: its ratio must be 1.0")
+            elif entry.ratio < self.config.min_ratio:
                 self.reasons.append(f"{label}: ratio {entry.ratio:g} is below the minimum {self.config.min_ratio:g}")
             if entry.ratio > cap:
                 self.reasons.append(f"{label}: ratio {entry.ratio:g} exceeds the {entry.type} cap {cap:g}")
@@ -165,24 +199,71 @@ class _Checker:
             if not hits:
                 self.reasons.append(self._no_match(label, entry.type, pattern))
                 continue
-            if all(effective_ratio(int(g["units"]), int(g.get("min_units", 1)), entry.ratio) <= 0 for g in hits):
+            if all(effective_ratio(int(g["units"]), _min_units(g), entry.ratio) <= 0 for g in hits):
                 self.warnings.append(
                     f"{label}: ratio {entry.ratio:g} removes no unit from {_short([g['name'] for g in hits])}"
                 )
             for group in hits:
                 ratios[group["name"]] = entry.ratio
-        return {g["name"]: ratios[g["name"]] for g in self.groups if g["name"] in ratios}
+            matched.append((i, label, hits))
+        gone = removed_blocks(ratios, self.groups)
+        self.check_depth(gone, matched)
+        self.moot = self._moot(gone, matched)
+        return {
+            g["name"]: ratios[g["name"]]
+            for g in self.groups
+            if g["name"] in ratios and (g["kind"] == "block" or g.get("block") not in gone)
+        }
+
+    def check_depth(self, gone: set[str], matched: list[tuple[int, str, list[dict[str, Any]]]]) -> None:
+        """Refuse removing every block of a stack, or more than `max_block_fraction` of them (block groups count)."""
+        stacks: dict[str, list[str]] = {}
+        for group in self.groups:
+            if group["kind"] == "block":
+                stacks.setdefault(stack_of(str(group["module"])), []).append(str(group["module"]))
+        fraction = self.config.max_block_fraction
+        limits = block_limits(self.groups, fraction)
+        for stack, blocks in stacks.items():
+            removed = [b for b in blocks if b in gone]
+            allowed = limits[stack]
+            if len(removed) <= allowed:
+                continue
+            labels = [label for _, label, hits in matched if any(g["module"] in removed for g in hits)]
+            what = (
+                f"removes every removable block of {stack} ({len(blocks)})"
+                if len(removed) == len(blocks)
+                else f"removes {len(removed)} of the {len(blocks)} removable blocks of {stack}"
+            )
+            self.reasons.append(
+                f"{_short(labels, 2)}: {what}; at most {allowed} may go ({fraction:.0%} of a stack, at least one "
+                "kept): remove fewer blocks"
+            )
+
+    def _moot(self, gone: set[str], matched: list[tuple[int, str, list[dict[str, Any]]]]) -> list[int]:
+        """Return the width entries whose every group lies inside a removed block, with a warning for each."""
+        moot = []
+        for i, label, hits in matched:
+            inside = [g for g in hits if g["kind"] != "block" and g.get("block") in gone]
+            if not inside:
+                continue
+            names = _short([g["name"] for g in inside])
+            if len(inside) == len(hits):
+                moot.append(i)
+                self.warnings.append(f"{label}: dropped as moot: {names} lie inside removed blocks")
+            else:
+                self.warnings.append(f"{label}: {names} lie inside removed blocks: moot, not counted")
+        return moot
 
     def _example(self, kind: str) -> str:
         return next((g["module"] for g in self.groups if g["kind"] == kind), "module.name")
 
     def _no_match(self, label: str, kind: str, pattern: re.Pattern[str]) -> str:
-        other = [g["name"] for g in self.groups if g["kind"] != kind and pattern.search(g["module"])]
+        other = [g for g in self.groups if g["kind"] != kind and pattern.search(g["module"])]
         if other:
-            other_kind = "structured" if kind == "head" else "head"
+            other_kind = str(other[0]["kind"])
             return (
-                f"{label}: matches no {kind} group, only {_short(other, 2)} (a {other_kind} group): use type "
-                f"{other_kind!r} for it, or change the regex"
+                f"{label}: matches no {kind} group, only {_short([g['name'] for g in other], 2)} (a {other_kind} "
+                f"group): use type {other_kind!r} for it, or change the regex"
             )
         examples = [g["module"] for g in self.groups if g["kind"] == kind][:2]
         if not examples:
@@ -238,7 +319,7 @@ def _expand_group_entry(entry: dict[str, Any], i: int, groups: list[dict[str, An
         group = by_name.get(name)
         if group is None:
             reasons.append(f"{label}: unknown group {name[:80]!r}; group names look like {_short(list(by_name), 2)}")
-        elif kind in ("structured", "head") and group["kind"] != kind:
+        elif kind in ("structured", "head", "block") and group["kind"] != kind:
             reasons.append(f"{label}: group {name!r} is a {group['kind']} group: use type {group['kind']!r} for it")
         else:
             rest = {k: v for k, v in entry.items() if k != "groups"}
@@ -265,6 +346,34 @@ def expand_groups(plan: dict[str, Any], groups: list[dict[str, Any]]) -> tuple[d
         else:
             out.append(entry)
     return {**plan, "pruning": out}, reasons
+
+
+def _ratio_reasons(plan: dict[str, Any], depth: bool, config: GuardConfig) -> dict[int, str]:
+    """Explain, per pruning entry, a ratio its type can never take (the schema's own message reads worse).
+
+    A block entry removes the whole block, so its ratio is exactly 1.0; a channel or head entry stays below 1.0
+    (the hint about "block" is given only with `depth`: the model has block groups).
+    """
+    entries = plan.get("pruning")
+    out: dict[int, str] = {}
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        ratio = entry.get("ratio") if isinstance(entry, dict) else None
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool):
+            continue
+        kind, layer = entry.get("type"), entry.get("layer")
+        named = f" (layer {layer!r})" if isinstance(layer, str) else ""
+        if kind == "block" and ratio != 1.0:
+            out[i] = (
+                f"pruning.{i}.ratio: a block entry{named} removes the whole block, so its ratio must be 1.0, not "
+                f"{ratio:g}; to thin a block instead, use type 'structured' or 'head' on its groups"
+            )
+        elif kind in ("structured", "head") and ratio >= 1.0:
+            hint = "; type 'block' removes a whole block" if depth else ""
+            out[i] = (
+                f"pruning.{i}.ratio: a {kind} entry's ratio{named} must be less than 1, got {ratio:g} (the {kind} cap "
+                f"is {ratio_cap(str(kind), config):g}){hint}"
+            )
+    return out
 
 
 def _needs_pruning(plan: CompressionPlan, target: str | None, target_reduction: float) -> list[str]:
@@ -331,7 +440,10 @@ def check_plan(
     try:
         parsed = plan if isinstance(plan, CompressionPlan) else CompressionPlan.model_validate(plan)
     except ValidationError as exc:
-        return GuardVerdict(False, None, _schema_reasons(exc))
+        depth = any(g["kind"] == "block" for g in groups)
+        explained = _ratio_reasons(plan, depth, config) if isinstance(plan, dict) else {}
+        kinds = ("structured", "head", "block") if depth else ("structured", "head")
+        return GuardVerdict(False, None, _schema_reasons(exc, explained, kinds))
     n = len(parsed.pruning) + len(parsed.quantization)
     if n > config.max_entries:
         return GuardVerdict(False, None, [f"the plan has {n} entries (at most {config.max_entries})"])
@@ -346,4 +458,8 @@ def check_plan(
         copied = example_copy_reasons({}, groups, ratios) if config.refuse_example else []
         checker.reasons += copied + _under_target(estimate, config)
     ok = not checker.reasons
+    if ok and checker.moot:  # width entries inside removed blocks do nothing: the applied plan leaves them out
+        parsed = parsed.model_copy(
+            update={"pruning": [e for i, e in enumerate(parsed.pruning) if i not in checker.moot]}
+        )
     return GuardVerdict(ok, parsed if ok else None, checker.reasons, checker.warnings, ratios, estimate)

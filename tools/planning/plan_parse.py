@@ -71,8 +71,23 @@ def _clean_entries(raw: Any, allowed: tuple[str, ...], label: str, notes: list[s
     ]
 
 
+def _whole_blocks(entries: Any, notes: list[str]) -> Any:
+    """Give a "block" entry that left out its ratio the only one it can have (1.0: the block is removed), noted."""
+    if not isinstance(entries, list):
+        return entries
+    out = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict) and entry.get("type") == "block" and entry.get("ratio") is None:
+            notes.append(f"pruning[{i}]: a block entry without a ratio removes the whole block: ratio set to 1.0")
+            entry = {**entry, "ratio": 1.0}
+        out.append(entry)
+    return out
+
+
 def normalize_plan(value: Any) -> tuple[dict[str, Any], list[str]]:
     """Unwrap and tidy a parsed plan: {"plan": {...}} wrappers, null lists, unknown scalar keys dropped with a note.
+
+    A "block" entry without a ratio gets 1.0 (a block is removed whole; any other ratio is the guard's to refuse).
 
     Raises:
         ValueError: When `value` is not an object, or an unknown key holds content (lists or objects) that
@@ -90,7 +105,7 @@ def normalize_plan(value: Any) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     value = _drop_unknown(value, PLAN_KEYS, "plan", notes)
     plan = {
-        "pruning": _clean_entries(value.get("pruning"), PRUNE_KEYS, "pruning", notes),
+        "pruning": _whole_blocks(_clean_entries(value.get("pruning"), PRUNE_KEYS, "pruning", notes), notes),
         "quantization": _clean_entries(value.get("quantization"), QUANT_KEYS, "quantization", notes),
         "rationale": value.get("rationale") if isinstance(value.get("rationale"), str) else "",
     }

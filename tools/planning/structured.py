@@ -48,9 +48,16 @@ def plan_schema(
     constrained model can neither invent a group nor mis-escape a regex), one entry shape per unit kind (`anyOf`:
     "head" entries list head groups only, with ratios up to the head cap; a real 135M model kept writing
     "structured" for head groups). The guard checks this form and, for unconstrained answers, also the `layer`
-    regex form. Ratios come from a grid, and quantization entries name "all" or one exact Linear layer.
+    regex form. Ratios come from a grid, and quantization entries name "all" or one exact Linear layer. A "block"
+    entry (present only when the groups include block groups, i.e. depth pruning is on) removes whole blocks: its
+    only ratio is 1.0.
     """
     kinds = sorted({str(g["kind"]) for g in groups}) or ["structured", "head"]
+
+    width_cap = max((cap for kind, cap in caps.items() if kind != "block"), default=0.8)
+
+    def ratios_for(kind: str) -> list[float]:  # a block is removed whole: 1.0 is its one ratio
+        return [1.0] if kind == "block" else ratio_grid(min_ratio, caps.get(kind, width_cap))
 
     def entry(kind: str) -> dict[str, Any]:  # one entry shape per unit kind: a head group cannot get "structured"
         names = [str(g["name"]) for g in groups if str(g["kind"]) == kind] or [str(g["name"]) for g in groups]
@@ -64,10 +71,7 @@ def plan_schema(
                     "minItems": 1,
                     "maxItems": len(names),
                 },
-                "ratio": {
-                    "type": "number",
-                    "enum": ratio_grid(min_ratio, caps.get(kind, max(caps.values(), default=0.8))),
-                },
+                "ratio": {"type": "number", "enum": ratios_for(kind)},
                 "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
             },
             "required": ["type", "groups", "ratio", "justification"],

@@ -35,7 +35,10 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = context_of(runtime)
     loaded = load_artifact_model(state, state.baseline)
     tensors = prepared(state)
-    groups = adapter_for(loaded.model).prunable_groups(loaded.model)
+    adapter = adapter_for(loaded.model)
+    groups = adapter.prunable_groups(loaded.model)
+    if state.objective.prunes_depth():  # what removing each whole block costs, for depth pruning
+        groups += adapter.block_groups(loaded.model)
     started, wall = time.process_time(), time.perf_counter()
     report = progress_callback(runtime, "sensitivity probe")
 

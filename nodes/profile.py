@@ -21,7 +21,13 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     loaded = load_artifact_model(state, state.baseline)
     emit(runtime, kind="progress", task="profiling", done=0, total=1, label="baseline")
     summary, message = profile_baseline(
-        loaded.model, input_chw(state), device, ctx.backend, state.objective.target, run_dir(state) / "profile.json"
+        loaded.model,
+        input_chw(state),
+        device,
+        ctx.backend,
+        state.objective.target,
+        run_dir(state) / "profile.json",
+        depth=state.objective.prunes_depth(),
     )
     emit(runtime, kind="progress", task="profiling", done=1, total=1, label="baseline")
     return {"profile": summary, "history": event("profile", message)}

@@ -63,6 +63,7 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
         pruned=pruned, pruned_path=absolute(state, pruned.path if pruned else "."),
         baseline_path=absolute(state, base.path if base else "."), dataset_ref=state.dataset.ref,
         emit=lambda **payload: emit(runtime, **payload), macs=state.current.macs,
+        removed_blocks=sum(a.kind == "block" for a in state.current.applied),
     )  # fmt: skip
 
 

@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--thread-id", default=None, help="run id and folder name: letters, digits, . _ - (default: generated)"
     )
     run.add_argument("--approve", action="store_true", help="pause before each plan is applied for your decision")
+    run.add_argument(
+        "--depth",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let the planners remove whole blocks (ViT/DeiT layers, ResNet identity blocks) as well as channels and "
+        "heads (default: only under --target latency)",
+    )
     _add_context_flags(run)
     _add_checkpoint_flag(run)
 
@@ -265,6 +272,7 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     objective: dict[str, Any] = {}
     for key in ("iterations", "planner", "ratio", "quantize", "select", "max_acc_drop", "target", "target_reduction"):
         _set(objective, key, getattr(args, key))
+    _set(objective, "depth", getattr(args, "depth", None))
     if getattr(args, "allow_weak_eval", False):
         dataset["allow_weak_eval"] = True
     if getattr(args, "approve", False):

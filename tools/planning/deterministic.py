@@ -4,26 +4,23 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from profiling_agent.state import (
-    Candidate,
     CompressionPlan,
-    EvalRecord,
     Objective,
     PruneEntry,
     QuantEntry,
     QuantizeChoice,
 )
+from profiling_agent.tools.compression.depth import block_limits, stack_of
 from profiling_agent.tools.compression.units import removed_units, unit_align
 from profiling_agent.tools.evaluation.selection import (
-    accuracy_drop,
     quantization_slowed,
     torch_quantized_delivery,
-    within_budget,
 )
+from profiling_agent.tools.planning.depth_plan import depth_first
 
 
 @dataclass
@@ -32,6 +29,7 @@ class PlannerConfig:
 
     max_ratio_structured: float = 0.8  # never remove more than 80% of a group's channels
     max_ratio_head: float = 0.75  # never remove more than 3 of 4 heads
+    max_block_fraction: float = 0.5  # depth pruning removes at most half the blocks of a stack
     gamma_start: float = 1.0  # sensitivity exponent in round 1
     gamma_step_up: float = 0.5  # after a candidate missed the budget
     gamma_step_down: float = 0.25  # after a candidate kept the budget
@@ -57,7 +55,30 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _share(cost: dict[str, Any], key: str) -> float:
+class RatioCaps(Protocol):
+    """The per-kind ratio bounds a planner or the guard holds (PlannerConfig, GuardConfig)."""
+
+    max_ratio_structured: float
+    max_ratio_head: float
+
+
+def ratio_cap(kind: str, config: RatioCaps) -> float:
+    """Return the largest ratio of a group of `kind` (a block is removed whole: its cap, and only ratio, is 1.0)."""
+    return {"head": config.max_ratio_head, "block": 1.0}.get(kind, config.max_ratio_structured)
+
+
+def removed_blocks(ratios: dict[str, float], groups: list[dict[str, Any]]) -> set[str]:
+    """Return the module names of the block groups that `ratios` removes."""
+    return {
+        str(g["module"])
+        for g in groups
+        if g.get("kind") == "block"
+        and effective_ratio(int(g["units"]), int(g.get("min_units", 0)), ratios.get(g["name"], 0.0))
+    }
+
+
+def group_share(cost: dict[str, Any], key: str) -> float:
+    """Return a group's `<key>_share` from its cost row (0 when absent)."""
     return float(cost.get(f"{key}_share", 0.0) or 0.0)
 
 
@@ -91,28 +112,70 @@ def aligned_ratio(group: dict[str, Any], ratio: float, cap: float = 1.0, align: 
     return removed / units
 
 
+def latency_gain(group: dict[str, Any], cost: dict[str, Any], config: PlannerConfig) -> float:
+    """Return the latency share pruning `group` as far as the planner may saves, by its measured curve if any.
+
+    The curve (the delivered form's node times at a few ratios) says what pruning really buys: on a small model at
+    batch 1 narrower layers save little, and the group's node-time share would overstate it.
+    """
+    curve = cost.get("latency_curve")
+    if not curve or group["kind"] == "block":
+        return group_share(cost, "latency")
+    return max(0.0, float(np_interp(ratio_cap(group["kind"], config), curve["ratios"], curve["saved_share"])))
+
+
 def group_weights(
-    groups: list[dict[str, Any]], costs: dict[str, dict[str, Any]], sensitivity: dict[str, dict[str, Any]], gamma: float
+    groups: list[dict[str, Any]],
+    costs: dict[str, dict[str, Any]],
+    sensitivity: dict[str, dict[str, Any]],
+    gamma: float,
+    target: str = "params",
+    config: PlannerConfig | None = None,
 ) -> dict[str, float]:
-    """Weight each group by cost / damage**gamma, normalized to mean 1 over the groups."""
+    """Weight each group by cost / damage**gamma, normalized to mean 1 over the groups.
+
+    The cost is half the latency share and half the MACs share; under a latency target it is what the group's
+    pruning saves in the delivered form (`latency_gain`), the only cost that target counts.
+    """
+    config = config or PlannerConfig()
     raw: dict[str, float] = {}
     damages = [float(sensitivity.get(g["name"], {}).get("damage", 0.0)) for g in groups]
     floor = max(1e-4, 0.05 * (sum(damages) / len(damages) if damages else 0.0))
     for group in groups:
         cost = costs.get(group["name"], {})
-        c = 0.5 * _share(cost, "latency") + 0.5 * _share(cost, "macs") or _share(cost, "params") or 1e-6
+        c = 0.5 * group_share(cost, "latency") + 0.5 * group_share(cost, "macs") or group_share(cost, "params") or 1e-6
+        if target == "latency":
+            c = latency_gain(group, cost, config) or 1e-6
         d = float(sensitivity.get(group["name"], {}).get("damage", 0.0)) + floor
         raw[group["name"]] = c / d**gamma
     mean = sum(raw.values()) / len(raw) if raw else 1.0
     return {k: v / mean for k, v in raw.items()} if mean > 0 else dict.fromkeys(raw, 1.0)
 
 
-def _ratios_at(level: float, groups, weights, config: PlannerConfig) -> dict[str, float]:
+def _ratios_at(level: float, groups, weights, config: PlannerConfig, fixed=None) -> dict[str, float]:
     out = {}
     for g in groups:
-        cap = config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured
+        if fixed is not None and g["name"] in fixed:
+            out[g["name"]] = fixed[g["name"]]
+            continue
+        cap = ratio_cap(g["kind"], config)
         out[g["name"]] = aligned_ratio(g, min(cap, level * weights[g["name"]]), cap, config.align_channels)
-    return out
+    return _limit_depth(out, groups, weights, config)
+
+
+def _limit_depth(ratios: dict[str, float], groups, weights, config: PlannerConfig) -> dict[str, float]:
+    """Keep at most `max_block_fraction` of each stack's blocks removed (and one block): the highest weights stay."""
+    stacks: dict[str, list[dict[str, Any]]] = {}
+    for g in groups:
+        if g["kind"] == "block":
+            stacks.setdefault(stack_of(str(g["module"])), []).append(g)
+    limits = block_limits(groups, config.max_block_fraction)
+    for stack, members in stacks.items():
+        allowed = limits[stack]
+        removed = [g for g in members if ratios.get(g["name"], 0.0) >= 1.0]
+        for g in sorted(removed, key=lambda g: (-weights[g["name"]], g["name"]))[max(0, allowed) :]:
+            ratios[g["name"]] = 0.0
+    return ratios
 
 
 def estimate_reduction(
@@ -121,13 +184,16 @@ def estimate_reduction(
     """Estimate the fractional reduction of `target` from per-group ratios and group cost shares."""
     key = estimate_key(target)
     total = 0.0
+    gone = removed_blocks(ratios, groups)  # a removed block's cost counts once, through its block group
     for g in groups:
+        if g.get("kind") != "block" and g.get("block") in gone:
+            continue
         r = effective_ratio(int(g["units"]), int(g.get("min_units", 1)), ratios.get(g["name"], 0.0))
         curve = costs.get(g["name"], {}).get("latency_curve") if key == "latency" else None
         if curve:  # measured on the delivered backend at a few ratios (tools/profiling/latency_model.py)
             total += float(np_interp(r, curve["ratios"], curve["saved_share"]))
         else:
-            total += r * _share(costs.get(g["name"], {}), key)
+            total += r * group_share(costs.get(g["name"], {}), key)
     return total
 
 
@@ -142,37 +208,50 @@ def np_interp(x: float, xs: list[float], ys: list[float]) -> float:
 
 
 def solve_ratios(
-    goal: float, groups, costs, weights, target: str, config: PlannerConfig
+    goal: float, groups, costs, weights, target: str, config: PlannerConfig, fixed=None
 ) -> tuple[dict[str, float], float]:
-    """Bisect a common level so the estimated reduction reaches `goal`; return ratios and their estimate."""
+    """Bisect a common level so the estimated reduction reaches `goal`; return ratios and their estimate.
+
+    `fixed` ({group: ratio}) holds some groups' ratios (the blocks depth pruning removes) out of the level.
+    """
     lo, hi = 0.0, 1.0
-    while estimate_reduction(_ratios_at(hi, groups, weights, config), groups, costs, target) < goal and hi < 1e3:
+    while estimate_reduction(_ratios_at(hi, groups, weights, config, fixed), groups, costs, target) < goal and hi < 1e3:
         hi *= 2
     for _ in range(60):
         mid = (lo + hi) / 2
-        if estimate_reduction(_ratios_at(mid, groups, weights, config), groups, costs, target) >= goal:
+        if estimate_reduction(_ratios_at(mid, groups, weights, config, fixed), groups, costs, target) >= goal:
             hi = mid
         else:
             lo = mid
-    ratios = _ratios_at(hi, groups, weights, config)
+    ratios = _ratios_at(hi, groups, weights, config, fixed)
     return ratios, estimate_reduction(ratios, groups, costs, target)
 
 
 def solve_below(
-    ceiling: float, groups, costs, weights, target: str, config: PlannerConfig
+    ceiling: float, groups, costs, weights, target: str, config: PlannerConfig, fixed=None
 ) -> tuple[dict[str, float], float]:
     """Return the strongest ratios (common level) whose estimated reduction stays strictly below `ceiling`."""
     lo, hi = 0.0, 1.0
-    while estimate_reduction(_ratios_at(hi, groups, weights, config), groups, costs, target) < ceiling and hi < 1e3:
+    while (
+        estimate_reduction(_ratios_at(hi, groups, weights, config, fixed), groups, costs, target) < ceiling and hi < 1e3
+    ):
         hi *= 2
     for _ in range(60):
         mid = (lo + hi) / 2
-        if estimate_reduction(_ratios_at(mid, groups, weights, config), groups, costs, target) < ceiling:
+        if estimate_reduction(_ratios_at(mid, groups, weights, config, fixed), groups, costs, target) < ceiling:
             lo = mid
         else:
             hi = mid
-    ratios = _ratios_at(lo, groups, weights, config)
+    ratios = _ratios_at(lo, groups, weights, config, fixed)
     return ratios, estimate_reduction(ratios, groups, costs, target)
+
+
+def depth_first_blocks(goal, groups, costs, sensitivity, target: str, config: PlannerConfig, ceiling=None):
+    """`depth_plan.depth_first` with this planner's caps and estimate."""
+    caps = {g["name"]: ratio_cap(g["kind"], config) for g in groups if g["kind"] != "block"}
+    latency = {g["name"]: group_share(costs.get(g["name"], {}), "latency") for g in groups}
+    return depth_first(goal, groups, latency, sensitivity, caps, config.max_block_fraction,
+                       lambda ratios: estimate_reduction(ratios, groups, costs, target), ceiling)  # fmt: skip
 
 
 def ceiling_of(history: list[dict[str, Any]]) -> float | None:
@@ -190,9 +269,10 @@ def ceiling_of(history: list[dict[str, Any]]) -> float | None:
 
 def max_feasible(groups, costs, target: str, config: PlannerConfig) -> float:
     """Return the largest reduction the ratio caps allow."""
-    caps = {g["name"]: config.max_ratio_head if g["kind"] == "head" else config.max_ratio_structured for g in groups}
+    caps = {g["name"]: ratio_cap(g["kind"], config) for g in groups}
     aligned = {g["name"]: aligned_ratio(g, caps[g["name"]], caps[g["name"]], config.align_channels) for g in groups}
-    return estimate_reduction(aligned, groups, costs, target)
+    weights = {g["name"]: float(group_share(costs.get(g["name"], {}), estimate_key(target))) for g in groups}
+    return estimate_reduction(_limit_depth(aligned, groups, weights, config), groups, costs, target)
 
 
 def next_goal(
@@ -241,12 +321,15 @@ def next_goal(
 def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], rank: int, n: int, ratio: float) -> str:
     units, min_units = int(group["units"]), int(group.get("min_units", 1))
     removed = round(effective_ratio(units, min_units, ratio) * units)
-    what = "heads" if group["kind"] == "head" else "channels"
-    return (
-        f"{group['name']}: {_share(cost, 'latency'):.1%} of latency, {_share(cost, 'macs'):.1%} of MACs, "
-        f"{_share(cost, 'params'):.1%} of params; probe damage {float(sens.get('damage', 0.0)):.3g} "
-        f"(rank {rank}/{n}, 1 = least sensitive); removes {removed} of {units} {what}"
+    shares = (
+        f"{group['name']}: {group_share(cost, 'latency'):.1%} of latency, {group_share(cost, 'macs'):.1%} of MACs, "
+        f"{group_share(cost, 'params'):.1%} of params; "
     )
+    damage = f"probe damage {float(sens.get('damage', 0.0)):.3g} (rank {rank}/{n}, 1 = least sensitive)"
+    if group["kind"] == "block":
+        return f"{shares}removing the whole block costs {damage}"
+    what = "heads" if group["kind"] == "head" else "channels"
+    return f"{shares}{damage}; removes {removed} of {units} {what}"
 
 
 def slowed_round(history: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -335,11 +418,15 @@ def plan_round(
         goal, gamma, converged = last["goal"], last["gamma"], False
         repeat_of = last
         why = f"repeating round {last.get('iteration', '?')}'s pruning, which kept the budget, without quantization"
-    weights = group_weights(groups, costs, sensitivity, gamma)
-    ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config)
+    weights = group_weights(groups, costs, sensitivity, gamma, objective.target, config)
+    depth = objective.target == "latency" and any(g["kind"] == "block" for g in groups)
+    fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config) if depth else None
+    ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)
     ceiling = ceiling_of(history) if repeat_of is None else None
     if ceiling is not None and estimate >= ceiling - 1e-9:  # whole units rounded back up to a refused plan
-        ratios, estimate = solve_below(ceiling - 1e-9, groups, costs, weights, objective.target, config)
+        if depth:
+            fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config, ceiling - 1e-9)
+        ratios, estimate = solve_below(ceiling - 1e-9, groups, costs, weights, objective.target, config, fixed)
         kept = max((h["goal"] for h in history if h["passed"] and h["goal"] < ceiling), default=0.0)
         if kept > 0 and estimate <= kept + 1e-9:
             converged = True
@@ -348,14 +435,22 @@ def plan_round(
     rank = {g["name"]: i + 1 for i, g in enumerate(order)}
     entries = []
     emitted: dict[str, float] = {}
+    gone = removed_blocks(ratios, groups)
     for group in groups:
         solved, units, min_units = ratios[group["name"]], int(group["units"]), int(group.get("min_units", 1))
-        ratio = math.ceil(solved * 1e4) / 1e4  # four decimals, rounded to keep exactly the solved whole units
-        if effective_ratio(units, min_units, ratio) != effective_ratio(units, min_units, solved):
-            ratio = math.floor(solved * 1e4) / 1e4
-        if effective_ratio(units, min_units, ratio) <= 0:
-            continue
-        ratio = min(max(ratio, 1e-4), 0.99)
+        if group["kind"] != "block" and group.get("block") in gone:
+            continue  # moot: its block is removed
+        if group["kind"] == "block":
+            if solved < 1.0:
+                continue
+            ratio = 1.0  # a block is removed whole
+        else:
+            ratio = math.ceil(solved * 1e4) / 1e4  # four decimals, rounded to keep exactly the solved whole units
+            if effective_ratio(units, min_units, ratio) != effective_ratio(units, min_units, solved):
+                ratio = math.floor(solved * 1e4) / 1e4
+            if effective_ratio(units, min_units, ratio) <= 0:
+                continue
+            ratio = min(max(ratio, 1e-4), 0.99)
         emitted[group["name"]] = ratio
         entries.append(
             PruneEntry(
@@ -385,37 +480,3 @@ def plan_round(
         rationale += f" Note: {quant_note}."
     plan = CompressionPlan(pruning=entries, quantization=quant, rationale=rationale)
     return PlanResult(plan, "deterministic", estimate, gamma, converged=converged, notes=[why])
-
-
-def planner_history(
-    candidates: Sequence[Candidate], baseline: EvalRecord | None, objective: Objective
-) -> list[dict[str, Any]]:
-    """Summarize earlier rounds for the planner: the goal and gamma each aimed at and whether the budget held."""
-    rounds = []
-    base = baseline.model_dump() if baseline else None
-    for cand in candidates:
-        meta = cand.planner_meta
-        if meta.goal is None:
-            continue
-        ev = cand.eval
-        passed = bool(cand.status == "ok" and ev and base and within_budget(ev.model_dump(), base, objective))
-        drop = accuracy_drop(ev.model_dump(), base) if cand.status == "ok" and ev and base else None
-        rounds.append(
-            {
-                "iteration": cand.iteration,
-                "goal": meta.goal,
-                "gamma": meta.gamma,
-                "passed": passed,
-                "rejected": cand.status == "rejected",
-                "drop": drop,  # validation accuracy loss after recovery, pp
-                "predicted_drop": meta.predicted_drop,  # the plan's calibration trial, pp
-                "quant_speedup": ev.quant_speedup if ev else None,
-                "quant_speedup_batch": ev.quant_speedup_batch if ev else None,
-                "delivered": ev.delivered if ev else None,
-                "variants": [
-                    {k: v.get(k) for k in ("name", "status", "accuracy", "speedup", "speedup_batch", "size_mb")}
-                    for v in (ev.model_dump()["variants"] if ev else [])
-                ],
-            }
-        )
-    return rounds

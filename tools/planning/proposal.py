@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from profiling_agent.state import CompressionPlan, Objective, QuantEntry
-from profiling_agent.tools.planning.deterministic import PlannerConfig, estimate_reduction, plan_round
+from profiling_agent.tools.planning.deterministic import PlannerConfig, estimate_reduction, plan_round, ratio_cap
 
 Emphasis = Literal["balanced", "cost", "sensitivity"]
 # the deterministic planner's sensitivity exponent per emphasis: ratios follow cost share / damage**gamma
@@ -81,8 +81,7 @@ def propose(
         group = by_module.get(entry.layer)
         if group is None:
             continue
-        cap = config.max_ratio_head if group["kind"] == "head" else config.max_ratio_structured
-        ratio = _grid(entry.ratio, cap)
+        ratio = _grid(entry.ratio, ratio_cap(str(group["kind"]), config))  # a block's cap is 1.0: removed whole
         if ratio > 0:
             ratios[str(group["name"])] = ratio
     shared: dict[tuple[str, float], list[str]] = {}

@@ -45,8 +45,12 @@ def earlier_backoff(state: State) -> Backoff | None:
     return None
 
 
-def deterministic_plan(state: State, groups, costs, sensitivity, history, evaluator: Evaluator):
+def deterministic_plan(state: State, groups, costs, sensitivity, history, evaluator: Evaluator, distills=False):
     """Plan deterministically: round 1 backs off a collapsing goal, later rounds search what was measured.
+
+    A round-1 plan that removes whole blocks is not backed off when recovery distills (`distills`): the trial
+    refits only, and a removed block is what only distillation recovers (the zoo ViT's two-block plan lost 21.9 pp
+    in its trial and 0.15 pp after 300 distillation steps), so validation after recovery judges it.
 
     Returns:
         (PlanResult, back-off or None, search step or None, the predicted calibration loss or None).
@@ -58,7 +62,13 @@ def deterministic_plan(state: State, groups, costs, sensitivity, history, evalua
     objective = state.objective
     result = plan_round(groups, costs, sensitivity, objective, history)
     backoff, search, predicted = None, None, None
-    if not history and result.plan.pruning and not result.converged:  # round 1: never apply a collapsing plan
+    depth_plan = distills and any(e.type == "block" for e in result.plan.pruning)
+    if depth_plan and not history:
+        result.plan.rationale += (
+            " No back-off trial: the plan removes whole blocks, which the refit-only trial cannot judge and "
+            "distillation recovers; validation after recovery decides."
+        )
+    if not history and result.plan.pruning and not result.converged and not depth_plan:  # never a collapsing plan
         backoff = earlier_backoff(state)
         if backoff is None:
             evaluate = evaluator(BACKOFF_TRIALS + 1)
@@ -155,7 +165,9 @@ def planning_round(
     Returns:
         The round's plan, planner, recorded facts and message; the stop reason when the planner converged.
     """
-    from profiling_agent.tools.planning.deterministic import planner_history
+    from profiling_agent.tools.compression.depth import block_limits
+    from profiling_agent.tools.planning.history import planner_history
+    from profiling_agent.tools.planning.plan_guard import GuardConfig
     from profiling_agent.tools.profiling.backend_profile import planning_costs
 
     iteration = state.iteration + 1
@@ -165,7 +177,12 @@ def planning_round(
     history = planner_history(own, state.baseline_eval, state.objective)
     groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
     groups = [g for g in groups if not (sensitivity.get(g["name"]) or {}).get("error")]  # the probe could not prune
-    result, backoff, search, predicted = deterministic_plan(state, groups, costs, sensitivity, history, evaluator)
+    depth = state.objective.prunes_depth()  # block groups only with depth pruning on, and only once probed
+    groups = [g for g in groups if g["kind"] != "block" or (depth and g["name"] in sensitivity)]
+    distills = ctx.recover in ("auto", "distill")
+    result, backoff, search, predicted = deterministic_plan(
+        state, groups, costs, sensitivity, history, evaluator, distills
+    )
     plan, planner, llm_info, outcome = result.plan, result.planner, None, None
     fallbacks: list[Fallback] = []
     turn = None if mode != "llm" else "reference" if reference_due(state.candidates) else "llm"
@@ -175,7 +192,8 @@ def planning_round(
         from profiling_agent.tools.planning.llm_planner import plan_with_llm
 
         this_round = state.model_copy(update={"iteration": iteration})
-        shipped = {**full_profile, "group_costs": costs}  # the LLM reads the delivered form's shares too
+        shipped = {**full_profile, "groups": groups, "group_costs": costs}  # the delivered form's shares too
+        shipped["block_limits"] = block_limits(groups, GuardConfig().max_block_fraction)  # the guard's rule
         outcome = plan_with_llm(this_round, ctx, shipped, sensitivity, fallback=result, evaluate_fn=evaluator(None))
         plan, planner, fallbacks = outcome.plan, outcome.planner, outcome.fallbacks
         llm_info = outcome.summary(ctx.llm_model)

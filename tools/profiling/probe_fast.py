@@ -27,8 +27,14 @@ from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import removed_units, select_units
-from profiling_agent.tools.profiling.sensitivity import compare_logits, probe_sensitivity, restrict_logits
-from profiling_agent.tools.runtimes.blocks import REPLAY_TOLERANCE, Stop, started_at
+from profiling_agent.tools.profiling.sensitivity import (
+    compare_logits,
+    damage_of,
+    probe_ratio,
+    probe_sensitivity,
+    restrict_logits,
+)
+from profiling_agent.tools.runtimes.blocks import REPLAY_TOLERANCE, PassBlock, Stop, started_at
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 log = logging.getLogger(__name__)
@@ -355,7 +361,7 @@ def probe_sensitivity_fast(
             done += 1
             if progress:
                 progress(done, len(groups), g.name)
-    masked = [g for g in groups if results[g.name].get("fast")]
+    masked = [g for g in groups if results[g.name].get("fast") and g.kind != "block"]  # blocks are the adapter's
     for name, reason in engine_failures(model, masked, ratio, pixels[:1], seed).items():
         results[name] = {"damage": float("inf"), "error": reason[:300], "ratio": results[name]["ratio"], "fast": True}
     for r in results.values():  # the full probe capped its own errors among its own rows: cap them among all
@@ -382,8 +388,7 @@ def engine_failures(
     from profiling_agent.tools.text import one_line
 
     def entry(group: PrunableGroup) -> dict[str, Any]:
-        probe = max(ratio, min(0.99, (1.0 + 1e-6) / max(group.units, 1)))
-        return {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe}
+        return {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe_ratio(group, ratio)}
 
     def refused(chosen: list[PrunableGroup]) -> str | None:
         try:
@@ -415,7 +420,14 @@ def _probe_one(
 
     Returns None when the block-local probe cannot handle the group; the caller then runs the full probe on it.
     """
-    probe = max(ratio, min(0.99, (1.0 + 1e-6) / max(group.units, 1)))
+    if group.kind == "block":  # what removing the whole block costs: a pass-through in its place
+        skip = PassBlock(runner.as_tuple[block_name])
+        return {
+            **_damage_from(index, skip, hidden, runner, reference, labels, config),
+            "units_removed": 1,
+            "ratio": 1.0,
+        }
+    probe = probe_ratio(group, ratio)
     try:
         n_remove = removed_units(group.units, group.min_units, probe)
         if not n_remove:
@@ -432,17 +444,30 @@ def _probe_one(
                 errors.append(refit_masked(trial, rel, watch[rel], channels)[1])
             else:
                 _mask_only(trial, rel, channels)
-        logits = runner.logits(index, trial, hidden[: len(reference)], config.batch_size)
-        labels_used = labels[: len(reference)] if labels is not None else None
-        stats = compare_logits(reference, _restrict_like(reference, logits), labels_used)
-        damage = stats["kl"] + (100.0 - stats["agreement"]) / 100.0
-        row = {**stats, "damage": damage, "units_removed": n_remove, "ratio": round(probe, 4), "fast": True}
+        row = _damage_from(index, trial, hidden, runner, reference, labels, config)
+        row.update(units_removed=n_remove, ratio=round(probe, 4))
         if errors:
             row["refit_error"] = round(max(errors), 6)
         return row
     except Exception as exc:  # noqa: BLE001 - the full probe decides whether the group is unprunable
         log.info("fast sensitivity probe cannot handle %s (%s): full probe", group.name, exc)
         return None
+
+
+def _damage_from(
+    index: int,
+    block: nn.Module,
+    hidden: torch.Tensor,
+    runner: _Runner,
+    reference: torch.Tensor,
+    labels: torch.Tensor | None,
+    config: FastProbeConfig,
+) -> dict[str, Any]:
+    """Run the model from block `index` on, `block` in its place, and return the logit statistics and damage."""
+    logits = runner.logits(index, block, hidden[: len(reference)], config.batch_size)
+    labels_used = labels[: len(reference)] if labels is not None else None
+    stats = compare_logits(reference, _restrict_like(reference, logits), labels_used)
+    return {**stats, "damage": damage_of(stats), "fast": True}
 
 
 def _restrict_like(reference: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

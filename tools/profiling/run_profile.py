@@ -18,12 +18,15 @@ def profile_baseline(
     backend: str,
     target: str,
     out_file: Path,
+    depth: bool = False,
 ) -> tuple[ProfileSummary, str]:
     """Profile the FP32 baseline, write profile.json and return its summary and a one-line message.
 
     The torch profile (static MACs and params, per-module latency) always runs; on the CPU, unless the
     `--backend` is torch, the deliverable backend forms are profiled per node too (`deliverable`), with the
     planned form's latency table when the target is latency.
+
+    `depth`: list the blocks depth pruning may remove among the groups (the objective's `prunes_depth`).
 
     Raises:
         ValueError: A MACs target on a model whose MACs cannot be counted (bad input: the run cannot judge it).
@@ -32,7 +35,7 @@ def profile_baseline(
     from profiling_agent.tools.profiling.deliverable import profile_deliverable
     from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
 
-    full = planner_profile(model.to(device), shape, device=str(device))
+    full = planner_profile(model.to(device), shape, device=str(device), depth=depth)
     groups = full["groups"]
     if full["totals"].get("macs") is None and target == "macs":
         raise ValueError(f"--target macs cannot be judged: this model's MACs cannot be counted ({full.get('error')})")

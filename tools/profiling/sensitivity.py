@@ -46,6 +46,18 @@ def compare_logits(reference: torch.Tensor, logits: torch.Tensor, labels: torch.
     return out
 
 
+def damage_of(stats: dict[str, float]) -> float:
+    """Return a probe's damage score from `compare_logits` stats: KL plus the fraction of changed predictions."""
+    return stats["kl"] + (100.0 - stats["agreement"]) / 100.0
+
+
+def probe_ratio(group: PrunableGroup, ratio: float) -> float:
+    """Return the ratio a probe prunes `group` at: `ratio`, but at least one unit; a block is removed whole (1.0)."""
+    if group.kind == "block":
+        return 1.0
+    return max(ratio, min(0.99, (1.0 + 1e-6) / max(group.units, 1)))
+
+
 def probe_sensitivity(
     model: nn.Module,
     groups: list[PrunableGroup],
@@ -89,7 +101,7 @@ def probe_sensitivity(
     example = pixels[:1]
     results: dict[str, dict[str, Any]] = {}
     for done, group in enumerate(groups):
-        probe = max(ratio, min(0.99, (1.0 + 1e-6) / max(group.units, 1)))
+        probe = probe_ratio(group, ratio)
         entry = {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe}
         trial = copy.deepcopy(model)
         try:
@@ -102,7 +114,7 @@ def probe_sensitivity(
             stats = compare_logits(
                 reference, restrict_logits(batched_logits(trial, pixels, batch_size), allowed_ids), labels
             )
-            damage = stats["kl"] + (100.0 - stats["agreement"]) / 100.0
+            damage = damage_of(stats)
             results[group.name] = {**stats, "damage": damage, "units_removed": removed, "ratio": round(probe, 4)}
         except Exception as exc:  # noqa: BLE001 - a group the engine cannot prune is a recorded fact, not fatal
             reason = (

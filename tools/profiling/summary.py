@@ -71,12 +71,13 @@ def group_costs(profile: Mapping[str, Any], groups: Iterable[Any]) -> dict[str, 
     return out
 
 
-def planner_profile(model: Any, input_shape: Any, *, device: str = "cpu") -> dict[str, Any]:
+def planner_profile(model: Any, input_shape: Any, *, device: str = "cpu", depth: bool = False) -> dict[str, Any]:
     """Profile `model` (see `profile_model`) and add what planners read: groups, their costs, protected modules.
 
     Returns:
         The profile dict plus "groups" (the family adapter's prunable groups as dicts), "group_costs" (see
-        `group_costs`; a head group also owns the attention matmuls booked on its attention module) and
+        `group_costs`; a head group also owns the attention matmuls booked on its attention module; with `depth`
+        the block groups depth pruning may remove come last and own everything under their block) and
         "protected" (modules pruning never touches).
     """
     import dataclasses
@@ -86,7 +87,8 @@ def planner_profile(model: Any, input_shape: Any, *, device: str = "cpu") -> dic
 
     full = profile_model(model, input_shape, device=device)
     adapter = adapter_for(model)
-    groups = [dataclasses.asdict(g) for g in adapter.prunable_groups(model)]
+    blocks = adapter.block_groups(model) if depth else []
+    groups = [dataclasses.asdict(g) for g in (*adapter.prunable_groups(model), *blocks)]
     owned = [{**g, "members": (*g["members"], g["module"])} if g["kind"] == "head" else g for g in groups]
     full["groups"] = groups
     full["group_costs"] = group_costs(full, owned)

@@ -33,6 +33,7 @@ class DistillJob:
     dataset_ref: str
     emit: Callable[..., None]  # sends a progress event (nodes.common.emit bound to the runtime)
     macs: int | None = None  # the student's MACs per image (decides bf16 distillation on the CPU)
+    removed_blocks: int = 0  # whole blocks the plan removed (auto distills longer: `policy.auto_steps`)
 
 
 def write_failed(exc: OSError, it: int) -> OSError:
@@ -52,7 +53,7 @@ def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx
     from profiling_agent.tools.runtimes.forward import model_device
 
     batch = max(1, ctx.recover_batch)
-    steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, count_params(student))
+    steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, count_params(student), job.removed_blocks)
     precision = distill_precision(str(model_device(student).type), job.macs)
     config = DistillConfig(steps=steps, lr=ctx.recover_lr, seed=job.seed, minutes=ctx.recover_minutes,
                            precision=precision)  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -389,6 +390,16 @@ def _refit_by_blocks(
     return fits
 
 
+def without_removed_blocks(baseline: nn.Module, applied: list[PrunedGroup]) -> nn.Module:
+    """Return `baseline`, or a copy of it without the blocks `applied` removed (block rows, original names)."""
+    blocks = [row.module for row in applied if row.kind == "block"]
+    if not blocks:
+        return baseline
+    shallow = copy.deepcopy(baseline)
+    adapter_for(shallow).drop_blocks(shallow, blocks)
+    return shallow.eval()
+
+
 def reconstruct(
     baseline: nn.Module,
     pruned: nn.Module,
@@ -413,7 +424,9 @@ def reconstruct(
     A fit that does not lower the error on its own rows keeps the pruned weights. No labels, no gradients.
 
     Args:
-        baseline: The untouched model (the teacher); not changed.
+        baseline: The untouched model (the teacher); not changed. When `applied` removed whole blocks, the
+            targets come from a copy without those blocks (the width rows name that model's groups), so the
+            refit undoes what channel and head pruning changed; distillation recovers what depth removed.
         pruned: The pruned model; changed in place and left in eval mode.
         pixels: Calibration images (N, C, H, W).
         applied: `PruneReport.applied` rows, with `removed` unit indices.
@@ -435,7 +448,9 @@ def reconstruct(
     started = time.perf_counter()
     baseline.eval()
     pruned.eval()
-    consumers = find_consumers(baseline, pruned, list(applied))
+    rows = list(applied)
+    baseline = without_removed_blocks(baseline, rows)
+    consumers = find_consumers(baseline, pruned, [row for row in rows if row.kind != "block"])
     layout = block_layout(baseline, consumers) if by_blocks and consumers else None
     fits = None
     if layout is not None:

@@ -1,0 +1,53 @@
+"""Depth-first latency plans: which whole blocks a plan removes before channels and heads fill the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from profiling_agent.tools.compression.depth import block_limits, stack_of
+
+
+def depth_first(
+    goal: float,
+    groups: list[dict[str, Any]],
+    latency: dict[str, float],
+    sensitivity: dict[str, dict[str, Any]],
+    caps: dict[str, float],
+    max_block_fraction: float,
+    estimate: Callable[[dict[str, float]], float],
+    ceiling: float | None = None,
+) -> dict[str, float]:
+    """Choose which blocks a latency plan removes: the fewest that, with width pruning at its caps, reach `goal`.
+
+    Blocks are taken cheapest first (probe damage per `latency` share saved), at most `max_block_fraction` of a
+    stack; `caps` are the width groups' largest ratios and `estimate` the planner's reduction estimate of a plan.
+    Width pruning is then solved for what is left; on a small model at batch 1 it buys little, so depth comes
+    first (bench/latency_floor.py). With `ceiling`, the blocks alone stay below it.
+
+    Returns:
+        {block group: 1.0 removed, or 0.0 kept} for every block group.
+    """
+    blocks = [g for g in groups if g["kind"] == "block"]
+
+    def cost_of(g) -> float:
+        damage = float(sensitivity.get(g["name"], {}).get("damage", 0.0))
+        return damage / max(latency.get(g["name"], 0.0), 1e-6)
+
+    allowed: list[dict[str, Any]] = []
+    per_stack: dict[str, int] = {}
+    limits = block_limits(blocks, max_block_fraction)
+    for g in sorted(blocks, key=lambda g: (cost_of(g), g["name"])):
+        stack = stack_of(str(g["module"]))
+        if per_stack.get(stack, 0) < limits[stack]:
+            per_stack[stack] = per_stack.get(stack, 0) + 1
+            allowed.append(g)
+    fixed = {g["name"]: 0.0 for g in blocks}
+    for k in range(len(allowed) + 1):
+        trial = {**{g["name"]: 0.0 for g in blocks}, **{g["name"]: 1.0 for g in allowed[:k]}}
+        if ceiling is not None and estimate(trial) >= ceiling:
+            break
+        fixed = trial
+        if estimate({**trial, **caps}) >= goal:
+            break
+    return fixed

@@ -1,0 +1,43 @@
+"""The deterministic planner's view of earlier rounds: goal, gamma, and whether each kept the budget."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from profiling_agent.state import Candidate, EvalRecord, Objective
+from profiling_agent.tools.evaluation.selection import accuracy_drop, within_budget
+
+
+def planner_history(
+    candidates: Sequence[Candidate], baseline: EvalRecord | None, objective: Objective
+) -> list[dict[str, Any]]:
+    """Summarize earlier rounds for the planner: the goal and gamma each aimed at and whether the budget held."""
+    rounds = []
+    base = baseline.model_dump() if baseline else None
+    for cand in candidates:
+        meta = cand.planner_meta
+        if meta.goal is None:
+            continue
+        ev = cand.eval
+        passed = bool(cand.status == "ok" and ev and base and within_budget(ev.model_dump(), base, objective))
+        drop = accuracy_drop(ev.model_dump(), base) if cand.status == "ok" and ev and base else None
+        rounds.append(
+            {
+                "iteration": cand.iteration,
+                "goal": meta.goal,
+                "gamma": meta.gamma,
+                "passed": passed,
+                "rejected": cand.status == "rejected",
+                "drop": drop,  # validation accuracy loss after recovery, pp
+                "predicted_drop": meta.predicted_drop,  # the plan's calibration trial, pp
+                "quant_speedup": ev.quant_speedup if ev else None,
+                "quant_speedup_batch": ev.quant_speedup_batch if ev else None,
+                "delivered": ev.delivered if ev else None,
+                "variants": [
+                    {k: v.get(k) for k in ("name", "status", "accuracy", "speedup", "speedup_batch", "size_mb")}
+                    for v in (ev.model_dump()["variants"] if ev else [])
+                ],
+            }
+        )
+    return rounds

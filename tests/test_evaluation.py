@@ -140,9 +140,35 @@ class _Sleeper(nn.Module):
         return torch.zeros(len(pixel_values), 10)
 
 
-def test_a_model_past_the_timing_budget_sits_out_the_remaining_repeats_and_says_how_many_it_got():
+def test_a_sample_of_a_fast_model_is_the_mean_of_a_run_of_calls(monkeypatch):
+    from profiling_agent.tools.evaluation import latency
+
+    assert latency.calls_per_sample(0.02) == 1 and latency.calls_per_sample(0.001) == 5
+    assert latency.calls_per_sample(1e-6) == latency.MAX_CALLS
+    # a clock that says every call of "quick" takes 1 ms and of "slow" 20 ms: no wall-clock bound in the test
+    calls = {"quick": 0, "slow": 0}
+
+    def fake_ms(model, inputs):
+        calls[model.name] += 1
+        return 1.0 if model.name == "quick" else 20.0
+
+    class Named(_Sleeper):
+        def __init__(self, name):
+            super().__init__(0.0)
+            self.name = name
+
+    monkeypatch.setattr(latency, "timed_forward_ms", fake_ms)
+    result = latency.measure_latency({n: Named(n) for n in calls}, _pixels(1)[0], batch_size=2, warmup=1, repeats=3)
+    assert result["slow"]["calls"] == 1 and result["quick"]["calls"] == 5
+    assert result["quick"]["latency_ms"] == 1.0 and result["slow"]["latency_ms"] == 20.0  # per call, not per run
+    assert calls == {"quick": 2 + 3 * 2 * 5, "slow": 2 + 3 * 2 * 1}  # one warm-up pass, then 3 repeats of 2 sizes
+
+
+def test_a_model_past_the_timing_budget_sits_out_the_remaining_repeats_and_says_how_many_it_got(monkeypatch):
+    from profiling_agent.tools.evaluation import latency
     from profiling_agent.tools.evaluation.latency import MIN_REPEATS
 
+    monkeypatch.setattr(latency, "MIN_SAMPLE_S", 0.0)  # one call a sample: the tiny budget is the slow model's
     models = {"slow": _Sleeper(0.02), "fast": _Sleeper(0.0)}
     # the slow model spends 0.04 s per repeat (batch 1 and batch 2): past 0.1 s after 3 repeats, so it stops at
     # MIN_REPEATS; the fast one never reaches the budget and gets all 12
@@ -159,6 +185,7 @@ def test_a_slow_model_past_the_budget_sits_out_after_three_repeats(monkeypatch):
     # 0.04 s per repeat counts as slow when SLOW_REPEAT_S is 0.03: past the 0.1 s budget after 3 repeats, it stops
     # there instead of at MIN_REPEATS
     monkeypatch.setattr(latency, "SLOW_REPEAT_S", 0.03)
+    monkeypatch.setattr(latency, "MIN_SAMPLE_S", 0.0)  # one call a sample: the tiny budget is the slow model's
     models = {"slow": _Sleeper(0.02), "fast": _Sleeper(0.0)}
     result = latency.measure_latency(models, _pixels(1)[0], batch_size=2, warmup=0, repeats=12, budget_s=0.1)
     assert result["slow"]["repeats"] == latency.MIN_SLOW_REPEATS < latency.MIN_REPEATS
@@ -191,6 +218,7 @@ def test_under_the_budget_a_model_whose_first_warm_up_was_long_gets_no_more_warm
 
     # one warm-up pass (batch 1 and 2) of the slow model sleeps 0.04 s, past the 0.03 s that makes a model warm
     monkeypatch.setattr(latency, "WARM_AFTER_S", 0.03)
+    monkeypatch.setattr(latency, "MIN_SAMPLE_S", 0.0)  # one call a sample, so calls count passes
     slow, fast = Counting(0.02), Counting(0.0)
     latency.measure_latency({"slow": slow, "fast": fast}, _pixels(1)[0], batch_size=2, warmup=3, repeats=1,
                             budget_s=10.0)  # fmt: skip

@@ -196,7 +196,14 @@ def delivery_summary(
         "verdict": verdict,
         "vs_original_torch": vs_torch,
         "vs_quantization_only": vs_quant,
-        "quantization_only": {k: peer.get(k) for k in ("name", "accuracy", "latency_ms")} if peer else None,
+        # its latency is the one the ratio above divides (the final joint timing's, when it timed the peer)
+        "quantization_only": {
+            "name": peer.get("name"),
+            "accuracy": peer.get("accuracy"),
+            "latency_ms": peer_lat or None,
+        }
+        if peer
+        else None,
         "timing": dict(timing or {}),
         "timings_flagged": flagged,
     }

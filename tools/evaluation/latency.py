@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.device import resolve_device
-from profiling_agent.tools.runtimes.forward import forward_logits, timed_forward_ms
+from profiling_agent.tools.runtimes.forward import timed_forward_ms
 
 # ---------------------------------------------------------------- latency
 
@@ -49,6 +50,18 @@ OUT_OF_RACE_S = 5.0
 # apply from MIN_SLOW_REPEATS repeats: the median of three calls of seconds each is as steady as that of five
 SLOW_REPEAT_S = 2.0
 MIN_SLOW_REPEATS = 3
+# A sample of a fast model times this long a run of consecutive calls (their mean is the sample), at most MAX_CALLS:
+# one call of a 0.15 ms model is at the mercy of the caches the model timed before it left cold and of the OS; the
+# zoo ViT pruned to two layers read 0.197 ms in its round and 0.149 ms at the end of the same run, one call a sample
+MIN_SAMPLE_S = 0.005
+MAX_CALLS = 64
+
+
+def calls_per_sample(call_s: float) -> int:
+    """Return how many consecutive calls one timed sample of a model whose call takes `call_s` seconds makes."""
+    if call_s <= 0:
+        return MAX_CALLS
+    return max(1, min(MAX_CALLS, math.ceil(MIN_SAMPLE_S / call_s)))
 
 
 def measure_latency(
@@ -66,13 +79,15 @@ def measure_latency(
     Each repeat times every model once at batch 1, then every model once at the larger batch, in a seeded random
     order that changes with every repeat, so machine noise and any cost of switching between models (cold caches,
     another runtime's kernels) hit all models alike instead of always the same neighbour. Models are put in eval
-    mode and moved to `device` in place; the thread count is whatever torch uses now.
+    mode and moved to `device` in place; the thread count is whatever torch uses now. A sample of a fast model is the
+    mean of a run of consecutive calls lasting about MIN_SAMPLE_S (`calls_per_sample`, from the last warm-up call;
+    at least one warm-up pass runs).
 
     Args:
         models: Name -> model, timed side by side.
         sample: One image (C, H, W) or a batch the inputs are cut from (`latency_inputs`).
         batch_size: The larger batch.
-        warmup: Untimed passes of every model at both sizes.
+        warmup: Untimed passes of every model at both sizes (at least 1).
         repeats: Timed repeats (the median is reported).
         device: Where the models run.
         budget_s: When set, a model that has MIN_REPEATS repeats (MIN_SLOW_REPEATS for a slow one) and whose
@@ -92,15 +107,16 @@ def measure_latency(
     cpu: dict[str, float] = {name: 0.0 for name in names}  # process CPU seconds spent in this model's timed calls
     wall: dict[str, float] = {name: 0.0 for name in names}
     warm_s: dict[str, float] = {name: 0.0 for name in names}
+    last: dict[str, dict[str, float]] = {name: {} for name in names}  # the last warm-up call of each size, seconds
     with torch.inference_mode():
-        for _ in range(warmup):
+        for _ in range(max(warmup, 1)):
             for name in names:
                 if budget_s is not None and warm_s[name] > WARM_AFTER_S:
                     continue
-                started = time.perf_counter()
-                forward_logits(models[name], single)
-                forward_logits(models[name], batch)
-                warm_s[name] += time.perf_counter() - started
+                for kind, inputs in (("single", single), ("batch", batch)):
+                    last[name][kind] = timed_forward_ms(models[name], inputs) / 1e3
+                    warm_s[name] += last[name][kind]
+        calls = {name: {kind: calls_per_sample(last[name][kind]) for kind in last[name]} for name in names}
         shuffler = random.Random(0)
         for repeat in range(max(repeats, 1)):
             order = shuffler.sample(names, len(names))
@@ -108,11 +124,12 @@ def measure_latency(
                 order = [name for name in order if not sits_out(times, wall, name, repeat, budget_s)]
             for kind, inputs in (("single", single), ("batch", batch)):
                 for name in order:
+                    n = calls[name][kind]
                     c0 = time.process_time()
-                    ms = timed_forward_ms(models[name], inputs)
+                    ms = sum(timed_forward_ms(models[name], inputs) for _ in range(n))
                     cpu[name] += time.process_time() - c0
                     wall[name] += ms / 1e3
-                    times[name][kind].append(ms)
+                    times[name][kind].append(ms / n)
     threads = torch.get_num_threads()
     return {
         name: {
@@ -121,6 +138,7 @@ def measure_latency(
             "batch_size": batch_size,
             "threads": threads,
             "repeats": len(times[name]["single"]),
+            "calls": calls[name]["single"],  # consecutive calls per batch-1 sample (`calls_per_sample`)
             "wall_s": round(wall[name], 6),
             "cpu_s": round(cpu[name], 6),
         }

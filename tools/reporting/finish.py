@@ -48,7 +48,7 @@ def write_run_report(
     from profiling_agent.tools.reporting.plot_recovery import attach_curves
     from profiling_agent.tools.reporting.result import build_result
 
-    result = build_result(final, thread, joint_latency(latency, final.get("best")))
+    result = build_result(final, thread, joint_latency(latency, final.get("best")), latency)
     result["final_latency_timing"] = timing or None
     if (timing or {}).get("reused"):
         result["latency_method"] = f"final: {timing['reused']}"

@@ -130,12 +130,17 @@ def protocol(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_result(
-    state: dict[str, Any], thread_id: str, final_latency: dict[str, dict[str, Any]] | None = None
+    state: dict[str, Any],
+    thread_id: str,
+    final_latency: dict[str, dict[str, Any]] | None = None,
+    joint_timing: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Assemble result.json from the final state (a dict of the State fields).
 
     `final_latency` maps "baseline" and "iter_NN" to a joint side-by-side latency measurement taken at the
     end of the run; when given, its numbers (and the speedups computed from them) are the ones reported.
+    `joint_timing` is that whole measurement, the unpruned forms ("unpruned_<form>") included: a latency target's
+    outcome is measured in it (`outcome.target_outcome`).
     """
     final_latency = final_latency or {}
     base_final = final_latency.get("baseline")
@@ -214,7 +219,7 @@ def build_result(
             "path": (state.get("baseline") or {}).get("path"),
         },
         "best": best_out,
-        "outcome": target_outcome(best, baseline_eval, objective),
+        "outcome": target_outcome(best, baseline_eval, objective, joint_timing),
         "backend_profile": (state.get("profile") or {}).get("backend"),
         "candidates": candidates,
         "latency_method": (

@@ -115,8 +115,14 @@ def forms(prefix: str, fp32: torch.nn.Module, calib, check, work: Path, settings
     return models, facts
 
 
-def measure(models: dict, pixels, labels, allowed, batch: int, warmup: int, repeats: int) -> dict:
-    """Accuracy (when labels are given) or agreement with torch FP32, and latency, all in one interleaved run."""
+def measure(
+    models: dict, pixels, labels, allowed, batch: int, warmup: int, repeats: int, held_out: tuple | None = None
+) -> dict:
+    """Accuracy (when labels are given) or agreement with torch FP32, and latency, all in one interleaved run.
+
+    `held_out` (pixels, labels): images no choice saw (the run's test images); their accuracy is reported beside
+    the validation accuracy the delivered form is chosen on.
+    """
     from profiling_agent.tools.evaluation.latency import measure_latency_checked
     from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
     from profiling_agent.tools.runtimes.forward import forward_logits
@@ -141,6 +147,10 @@ def measure(models: dict, pixels, labels, allowed, batch: int, warmup: int, repe
             "max_rel_diff": diff,  # largest |logit - its torch FP32's| over the largest |logit|
             "accuracy": top1(preds[key], labels) if labels is not None else None,
         }
+        if held_out is not None:
+            rows[key]["test_accuracy"] = top1(
+                predict(model, held_out[0], batch_size=64, allowed_ids=allowed), held_out[1]
+            )
     return rows
 
 
@@ -186,17 +196,28 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
 
     start = time.perf_counter()
     name = ref.split(":")[-1].rstrip("/").split("/")[-1]
-    say(f"[{name}] agent: deterministic planner, {settings['iterations']} iterations, backend auto")
+    say(
+        f"[{name}] agent: deterministic planner, {settings['iterations']} iterations, backend auto, "
+        f"target {settings['target']} {settings['target_reduction']:.0%}, budget {settings['max_acc_drop']:g} pp"
+    )
     inputs = {
         "model": {"ref": ref},
         "dataset": {"ref": dataset, "subset": settings["subset"], "calibration": 64},
-        "objective": {"planner": "deterministic", "iterations": settings["iterations"]},
+        "objective": {
+            "planner": "deterministic",
+            "iterations": settings["iterations"],
+            "max_acc_drop": settings["max_acc_drop"],
+            "target": settings["target"],
+            "target_reduction": settings["target_reduction"],
+            **({"depth": settings["depth"]} if settings["depth"] is not None else {}),
+        },
     }
     ctx = Context(run_root=str(work / "runs"), device="cpu", threads=torch.get_num_threads(), latency_repeats=5)
     graph = build_graph(checkpointer=open_checkpointer(work / "runs"))
     state = graph.invoke(inputs, {"configurable": {"thread_id": name}}, context=ctx, durability="sync")
     run = Path(state["run_path"])
-    tensors = open_run_data(run, materialize=("eval", "calib"))  # a few hundred images: in memory
+    parts = ("eval", "test", "calib")
+    tensors = open_run_data(run, parts=parts, materialize=parts)  # a few hundred images: in memory
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
     allowed = (state.get("labels") or {}).get("allowed_ids")
     base = load_artifact(run / state["baseline"]["path"]).model
@@ -210,7 +231,9 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
         models.update(more)
         facts.update(more_facts)
     say(f"[{name}] accuracy and latency of {len(models)} variants side by side")
-    rows = measure(models, pixels, labels, allowed, settings["batch"], settings["warmup"], settings["trained_repeats"])
+    held_out = (tensors["test_pixels"], tensors["test_labels"])
+    rows = measure(models, pixels, labels, allowed, settings["batch"], settings["warmup"], settings["trained_repeats"],
+                   held_out)  # fmt: skip
     return {
         "model": name,
         "rows": rows,
@@ -266,6 +289,7 @@ def table(results: list[dict], settings: dict) -> str:
         f"b{settings['batch']} speed",
         "vs unpruned OV INT8",
         "top-1 % (or agree % w/ FP32)",
+        "held-out top-1 %",
         "max rel diff",
         "wall/CPU",
     ]
@@ -293,6 +317,7 @@ def table(results: list[dict], settings: dict) -> str:
                 f"{base['latency_batch_ms'] / row['latency_batch_ms']:.2f}x",
                 vs_ov,
                 f"{quality:.1f}",
+                f"{row['test_accuracy']:.1f}" if row.get("test_accuracy") is not None else "-",
                 f"{row['max_rel_diff']:.3g}",
                 f"{row.get('wall_over_cpu') or 0:.2f}",
             ]
@@ -330,6 +355,15 @@ def main(argv: list[str] | None = None) -> int:
         help="random-weight models: largest |logit error| / largest |logit| a delivered form may have",
     )
     parser.add_argument("--max-acc-drop", type=float, default=2.0, help="trained models: accuracy budget in pp")
+    parser.add_argument("--target", choices=["params", "macs", "latency", "size"], default="params",
+                        help="trained models: the objective's target")  # fmt: skip
+    parser.add_argument("--target-reduction", type=float, default=0.4, help="trained models: the target's reduction")
+    parser.add_argument(
+        "--depth",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="trained models: remove whole blocks too (default: only under a latency target)",
+    )
     parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args(argv)
     bad = [m for m in args.full_size or () if m not in FULL_SIZE]

@@ -252,3 +252,32 @@ def test_swin_removes_the_last_block_of_a_stage_and_rebuilds_from_its_config(tmp
         assert torch.allclose(load_artifact(tmp_path / "s").model.eval()(x).logits, expected, atol=1e-5)
     with pytest.raises(ValueError, match="only the last block"):
         adapter.drop_blocks(copy.deepcopy(model), ["swin.encoder.layers.0.blocks.0"])
+
+
+def test_a_failed_plan_of_blocks_and_width_backs_off_its_width_first(vit4):
+    from profiling_agent.tools.planning.deterministic import plan_round
+
+    groups = _planner_groups(vit4)
+    costs = {  # two layers give 0.36 of the latency; reaching 0.42 takes width in the layers left
+        g["name"]: {"latency_share": 0.18 if g["kind"] == "block" else 0.03, "macs_share": 0.1, "params_share": 0.1}
+        for g in groups
+    }
+    damage = {"layers.0.block": 1.0, "layers.1.block": 0.5, "layers.2.block": 0.05, "layers.3.block": 0.3}
+    sensitivity = {g["name"]: {"damage": damage.get(g["name"], 0.01)} for g in groups}
+    objective = Objective(target="latency", target_reduction=0.4)
+    first = plan_round(groups, costs, sensitivity, objective, [])
+    blocks = sorted(e.layer for e in first.plan.pruning if e.type == "block")
+    assert blocks == ["^vit\\.layers\\.2$", "^vit\\.layers\\.3$"] and len(first.plan.pruning) > 2  # width on top
+    failed = {"iteration": 1, "goal": first.target_estimate, "gamma": first.gamma, "passed": False, "blocks": blocks,
+              "width": True}  # fmt: skip
+    second = plan_round(groups, costs, sensitivity, objective, [failed])
+    assert sorted(e.layer for e in second.plan.pruning) == blocks  # the same blocks, no width
+    assert second.target_estimate == pytest.approx(0.36) and "keeping the 2 blocks round 1 removed" in second.notes[0]
+    # when those blocks alone also missed the budget, they are no longer kept: the plan starts over, lower
+    alone = {**failed, "iteration": 2, "goal": second.target_estimate, "width": False}
+    third = plan_round(groups, costs, sensitivity, objective, [failed, alone])
+    assert "keeping" not in third.notes[0] and third.target_estimate < second.target_estimate
+    assert sorted(e.layer for e in third.plan.pruning if e.type == "block") != blocks
+    # a planner history without the plan's blocks (older checkpoints) plans as before
+    legacy = {k: v for k, v in failed.items() if k not in ("blocks", "width")}
+    assert "keeping" not in plan_round(groups, costs, sensitivity, objective, [legacy]).notes[0]

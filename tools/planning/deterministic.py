@@ -20,7 +20,7 @@ from profiling_agent.tools.evaluation.selection import (
     quantization_slowed,
     torch_quantized_delivery,
 )
-from profiling_agent.tools.planning.depth_plan import depth_first
+from profiling_agent.tools.planning.depth_plan import carried_blocks, depth_first
 
 
 @dataclass
@@ -421,8 +421,14 @@ def plan_round(
     weights = group_weights(groups, costs, sensitivity, gamma, objective.target, config)
     depth = objective.target == "latency" and any(g["kind"] == "block" for g in groups)
     fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config) if depth else None
-    ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)
     ceiling = ceiling_of(history) if repeat_of is None else None
+    kept_blocks, source = carried_blocks(history, groups, goal) if depth and repeat_of is None else ([], 0)
+    if kept_blocks:
+        alone = {g["name"]: float(g["name"] in kept_blocks) for g in groups if g["kind"] == "block"}
+        if ceiling is None or estimate_reduction(alone, groups, costs, objective.target) < ceiling - 1e-9:
+            fixed = alone
+            why += f"; keeping the {len(kept_blocks)} blocks round {source} removed and backing off its width pruning"
+    ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)
     if ceiling is not None and estimate >= ceiling - 1e-9:  # whole units rounded back up to a refused plan
         if depth:
             fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config, ceiling - 1e-9)

@@ -31,6 +31,8 @@ def planner_history(
                 "rejected": cand.status == "rejected",
                 "drop": drop,  # validation accuracy loss after recovery, pp
                 "predicted_drop": meta.predicted_drop,  # the plan's calibration trial, pp
+                "blocks": sorted(e.layer for e in cand.plan.pruning if e.type == "block"),  # removed blocks' patterns
+                "width": any(e.type != "block" for e in cand.plan.pruning),  # it pruned channels or heads too
                 "quant_speedup": ev.quant_speedup if ev else None,
                 "quant_speedup_batch": ev.quant_speedup_batch if ev else None,
                 "delivered": ev.delivered if ev else None,

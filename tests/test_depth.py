@@ -281,3 +281,29 @@ def test_a_failed_plan_of_blocks_and_width_backs_off_its_width_first(vit4):
     # a planner history without the plan's blocks (older checkpoints) plans as before
     legacy = {k: v for k, v in failed.items() if k not in ("blocks", "width")}
     assert "keeping" not in plan_round(groups, costs, sensitivity, objective, [legacy]).notes[0]
+
+
+def test_the_fast_probe_replays_swin_stages_and_measures_what_the_full_probe_does(caplog):
+    from tiny import swin_config
+    from transformers import SwinForImageClassification
+
+    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+
+    model = seeded(SwinForImageClassification, swin_config(depths=[2, 2])).eval()
+    with torch.no_grad():  # random weights give nearly equal logits: spread them so the probe's KL is measurable
+        model.classifier.weight.mul_(200.0)
+    adapter = adapter_for(model)
+    groups = adapter.prunable_groups(model) + adapter.block_groups(model)
+    pixels = torch.randn(12, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    with caplog.at_level("WARNING"):  # a stage's blocks return (hidden, attention) and stages downsample between
+        rows = probe_sensitivity_fast(model, groups, pixels, ratio=0.5, config=FastProbeConfig(eval_images=0))
+    assert not caplog.records and all(rows[g.name]["fast"] for g in groups)
+    full = probe_sensitivity(model, groups, pixels, ratio=0.5)
+    with torch.no_grad():
+        reference = model(pixels).logits
+        skipped = _skipping(model, ["swin.encoder.layers.1.blocks.1"], swin=True)
+        direct = compare_logits(reference, skipped(pixels).logits, None)
+    assert direct["kl"] > 1e-3 and rows["stages.1.blocks.1.block"]["kl"] == pytest.approx(direct["kl"], rel=1e-4)
+    for g in groups:  # the later stage's groups too: replayed from their stage's own inputs
+        assert rows[g.name]["kl"] == pytest.approx(full[g.name]["kl"], rel=1e-3, abs=1e-6), g.name
+        assert rows[g.name]["agreement"] == pytest.approx(full[g.name]["agreement"]), g.name

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from profiling_agent.tools.compression.depth import stack_of
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import removed_units, select_units
 from profiling_agent.tools.profiling.sensitivity import (
@@ -197,13 +198,13 @@ def _mask_only(block: nn.Module, rel: str, channels: list[int]) -> None:
 class _Runner:
     """Runs the model from one block onward on cached block inputs, the blocks before it skipped."""
 
-    def __init__(self, model: nn.Module, blocks: list[str], as_tuple: dict[str, bool], pixels: torch.Tensor) -> None:
-        self.model, self.blocks, self.as_tuple, self.pixels = model, blocks, as_tuple, pixels
+    def __init__(self, model: nn.Module, blocks: list[str], arity: dict[str, int], pixels: torch.Tensor) -> None:
+        self.model, self.blocks, self.arity, self.pixels = model, blocks, arity, pixels
 
     def logits(self, index: int, block: nn.Module, inputs: torch.Tensor, batch_size: int) -> torch.Tensor:
         """Return the logits with block `index` replaced by `block`, fed `inputs` (one row per image)."""
         outs = []
-        with started_at(self.model, self.blocks, index, self.as_tuple, block) as inject, torch.inference_mode():
+        with started_at(self.model, self.blocks, index, self.arity, block) as inject, torch.inference_mode():
             for start in range(0, len(inputs), batch_size):
                 inject.current = inputs[start : start + batch_size]
                 outs.append(forward_logits(self.model, self.pixels[start : start + batch_size]))
@@ -236,27 +237,33 @@ def _block_pass(
 def _capture_first(
     model: nn.Module, names: list[str], pixels: torch.Tensor, n_eval: int, batch_size: int
 ) -> dict[str, Any]:
-    """Capture the first block's inputs of every image, the logits of the first `n_eval` and each block's output type.
+    """Capture what the probe replays from: each stack's first block inputs, every block's arguments and output type.
 
-    Only the first `n_eval` images run the whole model; the others stop at the first block (the stem is all they
-    cost).
+    The blocks of one stack feed each other, so only the first block of each stack needs its inputs kept (a Swin
+    stage downsamples before the next stage's first block). Only the first `n_eval` images run the whole model,
+    whose logits are kept; the others stop at the last stack's first block.
+
+    Returns:
+        {"inputs": {stack-first block: inputs of every image}, "args": {block: (positional args after the hidden
+        state, keyword args)}, "arity": {block: its tuple length, 0 for a tensor}, "logits": the first `n_eval`
+        images' logits}.
     """
-    info: dict[str, Any] = {"inputs": [], "as_tuple": {}, "args": None, "stop": False}
+    starts = [name for i, name in enumerate(names) if i == 0 or stack_of(name) != stack_of(names[i - 1])]
+    info: dict[str, Any] = {"inputs": {n: [] for n in starts}, "arity": {}, "args": {}, "stop": False}
     handles = []
-
-    def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        info["inputs"].append(args[0].detach())
-        if info["args"] is None:
-            info["args"] = (args[1:], kwargs)
-        if info["stop"]:
-            raise Stop
-
-    handles.append(model.get_submodule(names[0]).register_forward_pre_hook(pre, with_kwargs=True))
     for name in names:
 
-        def post(module: nn.Module, args: tuple, out: Any, name: str = name) -> None:
-            info["as_tuple"][name] = isinstance(out, tuple)
+        def pre(module: nn.Module, args: tuple, kwargs: dict, name: str = name) -> None:
+            info["args"].setdefault(name, (args[1:], kwargs))
+            if name in info["inputs"]:
+                info["inputs"][name].append(args[0].detach())
+                if info["stop"] and name == starts[-1]:
+                    raise Stop
 
+        def post(module: nn.Module, args: tuple, out: Any, name: str = name) -> None:
+            info["arity"][name] = len(out) if isinstance(out, tuple) else 0
+
+        handles.append(model.get_submodule(name).register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(model.get_submodule(name).register_forward_hook(post))
     logits = []
     try:
@@ -272,7 +279,7 @@ def _capture_first(
     finally:
         for h in handles:
             h.remove()
-    info["inputs"] = torch.cat(info["inputs"])
+    info["inputs"] = {name: torch.cat(parts) for name, parts in info["inputs"].items()}
     info["logits"] = torch.cat(logits)
     return info
 
@@ -320,10 +327,11 @@ def probe_sensitivity_fast(
         try:
             info = _capture_first(model, blocks, pixels, n_eval, config.batch_size)
             reference = restrict_logits(info["logits"][:n_eval], allowed_ids)
-            runner = _Runner(model, blocks, info["as_tuple"], pixels[:n_eval])
-            args, kwargs = info["args"] or ((), {})
-            hidden = info["inputs"]
+            runner = _Runner(model, blocks, info["arity"], pixels[:n_eval])
+            hidden = torch.empty(0)
             for index, block_name in enumerate(blocks):
+                hidden = info["inputs"].get(block_name, hidden)  # a stack's first block: its own inputs
+                args, kwargs = info["args"].get(block_name, ((), {}))
                 block = model.get_submodule(block_name)
                 mine = [g for g in groups if g.block == block_name]
                 check = runner.logits(index, block, hidden[:1], config.batch_size)  # skipping must change nothing
@@ -421,7 +429,7 @@ def _probe_one(
     Returns None when the block-local probe cannot handle the group; the caller then runs the full probe on it.
     """
     if group.kind == "block":  # what removing the whole block costs: a pass-through in its place
-        skip = PassBlock(runner.as_tuple[block_name])
+        skip = PassBlock(runner.arity[block_name])
         return {
             **_damage_from(index, skip, hidden, runner, reference, labels, config),
             "units_removed": 1,

@@ -269,9 +269,9 @@ def _write(mod: Layer, theta: torch.Tensor, sink: str, sink_mod: nn.Module | Non
 class _Feed:
     """One model's cached block inputs, batch by batch, and its forward from a block on them (`blocks.started_at`)."""
 
-    def __init__(self, model: nn.Module, blocks: list[str], as_tuple: dict[str, bool], pixels: torch.Tensor,
+    def __init__(self, model: nn.Module, blocks: list[str], arity: dict[str, int], pixels: torch.Tensor,
                  batch_size: int) -> None:  # fmt: skip
-        self.model, self.blocks, self.as_tuple = model, blocks, as_tuple
+        self.model, self.blocks, self.arity = model, blocks, arity
         device = next(model.parameters()).device
         self.batches = [pixels[s : s + batch_size].to(device) for s in range(0, len(pixels), batch_size)]
         self.inputs: list[torch.Tensor] = []
@@ -295,7 +295,7 @@ class _Feed:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(torch.inference_mode())
                 if index is not None:
-                    inject = stack.enter_context(started_at(self.model, self.blocks, index, self.as_tuple))
+                    inject = stack.enter_context(started_at(self.model, self.blocks, index, self.arity))
                     inject.current = self.inputs[batch]
                 forward_logits(self.model, self.batches[batch])
         except Stop:
@@ -359,8 +359,8 @@ def _refit_by_blocks(
     checks = [replays(m, blocks, used, pixels[:1].to(next(m.parameters()).device)) for m in (baseline, pruned)]
     if not all(c["ok"] for c in checks):
         return None
-    base = _Feed(baseline, blocks, checks[0]["as_tuple"], pixels, batch_size)
-    new = _Feed(pruned, blocks, checks[1]["as_tuple"], pixels, batch_size)
+    base = _Feed(baseline, blocks, checks[0]["arity"], pixels, batch_size)
+    new = _Feed(pruned, blocks, checks[1]["arity"], pixels, batch_size)
     base.advance(None, blocks[used[0]])
     new.advance(None, blocks[used[0]])
     fits: list[ConsumerFit] = []

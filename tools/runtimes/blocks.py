@@ -26,13 +26,14 @@ REPLAY_TOLERANCE = 1e-4  # largest |logit gap| / (1 + max |logit|) of a replay f
 class PassBlock(nn.Module):
     """Stands in for a skipped block: returns its input (the next block's input is injected)."""
 
-    def __init__(self, as_tuple: bool) -> None:
+    def __init__(self, arity: int) -> None:
+        """`arity`: 0 when the block returns a tensor, else the length of the tuple it returns."""
         super().__init__()
-        self.as_tuple = as_tuple
+        self.arity = int(arity)
 
     def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
-        """Return the hidden state unchanged, shaped as the skipped block's output."""
-        return (hidden,) if self.as_tuple else hidden
+        """Return the hidden state unchanged, shaped as the skipped block's output (the rest of a tuple None)."""
+        return (hidden, *[None] * (self.arity - 1)) if self.arity else hidden
 
 
 class InjectBlock(nn.Module):
@@ -63,14 +64,14 @@ def swap_module(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def started_at(
-    model: nn.Module, blocks: Sequence[str], index: int, as_tuple: dict[str, bool], block: nn.Module | None = None
+    model: nn.Module, blocks: Sequence[str], index: int, arity: dict[str, int], block: nn.Module | None = None
 ) -> Iterator[InjectBlock]:
     """Make `model`'s forward start at `blocks[index]` (or `block` in its place); set the yielded `.current`.
 
     The model's blocks are put back on exit.
     """
     inject = InjectBlock(block if block is not None else model.get_submodule(blocks[index]))
-    saved = {name: swap_module(model, name, PassBlock(as_tuple[name])) for name in blocks[:index]}
+    saved = {name: swap_module(model, name, PassBlock(arity[name])) for name in blocks[:index]}
     saved[blocks[index]] = swap_module(model, blocks[index], inject)
     try:
         yield inject
@@ -81,7 +82,7 @@ def started_at(
 
 def block_inputs(model: nn.Module, blocks: Sequence[str], pixels: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
     """Run `model` once on `pixels`; return each block's input and whether it returns a tuple, and the logits."""
-    seen: dict[str, Any] = {"inputs": {}, "as_tuple": {}}
+    seen: dict[str, Any] = {"inputs": {}, "arity": {}}
     handles = []
     for name in blocks:
         module = model.get_submodule(name)
@@ -90,7 +91,7 @@ def block_inputs(model: nn.Module, blocks: Sequence[str], pixels: torch.Tensor) 
             seen["inputs"][name] = args[0].detach()
 
         def post(module: nn.Module, args: tuple, out: Any, name: str = name) -> None:
-            seen["as_tuple"][name] = isinstance(out, tuple)
+            seen["arity"][name] = len(out) if isinstance(out, tuple) else 0
 
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     try:
@@ -106,20 +107,20 @@ def replays(model: nn.Module, blocks: Sequence[str], indices: Sequence[int], exa
     """Check that `model` replayed from each of `indices` gives its own logits on `example` (one image or a few).
 
     Returns:
-        {"ok": bool, "as_tuple": {block: bool}, "gap": the largest relative logit gap, "block": the first failing
-        block or None}.
+        {"ok": bool, "arity": {block: tuple length, 0 for a tensor}, "gap": the largest relative logit gap,
+        "block": the first failing block or None}.
     """
     seen, logits = block_inputs(model, blocks, example)
     scale = 1.0 + float(logits.abs().max())
     worst, failing = 0.0, None
     for index in indices:
         name = blocks[index]
-        if name not in seen["inputs"] or name not in seen["as_tuple"]:
-            return {"ok": False, "as_tuple": seen["as_tuple"], "gap": float("inf"), "block": name}
-        if any(b not in seen["as_tuple"] for b in blocks[:index]):
-            return {"ok": False, "as_tuple": seen["as_tuple"], "gap": float("inf"), "block": name}
+        if name not in seen["inputs"] or name not in seen["arity"]:
+            return {"ok": False, "arity": seen["arity"], "gap": float("inf"), "block": name}
+        if any(b not in seen["arity"] for b in blocks[:index]):
+            return {"ok": False, "arity": seen["arity"], "gap": float("inf"), "block": name}
         try:
-            with started_at(model, blocks, index, seen["as_tuple"]) as inject, torch.inference_mode():
+            with started_at(model, blocks, index, seen["arity"]) as inject, torch.inference_mode():
                 inject.current = seen["inputs"][name]
                 gap = float((forward_logits(model, example) - logits).abs().max()) / scale
         except Exception:  # noqa: BLE001 - a layout that cannot be replayed (shapes the skipped blocks set)
@@ -128,4 +129,4 @@ def replays(model: nn.Module, blocks: Sequence[str], indices: Sequence[int], exa
             worst = gap
         if gap > REPLAY_TOLERANCE and failing is None:
             failing = name
-    return {"ok": failing is None, "as_tuple": seen["as_tuple"], "gap": worst, "block": failing}
+    return {"ok": failing is None, "arity": seen["arity"], "gap": worst, "block": failing}

@@ -202,7 +202,12 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     )
     inputs = {
         "model": {"ref": ref},
-        "dataset": {"ref": dataset, "subset": settings["subset"], "calibration": 64},
+        "dataset": {
+            "ref": dataset,
+            "subset": settings["subset"],
+            "test_subset": settings.get("test_subset") or settings["subset"],
+            "calibration": 64,
+        },
         "objective": {
             "planner": "deterministic",
             "iterations": settings["iterations"],
@@ -347,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio", type=float, default=0.3, help="uniform pruning ratio of the full-size configs")
     parser.add_argument("--iterations", type=int, default=2, help="agent iterations on trained models")
     parser.add_argument("--subset", type=int, default=512, help="validation images of trained models")
+    parser.add_argument(
+        "--test-subset", type=int, default=None, help="held-out test images of trained models (default: --subset)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads (default 1)")
     parser.add_argument(
         "--max-rel-diff",

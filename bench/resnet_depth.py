@@ -1,0 +1,158 @@
+"""What depth could buy on a bottleneck ResNet: blocks removed or replaced by their shortcut, timed and distilled.
+
+The engine removes a ResNet block only when its shortcut is the identity (a stage's later blocks). A stage's first
+block changes width or stride, so it cannot simply go; it could be replaced by its own projection shortcut (the 1x1
+convolution and norm it already has, then the block's activation). This script measures both, outside the engine,
+on the zoo ResNet (bench/zoo.py): each variant's ONNX Runtime forms timed beside the unpruned model's in one
+`measure_latency` call (interleaved, 1 thread, batch 1 and batch 16), then each variant distilled from the unpruned
+model on training images the zoo never used (bench/recovery.py's split) and its accuracy measured on held-out test
+images. Nothing is selected: every variant is reported.
+
+    .venv/bin/python bench/resnet_depth.py                   # zoo ResNet, 300 distillation steps, 2,000 test images
+    .venv/bin/python bench/resnet_depth.py --steps 100 --held-out 1000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import recovery as rec  # noqa: E402
+import zoo as zoo_lib  # noqa: E402
+
+FORMS = ("ort_fp32", "ort_dynamic")
+
+
+class ShortcutOnly(nn.Module):
+    """A residual block replaced by its projection shortcut and the block's output activation."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.shortcut = block.shortcut
+        self.activation = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return activation(shortcut(x)): what the block computes with its residual branch at zero."""
+        return self.activation(self.shortcut(x))
+
+
+def variant(base: nn.Module, removed: list[str], replaced: list[int]) -> nn.Module:
+    """Copy `base` without the identity blocks `removed` and with stage `replaced`'s first blocks as shortcuts."""
+    from profiling_agent.tools.compression.families import adapter_for
+
+    model = copy.deepcopy(base)
+    if removed:
+        adapter_for(model).drop_blocks(model, removed)
+    stages: Any = model.resnet.encoder.stages  # type: ignore[union-attr]
+    for s in replaced:
+        stages[s].layers[0] = ShortcutOnly(stages[s].layers[0])
+    return model.eval()
+
+
+def variants_of(base: nn.Module) -> dict[str, nn.Module]:
+    """The unpruned model, every identity block removed, and each projection block replaced on top."""
+    stages: Any = base.resnet.encoder.stages  # type: ignore[union-attr]
+    identity = [
+        f"resnet.encoder.stages.{s}.layers.{b}"
+        for s, stage in enumerate(stages)
+        for b, block in enumerate(stage.layers)
+        if b > 0 and isinstance(block.shortcut, nn.Identity)
+    ]
+    projected = [s for s, stage in enumerate(stages) if not isinstance(stage.layers[0].shortcut, nn.Identity)]
+    out = {"unpruned": base}
+    if identity:
+        out["identity blocks removed"] = variant(base, identity, [])
+    for s in projected:
+        out[f"stage {s} first block -> shortcut"] = variant(base, [], [s])
+        if identity:
+            out[f"identity removed + stage {s} first -> shortcut"] = variant(base, identity, [s])
+    if len(projected) > 1 and identity:
+        out["identity removed + every stage first -> shortcut"] = variant(base, identity, projected)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
+    parser.add_argument("--steps", type=int, default=300, help="distillation steps per variant (batch 64)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--held-out", type=int, default=2000, help="held-out test images")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    from transformers import AutoModelForImageClassification
+
+    from profiling_agent.tools.data.train_stream import augment, batch_rows
+    from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.recovery.distill import DistillConfig, distill
+    from profiling_agent.tools.runtimes.forms import build_forms
+
+    torch.set_num_threads(1)
+    zoo = Path(args.zoo) if args.zoo else zoo_lib.default_out()
+    if not (zoo / "zoo.json").exists():
+        print(f"no zoo at {zoo}: build it with `.venv/bin/python bench/zoo.py resnet`", file=sys.stderr)
+        return 2
+    path = json.loads((zoo / "zoo.json").read_text())["models"]["resnet"]["path"]
+    base = AutoModelForImageClassification.from_pretrained(path).eval()
+    data = rec._data(held_out=args.held_out, calib=64, train=2000)
+    models = variants_of(base)
+    timed: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="resnet-depth-") as scratch:
+        for i, (name, model) in enumerate(models.items()):
+            for form in build_forms(model, data["calib_x"][:32], data["calib_x"][:8], Path(scratch) / str(i),
+                                    forms=FORMS, threads=1):  # fmt: skip
+                if form.status == "ok":
+                    timed[f"{form.name}@{name}"] = form.model
+        lat = measure_latency(timed, data["test_x"][:64], batch_size=16, warmup=3, repeats=args.repeats)
+    train_rows = np.arange(len(data["train_x"]))
+
+    def batches(step: int):
+        idx = torch.as_tensor(batch_rows(train_rows, step, 64, 0))
+        return augment(data["train_x"][idx], torch.Generator().manual_seed(step), False, (0.8, 1.0)), data["train_y"][
+            idx
+        ]
+
+    rows = []
+    base_acc = rec._accuracy(base, data["test_x"], data["test_y"])
+    for name, model in models.items():
+        row: dict[str, Any] = {"variant": name, "params": sum(p.numel() for p in model.parameters())}
+        row["before"] = rec._accuracy(model, data["test_x"], data["test_y"])
+        if model is not base:
+            distill(model, base, batches, DistillConfig(steps=args.steps, lr=args.lr))
+        row["after"] = rec._accuracy(model, data["test_x"], data["test_y"])
+        for form in FORMS:
+            mine, unpruned = lat.get(f"{form}@{name}"), lat.get(f"{form}@unpruned")
+            if mine and unpruned:
+                row[f"{form}_b1"] = round(mine["latency_ms"] / unpruned["latency_ms"], 3)
+                row[f"{form}_b16"] = round(mine["latency_batch_ms"] / unpruned["latency_batch_ms"], 3)
+        rows.append(row)
+    print(f"\nzoo ResNet, {args.held_out} held-out images, {args.steps} distillation steps; latency over the unpruned "
+          "model's same form (1 thread)")  # fmt: skip
+    print(
+        "| variant | params | top-1 before | after distillation (vs unpruned) | "
+        + " | ".join(f"{f} b1 / b16" for f in FORMS)
+        + " |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        cells = [f"{r.get(f + '_b1', float('nan')):.2f}x / {r.get(f + '_b16', float('nan')):.2f}x" for f in FORMS]
+        print(f"| {r['variant']} | {r['params']:,} | {r['before']:.2f}% | {r['after']:.2f}% "
+              f"({r['after'] - base_acc:+.2f} pp) | " + " | ".join(cells) + " |")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -81,7 +81,7 @@ def started_at(
 
 
 def block_inputs(model: nn.Module, blocks: Sequence[str], pixels: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
-    """Run `model` once on `pixels`; return each block's input and whether it returns a tuple, and the logits."""
+    """Run `model` once on `pixels`; return each block's input and output arity (`PassBlock`), and the logits."""
     seen: dict[str, Any] = {"inputs": {}, "arity": {}}
     handles = []
     for name in blocks:

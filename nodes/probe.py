@@ -22,7 +22,7 @@ from profiling_agent.state import Context, State
 def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Probe every prunable group once and keep the result for every planning round (uniform baselines skip it)."""
     from profiling_agent.tools.compression.baselines import is_baseline
-    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.compression.families import planning_groups
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.profiling.probe_fast import probe_sensitivity_fast
     from profiling_agent.tools.profiling.probe_record import probe_record
@@ -35,10 +35,7 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = context_of(runtime)
     loaded = load_artifact_model(state, state.baseline)
     tensors = prepared(state)
-    adapter = adapter_for(loaded.model)
-    groups = adapter.prunable_groups(loaded.model)
-    if state.objective.prunes_depth():  # what removing each whole block costs, for depth pruning
-        groups += adapter.block_groups(loaded.model)
+    groups = planning_groups(loaded.model, depth=state.objective.prunes_depth())  # blocks: what removing each costs
     started, wall = time.process_time(), time.perf_counter()
     report = progress_callback(runtime, "sensitivity probe")
 

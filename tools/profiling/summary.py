@@ -82,13 +82,12 @@ def planner_profile(model: Any, input_shape: Any, *, device: str = "cpu", depth:
     """
     import dataclasses
 
-    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.compression.families import adapter_for, planning_groups
     from profiling_agent.tools.profiling.dynamic import profile_model
 
     full = profile_model(model, input_shape, device=device)
     adapter = adapter_for(model)
-    blocks = adapter.block_groups(model) if depth else []
-    groups = [dataclasses.asdict(g) for g in (*adapter.prunable_groups(model), *blocks)]
+    groups = [dataclasses.asdict(g) for g in planning_groups(model, depth)]
     owned = [{**g, "members": (*g["members"], g["module"])} if g["kind"] == "head" else g for g in groups]
     full["groups"] = groups
     full["group_costs"] = group_costs(full, owned)

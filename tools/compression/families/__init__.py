@@ -20,6 +20,7 @@ __all__ = [
     "PrunableGroup",
     "adapter_by_name",
     "adapter_for",
+    "planning_groups",
     "register_adapter",
 ]
 
@@ -89,3 +90,9 @@ def adapter_by_name(name: str) -> FamilyAdapter:
         if adapter.name == name:
             return adapter
     raise KeyError(f"no family adapter named {name!r}; known: {[a.name for a in ADAPTERS]}")
+
+
+def planning_groups(model: nn.Module, depth: bool = False) -> list[PrunableGroup]:
+    """Return the groups a plan may prune: channel and head groups, then (with `depth`) the removable blocks."""
+    adapter = adapter_for(model)
+    return [*adapter.prunable_groups(model), *(adapter.block_groups(model) if depth else [])]

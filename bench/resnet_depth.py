@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
     parser.add_argument("--steps", type=int, default=300, help="distillation steps per variant (batch 64)")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak distillation learning rate")
+    parser.add_argument("--batch", type=int, default=64, help="images per distillation step")
     parser.add_argument("--held-out", type=int, default=2000, help="held-out test images")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None, help="also write the rows here")
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     train_rows = np.arange(len(data["train_x"]))
 
     def batches(step: int):
-        idx = torch.as_tensor(batch_rows(train_rows, step, 64, 0))
+        idx = torch.as_tensor(batch_rows(train_rows, step, args.batch, 0))
         return augment(data["train_x"][idx], torch.Generator().manual_seed(step), False, (0.8, 1.0)), data["train_y"][
             idx
         ]
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{form}_b1"] = round(mine["latency_ms"] / unpruned["latency_ms"], 3)
                 row[f"{form}_b16"] = round(mine["latency_batch_ms"] / unpruned["latency_batch_ms"], 3)
         rows.append(row)
-    print(f"\nzoo ResNet, {args.held_out} held-out images, {args.steps} distillation steps; latency over the unpruned "
+    print(f"\nzoo ResNet, {args.held_out} held-out images, {args.steps} distillation steps (lr {args.lr:g}, batch "
+          f"{args.batch}); latency over the unpruned "
           "model's same form (1 thread)")  # fmt: skip
     print(
         "| variant | params | top-1 before | after distillation (vs unpruned) | "

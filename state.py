@@ -87,7 +87,7 @@ class Objective(_Strict):
     quantize: QuantizeChoice = Field(default="qint8", description="Dynamic quantization added to each plan.")
     planner: PlannerChoice = Field(default="auto", description="deterministic, llm, auto, or l1/l2/random + ratio.")
     ratio: float | None = Field(
-        default=None, gt=0.0, lt=1.0, description="Uniform ratio of the l1/l2/random baselines."
+        default=None, gt=0.0, lt=1.0, description="Uniform ratio of the l1/l2/random baselines (required by them)."
     )
     approve: bool = Field(default=False, description="Pause before each plan: approve, edit or reject it.")
     depth: bool | None = Field(default=None, description="Remove whole blocks too (None: under a latency target).")
@@ -312,7 +312,8 @@ class EvalRecord(_Strict):
     timing: dict[str, Any] | None = Field(default=None, description="Wall vs CPU time, busy flag, re-measures.")
     predicted_by: str | None = Field(
         default=None,
-        description="FP32 form (same weights, logits checked against torch) whose accuracy passes stood in.",
+        description="The FP32 form (same weights, logits within the FP32 tolerance of torch) whose faster accuracy "
+        "passes stand for this torch model's, on validation and held-out test; None: torch predicted.",
     )
 
 
@@ -402,7 +403,7 @@ class Candidate(_Strict):
 
     iteration: int
     status: Literal["pending", "ok", "failed", "rejected"] = Field(
-        default="pending", description="Then ok/failed/rejected."
+        default="pending", description="pending while the iteration runs; then ok, failed or rejected."
     )
     plan: CompressionPlan = Field(default_factory=CompressionPlan, description="The plan applied.")
     planner: str = Field(default="", description="Planner that produced the plan.")

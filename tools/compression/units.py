@@ -146,8 +146,8 @@ def unit_align(kind: str, units: int) -> int:
 def removed_units(units: int, min_units: int, ratio: float, align: int = 1) -> int:
     """Return how many of `units` pruning at `ratio` removes: floor(units * ratio), keeping at least `min_units`.
 
-    Channel and head groups keep at least one unit whatever `min_units` says; only a block group (one unit,
-    `min_units` 0) can lose everything, and only at ratio 1.0.
+    At least one unit stays unless `min_units` is 0, which only a block group has (one unit, removed whole at
+    ratio 1.0); channel and head groups are built with `min_units` >= 1.
 
     With `align` > 1 the kept width is rounded to the nearest multiple of `align` (half up, at least `align`, at most
     `units`), so a pruned group's width stays a multiple of the runtimes' channel block (`unit_align`).

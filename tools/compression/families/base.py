@@ -31,7 +31,7 @@ class PrunableGroup:
             sums their costs to get the group's cost share.
         units: Prunable units right now (channels, or heads).
         unit_size: Channels per unit (1, or head_dim).
-        min_units: Units that always remain (at least 1).
+        min_units: Units that always remain (at least 1; 0 only for a block group, removed whole).
         block: Name of the enclosing block (transformer layer or residual block), for reports.
     """
 

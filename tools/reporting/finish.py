@@ -8,18 +8,6 @@ from typing import Any
 from profiling_agent.state import Objective
 
 
-def joint_latency(latency: dict[str, Any], best: dict[str, Any] | None) -> dict[str, Any]:
-    """Return the final latencies result.json reports per candidate (quantization only: the peer's joint numbers)."""
-    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
-
-    joint = {k: v for k, v in latency.items() if not k.startswith(PEER_PREFIX)}
-    if best and best.get("iteration") == 0 and best.get("eval"):
-        key = PEER_PREFIX + str(best["eval"]["delivered"])
-        if key in latency or "baseline" in latency:
-            joint["iter_00"] = latency.get(key) or latency["baseline"]
-    return joint
-
-
 def write_run_report(
     root: Path,
     final: dict[str, Any],
@@ -48,7 +36,7 @@ def write_run_report(
     from profiling_agent.tools.reporting.plot_recovery import attach_curves
     from profiling_agent.tools.reporting.result import build_result
 
-    result = build_result(final, thread, joint_latency(latency, final.get("best")), latency)
+    result = build_result(final, thread, latency)
     result["final_latency_timing"] = timing or None
     if (timing or {}).get("reused"):
         result["latency_method"] = f"final: {timing['reused']}"

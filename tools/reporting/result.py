@@ -129,20 +129,29 @@ def protocol(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def joint_latency(latency: Mapping[str, Any], best: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return the final latencies result.json reports per candidate (quantization only: the peer's joint numbers)."""
+    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+
+    joint = {k: v for k, v in latency.items() if not k.startswith(PEER_PREFIX)}
+    if best and best.get("iteration") == 0 and best.get("eval"):
+        key = PEER_PREFIX + str(best["eval"]["delivered"])
+        if key in latency or "baseline" in latency:
+            joint["iter_00"] = latency.get(key) or latency["baseline"]
+    return joint
+
+
 def build_result(
-    state: dict[str, Any],
-    thread_id: str,
-    final_latency: dict[str, dict[str, Any]] | None = None,
-    joint_timing: dict[str, dict[str, Any]] | None = None,
+    state: dict[str, Any], thread_id: str, joint_timing: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """Assemble result.json from the final state (a dict of the State fields).
 
-    `final_latency` maps "baseline" and "iter_NN" to a joint side-by-side latency measurement taken at the
-    end of the run; when given, its numbers (and the speedups computed from them) are the ones reported.
-    `joint_timing` is that whole measurement, the unpruned forms ("unpruned_<form>") included: a latency target's
-    outcome is measured in it (`outcome.target_outcome`).
+    `joint_timing` is the side-by-side latency measurement taken at the end of the run: "baseline", "iter_NN"
+    and the unpruned model's forms ("unpruned_<form>"). When given, its numbers (and the speedups computed from
+    them) are the ones reported per candidate (`joint_latency`), and a latency target's outcome is measured in it
+    (`outcome.target_outcome`).
     """
-    final_latency = final_latency or {}
+    final_latency = joint_latency(joint_timing or {}, state.get("best"))
     base_final = final_latency.get("baseline")
     test = state.get("test_eval") or {}
     baseline_eval = state.get("baseline_eval")

@@ -420,14 +420,16 @@ def plan_round(
         why = f"repeating round {last.get('iteration', '?')}'s pruning, which kept the budget, without quantization"
     weights = group_weights(groups, costs, sensitivity, gamma, objective.target, config)
     depth = objective.target == "latency" and any(g["kind"] == "block" for g in groups)
-    fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config) if depth else None
     ceiling = ceiling_of(history) if repeat_of is None else None
+    fixed = None
     kept_blocks, source = carried_blocks(history, groups, goal) if depth and repeat_of is None else ([], 0)
     if kept_blocks:
         alone = {g["name"]: float(g["name"] in kept_blocks) for g in groups if g["kind"] == "block"}
         if ceiling is None or estimate_reduction(alone, groups, costs, objective.target) < ceiling - 1e-9:
             fixed = alone
             why += f"; keeping the {len(kept_blocks)} blocks round {source} removed and backing off its width pruning"
+    if depth and fixed is None:
+        fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config)
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)
     if ceiling is not None and estimate >= ceiling - 1e-9:  # whole units rounded back up to a refused plan
         if depth:

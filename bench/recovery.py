@@ -46,7 +46,8 @@ PLANS = {
 }
 
 
-def _accuracy(model, x, y, batch: int = 500) -> float:
+def accuracy(model, x, y, batch: int = 500) -> float:
+    """Top-1 accuracy (%) of `model` on images `x` with labels `y`."""
     model.eval()
     correct = 0
     with torch.inference_mode():
@@ -55,7 +56,7 @@ def _accuracy(model, x, y, batch: int = 500) -> float:
     return 100.0 * correct / len(x)
 
 
-def _data(held_out: int, calib: int, train: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def zoo_data(held_out: int, calib: int, train: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """Held-out test images, and calibration and distillation images from training images the zoo never used."""
     proc = zoo_lib.processor()
     test_x, test_y = zoo_lib.load_fashion("test")
@@ -74,6 +75,18 @@ def _data(held_out: int, calib: int, train: int, seed: int = 0) -> dict[str, tor
     }
 
 
+def distill_batches(data: dict[str, torch.Tensor], batch: int, seed: int = 0):
+    """Return the distillation's batches(step): `batch` augmented training images of `zoo_data` and their labels."""
+    rows = np.arange(len(data["train_x"]))
+
+    def batches(step: int):
+        idx = torch.as_tensor(batch_rows(rows, step, batch, seed))
+        generator = torch.Generator().manual_seed(step)
+        return augment(data["train_x"][idx], generator, False, (0.8, 1.0)), data["train_y"][idx]
+
+    return batches
+
+
 def _latency(model, image) -> float:
     return median_forward_ms(model, image, warmup=5, repeats=30)
 
@@ -82,30 +95,22 @@ def run_family(name: str, path: Path, data: dict[str, torch.Tensor], steps: int,
     from transformers import AutoModelForImageClassification
 
     baseline = AutoModelForImageClassification.from_pretrained(path).eval()
-    base_acc = _accuracy(baseline, data["test_x"], data["test_y"])
+    base_acc = accuracy(baseline, data["test_x"], data["test_y"])
     pruned = copy.deepcopy(baseline)
     report = prune_model(pruned, PLANS[name], data["calib_x"][:1])
     row = {"model": name, "plan": PLANS[name], "baseline": base_acc, "params_before": report.params_before}
     row["params_after"] = count_params(pruned)
-    row["none"] = _accuracy(pruned, data["test_x"], data["test_y"])
+    row["none"] = accuracy(pruned, data["test_x"], data["test_y"])
     tick = time.perf_counter()
     reconstruct(baseline, pruned, data["calib_x"], report.applied)
     row["reconstruct_seconds"] = round(time.perf_counter() - tick, 2)
     self_check(pruned, data["calib_x"][:2], int(pruned.config.num_labels))
-    row["reconstruct"] = _accuracy(pruned, data["test_x"], data["test_y"])
-    rows = np.arange(len(data["train_x"]))
-    gen_seed = 0
-
-    def batches(step: int):
-        idx = torch.as_tensor(batch_rows(rows, step, 64, gen_seed))
-        generator = torch.Generator().manual_seed(step)
-        return augment(data["train_x"][idx], generator, False, (0.8, 1.0)), data["train_y"][idx]
-
+    row["reconstruct"] = accuracy(pruned, data["test_x"], data["test_y"])
     tick = time.perf_counter()
-    distill(pruned, baseline, batches, DistillConfig(steps=steps, lr=lr))
+    distill(pruned, baseline, distill_batches(data, 64), DistillConfig(steps=steps, lr=lr))
     row["distill_seconds"] = round(time.perf_counter() - tick, 2)
     self_check(pruned, data["calib_x"][:2], int(pruned.config.num_labels))
-    row["distill"] = _accuracy(pruned, data["test_x"], data["test_y"])
+    row["distill"] = accuracy(pruned, data["test_x"], data["test_y"])
     image = data["test_x"][:1]
     b_ms, p_ms = [], []
     for _ in range(3):  # interleaved, so both see the same machine load
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.zoo) if args.zoo else zoo_lib.default_out()
     zoo = zoo_lib.build_zoo(out, names, threads=args.threads)
     steps = args.steps or (150 if args.quick else 400)
-    data = _data(1000 if args.quick else 3000, 256, 8192)
+    data = zoo_data(1000 if args.quick else 3000, 256, 8192)
     rows = []
     for name in names:
         row = run_family(name, Path(zoo["models"][name]["path"]), data, steps, args.lr)

@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -94,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import AutoModelForImageClassification
 
-    from profiling_agent.tools.data.train_stream import augment, batch_rows
-    from profiling_agent.tools.evaluation.latency import measure_latency
+    from profiling_agent.tools.evaluation.latency import BUSY_FACTOR, measure_latency
     from profiling_agent.tools.recovery.distill import DistillConfig, distill
     from profiling_agent.tools.runtimes.forms import build_forms
 
@@ -106,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = json.loads((zoo / "zoo.json").read_text())["models"]["resnet"]["path"]
     base = AutoModelForImageClassification.from_pretrained(path).eval()
-    data = rec._data(held_out=args.held_out, calib=64, train=2000)
+    data = rec.zoo_data(held_out=args.held_out, calib=64, train=2000)
     models = variants_of(base)
     timed: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="resnet-depth-") as scratch:
@@ -116,27 +114,21 @@ def main(argv: list[str] | None = None) -> int:
                 if form.status == "ok":
                     timed[f"{form.name}@{name}"] = form.model
         lat = measure_latency(timed, data["test_x"][:64], batch_size=16, warmup=3, repeats=args.repeats)
-    train_rows = np.arange(len(data["train_x"]))
-
-    def batches(step: int):
-        idx = torch.as_tensor(batch_rows(train_rows, step, args.batch, 0))
-        return augment(data["train_x"][idx], torch.Generator().manual_seed(step), False, (0.8, 1.0)), data["train_y"][
-            idx
-        ]
-
+    batches = rec.distill_batches(data, args.batch)
     rows = []
-    base_acc = rec._accuracy(base, data["test_x"], data["test_y"])
+    base_acc = rec.accuracy(base, data["test_x"], data["test_y"])
     for name, model in models.items():
         row: dict[str, Any] = {"variant": name, "params": sum(p.numel() for p in model.parameters())}
-        row["before"] = rec._accuracy(model, data["test_x"], data["test_y"])
+        row["before"] = rec.accuracy(model, data["test_x"], data["test_y"])
         if model is not base:
             distill(model, base, batches, DistillConfig(steps=args.steps, lr=args.lr))
-        row["after"] = rec._accuracy(model, data["test_x"], data["test_y"])
+        row["after"] = rec.accuracy(model, data["test_x"], data["test_y"])
         for form in FORMS:
             mine, unpruned = lat.get(f"{form}@{name}"), lat.get(f"{form}@unpruned")
             if mine and unpruned:
                 row[f"{form}_b1"] = round(mine["latency_ms"] / unpruned["latency_ms"], 3)
                 row[f"{form}_b16"] = round(mine["latency_batch_ms"] / unpruned["latency_batch_ms"], 3)
+                row[f"{form}_wall_over_cpu"] = round(mine["wall_s"] / max(mine["cpu_s"], 1e-9), 2)
         rows.append(row)
     print(f"\nzoo ResNet, {args.held_out} held-out images, {args.steps} distillation steps (lr {args.lr:g}, batch "
           f"{args.batch}); latency over the unpruned "
@@ -151,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{r.get(f + '_b1', float('nan')):.2f}x / {r.get(f + '_b16', float('nan')):.2f}x" for f in FORMS]
         print(f"| {r['variant']} | {r['params']:,} | {r['before']:.2f}% | {r['after']:.2f}% "
               f"({r['after'] - base_acc:+.2f} pp) | " + " | ".join(cells) + " |")  # fmt: skip
+    busiest = max((v for r in rows for k, v in r.items() if k.endswith("_wall_over_cpu")), default=0.0)
+    print(f"timed calls: wall time over process CPU time at most {busiest:.2f} (above {BUSY_FACTOR}: a busy machine)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

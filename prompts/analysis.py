@@ -264,13 +264,22 @@ def depth_note(
     """
     if not any(g.get("kind") == "block" for g in groups):
         return ""
-    listed = [f"{n} blocks of {s}" for s, n in (limits or {}).items()]
+    swapped = {str(g["module"]) for g in groups if g.get("kind") == "block" and (g.get("extra") or {}).get("replace")}
+    listed = [f"{n} blocks of {s}" for s, n in (limits or {}).items() if s not in swapped]
     here = "; ".join(listed[:6]) + (f" and {len(listed) - 6} more stacks" if len(listed) > 6 else "")
+    swap_note = (
+        " A block group whose module is a stage's first residual block (it has a projection shortcut) is replaced "
+        "by that shortcut instead: its row's shares are its residual branch, what goes; it does not count toward "
+        "the stack's limit."
+        if swapped
+        else ""
+    )
     return (
         '\nDepth: a "block" group is a whole block (a transformer layer, or a residual block with an identity '
         'shortcut). A pruning entry of type "block" must have ratio 1.0: it removes that block and its whole cost (the '
-        "shares in its row), which is what cuts batch-1 latency most on small models.\n"
-        f"Remove at most {fraction:.0%} of the blocks of a stack, never all"
+        "shares in its row), which is what cuts batch-1 latency most on small models."
+        + swap_note
+        + f"\nRemove at most {fraction:.0%} of the blocks of a stack, never all"
         + (f" (here at most {here})" if here else "")
         + '; "structured" and "head" entries inside a removed block are moot.'
     )

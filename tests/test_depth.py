@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -12,11 +13,13 @@ from tiny import resnet_config, seeded, vit_config
 from transformers import ResNetForImageClassification, ViTForImageClassification
 
 from profiling_agent.state import Objective, PruneEntry
+from profiling_agent.tools.compression.depth import replaces
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.compression.units import PruneError
 from profiling_agent.tools.models.artifact_load import load_artifact
-from profiling_agent.tools.models.artifacts import save_artifact
+from profiling_agent.tools.models.artifacts import ArtifactError, save_artifact
+from profiling_agent.tools.models.shortcut import ShortcutBlock
 from profiling_agent.tools.planning.deterministic import PlannerConfig, estimate_reduction
 from profiling_agent.tools.planning.deterministic import depth_first_blocks as depth_first
 from profiling_agent.tools.profiling.probe_fast import FastProbeConfig, probe_sensitivity_fast
@@ -108,9 +111,15 @@ def test_the_engine_keeps_at_least_one_block(vit4):
         prune_model(copy.deepcopy(vit4), [{"layer": "layers", "type": "block", "ratio": 1.0}], _pixels(vit4, 1))
 
 
-def test_resnet_removes_identity_blocks_only_and_lowers_its_depths(resnet3, tmp_path):
+def test_resnet_removes_identity_blocks_and_lowers_its_depths(resnet3, tmp_path):
     adapter = adapter_for(resnet3)
-    assert [g.name for g in adapter.block_groups(resnet3)] == ["stages.1.layers.1.block", "stages.1.layers.2.block"]
+    groups = adapter.block_groups(resnet3)
+    assert [g.name for g in groups] == [
+        "stages.0.layers.0.block", "stages.1.layers.0.block", "stages.1.layers.1.block", "stages.1.layers.2.block"
+    ]  # fmt: skip
+    # a stage's first block (projection shortcut) is replaced, not removed: its group owns only the residual branch
+    assert [replaces(g) for g in groups] == [True, True, False, False]
+    assert groups[1].members == ("resnet.encoder.stages.1.layers.0.layer",)
     x = _pixels(resnet3, 4)
     pruned = copy.deepcopy(resnet3)
     report = prune_model(pruned, [{"layer": "stages\\.1\\.layers\\.1$", "type": "block", "ratio": 1.0}], x[:1])
@@ -122,7 +131,60 @@ def test_resnet_removes_identity_blocks_only_and_lowers_its_depths(resnet3, tmp_
     with torch.no_grad():
         assert torch.allclose(load_artifact(tmp_path / "r").model.eval()(x).logits, pruned(x).logits, atol=1e-5)
     with pytest.raises(ValueError, match="only blocks after a stage's first"):
-        adapter.drop_blocks(copy.deepcopy(resnet3), ["resnet.encoder.stages.1.layers.0"])
+        adapter.drop_blocks(copy.deepcopy(resnet3), ["resnet.encoder.stages.1.layers.0.layer"])
+
+
+def _shortcut_only(model, name):
+    """The unpruned model with block `name`'s residual branch zeroed: what replacing it by its shortcut computes."""
+    out = copy.deepcopy(model)
+    last = out.get_submodule(f"{name}.layer")[-1].normalization
+    torch.nn.init.zeros_(last.weight)
+    torch.nn.init.zeros_(last.bias)
+    return out
+
+
+def test_resnet_replaces_a_stages_first_block_by_its_shortcut_and_the_artifact_rebuilds_it(resnet3, tmp_path):
+    x = _pixels(resnet3, 4)
+    pruned = copy.deepcopy(resnet3)
+    entries = [
+        {"layer": r"^resnet\.encoder\.stages\.1\.layers\.0$", "type": "block", "ratio": 1.0},
+        {"layer": r"^resnet\.encoder\.stages\.1\.layers\.2$", "type": "block", "ratio": 1.0},
+        {"layer": r"layer\.0\.convolution", "type": "structured", "ratio": 0.5},
+    ]
+    report = prune_model(pruned, entries, x[:1])
+    first = pruned.resnet.encoder.stages[1].layers[0]
+    assert isinstance(first, ShortcutBlock) and pruned.config.depths == [1, 2]
+    assert first.shortcut.convolution.weight is not None  # the shortcut keeps its weights under its own name
+    assert "resnet.encoder.stages.1.layers.0.shortcut.convolution.weight" in dict(pruned.named_parameters())
+    # the width entry inside the replaced block is moot; the one in the kept identity block applies
+    assert {r["group"] for r in report.skipped} == {"stages.1.layers.0.conv1", "stages.1.layers.2.conv1"}
+    assert [r.group for r in report.applied][:2] == ["stages.1.layers.0.block", "stages.1.layers.2.block"]
+    # a block-only plan computes exactly the model with that block's residual branch at zero
+    only = copy.deepcopy(resnet3)
+    prune_model(only, entries[:1], x[:1])
+    with torch.no_grad():
+        expected = _shortcut_only(resnet3, "resnet.encoder.stages.1.layers.0")(x).logits
+        assert torch.allclose(only(x).logits, expected, atol=1e-5)
+    # nothing inside a replaced block is offered again
+    assert "stages.1.layers.0" not in " ".join(g.name for g in adapter_for(pruned).prunable_groups(pruned))
+    assert "stages.1.layers.0" not in " ".join(g.name for g in adapter_for(pruned).block_groups(pruned))
+    save_artifact(pruned, tmp_path / "r", attrs=report.attrs)
+    recipe = json.loads((tmp_path / "r" / "recipe.json").read_text())
+    assert recipe["replaced_blocks"] == {"resnet.encoder.stages.1.layers.0": "shortcut"}
+    assert recipe["format_version"] == 2
+    loaded = load_artifact(tmp_path / "r").model
+    assert isinstance(loaded.resnet.encoder.stages[1].layers[0], ShortcutBlock)
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, pruned(x).logits)
+    recipe["replaced_blocks"] = {"resnet.encoder.stages.1.layers.0": "zeros"}
+    (tmp_path / "r" / "recipe.json").write_text(json.dumps(recipe))
+    with pytest.raises(ArtifactError, match="replaced by 'zeros', which is unknown"):
+        load_artifact(tmp_path / "r")
+
+
+def test_an_artifact_without_replaced_blocks_stays_format_version_1(resnet3, tmp_path):
+    save_artifact(resnet3, tmp_path / "r")
+    assert json.loads((tmp_path / "r" / "recipe.json").read_text())["format_version"] == 1
 
 
 def test_the_fast_probe_measures_a_removed_block_exactly(vit4):
@@ -138,6 +200,24 @@ def test_the_fast_probe_measures_a_removed_block_exactly(vit4):
             assert row["ratio"] == 1.0 and row["units_removed"] == 1
             assert row["kl"] == pytest.approx(direct["kl"], rel=1e-4, abs=1e-7)
             assert row["agreement"] == pytest.approx(direct["agreement"])
+
+
+def test_the_fast_probe_measures_a_block_replaced_by_its_shortcut_exactly(resnet3):
+    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+
+    adapter = adapter_for(resnet3)
+    groups = adapter.prunable_groups(resnet3) + adapter.block_groups(resnet3)
+    pixels = _pixels(resnet3, 24)
+    rows = probe_sensitivity_fast(resnet3, groups, pixels, ratio=0.3, config=FastProbeConfig(eval_images=0))
+    full = probe_sensitivity(resnet3, [g for g in groups if g.kind == "block"], pixels, ratio=0.3)
+    with torch.no_grad():
+        reference = resnet3(pixels).logits
+        for name in ("resnet.encoder.stages.0.layers.0", "resnet.encoder.stages.1.layers.0"):
+            group = name[len("resnet.encoder.") :] + ".block"
+            direct = compare_logits(reference, _shortcut_only(resnet3, name)(pixels).logits, None)
+            assert rows[group]["fast"] and rows[group]["units_removed"] == 1
+            assert rows[group]["kl"] == pytest.approx(direct["kl"], rel=1e-4, abs=1e-7)
+            assert full[group]["kl"] == pytest.approx(direct["kl"], rel=1e-4, abs=1e-7)  # the engine's own path
 
 
 def test_the_refit_after_removing_blocks_fits_the_shallower_baseline(vit4):
@@ -196,11 +276,13 @@ def test_a_stack_may_lose_half_its_blocks_counting_those_that_cannot_go(vit4, re
     from profiling_agent.tools.compression.depth import block_limits
 
     assert block_limits(_planner_groups(vit4), 0.5) == {"vit.layers": 2}
-    # three blocks, the first not removable: one may go (half of three, rounded down), never the first
-    assert block_limits(_planner_groups(resnet3), 0.5) == {"resnet.encoder.stages.1.layers": 1}
+    # three blocks, the first not removable: one may go (half of three, rounded down), never the first; each
+    # stage's first block may be replaced by its shortcut on its own
+    firsts = {"resnet.encoder.stages.0.layers.0": 1, "resnet.encoder.stages.1.layers.0": 1}
+    assert block_limits(_planner_groups(resnet3), 0.5) == {**firsts, "resnet.encoder.stages.1.layers": 1}
     zoo_like = seeded(ResNetForImageClassification, resnet_config(depths=[1, 2]))
-    assert block_limits(_planner_groups(zoo_like), 0.5) == {"resnet.encoder.stages.1.layers": 1}
-    assert block_limits(_planner_groups(zoo_like), 0.4) == {"resnet.encoder.stages.1.layers": 0}
+    assert block_limits(_planner_groups(zoo_like), 0.5) == {**firsts, "resnet.encoder.stages.1.layers": 1}
+    assert block_limits(_planner_groups(zoo_like), 0.4) == {**firsts, "resnet.encoder.stages.1.layers": 0}
 
 
 def test_a_latency_plan_removes_the_cheapest_blocks_first_and_prunes_no_width_inside_them(vit4):

@@ -4,6 +4,11 @@ A transformer layer or a residual block with an identity shortcut computes `x + 
 hidden state as it was, so the model stays valid and its later blocks keep their weights. The stack is rebuilt
 without the removed blocks, so module names are renumbered (the block that was `layers.3` may become `layers.2`)
 and the config's depth field says the new count: the saved model rebuilds from its config like any other.
+
+A block whose shortcut is a projection (a ResNet stage's first block changes width or stride) cannot simply go; it
+is replaced by a `ShortcutBlock`: its projection shortcut and output activation, the residual branch gone. The
+module keeps its name and the shortcut's weights keep theirs; a saved artifact records the replaced blocks
+(`tools/models/shortcut.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch import nn
+
+from profiling_agent.tools.models.shortcut import SHORTCUT
+
+
+def replaces(group: Any) -> bool:
+    """Return True for a block group whose block is replaced by its shortcut rather than removed."""
+    fields = group if isinstance(group, Mapping) else vars(group)
+    return (fields.get("extra") or {}).get("replace") == SHORTCUT
+
+
+def limit_key(group: Any) -> str:
+    """Return what a block group's removal is limited within: its stack, or itself when it is replaced."""
+    fields = group if isinstance(group, Mapping) else vars(group)
+    return str(fields["module"]) if replaces(group) else stack_of(str(fields["module"]))
 
 
 def drop_from_stack(model: nn.Module, stack: str, indices: Iterable[int], keep_at_least: int = 1) -> dict[str, str]:
@@ -105,24 +124,28 @@ def stack_of(block: str) -> str:
 
 
 def block_limits(groups: Iterable[Any], fraction: float) -> dict[str, int]:
-    """Return how many blocks of each stack a plan may remove.
+    """Return how many blocks of each stack a plan may remove, keyed by `limit_key`.
 
     At most `fraction` of the stack's blocks (all of them, removable or not: a block group's `extra["stack_blocks"]`),
-    never all of them, and never more than its removable ones. Groups are PrunableGroups or their dicts.
+    never all of them, and never more than its removable ones. A block replaced by its shortcut leaves a layer in
+    its stack, so it is limited on its own (key: its module; 1). Groups are PrunableGroups or their dicts.
 
     Returns:
-        {stack: blocks that may go}, for every stack with a block group.
+        {stack or replaced block: blocks that may go}, for every block group.
     """
     removable: dict[str, int] = {}
     total: dict[str, int] = {}
+    out = {}
     for group in groups:
         fields = group if isinstance(group, Mapping) else vars(group)
         if fields.get("kind") != "block":
             continue
+        if replaces(group):
+            out[limit_key(group)] = 1
+            continue
         stack = stack_of(str(fields["module"]))
         removable[stack] = removable.get(stack, 0) + 1
         total[stack] = max(total.get(stack, 0), int((fields.get("extra") or {}).get("stack_blocks", 0)))
-    out = {}
     for stack, n in removable.items():
         size = max(total[stack], n)
         out[stack] = max(0, min(n, size - 1, math.floor(size * fraction + 1e-9)))

@@ -94,6 +94,23 @@ def build_model(path: Path, recipe: Mapping[str, Any]) -> nn.Module:
         raise ArtifactError(message) from None
 
 
+def replace_blocks(model: nn.Module, replaced: Mapping[str, Any], path: Path) -> None:
+    """Replace the blocks the recipe records as replaced by their shortcut (`depth.ShortcutBlock`) again.
+
+    Raises:
+        ArtifactError: A recorded replacement is unknown or does not fit the rebuilt model.
+    """
+    from profiling_agent.tools.models.shortcut import SHORTCUT, replace_with_shortcut
+
+    for name, how in replaced.items():
+        if how != SHORTCUT:
+            raise ArtifactError(f"{path / RECIPE_FILE}: block {name!r} is replaced by {how!r}, which is unknown")
+        try:
+            replace_with_shortcut(model, [name])
+        except (AttributeError, ValueError) as err:
+            raise ArtifactError(f"{path / RECIPE_FILE}: cannot replace block {name!r}: {first_line(err)}") from None
+
+
 def _direct_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     """Return a module's own (non-recursive) parameters and buffers by local name."""
     own: dict[str, torch.Tensor] = dict(module.named_parameters(recurse=False))
@@ -287,6 +304,7 @@ def load_artifact(path: str | os.PathLike, device: str | torch.device = "cpu") -
     recipe = read_recipe(path)
     tensors = read_weights(path, recipe)
     model = build_model(path, recipe)
+    replace_blocks(model, recipe.get("replaced_blocks") or {}, path)
     schemes = recipe["quantization"]
     resize_model(model, tensors, recipe)
     apply_attrs(model, recipe["attrs"])

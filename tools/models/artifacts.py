@@ -24,7 +24,7 @@ from profiling_agent.tools.versions import versions
 logger = logging.getLogger(__name__)
 
 FORMAT = "profiling-agent-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: `replaced_blocks` (blocks replaced by their shortcut); written only when a model has them
 WEIGHTS_FILE = "model.safetensors"
 RECIPE_FILE = "recipe.json"
 CONFIG_FILE = "config.json"
@@ -132,10 +132,13 @@ def build_recipe(
     extra: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """Describe a model well enough to rebuild it: architecture, config, shapes, attrs and quantization."""
+    from profiling_agent.tools.models.shortcut import SHORTCUT, replaced_blocks
+
     config = model.config
+    replaced = {name: SHORTCUT for name in replaced_blocks(model)}
     return {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if replaced else 1,  # a version-1 reader loads every other artifact
         "architecture": architecture_of(model),
         "model_type": getattr(config, "model_type", ""),
         "attn_implementation": getattr(config, "_attn_implementation", None),
@@ -143,6 +146,7 @@ def build_recipe(
         "tensors": {k: {"shape": list(v.shape), "dtype": _dtype_name(v.dtype)} for k, v in tensors.items()},
         "modules": module_sizes(model),
         "attrs": _json_attrs(attrs),
+        "replaced_blocks": replaced,
         "quantized": {name: scheme["dtype"] for name, scheme in schemes.items()},
         "quantization": {name: dict(scheme) for name, scheme in schemes.items()},
         "params": count_params(model),

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from profiling_agent.tools.compression.depth import block_limits, stack_of
+from profiling_agent.tools.compression.depth import block_limits, limit_key
 
 
 def depth_first(
@@ -39,7 +39,7 @@ def depth_first(
     per_stack: dict[str, int] = {}
     limits = block_limits(blocks, max_block_fraction)
     for g in sorted(blocks, key=lambda g: (cost_of(g), g["name"])):
-        stack = stack_of(str(g["module"]))
+        stack = limit_key(g)
         if per_stack.get(stack, 0) < limits[stack]:
             per_stack[stack] = per_stack.get(stack, 0) + 1
             allowed.append(g)

@@ -14,7 +14,7 @@ from profiling_agent.state import (
     QuantEntry,
     QuantizeChoice,
 )
-from profiling_agent.tools.compression.depth import block_limits, stack_of
+from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.compression.units import removed_units, unit_align
 from profiling_agent.tools.evaluation.selection import (
     quantization_slowed,
@@ -168,7 +168,7 @@ def _limit_depth(ratios: dict[str, float], groups, weights, config: PlannerConfi
     stacks: dict[str, list[dict[str, Any]]] = {}
     for g in groups:
         if g["kind"] == "block":
-            stacks.setdefault(stack_of(str(g["module"])), []).append(g)
+            stacks.setdefault(limit_key(g), []).append(g)
     limits = block_limits(groups, config.max_block_fraction)
     for stack, members in stacks.items():
         allowed = limits[stack]

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from profiling_agent.prompts.plan_example import example_copy_reasons
 from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
-from profiling_agent.tools.compression.depth import block_limits, stack_of
+from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.deterministic import (
     effective_ratio,
     estimate_key,
@@ -220,7 +220,7 @@ class _Checker:
         stacks: dict[str, list[str]] = {}
         for group in self.groups:
             if group["kind"] == "block":
-                stacks.setdefault(stack_of(str(group["module"])), []).append(str(group["module"]))
+                stacks.setdefault(limit_key(group), []).append(str(group["module"]))
         fraction = self.config.max_block_fraction
         limits = block_limits(self.groups, fraction)
         for stack, blocks in stacks.items():

@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from profiling_agent.tools.compression.depth import stack_of
+from profiling_agent.tools.compression.depth import replaces, stack_of
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import removed_units, select_units
+from profiling_agent.tools.models.shortcut import ShortcutBlock
 from profiling_agent.tools.profiling.sensitivity import (
     compare_logits,
     damage_of,
@@ -428,8 +429,8 @@ def _probe_one(
 
     Returns None when the block-local probe cannot handle the group; the caller then runs the full probe on it.
     """
-    if group.kind == "block":  # what removing the whole block costs: a pass-through in its place
-        skip = PassBlock(runner.arity[block_name])
+    if group.kind == "block":  # what taking the block out costs: a pass-through, or its shortcut, in its place
+        skip = ShortcutBlock(block) if replaces(group) else PassBlock(runner.arity[block_name])
         return {
             **_damage_from(index, skip, hidden, runner, reference, labels, config),
             "units_removed": 1,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from torch import nn
 from transformers.models.resnet.modeling_resnet import ResNetModel
 
-from profiling_agent.tools.compression.depth import drop_stage_blocks
+from profiling_agent.tools.compression.depth import drop_stage_blocks, replaces
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup, block_group
+from profiling_agent.tools.models.shortcut import SHORTCUT, ShortcutBlock, replace_with_shortcut, replaced_blocks
 
 
 class ResNetAdapter(FamilyAdapter):
@@ -26,12 +28,16 @@ class ResNetAdapter(FamilyAdapter):
         return isinstance(getattr(model, "resnet", None), ResNetModel) and hasattr(model, "classifier")
 
     def _blocks(self, model: nn.Module) -> list[tuple[str, str, Any]]:
-        """Return (short name, module name, block) for every residual block in forward order."""
+        """Return (short name, module name, block) for every residual block in forward order.
+
+        A block already replaced by its shortcut (`ShortcutBlock`) is not listed: nothing in it can be pruned.
+        """
         blocks = []
         resnet: Any = model.resnet  # a transformers ResNetModel: its submodules are attributes mypy cannot see
         for s, stage in enumerate(resnet.encoder.stages):
             for b, block in enumerate(stage.layers):
-                blocks.append((f"stages.{s}.layers.{b}", f"resnet.encoder.stages.{s}.layers.{b}", block))
+                if not isinstance(block, ShortcutBlock):
+                    blocks.append((f"stages.{s}.layers.{b}", f"resnet.encoder.stages.{s}.layers.{b}", block))
         return blocks
 
     def prunable_groups(self, model: nn.Module) -> list[PrunableGroup]:
@@ -61,22 +67,46 @@ class ResNetAdapter(FamilyAdapter):
         return groups
 
     def block_groups(self, model: nn.Module) -> list[PrunableGroup]:
-        """List every block after the first of its stage (same width, stride 1, identity shortcut) as removable."""
+        """List the blocks depth pruning may take out, in forward order.
+
+        A block after the first of its stage (same width, stride 1, identity shortcut) is removed. A block with a
+        projection shortcut (a stage's first, which changes width or stride) is replaced by that shortcut
+        (`ShortcutBlock`): its group owns only the residual branch (`<block>.layer`), the cost that goes.
+        """
         groups = []
         for short, full, block in self._blocks(model):
-            if not short.endswith(".layers.0") and isinstance(block.shortcut, nn.Identity):
-                stage = model.get_submodule(full.rpartition(".")[0])  # the stage's Sequential of blocks
-                groups.append(block_group(f"{short}.block", full, len(list(stage.children()))))
+            stage = model.get_submodule(full.rpartition(".")[0])  # the stage's Sequential of blocks
+            size = len(list(stage.children()))
+            if isinstance(block.shortcut, nn.Identity):
+                if not short.endswith(".layers.0"):
+                    groups.append(block_group(f"{short}.block", full, size))
+                continue
+            group = block_group(f"{short}.block", full, size)
+            groups.append(
+                dataclasses.replace(group, members=(f"{full}.layer",), extra={**group.extra, "replace": SHORTCUT})
+            )
         return groups
 
     def drop_blocks(self, model: nn.Module, blocks: list[str]) -> dict[str, str]:
-        """Remove the named blocks (never a stage's first) and lower the config's `depths` to match."""
-        allowed = {g.module for g in self.block_groups(model)}
-        return drop_stage_blocks(model, blocks, allowed, "only blocks after a stage's first, with identity shortcuts")
+        """Replace the named projection blocks by their shortcuts, remove the others and lower `depths` to match.
+
+        Returns:
+            {old block name: new name} of the blocks kept in stacks that lost blocks (a replaced block keeps its
+            name).
+        """
+        groups = {g.module: g for g in self.block_groups(model)}
+        swap = [b for b in blocks if b in groups and replaces(groups[b])]
+        allowed = {m for m, g in groups.items() if not replaces(g)}
+        renamed = drop_stage_blocks(
+            model, [b for b in blocks if b not in swap], allowed,
+            "only blocks after a stage's first with identity shortcuts go; a stage's first is replaced by its shortcut",
+        )  # fmt: skip
+        replace_with_shortcut(model, [renamed.get(b, b) for b in swap])
+        return renamed
 
     def protected_modules(self, model: nn.Module) -> list[str]:
         """Name the embedder, every shortcut, every block's last conv layer and the classifier."""
-        names = ["resnet.embedder"]
+        names = ["resnet.embedder", *[f"{name}.shortcut" for name in replaced_blocks(model)]]
         for _, full, block in self._blocks(model):
             names.append(f"{full}.shortcut")
             names.append(f"{full}.layer.{len(block.layer) - 1}")

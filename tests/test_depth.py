@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tiny import resnet_config, seeded, vit_config
 from transformers import ResNetForImageClassification, ViTForImageClassification
 
-from profiling_agent.state import Objective, PruneEntry
+from profiling_agent.state import CompressionPlan, Objective, PruneEntry
 from profiling_agent.tools.compression.depth import replaces
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.pruning import prune_model
@@ -310,6 +310,31 @@ def test_a_latency_plan_removes_the_cheapest_blocks_first_and_prunes_no_width_in
     width = [g for g in groups if g["kind"] != "block"]
     params = plan_round(width, costs, sensitivity, Objective(target="params", target_reduction=0.3), [])
     assert params.plan.pruning and not [e for e in params.plan.pruning if e.type == "block"]
+
+
+def test_a_latency_plan_on_a_resnet_replaces_a_stages_first_block_and_the_guard_and_engine_take_it(resnet3):
+    from profiling_agent.tools.planning.deterministic import plan_round
+    from profiling_agent.tools.planning.plan_guard import check_plan
+
+    groups = _planner_groups(resnet3)
+    damage = {"stages.1.layers.0.block": 0.05, "stages.0.layers.0.block": 2.0}
+    shares = {"stages.1.layers.0.block": 0.3, "stages.0.layers.0.block": 0.2}
+    costs = {
+        g["name"]: {"latency_share": shares.get(g["name"], 0.1 if g["kind"] == "block" else 0.02),
+                    "macs_share": 0.05, "params_share": 0.05}
+        for g in groups
+    }  # fmt: skip
+    sensitivity = {g["name"]: {"damage": damage.get(g["name"], 1.0 if g["kind"] == "block" else 0.5)} for g in groups}
+    result = plan_round(groups, costs, sensitivity, Objective(target="latency", target_reduction=0.25), [])
+    blocks = [e.layer for e in result.plan.pruning if e.type == "block"]
+    assert blocks == ["^resnet\\.encoder\\.stages\\.1\\.layers\\.0$"]  # the cheapest: replaced, not removed
+    assert check_plan(result.plan, groups, [], {}).ok
+    pruned = copy.deepcopy(resnet3)
+    prune_model(pruned, result.plan.pruning, _pixels(resnet3, 1))
+    assert isinstance(pruned.resnet.encoder.stages[1].layers[0], ShortcutBlock)
+    # both stages' first blocks and one identity block may go in one plan: each replacement has its own limit
+    both = [{"layer": r"^resnet\.encoder\.stages\.(0\.layers\.0|1\.layers\.(0|1))$", "type": "block", "ratio": 1.0}]
+    assert check_plan(CompressionPlan(pruning=both, quantization=[], rationale="r"), groups, [], {}).ok
 
 
 def test_swin_removes_the_last_block_of_a_stage_and_rebuilds_from_its_config(tmp_path):

@@ -250,3 +250,17 @@ def test_a_proposal_that_removes_blocks_passes_the_guard_as_it_is():
     verdict = check(raw)
     assert verdict.ok, verdict.reasons
     assert verdict.ratios == record.ratios
+
+
+def test_the_prompt_says_a_stages_first_block_is_replaced_by_its_shortcut():
+    from profiling_agent.prompts.analysis import depth_note
+
+    first = "resnet.encoder.stages.1.layers.0"
+    groups = [
+        {"name": "stages.1.layers.0.block", "kind": "block", "module": first, "extra": {"replace": "shortcut"}},
+        {"name": "stages.1.layers.1.block", "kind": "block", "module": "resnet.encoder.stages.1.layers.1"},
+    ]
+    note = depth_note(groups, {first: 1, "resnet.encoder.stages.1.layers": 1})
+    assert "replaced by that shortcut" in note and "does not count toward the stack's limit" in note
+    assert "at most 1 blocks of resnet.encoder.stages.1.layers)" in note and first + ";" not in note
+    assert "replaced" not in depth_note(groups[1:], {"resnet.encoder.stages.1.layers": 1})

@@ -25,8 +25,8 @@ class ShortcutBlock(nn.Module):
 
     def __init__(self, block: nn.Module) -> None:
         super().__init__()
-        self.shortcut = block.shortcut
-        self.activation = block.activation
+        self.shortcut: nn.Module = block.get_submodule("shortcut")
+        self.activation: nn.Module = block.get_submodule("activation")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Return what the block computes when its residual branch outputs zero."""

@@ -385,9 +385,44 @@ def test_a_failed_plan_of_blocks_and_width_backs_off_its_width_first(vit4):
     third = plan_round(groups, costs, sensitivity, objective, [failed, alone])
     assert "keeping" not in third.notes[0] and third.target_estimate < second.target_estimate
     assert sorted(e.layer for e in third.plan.pruning if e.type == "block") != blocks
+    # ... and it fills its lower goal with blocks alone: the cheapest block, no width on top
+    assert [e.layer for e in third.plan.pruning] == ["^vit\\.layers\\.2$"] and "blocks alone" in third.notes[0]
     # a planner history without the plan's blocks (older checkpoints) plans as before
     legacy = {k: v for k, v in failed.items() if k not in ("blocks", "width")}
     assert "keeping" not in plan_round(groups, costs, sensitivity, objective, [legacy]).notes[0]
+
+
+def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_and_no_width(resnet3):
+    from profiling_agent.tools.planning.deterministic import plan_round
+
+    groups = _planner_groups(resnet3)
+    shares = {"stages.0.layers.0.block": 0.15, "stages.1.layers.0.block": 0.2, "stages.1.layers.1.block": 0.12}
+    costs = {
+        g["name"]: {"latency_share": shares.get(g["name"], 0.1 if g["kind"] == "block" else 0.03),
+                    "macs_share": 0.05, "params_share": 0.05}
+        for g in groups
+    }  # fmt: skip
+    damage = {"stages.1.layers.0.block": 0.1, "stages.1.layers.1.block": 0.3, "stages.0.layers.0.block": 0.4}
+    sensitivity = {g["name"]: {"damage": damage.get(g["name"], 0.2)} for g in groups}
+    objective = Objective(target="latency", target_reduction=0.45)
+    first = ["^resnet\\.encoder\\.stages\\.0\\.layers\\.0$", "^resnet\\.encoder\\.stages\\.1\\.layers\\.0$",
+             "^resnet\\.encoder\\.stages\\.1\\.layers\\.1$"]  # fmt: skip
+    failed = {"iteration": 1, "goal": 0.47, "gamma": 1.0, "passed": False, "blocks": first, "width": False}
+    second = plan_round(groups, costs, sensitivity, objective, [failed])
+    # the goal halves; one replacement (the cheapest by damage per latency share) fits it and width stays untouched
+    assert [e.layer for e in second.plan.pruning] == ["^resnet\\.encoder\\.stages\\.1\\.layers\\.0$"]
+    assert "blocks alone" in second.notes[0]
+    # it passed: the bisection's next goal (33.5%) takes one more block, still without width
+    passed = {"iteration": 2, "goal": second.target_estimate, "gamma": second.gamma, "passed": True,
+              "blocks": [e.layer for e in second.plan.pruning], "width": False}  # fmt: skip
+    third = plan_round(groups, costs, sensitivity, objective, [failed, passed])
+    stage1 = "^resnet\\.encoder\\.stages\\.1\\.layers\\."
+    assert [(e.layer, e.type) for e in third.plan.pruning] == [(stage1 + "0$", "block"), (stage1 + "2$", "block")]
+    assert third.target_estimate == pytest.approx(0.3)
+    # blocks alone that would not go past the passing round are not planned: width fills as before
+    at_most = {**passed, "goal": 0.31}
+    fourth = plan_round(groups, costs, sensitivity, objective, [failed, at_most])
+    assert "blocks alone" not in fourth.notes[0] and any(e.type != "block" for e in fourth.plan.pruning)
 
 
 def test_the_fast_probe_replays_swin_stages_and_measures_what_the_full_probe_does(caplog):

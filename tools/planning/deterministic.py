@@ -20,7 +20,7 @@ from profiling_agent.tools.evaluation.selection import (
     quantization_slowed,
     torch_quantized_delivery,
 )
-from profiling_agent.tools.planning.depth_plan import carried_blocks, depth_first
+from profiling_agent.tools.planning.depth_plan import blocks_only, carried_blocks, depth_first
 
 
 @dataclass
@@ -249,9 +249,13 @@ def solve_below(
 def depth_first_blocks(goal, groups, costs, sensitivity, target: str, config: PlannerConfig, ceiling=None):
     """`depth_plan.depth_first` with this planner's caps and estimate."""
     caps = {g["name"]: ratio_cap(g["kind"], config) for g in groups if g["kind"] != "block"}
-    latency = {g["name"]: group_share(costs.get(g["name"], {}), "latency") for g in groups}
-    return depth_first(goal, groups, latency, sensitivity, caps, config.max_block_fraction,
+    return depth_first(goal, groups, latency_shares(groups, costs), sensitivity, caps, config.max_block_fraction,
                        lambda ratios: estimate_reduction(ratios, groups, costs, target), ceiling)  # fmt: skip
+
+
+def latency_shares(groups, costs) -> dict[str, float]:
+    """Return each group's latency share (of the delivered backend's profile when the costs carry one)."""
+    return {g["name"]: group_share(costs.get(g["name"], {}), "latency") for g in groups}
 
 
 def ceiling_of(history: list[dict[str, Any]]) -> float | None:
@@ -430,6 +434,11 @@ def plan_round(
             why += f"; keeping the {len(kept_blocks)} blocks round {source} removed and backing off its width pruning"
     if depth and fixed is None:
         fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config)
+        shares = latency_shares(groups, costs)
+        alone = blocks_only(history, goal, groups, shares, sensitivity, config.max_block_fraction,
+                            lambda r: estimate_reduction(r, groups, costs, objective.target))  # fmt: skip
+        if alone is not None:
+            fixed, why = alone, why + "; blocks alone, no width: a plan with blocks missed the budget (see blocks_only)"
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)
     if ceiling is not None and estimate >= ceiling - 1e-9:  # whole units rounded back up to a refused plan
         if depth:

@@ -435,10 +435,10 @@ def plan_round(
     if depth and fixed is None:
         fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config)
         shares = latency_shares(groups, costs)
-        alone = blocks_only(history, goal, groups, shares, sensitivity, config.max_block_fraction,
-                            lambda r: estimate_reduction(r, groups, costs, objective.target))  # fmt: skip
-        if alone is not None:
-            fixed, why = alone, why + "; blocks alone, no width: a plan with blocks missed the budget (see blocks_only)"
+        only = blocks_only(history, goal, groups, shares, sensitivity, config.max_block_fraction,
+                           lambda r: estimate_reduction(r, groups, costs, objective.target))  # fmt: skip
+        if only is not None:
+            fixed, why = only, why + "; blocks alone, no width: a plan with blocks missed the budget (see blocks_only)"
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)
     if ceiling is not None and estimate >= ceiling - 1e-9:  # whole units rounded back up to a refused plan
         if depth:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -419,6 +420,11 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
     stage1 = "^resnet\\.encoder\\.stages\\.1\\.layers\\."
     assert [(e.layer, e.type) for e in third.plan.pruning] == [(stage1 + "0$", "block"), (stage1 + "2$", "block")]
     assert third.target_estimate == pytest.approx(0.3)
+    # a failed plan of one replacement plus width: the next round keeps the replacement and adds no width, even
+    # where the replacement alone stays below the round's goal (the width fill is what cost the accuracy)
+    with_width = {**failed, "goal": 0.5, "blocks": [stage1 + "0$"], "width": True}
+    kept = plan_round(groups, costs, sensitivity, objective, [with_width])
+    assert [e.layer for e in kept.plan.pruning] == [stage1 + "0$"] and "keeping the 1 blocks" in kept.notes[0]
     # blocks alone that would not go past the passing round are not planned: width fills as before
     at_most = {**passed, "goal": 0.31}
     fourth = plan_round(groups, costs, sensitivity, objective, [failed, at_most])
@@ -449,3 +455,24 @@ def test_the_fast_probe_replays_swin_stages_and_measures_what_the_full_probe_doe
     for g in groups:  # the later stage's groups too: replayed from their stage's own inputs
         assert rows[g.name]["kl"] == pytest.approx(full[g.name]["kl"], rel=1e-3, abs=1e-6), g.name
         assert rows[g.name]["agreement"] == pytest.approx(full[g.name]["agreement"]), g.name
+
+
+def test_a_resnet_with_a_replaced_block_exports_to_onnx_and_openvino_forms_that_match_torch(resnet3, tmp_path):
+    from profiling_agent.tools.runtimes.forms import build_forms
+    from profiling_agent.tools.runtimes.onnx_model import load_onnx_folder
+    from profiling_agent.tools.runtimes.openvino_model import load_openvino_folder
+
+    pruned = copy.deepcopy(resnet3)
+    prune_model(pruned, [{"layer": r"^resnet\.encoder\.stages\.1\.layers\.0$", "type": "block", "ratio": 1.0}],
+                _pixels(resnet3, 1))  # fmt: skip
+    x = _pixels(resnet3, 40)
+    forms = {f.name: f for f in build_forms(pruned, x[:24], x[24:], tmp_path, forms=["ov_fp32"], threads=1)}
+    assert [f.status for f in forms.values()] == ["ok", "ok"], [f.error for f in forms.values()]
+    with torch.no_grad():
+        ref = pruned(x[:5]).logits
+    tolerance = 1e-4 * (1 + ref.abs().max().item())
+    for got in (
+        load_onnx_folder(Path(forms["ort_fp32"].path), 1),
+        load_openvino_folder(Path(forms["ov_fp32"].path), 1),
+    ):
+        assert (got(pixel_values=x[:5]).logits - ref).abs().max().item() <= tolerance

@@ -21,6 +21,8 @@ from torch import nn
 
 from profiling_agent.tools.models.shortcut import SHORTCUT
 
+MAX_BLOCK_FRACTION = 0.5  # the planners' and the guard's default: at most half of a stack's blocks go (one stays)
+
 
 def replaces(group: Any) -> bool:
     """Return True for a block group whose block is replaced by its shortcut rather than removed."""

@@ -81,7 +81,7 @@ def carried_blocks(
     return [], 0
 
 
-def blocks_only(
+def backed_off_blocks(
     history: Sequence[dict[str, Any]],
     goal: float,
     groups: list[dict[str, Any]],
@@ -89,23 +89,35 @@ def blocks_only(
     sensitivity: dict[str, dict[str, Any]],
     max_block_fraction: float,
     estimate: Callable[[dict[str, float]], float],
-) -> dict[str, float] | None:
-    """Return a plan of blocks alone for a round after a depth plan missed the budget, or None.
+    ceiling: float | None = None,
+) -> tuple[dict[str, float] | None, str]:
+    """Return a plan of blocks alone for a round after a depth plan missed the budget, and why; or (None, "").
 
-    After such a miss the width fill is the part to drop first: distillation recovered one removed or replaced
-    block on every zoo model, where width pruning on top lost 1.2-4.9 pp for 3-5 points of latency (zoo ViT) and
-    2.5 pp on the zoo ResNet (a stage-2 replacement alone: +0.20 pp; with stage-1 channels: -2.54 pp). So the
-    round takes the cheapest blocks (probe damage per latency share) whose estimate stays within `goal`, and no
-    width. None when no depth plan has missed yet, when no block fits, or when the blocks alone would not go past
-    the best passing round (a plan already measured or a step backwards): the caller then plans as before.
+    After such a miss the width is what to drop first: distillation recovered one removed or replaced block on every
+    zoo model, where width pruning on top lost 1.2-4.9 pp for 3-5 points of latency (zoo ViT) and 2.54 pp on the zoo
+    ResNet (a stage-2 replacement alone: +0.20 pp). So the round keeps the blocks of a failed plan that also pruned
+    width (`carried_blocks`), or else takes the cheapest blocks (probe damage per latency share) whose estimate stays
+    within `goal`, and prunes no width. Neither is planned when it would not reach past the best passing round (a
+    plan already measured, or a step backwards) or would reach `ceiling` (a refused goal); the caller then plans
+    blocks and width as before.
 
     Returns:
-        {group: ratio} for every group: 1.0 for the chosen blocks, 0.0 for everything else.
+        ({group: ratio} for every group: 1.0 for the chosen blocks, 0.0 for everything else, or None; the note).
     """
     if not any(not h["passed"] and h.get("blocks") for h in history):
-        return None
-    chosen = depth_first(goal, groups, latency, sensitivity, {}, max_block_fraction, estimate, goal + 1e-9)
+        return None, ""
     best_pass = max((float(h["goal"]) for h in history if h["passed"]), default=0.0)
-    if not any(chosen.values()) or estimate(chosen) <= best_pass + 1e-9:
-        return None
-    return {**{g["name"]: 0.0 for g in groups}, **chosen}
+    zeros = {g["name"]: 0.0 for g in groups}
+
+    def usable(plan: dict[str, float]) -> bool:
+        est = estimate(plan)
+        return any(plan.values()) and est > best_pass + 1e-9 and (ceiling is None or est < ceiling - 1e-9)
+
+    kept, source = carried_blocks(history, groups, goal)
+    carried = {**zeros, **{name: 1.0 for name in kept}}
+    if kept and usable(carried):
+        return carried, f"keeping the {len(kept)} blocks round {source} removed and backing off its width pruning"
+    chosen = {**zeros, **depth_first(goal, groups, latency, sensitivity, {}, max_block_fraction, estimate, goal + 1e-9)}
+    if usable(chosen):
+        return chosen, "blocks alone, no width: a plan with blocks missed the budget (see backed_off_blocks)"
+    return None, ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -14,13 +15,13 @@ from profiling_agent.state import (
     QuantEntry,
     QuantizeChoice,
 )
-from profiling_agent.tools.compression.depth import block_limits, limit_key
+from profiling_agent.tools.compression.depth import MAX_BLOCK_FRACTION, block_limits, limit_key
 from profiling_agent.tools.compression.units import removed_units, unit_align
 from profiling_agent.tools.evaluation.selection import (
     quantization_slowed,
     torch_quantized_delivery,
 )
-from profiling_agent.tools.planning.depth_plan import blocks_only, carried_blocks, depth_first
+from profiling_agent.tools.planning.depth_plan import backed_off_blocks, depth_first
 
 
 @dataclass
@@ -29,7 +30,7 @@ class PlannerConfig:
 
     max_ratio_structured: float = 0.8  # never remove more than 80% of a group's channels
     max_ratio_head: float = 0.75  # never remove more than 3 of 4 heads
-    max_block_fraction: float = 0.5  # depth pruning removes at most half the blocks of a stack
+    max_block_fraction: float = MAX_BLOCK_FRACTION  # depth pruning removes at most half the blocks of a stack
     gamma_start: float = 1.0  # sensitivity exponent in round 1
     gamma_step_up: float = 0.5  # after a candidate missed the budget
     gamma_step_down: float = 0.25  # after a candidate kept the budget
@@ -425,20 +426,14 @@ def plan_round(
     weights = group_weights(groups, costs, sensitivity, gamma, objective.target, config)
     depth = objective.target == "latency" and any(g["kind"] == "block" for g in groups)
     ceiling = ceiling_of(history) if repeat_of is None else None
-    fixed = None
-    kept_blocks, source = carried_blocks(history, groups, goal) if depth and repeat_of is None else ([], 0)
-    if kept_blocks:
-        alone = {g["name"]: float(g["name"] in kept_blocks) for g in groups if g["kind"] == "block"}
-        if ceiling is None or estimate_reduction(alone, groups, costs, objective.target) < ceiling - 1e-9:
-            fixed = alone
-            why += f"; keeping the {len(kept_blocks)} blocks round {source} removed and backing off its width pruning"
+    fixed, note = None, ""
+    if depth and repeat_of is None:
+        estimate_of = functools.partial(estimate_reduction, groups=groups, costs=costs, target=objective.target)
+        fixed, note = backed_off_blocks(history, goal, groups, latency_shares(groups, costs), sensitivity,
+                                        config.max_block_fraction, estimate_of, ceiling)  # fmt: skip
+        why += f"; {note}" if note else ""
     if depth and fixed is None:
         fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config)
-        shares = latency_shares(groups, costs)
-        only = blocks_only(history, goal, groups, shares, sensitivity, config.max_block_fraction,
-                           lambda r: estimate_reduction(r, groups, costs, objective.target))  # fmt: skip
-        if only is not None:
-            fixed, why = only, why + "; blocks alone, no width: a plan with blocks missed the budget (see blocks_only)"
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)
     if ceiling is not None and estimate >= ceiling - 1e-9:  # whole units rounded back up to a refused plan
         if depth:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from profiling_agent.prompts.plan_example import example_copy_reasons
 from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
-from profiling_agent.tools.compression.depth import block_limits, limit_key
+from profiling_agent.tools.compression.depth import MAX_BLOCK_FRACTION, block_limits, limit_key
 from profiling_agent.tools.planning.deterministic import (
     effective_ratio,
     estimate_key,
@@ -29,7 +29,7 @@ class GuardConfig:
     min_ratio: float = 0.01  # smaller ratios remove nothing worth a pruning pass
     max_ratio_structured: float = 0.8  # the paper's GPT-4-Turbo plans pruned 0.95 and destroyed accuracy
     max_ratio_head: float = 0.75  # keep at least one head in four
-    max_block_fraction: float = 0.5  # depth pruning removes at most this fraction of a stack's blocks (one stays)
+    max_block_fraction: float = MAX_BLOCK_FRACTION  # depth pruning removes at most this fraction of a stack's blocks
     max_predicted_param_reduction: float = 0.9  # estimated from group sizes and cost shares
     max_regex_len: int = MAX_REGEX_LEN  # characters per layer regex
     max_entries: int = 256  # pruning plus quantization entries

@@ -221,6 +221,8 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     graph = build_graph(checkpointer=open_checkpointer(work / "runs"))
     state = graph.invoke(inputs, {"configurable": {"thread_id": name}}, context=ctx, durability="sync")
     run = Path(state["run_path"])
+    for line in round_lines(json.loads((run / "result.json").read_text())):
+        say(f"[{name}] {line}")
     parts = ("eval", "test", "calib")
     tensors = open_run_data(run, parts=parts, materialize=parts)  # a few hundred images: in memory
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
@@ -246,6 +248,25 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
         "agent_delivered": (best.get("eval") or {}).get("delivered"),
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+def round_lines(result: dict) -> list[str]:
+    """One line per round of a run's result.json: what its plan took out, its validation change, its latency."""
+    base = float((result.get("baseline") or {}).get("accuracy") or 0.0)
+    lines = []
+    for cand in result.get("candidates") or []:
+        applied = cand.get("applied") or []
+        blocks = [row["group"] for row in applied if row.get("kind") == "block"]
+        width = sum(1 for row in applied if row.get("kind") != "block")
+        check = cand.get("check") or {}
+        change = f"{float(cand['accuracy']) - base:+.2f} pp" if cand.get("accuracy") is not None else "failed"
+        reduction = check.get("measured_latency_reduction")
+        latency = f", latency -{reduction:.1%} on {check.get('latency_form')}" if reduction is not None else ""
+        lines.append(
+            f"round {cand.get('iteration')}: blocks {blocks or 'none'}, {width} width groups; validation {change}"
+            f"{latency}"
+        )
+    return lines
 
 
 def delivered(result: dict, max_rel_diff: float, max_drop: float) -> str | None:

@@ -261,7 +261,7 @@ def round_lines(result: dict) -> list[str]:
         check = cand.get("check") or {}
         change = f"{float(cand['accuracy']) - base:+.2f} pp" if cand.get("accuracy") is not None else "failed"
         reduction = check.get("measured_latency_reduction")
-        latency = f", latency -{reduction:.1%} on {check.get('latency_form')}" if reduction is not None else ""
+        latency = f", latency {-reduction:+.1%} on {check.get('latency_form')}" if reduction is not None else ""
         lines.append(
             f"round {cand.get('iteration')}: blocks {blocks or 'none'}, {width} width groups; validation {change}"
             f"{latency}"

@@ -165,3 +165,11 @@ def test_measured_savings_never_go_negative_or_backwards():
 
     # a noisy table: the group looked slower at 25% and at 75% than at lower ratios
     assert monotone_savings([1.0, 1.1, 0.6, 0.8], base=10.0) == pytest.approx([0.0, 0.0, 0.04, 0.04])
+
+
+def test_a_fast_form_is_profiled_over_more_runs():
+    from profiling_agent.tools.profiling.backend_profile import PROFILE_MAX_RUNS, PROFILE_MIN_S, timed_runs
+
+    assert timed_runs(0.2, 5) == 5  # a full-size model: the requested runs
+    assert timed_runs(PROFILE_MIN_S / 50, 5) == 50  # a 1 ms model: its runs last PROFILE_MIN_S
+    assert timed_runs(1e-5, 5) == PROFILE_MAX_RUNS == timed_runs(0.0, 5)  # capped

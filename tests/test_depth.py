@@ -425,6 +425,12 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
     with_width = {**failed, "goal": 0.5, "blocks": [stage1 + "0$"], "width": True}
     kept = plan_round(groups, costs, sensitivity, objective, [with_width])
     assert [e.layer for e in kept.plan.pruning] == [stage1 + "0$"] and "keeping the 1 blocks" in kept.notes[0]
+    # the pair alone missed too, and no block fits within the lower goal (15%): the cheapest single block is the
+    # smallest step depth has, and it is taken rather than width alone
+    pair = [stage1 + "0$", stage1 + "2$"]
+    missed = [{**failed, "goal": 0.3, "blocks": pair, "width": True}, {**failed, "goal": 0.3, "blocks": pair}]
+    single = plan_round(groups, costs, sensitivity, objective, missed)
+    assert [e.layer for e in single.plan.pruning] == [stage1 + "0$"] and "one block" in single.notes[0]
     # blocks alone that would not go past the passing round are not planned: width fills as before
     at_most = {**passed, "goal": 0.31}
     fourth = plan_round(groups, costs, sensitivity, objective, [failed, at_most])

@@ -30,19 +30,7 @@ def depth_first(
         {block group: 1.0 removed, or 0.0 kept} for every block group.
     """
     blocks = [g for g in groups if g["kind"] == "block"]
-
-    def cost_of(g) -> float:
-        damage = float(sensitivity.get(g["name"], {}).get("damage", 0.0))
-        return damage / max(latency.get(g["name"], 0.0), 1e-6)
-
-    allowed: list[dict[str, Any]] = []
-    per_stack: dict[str, int] = {}
-    limits = block_limits(blocks, max_block_fraction)
-    for g in sorted(blocks, key=lambda g: (cost_of(g), g["name"])):
-        stack = limit_key(g)
-        if per_stack.get(stack, 0) < limits[stack]:
-            per_stack[stack] = per_stack.get(stack, 0) + 1
-            allowed.append(g)
+    allowed = cheapest_blocks(groups, latency, sensitivity, max_block_fraction)
     fixed = {g["name"]: 0.0 for g in blocks}
     for k in range(len(allowed) + 1):
         trial = {**{g["name"]: 0.0 for g in blocks}, **{g["name"]: 1.0 for g in allowed[:k]}}
@@ -52,6 +40,34 @@ def depth_first(
         if estimate({**trial, **caps}) >= goal:
             break
     return fixed
+
+
+def cheapest_blocks(
+    groups: list[dict[str, Any]],
+    latency: dict[str, float],
+    sensitivity: dict[str, dict[str, Any]],
+    max_block_fraction: float,
+) -> list[dict[str, Any]]:
+    """Return the block groups a plan may take out, cheapest first (probe damage per `latency` share saved).
+
+    At most `max_block_fraction` of a stack (`block_limits`): the cheapest of each stack come first and the others
+    are left out.
+    """
+
+    def cost_of(g) -> float:
+        damage = float(sensitivity.get(g["name"], {}).get("damage", 0.0))
+        return damage / max(latency.get(g["name"], 0.0), 1e-6)
+
+    blocks = [g for g in groups if g["kind"] == "block"]
+    allowed: list[dict[str, Any]] = []
+    per_stack: dict[str, int] = {}
+    limits = block_limits(blocks, max_block_fraction)
+    for g in sorted(blocks, key=lambda g: (cost_of(g), g["name"])):
+        stack = limit_key(g)
+        if per_stack.get(stack, 0) < limits[stack]:
+            per_stack[stack] = per_stack.get(stack, 0) + 1
+            allowed.append(g)
+    return allowed
 
 
 def carried_blocks(
@@ -97,9 +113,9 @@ def backed_off_blocks(
     zoo model, where width pruning on top lost 1.2-4.9 pp for 3-5 points of latency (zoo ViT) and 2.54 pp on the zoo
     ResNet (a stage-2 replacement alone: +0.20 pp). So the round keeps the blocks of a failed plan that also pruned
     width (`carried_blocks`), or else takes the cheapest blocks (probe damage per latency share) whose estimate stays
-    within `goal`, and prunes no width. Neither is planned when it would not reach past the best passing round (a
-    plan already measured, or a step backwards) or would reach `ceiling` (a refused goal); the caller then plans
-    blocks and width as before.
+    within `goal` (when not one fits, the cheapest single block: the smallest step depth has), and prunes no width.
+    None of these is planned when it would not reach past the best passing round (a plan already measured, or a
+    step backwards) or would reach `ceiling` (a refused goal); the caller then plans blocks and width as before.
 
     Returns:
         ({group: ratio} for every group: 1.0 for the chosen blocks, 0.0 for everything else, or None; the note).
@@ -117,7 +133,13 @@ def backed_off_blocks(
     carried = {**zeros, **{name: 1.0 for name in kept}}
     if kept and usable(carried):
         return carried, f"keeping the {len(kept)} blocks round {source} removed and backing off its width pruning"
+    why = "blocks alone, no width: a plan with blocks missed the budget (see backed_off_blocks)"
     chosen = {**zeros, **depth_first(goal, groups, latency, sensitivity, {}, max_block_fraction, estimate, goal + 1e-9)}
     if usable(chosen):
-        return chosen, "blocks alone, no width: a plan with blocks missed the budget (see backed_off_blocks)"
+        return chosen, why
+    if not any(chosen.values()):  # no block fits within the goal: the smallest step there is, one block
+        for g in cheapest_blocks(groups, latency, sensitivity, max_block_fraction):
+            single = {**zeros, g["name"]: 1.0}
+            if usable(single):
+                return single, why + "; one block, past the goal: none fits within it"
     return None, ""

@@ -274,7 +274,7 @@ def _match_tool(data: PlanningData) -> BaseTool:
         Args:
             pattern: The regex exactly as it would appear in a pruning entry's "layer".
             kind: The pruning entry's "type": "structured" (channels), "head" (attention heads) or "block" (whole
-                blocks, removed at ratio 1.0).
+                blocks at ratio 1.0: removed, or a ResNet stage's first block replaced by its shortcut).
         """
         return _match_layers(data, pattern, kind)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -30,6 +31,30 @@ log = logging.getLogger(__name__)
 Builder = Callable[[nn.Module, torch.Tensor, Path], Path]
 NodeTimer = Callable[[Path, torch.Tensor, int, int], dict[str, float]]
 ModuleOf = Callable[[str], str]
+
+
+# A fast form's timed runs last at least PROFILE_MIN_S in all (at most PROFILE_MAX_RUNS runs): five runs of the
+# 0.09 ms zoo ResNet time microsecond kernels whose medians move with the caches, and the planners' latency shares
+# (and so their plans) moved with them from run to run
+PROFILE_MIN_S = 0.05
+PROFILE_MAX_RUNS = 200
+
+
+def timed_runs(run_s: float, repeats: int) -> int:
+    """Return how many timed runs a node profile makes of a form whose run takes `run_s` s: at least `repeats`."""
+    if run_s <= 0:
+        return max(repeats, PROFILE_MAX_RUNS)
+    return max(repeats, min(PROFILE_MAX_RUNS, math.ceil(PROFILE_MIN_S / run_s)))
+
+
+def warm_run_s(run: Callable[[], Any], warmup: int) -> float:
+    """Make `warmup` untimed runs (at least one) and return the fastest one's wall time in seconds."""
+    fastest = float("inf")
+    for _ in range(max(1, warmup)):
+        start = time.perf_counter()
+        run()
+        fastest = min(fastest, time.perf_counter() - start)
+    return fastest
 
 
 WRAPPER = "model"  # the export wraps the classifier as `PixelWrapper.model`: node paths start with /model/
@@ -88,6 +113,8 @@ def _build_ort_dynamic(model: nn.Module, example: torch.Tensor, folder: Path) ->
 def time_ort_nodes(path: Path, pixels: torch.Tensor, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
     """Run an ONNX file with ONNX Runtime's profiler on; return each node's median kernel time per run, in ms.
 
+    `repeats` timed runs, or more for a fast form (`timed_runs`), after `warmup` untimed ones (at least one).
+
     The profile file is written to a scratch folder and deleted. Runs are single-threaded and sequential (as the
     side-by-side latency measurements), with intra-op spinning off.
     """
@@ -105,7 +132,8 @@ def time_ort_nodes(path: Path, pixels: torch.Tensor, warmup: int = 2, repeats: i
         options.profile_file_prefix = str(Path(scratch) / "ort")
         session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         feed = {session.get_inputs()[0].name: pixels.detach().cpu().numpy()}
-        for _ in range(warmup + repeats):
+        repeats = timed_runs(warm_run_s(lambda: session.run(None, feed), warmup), repeats)
+        for _ in range(repeats):
             session.run(None, feed)
         events = json.loads(Path(session.end_profiling()).read_text())
     runs: dict[str, list[float]] = {}

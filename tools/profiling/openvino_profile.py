@@ -20,7 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.tools.profiling.backend_profile import WRAPPER, BackendForm, module_path_of
+from profiling_agent.tools.profiling.backend_profile import (
+    WRAPPER,
+    BackendForm,
+    module_path_of,
+    timed_runs,
+    warm_run_s,
+)
 from profiling_agent.tools.runtimes.openvino_model import Precision
 
 CALIBRATION_COPIES = 8  # profiling-only NNCF calibration: the example and 7 perturbed copies
@@ -93,6 +99,7 @@ def time_ov_nodes(
 ) -> dict[str, float]:
     """Run an OpenVINO IR with PERF_COUNT on; return each executed node's median real time per run, in ms.
 
+    `repeats` timed runs, or more for a fast form (`timed_runs`), after `warmup` untimed ones (at least one).
     One thread, one stream, no pinning (as the side-by-side latency measurements); `precision` is the
     inference precision hint ("f32", or "default": the CPU's best, as the delivered int8 form runs).
     """
@@ -103,8 +110,7 @@ def time_ov_nodes(
     compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
     request = compiled.create_infer_request()
     feed = {0: pixels.detach().cpu().numpy()}
-    for _ in range(warmup):
-        request.infer(feed)
+    repeats = timed_runs(warm_run_s(lambda: request.infer(feed), warmup), repeats)
     runs: dict[str, list[float]] = {}
     for _ in range(repeats):
         request.infer(feed)

@@ -24,16 +24,20 @@ from profiling_agent.tools.models.shortcut import SHORTCUT
 MAX_BLOCK_FRACTION = 0.5  # the planners' and the guard's default: at most half of a stack's blocks go (one stays)
 
 
+def fields_of(group: Any) -> Mapping[str, Any]:
+    """Return a group's fields: a PrunableGroup's attributes, or the dict a profile holds."""
+    return group if isinstance(group, Mapping) else vars(group)
+
+
 def replaces(group: Any) -> bool:
     """Return True for a block group whose block is replaced by its shortcut rather than removed."""
-    fields = group if isinstance(group, Mapping) else vars(group)
-    return (fields.get("extra") or {}).get("replace") == SHORTCUT
+    return (fields_of(group).get("extra") or {}).get("replace") == SHORTCUT
 
 
 def limit_key(group: Any) -> str:
     """Return what a block group's removal is limited within: its stack, or itself when it is replaced."""
-    fields = group if isinstance(group, Mapping) else vars(group)
-    return str(fields["module"]) if replaces(group) else stack_of(str(fields["module"]))
+    module = str(fields_of(group)["module"])
+    return module if replaces(group) else stack_of(module)
 
 
 def drop_from_stack(model: nn.Module, stack: str, indices: Iterable[int], keep_at_least: int = 1) -> dict[str, str]:
@@ -139,7 +143,7 @@ def block_limits(groups: Iterable[Any], fraction: float) -> dict[str, int]:
     total: dict[str, int] = {}
     out = {}
     for group in groups:
-        fields = group if isinstance(group, Mapping) else vars(group)
+        fields = fields_of(group)
         if fields.get("kind") != "block":
             continue
         if replaces(group):

@@ -77,6 +77,12 @@ def test_planners_read_the_fastest_form_the_backend_choice_can_deliver():
     assert planned_form(profile, "onnxruntime", 1.0) == "ort_dynamic"
     assert planned_form(profile, "auto", 1.0) == "torch"
     assert planned_form(profile, "auto", 9.0) == "ort_dynamic"
+    # forms within 10% of the fastest are tied: the int8 form is read, whichever of them profiled faster this time
+    close = {"forms": {**profile["forms"], "ort_fp32": {**profile["forms"]["ort_fp32"], "total_ms": 1.9}}}
+    assert planned_form(close, "onnxruntime", 1.0) == "ort_dynamic"
+    assert planned_form(close, "auto", 2.05) == "ort_dynamic" and planned_form(close, "auto", 1.5) == "torch"
+    apart = {"forms": {**profile["forms"], "ort_fp32": {**profile["forms"]["ort_fp32"], "total_ms": 1.7}}}
+    assert planned_form(apart, "onnxruntime", 1.0) == "ort_fp32"
     full = {"group_costs": {"g": {"latency_share": 0.6, "macs_share": 0.3}}, "backend_profile": profile}
     assert planning_costs(full)["g"]["latency_share"] == 0.6  # no planned form: the torch profile
     full["backend_profile"] = {**profile, "planned_on": "ort_dynamic"}

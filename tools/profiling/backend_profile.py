@@ -247,11 +247,19 @@ def profile_backends(
     return out
 
 
+# Forms whose profiled totals are within PLAN_TIE of the fastest are tied for planning; the tie goes to the first in
+# TIE_ORDER (int8 forms, then FP32 runtimes, then torch), so the plan does not flip with the profile's noise: the
+# zoo ResNet's ort_fp32 and ort_dynamic profile 0.10 and 0.09 ms, and round 1's plan changed with the one read
+PLAN_TIE = 0.1
+TIE_ORDER = ("ov_int8", "ort_dynamic", "ort_static", "ov_bf16", "ov_fp32", "ort_fp32", "torch")
+
+
 def planned_form(backend_profile: Mapping[str, Any] | None, backend: str, torch_ms: float) -> str:
     """Name the form the planners should read: the fastest profiled form the `--backend` choice can deliver.
 
     `torch` (or no backend profile) plans on the torch profile; `onnxruntime` on the fastest ONNX Runtime form;
-    `auto` on the fastest of those and torch eager (`torch_ms`, the torch profile's batch-1 total).
+    `auto` on the fastest of those and torch eager (`torch_ms`, the torch profile's batch-1 total). Forms within
+    `PLAN_TIE` of the fastest are tied, and the tie goes to the first in `TIE_ORDER`.
     """
     if backend == "torch" or not backend_profile:
         return "torch"
@@ -262,7 +270,11 @@ def planned_form(backend_profile: Mapping[str, Any] | None, backend: str, torch_
     }
     if backend == "auto":
         forms["torch"] = torch_ms
-    return min(forms, key=lambda n: forms[n]) if forms else "torch"
+    if not forms:
+        return "torch"
+    fastest = min(forms.values())
+    tied = [name for name, ms in forms.items() if ms <= fastest * (1 + PLAN_TIE)]
+    return min(tied, key=lambda n: (TIE_ORDER.index(n) if n in TIE_ORDER else len(TIE_ORDER), forms[n], n))
 
 
 def monotone_savings(times: Sequence[float], base: float) -> list[float]:

@@ -431,6 +431,15 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
     missed = [{**failed, "goal": 0.3, "blocks": pair, "width": True}, {**failed, "goal": 0.3, "blocks": pair}]
     single = plan_round(groups, costs, sensitivity, objective, missed)
     assert [e.layer for e in single.plan.pruning] == [stage1 + "0$"] and "one block" in single.notes[0]
+    # a plan of every block lost 22.95 pp (budget 2): its loss scales the next goal down (not halved), and the
+    # cheapest single block, the smallest step depth has, is taken
+    every = [{**failed, "goal": 0.57, "blocks": first + [stage1 + "2$"], "drop": 22.95}]
+    scaled = plan_round(groups, costs, sensitivity, objective, every)
+    assert "its loss scales the goal to 4.0%" in scaled.notes[0]
+    assert [e.layer for e in scaled.plan.pruning] == [stage1 + "0$"] and "one block" in scaled.notes[0]
+    # a width-only plan that missed is still halved (its calibration trial corrects it instead)
+    halved = plan_round(groups, costs, sensitivity, objective, [{**every[0], "blocks": [], "width": True}])
+    assert "trying 28.5%" in halved.notes[0]
     # blocks alone that would not go past the passing round are not planned: width fills as before
     at_most = {**passed, "goal": 0.31}
     fourth = plan_round(groups, costs, sensitivity, objective, [failed, at_most])

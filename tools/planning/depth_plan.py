@@ -143,3 +143,29 @@ def backed_off_blocks(
             if usable(single):
                 return single, why + "; one block, past the goal: none fits within it"
     return None, ""
+
+
+def depth_secant(history: Sequence[dict[str, Any]], max_acc_drop: float) -> float | None:
+    """Return a lower goal for the next round when no round kept the budget and the lowest missed plan took blocks.
+
+    A plan that takes blocks out gets no calibration trial (distillation, not the refit, decides what it costs), so
+    its validation loss is the only measure of how far it overshot. The goal is scaled down by the line from no
+    pruning through that plan: its goal x AIM x budget / its loss. Accuracy loss grows faster than linearly with
+    the reduction, so the line errs low, and a goal below every block's share falls back to the single cheapest
+    block (`backed_off_blocks`). Bisection halved the goal instead: the zoo ResNet's four blocks lost 22.95 pp, the
+    two of them bisection kept next lost 3.95 pp, and only the third round reached the one block that held.
+
+    Returns:
+        The goal, or None (a round passed, the lowest missed plan took no blocks, or it kept within the budget).
+    """
+    from profiling_agent.tools.planning.search import AIM
+
+    if any(h["passed"] for h in history):
+        return None
+    failed = [h for h in history if not h["passed"] and h.get("drop") is not None]
+    if not failed:
+        return None
+    low = min(failed, key=lambda h: float(h["goal"]))
+    if not low.get("blocks") or float(low["drop"]) <= max_acc_drop:
+        return None
+    return float(low["goal"]) * AIM * max_acc_drop / float(low["drop"])

@@ -21,7 +21,7 @@ from profiling_agent.tools.evaluation.selection import (
     quantization_slowed,
     torch_quantized_delivery,
 )
-from profiling_agent.tools.planning.depth_plan import backed_off_blocks, depth_first
+from profiling_agent.tools.planning.depth_plan import backed_off_blocks, depth_first, depth_secant
 
 
 @dataclass
@@ -320,6 +320,9 @@ def next_goal(
         why = f"every round kept the budget: pushing from {lo:.1%} to {goal:.1%}"
     if not passes and fails:
         why = f"backing off from {min(fails):.1%}, which missed the budget: trying {goal:.1%}"
+        scaled = depth_secant(history, objective.max_acc_drop)
+        if scaled is not None and scaled < goal:
+            goal, why = scaled, why[: why.rindex(":")] + f" with blocks: its loss scales the goal to {scaled:.1%}"
     return goal, gamma, False, why
 
 

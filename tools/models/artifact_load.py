@@ -28,6 +28,7 @@ from profiling_agent.tools.models.dynamic_quant import (
     dynamic_linear_type,
     quiet_ao_quantization,
 )
+from profiling_agent.tools.models.shortcut import SHORTCUT, replace_with_shortcut
 from profiling_agent.tools.models.sizes import QSCALE, QWEIGHT, QZERO
 
 logger = logging.getLogger(__name__)
@@ -95,13 +96,11 @@ def build_model(path: Path, recipe: Mapping[str, Any]) -> nn.Module:
 
 
 def replace_blocks(model: nn.Module, replaced: Mapping[str, Any], path: Path) -> None:
-    """Replace the blocks the recipe records as replaced by their shortcut (`depth.ShortcutBlock`) again.
+    """Replace the blocks the recipe records as replaced by their shortcut (`shortcut.ShortcutBlock`) again.
 
     Raises:
         ArtifactError: A recorded replacement is unknown or does not fit the rebuilt model.
     """
-    from profiling_agent.tools.models.shortcut import SHORTCUT, replace_with_shortcut
-
     for name, how in replaced.items():
         if how != SHORTCUT:
             raise ArtifactError(f"{path / RECIPE_FILE}: block {name!r} is replaced by {how!r}, which is unknown")

@@ -18,6 +18,7 @@ from profiling_agent.tools.io import atomic_dir, read_json, sha256_path, write_j
 from profiling_agent.tools.models.dynamic_quant import (
     dynamic_linear_type,
 )
+from profiling_agent.tools.models.shortcut import SHORTCUT, replaced_blocks
 from profiling_agent.tools.models.sizes import count_params, dynamic_linears, quantized_tensors, state_bytes
 from profiling_agent.tools.versions import versions
 
@@ -132,8 +133,6 @@ def build_recipe(
     extra: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """Describe a model well enough to rebuild it: architecture, config, shapes, attrs and quantization."""
-    from profiling_agent.tools.models.shortcut import SHORTCUT, replaced_blocks
-
     config = model.config
     replaced = {name: SHORTCUT for name in replaced_blocks(model)}
     return {

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from profiling_agent.tools.compression.depth import block_limits, limit_key
+from profiling_agent.tools.planning.search import AIM
 
 
 def depth_first(
@@ -158,8 +159,6 @@ def depth_secant(history: Sequence[dict[str, Any]], max_acc_drop: float) -> floa
     Returns:
         The goal, or None (a round passed, the lowest missed plan took no blocks, or it kept within the budget).
     """
-    from profiling_agent.tools.planning.search import AIM
-
     if any(h["passed"] for h in history):
         return None
     failed = [h for h in history if not h["passed"] and h.get("drop") is not None]

@@ -319,10 +319,12 @@ def next_goal(
             return lo, gamma, True, f"already at the largest feasible reduction {feasible:.1%}"
         why = f"every round kept the budget: pushing from {lo:.1%} to {goal:.1%}"
     if not passes and fails:
-        why = f"backing off from {min(fails):.1%}, which missed the budget: trying {goal:.1%}"
         scaled = depth_secant(history, objective.max_acc_drop)
         if scaled is not None and scaled < goal:
-            goal, why = scaled, why[: why.rindex(":")] + f" with blocks: its loss scales the goal to {scaled:.1%}"
+            goal, how = scaled, f" with blocks: its loss scales the goal to {scaled:.1%}"
+        else:
+            how = f": trying {goal:.1%}"
+        why = f"backing off from {min(fails):.1%}, which missed the budget{how}"
     return goal, gamma, False, why
 
 

@@ -130,6 +130,37 @@ def test_a_lone_candidate_reports_its_rounds_side_by_side_timing_and_two_are_tim
     assert round_as_final([one.model_copy(update={"eval": ev.model_copy(update={"peer": None})})], base) is None
 
 
+def test_a_delivered_form_other_than_the_peer_has_its_unpruned_twin_timed_at_the_end():
+    from profiling_agent.state import Candidate, EvalRecord, VariantRecord
+    from profiling_agent.tools.evaluation.final_latency import round_as_final, same_form_paths
+
+    peer = {"name": "ort_dynamic", "path": "baseline_forms/ort_dynamic", "latency_ms": 0.11, "latency_batch_ms": 0.8}
+    forms = [
+        VariantRecord(name="ort_fp32", backend="onnxruntime", status="ok", path="baseline_forms/ort_fp32"),
+        VariantRecord(name="ort_static", backend="onnxruntime", status="failed", path="baseline_forms/x"),
+    ]
+    base = EvalRecord(name="baseline", accuracy=90.0, agreement=100.0, n_samples=8, latency_ms=2.0,
+                      latency_batch_ms=9.0, batch_size=16, baseline_latency_ms=2.0, speedup=1.0, memory_bytes=1,
+                      size_mb=1.0, params=10, macs=10, threads=1, peer=peer, variants=forms)  # fmt: skip
+    timing = {"busy": False, "wall_over_cpu": 1.0}
+    ev = base.model_copy(update={"name": "iter_01", "latency_ms": 0.08, "latency_batch_ms": 0.5, "speedup": 25.0,
+                                 "baseline_latency_ms": 2.0, "baseline_latency_batch_ms": 9.0, "timing": timing,
+                                 "delivered": "ort_fp32", "peer": {**peer, "latency_ms": 0.1}})  # fmt: skip
+    artifact = {"path": "iter_01/c", "sha256": "0", "size_bytes": 1, "params": 10}
+    delivered = {**artifact, "path": "iter_01/variants/ort_fp32"}
+    one = Candidate(iteration=1, status="ok", artifact=artifact, eval=ev, delivered=delivered)
+    assert same_form_paths([one], base) == {"ort_fp32": "baseline_forms/ort_fp32"}
+    assert round_as_final([one], base) is None  # its round timed only the peer: timed again with its twin
+    on_peer = one.model_copy(update={"eval": ev.model_copy(update={"delivered": "ort_dynamic"})})
+    assert same_form_paths([on_peer], base) == {} and round_as_final([on_peer], base) is not None
+    failed_form = one.model_copy(update={"eval": ev.model_copy(update={"delivered": "ort_static"})})
+    assert same_form_paths([failed_form], base) == {}  # the unpruned form never built: nothing to time
+    torch_delivery = one.model_copy(
+        update={"delivered": None, "eval": ev.model_copy(update={"delivered": "torch_fp32"})}
+    )
+    assert same_form_paths([torch_delivery], base) == {}  # the baseline itself is timed already
+
+
 def test_quantization_that_slowed_the_best_model_earns_one_more_round():
     from profiling_agent.tools.evaluation.selection import quantization_cost_speed
 

@@ -1,4 +1,4 @@
-"""The final latency: the baseline, every finished candidate and the quantization-only form timed together."""
+"""The final latency: the baseline, every finished candidate and the unpruned model's forms timed together."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def round_as_final(
     record = ok[0].eval if len(ok) == 1 else None
     if record is None or record.baseline_latency_batch_ms is None or record.timing is None:
         return None
+    if same_form_paths(ok, base_eval):  # the unpruned model in the delivered form was not timed beside it
+        return None
     latency: dict[str, dict[str, Any]] = {
         "baseline": {"latency_ms": record.baseline_latency_ms, "latency_batch_ms": record.baseline_latency_batch_ms},
         f"iter_{ok[0].iteration:02d}": {"latency_ms": record.latency_ms, "latency_batch_ms": record.latency_batch_ms},
@@ -39,6 +41,28 @@ def round_as_final(
     return latency, {**record.timing, "reused": note}
 
 
+def same_form_paths(candidates: Sequence[Candidate], base_eval: EvalRecord | None) -> dict[str, str]:
+    """Return {form: path} of the unpruned model's forms that finished candidates deliver, other than the peer's.
+
+    A latency target is measured against the unpruned model in the delivered form. The peer (the unpruned model's
+    fastest form) is timed beside every round; any other delivered CPU form (say ort_fp32 when it beat ort_dynamic)
+    has its unpruned twin timed in the final measurement too, so the outcome never rests on two speedups taken in
+    different measurements (on a 0.1 ms model they disagreed by 30%).
+    """
+    from profiling_agent.tools.device import cpu_only
+
+    if base_eval is None:
+        return {}
+    peer = str((base_eval.peer or {}).get("name") or "")
+    paths = {v.name: v.path for v in base_eval.variants if v.status == "ok" and v.path}
+    out: dict[str, str] = {}
+    for cand in candidates:
+        form = cand.eval.delivered if cand.eval else None
+        if form and form != peer and form in paths and cpu_only([form]) and cand.delivered is not None:
+            out[form] = str(paths[form])
+    return out
+
+
 def final_latency(
     candidates: Sequence[Candidate],
     baseline: ArtifactRef | None,
@@ -48,7 +72,10 @@ def final_latency(
     root: Path,
     images: Callable[[], Any] | None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Measure the baseline, every finished candidate (in its delivered form) and the peer together, interleaved.
+    """Measure the baseline, the finished candidates and the unpruned model's forms together, interleaved.
+
+    Each candidate is timed in its delivered form; beside them the peer and the unpruned model in every other
+    delivered form (`same_form_paths`).
 
     A lone finished candidate's round measurement is that already (`round_as_final`) and is returned instead.
 
@@ -89,6 +116,9 @@ def final_latency(
         if peer and peer.get("path") and cpu_only([str(peer.get("name", ""))]):
             models[PEER_PREFIX + str(peer["name"])] = load_form(root / str(peer["path"]), threads)
             forms.append(str(peer["name"]))
+        for form, path in same_form_paths(ok, base_eval).items():
+            models[PEER_PREFIX + form] = load_form(root / path, threads)
+            forms.append(form)
         device = measure_device(ctx.device, forms, quantized=quantized)
         return measure_latency_checked(
             {k: m.to(device) for k, m in models.items()},

@@ -266,11 +266,14 @@ def test_depth_first_takes_the_cheapest_blocks_and_at_most_half_a_stack(vit4):
 
 
 def test_auto_recovery_distills_longer_after_removing_blocks():
-    from profiling_agent.tools.recovery.policy import MAX_STEPS, auto_steps
+    from profiling_agent.tools.recovery.policy import DEPTH_MAX_STEPS, MAX_STEPS, auto_steps
 
     assert auto_steps(2000, 32, 100_000) == 125  # two passes over the images
-    assert auto_steps(2000, 32, 100_000, removed_blocks=2) == MAX_STEPS  # five passes, capped
-    assert auto_steps(800, 32, 100_000, removed_blocks=1) == 125
+    assert auto_steps(20_000, 32, 100_000) == MAX_STEPS  # capped
+    assert auto_steps(2000, 32, 100_000, removed_blocks=2) == 1000  # sixteen passes
+    assert auto_steps(20_000, 32, 100_000, removed_blocks=1) == DEPTH_MAX_STEPS  # capped higher than width plans
+    assert auto_steps(200, 32, 100_000, removed_blocks=1) == 100
+    assert auto_steps(2000, 32, 90_000_000, removed_blocks=1) == MAX_STEPS // 2  # a big model's steps cost minutes
 
 
 def test_a_stack_may_lose_half_its_blocks_counting_those_that_cannot_go(vit4, resnet3):

@@ -10,12 +10,14 @@ images. Nothing is selected: every variant is reported.
 
     .venv/bin/python bench/resnet_depth.py                   # zoo ResNet, 300 distillation steps, 2,000 test images
     .venv/bin/python bench/resnet_depth.py --steps 100 --held-out 1000 --json out.json
+    .venv/bin/python bench/resnet_depth.py --steps 2000 --train 10000 --only 'stages 1, 2'   # more data, one variant
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import sys
 import tempfile
@@ -76,6 +78,11 @@ def variants_of(base: nn.Module) -> dict[str, nn.Module]:
         out[f"stage {s} first block -> shortcut"] = variant(base, [], [s])
         if identity:
             out[f"identity removed + stage {s} first -> shortcut"] = variant(base, identity, [s])
+    if len(projected) > 2 and identity:
+        for pair in itertools.combinations(projected, 2):
+            out[f"identity removed + stages {pair[0]}, {pair[1]} first -> shortcut"] = variant(
+                base, identity, list(pair)
+            )
     if len(projected) > 1 and identity:
         out["identity removed + every stage first -> shortcut"] = variant(base, identity, projected)
     return out
@@ -88,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3, help="peak distillation learning rate")
     parser.add_argument("--batch", type=int, default=64, help="images per distillation step")
     parser.add_argument("--held-out", type=int, default=2000, help="held-out test images")
+    parser.add_argument("--train", type=int, default=2000, help="training images distillation draws from")
+    parser.add_argument("--only", nargs="*", default=None, help="variants whose names contain one of these")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
@@ -104,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = json.loads((zoo / "zoo.json").read_text())["models"]["resnet"]["path"]
     base = AutoModelForImageClassification.from_pretrained(path).eval()
-    data = rec.zoo_data(held_out=args.held_out, calib=64, train=2000)
+    data = rec.zoo_data(held_out=args.held_out, calib=64, train=args.train)
     models = variants_of(base)
+    if args.only:
+        models = {k: m for k, m in models.items() if k == "unpruned" or any(o in k for o in args.only)}
     timed: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="resnet-depth-") as scratch:
         for i, (name, model) in enumerate(models.items()):
@@ -131,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{form}_wall_over_cpu"] = round(mine["wall_s"] / max(mine["cpu_s"], 1e-9), 2)
         rows.append(row)
     print(f"\nzoo ResNet, {args.held_out} held-out images, {args.steps} distillation steps (lr {args.lr:g}, batch "
-          f"{args.batch}); latency over the unpruned "
+          f"{args.batch}, {args.train:,} training images); latency over the unpruned "
           "model's same form (1 thread)")  # fmt: skip
     print(
         "| variant | params | top-1 before | after distillation (vs unpruned) | "

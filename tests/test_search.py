@@ -110,5 +110,12 @@ def test_a_latency_target_is_measured_against_the_unpruned_model_in_the_delivere
     assert reduction(beside, base, "latency") == pytest.approx(value)
     # a torch delivery is measured against the torch baseline
     assert reduction({"speedup": 2.0, "delivered": "torch_fp32"}, base, "latency") == pytest.approx(0.5)
+    # another form than the peer's: the peer timed beside it, scaled by the two forms' ratio in the baseline's timing
+    forms = [{"name": "ort_fp32", "status": "ok", "speedup": 18.4, "latency_ms": 0.105},
+             {"name": "ort_dynamic", "status": "ok", "speedup": 19.2, "latency_ms": 0.100}]  # fmt: skip
+    fp32 = {"accuracy": 95.0, "speedup": 16.6, "latency_ms": 0.42, "delivered": "ort_fp32",
+            "peer": {"name": "ort_dynamic", "latency_ms": 0.50}}  # fmt: skip
+    value, form, against = same_form_latency(fp32, {**base, "variants": forms})
+    assert value == pytest.approx(1 - 0.42 / 0.525) and form == "ort_fp32" and "ort_dynamic peer" in against
     check = round_check({"planner_meta": {"goal": 0.112}, "eval": timed}, base, "latency")
     assert check is not None and check.latency_form == "ort_dynamic" and check.latency_error == pytest.approx(0.028)

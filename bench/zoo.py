@@ -4,6 +4,7 @@ Usage:
     python bench/zoo.py                       # build (or reuse) all four models; prints accuracy and build time
     python bench/zoo.py vit resnet --force    # rebuild two of them
     python bench/zoo.py --out /tmp/zoo --train 6000
+    python bench/zoo.py --train-split 40000     # a dataset whose train split holds 40,000 unseen training images
 
 The images come from Debian's `dataset-fashion-mnist` (/usr/share/datasets/fashion-mnist, idx files; installed
 with apt-get when missing and running as root). Everything lands under $PROFILING_AGENT_CACHE/zoo (or --out):
@@ -181,15 +182,15 @@ def _as_dataset(images: np.ndarray, labels: np.ndarray) -> Any:
     return Dataset.from_dict({"image": pil, "label": labels.tolist()}, features=features)
 
 
-def save_dataset(out: Path, calibration: np.ndarray, seed: int = 0) -> Path:
-    """Save Fashion-MNIST's test split (and `calibration` train indices as "train") with save_to_disk."""
+def save_dataset(out: Path, calibration: np.ndarray, seed: int = 0, name: str = "fashion-mnist") -> Path:
+    """Save Fashion-MNIST's test split (and `calibration` train indices as "train") with save_to_disk as `name`."""
     from datasets import DatasetDict, disable_progress_bars
 
     from profiling_agent.tools.io import atomic_dir
 
     disable_progress_bars()
 
-    target = out / "fashion-mnist"
+    target = out / name
     if (target / "dataset_dict.json").exists():
         return target
     test_x, test_y = load_fashion("test")
@@ -341,6 +342,18 @@ def build_zoo(
         torch.set_num_threads(previous)
 
 
+def save_training_dataset(out: Path, images: int, train_images: int = 10000, seed: int = 0) -> Path:
+    """Save the test split and `images` training images the zoo models never trained on, as fashion-mnist-train-N.
+
+    The zoo's own dataset keeps a 2,000-image "train" split (a calibration sample); recovery then distils on those
+    2,000 images only. A user compressing a Fashion-MNIST model has its training set: this dataset gives the agent
+    that many images to calibrate and distil on (its first 2,000 are the zoo's calibration sample).
+    """
+    order = np.random.default_rng(seed).permutation(60000)
+    picked = order[train_images : train_images + images]
+    return save_dataset(out, picked, seed, name=f"fashion-mnist-train-{images}")
+
+
 def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, force: bool, log: Any) -> dict[str, Any]:
     from profiling_agent.tools.io import write_json_atomic
 
@@ -415,12 +428,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument(
+        "--train-split",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only write fashion-mnist-train-N: the test split and N training images the models never saw",
+    )
     args = parser.parse_args(argv)
     bad = [n for n in args.names if n not in SPECS]
     if bad:
         parser.exit(EXIT_BAD_INPUT, f"zoo: unknown model {bad[0]!r}; choose from {', '.join(SPECS)}\n")
     if not 100 <= args.train <= 60000 - CALIBRATION_TRAIN:
         parser.exit(EXIT_BAD_INPUT, f"zoo: --train must be in [100, {60000 - CALIBRATION_TRAIN}]\n")
+    if args.train_split is not None:
+        if not CALIBRATION_TRAIN <= args.train_split <= 60000 - args.train:
+            parser.exit(EXIT_BAD_INPUT, f"zoo: --train-split must be in [{CALIBRATION_TRAIN}, {60000 - args.train}]\n")
+        ensure_fashion_mnist()
+        out = Path(args.out) if args.out else default_out()
+        print(f"zoo: dataset {save_training_dataset(out, args.train_split, args.train, args.seed)}")
+        return 0
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     start = time.perf_counter()

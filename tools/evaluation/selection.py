@@ -26,17 +26,15 @@ def same_form_latency(record: dict[str, Any], baseline: dict[str, Any]) -> tuple
     if peer.get("name") == delivered and lat > 0 and peer_lat > 0:
         return 1.0 - lat / peer_lat, delivered, "timed beside it"
     speedup = float(record.get("speedup") or 0.0)
+    vs_torch = (1.0 - 1.0 / speedup if speedup > 0 else 0.0), delivered, "the torch baseline"
     if delivered in ("torch", "torch_fp32"):  # the torch baseline itself was timed beside it
-        return (1.0 - 1.0 / speedup if speedup > 0 else 0.0), delivered, "the torch baseline"
+        return vs_torch
     forms = {f.get("name"): f for f in baseline.get("variants") or [] if f.get("status") == "ok"}
-    mine, theirs = forms.get(delivered) or {}, forms.get(peer.get("name")) or {}
-    if (
-        lat > 0
-        and peer_lat > 0
-        and float(mine.get("latency_ms") or 0.0) > 0
-        and float(theirs.get("latency_ms") or 0.0) > 0
-    ):
-        unpruned = peer_lat * float(mine["latency_ms"]) / float(theirs["latency_ms"])
+    mine = forms.get(delivered) or {}
+    mine_ms = float(mine.get("latency_ms") or 0.0)
+    peer_base_ms = float((forms.get(peer.get("name")) or {}).get("latency_ms") or 0.0)
+    if lat > 0 and peer_lat > 0 and mine_ms > 0 and peer_base_ms > 0:
+        unpruned = peer_lat * mine_ms / peer_base_ms
         return (
             1.0 - lat / unpruned,
             delivered,
@@ -44,7 +42,7 @@ def same_form_latency(record: dict[str, Any], baseline: dict[str, Any]) -> tuple
         )
     if mine.get("speedup") and speedup > 0:
         return 1.0 - float(mine["speedup"]) / speedup, delivered, "the baseline's forms"
-    return (1.0 - 1.0 / speedup if speedup > 0 else 0.0), delivered, "the torch baseline"
+    return vs_torch
 
 
 def reduction(record: dict[str, Any], baseline: dict[str, Any], target: str) -> float:

@@ -1,12 +1,12 @@
 """What depth could buy on a bottleneck ResNet: blocks removed or replaced by their shortcut, timed and distilled.
 
-The engine removes a ResNet block only when its shortcut is the identity (a stage's later blocks). A stage's first
-block changes width or stride, so it cannot simply go; it could be replaced by its own projection shortcut (the 1x1
-convolution and norm it already has, then the block's activation). This script measures both, outside the engine,
-on the zoo ResNet (bench/zoo.py): each variant's ONNX Runtime forms timed beside the unpruned model's in one
-`measure_latency` call (interleaved, 1 thread, batch 1 and batch 16), then each variant distilled from the unpruned
-model on training images the zoo never used (bench/recovery.py's split) and its accuracy measured on held-out test
-images. Nothing is selected: every variant is reported.
+A ResNet block whose shortcut is the identity (a stage's later blocks) can be removed. A stage's first block changes
+width or stride, so it cannot simply go; it is replaced by its own projection shortcut (the 1x1 convolution and norm
+it already has, then the block's activation: `tools/models/shortcut.py`, the engine's surgery). This script measures
+every combination outside the engine's planner, on the zoo ResNet (bench/zoo.py): each variant's ONNX Runtime forms
+timed beside the unpruned model's in one `measure_latency` call (interleaved, 1 thread, batch 1 and batch 16), then
+each variant distilled from the unpruned model on training images the zoo never used (bench/recovery.py's split)
+and its accuracy measured on held-out test images. Nothing is selected: every variant is reported.
 
     .venv/bin/python bench/resnet_depth.py                   # zoo ResNet, 300 distillation steps, 2,000 test images
     .venv/bin/python bench/resnet_depth.py --steps 100 --held-out 1000 --json out.json
@@ -35,29 +35,15 @@ import zoo as zoo_lib  # noqa: E402
 FORMS = ("ort_fp32", "ort_dynamic")
 
 
-class ShortcutOnly(nn.Module):
-    """A residual block replaced by its projection shortcut and the block's output activation."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.shortcut = block.shortcut
-        self.activation = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Return activation(shortcut(x)): what the block computes with its residual branch at zero."""
-        return self.activation(self.shortcut(x))
-
-
 def variant(base: nn.Module, removed: list[str], replaced: list[int]) -> nn.Module:
     """Copy `base` without the identity blocks `removed` and with stage `replaced`'s first blocks as shortcuts."""
     from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.models.shortcut import replace_with_shortcut
 
     model = copy.deepcopy(base)
     if removed:
         adapter_for(model).drop_blocks(model, removed)
-    stages: Any = model.resnet.encoder.stages  # type: ignore[union-attr]
-    for s in replaced:
-        stages[s].layers[0] = ShortcutOnly(stages[s].layers[0])
+    replace_with_shortcut(model, [f"resnet.encoder.stages.{s}.layers.0" for s in replaced])  # the engine's surgery
     return model.eval()
 
 

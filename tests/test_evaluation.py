@@ -148,16 +148,17 @@ def test_a_sample_of_a_fast_model_is_the_mean_of_a_run_of_calls(monkeypatch):
     # a clock that says every call of "quick" takes 1 ms and of "slow" 20 ms: no wall-clock bound in the test
     calls = {"quick": 0, "slow": 0}
 
-    def fake_ms(model, inputs):
-        calls[model.name] += 1
-        return 1.0 if model.name == "quick" else 20.0
+    def fake_ms(call, n, device):
+        name = call.args[0].name  # a torch model's bound call: functools.partial(forward_logits, model, inputs)
+        calls[name] += n
+        return n * (1.0 if name == "quick" else 20.0)
 
     class Named(_Sleeper):
         def __init__(self, name):
             super().__init__(0.0)
             self.name = name
 
-    monkeypatch.setattr(latency, "timed_forward_ms", fake_ms)
+    monkeypatch.setattr(latency, "timed_calls_ms", fake_ms)
     result = latency.measure_latency({n: Named(n) for n in calls}, _pixels(1)[0], batch_size=2, warmup=1, repeats=3)
     assert result["slow"]["calls"] == 1 and result["quick"]["calls"] == 5
     assert result["quick"]["latency_ms"] == 1.0 and result["slow"]["latency_ms"] == 20.0  # per call, not per run

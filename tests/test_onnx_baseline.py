@@ -61,6 +61,23 @@ def test_evaluation_tools_accept_the_session(tmp_path, tiny_vit):
     assert all(row["latency_ms"] > 0 and row["latency_batch_ms"] > 0 for row in lat.values())
 
 
+def test_latency_times_the_session_alone_through_its_native_call(tmp_path, tiny_vit, monkeypatch):
+    out = onnx_runtime_baseline(tiny_vit, _pixels(2), tmp_path, threads=1)
+    x = _pixels(3, seed=4)
+    (logits,) = out["fp32"].native_call(x)()  # session.run's outputs: the same logits as the module's forward
+    assert torch.allclose(torch.from_numpy(logits), out["fp32"](pixel_values=x).logits)
+    seen = []
+
+    def no_forward(*args, **kwargs):  # the timed session must not go through the module call
+        raise AssertionError("measure_latency called OrtClassifier.forward")
+
+    monkeypatch.setattr(out["fp32"], "forward", no_forward)
+    original = out["fp32"].native_call
+    monkeypatch.setattr(out["fp32"], "native_call", lambda pixels: seen.append(tuple(pixels.shape)) or original(pixels))
+    lat = measure_latency({"ort": out["fp32"]}, x, batch_size=4, warmup=1, repeats=2)
+    assert lat["ort"]["latency_ms"] > 0 and sorted(seen) == [(1, 1, 16, 16), (4, 1, 16, 16)]
+
+
 def test_resnet_export_matches_torch(tmp_path, tiny_resnet):
     exported = export_onnx(tiny_resnet, _pixels(2), tmp_path / "r.onnx")
     x = _pixels(3, seed=3)

@@ -139,6 +139,12 @@ def test_ov_classifier_runs_any_batch(tmp_path):
     ov = OvClassifier(Path(fp32.path) / "openvino_model.xml", "f32", threads=1)
     for n in (1, 5):
         assert ov(pixel_values=_pixels(n, size)).logits.shape == (n, 10)
+    x = _pixels(3, size)
+    native = next(iter(ov.native_call(x)().values()))  # the infer request alone: what latency times
+    assert torch.allclose(torch.from_numpy(native.copy()), ov(pixel_values=x).logits)
+    single, batch = ov.native_call(_pixels(1, size)), ov.native_call(_pixels(5, size))
+    for _ in range(2):  # timed in turns, as measure_latency does: each input keeps its own request
+        assert next(iter(single().values())).shape == (1, 10) and next(iter(batch().values())).shape == (5, 10)
 
 
 def test_without_openvino_its_forms_fail_with_the_reason_and_rounds_skip_them(tmp_path, monkeypatch):

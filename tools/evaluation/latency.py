@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.device import resolve_device
-from profiling_agent.tools.runtimes.forward import timed_forward_ms
+from profiling_agent.tools.runtimes.forward import native_call, timed_calls_ms
 
 # ---------------------------------------------------------------- latency
 
@@ -79,9 +79,11 @@ def measure_latency(
     Each repeat times every model once at batch 1, then every model once at the larger batch, in a seeded random
     order that changes with every repeat, so machine noise and any cost of switching between models (cold caches,
     another runtime's kernels) hit all models alike instead of always the same neighbour. Models are put in eval
-    mode and moved to `device` in place; the thread count is whatever torch uses now. A sample of a fast model is the
-    mean of a run of consecutive calls lasting about MIN_SAMPLE_S (`calls_per_sample`, from the last warm-up call;
-    at least one warm-up pass runs).
+    mode and moved to `device` in place; the thread count is whatever torch uses now. An ONNX Runtime or OpenVINO
+    form is timed through its runtime's own call on an input converted once (`forward.native_call`), as the runtimes'
+    own benchmark tools do; a torch model through its forward. A sample of a fast model is the mean of a run of
+    consecutive calls lasting about MIN_SAMPLE_S, timed in one clock span (`calls_per_sample`, from the last warm-up
+    call; at least one warm-up pass runs).
 
     Args:
         models: Name -> model, timed side by side.
@@ -109,12 +111,13 @@ def measure_latency(
     warm_s: dict[str, float] = {name: 0.0 for name in names}
     last: dict[str, dict[str, float]] = {name: {} for name in names}  # the last warm-up call of each size, seconds
     with torch.inference_mode():
+        bound = {name: {"single": native_call(m, single), "batch": native_call(m, batch)} for name, m in models.items()}
         for _ in range(max(warmup, 1)):
             for name in names:
                 if budget_s is not None and warm_s[name] > WARM_AFTER_S:
                     continue
-                for kind, inputs in (("single", single), ("batch", batch)):
-                    last[name][kind] = timed_forward_ms(models[name], inputs) / 1e3
+                for kind in ("single", "batch"):
+                    last[name][kind] = timed_calls_ms(bound[name][kind], 1, dev) / 1e3
                     warm_s[name] += last[name][kind]
         calls = {name: {kind: calls_per_sample(last[name][kind]) for kind in last[name]} for name in names}
         shuffler = random.Random(0)
@@ -122,11 +125,11 @@ def measure_latency(
             order = shuffler.sample(names, len(names))
             if budget_s is not None:
                 order = [name for name in order if not sits_out(times, wall, name, repeat, budget_s)]
-            for kind, inputs in (("single", single), ("batch", batch)):
+            for kind in ("single", "batch"):
                 for name in order:
                     n = calls[name][kind]
                     c0 = time.process_time()
-                    ms = sum(timed_forward_ms(models[name], inputs) for _ in range(n))
+                    ms = timed_calls_ms(bound[name][kind], n, dev)
                     cpu[name] += time.process_time() - c0
                     wall[name] += ms / 1e3
                     times[name][kind].append(ms / n)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -112,6 +113,29 @@ def timed_forward_ms(model: nn.Module, pixels: torch.Tensor) -> float:
     start = time.perf_counter()
     forward_logits(model, pixels)
     sync_device(pixels.device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def native_call(model: nn.Module, pixels: torch.Tensor) -> Callable[[], Any]:
+    """Return a zero-argument call of `model` on `pixels`: its runtime's own call where it has one, else the forward.
+
+    An ONNX Runtime or OpenVINO form (`native_call` method) runs its session or infer request on the input converted
+    once; a torch model runs `forward_logits`, its own call.
+    """
+    own = getattr(model, "native_call", None)
+    if callable(own):
+        call: Callable[[], Any] = own(pixels)
+        return call
+    return functools.partial(forward_logits, model, pixels)
+
+
+def timed_calls_ms(call: Callable[[], Any], calls: int, device: torch.device) -> float:
+    """Time `calls` consecutive runs of `call` in ms, all in one clock span (synchronizing CUDA at both ends)."""
+    sync_device(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    sync_device(device)
     return (time.perf_counter() - start) * 1e3
 
 

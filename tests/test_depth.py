@@ -270,9 +270,9 @@ def test_auto_recovery_distills_longer_after_removing_blocks():
 
     assert auto_steps(2000, 32, 100_000) == 125  # two passes over the images
     assert auto_steps(20_000, 32, 100_000) == MAX_STEPS  # capped
-    assert auto_steps(2000, 32, 100_000, removed_blocks=2) == 1000  # sixteen passes
+    assert auto_steps(2000, 64, 100_000, removed_blocks=2) == 3000  # ninety-six passes
     assert auto_steps(20_000, 32, 100_000, removed_blocks=1) == DEPTH_MAX_STEPS  # capped higher than width plans
-    assert auto_steps(200, 32, 100_000, removed_blocks=1) == 100
+    assert auto_steps(200, 32, 100_000, removed_blocks=1) == 600
     assert auto_steps(2000, 32, 90_000_000, removed_blocks=1) == MAX_STEPS // 2  # a big model's steps cost minutes
 
 

@@ -67,8 +67,18 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--recover-steps", type=int, default=None, help="distillation steps (default: scaled to the data)")
     p.add_argument("--recover-minutes", type=float, default=None, help="wall-clock cap per candidate (default 2)")
-    p.add_argument("--recover-lr", type=float, default=None, help="peak distillation learning rate (default 3e-4)")
-    p.add_argument("--recover-batch", type=int, default=None, help="images per distillation step (default 32)")
+    p.add_argument(
+        "--recover-lr",
+        type=float,
+        default=None,
+        help="peak distillation learning rate (default 3e-4; 1e-3 after removing blocks)",
+    )
+    p.add_argument(
+        "--recover-batch",
+        type=int,
+        default=None,
+        help="images per distillation step (default 32; 64 after removing blocks)",
+    )
     p.add_argument("--no-augment", action="store_true", help="train recovery on the images as they are")
     p.add_argument("--recover-procs", type=int, default=None, help="distillation processes (>1: torch.distributed)")
     p.add_argument("--launcher", default=None, help="command template starting them (default: torchrun --standalone "

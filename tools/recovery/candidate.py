@@ -49,14 +49,17 @@ def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx
     from profiling_agent.tools.data.train_stream import TrainBatches
     from profiling_agent.tools.models.sizes import count_params
     from profiling_agent.tools.recovery.distill import DistillConfig, distill
-    from profiling_agent.tools.recovery.policy import auto_steps, distill_precision
+    from profiling_agent.tools.recovery.policy import auto_recipe, auto_steps, distill_precision
     from profiling_agent.tools.runtimes.forward import model_device
 
-    batch = max(1, ctx.recover_batch)
-    steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, count_params(student), job.removed_blocks)
+    params = count_params(student)
+    lr, batch = auto_recipe(ctx.recover_lr, ctx.recover_batch, params, job.removed_blocks)
+    steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, params, job.removed_blocks)
     precision = distill_precision(str(model_device(student).type), job.macs)
-    config = DistillConfig(steps=steps, lr=ctx.recover_lr, seed=job.seed, minutes=ctx.recover_minutes,
+    config = DistillConfig(steps=steps, lr=lr, seed=job.seed, minutes=ctx.recover_minutes,
                            precision=precision)  # fmt: skip
+    if (lr, batch) != (ctx.recover_lr, ctx.recover_batch):
+        record.note = f"{record.note}; lr {lr:g}, batch {batch} (auto)".lstrip("; ")
     if precision == "bf16":
         record.note = f"{record.note}; distilled in bf16 autocast (native on this CPU)".lstrip("; ")
     batches = TrainBatches(job.source, job.processor, job.shape, job.labels, batch=batch, seed=job.seed,

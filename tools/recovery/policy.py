@@ -11,10 +11,17 @@ EPOCHS = 2.0  # auto: passes over the training images
 # validation images) lost 1.37 pp after 125 distillation steps and 0.00 pp after 300; the zoo ResNet without its
 # identity block and with stage 2's first block replaced by its shortcut lost 3.60 pp of held-out top-1 after 300
 # steps of 64 images and 1.20 pp after 1,000 (2,000 training images, `bench/resnet_depth.py --steps 1000`), with
-# stage 1's instead -0.90 and -0.10 pp. The wall-clock cap (`recover_minutes`) still bounds every candidate.
-DEPTH_EPOCHS = 16.0
+# stage 1's instead -0.90 and -0.10 pp. Three changes (the identity block, stages 0 and 1's first blocks) gained 0.35 pp
+# after 3,000 steps where 1,000 lost 0.95 pp (held-out, the same images, lr 1e-3, batch 64: docs/benchmarks.md,
+# session 12). The wall-clock cap (`recover_minutes`) still bounds every candidate.
+DEPTH_EPOCHS = 96.0
 MIN_STEPS, MAX_STEPS = 20, 300  # auto: bounds on the steps of one candidate
-DEPTH_MAX_STEPS = 1000  # auto: the bound after removing whole blocks
+DEPTH_MAX_STEPS = 3000  # auto: the bound after removing whole blocks
+# auto's learning rate and batch, and after removing blocks: on the zoo ResNet without three of its four blocks
+# (2,000 training images, 3,000 steps, held-out change) lr 1e-3 gained 0.15-0.25 pp where 3e-4 lost 0.85-1.20 pp at
+# batch 32, and batch 64 beat 32 at lr 1e-3 (+0.35 against +0.15 pp, the identity block and stages 0 and 1)
+LR, DEPTH_LR = 3e-4, 1e-3
+BATCH, DEPTH_BATCH = 32, 64
 LARGE_MODEL = 20_000_000  # parameters above which auto halves its steps (a step costs more than it returns)
 # a student of at least this many MACs per image distills in bf16 autocast on a CPU with native bf16: measured here
 # (Zen 5, AVX-512 BF16) a training step of ViT-B/16 took 1.8x and of ResNet-50 2.0x less CPU time than in fp32,
@@ -53,6 +60,16 @@ def auto_steps(train_images: int, batch: int, params: int, removed_blocks: int =
     steps = math.ceil(epochs * train_images / max(1, batch))
     high = MAX_STEPS // 2 if params > LARGE_MODEL else DEPTH_MAX_STEPS if removed_blocks else MAX_STEPS
     return max(MIN_STEPS, min(high, steps))
+
+
+def auto_recipe(lr: float, batch: int, params: int, removed_blocks: int = 0) -> tuple[float, int]:
+    """Return the distillation's (peak learning rate, batch): `lr` and `batch` where set (non-zero), else auto's.
+
+    Auto is LR and BATCH, or DEPTH_LR and DEPTH_BATCH for a plan that removed whole blocks from a model below
+    LARGE_MODEL parameters (what is left must learn the removed blocks' work, not only re-align).
+    """
+    depth = removed_blocks > 0 and params <= LARGE_MODEL
+    return lr or (DEPTH_LR if depth else LR), batch or (DEPTH_BATCH if depth else BATCH)
 
 
 def distill_precision(device: str, macs: int | None) -> str:

@@ -343,6 +343,9 @@ class PlannerMeta(_Strict):
     backoff: dict[str, Any] | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
     predicted_drop: float | None = Field(default=None, description="Calibration trial's loss of this plan, pp.")
     search: dict[str, Any] | None = Field(default=None, description="Searching round: interval, correction, trials.")
+    block_trials: list[dict[str, Any]] | None = Field(
+        default=None, description="Round 1's block sets tried (blocks, estimate, KL, calibration drop): block_trials."
+    )
 
 
 class Review(_Strict):

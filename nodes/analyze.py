@@ -14,15 +14,18 @@ from profiling_agent.nodes.common import (
     load_artifact_model,
     prepared,
     run_dir,
+    training_source,
 )
 from profiling_agent.state import Context, State
 
 
-def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None, refits: Any = None):
+def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None, refits: Any = None, distill: Any = None):
     """Build evaluate_plan: a plan on a fresh baseline copy, reconstructed when recovery is on, on calibration images.
 
     The reconstruction fits the baseline's activations on those images, never their labels; `refits` (a
-    `refit_cache.TrialRefits`) keeps the refitted weights of the last trials for the recover step.
+    `refit_cache.TrialRefits`) keeps the refitted weights of the last trials for the recover step. With `distill`
+    ((training batches, steps, learning rate): `block_evaluator`) each trial is then distilled that many steps and
+    also scored by its KL divergence from the baseline.
     """
     from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
 
@@ -34,13 +37,20 @@ def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None, ref
     recover = on_trial = None
     if ctx.recover != "none":  # trials see what the recover step will at least do: the least-squares refit
         from profiling_agent.tools.recovery import refit_cache
+        from profiling_agent.tools.recovery.distill import DistillConfig
+        from profiling_agent.tools.recovery.distill import distill as distill_model
         from profiling_agent.tools.recovery.reconstruct import reconstruct
 
         last: dict[str, Any] = {}
         calib, seed = tensors["calib_pixels"], state.dataset.seed
 
         def recover(model, applied) -> None:
-            last["info"] = reconstruct(load_baseline(), model, calib, applied, seed=seed)
+            teacher = load_baseline()
+            last["info"] = reconstruct(teacher, model, calib, applied, seed=seed)
+            if distill is not None:
+                batches, steps, lr = distill
+                distill_model(model, teacher, batches, DistillConfig(steps=steps, lr=lr, seed=seed))
+                model.eval()
 
         def on_trial(plan, model, applied) -> None:
             if refits is not None and state.baseline is not None:
@@ -56,8 +66,34 @@ def plan_evaluator(state: State, ctx: Context, max_calls: int | None = None, ref
         seed=state.dataset.seed,
         recover=recover,
         on_trial=on_trial,
+        with_kl=distill is not None,
         **({"max_calls": max_calls} if max_calls else {}),
     )
+
+
+def block_evaluator(state: State, ctx: Context, calls: int):
+    """Build the evaluator of round 1's block-set trials (refit, then TRIAL_STEPS distillation steps), or None.
+
+    None where recovery does not distil, the dataset has no training images, or the baseline has LARGE_MODEL
+    parameters or more (a distillation step costs seconds there: `recovery/policy.py`).
+    """
+    from profiling_agent.tools.data.train_stream import TrainBatches
+    from profiling_agent.tools.planning.block_trials import TRIAL_STEPS
+    from profiling_agent.tools.recovery.policy import LARGE_MODEL, auto_recipe
+
+    if ctx.recover not in ("auto", "distill") or state.baseline is None or state.labels is None:
+        return None
+    if state.baseline.params >= LARGE_MODEL or state.input_shape is None:
+        return None
+    source = training_source(state)
+    if source is None:
+        return None
+    lr, batch = auto_recipe(ctx.recover_lr, ctx.recover_batch, state.baseline.params, removed_blocks=1)
+    baseline = load_artifact_model(state, state.baseline)
+    batches = TrainBatches(source, baseline.processor, state.input_shape.model_dump(), state.labels.model_dump(),
+                           batch=batch, seed=state.dataset.seed, augmentation=ctx.recover_augment)  # fmt: skip
+    steps = min(TRIAL_STEPS, ctx.recover_steps) if ctx.recover_steps else TRIAL_STEPS  # never past the run's own
+    return plan_evaluator(state, ctx, max_calls=calls, distill=(batches, steps, lr))
 
 
 def baseline_round(state: State, iteration: int) -> dict[str, Any]:
@@ -102,7 +138,12 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     full_profile = read_json(run_dir(state) / "profile.json")
     refits = TrialRefits()
     out = planning_round(
-        state, ctx, full_profile, choice.mode, lambda calls: plan_evaluator(state, ctx, max_calls=calls, refits=refits)
+        state,
+        ctx,
+        full_profile,
+        choice.mode,
+        lambda calls: plan_evaluator(state, ctx, max_calls=calls, refits=refits),
+        lambda calls: block_evaluator(state, ctx, calls),
     )
     # the chosen plan's trial refit, for the recover step (which checks its key); none: an older one goes
     if out.stop_reason or not refits.save(out.plan.pruning, iteration_dir(state, iteration)):

@@ -173,3 +173,20 @@ def allowed_ids(state: State) -> list[int] | None:
 def current_candidate(state: State) -> Candidate:
     """Return a copy of this iteration's in-progress candidate (a new one when none exists yet)."""
     return state.current.model_copy(deep=True) if state.current else Candidate(iteration=state.iteration)
+
+
+def training_source(state: State):
+    """Find the images recovery may train on (never a validation, test or calibration image), or None."""
+    from profiling_agent.tools.data.train_stream import find_train_source
+    from profiling_agent.tools.io import read_json
+
+    assert state.labels is not None
+    subsets = read_json(run_dir(state) / (state.data.subsets if state.data else "subsets.json"))
+    return find_train_source(
+        state.dataset.ref,
+        state.dataset.split,
+        subsets,
+        image_column=state.labels.image_column,
+        label_column=state.labels.label_column,
+        train_split=state.dataset.train_split,
+    )

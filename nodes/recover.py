@@ -20,25 +20,9 @@ from profiling_agent.nodes.common import (
     load_artifact_model,
     prepared,
     run_dir,
+    training_source,
 )
 from profiling_agent.state import ArtifactRef, Candidate, Context, RecoveryRecord, State
-
-
-def training_source(state: State):
-    """Find the images recovery may train on (never a validation, test or calibration image), or None."""
-    from profiling_agent.tools.data.train_stream import find_train_source
-    from profiling_agent.tools.io import read_json
-
-    assert state.labels is not None
-    subsets = read_json(run_dir(state) / (state.data.subsets if state.data else "subsets.json"))
-    return find_train_source(
-        state.dataset.ref,
-        state.dataset.split,
-        subsets,
-        image_column=state.labels.image_column,
-        label_column=state.labels.label_column,
-        train_split=state.dataset.train_split,
-    )
 
 
 def done_key(state: State, ctx: Context) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from profiling_agent.tools.evaluation.selection import (
     quantization_cost_speed,
     torch_quantized_delivery,
 )
-from profiling_agent.tools.planning.deterministic import slowed_round
+from profiling_agent.tools.planning.quant_plan import slowed_round
 
 BASE = {"accuracy": 90.0, "params": 1000, "size_mb": 4.0, "latency_ms": 2.0}
 

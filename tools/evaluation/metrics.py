@@ -149,6 +149,15 @@ def _percent_equal(a: torch.Tensor, b: torch.Tensor, what: str) -> float:
     return 100.0 * (a == b).double().mean().item()
 
 
+def mean_kl(reference: torch.Tensor, logits: torch.Tensor, allowed_ids: Sequence[int] | None = None) -> float:
+    """Return the mean KL(softmax(reference) || softmax(logits)) over the rows, on the `allowed_ids` columns only."""
+    if allowed_ids is not None:
+        columns = torch.as_tensor(list(allowed_ids), dtype=torch.long)
+        reference, logits = reference[:, columns], logits[:, columns]
+    ref, got = torch.log_softmax(reference.float(), -1), torch.log_softmax(logits.float(), -1)
+    return float(torch.nn.functional.kl_div(got, ref, log_target=True, reduction="batchmean"))
+
+
 def top1(preds: torch.Tensor, labels: torch.Tensor) -> float:
     """Return top-1 accuracy in percent."""
     return _percent_equal(preds, labels, "top1")

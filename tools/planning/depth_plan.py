@@ -43,6 +43,12 @@ def depth_first(
     return fixed
 
 
+def block_cost(group: dict[str, Any], latency: dict[str, float], sensitivity: dict[str, dict[str, Any]]) -> float:
+    """Return a block group's probe damage per `latency` share its removal saves (lower is cheaper)."""
+    damage = float(sensitivity.get(group["name"], {}).get("damage", 0.0))
+    return damage / max(latency.get(group["name"], 0.0), 1e-6)
+
+
 def cheapest_blocks(
     groups: list[dict[str, Any]],
     latency: dict[str, float],
@@ -54,16 +60,11 @@ def cheapest_blocks(
     At most `max_block_fraction` of a stack (`block_limits`): the cheapest of each stack come first and the others
     are left out.
     """
-
-    def cost_of(g) -> float:
-        damage = float(sensitivity.get(g["name"], {}).get("damage", 0.0))
-        return damage / max(latency.get(g["name"], 0.0), 1e-6)
-
     blocks = [g for g in groups if g["kind"] == "block"]
     allowed: list[dict[str, Any]] = []
     per_stack: dict[str, int] = {}
     limits = block_limits(blocks, max_block_fraction)
-    for g in sorted(blocks, key=lambda g: (cost_of(g), g["name"])):
+    for g in sorted(blocks, key=lambda g: (block_cost(g, latency, sensitivity), g["name"])):
         stack = limit_key(g)
         if per_stack.get(stack, 0) < limits[stack]:
             per_stack[stack] = per_stack.get(stack, 0) + 1

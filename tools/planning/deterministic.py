@@ -5,23 +5,15 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from profiling_agent.state import (
-    CompressionPlan,
-    Objective,
-    PruneEntry,
-    QuantEntry,
-    QuantizeChoice,
-)
+from profiling_agent.state import CompressionPlan, Objective, PruneEntry
 from profiling_agent.tools.compression.depth import MAX_BLOCK_FRACTION, block_limits, limit_key
 from profiling_agent.tools.compression.units import removed_units, unit_align
-from profiling_agent.tools.evaluation.selection import (
-    quantization_slowed,
-    torch_quantized_delivery,
-)
 from profiling_agent.tools.planning.depth_plan import backed_off_blocks, depth_first, depth_secant
+from profiling_agent.tools.planning.quant_plan import quant_entries, slowed_round
 
 
 @dataclass
@@ -342,42 +334,6 @@ def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], 
     return f"{shares}{damage}; removes {removed} of {units} {what}"
 
 
-def slowed_round(history: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Return the latest measured round if its quantization made the pruned model slower at batch 1 and batch N.
-
-    A round delivered in another backend's form (ONNX Runtime quantizes the FP32 export itself) says nothing
-    against the plan's quantization: torch quantization being slow there is no reason to drop it.
-    """
-    for h in reversed(history):
-        q1, qn = h.get("quant_speedup"), h.get("quant_speedup_batch")
-        if q1 is not None and qn is not None:
-            if not torch_quantized_delivery(h.get("delivered")):
-                return None
-            return h if quantization_slowed(q1, qn) else None
-    return None
-
-
-def _quant_entries(
-    quantize: QuantizeChoice, history: list[dict[str, Any]], target: str
-) -> tuple[list[QuantEntry], str]:
-    if quantize == "none":
-        return [], ""
-    slow = slowed_round(history) if target != "size" else None
-    if slow:
-        note = (
-            f"quantization dropped: in round {slow.get('iteration', '?')} it made the pruned model slower "
-            f"({slow['quant_speedup']:.2f}x at batch 1, {slow['quant_speedup_batch']:.2f}x at batch N, measured "
-            "side by side); this model's Linear layers are too small for dynamic quantization to pay off"
-        )
-        return [], note
-    why = (
-        "Dynamic quantization of every nn.Linear: weights stored in "
-        f"{'int8' if quantize == 'qint8' else 'float16'}, activations quantized on the fly; needs no "
-        "calibration data and leaves convolutions untouched."
-    )
-    return [QuantEntry(layer="all", dtype=quantize, justification=why)], ""
-
-
 def plan_round(
     groups: list[dict[str, Any]],
     costs: dict[str, dict[str, Any]],
@@ -387,6 +343,7 @@ def plan_round(
     config: PlannerConfig | None = None,
     goal: float | None = None,
     reason: str | None = None,
+    blocks: Sequence[str] | None = None,
 ) -> PlanResult:
     """Plan one round.
 
@@ -401,13 +358,15 @@ def plan_round(
         goal: Plan for this reduction instead of the one the history suggests (a first round backing off, or a
             searching round's choice).
         reason: Why `goal` was chosen, for the rationale (default: a first round backing off).
+        blocks: The block groups a latency plan removes (a trial of another set, `block_trials`), instead of the
+            ones it would choose; width fills the rest of the goal as usual.
 
     Returns:
         The plan (valid by construction), the estimated reduction and the gamma used.
     """
     config = config or PlannerConfig()
     if not groups:
-        quant, _ = _quant_entries(objective.quantize, history, objective.target)
+        quant, _ = quant_entries(objective.quantize, history, objective.target)
         plan = CompressionPlan(
             pruning=[],
             quantization=quant,
@@ -437,6 +396,8 @@ def plan_round(
         fixed, note = backed_off_blocks(history, goal, groups, latency_shares(groups, costs), sensitivity,
                                         config.max_block_fraction, estimate_of, ceiling)  # fmt: skip
         why += f"; {note}" if note else ""
+    if depth and blocks is not None:
+        fixed = {g["name"]: float(g["name"] in blocks) for g in groups if g["kind"] == "block"}
     if depth and fixed is None:
         fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config)
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)
@@ -492,7 +453,7 @@ def plan_round(
         f"chosen so the estimated {objective.target} reduction is {estimate:.1%} (largest feasible "
         f"{feasible:.1%}); {len(entries)} of {len(groups)} groups pruned."
     )
-    quant, quant_note = _quant_entries(objective.quantize, history, objective.target)
+    quant, quant_note = quant_entries(objective.quantize, history, objective.target)
     if quant_note:
         rationale += f" Note: {quant_note}."
     plan = CompressionPlan(pruning=entries, quantization=quant, rationale=rationale)

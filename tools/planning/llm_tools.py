@@ -352,6 +352,7 @@ def make_plan_evaluator(
     max_calls: int = MAX_EVALUATIONS,
     recover: Callable[[Any, list[PrunedGroup]], None] | None = None,
     on_trial: Callable[[dict[str, Any], Any, list[PrunedGroup]], None] | None = None,
+    with_kl: bool = False,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Build `evaluate_fn` for the evaluate_plan tool: apply a plan to a fresh copy of the baseline and measure it.
 
@@ -370,6 +371,8 @@ def make_plan_evaluator(
             run's reconstruction), so the metrics are those of a recovered candidate.
         on_trial: Called as on_trial(plan, model, applied rows) after that, before quantization (the analyze step
             keeps the refitted weights for the recover step: `tools/recovery/refit_cache.py`).
+        with_kl: Also return `kl_to_baseline`, the mean KL divergence of the trial's logits from the baseline's on
+            the calibration images (`metrics.mean_kl`; one more forward pass of each).
 
     Returns:
         A callable taking a plan dict and returning measured metrics.
@@ -378,8 +381,9 @@ def make_plan_evaluator(
     from profiling_agent.tools.compression.quantization import quantize_model
     from profiling_agent.tools.compression.self_check import self_check
     from profiling_agent.tools.compression.units import as_importance
-    from profiling_agent.tools.evaluation.metrics import agreement, predict, top1
+    from profiling_agent.tools.evaluation.metrics import agreement, mean_kl, predict, top1
     from profiling_agent.tools.models.sizes import count_params
+    from profiling_agent.tools.runtimes.forward import batched_logits
 
     cache: dict[str, Any] = {"calls": 0}
 
@@ -388,6 +392,7 @@ def make_plan_evaluator(
             model = load_baseline()
             cache["preds"] = predict(model, pixels, allowed_ids=allowed_ids)
             cache["params"] = count_params(model)
+            cache["logits"] = batched_logits(model, pixels) if with_kl else None
         return cache["preds"], cache["params"]
 
     def evaluate(plan: dict[str, Any]) -> dict[str, Any]:
@@ -408,7 +413,11 @@ def make_plan_evaluator(
         quantized, layers = quantize_model(model, plan.get("quantization") or [])
         preds = predict(quantized, pixels, allowed_ids=allowed_ids)
         base_acc, acc = top1(base_preds, labels), top1(preds, labels)
+        kl = {}
+        if with_kl:
+            kl["kl_to_baseline"] = mean_kl(cache["logits"], batched_logits(quantized, pixels), allowed_ids)
         return {
+            **kl,
             "images": int(len(labels)),
             "calib_accuracy": acc,
             "baseline_calib_accuracy": base_acc,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,8 @@ from profiling_agent.tools.planning.paired import deterministic_sequence, refere
 
 # builds evaluate_plan (a plan tried on a fresh baseline copy on the calibration images), at most `max_calls` times
 Evaluator = Callable[[int | None], Callable[[dict[str, Any]], dict[str, Any]]]
+# builds the block-set trials' evaluator (refit, then a short distillation), or None where it cannot run
+BlockEvaluator = Callable[[int], Callable[[dict[str, Any]], dict[str, Any]] | None]
 
 
 @dataclass
@@ -45,15 +48,18 @@ def earlier_backoff(state: State) -> Backoff | None:
     return None
 
 
-def deterministic_plan(state: State, groups, costs, sensitivity, history, evaluator: Evaluator, distills=False):
+def deterministic_plan(state: State, groups, costs, sensitivity, history, evaluator: Evaluator, distills=False,
+                       blocks_evaluator: BlockEvaluator | None = None):  # fmt: skip
     """Plan deterministically: round 1 backs off a collapsing goal, later rounds search what was measured.
 
     A round-1 plan that removes whole blocks is not backed off when recovery distills (`distills`): the trial
     refits only, and a removed block is what only distillation recovers (the zoo ViT's two-block plan lost 21.9 pp
-    in its trial and 0.15 pp after 300 distillation steps), so validation after recovery judges it.
+    in its trial and 0.15 pp after 300 distillation steps), so validation after recovery judges it. Instead, where
+    `blocks_evaluator` builds a distilling evaluator, other sets of as many blocks are tried (`block_trials`).
 
     Returns:
-        (PlanResult, back-off or None, search step or None, the predicted calibration loss or None).
+        (PlanResult, back-off or None, search step or None, the predicted calibration loss or None, block trials
+        or None).
     """
     from profiling_agent.tools.planning.backoff import BACKOFF_TRIALS, back_off, drop_cap
     from profiling_agent.tools.planning.deterministic import plan_round
@@ -61,13 +67,14 @@ def deterministic_plan(state: State, groups, costs, sensitivity, history, evalua
 
     objective = state.objective
     result = plan_round(groups, costs, sensitivity, objective, history)
-    backoff, search, predicted = None, None, None
+    backoff, search, predicted, trials = None, None, None, None
     depth_plan = distills and any(e.type == "block" for e in result.plan.pruning)
     if depth_plan and not history:
         result.plan.rationale += (
             " No back-off trial: the plan removes whole blocks, which the refit-only trial cannot judge and "
             "distillation recovers; validation after recovery decides."
         )
+        result, trials = tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evaluator)
     if not history and result.plan.pruning and not result.converged and not depth_plan:  # never a collapsing plan
         backoff = earlier_backoff(state)
         if backoff is None:
@@ -91,11 +98,54 @@ def deterministic_plan(state: State, groups, costs, sensitivity, history, evalua
             predicted = predicted_loss(search.trials, search.goal, "predicted_pp")
             if predicted is None:  # the chosen goal was not one of the trials: measure the plan itself
                 predicted = float(evaluate(result.plan.model_dump())["accuracy_drop_pp"])
-    return result, backoff, search, predicted
+    return result, backoff, search, predicted, trials
+
+
+def tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evaluator: BlockEvaluator | None):
+    """Try round 1's other sets of as many blocks (`block_trials`); return the plan kept and the trial records.
+
+    Returns:
+        (the plan result of the set closest to the baseline after its trial, the records), or (`result`, None)
+        when there is no evaluator or no other set.
+    """
+    from profiling_agent.tools.planning.block_trials import TRIAL_SETS, block_sets, choose_block_set
+    from profiling_agent.tools.planning.deterministic import PlannerConfig, latency_shares, plan_round
+
+    chosen = [g["name"] for g in groups if g["kind"] == "block" and f"^{re.escape(str(g['module']))}$" in {
+        e.layer for e in result.plan.pruning if e.type == "block"}]  # fmt: skip
+    sets = block_sets(groups, latency_shares(groups, costs), sensitivity, PlannerConfig().max_block_fraction, chosen)
+    evaluate = blocks_evaluator(TRIAL_SETS) if blocks_evaluator is not None and len(sets) > 1 else None
+    if evaluate is None:
+        return result, None
+    planned: dict[int, Any] = {}  # id(plan) -> its PlanResult
+
+    def plan_for(names: list[str]):
+        out = plan_round(groups, costs, sensitivity, objective, [], blocks=names)
+        planned[id(out.plan)] = out
+        return out.plan, out.target_estimate
+
+    best, records, plans = choose_block_set(sets, plan_for, lambda plan: evaluate(plan.model_dump()))
+    kept = planned[id(plans[best])]
+    if best:
+        kept.plan.rationale += (
+            f" Blocks chosen by trial: of {len(records)} sets of {len(chosen)} blocks, each refit and briefly "
+            f"distilled, {', '.join(records[best]['blocks'])} ended closest to the baseline on the calibration images "
+            f"(KL {records[best]['kl']:.4f}; the probe's cheapest set {records[0]['kl']:.4f})."
+        )
+    return kept, records
 
 
 def round_meta(
-    result, outcome, planner: str, turn: str | None, predicted, search, backoff, llm_info: LLMStep | None, objective
+    result,
+    outcome,
+    planner: str,
+    turn: str | None,
+    predicted,
+    search,
+    backoff,
+    llm_info: LLMStep | None,
+    objective,
+    block_trials: list[dict[str, Any]] | None = None,
 ) -> PlannerMeta:
     """Return the planner facts the candidate records (goal, convergence, back-off, search, the LLM's turn)."""
     from profiling_agent.tools.planning.deterministic import estimate_key
@@ -110,6 +160,8 @@ def round_meta(
         meta.search = search.to_dict()
     if backoff is not None:
         meta.backoff = {"cap_pp": backoff.cap, "kept_goal": backoff.goal, "trials": backoff.trials}
+    if block_trials:
+        meta.block_trials = block_trials
     if planner == "llm" and outcome.vs_proposal is not None:
         meta.vs_proposal = outcome.vs_proposal.model_dump()
     return meta
@@ -152,6 +204,7 @@ def planning_round(
     full_profile: dict[str, Any],
     mode: str,
     evaluator: Evaluator,
+    blocks_evaluator: BlockEvaluator | None = None,
 ) -> RoundOutcome:
     """Plan round `state.iteration + 1` from the profile, the sensitivity probe and the earlier candidates.
 
@@ -161,6 +214,7 @@ def planning_round(
         full_profile: profile.json (groups and costs).
         mode: "llm" when an LLM plans every other round (planner_mode), else the deterministic planner alone.
         evaluator: Builds the calibration-trial evaluator, given how many calls it may take (None: its default).
+        blocks_evaluator: Builds round 1's block-set trial evaluator (`deterministic_plan`), or returns None.
 
     Returns:
         The round's plan, planner, recorded facts and message; the stop reason when the planner converged.
@@ -180,8 +234,8 @@ def planning_round(
     depth = state.objective.prunes_depth()  # block groups only with depth pruning on, and only once probed
     groups = [g for g in groups if g["kind"] != "block" or (depth and g["name"] in sensitivity)]
     distills = ctx.recover in ("auto", "distill")
-    result, backoff, search, predicted = deterministic_plan(
-        state, groups, costs, sensitivity, history, evaluator, distills
+    result, backoff, search, predicted, trials = deterministic_plan(
+        state, groups, costs, sensitivity, history, evaluator, distills, blocks_evaluator
     )
     plan, planner, llm_info, outcome = result.plan, result.planner, None, None
     fallbacks: list[Fallback] = []
@@ -206,8 +260,9 @@ def planning_round(
     return RoundOutcome(
         plan=plan,
         planner=planner,
-        meta=round_meta(result, outcome, planner, turn, predicted, search, backoff, llm_info, state.objective),
+        meta=round_meta(result, outcome, planner, turn, predicted, search, backoff, llm_info, state.objective, trials),
         message=round_message(plan, planner, turn, outcome, backoff, search, fallbacks, llm_info)
+        + (f"; blocks chosen from {len(trials)} distilled trials" if trials else "")
         + "".join(f"; {n}" for n in result.notes if "cannot be reached" in n),
         fallbacks=fallbacks,
         llm=llm_info,

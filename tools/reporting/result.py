@@ -176,6 +176,7 @@ def build_result(
                 "llm": (c.get("planner_meta") or {}).get("llm"),
                 "turn": (c.get("planner_meta") or {}).get("turn"),
                 "vs_proposal": (c.get("planner_meta") or {}).get("vs_proposal"),
+                "block_trials": (c.get("planner_meta") or {}).get("block_trials"),
                 "applied": c.get("applied"),
                 "quantized": len(c.get("quantized") or []),
                 "recovery": c.get("recovery"),

@@ -25,7 +25,7 @@ from profiling_agent.tools.text import one_line
 
 TRIAL_SETS = 4  # block sets tried in round 1, the planner's own first
 TRIAL_STEPS = 200  # distillation steps of each trial
-ESTIMATE_SLACK = 0.01  # a set's estimated reduction may fall this far short of the planner's set's
+ESTIMATE_SLACK = 0.01  # a set's estimated reduction may fall this far short of the target
 MAX_COMBINATIONS = 20_000  # sets of blocks enumerated at most (beyond it only the planner's set: no trial)
 
 
@@ -62,27 +62,32 @@ def choose_block_set(
     sets: list[list[str]],
     plan_for: Callable[[list[str]], tuple[CompressionPlan, float]],
     trial: Callable[[CompressionPlan], dict[str, Any]],
+    target: float,
     limit: int = TRIAL_SETS,
 ) -> tuple[int, list[dict[str, Any]], list[CompressionPlan]]:
     """Try the sets' plans and return the index of the one closest to the baseline, one record and plan per trial.
 
-    `plan_for` returns a set's plan (width filling the rest of the goal) and its estimated reduction; a set whose
-    estimate falls short of the first set's (the planner's own) by more than ESTIMATE_SLACK is not tried (it would
-    win by removing less). At most `limit` sets are tried. `trial` prunes, refits and briefly distils a baseline copy
-    by a plan and returns its calibration metrics (`kl_to_baseline`, `accuracy_drop_pp`); a trial that raises is
-    recorded with its error and never kept unless every one failed (then the planner's set is). Ties keep the earlier
-    (cheaper by the probe) set.
+    `plan_for` returns a set's plan (width filling the rest of the goal) and its estimated reduction. A set is tried
+    when its estimate reaches `target` (the objective's reduction), or the first set's (the planner's own) when that
+    falls short of it, within ESTIMATE_SLACK: one short of it would win by removing less. The first `limit` such sets
+    are tried, and none when fewer than two are (nothing to choose: no records). `trial` prunes, refits and briefly
+    distils a baseline copy by a plan and returns its calibration metrics (`kl_to_baseline`, `accuracy_drop_pp`); a
+    trial that raises is recorded with its error and never kept unless every one failed (then the planner's set
+    is). Ties keep the earlier (cheaper by the probe) set.
     """
-    records: list[dict[str, Any]] = []
-    plans: list[CompressionPlan] = []
+    eligible: list[tuple[list[str], CompressionPlan, float]] = []
     floor = None
     for names in sets:
-        if len(records) >= limit:
-            break
         plan, estimate = plan_for(names)
-        floor = estimate - ESTIMATE_SLACK if floor is None else floor
-        if estimate < floor:
-            continue
+        floor = min(estimate, target) - ESTIMATE_SLACK if floor is None else floor
+        if estimate >= floor:
+            eligible.append((names, plan, estimate))
+        if len(eligible) >= limit:
+            break
+    if len(eligible) < 2:
+        return 0, [], []
+    records: list[dict[str, Any]] = []
+    for names, plan, estimate in eligible:
         record: dict[str, Any] = {"blocks": names, "estimate": round(float(estimate), 4),
                                   "width_groups": sum(e.type != "block" for e in plan.pruning)}  # fmt: skip
         try:
@@ -91,7 +96,6 @@ def choose_block_set(
             record["calib_drop_pp"] = round(float(metrics["accuracy_drop_pp"]), 3)
         except Exception as exc:  # a trial that fails rules its set out, not the round
             record["kl"], record["error"] = None, one_line(exc)
-        plans.append(plan)
         records.append(record)
     best = min(range(len(records)), key=lambda i: (math.inf if records[i]["kl"] is None else records[i]["kl"], i))
-    return best, records, plans
+    return best, records, [plan for _, plan, _ in eligible]

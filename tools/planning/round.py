@@ -124,7 +124,11 @@ def tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evalu
         planned[id(out.plan)] = out
         return out.plan, out.target_estimate
 
-    best, records, plans = choose_block_set(sets, plan_for, lambda plan: evaluate(plan.model_dump()))
+    best, records, plans = choose_block_set(
+        sets, plan_for, lambda plan: evaluate(plan.model_dump()), objective.target_reduction
+    )
+    if not records:
+        return result, None
     kept = planned[id(plans[best])]
     if best:
         kept.plan.rationale += (

@@ -72,6 +72,12 @@ def cheapest_blocks(
     return allowed
 
 
+def block_names(groups: list[dict[str, Any]], layers: Sequence[str]) -> list[str]:
+    """Return the block groups (in the groups' order) whose exact plan pattern (`^module$`, escaped) is in `layers`."""
+    wanted = set(layers)
+    return [g["name"] for g in groups if g["kind"] == "block" and f"^{re.escape(str(g['module']))}$" in wanted]
+
+
 def carried_blocks(
     history: Sequence[dict[str, Any]], groups: list[dict[str, Any]], goal: float
 ) -> tuple[list[str], int]:
@@ -93,7 +99,7 @@ def carried_blocks(
         blocks = tuple(h.get("blocks") or ())
         if h["passed"] or not blocks or not h.get("width") or goal >= h["goal"] or blocks in failed_alone:
             continue
-        names = [g["name"] for g in groups if g["kind"] == "block" and f"^{re.escape(str(g['module']))}$" in blocks]
+        names = block_names(groups, blocks)
         if len(names) == len(blocks):
             return names, int(h.get("iteration") or 0)
     return [], 0

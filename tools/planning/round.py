@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,11 +69,11 @@ def deterministic_plan(state: State, groups, costs, sensitivity, history, evalua
     backoff, search, predicted, trials = None, None, None, None
     depth_plan = distills and any(e.type == "block" for e in result.plan.pruning)
     if depth_plan and not history:
+        result, trials = tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evaluator)
         result.plan.rationale += (
             " No back-off trial: the plan removes whole blocks, which the refit-only trial cannot judge and "
             "distillation recovers; validation after recovery decides."
         )
-        result, trials = tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evaluator)
     if not history and result.plan.pruning and not result.converged and not depth_plan:  # never a collapsing plan
         backoff = earlier_backoff(state)
         if backoff is None:
@@ -105,14 +104,14 @@ def tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evalu
     """Try round 1's other sets of as many blocks (`block_trials`); return the plan kept and the trial records.
 
     Returns:
-        (the plan result of the set closest to the baseline after its trial, the records), or (`result`, None)
-        when there is no evaluator or no other set.
+        (the plan result of the set closest to the baseline after its trial, the records): `result` itself when that
+        is the planner's own set; (`result`, None) when there is no evaluator or nothing to choose from.
     """
     from profiling_agent.tools.planning.block_trials import TRIAL_SETS, block_sets, choose_block_set
+    from profiling_agent.tools.planning.depth_plan import block_names
     from profiling_agent.tools.planning.deterministic import PlannerConfig, latency_shares, plan_round
 
-    chosen = [g["name"] for g in groups if g["kind"] == "block" and f"^{re.escape(str(g['module']))}$" in {
-        e.layer for e in result.plan.pruning if e.type == "block"}]  # fmt: skip
+    chosen = block_names(groups, [e.layer for e in result.plan.pruning if e.type == "block"])
     sets = block_sets(groups, latency_shares(groups, costs), sensitivity, PlannerConfig().max_block_fraction, chosen)
     evaluate = blocks_evaluator(TRIAL_SETS) if blocks_evaluator is not None and len(sets) > 1 else None
     if evaluate is None:
@@ -129,13 +128,14 @@ def tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evalu
     )
     if not records:
         return result, None
+    if best == 0:
+        return result, records
     kept = planned[id(plans[best])]
-    if best:
-        kept.plan.rationale += (
-            f" Blocks chosen by trial: of {len(records)} sets of {len(chosen)} blocks, each refit and briefly "
-            f"distilled, {', '.join(records[best]['blocks'])} ended closest to the baseline on the calibration images "
-            f"(KL {records[best]['kl']:.4f}; the probe's cheapest set {records[0]['kl']:.4f})."
-        )
+    kept.plan.rationale += (
+        f" Blocks chosen by trial: of {len(records)} sets of {len(chosen)} blocks, each refit and briefly "
+        f"distilled, {', '.join(records[best]['blocks'])} ended closest to the baseline on the calibration images "
+        f"(KL {records[best]['kl']:.4f}; the probe's cheapest set {records[0]['kl']:.4f})."
+    )
     return kept, records
 
 

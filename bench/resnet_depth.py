@@ -11,6 +11,7 @@ and its accuracy measured on held-out test images. Nothing is selected: every va
     .venv/bin/python bench/resnet_depth.py                   # zoo ResNet, 300 distillation steps, 2,000 test images
     .venv/bin/python bench/resnet_depth.py --steps 100 --held-out 1000 --json out.json
     .venv/bin/python bench/resnet_depth.py --steps 2000 --train 10000 --only 'stages 1, 2'   # more data, one variant
+    .venv/bin/python bench/resnet_depth.py --steps 3000 --trial-steps 200 --only stages 'every stage'   # trial KL too
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def variants_of(base: nn.Module) -> dict[str, nn.Module]:
             out[f"identity removed + stages {pair[0]}, {pair[1]} first -> shortcut"] = variant(
                 base, identity, list(pair)
             )
+    if len(projected) > 2:
+        out["every stage first -> shortcut"] = variant(base, [], projected)
     if len(projected) > 1 and identity:
         out["identity removed + every stage first -> shortcut"] = variant(base, identity, projected)
     return out
@@ -83,12 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", type=int, default=2000, help="held-out test images")
     parser.add_argument("--train", type=int, default=2000, help="training images distillation draws from")
     parser.add_argument("--only", nargs="*", default=None, help="variants whose names contain one of these")
+    parser.add_argument("--trial-steps", type=int, default=0,
+                        help="also distil a copy this many steps and report its mean KL from the unpruned model on 64 "
+                        "calibration images (the engine's block trials, 200 steps; 0: skip)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     from transformers import AutoModelForImageClassification
 
     from profiling_agent.tools.evaluation.latency import BUSY_FACTOR, measure_latency
+    from profiling_agent.tools.evaluation.metrics import mean_kl
     from profiling_agent.tools.recovery.distill import DistillConfig, distill
     from profiling_agent.tools.runtimes.forms import build_forms
 
@@ -117,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, model in models.items():
         row: dict[str, Any] = {"variant": name, "params": sum(p.numel() for p in model.parameters())}
         row["before"] = rec.accuracy(model, data["test_x"], data["test_y"])
+        if model is not base and args.trial_steps:  # what round 1's block trials score a set by
+            trial = copy.deepcopy(model)
+            distill(trial, base, batches, DistillConfig(steps=args.trial_steps, lr=args.lr))
+            with torch.inference_mode():
+                row["trial_kl"] = mean_kl(base(pixel_values=data["calib_x"]).logits,
+                                          trial.eval()(pixel_values=data["calib_x"]).logits)  # fmt: skip
         if model is not base:
             distill(model, base, batches, DistillConfig(steps=args.steps, lr=args.lr))
         row["after"] = rec.accuracy(model, data["test_x"], data["test_y"])
@@ -133,13 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "| variant | params | top-1 before | after distillation (vs unpruned) | "
         + " | ".join(f"{f} b1 / b16" for f in FORMS)
+        + (f" | KL after {args.trial_steps} steps" if args.trial_steps else "")
         + " |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|" + ("---|" if args.trial_steps else ""))
     for r in rows:
         cells = [f"{r.get(f + '_b1', float('nan')):.2f}x / {r.get(f + '_b16', float('nan')):.2f}x" for f in FORMS]
+        trial = f" | {r['trial_kl']:.4f}" if "trial_kl" in r else (" | -" if args.trial_steps else "")
         print(f"| {r['variant']} | {r['params']:,} | {r['before']:.2f}% | {r['after']:.2f}% "
-              f"({r['after'] - base_acc:+.2f} pp) | " + " | ".join(cells) + " |")  # fmt: skip
+              f"({r['after'] - base_acc:+.2f} pp) | " + " | ".join(cells) + trial + " |")  # fmt: skip
     busiest = max((v for r in rows for k, v in r.items() if k.endswith("_wall_over_cpu")), default=0.0)
     print(f"timed calls: wall time over process CPU time at most {busiest:.2f} (above {BUSY_FACTOR}: a busy machine)")
     if args.json:

@@ -109,11 +109,7 @@ def sync_device(device: torch.device) -> None:
 
 def timed_forward_ms(model: nn.Module, pixels: torch.Tensor) -> float:
     """Time one forward pass in ms (synchronizing CUDA); call under torch.inference_mode()."""
-    sync_device(pixels.device)
-    start = time.perf_counter()
-    forward_logits(model, pixels)
-    sync_device(pixels.device)
-    return (time.perf_counter() - start) * 1e3
+    return timed_calls_ms(functools.partial(forward_logits, model, pixels), 1, pixels.device)
 
 
 def native_call(model: nn.Module, pixels: torch.Tensor) -> Callable[[], Any]:

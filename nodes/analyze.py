@@ -7,6 +7,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import (
+    absolute,
     allowed_ids,
     context_of,
     event,
@@ -78,6 +79,7 @@ def block_evaluator(state: State, ctx: Context, calls: int):
     parameters or more (a distillation step costs seconds there: `recovery/policy.py`).
     """
     from profiling_agent.tools.data.train_stream import TrainBatches
+    from profiling_agent.tools.models.artifact_load import load_processor
     from profiling_agent.tools.planning.block_trials import TRIAL_STEPS
     from profiling_agent.tools.recovery.policy import LARGE_MODEL, auto_recipe
 
@@ -89,8 +91,8 @@ def block_evaluator(state: State, ctx: Context, calls: int):
     if source is None:
         return None
     lr, batch = auto_recipe(ctx.recover_lr, ctx.recover_batch, state.baseline.params, removed_blocks=1)
-    baseline = load_artifact_model(state, state.baseline)
-    batches = TrainBatches(source, baseline.processor, state.input_shape.model_dump(), state.labels.model_dump(),
+    processor = load_processor(absolute(state, state.baseline.path))  # the images' preprocessing, not the weights
+    batches = TrainBatches(source, processor, state.input_shape.model_dump(), state.labels.model_dump(),
                            batch=batch, seed=state.dataset.seed, augmentation=ctx.recover_augment)  # fmt: skip
     steps = min(TRIAL_STEPS, ctx.recover_steps) if ctx.recover_steps else TRIAL_STEPS  # never past the run's own
     return plan_evaluator(state, ctx, max_calls=calls, distill=(batches, steps, lr))

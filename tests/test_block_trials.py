@@ -162,6 +162,19 @@ def _width_buys_nothing(real):
     return table
 
 
+def test_class_ids_of_logits_are_what_predict_gives_so_a_kl_trial_needs_one_forward_pass():
+    from profiling_agent.tools.evaluation.metrics import class_ids, predict
+    from profiling_agent.tools.runtimes.forward import batched_logits
+
+    model = seeded(ViTForImageClassification, vit_config(num_hidden_layers=1))
+    pixels = torch.randn(9, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        logits = batched_logits(model, pixels, batch_size=4)
+    for allowed in (None, [1, 3], torch.tensor([0, 2, 3])):
+        assert torch.equal(class_ids(logits, allowed), predict(model, pixels, allowed_ids=allowed))
+    assert set(class_ids(logits, [1, 3]).tolist()) <= {1, 3}
+
+
 @pytest.mark.slow
 def test_a_latency_run_tries_block_sets_in_round_one_and_applies_the_closest(tmp_path, monkeypatch):
     import json

@@ -132,6 +132,12 @@ def predict_many(
     return {name: torch.cat(p) if p else torch.empty(0, dtype=torch.long) for name, p in preds.items()}
 
 
+def class_ids(logits: torch.Tensor, allowed_ids: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+    """Return the class ids `predict` gives for these logits: the argmax over the `allowed_ids` columns (None: all)."""
+    allowed = None if allowed_ids is None else torch.as_tensor(allowed_ids, dtype=torch.long).flatten().cpu()
+    return _argmax(logits.float().cpu(), allowed)
+
+
 def _argmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     if allowed is None:
         return logits.argmax(dim=1)

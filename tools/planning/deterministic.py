@@ -391,13 +391,13 @@ def plan_round(
     depth = objective.target == "latency" and any(g["kind"] == "block" for g in groups)
     ceiling = ceiling_of(history) if repeat_of is None else None
     fixed, note = None, ""
-    if depth and repeat_of is None:
+    if depth and blocks is not None:  # the given set, not one carried back from earlier rounds
+        fixed = {g["name"]: float(g["name"] in blocks) for g in groups if g["kind"] == "block"}
+    elif depth and repeat_of is None:
         estimate_of = functools.partial(estimate_reduction, groups=groups, costs=costs, target=objective.target)
         fixed, note = backed_off_blocks(history, goal, groups, latency_shares(groups, costs), sensitivity,
                                         config.max_block_fraction, estimate_of, ceiling)  # fmt: skip
         why += f"; {note}" if note else ""
-    if depth and blocks is not None:
-        fixed = {g["name"]: float(g["name"] in blocks) for g in groups if g["kind"] == "block"}
     if depth and fixed is None:
         fixed = depth_first_blocks(goal, groups, costs, sensitivity, objective.target, config)
     ratios, estimate = solve_ratios(goal, groups, costs, weights, objective.target, config, fixed)

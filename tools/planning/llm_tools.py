@@ -372,27 +372,36 @@ def make_plan_evaluator(
         on_trial: Called as on_trial(plan, model, applied rows) after that, before quantization (the analyze step
             keeps the refitted weights for the recover step: `tools/recovery/refit_cache.py`).
         with_kl: Also return `kl_to_baseline`, the mean KL divergence of the trial's logits from the baseline's on
-            the calibration images (`metrics.mean_kl`; one more forward pass of each).
+            the calibration images (`metrics.mean_kl`; the predictions then come from the same logits).
 
     Returns:
         A callable taking a plan dict and returning measured metrics.
     """
+    import torch
+
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.compression.quantization import quantize_model
     from profiling_agent.tools.compression.self_check import self_check
     from profiling_agent.tools.compression.units import as_importance
-    from profiling_agent.tools.evaluation.metrics import agreement, mean_kl, predict, top1
+    from profiling_agent.tools.evaluation.metrics import agreement, class_ids, mean_kl, predict, top1
     from profiling_agent.tools.models.sizes import count_params
     from profiling_agent.tools.runtimes.forward import batched_logits
 
     cache: dict[str, Any] = {"calls": 0}
 
+    def predictions(model) -> tuple[Any, Any]:
+        """Return the model's predictions on the calibration images, and its logits there when KL is asked for."""
+        if not with_kl:
+            return predict(model, pixels, allowed_ids=allowed_ids), None
+        with torch.inference_mode():
+            logits = batched_logits(model, pixels)
+        return class_ids(logits, allowed_ids), logits
+
     def reference() -> tuple[Any, int]:
         if "preds" not in cache:
             model = load_baseline()
-            cache["preds"] = predict(model, pixels, allowed_ids=allowed_ids)
+            cache["preds"], cache["logits"] = predictions(model)
             cache["params"] = count_params(model)
-            cache["logits"] = batched_logits(model, pixels) if with_kl else None
         return cache["preds"], cache["params"]
 
     def evaluate(plan: dict[str, Any]) -> dict[str, Any]:
@@ -411,11 +420,9 @@ def make_plan_evaluator(
                 on_trial(plan, model, report.applied)
         params = count_params(model)
         quantized, layers = quantize_model(model, plan.get("quantization") or [])
-        preds = predict(quantized, pixels, allowed_ids=allowed_ids)
+        preds, logits = predictions(quantized)
         base_acc, acc = top1(base_preds, labels), top1(preds, labels)
-        kl = {}
-        if with_kl:
-            kl["kl_to_baseline"] = mean_kl(cache["logits"], batched_logits(quantized, pixels), allowed_ids)
+        kl = {"kl_to_baseline": mean_kl(cache["logits"], logits, allowed_ids)} if with_kl else {}
         return {
             **kl,
             "images": int(len(labels)),

@@ -73,14 +73,21 @@ def _pruned(teacher: torch.nn.Module, family: str) -> torch.nn.Module:
 
 def _make_run(root: Path, ref: str, teacher: torch.nn.Module, processor: Any, mapping: dict, shape: dict) -> None:
     """Write the rows and labels of all 10,000 test images as validation (prepare_data), and the baseline."""
-    from profiling_agent.tools.data.prepare import load_prepared, prepare_images
+    from profiling_agent.tools.data.prepare import SubsetSpec, load_prepared, prepare_images
     from profiling_agent.tools.data.sources import load_split
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.models.artifacts import save_artifact
 
     test, train = load_split(ref, "test"), load_split(ref, "train")
-    prepare_images(test, processor, shape, mapping, out_path=root / "data.safetensors", subset=0, test_subset=0,
-                 calibration=16, seed=0, calibration_ds=train)  # fmt: skip
+    prepare_images(
+        test,
+        processor,
+        shape,
+        mapping,
+        out_path=root / "data.safetensors",
+        calibration_ds=train,
+        spec=SubsetSpec(subset=0, test_subset=0, calibration=16, seed=0),
+    )
     rows = load_prepared(root / "data.safetensors", with_indices=True, parts=("eval", "test", "calib"))
     split = {"validation": "test", "test": "test", "calibration": "train"}
     parts = {"validation": "eval", "test": "test", "calibration": "calib"}

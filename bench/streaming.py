@@ -101,7 +101,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from profiling_agent.tools.data.labels import map_labels
-    from profiling_agent.tools.data.prepare import load_prepared, prepare_images
+    from profiling_agent.tools.data.prepare import SubsetSpec, load_prepared, prepare_images
     from profiling_agent.tools.data.sources import load_split
     from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.evaluation.metrics import predict, predict_many
@@ -118,7 +118,12 @@ def child(args: argparse.Namespace) -> None:
     rss_ready = _rss_mb()
     start = time.perf_counter()
     info = prepare_images(
-        ds, proc, shape, mapping, out_path=run / "data.safetensors", subset=args.n, test_subset=0, calibration=16
+        ds,
+        proc,
+        shape,
+        mapping,
+        out_path=run / "data.safetensors",
+        spec=SubsetSpec(subset=args.n, test_subset=0, calibration=16),
     )
     prepare_s = time.perf_counter() - start
     data = open_prepared(info["path"], {"eval": ds, "calib": ds}, proc)
@@ -189,7 +194,7 @@ def zoo_child(args: argparse.Namespace) -> None:
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     from profiling_agent.tools.data.labels import map_labels
-    from profiling_agent.tools.data.prepare import load_prepared, prepare_images
+    from profiling_agent.tools.data.prepare import SubsetSpec, load_prepared, prepare_images
     from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.evaluation.metrics import predict
 
@@ -206,7 +211,9 @@ def zoo_child(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {"model": args.model}
 
     def prepared(subset: int, name: str) -> dict:
-        info = prepare_images(ds, proc, shape, mapping, out_path=run / name, subset=subset, calibration=16)
+        info = prepare_images(
+            ds, proc, shape, mapping, out_path=run / name, spec=SubsetSpec(subset=subset, calibration=16)
+        )
         return open_prepared(info["path"], {"eval": ds, "calib": ds}, proc)
 
     with torch.inference_mode():
@@ -218,7 +225,9 @@ def zoo_child(args: argparse.Namespace) -> None:
         return time.perf_counter() - start, result
 
     def old_prepare() -> torch.Tensor:  # the old path: every image preprocessed into one float32 tensor, saved
-        info = prepare_images(ds, proc, shape, mapping, out_path=run / "old.safetensors", subset=1000, calibration=16)
+        info = prepare_images(
+            ds, proc, shape, mapping, out_path=run / "old.safetensors", spec=SubsetSpec(subset=1000, calibration=16)
+        )
         pixels = old_float_pixels(ds, load_prepared(info["path"], with_indices=True)["eval_index"], proc, shape)
         save_file({"eval_pixels": pixels}, str(run / "old_float32.safetensors"))
         return pixels

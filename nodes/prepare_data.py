@@ -12,7 +12,7 @@ from profiling_agent.state import Context, State
 
 def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Draw every role's rows (disjoint by construction), decode each image once, refuse data that cannot judge."""
-    from profiling_agent.tools.data.prepare import PARTS, load_prepared, prepare_images
+    from profiling_agent.tools.data.prepare import PARTS, SubsetSpec, load_prepared, prepare_images
     from profiling_agent.tools.data.roles import judge_subsets, role_sources
     from profiling_agent.tools.io import write_json_atomic
 
@@ -27,13 +27,15 @@ def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         loaded.processor,
         state.input_shape.model_dump(),
         state.labels.model_dump(),
-        subset=ds_ref.subset,
-        test_subset=ds_ref.test_subset,
-        calibration=ds_ref.calibration,
-        seed=ds_ref.seed,
         out_path=root / "data.safetensors",
-        image_column=state.labels.image_column,
-        label_column=state.labels.label_column,
+        spec=SubsetSpec(
+            subset=ds_ref.subset,
+            calibration=ds_ref.calibration,
+            seed=ds_ref.seed,
+            test_subset=ds_ref.test_subset,
+            image_column=state.labels.image_column,
+            label_column=state.labels.label_column,
+        ),
         calibration_ds=sources.calibration,
         test_ds=sources.test,
     )

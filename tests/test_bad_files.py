@@ -11,7 +11,7 @@ from PIL import Image as PILImage
 
 from profiling_agent.graph.cli.main import main
 from profiling_agent.tools.data.labels import map_labels
-from profiling_agent.tools.data.prepare import decode_all, prepare_images
+from profiling_agent.tools.data.prepare import SubsetSpec, decode_all, prepare_images
 from profiling_agent.tools.data.sources import DataError, load_split
 from profiling_agent.tools.hub import ModelLoadError
 
@@ -92,9 +92,13 @@ def test_grayscale_images_for_an_rgb_model_are_converted_with_a_warning(tmp_path
     ds = load_split(str(root), None)
     mapping = map_labels(["a", "b"], {0: "a", 1: "b"})
     shape = {"channels": 3, "height": 8, "width": 8}
-    info = prepare_images(ds, None, shape, mapping, out_path=tmp_path / "d.safetensors", subset=8, calibration=4)
+    info = prepare_images(
+        ds, None, shape, mapping, out_path=tmp_path / "d.safetensors", spec=SubsetSpec(subset=8, calibration=4)
+    )
     assert info["warnings"] == ["12 of 12 images are grayscale: converted to RGB for the 3-channel model"]
-    gray = prepare_images(ds, None, {**shape, "channels": 1}, mapping, out_path=tmp_path / "g.safetensors", subset=8)
+    gray = prepare_images(
+        ds, None, {**shape, "channels": 1}, mapping, out_path=tmp_path / "g.safetensors", spec=SubsetSpec(subset=8)
+    )
     assert gray["warnings"] == []  # a one-channel model: nothing is converted
 
 
@@ -184,7 +188,9 @@ def test_an_image_spoilt_after_prepare_data_is_named_when_streamed(tmp_path):
     ds = load_split(str(root), None)
     mapping = map_labels(["a", "b"], {0: "a", 1: "b"})
     shape = {"channels": 1, "height": 8, "width": 8}
-    info = prepare_images(ds, None, shape, mapping, out_path=tmp_path / "d.safetensors", subset=8, calibration=4)
+    info = prepare_images(
+        ds, None, shape, mapping, out_path=tmp_path / "d.safetensors", spec=SubsetSpec(subset=8, calibration=4)
+    )
     opened = open_prepared(info["path"], {"eval": ds, "calib": ds}, None, with_indices=True, materialize=())
     row = int(opened["eval_index"][3])
     bad = root / ("a" if row < 10 else "b") / f"{row % 10:03d}.png"

@@ -9,7 +9,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from PIL import Image as PILImage
 
 from profiling_agent.tools.data.labels import map_labels, mapping_table, wnids_from_config
-from profiling_agent.tools.data.prepare import load_prepared, prepare_images, preprocess_images
+from profiling_agent.tools.data.prepare import SubsetSpec, load_prepared, prepare_images, preprocess_images
 from profiling_agent.tools.data.sources import DataError, detect_columns, label_names, load_split
 from profiling_agent.tools.data.stream import ImageStream, open_prepared
 
@@ -279,11 +279,11 @@ def test_preprocess_channel_conversion_and_processor_resize():
 def test_prepare_data_seeded_disjoint_and_mapped(tmp_path):
     ds = _dataset(40)
     mapping = map_labels(["cat", "dog", "bird"], {0: "bird", 1: "cat", 2: "dog", 3: "fish"})
-    kwargs = dict(subset=16, calibration=8, seed=7)
-    info = prepare_images(ds, None, SHAPE, mapping, out_path=tmp_path / "a.safetensors", **kwargs)
-    again = prepare_images(ds, None, SHAPE, mapping, out_path=tmp_path / "b.safetensors", **kwargs)
+    spec = SubsetSpec(subset=16, calibration=8, seed=7)
+    info = prepare_images(ds, None, SHAPE, mapping, out_path=tmp_path / "a.safetensors", spec=spec)
+    again = prepare_images(ds, None, SHAPE, mapping, out_path=tmp_path / "b.safetensors", spec=spec)
     other = prepare_images(
-        ds, None, SHAPE, mapping, out_path=tmp_path / "c.safetensors", subset=16, calibration=8, seed=8
+        ds, None, SHAPE, mapping, out_path=tmp_path / "c.safetensors", spec=SubsetSpec(subset=16, calibration=8, seed=8)
     )
     assert (info["n_eval"], info["n_calib"], info["note"]) == (16, 8, "")
     assert info["image_column"] == "image" and info["label_column"] == "label"
@@ -321,9 +321,7 @@ def test_prepare_data_with_processor_matches_processor(tmp_path):
         SHAPE,
         _identity_mapping(["cat", "dog", "bird"]),
         out_path=tmp_path / "p.safetensors",
-        subset=5,
-        calibration=4,
-        seed=0,
+        spec=SubsetSpec(subset=5, calibration=4, seed=0),
     )
     data = open_prepared(info["path"], {"eval": ds, "calib": ds}, processor, with_indices=True)
     row = int(data["eval_index"][0])
@@ -338,9 +336,7 @@ def test_prepare_data_small_split_shrinks_validation_never_overlaps(tmp_path):
         SHAPE,
         _identity_mapping(["cat", "dog", "bird"]),
         out_path=tmp_path / "s.safetensors",
-        subset=8,
-        calibration=4,
-        seed=0,
+        spec=SubsetSpec(subset=8, calibration=4, seed=0),
     )
     assert (info["n_eval"], info["n_calib"]) == (6, 4)  # calibration keeps its minimum; validation gives way
     assert info["calib_overlaps_eval"] is False and "6 validation (of 8 asked)" in info["note"]
@@ -352,7 +348,12 @@ def test_prepare_data_holds_out_a_test_subset_loaded_only_when_asked(tmp_path):
     ds = _dataset(40)
     mapping = _identity_mapping(["cat", "dog", "bird"])
     info = prepare_images(
-        ds, None, SHAPE, mapping, out_path=tmp_path / "t.safetensors", subset=16, test_subset=12, calibration=8
+        ds,
+        None,
+        SHAPE,
+        mapping,
+        out_path=tmp_path / "t.safetensors",
+        spec=SubsetSpec(subset=16, test_subset=12, calibration=8),
     )
     assert (info["n_eval"], info["n_test"], info["n_calib"]) == (16, 12, 8)
     default = open_prepared(info["path"], {"eval": ds, "calib": ds}, None, with_indices=True)
@@ -369,9 +370,9 @@ def test_prepare_data_holds_out_a_test_subset_loaded_only_when_asked(tmp_path):
 
 
 def _plain(ds, mapping, tmp_path):
-    return prepare_images(ds, None, SHAPE, mapping, out_path=tmp_path / "p.safetensors", subset=16, calibration=8)[
-        "path"
-    ]
+    return prepare_images(
+        ds, None, SHAPE, mapping, out_path=tmp_path / "p.safetensors", spec=SubsetSpec(subset=16, calibration=8)
+    )["path"]
 
 
 def test_prepare_data_rejects_unlabelled(tmp_path):
@@ -383,9 +384,7 @@ def test_prepare_data_rejects_unlabelled(tmp_path):
             SHAPE,
             {"dataset_to_model": {}},
             out_path=tmp_path / "u.safetensors",
-            subset=4,
-            calibration=2,
-            seed=0,
+            spec=SubsetSpec(subset=4, calibration=2, seed=0),
         )
 
 

@@ -25,15 +25,21 @@ def make_run(
     root: Path, ref: str, model: torch.nn.Module, processor, subset: int = 200, test_subset: int = 100
 ) -> Path:
     """Write what prepare_data writes (rows, labels, subsets.json) and the baseline artifact into `root`."""
-    from profiling_agent.tools.data.prepare import load_prepared, prepare_images
+    from profiling_agent.tools.data.prepare import SubsetSpec, load_prepared, prepare_images
     from profiling_agent.tools.data.sources import load_split
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.models.artifacts import save_artifact
 
     root.mkdir(parents=True, exist_ok=True)
     ds = load_split(ref, "test")
-    prepare_images(ds, processor, SHAPE, MAPPING, out_path=root / "data.safetensors", subset=subset,
-                 test_subset=test_subset, calibration=16, seed=0)  # fmt: skip
+    prepare_images(
+        ds,
+        processor,
+        SHAPE,
+        MAPPING,
+        out_path=root / "data.safetensors",
+        spec=SubsetSpec(subset=subset, test_subset=test_subset, calibration=16, seed=0),
+    )
     rows = load_prepared(root / "data.safetensors", with_indices=True, parts=("eval", "test", "calib"))
     roles = {"validation": "eval", "test": "test", "calibration": "calib"}
     subsets = {role: {"split": "test", "indices": rows[f"{part}_index"].tolist()} for role, part in roles.items()}

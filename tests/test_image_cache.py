@@ -8,7 +8,7 @@ import torch
 
 from profiling_agent.tools.data import image_cache
 from profiling_agent.tools.data.labels import map_labels
-from profiling_agent.tools.data.prepare import prepare_images
+from profiling_agent.tools.data.prepare import SubsetSpec, prepare_images
 from profiling_agent.tools.data.preprocess import Preprocessing, preprocess_images
 from profiling_agent.tools.data.stream import open_prepared
 
@@ -42,7 +42,9 @@ def _open(digits, processor, path, **kw):
 def _prepared(digits, processor, tmp_path, subset=64):
     names = digits.features["label"].names
     mapping = map_labels(names, dict(enumerate(names)))
-    return prepare_images(digits, processor, SHAPE, mapping, out_path=tmp_path / "d.safetensors", subset=subset)["path"]
+    return prepare_images(
+        digits, processor, SHAPE, mapping, out_path=tmp_path / "d.safetensors", spec=SubsetSpec(subset=subset)
+    )["path"]
 
 
 def test_a_second_pass_reads_shards_and_sees_the_same_pixels(digits, processor, tmp_path, small_shards, count_decoded):

@@ -9,7 +9,7 @@ from PIL import Image as PILImage
 
 from profiling_agent.state import DatasetRef
 from profiling_agent.tools.data.labels import map_labels
-from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES, load_prepared, prepare_images
+from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES, SubsetSpec, load_prepared, prepare_images
 from profiling_agent.tools.data.roles import check_classes, check_judgeable, role_sources, subsets_record, weak_reasons
 from profiling_agent.tools.data.sources import DataError, has_splits, load_split
 from profiling_agent.tools.data.train_stream import find_train_source
@@ -63,12 +63,9 @@ def _prepare(tmp_path, ref: DatasetRef):
         SHAPE,
         map_labels(list(NAMES), dict(enumerate(NAMES))),
         out_path=out,
-        subset=ref.subset,
-        test_subset=ref.test_subset,
-        calibration=ref.calibration,
-        seed=ref.seed,
         calibration_ds=sources.calibration,
         test_ds=sources.test,
+        spec=SubsetSpec(subset=ref.subset, test_subset=ref.test_subset, calibration=ref.calibration, seed=ref.seed),
     )
     tensors = load_prepared(out, with_indices=True, parts=PARTS)
     rows = {ROLE_NAMES[p]: tensors[f"{p}_index"].numpy() for p in PARTS}

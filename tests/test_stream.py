@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from profiling_agent.tools.data.labels import map_labels
-from profiling_agent.tools.data.prepare import load_prepared, prepare_images, preprocess_images
+from profiling_agent.tools.data.prepare import SubsetSpec, load_prepared, prepare_images, preprocess_images
 from profiling_agent.tools.data.sources import DataError
 from profiling_agent.tools.data.stream import ImageStream, open_prepared
 from profiling_agent.tools.evaluation.metrics import predict, predict_many
@@ -28,7 +28,9 @@ def _old_float_path(ds, rows, processor):
 
 
 def test_streamed_batches_equal_the_old_preprocessing_and_predictions(digits, processor, tiny_vit, tmp_path):
-    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=150)
+    info = prepare_images(
+        digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", spec=SubsetSpec(subset=150)
+    )
     data = open_prepared(info["path"], {"eval": digits, "calib": digits}, processor, with_indices=True)
     stream = data["eval_pixels"]
     old = _old_float_path(digits, data["eval_index"].numpy(), processor)
@@ -40,7 +42,9 @@ def test_streamed_batches_equal_the_old_preprocessing_and_predictions(digits, pr
 
 
 def test_same_images_in_the_same_order_every_pass_threads_or_workers(digits, processor, tmp_path):
-    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=40)
+    info = prepare_images(
+        digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", spec=SubsetSpec(subset=40)
+    )
     stream = open_prepared(info["path"], {"eval": digits, "calib": digits}, processor)["eval_pixels"]
     first, second = torch.cat(list(stream.batches(16))), torch.cat(list(stream.batches(16)))
     assert torch.equal(first, second)
@@ -48,7 +52,9 @@ def test_same_images_in_the_same_order_every_pass_threads_or_workers(digits, pro
     assert torch.equal(torch.cat(list(stream.batches(16))), first)
     assert torch.equal(stream[8:24], first[8:24])  # slices are the same images
     # the same seed draws the same rows: a second preparation streams exactly these pixels
-    again = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "e.safetensors", subset=40)
+    again = prepare_images(
+        digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "e.safetensors", spec=SubsetSpec(subset=40)
+    )
     other = open_prepared(again["path"], {"eval": digits, "calib": digits}, processor)["eval_pixels"]
     assert torch.equal(torch.cat(list(other.batches(40))), first)
 
@@ -57,7 +63,12 @@ def test_the_prepared_file_holds_no_float_copy_of_the_images(digits, processor, 
     from safetensors import safe_open
 
     info = prepare_images(
-        digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=200, test_subset=100
+        digits,
+        processor,
+        SHAPE,
+        _mapping(digits),
+        out_path=tmp_path / "d.safetensors",
+        spec=SubsetSpec(subset=200, test_subset=100),
     )
     with safe_open(info["path"], framework="pt") as handle:
         dtypes = {key: handle.get_slice(key).get_dtype() for key in handle.keys()}
@@ -75,9 +86,7 @@ def test_subset_all_is_the_split_minus_test_and_calibration_rows(digits, process
         SHAPE,
         _mapping(digits),
         out_path=tmp_path / "d.safetensors",
-        subset=0,
-        test_subset=100,
-        calibration=32,
+        spec=SubsetSpec(subset=0, test_subset=100, calibration=32),
     )
     parts = ("eval", "test", "calib")
     rows = {p: set(load_prepared(info["path"], with_indices=True, parts=parts)[f"{p}_index"].tolist()) for p in parts}
@@ -98,7 +107,9 @@ def test_cli_subset_all_and_bad_counts():
 
 
 def test_a_changed_dataset_is_refused(digits, processor, tmp_path):
-    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=40)
+    info = prepare_images(
+        digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", spec=SubsetSpec(subset=40)
+    )
     with pytest.raises(DataError, match="the dataset changed"):
         open_prepared(info["path"], {"eval": digits.select(range(300)), "calib": digits}, processor)
     shuffled = digits.select(np.random.default_rng(1).permutation(len(digits)).tolist())
@@ -112,7 +123,9 @@ def test_predict_many_one_pass_parallel_equals_one_model_at_a_time(digits, proce
     other = copy.deepcopy(tiny_vit)
     with torch.no_grad():
         other.classifier.weight.mul_(-1)
-    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=64)
+    info = prepare_images(
+        digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", spec=SubsetSpec(subset=64)
+    )
     stream = open_prepared(info["path"], {"eval": digits, "calib": digits}, processor)["eval_pixels"]
     models = {"a": tiny_vit, "b": other}
     alone = {name: predict(m, stream, batch_size=16) for name, m in models.items()}
@@ -131,13 +144,20 @@ def test_an_unusable_image_fails_at_preparation(processor, tmp_path):
     )
     with pytest.raises(DataError, match="unsupported image value"):
         prepare_images(
-            ds, processor, SHAPE, _mapping(ds), out_path=tmp_path / "d.safetensors", subset=8, image_column="image"
+            ds,
+            processor,
+            SHAPE,
+            _mapping(ds),
+            out_path=tmp_path / "d.safetensors",
+            spec=SubsetSpec(subset=8, image_column="image"),
         )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_gpu_accuracy_pass_matches_the_cpu(digits, processor, tiny_vit, tmp_path):  # pragma: no cover - GPU only
-    info = prepare_images(digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", subset=128)
+    info = prepare_images(
+        digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "d.safetensors", spec=SubsetSpec(subset=128)
+    )
     stream = open_prepared(info["path"], {"eval": digits, "calib": digits}, processor)["eval_pixels"]
     cpu = predict(tiny_vit, stream, batch_size=64, device="cpu")
     gpu = predict(tiny_vit, stream, batch_size=128, device="cuda")

@@ -149,10 +149,15 @@ def _drop_blocks(
     for group in drop:
         report.applied.append(
             PrunedGroup(
-                group=group.name, module=group.module, kind="block", ratio=1.0, units_before=1, units_after=0,
+                group=group.name,
+                module=group.module,
+                kind="block",
+                ratio=1.0,
+                units_before=1,
+                units_after=0,
                 removed=[0],
             )
-        )  # fmt: skip
+        )
     return kept, (moved if chosen is not None else None), renamed
 
 

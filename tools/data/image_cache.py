@@ -35,10 +35,15 @@ def cache_key(rows: np.ndarray, processor: Any | None, shape: Mapping[str, Any])
     """Return a short digest of what the cached pixels depend on: the rows, the processor's settings, the shape."""
     settings = processor.to_dict() if processor is not None and hasattr(processor, "to_dict") else repr(processor)
     blob = json.dumps(
-        {"format": FORMAT, "rows": hashlib.sha256(np.ascontiguousarray(rows, np.int64).tobytes()).hexdigest(),
-         "processor": settings, "shape": dict(shape)},
-        sort_keys=True, default=str,
-    )  # fmt: skip
+        {
+            "format": FORMAT,
+            "rows": hashlib.sha256(np.ascontiguousarray(rows, np.int64).tobytes()).hexdigest(),
+            "processor": settings,
+            "shape": dict(shape),
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.preprocess import preprocess_images
 from profiling_agent.tools.data.sources import DataError, detect_columns, label_indexer, label_names, name_listing
-from profiling_agent.tools.data.subsets import draw_subsets
+from profiling_agent.tools.data.subsets import Subsets, draw_subsets
 from profiling_agent.tools.io import sha256_file, write_bytes_atomic
 from profiling_agent.tools.text import one_line
 
@@ -100,6 +101,92 @@ def _labels(
     return torch.tensor(out, dtype=torch.long)
 
 
+@dataclass(frozen=True)
+class SubsetSpec:
+    """What prepare_images draws: the size of each role, the seed of the draw and the columns it reads.
+
+    Attributes:
+        subset: Validation samples (0: every row of the split outside the test and calibration subsets).
+        calibration: Calibration samples.
+        seed: Seed of every draw.
+        test_subset: Held-out test samples (0: none).
+        image_column: Image column (detected when None).
+        label_column: Label column (detected when None).
+    """
+
+    subset: int = 512
+    calibration: int = 64
+    seed: int = 0
+    test_subset: int = 0
+    image_column: str | None = None
+    label_column: str | None = None
+
+
+@dataclass
+class _Roles:
+    """What reading every role's rows gave: the tensors to store, and what the checks found."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)  # rows of each role's source split
+    digests: dict[str, str] = field(default_factory=dict)  # raw labels at the drawn rows
+    gray: int = 0  # grayscale images, before any conversion
+    notes: set[str] = field(default_factory=set)  # conversions preprocessing made
+
+
+def _draw(ds: Any, test_src: Any, calib_src: Any, spec: SubsetSpec) -> Subsets:
+    """Draw the three roles' rows from one seeded permutation (the other splits' rows when they come from one)."""
+    n = len(ds)
+    return draw_subsets(
+        n,
+        val=spec.subset if spec.subset > 0 else n,
+        test=spec.test_subset,
+        calib=spec.calibration,
+        seed=spec.seed,
+        test_rows=len(test_src) if test_src is not ds else None,
+        calib_rows=len(calib_src) if calib_src is not ds else None,
+        val_all=spec.subset <= 0,
+    )
+
+
+def _read_roles(
+    parts: Mapping[str, tuple[Any, np.ndarray]],
+    columns: tuple[str, str],
+    names: list[str],
+    table: dict[int, int],
+    processor: Any | None,
+    shape: Mapping[str, Any],
+) -> _Roles:
+    """Map each role's labels, digest them, decode every image once and preprocess a few (failing early)."""
+    image_column, label_column = columns
+    roles = _Roles()
+    for name, (src, idx) in parts.items():
+        to_index = label_indexer(src, label_column, names)
+        roles.tensors[f"{name}_labels"] = _labels(src, idx, label_column, to_index, table)
+        roles.tensors[f"{name}_index"] = torch.from_numpy(idx.astype(np.int64))
+        roles.rows[name], roles.digests[name] = len(src), raw_labels_digest(src, label_column, idx)
+        roles.gray += decode_all(src, idx, image_column, ROLE_NAMES[name])
+        _check_images(src, idx, image_column, processor, shape, roles.notes)
+    return roles
+
+
+def _warnings(drawn: Subsets, gray: int, channels: int) -> list[str]:
+    """Return what the console must say: grayscale images converted for an RGB model."""
+    if not gray or channels != 3:
+        return []
+    total = len(drawn.val) + len(drawn.test) + len(drawn.calib)
+    return [f"{gray} of {total} images are grayscale: converted to RGB for the 3-channel model"]
+
+
+def _note(drawn: Subsets, test_src: Any, calib_src: Any, ds: Any, notes: set[str]) -> str:
+    """Say what had to give in the draw, which roles come from another split, and the conversions made."""
+    where = []
+    if test_src is not ds:
+        where.append(f"test images from another split ({len(drawn.test)} of {len(test_src)})")
+    if calib_src is not ds:
+        where.append(f"calibration images drawn from another split ({len(drawn.calib)} of {len(calib_src)})")
+    return "; ".join(x for x in [drawn.note, *where, *sorted(notes)] if x)
+
+
 def prepare_images(
     ds: Any,
     processor: Any | None,
@@ -107,12 +194,7 @@ def prepare_images(
     mapping: Mapping[str, Any],
     *,
     out_path: str | Path,
-    subset: int = 512,
-    calibration: int = 64,
-    seed: int = 0,
-    test_subset: int = 0,
-    image_column: str | None = None,
-    label_column: str | None = None,
+    spec: SubsetSpec = SubsetSpec(),
     calibration_ds: Any | None = None,
     test_ds: Any | None = None,
 ) -> dict[str, Any]:
@@ -131,12 +213,7 @@ def prepare_images(
         shape: {"channels", "height", "width"} from resolve_input_shape.
         mapping: The dict returned by map_labels for this dataset's label names.
         out_path: Where to write the .safetensors file (atomically).
-        subset: Validation samples (0: every row of the split outside the test and calibration subsets).
-        calibration: Calibration samples.
-        seed: Seed of every draw.
-        test_subset: Held-out test samples (0: none).
-        image_column: Image column (detected when None).
-        label_column: Label column (detected when None).
+        spec: Subset sizes, seed and columns (`SubsetSpec`).
         calibration_ds: Another split (same columns and labels) to draw the calibration images from.
         test_ds: Another split (same columns and labels) to draw the test images from.
 
@@ -148,51 +225,20 @@ def prepare_images(
     Raises:
         DataError: Empty split, unlabelled samples, an image that does not decode (named), unusable columns.
     """
-    image_column, label_column = detect_columns(ds, image_column, label_column)
-    n = len(ds)
-    if n == 0:
+    image_column, label_column = detect_columns(ds, spec.image_column, spec.label_column)
+    if len(ds) == 0:
         raise DataError("the split is empty")
     names = label_names(ds, label_column)
     test_src = test_ds if test_ds is not None and len(test_ds) > 0 else ds
     calib_src = calibration_ds if calibration_ds is not None and len(calibration_ds) > 0 else ds
-    drawn = draw_subsets(
-        n,
-        val=subset if subset > 0 else n,
-        test=test_subset,
-        calib=calibration,
-        seed=seed,
-        test_rows=len(test_src) if test_src is not ds else None,
-        calib_rows=len(calib_src) if calib_src is not ds else None,
-        val_all=subset <= 0,
-    )
-    table = mapping_table(mapping)
+    drawn = _draw(ds, test_src, calib_src, spec)
     parts = {"eval": (ds, drawn.val), "test": (test_src, drawn.test), "calib": (calib_src, drawn.calib)}
-    notes: set[str] = set()
-    gray = 0
-    tensors: dict[str, torch.Tensor] = {}
-    rows: dict[str, int] = {}
-    digests: dict[str, str] = {}
-    for name, (src, idx) in parts.items():
-        to_index = label_indexer(src, label_column, names)
-        tensors[f"{name}_labels"] = _labels(src, idx, label_column, to_index, table)
-        tensors[f"{name}_index"] = torch.from_numpy(idx.astype(np.int64))
-        rows[name], digests[name] = len(src), raw_labels_digest(src, label_column, idx)
-        gray += decode_all(src, idx, image_column, ROLE_NAMES[name])
-        _check_images(src, idx, image_column, processor, shape, notes)
-    warnings = []
-    if gray and int(shape["channels"]) == 3:
-        total = len(drawn.val) + len(drawn.test) + len(drawn.calib)
-        warnings.append(f"{gray} of {total} images are grayscale: converted to RGB for the 3-channel model")
-    where = []
-    if test_src is not ds:
-        where.append(f"test images from another split ({len(drawn.test)} of {len(test_src)})")
-    if calib_src is not ds:
-        where.append(f"calibration images drawn from another split ({len(drawn.calib)} of {len(calib_src)})")
-    note = "; ".join(x for x in [drawn.note, *where, *sorted(notes)] if x)
+    roles = _read_roles(parts, (image_column, label_column), names, mapping_table(mapping), processor, shape)
+    note = _note(drawn, test_src, calib_src, ds, roles.notes)
     shape_list = [int(shape["channels"]), int(shape["height"]), int(shape["width"])]
-    meta = {"seed": seed, "shape": shape_list, "note": note, "image_column": image_column}
-    meta.update(label_column=label_column, rows=rows, labels_sha256=digests)
-    save_tensors(out_path, tensors, meta)
+    meta = {"seed": spec.seed, "shape": shape_list, "note": note, "image_column": image_column}
+    meta.update(label_column=label_column, rows=roles.rows, labels_sha256=roles.digests)
+    save_tensors(out_path, roles.tensors, meta)
     logger.info(
         "prepared %d validation, %d test and %d calibration images at %s",
         len(drawn.val),
@@ -210,12 +256,12 @@ def prepare_images(
         "label_names": names,
         "note": note,
         "shape": shape_list,
-        "seed": seed,
+        "seed": spec.seed,
         "calib_overlaps_eval": False,
         "test_other_split": test_src is not ds,
         "calib_other_split": calib_src is not ds,
         "sha256": sha256_file(out_path),
-        "warnings": warnings,
+        "warnings": _warnings(drawn, roles.gray, int(shape["channels"])),
     }
 
 

@@ -112,8 +112,9 @@ class Preprocessing:
         pil = [_to_pil(image, self.mode) for image in images]
         if self.processor is None:
             return self._fallback_geometry(pil)
-        pixels = self._call(pil, "the image processor cannot leave out normalization", do_rescale=False,
-                            do_normalize=False)  # fmt: skip
+        pixels = self._call(
+            pil, "the image processor cannot leave out normalization", do_rescale=False, do_normalize=False
+        )
         if pixels.dtype != torch.uint8:
             if pixels.numel() and (pixels.min() < 0 or pixels.max() > 255 or not torch.equal(pixels, pixels.round())):
                 raise DataError("the image processor resizes to fractional values: it cannot be cached as uint8")

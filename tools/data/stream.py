@@ -310,9 +310,16 @@ def open_prepared(
         ds, rows = sources[part], stored[f"{part}_index"]
         _check_source(ds, part, rows, meta)
         stream = ImageStream(
-            ds, rows.numpy(), stored[f"{part}_labels"], image_column=column, processor=processor, shape=shape,
-            workers=workers, cache_dir=Path(path).parent / CACHE_FOLDER if cache else None, role=ROLES[part],
-        )  # fmt: skip
+            ds,
+            rows.numpy(),
+            stored[f"{part}_labels"],
+            image_column=column,
+            processor=processor,
+            shape=shape,
+            workers=workers,
+            cache_dir=Path(path).parent / CACHE_FOLDER if cache else None,
+            role=ROLES[part],
+        )
         out[f"{part}_pixels"] = stream.materialize() if part in materialize else stream
         out[f"{part}_labels"] = stored[f"{part}_labels"]
         if with_indices:

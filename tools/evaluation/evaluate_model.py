@@ -37,7 +37,7 @@ def evaluate_model(
     import torch
 
     from profiling_agent.tools.data.labels import map_labels, wnids_from_config
-    from profiling_agent.tools.data.prepare import prepare_images
+    from profiling_agent.tools.data.prepare import SubsetSpec, prepare_images
     from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
     from profiling_agent.tools.data.stream import open_prepared
     from profiling_agent.tools.device import measure_device
@@ -67,12 +67,8 @@ def evaluate_model(
         loaded.processor,
         shape,
         mapping,
-        subset=subset,
-        calibration=0,
-        seed=seed,
         out_path=work_dir / "data.safetensors",
-        image_column=image_col,
-        label_column=label_col,
+        spec=SubsetSpec(subset=subset, calibration=0, seed=seed, image_column=image_col, label_column=label_col),
     )
     tensors = open_prepared(prepared["path"], {"eval": dataset, "calib": dataset}, loaded.processor)
     quantized = any("quantized" in type(m).__module__ for m in model.modules())

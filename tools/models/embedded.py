@@ -166,9 +166,14 @@ def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainC
             last_log, spent = now, now - began
             logger.info(
                 "training %s: %d%% (epoch %d/%d, loss %.3f), %.0f s so far, about %.0f s left",
-                name or "the model", 100 * step // total, epoch + 1, cfg.epochs, float(loss.detach()), spent,
+                name or "the model",
+                100 * step // total,
+                epoch + 1,
+                cfg.epochs,
+                float(loss.detach()),
+                spent,
                 spent * (total - step) / step,
-            )  # fmt: skip
+            )
 
     schedule = (int(cfg.epochs or 0), cfg.batch_size, float(cfg.lr or 0.0), cfg.weight_decay, cfg.warmup_fraction)
     augment = (lambda xb, gen: _augment(xb, cfg.shift, gen)) if cfg.shift > 0 else None

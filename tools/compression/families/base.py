@@ -82,9 +82,16 @@ def head_group(
         extra["per_head_params"] = [f"{attn}.{param}" for param in per_head]
     members = (q, k, v, o, *(f"{attn}.{child}" for child in shrinking))
     return PrunableGroup(
-        name=name, kind="head", module=attn, roots=(q, k, v), members=members, units=heads, unit_size=head_dim,
-        block=block, extra=extra,
-    )  # fmt: skip
+        name=name,
+        kind="head",
+        module=attn,
+        roots=(q, k, v),
+        members=members,
+        units=heads,
+        unit_size=head_dim,
+        block=block,
+        extra=extra,
+    )
 
 
 def block_group(name: str, block: str, stack_blocks: int) -> PrunableGroup:
@@ -96,9 +103,16 @@ def block_group(name: str, block: str, stack_blocks: int) -> PrunableGroup:
         stack_blocks: Blocks in its stack, removable or not (what `depth.block_limits` takes a fraction of).
     """
     return PrunableGroup(
-        name=name, kind="block", module=block, roots=(), members=(block,), units=1, min_units=0, block=block,
+        name=name,
+        kind="block",
+        module=block,
+        roots=(),
+        members=(block,),
+        units=1,
+        min_units=0,
+        block=block,
         extra={"stack_blocks": stack_blocks},
-    )  # fmt: skip
+    )
 
 
 class FamilyAdapter:

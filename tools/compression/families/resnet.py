@@ -98,9 +98,11 @@ class ResNetAdapter(FamilyAdapter):
         swap = [b for b in blocks if b in groups and replaces(groups[b])]
         allowed = {m for m, g in groups.items() if not replaces(g)}
         renamed = drop_stage_blocks(
-            model, [b for b in blocks if b not in swap], allowed,
+            model,
+            [b for b in blocks if b not in swap],
+            allowed,
             "only blocks after a stage's first with identity shortcuts go; a stage's first is replaced by its shortcut",
-        )  # fmt: skip
+        )
         replace_with_shortcut(model, [renamed.get(b, b) for b in swap])
         return renamed
 

@@ -115,7 +115,7 @@ def _save_and_check(model: torch.nn.Module, folder: Path, pixels: torch.Tensor, 
 
 def measure_family(name: str, work: Path, *, warmup: int, repeats: int) -> dict[str, Any]:
     """Build, prune, quantize, save and time the four variants of one family side by side."""
-    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.compression.pruning import PruneGuard, prune_model
     from profiling_agent.tools.compression.quantization import quantize_model
     from profiling_agent.tools.compression.self_check import self_check
     from profiling_agent.tools.evaluation.latency import measure_latency
@@ -133,7 +133,7 @@ def measure_family(name: str, work: Path, *, warmup: int, repeats: int) -> dict[
     say(f"[{name}] pruning with plan {arch.plan}")
     pruned = copy.deepcopy(fp32)
     t0 = time.perf_counter()
-    report = prune_model(pruned, arch.plan, pixels[:1], verify=True)
+    report = prune_model(pruned, arch.plan, pixels[:1], guard=PruneGuard(verify=True))
     self_check(pruned, pixels[:2], 1000)
     phases["prune"] = time.perf_counter() - t0
     say(f"[{name}] quantizing (dynamic qint8, every nn.Linear)")

@@ -14,7 +14,7 @@ from torch import nn
 from toy_models import all_logits
 
 from profiling_agent.tools.compression.families import adapter_for
-from profiling_agent.tools.compression.pruning import prune_model
+from profiling_agent.tools.compression.pruning import PruneGuard, prune_model
 from profiling_agent.tools.compression.quantization import quantize_model
 from profiling_agent.tools.compression.self_check import self_check
 from profiling_agent.tools.compression.units import PruneError
@@ -86,6 +86,7 @@ FAMILIES = {
     "resnet_basic": (lambda: _resnet("basic"), (2, 3, 32, 32), "resnet", ("structured",)),
 }
 NUM_LABELS = 7
+VERIFY = PruneGuard(verify=True)  # the pruned logits must equal the masked unpruned model's
 
 
 def _build(family: str) -> nn.Module:
@@ -134,8 +135,8 @@ def test_prune_quantize_save_reload(family, kinds, ratio, tmp_path):
     entries = _entries(kinds, ratio)
     estimate = estimate_pruning(model, entries, pixels)
 
-    # verify=True: the pruned logits must equal the unpruned model's with the removed units masked
-    report = prune_model(model, entries, pixels, verify=True)
+    # verified: the pruned logits must equal the unpruned model's with the removed units masked
+    report = prune_model(model, entries, pixels, guard=VERIFY)
     self_check(model, pixels, NUM_LABELS)
     assert {row.group for row in report.applied} == {n for n, g in groups.items() if g.kind in kinds}
     for row in report.applied:  # floor(units * ratio) units go per group, at least one stays
@@ -194,7 +195,7 @@ def test_reloaded_pruned_artifact_prunes_again(family, tmp_path):
     save_artifact(model, tmp_path / "first", attrs=first.attrs)
     again = load_artifact(tmp_path / "first").model
     estimate = estimate_pruning(again, entries, pixels)
-    second = prune_model(again, entries, pixels, verify=True)
+    second = prune_model(again, entries, pixels, guard=VERIFY)
     assert second.params_before == first.params_after > second.params_after
     assert second.params_before - second.params_after == estimate["params_removed"]
     for row in second.applied:
@@ -218,13 +219,13 @@ def test_verify_catches_an_adapter_that_prunes_the_wrong_bias_columns(monkeypatc
     original = SwinAdapter.before_head_prune
     entries = _entries(("head",), 0.3)
     pixels = _pixels("swin")
-    prune_model(_build("swin"), entries, pixels, verify=True)  # the real adapter passes
+    prune_model(_build("swin"), entries, pixels, guard=VERIFY)  # the real adapter passes
     monkeypatch.setattr(SwinAdapter, "before_head_prune", off_by_one)
     broken = _build("swin")
     prune_model(copy.deepcopy(broken), entries, pixels)  # unverified, the broken adapter goes unnoticed
     unsafe = r"pruning is unsafe for this model \(swin adapter on SwinForImageClassification\): outputs differ"
     with pytest.raises(PruneError, match=unsafe):
-        prune_model(broken, entries, pixels, verify=True)
+        prune_model(broken, entries, pixels, guard=VERIFY)
 
 
 class _Mixer(nn.Module):

@@ -10,7 +10,7 @@ from profiling_agent.tools.data import image_cache
 from profiling_agent.tools.data.labels import map_labels
 from profiling_agent.tools.data.prepare import SubsetSpec, prepare_images
 from profiling_agent.tools.data.preprocess import Preprocessing, preprocess_images
-from profiling_agent.tools.data.stream import open_prepared
+from profiling_agent.tools.data.stream import StreamOptions, cache_folder, open_prepared
 
 SHAPE = {"channels": 1, "height": 16, "width": 16}  # `digits` and `processor` come from conftest.py
 
@@ -49,7 +49,7 @@ def _prepared(digits, processor, tmp_path, subset=64):
 
 def test_a_second_pass_reads_shards_and_sees_the_same_pixels(digits, processor, tmp_path, small_shards, count_decoded):
     path = _prepared(digits, processor, tmp_path)
-    uncached = torch.cat(list(_open(digits, processor, path, cache=False).batches(16)))
+    uncached = torch.cat(list(_open(digits, processor, path, options=StreamOptions()).batches(16)))
     assert not (tmp_path / "image_cache").exists()
 
     stream = _open(digits, processor, path)
@@ -117,15 +117,17 @@ def test_other_processor_settings_replace_the_old_shards(digits, processor, tmp_
     pixels = torch.cat(list(_open(digits, darker, path).batches(64)))
     (after,) = (tmp_path / "image_cache").glob("validation-*")
     assert after.name != before.name and after.name.startswith("validation-")
-    expected = torch.cat(list(_open(digits, darker, path, cache=False).batches(64)))
+    expected = torch.cat(list(_open(digits, darker, path, options=StreamOptions()).batches(64)))
     assert torch.equal(pixels, expected)
 
 
 def test_dataloader_workers_share_the_cache(digits, processor, tmp_path, small_shards):
     path = _prepared(digits, processor, tmp_path, subset=40)
-    stream = _open(digits, processor, path, workers=2)
+    workers = StreamOptions(workers=2, cache_dir=cache_folder(path))  # cached where open_prepared caches by default
+    stream = _open(digits, processor, path, options=workers)
     first = torch.cat(list(stream.batches(8)))
     assert len(list((tmp_path / "image_cache").glob("validation-*/*.npy"))) == 4
-    second = torch.cat(list(_open(digits, processor, path, workers=2).batches(8)))
+    second = torch.cat(list(_open(digits, processor, path, options=workers).batches(8)))
     assert torch.equal(first, second)
-    assert torch.equal(first, torch.cat(list(_open(digits, processor, path, cache=False, workers=0).batches(40))))
+    uncached = _open(digits, processor, path, options=StreamOptions(workers=0))
+    assert torch.equal(first, torch.cat(list(uncached.batches(40))))

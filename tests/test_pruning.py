@@ -16,7 +16,7 @@ from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.families.generic import GenericAdapter
 from profiling_agent.tools.compression.families.resnet import ResNetAdapter
 from profiling_agent.tools.compression.families.vit import ViTAdapter
-from profiling_agent.tools.compression.pruning import prune_model
+from profiling_agent.tools.compression.pruning import PruneGuard, prune_model
 from profiling_agent.tools.compression.self_check import self_check
 from profiling_agent.tools.compression.units import (
     PruneCheckError,
@@ -359,10 +359,10 @@ def test_group_escaping_its_members_raises(tiny_vit):
 
 def test_extra_protected_names_are_honoured(tiny_vit):
     with pytest.raises(PruneError, match=r"targets protected module vit\.layers\.1\.mlp\.fc1"):
-        prune_model(copy.deepcopy(tiny_vit), ALL, _pixels(tiny_vit), protected=["vit.layers.1.mlp"])
+        prune_model(copy.deepcopy(tiny_vit), ALL, _pixels(tiny_vit), guard=PruneGuard(protected=("vit.layers.1.mlp",)))
     # a protected consumer declared as a member may still lose input columns (as a ResNet block's last conv does)
     pruned = copy.deepcopy(tiny_vit)
-    prune_model(pruned, ALL, _pixels(tiny_vit), protected=["vit.layers.1.mlp.fc2"])
+    prune_model(pruned, ALL, _pixels(tiny_vit), guard=PruneGuard(protected=("vit.layers.1.mlp.fc2",)))
     assert pruned.vit.layers[1].mlp.fc2.in_features == 32
 
 

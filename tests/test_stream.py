@@ -51,6 +51,9 @@ def test_same_images_in_the_same_order_every_pass_threads_or_workers(digits, pro
     stream.workers = 1  # a torch DataLoader with one worker process decodes ahead
     assert torch.equal(torch.cat(list(stream.batches(16))), first)
     assert torch.equal(stream[8:24], first[8:24])  # slices are the same images
+    part = stream.between(8, 24)  # a shard of the rows: the same images and labels, and no cache of its own
+    assert torch.equal(torch.cat(list(part.batches(5))), first[8:24]) and torch.equal(part.labels, stream.labels[8:24])
+    assert part.cache is None and stream.cache is not None and part.workers == 1
     # the same seed draws the same rows: a second preparation streams exactly these pixels
     again = prepare_images(
         digits, processor, SHAPE, _mapping(digits), out_path=tmp_path / "e.safetensors", spec=SubsetSpec(subset=40)

@@ -6,6 +6,7 @@ import copy
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +40,24 @@ from profiling_agent.tools.compression.units import (
 from profiling_agent.tools.models.sizes import count_params
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PruneGuard:
+    """What prune_model checks beyond its family adapter's own rules: more protected modules, a numerical check.
+
+    Attributes:
+        protected: Module names to protect in addition to the adapter's own. A protected module (or anything
+            under it) never loses output channels and is never reached by a group it is not a member of; the only
+            change allowed is losing input channels as a declared member (a ResNet block's last conv consuming
+            its pruned middle conv).
+        verify: Compare the pruned model's logits with an unpruned copy whose removed units are masked (see
+            `mask_removed_units`) on seeded random inputs shaped like the example inputs. None (the default)
+            verifies only with an unsafe (generic fallback) adapter; it costs a copy of the model and two forwards.
+    """
+
+    protected: tuple[str, ...] = ()
+    verify: bool | None = None
 
 
 def _prune_step(
@@ -172,10 +191,9 @@ def prune_model(
     *,
     importance: Importance = "l2",
     seed: int = 0,
-    protected: Iterable[str] | None = None,
     adapter: FamilyAdapter | None = None,
-    verify: bool | None = None,
     chosen: Mapping[str, Sequence[int]] | None = None,
+    guard: PruneGuard = PruneGuard(),
 ) -> PruneReport:
     """Prune `model` in place by the plan entries and repair it with its family adapter.
 
@@ -192,16 +210,10 @@ def prune_model(
         example_inputs: A pixel_values tensor (or a dict of model inputs) used to trace the graph.
         importance: "l2", "l1" or "random".
         seed: Seed for random importance.
-        protected: Module names to protect in addition to the adapter's own. A protected module (or anything
-            under it) never loses output channels and is never reached by a group it is not a member of; the only
-            change allowed is losing input channels as a declared member (a ResNet block's last conv consuming
-            its pruned middle conv).
         adapter: Family adapter; picked with `adapter_for` when omitted.
-        verify: Compare the pruned model's logits with an unpruned copy whose removed units are masked (see
-            `mask_removed_units`) on seeded random inputs shaped like `example_inputs`. None (the default)
-            verifies only with an unsafe (generic fallback) adapter; it costs a copy of the model and two forwards.
         chosen: {group name: unit indices} to remove instead of the ones `importance` picks (e.g. Torch-Pruning's
             global ranking, `global_pruning.py`); each list must have the entry's number of removals.
+        guard: More protected modules and the numerical check against masking (`PruneGuard`).
 
     Returns:
         A PruneReport.
@@ -217,17 +229,17 @@ def prune_model(
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     entries, chosen, renamed = _drop_blocks(model, adapter, list(entries), chosen, report)
     frozen = {_renamed(name, renamed) for name in frozen}
-    guard = protected_names(adapter, model, protected)
+    protected = protected_names(adapter, model, guard.protected)
     steps = plan_steps(adapter, model, entries)
-    check = (not adapter.safe) if verify is None else verify
+    check = (not adapter.safe) if guard.verify is None else guard.verify
     reference = copy.deepcopy(model) if check and any(step.n_remove for step in steps) else None
     with torch.inference_mode(False):  # new weights must be normal tensors even if the caller is in inference mode
         dg = None
         if any(step.n_remove for step in steps):
             dg = build_dependency_graph(model, example_inputs, per_head_params(adapter.prunable_groups(model)))
-            steps = validate_steps(dg, model, steps, guard, adapter, report)
+            steps = validate_steps(dg, model, steps, protected, adapter, report)
         for step in steps:
-            removed = _prune_step(dg, model, step, adapter, guard, importance, seed, chosen)
+            removed = _prune_step(dg, model, step, adapter, protected, importance, seed, chosen)
             report.applied.append(_applied_row(step, removed))
         report.attrs = adapter.fix_up(model)
     _verify_sizes(model, steps, [row for row in report.applied if row.kind != "block"])

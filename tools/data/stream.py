@@ -7,6 +7,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,24 @@ def data_workers() -> int:
         return max(0, int(os.environ.get(WORKERS_ENV, "0")))
     except ValueError:
         return 0
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How a stream reads its images: who decodes ahead, and where the uint8 cache lives.
+
+    Attributes:
+        workers: DataLoader worker processes that decode ahead (None: $PROFILING_AGENT_DATA_WORKERS; 0: a thread).
+        cache_dir: Folder of the uint8 shard cache (None: not cached).
+    """
+
+    workers: int | None = None
+    cache_dir: str | Path | None = None
+
+
+def cache_folder(path: str | Path) -> Path:
+    """Return the uint8 image cache folder of a prepared data file: `image_cache/` beside it."""
+    return Path(path).parent / CACHE_FOLDER
 
 
 class _Chunks(torch.utils.data.Dataset):
@@ -71,9 +90,8 @@ class ImageStream:
         image_column: str,
         processor: Any | None,
         shape: Mapping[str, Any],
-        workers: int | None = None,
-        cache_dir: str | Path | None = None,
         role: str = "images",
+        options: StreamOptions = StreamOptions(),
     ) -> None:
         self.images = ds.select_columns([image_column])
         self.rows = np.asarray(rows, dtype=np.int64)
@@ -81,8 +99,9 @@ class ImageStream:
         self.image_column, self.processor = image_column, processor
         self.shape = {k: int(shape[k]) for k in ("channels", "height", "width")}
         self.preprocessing = Preprocessing(processor, self.shape)
-        self.workers = data_workers() if workers is None else workers
-        self.cache_dir, self.role = (None if cache_dir is None else Path(cache_dir)), role
+        self.workers = data_workers() if options.workers is None else options.workers
+        self.cache_dir = None if options.cache_dir is None else Path(options.cache_dir)
+        self.role = role
         if len(self.rows) != len(labels):
             raise ValueError(f"{len(self.rows)} rows but {len(labels)} labels")
         self.split_note: str | None = None  # why the two-step path is not used (None: it is, or not checked yet)
@@ -185,6 +204,19 @@ class ImageStream:
         self._held = (shard, arr)
         return arr
 
+    def between(self, start: int, stop: int) -> ImageStream:
+        """Return a stream of images [start, stop), uncached (the role's cache folder is keyed by its full row list)."""
+        return ImageStream(
+            self.images,
+            self.rows[start:stop],
+            self.labels[start:stop],
+            image_column=self.image_column,
+            processor=self.processor,
+            shape=self.shape,
+            role=self.role,
+            options=StreamOptions(workers=self.workers),
+        )
+
     def __getitem__(self, key: slice) -> torch.Tensor:
         if not isinstance(key, slice):
             raise TypeError("an ImageStream is sliced (stream[a:b]); iterate batches() for a whole pass")
@@ -276,8 +308,7 @@ def open_prepared(
     materialize: tuple[str, ...] = ("calib",),
     with_indices: bool = False,
     image_column: str | None = None,
-    workers: int | None = None,
-    cache: bool = True,
+    options: StreamOptions | None = None,
 ) -> dict[str, Any]:
     """Open the roles prepare_data drew: labels in memory, images streamed from their dataset rows.
 
@@ -289,9 +320,9 @@ def open_prepared(
         materialize: Parts returned as float tensors instead of streams (small ones: calibration).
         with_indices: Also return `<part>_index`.
         image_column: Image column (default: the one recorded by prepare_images).
-        workers: DataLoader workers (default: $PROFILING_AGENT_DATA_WORKERS).
-        cache: Keep each role's resized uint8 images in `image_cache/` beside `path`, so only the first pass
-            decodes them (within $PROFILING_AGENT_IMAGE_CACHE_MB per role).
+        options: Workers and cache folder (`StreamOptions`). None: the default workers, and each role's resized
+            uint8 images kept in `image_cache/` beside `path` (`cache_folder`), so only the first pass decodes them
+            (within $PROFILING_AGENT_IMAGE_CACHE_MB per role).
 
     Returns:
         {"<part>_pixels": ImageStream or tensor, "<part>_labels": tensor} for each part (+ indices).
@@ -305,6 +336,7 @@ def open_prepared(
     if not column:
         raise DataError(f"{path} does not record the image column: pass image_column")
     shape = dict(zip(("channels", "height", "width"), meta["shape"], strict=True))
+    options = StreamOptions(cache_dir=cache_folder(path)) if options is None else options
     out: dict[str, Any] = {}
     for part in parts:
         ds, rows = sources[part], stored[f"{part}_index"]
@@ -316,9 +348,8 @@ def open_prepared(
             image_column=column,
             processor=processor,
             shape=shape,
-            workers=workers,
-            cache_dir=Path(path).parent / CACHE_FOLDER if cache else None,
             role=ROLES[part],
+            options=options,
         )
         out[f"{part}_pixels"] = stream.materialize() if part in materialize else stream
         out[f"{part}_labels"] = stored[f"{part}_labels"]
@@ -386,4 +417,13 @@ def open_run_data(
     )
 
 
-__all__ = ["PARTS", "ImageStream", "data_workers", "iter_batches", "open_prepared", "open_run_data"]
+__all__ = [
+    "PARTS",
+    "ImageStream",
+    "StreamOptions",
+    "cache_folder",
+    "data_workers",
+    "iter_batches",
+    "open_prepared",
+    "open_run_data",
+]

@@ -48,10 +48,7 @@ def shard_of(pixels: Any, start: int, stop: int) -> Any:
 
     if not isinstance(pixels, ImageStream):
         return pixels[start:stop]
-    return ImageStream(
-        pixels.images, pixels.rows[start:stop], pixels.labels[start:stop], image_column=pixels.image_column,
-        processor=pixels.processor, shape=pixels.shape, workers=pixels.workers, cache_dir=None, role=pixels.role,
-    )  # fmt: skip
+    return pixels.between(start, stop)
 
 
 def gather_predictions(local: Mapping[str, torch.Tensor], world: int) -> dict[str, torch.Tensor]:

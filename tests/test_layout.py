@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +81,35 @@ def test_tools_holds_rooms_and_few_top_level_modules():
     for room in rooms:  # each room says what lives there and what it may import
         doc = ast.get_docstring(ast.parse((ROOT / "tools" / room / "__init__.py").read_text())) or ""
         assert len(doc) > 80 and "import" in doc, room
+
+
+def _room_doc(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def _named(text: str) -> list[str]:
+    """The `backticked` names in `text`, in order."""
+    return re.findall(r"`([A-Za-z_][\w.]*)`", text)
+
+
+def test_tools_docstring_lists_the_rooms_in_layer_order():
+    """tools/__init__ names the top-level helpers and the rooms, lowest first, exactly as LAYERS has them."""
+    named = _named(_room_doc(ROOT / "tools" / "__init__.py"))
+    assert [n for n in named if n in LAYERS] == list(LAYERS)
+    assert {n for n in named if n in TOP_HELPERS} == TOP_HELPERS
+
+
+def test_each_room_docstring_names_the_rooms_it_may_import():
+    """A room's docstring says "may import" and then names every room before it (and no other) in its sentence."""
+    wrong = {}
+    for rank, room in enumerate(LAYERS):
+        doc = " ".join(_room_doc(ROOT / "tools" / room / "__init__.py").split())
+        start = doc.find("may import")
+        sentence = re.split(r"\.(?:\s|$)", doc[start:], maxsplit=1)[0] if start >= 0 else ""
+        named = {n for n in _named(sentence) if n in LAYERS}
+        if start < 0 or named != set(LAYERS[:rank]):
+            wrong[room] = sorted(named ^ set(LAYERS[:rank])) if start >= 0 else "no 'may import'"
+    assert not wrong, wrong
 
 
 def test_tools_import_downward_only():

@@ -1,6 +1,8 @@
-"""The real work of the agents as plain functions, grouped by concern; nodes call these, tests call them directly.
+"""The real work of the agents as plain functions, grouped in rooms; nodes call these, tests call them directly.
 
-Layers, lowest first; a module imports only from its own layer or the ones before it, never back:
-the top-level helpers (`io`, `device`, `hub`), then `models`, `data`, `compression`, `recovery`, `profiling`,
-`evaluation`, `planning` and `reporting`. `state.py` (schemas) may be imported from any layer.
+The top-level helpers (`io`, `device`, `hub`, `text`, `versions`, `interrupt`) import no room. The rooms, lowest
+first: `runtimes`, `models`, `data`, `compression`, `recovery`, `profiling`, `evaluation`, `planning`, `shape` and
+`reporting`. A module may import the top-level helpers, its own room and the rooms before it, never a room after
+it, and nothing under tools imports nodes or graph. The typed records of `state` may be imported anywhere, the
+prompt templates by planning and shape. tests/test_layout.py checks these rules and each room's docstring.
 """

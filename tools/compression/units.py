@@ -134,9 +134,8 @@ def unit_align(kind: str, units: int) -> int:
 
     CPU runtimes (ONNX Runtime's MLAS, OpenVINO's oneDNN) block convolution and GEMM channels by the vector width:
     16 float lanes with AVX-512, 8 with AVX2; tensor cores want multiples of 8. A width between two blocks pays
-    for the next block and more: on the zoo ResNet in ONNX Runtime FP32 (1 thread), bottleneck widths
-    11/16/30/26/31/17/13/13 ran 1.03x the unpruned model at batch 1 and 0.92x at batch 16, the same layers rounded
-    down to 8/16/24/24/24/16/8/8 ran 1.21x/1.25x, and to 16 ran 1.40x/1.50x (DESIGN.md 9).
+    for the next block and more, so a group of 32 channels or more keeps a multiple of 16, one of 16 or more a
+    multiple of 8, and a smaller one any width.
     """
     if kind != "structured":
         return 1

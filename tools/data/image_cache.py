@@ -17,7 +17,7 @@ from profiling_agent.tools.io import write_atomic
 
 logger = logging.getLogger(__name__)
 BUDGET_ENV = "PROFILING_AGENT_IMAGE_CACHE_MB"  # largest cache of one role in MB (0: never cache)
-DEFAULT_BUDGET_MB = 8192  # ImageNet-1K's 50,000 validation images at 224x224 take 7,526 MB
+DEFAULT_BUDGET_MB = 8192  # large enough for ImageNet-1K's whole validation split at 224x224 in uint8
 SHARD_BYTES = 32 * 2**20  # a shard file holds at most this many bytes of pixels (and at least one image)
 MAX_SHARD_IMAGES = 1024
 FORMAT = 1  # bumped when the stored layout changes, so old shards are not read

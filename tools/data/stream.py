@@ -240,8 +240,8 @@ class ImageStream:
             yield from loader
             return
         # The thread only reads (cached shards are views, not copies); the float batch is made here, in the thread
-        # that frees it: float batches made in one thread and freed in another fragmented glibc's per-thread
-        # arenas, and peak memory grew with the number of images (+36% at 8,000 224x224 images).
+        # that frees it: float batches made in one thread and freed in another fragment glibc's per-thread
+        # arenas, and peak memory then grows with the number of images.
         size = chunks.size
         for read in _ahead(lambda i: self._read(range(i * size, min(len(self), (i + 1) * size))), len(chunks)):
             batch = self._finish(read)

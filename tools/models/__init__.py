@@ -1,7 +1,6 @@
 """Models as objects and files: loading (hub, folder, embedded default), input shape, sizes, artifacts.
 
-Everything above builds on this room: the one definition of parameter count and memory bytes (`sizes`),
+The rooms after it build on this one: the one definition of parameter count and memory bytes (`sizes`),
 PyTorch's dynamic-quantization primitives that artifacts restore (`dynamic_quant`) and the safetensors +
-JSON artifacts. It imports only the top-level helpers and `runtimes` (forward calls, ONNX and OpenVINO
-folders).
+JSON artifacts. It may import `runtimes` (forward calls, ONNX and OpenVINO folders) and the top-level helpers.
 """

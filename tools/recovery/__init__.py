@@ -3,6 +3,6 @@
 `reconstruct` refits the layers that read pruned channels (an MLP's second Linear, the attention output
 projection, the next convolution) on calibration activations, without labels or gradients; `distill` fine-tunes
 the pruned student against the untouched baseline, resumably (`distill_state` saves and restores its steps),
-on images from `tools/data/train_stream`. The room may import `models`, `data` and `compression`; it never
-imports profiling, evaluation, planning or reporting.
+on images from `tools/data/train_stream`. It may import `runtimes`, `models`, `data` and `compression` and the
+top-level helpers. The rooms after it may import it.
 """

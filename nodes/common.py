@@ -11,8 +11,16 @@ from langgraph.runtime import Runtime
 from profiling_agent.state import ArtifactRef, Candidate, Context, HistoryEvent, State
 
 
-def context_of(runtime: Runtime[Context] | None) -> Context:
-    """Return the run context (the defaults when the graph was invoked without one) and apply its thread count.
+def read_context(runtime: Runtime[Context] | None) -> Context:
+    """Return the run context: the one the graph was invoked with (a dict is validated), or the defaults."""
+    ctx = getattr(runtime, "context", None)
+    if ctx is None:
+        return Context()
+    return Context.of(ctx) if isinstance(ctx, dict) else ctx
+
+
+def apply_threads(ctx: Context) -> Context:
+    """Set torch's thread count on the calling thread to the context's `threads` (None keeps it); return `ctx`.
 
     LangGraph runs nodes on pool threads, and a thread that has already run parallel torch work keeps its own
     OpenMP thread count whatever another thread sets: each node applies `threads` on the thread it runs on, so a
@@ -20,13 +28,17 @@ def context_of(runtime: Runtime[Context] | None) -> Context:
     """
     from profiling_agent.tools.device import set_threads
 
-    ctx = getattr(runtime, "context", None)
-    if ctx is None:
-        ctx = Context()
-    elif isinstance(ctx, dict):
-        ctx = Context.of(ctx)
     set_threads(ctx.threads)
     return ctx
+
+
+def context_of(runtime: Runtime[Context] | None) -> Context:
+    """Read the run context and apply its thread count on this thread: the two steps a node starts with.
+
+    `read_context`, then `apply_threads`: a node that computes with torch reads its context through this, so it
+    runs on the thread count the context asks for.
+    """
+    return apply_threads(read_context(runtime))
 
 
 def thread_id_of(runtime: Runtime[Context] | None) -> str:

@@ -57,8 +57,25 @@ def _cli(capfd, args):
     return code, [line for line in err.splitlines() if line.strip()]
 
 
-FAST = ["--subset", "24", "--test-subset", "16", "--calibration", "8", "--repeats", "2", "--threads", "1",
-        "--planner", "deterministic", "--iterations", "1", "--approve", "--backend", "torch"]  # fmt: skip
+FAST = [
+    "--subset",
+    "24",
+    "--test-subset",
+    "16",
+    "--calibration",
+    "8",
+    "--repeats",
+    "2",
+    "--threads",
+    "1",
+    "--planner",
+    "deterministic",
+    "--iterations",
+    "1",
+    "--approve",
+    "--backend",
+    "torch",
+]
 
 
 # ------------------------------------------------------------------ images
@@ -131,8 +148,9 @@ def test_cli_truncated_weights_one_line_exit_2(tmp_path, capfd, rgb_vit):
     shutil.copytree(rgb_vit, folder)
     _truncate(folder / "model.safetensors", keep=0.9)
     images = _imagefolder(tmp_path / "images")
-    code, lines = _cli(capfd, ["run", "--model", str(folder), "--dataset", str(images), "--run-dir",
-                               str(tmp_path / "runs"), *FAST])  # fmt: skip
+    code, lines = _cli(
+        capfd, ["run", "--model", str(folder), "--dataset", str(images), "--run-dir", str(tmp_path / "runs"), *FAST]
+    )
     assert code == 2 and len(lines) == 1, lines
     assert str(folder / "model.safetensors") in lines[0] and "corrupt or truncated" in lines[0]
 
@@ -156,8 +174,10 @@ def test_cli_truncated_png_exit_2_in_prepare_data_naming_the_file(tmp_path, capf
     bad = images / "7" / "004.png"
     _truncate(bad)
     runs = tmp_path / "runs"
-    code, lines = _cli(capfd, ["run", "--model", str(rgb_vit), "--dataset", str(images), "--run-dir", str(runs),
-                               "--thread-id", "t", *FAST])  # fmt: skip
+    code, lines = _cli(
+        capfd,
+        ["run", "--model", str(rgb_vit), "--dataset", str(images), "--run-dir", str(runs), "--thread-id", "t", *FAST],
+    )
     assert code == 2, lines
     assert lines[-1].startswith("profiling-agent: error: cannot decode image") and str(bad) in lines[-1]
     assert not (runs / "t" / "profile.json").exists()  # before any model work (profile, probe, baseline)
@@ -167,8 +187,10 @@ def test_cli_truncated_png_exit_2_in_prepare_data_naming_the_file(tmp_path, capf
 def test_cli_class_folders_draw_disjoint_rows_and_warn_about_gray_once(tmp_path, capfd, rgb_vit):
     images = _imagefolder(tmp_path / "images")  # 10 classes, 60 grayscale images, no split folders
     runs = tmp_path / "runs"
-    code, lines = _cli(capfd, ["run", "--model", str(rgb_vit), "--dataset", str(images), "--run-dir", str(runs),
-                               "--thread-id", "t", *FAST])  # fmt: skip
+    code, lines = _cli(
+        capfd,
+        ["run", "--model", str(rgb_vit), "--dataset", str(images), "--run-dir", str(runs), "--thread-id", "t", *FAST],
+    )
     assert code == 0, lines
     subsets = json.loads((runs / "t" / "subsets.json").read_text())
     roles = [subsets[r] for r in ("validation", "test", "calibration")]

@@ -116,8 +116,11 @@ def test_resnet_removes_identity_blocks_and_lowers_its_depths(resnet3, tmp_path)
     adapter = adapter_for(resnet3)
     groups = adapter.block_groups(resnet3)
     assert [g.name for g in groups] == [
-        "stages.0.layers.0.block", "stages.1.layers.0.block", "stages.1.layers.1.block", "stages.1.layers.2.block"
-    ]  # fmt: skip
+        "stages.0.layers.0.block",
+        "stages.1.layers.0.block",
+        "stages.1.layers.1.block",
+        "stages.1.layers.2.block",
+    ]
     # a stage's first block (projection shortcut) is replaced, not removed: its group owns only the residual branch
     assert [replaces(g) for g in groups] == [True, True, False, False]
     assert groups[1].members == ("resnet.encoder.stages.1.layers.0.layer",)
@@ -308,8 +311,8 @@ def test_a_latency_plan_removes_the_cheapest_blocks_first_and_prunes_no_width_in
     ]
     # where channels and heads alone can reach the goal, no block goes
     wide = {name: {**c, "latency_share": 0.08} if "block" not in name else c for name, c in costs.items()}
-    assert not [e for e in plan_round(groups, wide, sensitivity, Objective(target="latency", target_reduction=0.38),
-                                      []).plan.pruning if e.type == "block"]  # fmt: skip
+    wide_plan = plan_round(groups, wide, sensitivity, Objective(target="latency", target_reduction=0.38), []).plan
+    assert not [e for e in wide_plan.pruning if e.type == "block"]
     # the same groups under a params target: no block groups planned unless the round lists them (depth off)
     width = [g for g in groups if g["kind"] != "block"]
     params = plan_round(width, costs, sensitivity, Objective(target="params", target_reduction=0.3), [])
@@ -324,10 +327,13 @@ def test_a_latency_plan_on_a_resnet_replaces_a_stages_first_block_and_the_guard_
     damage = {"stages.1.layers.0.block": 0.05, "stages.0.layers.0.block": 2.0}
     shares = {"stages.1.layers.0.block": 0.3, "stages.0.layers.0.block": 0.2}
     costs = {
-        g["name"]: {"latency_share": shares.get(g["name"], 0.1 if g["kind"] == "block" else 0.02),
-                    "macs_share": 0.05, "params_share": 0.05}
+        g["name"]: {
+            "latency_share": shares.get(g["name"], 0.1 if g["kind"] == "block" else 0.02),
+            "macs_share": 0.05,
+            "params_share": 0.05,
+        }
         for g in groups
-    }  # fmt: skip
+    }
     sensitivity = {g["name"]: {"damage": damage.get(g["name"], 1.0 if g["kind"] == "block" else 0.5)} for g in groups}
     result = plan_round(groups, costs, sensitivity, Objective(target="latency", target_reduction=0.25), [])
     blocks = [e.layer for e in result.plan.pruning if e.type == "block"]
@@ -379,8 +385,14 @@ def test_a_failed_plan_of_blocks_and_width_backs_off_its_width_first(vit4):
     first = plan_round(groups, costs, sensitivity, objective, [])
     blocks = sorted(e.layer for e in first.plan.pruning if e.type == "block")
     assert blocks == ["^vit\\.layers\\.2$", "^vit\\.layers\\.3$"] and len(first.plan.pruning) > 2  # width on top
-    failed = {"iteration": 1, "goal": first.target_estimate, "gamma": first.gamma, "passed": False, "blocks": blocks,
-              "width": True}  # fmt: skip
+    failed = {
+        "iteration": 1,
+        "goal": first.target_estimate,
+        "gamma": first.gamma,
+        "passed": False,
+        "blocks": blocks,
+        "width": True,
+    }
     second = plan_round(groups, costs, sensitivity, objective, [failed])
     assert sorted(e.layer for e in second.plan.pruning) == blocks  # the same blocks, no width
     assert second.target_estimate == pytest.approx(0.36) and "keeping the 2 blocks round 1 removed" in second.notes[0]
@@ -402,23 +414,35 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
     groups = _planner_groups(resnet3)
     shares = {"stages.0.layers.0.block": 0.15, "stages.1.layers.0.block": 0.2, "stages.1.layers.1.block": 0.12}
     costs = {
-        g["name"]: {"latency_share": shares.get(g["name"], 0.1 if g["kind"] == "block" else 0.03),
-                    "macs_share": 0.05, "params_share": 0.05}
+        g["name"]: {
+            "latency_share": shares.get(g["name"], 0.1 if g["kind"] == "block" else 0.03),
+            "macs_share": 0.05,
+            "params_share": 0.05,
+        }
         for g in groups
-    }  # fmt: skip
+    }
     damage = {"stages.1.layers.0.block": 0.1, "stages.1.layers.1.block": 0.3, "stages.0.layers.0.block": 0.4}
     sensitivity = {g["name"]: {"damage": damage.get(g["name"], 0.2)} for g in groups}
     objective = Objective(target="latency", target_reduction=0.45)
-    first = ["^resnet\\.encoder\\.stages\\.0\\.layers\\.0$", "^resnet\\.encoder\\.stages\\.1\\.layers\\.0$",
-             "^resnet\\.encoder\\.stages\\.1\\.layers\\.1$"]  # fmt: skip
+    first = [
+        "^resnet\\.encoder\\.stages\\.0\\.layers\\.0$",
+        "^resnet\\.encoder\\.stages\\.1\\.layers\\.0$",
+        "^resnet\\.encoder\\.stages\\.1\\.layers\\.1$",
+    ]
     failed = {"iteration": 1, "goal": 0.47, "gamma": 1.0, "passed": False, "blocks": first, "width": False}
     second = plan_round(groups, costs, sensitivity, objective, [failed])
     # the goal halves; one replacement (the cheapest by damage per latency share) fits it and width stays untouched
     assert [e.layer for e in second.plan.pruning] == ["^resnet\\.encoder\\.stages\\.1\\.layers\\.0$"]
     assert "blocks alone" in second.notes[0]
     # it passed: the bisection's next goal (33.5%) takes one more block, still without width
-    passed = {"iteration": 2, "goal": second.target_estimate, "gamma": second.gamma, "passed": True,
-              "blocks": [e.layer for e in second.plan.pruning], "width": False}  # fmt: skip
+    passed = {
+        "iteration": 2,
+        "goal": second.target_estimate,
+        "gamma": second.gamma,
+        "passed": True,
+        "blocks": [e.layer for e in second.plan.pruning],
+        "width": False,
+    }
     third = plan_round(groups, costs, sensitivity, objective, [failed, passed])
     stage1 = "^resnet\\.encoder\\.stages\\.1\\.layers\\."
     assert [(e.layer, e.type) for e in third.plan.pruning] == [(stage1 + "0$", "block"), (stage1 + "2$", "block")]
@@ -481,8 +505,11 @@ def test_a_resnet_with_a_replaced_block_exports_to_onnx_and_openvino_forms_that_
     from profiling_agent.tools.runtimes.openvino_model import load_openvino_folder
 
     pruned = copy.deepcopy(resnet3)
-    prune_model(pruned, [{"layer": r"^resnet\.encoder\.stages\.1\.layers\.0$", "type": "block", "ratio": 1.0}],
-                _pixels(resnet3, 1))  # fmt: skip
+    prune_model(
+        pruned,
+        [{"layer": r"^resnet\.encoder\.stages\.1\.layers\.0$", "type": "block", "ratio": 1.0}],
+        _pixels(resnet3, 1),
+    )
     x = _pixels(resnet3, 40)
     forms = {f.name: f for f in build_forms(pruned, x[:24], x[24:], tmp_path, forms=["ov_fp32"], threads=1)}
     assert [f.status for f in forms.values()] == ["ok", "ok"], [f.error for f in forms.values()]

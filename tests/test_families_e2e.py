@@ -16,8 +16,20 @@ pytestmark = pytest.mark.slow
 # Small settings shared by every run: the digits test split has 360 images.
 SUBSET = "128"
 # ONNX Runtime delivers (its export of each family is under test); OpenVINO's forms per family: test_openvino_forms
-RUN_FLAGS = ["--subset", SUBSET, "--calibration", "16", "--repeats", "2", "--threads", "1", "--device", "cpu",
-             "--backend", "onnxruntime"]  # fmt: skip
+RUN_FLAGS = [
+    "--subset",
+    SUBSET,
+    "--calibration",
+    "16",
+    "--repeats",
+    "2",
+    "--threads",
+    "1",
+    "--device",
+    "cpu",
+    "--backend",
+    "onnxruntime",
+]
 
 
 def _resnet():

@@ -261,8 +261,8 @@ def variant_rows(result: dict[str, Any]) -> list[list[str]]:
     "vs quant-only" is the form's speed over the quantization-only peer's (the unpruned model's fastest form within
     the budget), both timed in the same round.
     """
-    rows = [["iter", "variant", "status", "val top-1 %", "agree %", "speed b1", "speed bN", "vs quant-only", "MB",
-             "recipe", "note"]]  # fmt: skip
+    header = ["iter", "variant", "status", "val top-1 %", "agree %", "speed b1", "speed bN", "vs quant-only", "MB"]
+    rows = [[*header, "recipe", "note"]]
     base = result.get("baseline") or {}
     rounds = [("unpruned", base.get("variants") or [], base.get("peer") or {}, (base.get("peer") or {}).get("name"))]
     rounds += [

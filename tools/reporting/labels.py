@@ -73,6 +73,42 @@ def merge_coincident(
     return [("\n".join(texts), x, y, anchor) for texts, x, y, anchor in groups]
 
 
+def _crosses(segment: tuple[tuple[float, float], tuple[float, float]], box: Box, skip_px: float = 6.0) -> bool:
+    """Return whether a leader line (from its point, the first `skip_px` left out) passes through `box`."""
+    (x0, y0), (x1, y1) = segment
+    length = max(abs(x1 - x0), abs(y1 - y0), 1.0)
+    for k in range(1, 17):
+        t = k / 16
+        if t * length < skip_px:
+            continue
+        px, py = x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+        if box.x0 <= px <= box.x1 and box.y0 <= py <= box.y1:
+            return True
+    return False
+
+
+def _choose(anchor, size, scale: float, bounds: Box, obstacles) -> tuple[float, float]:
+    """Return the first offset whose label box hits nothing (else the one that hits least).
+
+    `obstacles` is (boxes of markers and labels, boxes of labels, leader lines drawn so far): a label may not cover
+    a marker or a label, and its own leader line may not cross a label, nor its box an earlier leader line.
+    """
+    taken, labels_taken, leaders = obstacles
+    best, best_cost = (6.0, 4.0), float("inf")
+    for offset in _offsets():
+        box = _box(anchor, size, offset, scale)
+        cost = sum(box.overlap(t) for t in taken) + (0.0 if box.inside(bounds) else 1e9)
+        cost += 500.0 * sum(_crosses(line, box) for line in leaders)
+        if offset not in _NEAR:
+            end = (anchor[0] + offset[0] * scale, anchor[1] + offset[1] * scale)
+            cost += 500.0 * sum(_crosses((anchor, end), t) for t in labels_taken)
+        if cost < best_cost:
+            best, best_cost = offset, cost
+        if cost == 0.0:
+            break
+    return best
+
+
 def place_labels(ax, labels: list[tuple[str, float, float]], fontsize: float = 8) -> list:
     """Annotate points of `ax` with `labels` [(text, x, y) in data coordinates], first ones first, without overlaps.
 
@@ -92,23 +128,22 @@ def place_labels(ax, labels: list[tuple[str, float, float]], fontsize: float = 8
     bounds = Box(frame.x0, frame.y0, frame.x1, frame.y1)
     anchors = [(float(px), float(py)) for px, py in ax.transData.transform([(x, y) for _, x, y in labels])]
     taken = [Box(x - _MARKER_PX, y - _MARKER_PX, x + _MARKER_PX, y + _MARKER_PX) for x, y in anchors]
+    labels_taken: list[Box] = []
+    leaders: list[tuple[tuple[float, float], tuple[float, float]]] = []
     placed = []
     for text, x, y, anchor in merge_coincident(labels, anchors):
         probe = ax.text(0, 0, text, fontsize=fontsize)
         extent = probe.get_window_extent(renderer)
         probe.remove()
         size = (extent.width, extent.height)
-        best, best_cost = (6.0, 4.0), float("inf")
-        for offset in _offsets():
-            box = _box(anchor, size, offset, scale)
-            cost = sum(box.overlap(t) for t in taken) + (0.0 if box.inside(bounds) else 1e9)
-            if cost < best_cost:
-                best, best_cost = offset, cost
-            if cost == 0.0:
-                break
-        taken.append(_box(anchor, size, best, scale))
-        ha, va = _align(*best)
+        best = _choose(anchor, size, scale, bounds, (taken, labels_taken, leaders))
+        box = _box(anchor, size, best, scale)
+        taken.append(box)
+        labels_taken.append(box)
         near = best in _NEAR
+        if not near:
+            leaders.append((anchor, (anchor[0] + best[0] * scale, anchor[1] + best[1] * scale)))
+        ha, va = _align(*best)
         ann = ax.annotate(
             text,
             (x, y),

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,9 +61,11 @@ def require_browser() -> str:
     return browser
 
 
-def _run(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [browser, *FLAGS, f"--user-data-dir={profile}", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+def _run(browser: str, *args: str) -> subprocess.CompletedProcess:
+    """Run the browser with a fresh profile folder (removed afterwards) and fail on a non-zero exit."""
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        cmd = [browser, *FLAGS, f"--user-data-dir={profile}", *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return proc
 
@@ -76,7 +79,7 @@ def chart_layout(browser: str, page: Path, work: Path) -> dict:
     """
     probe = work / f"measure-{page.name}"
     probe.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
-    dom = _run(browser, work / "profile-measure", f"--window-size={WIDTH},1000", "--dump-dom", probe.as_uri()).stdout
+    dom = _run(browser, f"--window-size={WIDTH},1000", "--dump-dom", probe.as_uri()).stdout
     found = re.search(r'data-boxes="([^"]*)"', dom)
     assert found, f"the measuring script did not run; the DOM starts {dom[:300]!r}"
     return json.loads(html.unescape(found.group(1)))
@@ -84,13 +87,7 @@ def chart_layout(browser: str, page: Path, work: Path) -> dict:
 
 def screenshot(browser: str, page: Path, out: Path, height: int) -> Path:
     """Screenshot `page` at WIDTH x `height` CSS pixels (scale 1) into `out` (PNG) and return `out`."""
-    _run(
-        browser,
-        out.parent / f"profile-{out.stem}",
-        f"--window-size={WIDTH},{height}",
-        f"--screenshot={out}",
-        page.as_uri(),
-    )
+    _run(browser, f"--window-size={WIDTH},{height}", f"--screenshot={out}", page.as_uri())
     assert out.is_file(), f"no screenshot written to {out}"
     return out
 

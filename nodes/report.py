@@ -22,8 +22,9 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     task = "final latency (all models side by side)"
     emit(runtime, kind="progress", task=task, done=0, total=2, label="")
     images = (lambda: prepared(state)["eval_pixels"]) if state.data else None
-    latency, timing = final_latency(state.candidates, state.baseline, state.baseline_eval, context_of(runtime),
-                                    root=root, images=images)  # fmt: skip
+    latency, timing = final_latency(
+        state.candidates, state.baseline, state.baseline_eval, context_of(runtime), root=root, images=images
+    )
     emit(runtime, kind="progress", task=task, done=2, total=2, label="")
     delivered = delivered_ref(state.best)
     if delivered is not None:  # the delivered form: an ONNX folder (model.onnx + recipe.json) or the torch artifact

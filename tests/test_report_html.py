@@ -330,3 +330,43 @@ def test_report_node_keeps_report_md_when_charts_fail(finished_run, tmp_path, mo
     assert "plots and report.html not written (RuntimeError: no fonts)" in update["history"][0]["message"]
     assert (copy_dir / "report.md").read_text().startswith("# profiling-agent report")
     assert not (copy_dir / "report.html").exists() and not (copy_dir / "plots").exists()
+
+
+def test_report_opens_in_chromium_with_every_chart_drawn(finished_run, tmp_path):
+    """report.html in a real headless Chromium: every chart decodes, is laid out, and its pixels are not blank."""
+    from browser import WIDTH, chart_layout, drawn_fraction, require_browser, screenshot
+    from PIL import Image
+
+    browser = require_browser()
+    run, _ = finished_run
+    page = tmp_path / "report.html"
+    shutil.copy(run / "report.html", page)
+    layout = chart_layout(browser, page, tmp_path)
+    boxes = layout["boxes"]
+    assert [b["id"] for b in boxes] == [f"plot-{key}" for key in PLOT_FILES]
+    for box in boxes:
+        assert box["complete"] and box["natural"] > 300, box  # decoded by the browser
+        assert box["w"] > 300 and box["h"] > 200 and box["x"] + box["w"] <= WIDTH, box  # laid out, on the page
+    shot = screenshot(browser, page, tmp_path / "report.png", layout["height"])
+    with Image.open(shot) as image:
+        assert image.size == (WIDTH, layout["height"])
+        for box in boxes:
+            area = (int(box["x"]), int(box["y"]), int(box["x"] + box["w"]), int(box["y"] + box["h"]))
+            colours, drawn = drawn_fraction(image, area)
+            assert colours >= 16 and drawn > 0.03, (box["id"], colours, drawn)  # axes, bars, text: not one colour
+
+
+def test_headline_speed_of_the_run_leads_with_quantization_only(finished_run):
+    run, _ = finished_run
+    delivery = _result(run)["delivery"]
+    quant = delivery["quantization_only"]
+    page = (run / "report.html").read_text()
+    first = page.index('<div class="cards">')
+    assert page.index("Speed vs quantization only", first) < page.index("Speed vs torch FP32", first)
+    if delivery["pruning_added"]:
+        sentence = f"{delivery['vs_quantization_only']:.2f}x the quantization-only form ({quant['name']}"
+    else:  # no plan beat quantization alone: that form itself was delivered
+        sentence = f"the quantization-only form ({quant['name']} of the unpruned model) was delivered"
+    assert sentence in page
+    speed_line = next(line for line in (run / "report.md").read_text().splitlines() if line.startswith("**Speed:**"))
+    assert speed_line.index("the quantization-only form") < speed_line.index("the original torch FP32 model")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from profiling_agent.tools.evaluation.delivery import summary_line
+from profiling_agent.tools.reporting.speed import delivered_speed, speed_sentence
 from profiling_agent.tools.text import number
 
 
@@ -261,8 +261,8 @@ def variant_rows(result: dict[str, Any]) -> list[list[str]]:
     "vs quant-only" is the form's speed over the quantization-only peer's (the unpruned model's fastest form within
     the budget), both timed in the same round.
     """
-    rows = [["iter", "variant", "status", "val top-1 %", "agree %", "speed b1", "speed bN", "vs quant-only", "MB",
-             "recipe", "note"]]  # fmt: skip
+    header = ["iter", "variant", "status", "val top-1 %", "agree %", "speed b1", "speed bN", "vs quant-only", "MB"]
+    rows = [[*header, "recipe", "note"]]
     base = result.get("baseline") or {}
     rounds = [("unpruned", base.get("variants") or [], base.get("peer") or {}, (base.get("peer") or {}).get("name"))]
     rounds += [
@@ -363,15 +363,16 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
     ]
     if best:
         base = result["baseline"]
+        speed = delivered_speed(result)
         lines += [
             f"Best: iteration {best['iteration']} (saved in `best/` as `{best.get('delivered') or 'torch'}`): "
             f"top-1 {best['accuracy']:.2f}% vs "
             f"{base['accuracy']:.2f}% ({-best['accuracy_drop']:+.2f} pp), {best['params']:,} vs {base['params']:,} "
             f"params ({best['params'] / max(base['params'], 1) - 1:+.1%}), {best['size_mb']:.3f} vs "
-            f"{base['size_mb']:.3f} MB, {best['speedup']:.2f}x batch-1 speed (measured side by side)."
+            f"{base['size_mb']:.3f} MB."
             + ("" if best.get("within_budget") else " **No candidate stayed within the accuracy budget.**"),
             "",
-            *([f"**Speed:** {md_text(summary_line(result['delivery']), 600)}.", ""] if result.get("delivery") else []),
+            *([f"**Speed:** {md_text(speed_sentence(speed), 600)}.", ""] if speed is not None else []),
             *test_lines(result),
         ]
     else:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.reporting.labels import place_labels
 from profiling_agent.tools.reporting.pareto import (  # noqa: F401 - re-exported: the plots' data live there
     extra_baselines,
     pareto_front,
@@ -35,9 +36,11 @@ _DPI = 110
 
 def new_figure(width: float, height: float):
     """Make a matplotlib Figure of the given size in inches, drawn without pyplot."""
-    from matplotlib.figure import Figure  # Agg through Figure.savefig: no pyplot, no global backend state
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # Agg through its own canvas: no pyplot, no global backend state
 
     fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)  # a renderer to measure text with (label placement)
     return fig
 
 
@@ -64,59 +67,34 @@ def accuracy_floor(points: list[dict[str, Any]], base_accuracy: float | None, bu
     return floor if any(p["accuracy"] < floor for p in points) else None
 
 
-def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
-    """Plot accuracy against `cost` ("latency_rel" or "params") for every model; the best candidate is starred.
+_STYLE = {
+    "baseline": dict(marker="s", s=70, color=_BASE_COLOR, label="baseline"),
+    "candidate": dict(marker="o", s=45, color=_CAND_COLOR, label="candidates"),
+    "best": dict(marker="*", s=240, color=_BEST_COLOR, label="best", edgecolor="black", linewidths=0.6),
+    "reference": dict(marker="D", s=50, color=_REF_COLOR, label="other baselines"),
+    "variant": dict(marker="^", s=30, color=_CAND_COLOR, alpha=0.45, label="best's other backend forms"),
+}
+# which labels claim their place first when points crowd: the delivered model and the baseline read first
+_LABEL_ORDER = ("best", "baseline", "candidate", "reference", "variant")
 
-    Returns:
-        PNG bytes, or None when no point has both numbers.
-    """
-    points = [p for p in pareto_points(result) if p[cost] is not None]
-    if not points:
-        return None
-    base = result.get("baseline") or {}
-    budget = as_number((result.get("objective") or {}).get("max_acc_drop"))
-    floor = accuracy_floor(points, as_number(base.get("accuracy")), budget)
 
-    def shown(p: dict[str, Any]) -> float:
-        return p["accuracy"] if floor is None else max(p["accuracy"], floor)
-
-    fig = new_figure(6.4, 4.4)
-    ax = fig.add_subplot()
+def _draw_points(ax, points: list[dict[str, Any]], cost: str, shown) -> None:
+    """Draw the Pareto front (dashed) and each kind of point with its marker."""
     front = pareto_front(points, cost)
     if len(front) > 1:
-        ax.plot(
-            [p[cost] for p in front],
-            [shown(p) for p in front],
-            color=_FRONT_COLOR,
-            lw=1.2,
-            ls="--",
-            zorder=1,
-            label="Pareto front",
-        )
-    style = {
-        "baseline": dict(marker="s", s=70, color=_BASE_COLOR, label="baseline"),
-        "candidate": dict(marker="o", s=45, color=_CAND_COLOR, label="candidates"),
-        "best": dict(marker="*", s=240, color=_BEST_COLOR, label="best", edgecolor="black", linewidths=0.6),
-        "reference": dict(marker="D", s=50, color=_REF_COLOR, label="other baselines"),
-        "variant": dict(marker="^", s=30, color=_CAND_COLOR, alpha=0.45, label="best's other backend forms"),
-    }
-    for kind, kw in style.items():
+        xs, ys = [p[cost] for p in front], [shown(p) for p in front]
+        ax.plot(xs, ys, color=_FRONT_COLOR, lw=1.2, ls="--", zorder=1, label="Pareto front")
+    for kind, kw in _STYLE.items():
         chosen = [p for p in points if p["kind"] == kind]
         if chosen:
             ax.scatter([p[cost] for p in chosen], [shown(p) for p in chosen], zorder=3, **kw)
-    for p in points:
-        clipped = floor is not None and p["accuracy"] < floor
-        label = f"{p['label']} ({p['accuracy']:.1f}%, off scale)" if clipped else p["label"]
-        ax.annotate(label, (p[cost], shown(p)), textcoords="offset points", xytext=(6, 5), fontsize=8)
-    if as_number(base.get("accuracy")) is not None and budget is not None:
-        ax.axhline(
-            base["accuracy"] - budget,
-            color="#888888",
-            lw=0.9,
-            ls=":",
-            zorder=0,
-            label=f"accuracy budget (-{budget:g} pp)",
-        )
+
+
+def _dress_axes(ax, cost: str, base_accuracy: float | None, budget: float | None) -> None:
+    """Draw the budget line and the baseline's latency, name the axes and add the grid."""
+    if base_accuracy is not None and budget is not None:
+        label = f"accuracy budget (-{budget:g} pp)"
+        ax.axhline(base_accuracy - budget, color="#888888", lw=0.9, ls=":", zorder=0, label=label)
     if cost == "latency_rel":
         ax.axvline(1.0, color="#bbbbbb", lw=0.8, zorder=0)
         ax.set_xlabel("batch-1 latency / baseline latency (side by side; lower is faster)")
@@ -129,13 +107,61 @@ def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
     ax.set_title("Accuracy vs " + ("latency" if cost == "latency_rel" else "parameters"))
     ax.grid(alpha=0.3)
     ax.margins(x=0.15, y=0.2)
+
+
+def pareto_figure(result: Mapping[str, Any], cost: str):
+    """Build the figure of accuracy against `cost` ("latency_rel" or "params"); the best candidate is starred.
+
+    Every point is labelled where its label overlaps no other label or marker (tools.reporting.labels); the legend
+    sits below the axes, out of the points' way.
+
+    Returns:
+        A matplotlib Figure with its layout done, or None when no point has both numbers.
+    """
+    points = [p for p in pareto_points(result) if p[cost] is not None]
+    if not points:
+        return None
+    base = result.get("baseline") or {}
+    budget = as_number((result.get("objective") or {}).get("max_acc_drop"))
+    floor = accuracy_floor(points, as_number(base.get("accuracy")), budget)
+
+    def shown(p: dict[str, Any]) -> float:
+        return p["accuracy"] if floor is None else max(p["accuracy"], floor)
+
+    fig = new_figure(6.4, 4.8)
+    ax = fig.add_subplot()
+    _draw_points(ax, points, cost, shown)
+    _dress_axes(ax, cost, as_number(base.get("accuracy")), budget)
     if floor is not None:
         top = max(shown(p) for p in points)
         pad = max(top - floor, 1.0)
         ax.set_ylim(floor - 0.08 * pad, top + 0.15 * pad)
         ax.axhline(floor, color=_BEST_COLOR, lw=0.6, ls="-.", zorder=0)
-    ax.legend(fontsize=8, loc="best")
-    return png_bytes(fig)
+    fig.legend(fontsize=8, loc="outside lower center", ncols=3, frameon=False)
+    fig.draw_without_rendering()  # the layout is final before labels are placed in display pixels
+    ordered = sorted(points, key=lambda p: _LABEL_ORDER.index(p["kind"]))
+    labels = [
+        (
+            f"{p['label']} ({p['accuracy']:.1f}%, off scale)"
+            if floor is not None and p["accuracy"] < floor
+            else p["label"],
+            p[cost],
+            shown(p),
+        )
+        for p in ordered
+    ]
+    place_labels(ax, labels)
+    return fig
+
+
+def plot_pareto(result: Mapping[str, Any], cost: str) -> bytes | None:
+    """Plot accuracy against `cost` ("latency_rel" or "params") for every model (pareto_figure) as PNG bytes.
+
+    Returns:
+        PNG bytes, or None when no point has both numbers.
+    """
+    fig = pareto_figure(result, cost)
+    return None if fig is None else png_bytes(fig)
 
 
 def plot_layer_latency(profile: Mapping[str, Any], top: int = 20) -> bytes | None:

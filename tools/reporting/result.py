@@ -141,6 +141,82 @@ def joint_latency(latency: Mapping[str, Any], best: Mapping[str, Any] | None) ->
     return joint
 
 
+def _candidate_row(
+    c: dict[str, Any], final_latency: Mapping[str, Any], base_final: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Return one candidate's entry of result.json (its round's metrics, or the final joint latency when taken)."""
+    meta = c.get("planner_meta") or {}
+    artifact = c.get("delivered") or c.get("artifact") or {}
+    return {
+        "iteration": c["iteration"],
+        "status": c["status"],
+        **_with_final_latency(_metrics(c.get("eval")), final_latency.get(f"iter_{c['iteration']:02d}"), base_final),
+        "plan": c.get("plan"),
+        "planner": c.get("planner"),
+        "llm": meta.get("llm"),
+        "turn": meta.get("turn"),
+        "vs_proposal": meta.get("vs_proposal"),
+        "block_trials": meta.get("block_trials"),
+        "applied": c.get("applied"),
+        "quantized": len(c.get("quantized") or []),
+        "recovery": c.get("recovery"),
+        "check": c.get("check"),
+        "path": artifact.get("path"),
+        "sha256": artifact.get("sha256"),
+        "error": c.get("error"),
+    }
+
+
+def _best_row(
+    best: dict[str, Any] | None,
+    test: dict[str, Any],
+    final_latency: Mapping[str, Any],
+    base_final: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """Return result.json's "best" entry: the delivered candidate's metrics, selection facts and test numbers."""
+    if not best:
+        return None
+    return {
+        "iteration": best["iteration"],
+        **_with_final_latency(
+            _metrics(best.get("eval")), final_latency.get(f"iter_{best['iteration']:02d}"), base_final
+        ),
+        "rule": best.get("rule"),
+        "within_budget": best.get("within_budget"),
+        "reduction": best.get("reduction"),
+        "accuracy_drop": best.get("accuracy_drop"),
+        "ci_crosses_budget": best.get("ci_crosses_budget", False),
+        **_test_fields(test, best["iteration"]),
+        "plan": best.get("plan"),
+        "path": "best",
+        "source_path": (best.get("delivered") or best.get("artifact") or {}).get("path"),
+        "pruned_path": (best.get("recovered") or best.get("pruned") or {}).get("path"),  # fp32, after recovery
+    }
+
+
+def _baseline_eval(state: dict[str, Any], base_final: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return the baseline's evaluation with the final joint latency in place of its round's, when one was taken."""
+    baseline_eval = state.get("baseline_eval")
+    if not baseline_eval or not base_final:
+        return baseline_eval
+    return {
+        **baseline_eval,
+        "latency_ms": base_final["latency_ms"],
+        "latency_batch_ms": base_final["latency_batch_ms"],
+        "speedup": 1.0,
+    }
+
+
+def _planner_entry(state: dict[str, Any], objective: Mapping[str, Any]) -> dict[str, Any]:
+    """Return result.json's "planner" entry: what was asked, what planned each round, fallbacks, LLM facts."""
+    return {
+        "requested": objective.get("planner"),
+        "used": sorted({c.get("planner") for c in state.get("candidates", []) if c.get("planner")}),
+        "fallbacks": state.get("fallbacks", []),
+        **planner_facts(state.get("history") or []),
+    }
+
+
 def build_result(
     state: dict[str, Any], thread_id: str, joint_timing: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -154,57 +230,8 @@ def build_result(
     final_latency = joint_latency(joint_timing or {}, state.get("best"))
     base_final = final_latency.get("baseline")
     test = state.get("test_eval") or {}
-    baseline_eval = state.get("baseline_eval")
-    if baseline_eval and base_final:
-        baseline_eval = {
-            **baseline_eval,
-            "latency_ms": base_final["latency_ms"],
-            "latency_batch_ms": base_final["latency_batch_ms"],
-            "speedup": 1.0,
-        }
-    candidates = []
-    for c in state.get("candidates", []):
-        candidates.append(
-            {
-                "iteration": c["iteration"],
-                "status": c["status"],
-                **_with_final_latency(
-                    _metrics(c.get("eval")), final_latency.get(f"iter_{c['iteration']:02d}"), base_final
-                ),
-                "plan": c.get("plan"),
-                "planner": c.get("planner"),
-                "llm": (c.get("planner_meta") or {}).get("llm"),
-                "turn": (c.get("planner_meta") or {}).get("turn"),
-                "vs_proposal": (c.get("planner_meta") or {}).get("vs_proposal"),
-                "block_trials": (c.get("planner_meta") or {}).get("block_trials"),
-                "applied": c.get("applied"),
-                "quantized": len(c.get("quantized") or []),
-                "recovery": c.get("recovery"),
-                "check": c.get("check"),
-                "path": (c.get("delivered") or c.get("artifact") or {}).get("path"),
-                "sha256": (c.get("delivered") or c.get("artifact") or {}).get("sha256"),
-                "error": c.get("error"),
-            }
-        )
+    baseline_eval = _baseline_eval(state, base_final)
     best = state.get("best")
-    best_out = None
-    if best:
-        best_out = {
-            "iteration": best["iteration"],
-            **_with_final_latency(
-                _metrics(best.get("eval")), final_latency.get(f"iter_{best['iteration']:02d}"), base_final
-            ),
-            "rule": best.get("rule"),
-            "within_budget": best.get("within_budget"),
-            "reduction": best.get("reduction"),
-            "accuracy_drop": best.get("accuracy_drop"),
-            "ci_crosses_budget": best.get("ci_crosses_budget", False),
-            **_test_fields(test, best["iteration"]),
-            "plan": best.get("plan"),
-            "path": "best",
-            "source_path": (best.get("delivered") or best.get("artifact") or {}).get("path"),
-            "pruned_path": (best.get("recovered") or best.get("pruned") or {}).get("path"),  # fp32, after recovery
-        }
     objective = state.get("objective") or {}
     return {
         "thread_id": thread_id,
@@ -216,22 +243,17 @@ def build_result(
         "family": state.get("family"),
         "input_shape": state.get("input_shape"),
         "labels": {k: (state.get("labels") or {}).get(k) for k in ("method", "restricted", "allowed_ids")},
-        "planner": {
-            "requested": objective.get("planner"),
-            "used": sorted({c.get("planner") for c in state.get("candidates", []) if c.get("planner")}),
-            "fallbacks": state.get("fallbacks", []),
-            **planner_facts(state.get("history") or []),
-        },
+        "planner": _planner_entry(state, objective),
         "protocol": protocol(state),
         "baseline": {
             **_metrics(baseline_eval),
             "test_accuracy": test.get("baseline_accuracy"),
             "path": (state.get("baseline") or {}).get("path"),
         },
-        "best": best_out,
+        "best": _best_row(best, test, final_latency, base_final),
         "outcome": target_outcome(best, baseline_eval, objective, joint_timing),
         "backend_profile": (state.get("profile") or {}).get("backend"),
-        "candidates": candidates,
+        "candidates": [_candidate_row(c, final_latency, base_final) for c in state.get("candidates", [])],
         "latency_method": (
             "final: baseline and all candidates measured together, interleaved, median of repeats"
             if final_latency

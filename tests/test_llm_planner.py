@@ -20,7 +20,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import PLAN_SCHEMA, regex_families, render_analysis
 from profiling_agent.prompts.input_shape import render_input_shape
-from profiling_agent.prompts.iterative import render_iterative
+from profiling_agent.prompts.iterative import Feedback, render_iterative
 from profiling_agent.state import CompressionPlan, Context, Objective, PruneEntry, QuantEntry, State
 from profiling_agent.tools.planning.deterministic import estimate_reduction, plan_round
 from profiling_agent.tools.planning.llm_planner import llm_round, plan_with_llm
@@ -385,7 +385,7 @@ def test_prompts_for_a_12_layer_vit_b_stay_compact():
         for i in range(1, 6)
     ]
     base = {"accuracy": 81.0, "params": 8.6e7, "macs": 1.7e10, "latency_ms": 20.0, "size_mb": 330}
-    messages = render_iterative(profile, sens, Objective(), iteration=6, candidates=cands, baseline_eval=base)
+    messages = render_iterative(profile, sens, Objective(), Feedback(iteration=6, candidates=cands, baseline_eval=base))
     assert sum(len(m.content) for m in messages) < 15_000
 
 

@@ -102,7 +102,7 @@ def render_messages(
 ) -> list[BaseMessage]:
     """Build the analysis prompt (round 1) or the iterative prompt (later rounds)."""
     from profiling_agent.prompts.analysis import render_analysis
-    from profiling_agent.prompts.iterative import render_iterative
+    from profiling_agent.prompts.iterative import Feedback, render_iterative
     from profiling_agent.tools.evaluation.selection import select_best
 
     info = {"model": inputs.model_ref, "family": inputs.family}
@@ -113,18 +113,21 @@ def render_messages(
         )
     candidates = [c.model_dump() for c in inputs.candidates]
     baseline = inputs.baseline_eval.model_dump() if inputs.baseline_eval else None
-    return render_iterative(
-        profile,
-        sensitivity,
-        inputs.objective,
+    feedback = Feedback(
         iteration=iteration,
         candidates=candidates,
         baseline_eval=baseline,
         fallbacks=[f.model_dump() for f in inputs.fallbacks],
+        best=select_best(candidates, baseline, inputs.objective) if baseline else None,
+    )
+    return render_iterative(
+        profile,
+        sensitivity,
+        inputs.objective,
+        feedback,
         model_info=info,
         bounds=bounds,
         tool_rounds=ctx.llm_tool_rounds,
-        best=select_best(candidates, baseline, inputs.objective) if baseline else None,
     )
 
 

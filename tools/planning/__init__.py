@@ -1,4 +1,5 @@
-"""Choosing what to compress: the deterministic planner, the LLM planner, its tools and client, and the plan guard.
+"""Choosing what to compress: the planners, the planning round and its calibration trials, and the plan guard.
 
-It may import every room below it; nothing below imports it.
+The deterministic planner, the LLM planner with its tools and client, and human review live here. It may import
+every room below it; nothing below imports it.
 """

@@ -6,7 +6,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 EMBEDDED_MODEL = "embedded:vit-digits"
 EMBEDDED_DATASET = "embedded:digits"
@@ -329,6 +329,79 @@ class LLMStep(_Strict):
     vs_proposal: str | None = Field(default=None, description="The applied plan against the proposal, in words.")
 
 
+class ProposalDiff(_Strict):
+    """What the LLM's applied plan changed relative to the closest proposal it was offered this step.
+
+    verdict: "copied" (no change), "edited" (at most one change per proposed group), "own" (more, or no proposal
+    was asked for: the plan is entirely the LLM's).
+    """
+
+    verdict: Literal["copied", "edited", "own"] = Field(description="copied, edited or own.")
+    changes: int = Field(default=0, description="Groups added or removed, ratios changed, quantization changed.")
+    proposals: int = Field(default=0, description="Proposals the LLM asked for in this step.")
+    goal: float | None = Field(default=None, description="Goal of the proposal compared against.")
+    emphasis: str | None = Field(default=None, description="Emphasis of that proposal.")
+    added: list[str] = Field(default_factory=list, description="Groups the LLM pruned that the proposal did not.")
+    removed: list[str] = Field(default_factory=list, description="Proposed groups the LLM left unpruned.")
+    ratios: dict[str, list[float]] = Field(default_factory=dict, description="Group -> [proposed, LLM's] ratio.")
+    quantization: str = Field(default="", description="How quantization changed ('' when it did not).")
+
+    def label(self) -> str:
+        """Return "copied", "edited (n changes)" or "own" for tables and the console."""
+        return f"edited ({self.changes} changes)" if self.verdict == "edited" else self.verdict
+
+
+class BackoffTrial(_Strict):
+    """One round-1 trial of a whole plan on the calibration images (`planning/backoff.py`)."""
+
+    goal: float = Field(description="The goal the plan was made for.")
+    calib_drop_pp: float = Field(description="Calibration accuracy lost, pp.")
+    params_reduction: float | None = Field(default=None, description="Parameters removed, fraction.")
+
+
+class BackoffRecord(_Strict):
+    """Round 1's back-off: the goal kept, the calibration drop allowed, and the trials that chose it."""
+
+    cap_pp: float = Field(description="Largest calibration accuracy drop accepted, pp.")
+    kept_goal: float = Field(description="The goal round 1 planned for.")
+    trials: list[BackoffTrial] = Field(default_factory=list, description="The trials, the planner's own goal first.")
+
+
+class SearchTrial(_Strict):
+    """One calibration trial of a searching round (`planning/search.py`)."""
+
+    goal: float = Field(description="The goal the plan was made for.")
+    predicted_pp: float = Field(description="Calibration accuracy lost, pp.")
+    corrected_pp: float = Field(description="That loss times the correction, pp.")
+
+
+class SearchRecord(_Strict):
+    """A searching round: the measured interval, the correction of the trials' loss, the trials and the goal."""
+
+    goal: float = Field(description="The goal planned for.")
+    interval: list[float] = Field(description="[largest goal that kept the budget, smallest that missed it].")
+    correction: float = Field(description="Validation loss / calibration trial loss, from the rounds so far.")
+    cap_pp: float = Field(description="The calibration loss a trial may show, pp.")
+    trials: list[SearchTrial] = Field(default_factory=list, description="The calibration trials.")
+    why: str = Field(default="", description="One sentence for the plan's rationale.")
+
+
+class BlockTrial(_Strict):
+    """One block set tried in round 1 (`planning/block_trials.py`): pruned, refit and briefly distilled."""
+
+    blocks: list[str] = Field(description="The block groups removed.")
+    estimate: float = Field(description="Estimated reduction of the plan.")
+    width_groups: int = Field(description="Width groups pruned beside the blocks.")
+    kl: float | None = Field(description="Mean KL of the trial's logits from the baseline's (None: it failed).")
+    calib_drop_pp: float | None = Field(default=None, description="Calibration accuracy lost, pp (when it ran).")
+    error: str | None = Field(default=None, description="Why the trial failed.")
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: Any) -> dict[str, Any]:
+        """Leave out calib_drop_pp of a failed trial and error of one that ran, as the trials record them."""
+        return {k: v for k, v in handler(self).items() if v is not None or k not in ("calib_drop_pp", "error")}
+
+
 class PlannerMeta(_Strict):
     """What the planner aimed at in a round (later rounds learn from it)."""
 
@@ -336,16 +409,14 @@ class PlannerMeta(_Strict):
     gamma: float | None = Field(default=None, description="Sensitivity exponent of the deterministic planner.")
     converged: bool = Field(default=False, description="The deterministic planner had nothing new to try.")
     llm: LLMStep | None = Field(default=None, description="The LLM step's facts (model, usage, transcript).")
-    vs_proposal: dict[str, Any] | None = Field(default=None, description="LLM plan vs proposal: a ProposalDiff.")
+    vs_proposal: ProposalDiff | None = Field(default=None, description="LLM plan vs the closest proposal.")
     turn: str | None = Field(default=None, description="With an LLM: llm, or reference (the deterministic sequence).")
     baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
     ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
-    backoff: dict[str, Any] | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
+    backoff: BackoffRecord | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
     predicted_drop: float | None = Field(default=None, description="Calibration trial's loss of this plan, pp.")
-    search: dict[str, Any] | None = Field(default=None, description="Searching round: interval, correction, trials.")
-    block_trials: list[dict[str, Any]] | None = Field(
-        default=None, description="Round 1's block sets tried (blocks, estimate, KL, calibration drop): block_trials."
-    )
+    search: SearchRecord | None = Field(default=None, description="Searching round: interval, correction, trials.")
+    block_trials: list[BlockTrial] | None = Field(default=None, description="Round 1's block sets tried.")
 
 
 class Review(_Strict):

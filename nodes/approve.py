@@ -48,7 +48,7 @@ def approval_request(state: State, thread_id: str, estimate: dict[str, float], n
 def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Pause for a human decision on this iteration's plan; record it and apply it (the node re-runs on resume)."""
     from profiling_agent.tools.io import read_json, write_json_atomic
-    from profiling_agent.tools.planning.deterministic import estimate_key
+    from profiling_agent.tools.planning.ratio_solver import estimate_key
 
     it = state.iteration
     profile = read_json(run_dir(state) / "profile.json")

@@ -13,7 +13,7 @@ from profiling_agent.state import Context, State
 def resolve_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Resolve the input shape from processor and config (the LLM only when ambiguous), verified by a forward pass."""
     from profiling_agent.tools.models.input_shape import resolve_input_shape
-    from profiling_agent.tools.planning.llm_client import llm_configured
+    from profiling_agent.tools.planning.llm_config import llm_configured
     from profiling_agent.tools.shape.llm_shape import settle_input_shape
 
     ctx = context_of(runtime)

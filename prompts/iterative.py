@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
@@ -147,19 +148,34 @@ def rejections_block(fallbacks: list[dict[str, Any]], limit: int = 3) -> str:
     return "Earlier LLM answers that were rejected (avoid these mistakes):\n" + "\n".join(lines) if lines else ""
 
 
+@dataclass(frozen=True)
+class Feedback:
+    """What the earlier rounds showed, for a later round's prompt.
+
+    Attributes:
+        iteration: Round being planned (>= 2).
+        candidates: Earlier candidates (iteration, status, planner, plan, applied, eval, error).
+        baseline_eval: The baseline's evaluation record.
+        fallbacks: Earlier planner fallbacks (stage, reason, rejected, iteration).
+        best: The best candidate so far by the run's rule (select_best's result), or None.
+    """
+
+    iteration: int
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    baseline_eval: dict[str, Any] | None = None
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+
+
 def render_iterative(
     profile: dict[str, Any],
     sensitivity: dict[str, Any],
     objective: Objective,
+    feedback: Feedback,
     *,
-    iteration: int,
-    candidates: list[dict[str, Any]],
-    baseline_eval: dict[str, Any] | None,
-    fallbacks: list[dict[str, Any]] | None = None,
     model_info: dict[str, Any] | None = None,
     bounds: dict[str, Any] | None = None,
     tool_rounds: int = 6,
-    best: dict[str, Any] | None = None,
 ) -> list[BaseMessage]:
     """Build the messages of a later round: analysis system prompt + addendum, profile and feedback.
 
@@ -167,24 +183,21 @@ def render_iterative(
         profile: The full profile.json dict.
         sensitivity: Probe results per group name.
         objective: The run's objective.
-        iteration: Round being planned (>= 2).
-        candidates: Earlier candidates (iteration, status, planner, plan, applied, eval, error).
-        baseline_eval: The baseline's evaluation record.
-        fallbacks: Earlier planner fallbacks (stage, reason, rejected, iteration).
+        feedback: The round planned and what the earlier rounds showed.
         model_info: Facts shown in the header.
         bounds: The guard's bounds quoted in the rules (GuardConfig's fields by name).
         tool_rounds: Tool-call rounds allowed.
-        best: The best candidate so far by the run's rule (select_best's result), or None.
     """
+    baseline_eval = feedback.baseline_eval
     system = system_prompt(bounds, tool_rounds) + ITERATIVE_SYSTEM_ADDENDUM
     user = ITERATIVE_USER.format(
         profile_block=profile_block(profile, sensitivity, model_info or {}),
         objective_block=objective_block(objective),
-        iteration=iteration,
+        iteration=feedback.iteration,
         max_iterations=objective.iterations,
         baseline=baseline_line(baseline_eval),
-        history=history_block(candidates, baseline_eval, objective),
-        best=best_line(best, baseline_eval, objective),
-        rejections=rejections_block(fallbacks or []),
+        history=history_block(feedback.candidates, baseline_eval, objective),
+        best=best_line(feedback.best, baseline_eval, objective),
+        rejections=rejections_block(feedback.fallbacks),
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]

@@ -13,8 +13,8 @@ from profiling_agent.state import CompressionPlan, Objective
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.evaluation.metrics import mean_kl
 from profiling_agent.tools.planning.block_trials import block_sets, choose_block_set
-from profiling_agent.tools.planning.deterministic import plan_round
-from profiling_agent.tools.planning.round import tried_block_sets
+from profiling_agent.tools.planning.deterministic import Steering, plan_round
+from profiling_agent.tools.planning.round import RoundData, tried_block_sets
 from profiling_agent.tools.recovery.policy import BATCH, DEPTH_BATCH, DEPTH_LR, LR, auto_recipe
 
 DAMAGE = {"layers.0.block": 1.0, "layers.1.block": 0.5, "layers.2.block": 0.05, "layers.3.block": 0.3}
@@ -60,7 +60,7 @@ def test_the_set_closest_to_the_baseline_after_its_trial_is_kept_and_ties_keep_t
     kl = {("layers.2.block", "layers.3.block"): 0.3, ("layers.1.block", "layers.2.block"): 0.1}
 
     def plan_for(names):
-        result = plan_round(groups, costs, sensitivity, objective, [], blocks=names)
+        result = plan_round(groups, costs, sensitivity, objective, [], steer=Steering(blocks=names))
         return result.plan, result.target_estimate
 
     def trial(plan):
@@ -107,7 +107,7 @@ def test_a_given_block_set_is_the_one_planned_and_width_fills_the_rest_of_the_go
         r"^vit\.layers\.2$",
         r"^vit\.layers\.3$",
     }
-    forced = plan_round(groups, costs, sensitivity, objective, [], blocks=["layers.0.block"])
+    forced = plan_round(groups, costs, sensitivity, objective, [], steer=Steering(blocks=["layers.0.block"]))
     assert [e.layer for e in forced.plan.pruning if e.type == "block"] == [r"^vit\.layers\.0$"]
     assert any(e.type != "block" for e in forced.plan.pruning)  # one block short of the goal: width adds what it can
     assert forced.target_estimate < own.target_estimate - 0.1  # (1% of the latency per width group here)
@@ -128,13 +128,14 @@ def test_round_one_keeps_the_trials_best_set_and_says_why(planned):
 
         return evaluate
 
-    kept, records = tried_block_sets(result, groups, costs, sensitivity, objective, evaluator)
+    data = RoundData(groups, costs, sensitivity, objective, [])
+    kept, records = tried_block_sets(result, data, evaluator)
     assert calls == [4] and len(records) == 4 and records[0]["blocks"] == ["layers.2.block", "layers.3.block"]
     assert records[1]["blocks"] == ["layers.1.block", "layers.2.block"]
     assert r"^vit\.layers\.1$" in {e.layer for e in kept.plan.pruning}
     assert "Blocks chosen by trial" in kept.plan.rationale
-    assert tried_block_sets(result, groups, costs, sensitivity, objective, lambda n: None) == (result, None)
-    assert tried_block_sets(result, groups, costs, sensitivity, objective, None) == (result, None)
+    assert tried_block_sets(result, data, lambda n: None) == (result, None)
+    assert tried_block_sets(result, data, None) == (result, None)
 
 
 def test_after_removing_blocks_auto_distils_at_a_higher_rate_and_batch_on_a_small_model():

@@ -9,7 +9,7 @@ import pytest
 from fake_llm import vit_profile, vit_sensitivity
 
 from profiling_agent.prompts.analysis import render_analysis
-from profiling_agent.prompts.iterative import render_iterative
+from profiling_agent.prompts.iterative import Feedback, render_iterative
 from profiling_agent.state import Objective
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
@@ -184,7 +184,7 @@ def test_match_layers_takes_block_only_when_the_profile_has_block_groups():
 def prompts(profile: dict) -> list[str]:
     sens = vit_sensitivity(profile)
     first = render_analysis(profile, sens, Objective(target="latency"))
-    later = render_iterative(profile, sens, Objective(target="latency"), iteration=2, candidates=[], baseline_eval=None)
+    later = render_iterative(profile, sens, Objective(target="latency"), Feedback(iteration=2))
     return [m.content for m in [*first, *later]]
 
 

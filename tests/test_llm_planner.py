@@ -17,12 +17,13 @@ from fake_llm import (
 )
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
+from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import PLAN_SCHEMA, regex_families, render_analysis
 from profiling_agent.prompts.input_shape import render_input_shape
-from profiling_agent.prompts.iterative import render_iterative
+from profiling_agent.prompts.iterative import Feedback, render_iterative
 from profiling_agent.state import CompressionPlan, Context, Objective, PruneEntry, QuantEntry, State
 from profiling_agent.tools.planning.deterministic import estimate_reduction, plan_round
-from profiling_agent.tools.planning.llm_planner import plan_with_llm, planning_round
+from profiling_agent.tools.planning.llm_planner import llm_round, plan_with_llm
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.shape.llm_shape_agent import resolve_shape_with_llm
 
@@ -57,7 +58,9 @@ def run(tmp_path, script, *, repeat_last=False, ctx=None, state=None):
     state = state or make_state(tmp_path)
     model = ScriptedChatModel(script=script, repeat_last=repeat_last)
     fallback = fallback_for(state)
-    outcome = plan_with_llm(state, ctx or make_ctx(), PROFILE, SENS, fallback, chat_model=model)
+    outcome = plan_with_llm(
+        round_inputs(state, state.iteration), ctx or make_ctx(), PROFILE, SENS, fallback, chat_model=model
+    )
     return outcome, model, fallback
 
 
@@ -330,7 +333,7 @@ def test_later_rounds_use_the_iterative_prompt_with_measurements(tmp_path):
             {"stage": "guard", "reason": "x", "iteration": 2, "rejected": [{"reasons": ["ratio 0.95 exceeds the cap"]}]}
         ],
     )
-    assert planning_round(state) == 3
+    assert llm_round(round_inputs(state, state.iteration)) == 3
     outcome, model, _ = run(tmp_path, [PLAN_TEXT], state=state)
     assert outcome.transcript == "iter_03/llm_transcript.jsonl"
     system, user = model.calls[0][0].content, model.calls[0][1].content
@@ -382,7 +385,7 @@ def test_prompts_for_a_12_layer_vit_b_stay_compact():
         for i in range(1, 6)
     ]
     base = {"accuracy": 81.0, "params": 8.6e7, "macs": 1.7e10, "latency_ms": 20.0, "size_mb": 330}
-    messages = render_iterative(profile, sens, Objective(), iteration=6, candidates=cands, baseline_eval=base)
+    messages = render_iterative(profile, sens, Objective(), Feedback(iteration=6, candidates=cands, baseline_eval=base))
     assert sum(len(m.content) for m in messages) < 15_000
 
 
@@ -538,7 +541,7 @@ def test_chat_openai_against_a_local_server(tmp_path):
     with ScriptedOpenAIServer(script) as server:
         ctx = make_ctx(llm_base_url=server.base_url, llm_model="fake-model", llm_timeout=10)
         state = make_state(tmp_path)
-        outcome = plan_with_llm(state, ctx, PROFILE, SENS, fallback_for(state))
+        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback_for(state))
         requests = list(server.requests)
     assert outcome.planner == "llm" and outcome.fallbacks == []
     assert outcome.plan == CompressionPlan.model_validate(PLAN)
@@ -562,7 +565,7 @@ def test_chat_openai_http_500_falls_back(tmp_path):
         ctx = make_ctx(llm_base_url=server.base_url, llm_timeout=5)
         state = make_state(tmp_path)
         fallback = fallback_for(state)
-        outcome = plan_with_llm(state, ctx, PROFILE, SENS, fallback)
+        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback)
         n = len(server.requests)
     record = assert_fallback(outcome, fallback, "error")
     assert "500" in record.reason and n == 2  # max_retries=1: one retry
@@ -574,7 +577,7 @@ def test_chat_openai_timeout_falls_back(tmp_path):
         ctx = make_ctx(llm_base_url=server.base_url, llm_timeout=0.3)
         state = make_state(tmp_path)
         fallback = fallback_for(state)
-        outcome = plan_with_llm(state, ctx, PROFILE, SENS, fallback)
+        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback)
         assert server.requests and server.slept_out == 0  # the client gave up before any scripted sleep ended
     assert_fallback(outcome, fallback, "timeout")
 
@@ -586,7 +589,7 @@ def test_chat_openai_connection_refused_falls_back(tmp_path):
     ctx = make_ctx(llm_base_url=f"http://127.0.0.1:{port}/v1", llm_timeout=2)
     state = make_state(tmp_path)
     fallback = fallback_for(state)
-    outcome = plan_with_llm(state, ctx, PROFILE, SENS, fallback)
+    outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback)
     record = assert_fallback(outcome, fallback, "error")
     assert "Connection" in record.reason
 
@@ -636,7 +639,7 @@ def test_llm_plan_on_a_real_tiny_vit_profile(tiny_vit, tmp_path):
     fallback = plan_round(profile["groups"], profile["group_costs"], sens, state.objective, [])
     estimate = tool_call("estimate_plan", {"plan_json": json.dumps(PLAN)})
     model = ScriptedChatModel(script=[ai_tool_calls(estimate), PLAN_TEXT])
-    outcome = plan_with_llm(state, make_ctx(), profile, sens, fallback, chat_model=model)
+    outcome = plan_with_llm(round_inputs(state, state.iteration), make_ctx(), profile, sens, fallback, chat_model=model)
     assert outcome.planner == "llm"
     answer = json.loads(next(m for m in model.calls[1] if isinstance(m, ToolMessage)).content)
     assert answer["valid"] is True and answer["predicted_reduction_from_pruning"]["params"] > 0.1
@@ -650,7 +653,9 @@ class NoToolsModel(ScriptedChatModel):
 def test_a_model_without_tool_support_still_plans(tmp_path):
     state = make_state(tmp_path)
     model = NoToolsModel(script=[PLAN_TEXT])
-    outcome = plan_with_llm(state, make_ctx(), PROFILE, SENS, fallback_for(state), chat_model=model)
+    outcome = plan_with_llm(
+        round_inputs(state, state.iteration), make_ctx(), PROFILE, SENS, fallback_for(state), chat_model=model
+    )
     assert outcome.planner == "llm" and "tools" not in model.call_kwargs[0]
     assert any(e["event"] == "note" for e in events(tmp_path, outcome))
 
@@ -661,7 +666,7 @@ def test_evaluate_fn_adds_the_evaluate_plan_tool(tmp_path):
     call = tool_call("evaluate_plan", {"plan_json": json.dumps(PLAN)})
     model = ScriptedChatModel(script=[ai_tool_calls(call), PLAN_TEXT])
     outcome = plan_with_llm(
-        state,
+        round_inputs(state, state.iteration),
         make_ctx(),
         PROFILE,
         SENS,

@@ -8,6 +8,7 @@ import json
 import pytest
 from fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
 
+from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
 from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
 from profiling_agent.state import Candidate, Context, Fallback, LLMStep, Objective, State
@@ -51,7 +52,7 @@ def plan_via(server, tmp_path, state=None, retries=2):
         llm_tool_rounds=2,
         llm_api_key_env="PA_PROPOSAL_UNSET",
     )
-    return plan_with_llm(state, ctx, PROFILE, SENS, fallback), fallback
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback), fallback
 
 
 def transcript(tmp_path, outcome):

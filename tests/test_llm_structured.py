@@ -11,6 +11,7 @@ import json
 import pytest
 from fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
 
+from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
@@ -73,7 +74,7 @@ def plan_with(server, tmp_path, *, structured="auto", retries=2, state=None):
         llm_structured=structured,
         llm_api_key_env="PA_STRUCTURED_UNSET",
     )
-    return plan_with_llm(state, ctx, PROFILE, SENS, fallback), fallback
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback), fallback
 
 
 def formats(server):

@@ -13,12 +13,13 @@ from langchain_core.messages import AIMessage
 
 from profiling_agent.graph.cli.args import EXIT_BAD_INPUT, build_parser, context_from_args
 from profiling_agent.graph.cli.main import main
+from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, State
 from profiling_agent.tools.models.input_shape import resolve_input_shape
 from profiling_agent.tools.planning.deterministic import plan_round
-from profiling_agent.tools.planning.llm_client import describe_endpoint, planner_mode
+from profiling_agent.tools.planning.llm_config import describe_endpoint, planner_mode
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
-from profiling_agent.tools.planning.llm_tools import make_plan_evaluator
+from profiling_agent.tools.planning.trials import PlanEvaluator
 from profiling_agent.tools.reporting.markdown import fallback_lines, md_text, render_markdown
 from profiling_agent.tools.reporting.result import planner_facts
 from profiling_agent.tools.shape.llm_shape import settle_input_shape, shape_metadata
@@ -209,7 +210,7 @@ def test_plan_evaluator_prunes_a_fresh_copy_and_measures_it(tiny_vit):
     torch.manual_seed(0)
     pixels, labels = torch.randn(12, 1, 16, 16), torch.randint(0, 10, (12,))
     before = {k: v.clone() for k, v in tiny_vit.state_dict().items()}
-    evaluate = make_plan_evaluator(lambda: copy.deepcopy(tiny_vit), pixels, labels, max_calls=2)
+    evaluate = PlanEvaluator(lambda: copy.deepcopy(tiny_vit), pixels, labels, max_calls=2)
     plan = {
         "pruning": [{"layer": r"^vit\.layers\.0\.mlp\.fc1$", "type": "structured", "ratio": 0.5}],
         "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8"}],
@@ -242,7 +243,9 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
         AIMessage(content="nothing useful", usage_metadata=usage),
     ]
     ctx = Context(llm_timeout=2.0, llm_retries=0, llm_api_key_env="PA_WIRING_KEY")
-    outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=ScriptedChatModel(script=script))
+    outcome = plan_with_llm(
+        round_inputs(state, state.iteration), ctx, profile, sens, fallback, chat_model=ScriptedChatModel(script=script)
+    )
     assert outcome.planner == "deterministic"
     assert outcome.usage == {"calls": 2, "input_tokens": 200, "output_tokens": 40, "total_tokens": 240}
     assert outcome.tool_errors == [{"name": "rm_rf", "error": "unknown tool: refused, nothing was run"}]
@@ -252,7 +255,7 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
     lines = (tmp_path / summary.transcript).read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines[-4:]] == ["usage", "structured", "fallback", "final"]
     bad_args = ScriptedChatModel(script=[ai_tool_calls(tool_call("layer_profile", {"top": "many"})), "{}"])
-    outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=bad_args)
+    outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, profile, sens, fallback, chat_model=bad_args)
     assert outcome.tool_errors and outcome.tool_errors[0]["name"] == "layer_profile"
 
 
@@ -378,7 +381,7 @@ def test_a_server_answering_just_in_time_cannot_stall_the_step(tmp_path, monkeyp
     ticks = iter(i * 0.25 for i in range(1000))
     monkeypatch.setattr(llm_session, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     slow = ScriptedChatModel(script=["not a plan"], repeat_last=True)
-    outcome = plan_with_llm(state, ctx, profile, sens, fallback, chat_model=slow)
+    outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, profile, sens, fallback, chat_model=slow)
     assert outcome.planner == "deterministic" and outcome.fallbacks[0].stage == "timeout"
     assert f"planning step took longer than {budget:.1f} s" in outcome.fallbacks[0].reason
     # the budget is 4 deadlines (1.2 s): replies at 0.25, 0.5, 0.75 and 1.0 s; at 1.25 s the step stops, long

@@ -49,7 +49,7 @@ def test_effective_ratio_floors_and_keeps_min_units():
 
 def test_planned_channel_widths_are_whole_blocks_and_the_engine_floor_removes_exactly_them():
     from profiling_agent.tools.compression.units import removed_units, unit_align
-    from profiling_agent.tools.planning.deterministic import aligned_ratio
+    from profiling_agent.tools.planning.ratio_solver import aligned_ratio
 
     assert [unit_align("structured", n) for n in (8, 16, 31, 32, 3072)] == [1, 8, 8, 16, 16]
     assert unit_align("head", 64) == 1  # heads are whole units already

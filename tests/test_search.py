@@ -59,7 +59,7 @@ def test_search_lands_between_the_pass_and_the_failure_where_the_corrected_loss_
     largest = 0.25 + AIM * 2.0 / 3.0 / 30.0
     assert largest - step.goal < 0.37 / 2**6 + 1e-9
     assert step.goal > 0.37 / 2  # better than plain bisection, which would try 18.5%
-    assert step.to_dict()["trials"] and "searching between" in step.why
+    assert step.to_record().trials and "searching between" in step.why
 
 
 def test_no_search_without_a_failure_or_a_prediction():

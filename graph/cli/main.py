@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ctx = context_from_args(args)
     root = Path(ctx["run_root"])
     _check_run_dir(root)
-    from profiling_agent.tools.planning.llm_client import planner_mode
+    from profiling_agent.tools.planning.llm_config import planner_mode
 
     try:  # auto: the LLM when one is configured; llm without one: one-line error naming the missing setting
         planner_note = planner_mode(payload["objective"]["planner"], Context.of(ctx)).note

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan
+from profiling_agent.state import BackoffRecord, CompressionPlan
 
 FIRST_ROUND_CAP_PP = (3.0, 8.0)  # the allowed calibration drop: twice the budget, within these bounds
 BACKOFF_TRIALS = 4  # bisection steps after the first trial (each prunes a copy and scores the calibration images)
@@ -30,6 +30,15 @@ class Backoff:
     def backed_off(self) -> bool:
         """Return True when the goal is below the planner's first one."""
         return bool(self.trials) and round(self.goal, 4) < self.trials[0]["goal"]
+
+    def to_record(self) -> BackoffRecord:
+        """Return the back-off as planner_meta.backoff records it."""
+        return BackoffRecord.model_validate({"cap_pp": self.cap, "kept_goal": self.goal, "trials": self.trials})
+
+    @classmethod
+    def from_record(cls, record: BackoffRecord) -> Backoff:
+        """Return the back-off an earlier candidate recorded."""
+        return cls(goal=record.kept_goal, cap=record.cap_pp, trials=[t.model_dump() for t in record.trials])
 
 
 def drop_cap(max_acc_drop: float) -> float:

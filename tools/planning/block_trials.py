@@ -88,8 +88,8 @@ def choose_block_set(
         return 0, [], []
     records: list[dict[str, Any]] = []
     for names, plan, estimate in eligible:
-        record: dict[str, Any] = {"blocks": names, "estimate": round(float(estimate), 4),
-                                  "width_groups": sum(e.type != "block" for e in plan.pruning)}  # fmt: skip
+        width = sum(e.type != "block" for e in plan.pruning)
+        record: dict[str, Any] = {"blocks": names, "estimate": round(float(estimate), 4), "width_groups": width}
         try:
             metrics = trial(plan)
             record["kl"] = round(float(metrics["kl_to_baseline"]), 5)

@@ -10,7 +10,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from profiling_agent.state import CompressionPlan, Context, Fallback, LLMStep, State
+from profiling_agent.state import CompressionPlan, Context, Fallback, LLMStep, Objective
 from profiling_agent.tools.planning.deterministic import PlanResult
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
@@ -24,10 +24,11 @@ from profiling_agent.tools.planning.llm_session import STEP_BUDGET_REQUESTS, Ses
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig
 from profiling_agent.tools.planning.proposal import Proposal, ProposalDiff, compare_to_proposals, propose
+from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, StructuredMode
 
 logger = logging.getLogger(__name__)
-__all__ = ["STEP_BUDGET_REQUESTS", "LLMOutcome", "plan_with_llm", "planning_round", "render_messages"]
+__all__ = ["STEP_BUDGET_REQUESTS", "LLMOutcome", "llm_round", "plan_with_llm", "render_messages"]
 
 
 @dataclass
@@ -72,9 +73,9 @@ class LLMOutcome:
         )
 
 
-def known_structured_mode(state: State) -> StructuredMode | None:
+def known_structured_mode(inputs: RoundInputs) -> StructuredMode | None:
     """Return the structured-output mode an earlier round of this run confirmed with the server, if any."""
-    for candidate in reversed(state.candidates):
+    for candidate in reversed(inputs.candidates):
         llm = candidate.planner_meta.llm if candidate.planner_meta else None
         found = llm.structured if llm is not None else {}
         if found.get("confirmed") and found.get("mode") in AUTO_ORDER:
@@ -82,48 +83,56 @@ def known_structured_mode(state: State) -> StructuredMode | None:
     return None
 
 
-def planning_round(state: State) -> int:
-    """Return the round being planned: `state.iteration`, or one past the last finished candidate if larger."""
-    done = max((c.iteration for c in state.candidates), default=0)
-    return max(state.iteration, done + 1, 1)
+def llm_round(inputs: RoundInputs) -> int:
+    """Return the round being planned: `inputs.iteration`, or one past the last finished candidate if larger."""
+    done = max((c.iteration for c in inputs.candidates), default=0)
+    return max(inputs.iteration, done + 1, 1)
 
 
 # ---------------------------------------------------------------- entry points
 
 
 def render_messages(
-    state: State, ctx: Context, profile: dict[str, Any], sensitivity: dict[str, Any], iteration: int, guard: GuardConfig
+    inputs: RoundInputs,
+    ctx: Context,
+    profile: dict[str, Any],
+    sensitivity: dict[str, Any],
+    iteration: int,
+    guard: GuardConfig,
 ) -> list[BaseMessage]:
     """Build the analysis prompt (round 1) or the iterative prompt (later rounds)."""
     from profiling_agent.prompts.analysis import render_analysis
-    from profiling_agent.prompts.iterative import render_iterative
+    from profiling_agent.prompts.iterative import Feedback, render_iterative
     from profiling_agent.tools.evaluation.selection import select_best
 
-    info = {"model": state.model.ref, "family": state.family}
+    info = {"model": inputs.model_ref, "family": inputs.family}
     bounds = dataclasses.asdict(guard)
     if iteration <= 1:
         return render_analysis(
-            profile, sensitivity, state.objective, model_info=info, bounds=bounds, tool_rounds=ctx.llm_tool_rounds
+            profile, sensitivity, inputs.objective, model_info=info, bounds=bounds, tool_rounds=ctx.llm_tool_rounds
         )
-    candidates = [c.model_dump() for c in state.candidates]
-    baseline = state.baseline_eval.model_dump() if state.baseline_eval else None
-    return render_iterative(
-        profile,
-        sensitivity,
-        state.objective,
+    candidates = [c.model_dump() for c in inputs.candidates]
+    baseline = inputs.baseline_eval.model_dump() if inputs.baseline_eval else None
+    feedback = Feedback(
         iteration=iteration,
         candidates=candidates,
         baseline_eval=baseline,
-        fallbacks=[f.model_dump() for f in state.fallbacks],
+        fallbacks=[f.model_dump() for f in inputs.fallbacks],
+        best=select_best(candidates, baseline, inputs.objective) if baseline else None,
+    )
+    return render_iterative(
+        profile,
+        sensitivity,
+        inputs.objective,
+        feedback,
         model_info=info,
         bounds=bounds,
         tool_rounds=ctx.llm_tool_rounds,
-        best=select_best(candidates, baseline, state.objective) if baseline else None,
     )
 
 
 def plan_with_llm(
-    state: State,
+    inputs: RoundInputs,
     ctx: Context,
     profile: dict[str, Any],
     sensitivity: dict[str, Any],
@@ -135,7 +144,7 @@ def plan_with_llm(
     """Ask the LLM for this round's plan; fall back to the deterministic plan on any failure, never raise.
 
     Args:
-        state: The run state (objective, earlier candidates, baseline evaluation, run folder).
+        inputs: The round's inputs (objective, earlier candidates, baseline evaluation, run folder).
         ctx: Run context (LLM endpoint, timeout, retries, tool rounds).
         profile: The full profile.json dict (groups, group_costs, protected, layers, totals).
         sensitivity: Probe results per group name.
@@ -147,21 +156,21 @@ def plan_with_llm(
     Returns:
         The plan to apply, the planner that produced it, fallback records and the transcript path.
     """
-    iteration = planning_round(state)
-    transcript = Transcript.open(state.run_path, iteration)
-    guard = llm_guard(state, iteration)
+    iteration = llm_round(inputs)
+    transcript = Transcript.open(inputs.run_path, iteration)
+    guard = llm_guard(inputs.objective, iteration)
     usage = empty_usage()
     tool_errors: list[dict[str, str]] = []
-    finder = ModeFinder(ctx.llm_structured, known_structured_mode(state))
+    finder = ModeFinder(ctx.llm_structured, known_structured_mode(inputs))
     proposals: list[Proposal] = []
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
-        info = {"model": state.model.ref, "family": state.family}
-        propose_fn = _proposer(state, profile, sensitivity, fallback, proposals)
+        info = {"model": inputs.model_ref, "family": inputs.family}
+        propose_fn = _proposer(inputs.objective, profile, sensitivity, fallback, proposals)
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
         tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
-        messages = render_messages(state, ctx, profile, sensitivity, iteration, guard)
+        messages = render_messages(inputs, ctx, profile, sensitivity, iteration, guard)
         for message in messages:
             transcript.write("prompt", role=message.type, content=message_text(message))
         session = Session(
@@ -170,7 +179,7 @@ def plan_with_llm(
             ctx,
             transcript,
             profile,
-            state.objective.quantize,
+            inputs.objective.quantize,
             fallback.plan,
             guard,
             usage,
@@ -196,29 +205,33 @@ def plan_with_llm(
 FIRST_PLAN_SHARE = 0.5  # the first LLM plan must be predicted to reach half of the objective's reduction
 
 
-def llm_guard(state: State, iteration: int) -> GuardConfig:
+def llm_guard(objective: Objective, iteration: int) -> GuardConfig:
     """Return the guard of an LLM plan: the objective's target, the format example refused, and in round 1 a floor.
 
     The first plan is sent back (with the numbers) when its predicted reduction is below FIRST_PLAN_SHARE of the
     target: the copied format example removed 17% against a 40% objective.
     """
     return GuardConfig(
-        target=state.objective.target,
-        target_reduction=state.objective.target_reduction,
+        target=objective.target,
+        target_reduction=objective.target_reduction,
         refuse_example=True,
         min_share_of_target=FIRST_PLAN_SHARE if iteration <= 1 else 0.0,
     )
 
 
 def _proposer(
-    state: State, profile: dict[str, Any], sensitivity: dict[str, Any], fallback: PlanResult, out: list[Proposal]
+    objective: Objective,
+    profile: dict[str, Any],
+    sensitivity: dict[str, Any],
+    fallback: PlanResult,
+    out: list[Proposal],
 ) -> Callable[[float, str], dict[str, Any]]:
     """Build propose_plan's function: the deterministic plan at a goal, recorded in `out` for the comparison."""
 
     def propose_fn(goal: float, emphasis: str) -> dict[str, Any]:
         groups, costs = profile.get("groups") or [], profile.get("group_costs") or {}
-        quant = list(fallback.plan.quantization) if state.objective.quantize != "none" else []
-        plan, record = propose(groups, costs, sensitivity, state.objective, goal, emphasis, quant)
+        quant = list(fallback.plan.quantization) if objective.quantize != "none" else []
+        plan, record = propose(groups, costs, sensitivity, objective, goal, emphasis, quant)
         out.append(record)
         return {"goal": record.goal, "emphasis": emphasis, "predicted_reduction": record.estimate, "plan": plan}
 

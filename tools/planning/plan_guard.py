@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from profiling_agent.prompts.plan_example import example_copy_reasons
 from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
 from profiling_agent.tools.compression.depth import MAX_BLOCK_FRACTION, block_limits, limit_key
-from profiling_agent.tools.planning.deterministic import (
+from profiling_agent.tools.planning.ratio_solver import (
     effective_ratio,
     estimate_key,
     estimate_reduction,

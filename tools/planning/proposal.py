@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profiling_agent.state import CompressionPlan, Objective, QuantEntry
-from profiling_agent.tools.planning.deterministic import PlannerConfig, estimate_reduction, plan_round, ratio_cap
+from profiling_agent.state import CompressionPlan, Objective, ProposalDiff, QuantEntry
+from profiling_agent.tools.planning.deterministic import plan_round
+from profiling_agent.tools.planning.ratio_solver import PlannerConfig, estimate_reduction, ratio_cap
 
 Emphasis = Literal["balanced", "cost", "sensitivity"]
 # the deterministic planner's sensitivity exponent per emphasis: ratios follow cost share / damage**gamma
@@ -26,30 +27,6 @@ class Proposal(BaseModel):
     ratios: dict[str, float] = Field(description="Ratio per group name.")
     quantization: list[str] = Field(default_factory=list, description="'layer dtype' per quantization entry.")
     estimate: dict[str, float] = Field(default_factory=dict, description="Predicted params/macs/latency reduction.")
-
-
-class ProposalDiff(BaseModel):
-    """What the LLM's applied plan changed relative to the closest proposal it was offered this step.
-
-    verdict: "copied" (no change), "edited" (at most one change per proposed group), "own" (more, or no proposal
-    was asked for: the plan is entirely the LLM's).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    verdict: Literal["copied", "edited", "own"] = Field(description="copied, edited or own.")
-    changes: int = Field(default=0, description="Groups added or removed, ratios changed, quantization changed.")
-    proposals: int = Field(default=0, description="Proposals the LLM asked for in this step.")
-    goal: float | None = Field(default=None, description="Goal of the proposal compared against.")
-    emphasis: str | None = Field(default=None, description="Emphasis of that proposal.")
-    added: list[str] = Field(default_factory=list, description="Groups the LLM pruned that the proposal did not.")
-    removed: list[str] = Field(default_factory=list, description="Proposed groups the LLM left unpruned.")
-    ratios: dict[str, list[float]] = Field(default_factory=dict, description="Group -> [proposed, LLM's] ratio.")
-    quantization: str = Field(default="", description="How quantization changed ('' when it did not).")
-
-    def label(self) -> str:
-        """Return "copied", "edited (n changes)" or "own" for tables and the console."""
-        return f"edited ({self.changes} changes)" if self.verdict == "edited" else self.verdict
 
 
 def _grid(ratio: float, cap: float) -> float:

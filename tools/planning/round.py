@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from profiling_agent.state import CompressionPlan, Context, Fallback, LLMStep, PlannerMeta, State
+from profiling_agent.state import (
+    BlockTrial,
+    Candidate,
+    CompressionPlan,
+    Context,
+    Fallback,
+    LLMStep,
+    Objective,
+    PlannerMeta,
+    PlannerMode,
+)
 from profiling_agent.tools.planning.backoff import Backoff
-from profiling_agent.tools.planning.llm_client import llm_console_note, llm_replied, never_reached
+from profiling_agent.tools.planning.deterministic import PlanResult, Steering, plan_round
+from profiling_agent.tools.planning.llm_client import llm_console_note, never_reached
 from profiling_agent.tools.planning.paired import deterministic_sequence, reference_due
+from profiling_agent.tools.planning.round_inputs import RoundInputs
+from profiling_agent.tools.planning.search import SearchStep
+from profiling_agent.tools.planning.trials import Evaluate
+
+if TYPE_CHECKING:
+    from profiling_agent.tools.planning.llm_planner import LLMOutcome
 
 # builds evaluate_plan (a plan tried on a fresh baseline copy on the calibration images), at most `max_calls` times
-Evaluator = Callable[[int | None], Callable[[dict[str, Any]], dict[str, Any]]]
+Evaluator = Callable[[int | None], Evaluate]
 # builds the block-set trials' evaluator (refit, then a short distillation), or None where it cannot run
-BlockEvaluator = Callable[[int], Callable[[dict[str, Any]], dict[str, Any]] | None]
+BlockEvaluator = Callable[[int], Evaluate | None]
 
 
 @dataclass
@@ -28,6 +45,47 @@ class RoundOutcome:
     fallbacks: list[Fallback] = field(default_factory=list)
     llm: LLMStep | None = None
     stop_reason: str = ""
+    choice: PlannerMode | None = None  # how the objective's planner choice resolved (None: a uniform baseline)
+
+
+@dataclass(frozen=True)
+class RoundData:
+    """The deterministic planner's view of a round: the groups it may prune, their costs and damage, earlier rounds."""
+
+    groups: list[dict[str, Any]]
+    costs: dict[str, dict[str, Any]]
+    sensitivity: dict[str, dict[str, Any]]
+    objective: Objective
+    history: list[dict[str, Any]]
+
+    def plan(self, goal: float | None = None, steer: Steering | None = None) -> PlanResult:
+        """Return the deterministic planner's plan of this round (at `goal`, steered as given)."""
+        return plan_round(
+            self.groups, self.costs, self.sensitivity, self.objective, self.history, goal=goal, steer=steer
+        )
+
+
+@dataclass
+class DeterministicRound:
+    """The deterministic planner's round: its plan and the trials that chose it."""
+
+    result: PlanResult
+    backoff: Backoff | None = None
+    search: SearchStep | None = None
+    predicted: float | None = None  # the plan's calibration loss, pp (a trial of it)
+    trials: list[dict[str, Any]] | None = None  # round 1's block-set trials
+
+
+@dataclass
+class Turn:
+    """The plan a round applies and who made it: the deterministic planner, or the LLM (its outcome and facts)."""
+
+    plan: CompressionPlan
+    planner: str
+    turn: str | None = None  # with an LLM: "llm", or "reference" (the deterministic sequence's own round)
+    outcome: LLMOutcome | None = None
+    llm: LLMStep | None = None
+    fallbacks: list[Fallback] = field(default_factory=list)
 
 
 def predicted_loss(trials: list[dict[str, Any]], goal: float, key: str) -> float | None:
@@ -38,69 +96,98 @@ def predicted_loss(trials: list[dict[str, Any]], goal: float, key: str) -> float
     return None
 
 
-def earlier_backoff(state: State) -> Backoff | None:
+def earlier_backoff(candidates: Sequence[Candidate]) -> Backoff | None:
     """Return round 1's back-off when an earlier candidate already ran it (a paired run's reference turn)."""
-    for cand in state.candidates:
-        found = cand.planner_meta.backoff
-        if found:
-            return Backoff(goal=float(found["kept_goal"]), cap=float(found["cap_pp"]), trials=list(found["trials"]))
+    for cand in candidates:
+        if cand.planner_meta.backoff is not None:
+            return Backoff.from_record(cand.planner_meta.backoff)
     return None
 
 
-def deterministic_plan(state: State, groups, costs, sensitivity, history, evaluator: Evaluator, distills=False,
-                       blocks_evaluator: BlockEvaluator | None = None):  # fmt: skip
+def round_data(inputs: RoundInputs, full_profile: dict[str, Any], mode: str) -> RoundData:
+    """Return the groups the planner may prune (probed, depth only when on), their costs, and its own history."""
+    from profiling_agent.tools.planning.history import planner_history
+    from profiling_agent.tools.profiling.backend_profile import planning_costs
+
+    sensitivity = inputs.sensitivity_data()
+    # with an LLM the deterministic planner follows its own sequence (tools/planning/paired.py)
+    own = deterministic_sequence(inputs.candidates) if mode == "llm" else list(inputs.candidates)
+    history = planner_history(own, inputs.baseline_eval, inputs.objective)
+    groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
+    groups = [g for g in groups if not (sensitivity.get(g["name"]) or {}).get("error")]  # the probe could not prune
+    depth = inputs.objective.prunes_depth()  # block groups only with depth pruning on, and only once probed
+    groups = [g for g in groups if g["kind"] != "block" or (depth and g["name"] in sensitivity)]
+    return RoundData(groups, costs, sensitivity, inputs.objective, history)
+
+
+def deterministic_plan(
+    data: RoundData,
+    candidates: Sequence[Candidate],
+    evaluator: Evaluator,
+    blocks_evaluator: BlockEvaluator | None = None,
+    distills: bool = False,
+) -> DeterministicRound:
     """Plan deterministically: round 1 backs off a collapsing goal, later rounds search what was measured.
 
     A round-1 plan that removes whole blocks is not backed off when recovery distills (`distills`): the trial
-    refits only, and a removed block is what only distillation recovers (the zoo ViT's two-block plan lost 21.9 pp
-    in its trial and 0.15 pp after 300 distillation steps), so validation after recovery judges it. Instead, where
-    `blocks_evaluator` builds a distilling evaluator, other sets of as many blocks are tried (`block_trials`).
-
-    Returns:
-        (PlanResult, back-off or None, search step or None, the predicted calibration loss or None, block trials
-        or None).
+    refits only, and a removed block is what only distillation recovers (`docs/facts.md`), so validation after
+    recovery judges it. Instead, where `blocks_evaluator` builds a distilling evaluator, other sets of as many
+    blocks are tried (`block_trials`). `candidates` are all earlier rounds (a back-off already run is reused).
     """
-    from profiling_agent.tools.planning.backoff import BACKOFF_TRIALS, back_off, drop_cap
-    from profiling_agent.tools.planning.deterministic import plan_round
-    from profiling_agent.tools.planning.search import SEARCH_TRIALS, search_step
-
-    objective = state.objective
-    result = plan_round(groups, costs, sensitivity, objective, history)
-    backoff, search, predicted, trials = None, None, None, None
+    out = DeterministicRound(data.plan())
+    result, history = out.result, data.history
     depth_plan = distills and any(e.type == "block" for e in result.plan.pruning)
     if depth_plan and not history:
-        result, trials = tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evaluator)
-        result.plan.rationale += (
+        out.result, out.trials = tried_block_sets(result, data, blocks_evaluator)
+        out.result.plan.rationale += (
             " No back-off trial: the plan removes whole blocks, which the refit-only trial cannot judge and "
             "distillation recovers; validation after recovery decides."
         )
-    if not history and result.plan.pruning and not result.converged and not depth_plan:  # never a collapsing plan
-        backoff = earlier_backoff(state)
-        if backoff is None:
-            evaluate = evaluator(BACKOFF_TRIALS + 1)
-            backoff = back_off(result.target_estimate,
-                               lambda g: plan_round(groups, costs, sensitivity, objective, [], goal=g).plan,
-                               lambda plan: evaluate(plan.model_dump()), drop_cap(objective.max_acc_drop))  # fmt: skip
-        if backoff.backed_off:
-            result = plan_round(groups, costs, sensitivity, objective, history, goal=backoff.goal)
-        predicted = predicted_loss(backoff.trials, backoff.goal, "calib_drop_pp")
+    elif not history and result.plan.pruning and not result.converged:  # never a collapsing plan
+        backed_off(out, data, candidates, evaluator)
     elif history and result.plan.pruning and not result.converged:  # later rounds: search what was measured
-        evaluate = evaluator(SEARCH_TRIALS + 1)
-        search = search_step(
-            history,
-            objective.max_acc_drop,
-            lambda g: plan_round(groups, costs, sensitivity, objective, history, goal=g, reason="trial").plan,
-            lambda plan: evaluate(plan.model_dump()),
-        )
-        if search is not None:
-            result = plan_round(groups, costs, sensitivity, objective, history, goal=search.goal, reason=search.why)
-            predicted = predicted_loss(search.trials, search.goal, "predicted_pp")
-            if predicted is None:  # the chosen goal was not one of the trials: measure the plan itself
-                predicted = float(evaluate(result.plan.model_dump())["accuracy_drop_pp"])
-    return result, backoff, search, predicted, trials
+        searched(out, data, evaluator)
+    return out
 
 
-def tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evaluator: BlockEvaluator | None):
+def backed_off(out: DeterministicRound, data: RoundData, candidates: Sequence[Candidate], evaluator: Evaluator) -> None:
+    """Back round 1's goal off until its plan's calibration trial stays under the cap (`backoff.py`), in `out`."""
+    from profiling_agent.tools.planning.backoff import BACKOFF_TRIALS, back_off, drop_cap
+
+    backoff = earlier_backoff(candidates)
+    if backoff is None:
+        evaluate = evaluator(BACKOFF_TRIALS + 1)
+        cap = drop_cap(data.objective.max_acc_drop)
+        goal = out.result.target_estimate
+        backoff = back_off(goal, lambda g: data.plan(goal=g).plan, lambda plan: evaluate(plan.model_dump()), cap)
+    if backoff.backed_off:
+        out.result = data.plan(goal=backoff.goal)
+    out.backoff = backoff
+    out.predicted = predicted_loss(backoff.trials, backoff.goal, "calib_drop_pp")
+
+
+def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator) -> None:
+    """Search the measured interval by corrected calibration trials (`search.py`); the goal chosen goes in `out`."""
+    from profiling_agent.tools.planning.search import SEARCH_TRIALS, search_step
+
+    evaluate = evaluator(SEARCH_TRIALS + 1)
+    search = search_step(
+        data.history,
+        data.objective.max_acc_drop,
+        lambda g: data.plan(goal=g, steer=Steering(reason="trial")).plan,
+        lambda plan: evaluate(plan.model_dump()),
+    )
+    if search is None:
+        return
+    out.result, out.search = data.plan(goal=search.goal, steer=Steering(reason=search.why)), search
+    out.predicted = predicted_loss(search.trials, search.goal, "predicted_pp")
+    if out.predicted is None:  # the chosen goal was not one of the trials: measure the plan itself
+        out.predicted = float(evaluate(out.result.plan.model_dump())["accuracy_drop_pp"])
+
+
+def tried_block_sets(
+    result: PlanResult, data: RoundData, blocks_evaluator: BlockEvaluator | None
+) -> tuple[PlanResult, list[dict[str, Any]] | None]:
     """Try round 1's other sets of as many blocks (`block_trials`); return the plan kept and the trial records.
 
     Returns:
@@ -109,23 +196,24 @@ def tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evalu
     """
     from profiling_agent.tools.planning.block_trials import TRIAL_SETS, block_sets, choose_block_set
     from profiling_agent.tools.planning.depth_plan import block_names
-    from profiling_agent.tools.planning.deterministic import PlannerConfig, latency_shares, plan_round
+    from profiling_agent.tools.planning.ratio_solver import PlannerConfig, latency_shares
 
+    groups = data.groups
     chosen = block_names(groups, [e.layer for e in result.plan.pruning if e.type == "block"])
-    sets = block_sets(groups, latency_shares(groups, costs), sensitivity, PlannerConfig().max_block_fraction, chosen)
+    shares, limit = latency_shares(groups, data.costs), PlannerConfig().max_block_fraction
+    sets = block_sets(groups, shares, data.sensitivity, limit, chosen)
     evaluate = blocks_evaluator(TRIAL_SETS) if blocks_evaluator is not None and len(sets) > 1 else None
     if evaluate is None:
         return result, None
-    planned: dict[int, Any] = {}  # id(plan) -> its PlanResult
+    planned: dict[int, PlanResult] = {}  # id(plan) -> its PlanResult
 
-    def plan_for(names: list[str]):
-        out = plan_round(groups, costs, sensitivity, objective, [], blocks=names)
+    def plan_for(names: list[str]) -> tuple[CompressionPlan, float]:
+        out = data.plan(steer=Steering(blocks=names))
         planned[id(out.plan)] = out
         return out.plan, out.target_estimate
 
-    best, records, plans = choose_block_set(
-        sets, plan_for, lambda plan: evaluate(plan.model_dump()), objective.target_reduction
-    )
+    target = data.objective.target_reduction
+    best, records, plans = choose_block_set(sets, plan_for, lambda plan: evaluate(plan.model_dump()), target)
     if not records:
         return result, None
     if best == 0:
@@ -139,53 +227,58 @@ def tried_block_sets(result, groups, costs, sensitivity, objective, blocks_evalu
     return kept, records
 
 
-def round_meta(
-    result,
-    outcome,
-    planner: str,
-    turn: str | None,
-    predicted,
-    search,
-    backoff,
-    llm_info: LLMStep | None,
-    objective,
-    block_trials: list[dict[str, Any]] | None = None,
-) -> PlannerMeta:
-    """Return the planner facts the candidate records (goal, convergence, back-off, search, the LLM's turn)."""
-    from profiling_agent.tools.planning.deterministic import estimate_key
+def llm_turn(
+    inputs: RoundInputs,
+    ctx: Context,
+    full_profile: dict[str, Any],
+    data: RoundData,
+    fallback: PlanResult,
+    evaluate: Evaluate,
+) -> Turn:
+    """Ask the LLM for the plan, the deterministic one its fallback; raise when an explicit LLM never replied."""
+    from profiling_agent.tools.compression.depth import block_limits
+    from profiling_agent.tools.planning.llm_planner import plan_with_llm
+    from profiling_agent.tools.planning.plan_guard import GuardConfig
 
+    shipped = {**full_profile, "groups": data.groups, "group_costs": data.costs}  # the delivered form's shares too
+    shipped["block_limits"] = block_limits(data.groups, GuardConfig().max_block_fraction)  # the guard's rule
+    outcome = plan_with_llm(inputs, ctx, shipped, data.sensitivity, fallback=fallback, evaluate_fn=evaluate)
+    turn = Turn(outcome.plan, outcome.planner, "llm", outcome, outcome.summary(ctx.llm_model), outcome.fallbacks)
+    if inputs.objective.planner == "llm" and outcome.planner != "llm" and not outcome.usage["calls"]:
+        if not inputs.llm_replied():  # explicit llm, endpoint never answered
+            raise never_reached(outcome.fallbacks[0] if outcome.fallbacks else None, ctx)
+    return turn
+
+
+def round_meta(det: DeterministicRound, turn: Turn, objective: Objective) -> PlannerMeta:
+    """Return the planner facts the candidate records (goal, convergence, back-off, search, the LLM's turn)."""
+    from profiling_agent.tools.planning.ratio_solver import estimate_key
+
+    result, outcome = det.result, turn.outcome
     goal = result.target_estimate
-    if planner == "llm":  # feedback for later deterministic rounds: what the applied plan aimed at
+    if turn.planner == "llm" and outcome is not None:  # feedback for later deterministic rounds: the plan's aim
         goal = float(outcome.estimate.get(estimate_key(objective.target), goal) or goal)
-    meta = PlannerMeta(goal=goal, gamma=result.gamma, converged=result.converged, llm=llm_info, turn=turn or None)
-    if planner == "deterministic" and predicted is not None:
-        meta.predicted_drop = round(predicted, 3)
-    if search is not None:
-        meta.search = search.to_dict()
-    if backoff is not None:
-        meta.backoff = {"cap_pp": backoff.cap, "kept_goal": backoff.goal, "trials": backoff.trials}
-    if block_trials:
-        meta.block_trials = block_trials
-    if planner == "llm" and outcome.vs_proposal is not None:
-        meta.vs_proposal = outcome.vs_proposal.model_dump()
+    meta = PlannerMeta(goal=goal, gamma=result.gamma, converged=result.converged, llm=turn.llm, turn=turn.turn)
+    if turn.planner == "deterministic" and det.predicted is not None:
+        meta.predicted_drop = round(det.predicted, 3)
+    if det.search is not None:
+        meta.search = det.search.to_record()
+    if det.backoff is not None:
+        meta.backoff = det.backoff.to_record()
+    if det.trials:
+        meta.block_trials = [BlockTrial.model_validate(t) for t in det.trials]
+    if turn.planner == "llm" and outcome is not None and outcome.vs_proposal is not None:
+        meta.vs_proposal = outcome.vs_proposal
     return meta
 
 
-def round_message(
-    plan: CompressionPlan,
-    planner: str,
-    turn,
-    outcome,
-    backoff,
-    search,
-    fallbacks: list[Fallback],
-    llm_info: LLMStep | None,
-) -> str:
+def round_message(det: DeterministicRound, turn: Turn) -> str:
     """Say in one line what the round planned, how it got there and what the LLM did."""
+    plan, planner, outcome, backoff = turn.plan, turn.planner, turn.outcome, det.backoff
     message = f"{planner} plan: {len(plan.pruning)} pruning and {len(plan.quantization)} quantization entries"
-    if turn == "reference":
+    if turn.turn == "reference":
         message = f"reference round: the deterministic planner's own next plan, measured beside the LLM's; {message}"
-    elif planner == "llm" and outcome.vs_proposal is not None:
+    elif planner == "llm" and outcome is not None and outcome.vs_proposal is not None:
         message += f" ({outcome.vs_proposal.label()} vs the deterministic proposal)"
     if backoff is not None and backoff.backed_off:
         first = backoff.trials[0]
@@ -193,28 +286,29 @@ def round_message(
             f"; backed off from a {first['goal']:.1%} goal (its trial lost {first['calib_drop_pp']:.1f} pp on the "
             f"calibration images) to {backoff.goal:.1%} (cap {backoff.cap:g} pp)"
         )
-    if search is not None:
-        message += f"; {search.why}"
-    for f in fallbacks:
+    if det.search is not None:
+        message += f"; {det.search.why}"
+    for f in turn.fallbacks:
         message = f"LLM plan refused ({f.stage}: {f.reason[:160]}); {message}"
-    if llm_info is not None:
-        message += " " + llm_console_note(llm_info)
-    return message
+    if turn.llm is not None:
+        message += " " + llm_console_note(turn.llm)
+    message += f"; blocks chosen from {len(det.trials)} distilled trials" if det.trials else ""
+    return message + "".join(f"; {n}" for n in det.result.notes if "cannot be reached" in n)
 
 
 def planning_round(
-    state: State,
+    inputs: RoundInputs,
     ctx: Context,
     full_profile: dict[str, Any],
     mode: str,
     evaluator: Evaluator,
     blocks_evaluator: BlockEvaluator | None = None,
 ) -> RoundOutcome:
-    """Plan round `state.iteration + 1` from the profile, the sensitivity probe and the earlier candidates.
+    """Plan round `inputs.iteration` from the profile, the sensitivity probe and the earlier candidates.
 
     Args:
-        state: The run so far.
-        ctx: The run's settings (the LLM endpoint).
+        inputs: What the round reads from the run (objective, candidates, baseline evaluation, sensitivity).
+        ctx: The run's settings (the LLM endpoint, the recovery).
         full_profile: profile.json (groups and costs).
         mode: "llm" when an LLM plans every other round (planner_mode), else the deterministic planner alone.
         evaluator: Builds the calibration-trial evaluator, given how many calls it may take (None: its default).
@@ -223,52 +317,25 @@ def planning_round(
     Returns:
         The round's plan, planner, recorded facts and message; the stop reason when the planner converged.
     """
-    from profiling_agent.tools.compression.depth import block_limits
-    from profiling_agent.tools.planning.history import planner_history
-    from profiling_agent.tools.planning.plan_guard import GuardConfig
-    from profiling_agent.tools.profiling.backend_profile import planning_costs
-
-    iteration = state.iteration + 1
-    sensitivity = {name: s.model_dump() for name, s in (state.sensitivity or {}).items()}
-    # with an LLM the deterministic planner follows its own sequence (tools/planning/paired.py)
-    own = deterministic_sequence(state.candidates) if mode == "llm" else list(state.candidates)
-    history = planner_history(own, state.baseline_eval, state.objective)
-    groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
-    groups = [g for g in groups if not (sensitivity.get(g["name"]) or {}).get("error")]  # the probe could not prune
-    depth = state.objective.prunes_depth()  # block groups only with depth pruning on, and only once probed
-    groups = [g for g in groups if g["kind"] != "block" or (depth and g["name"] in sensitivity)]
-    distills = ctx.recover in ("auto", "distill")
-    result, backoff, search, predicted, trials = deterministic_plan(
-        state, groups, costs, sensitivity, history, evaluator, distills, blocks_evaluator
-    )
-    plan, planner, llm_info, outcome = result.plan, result.planner, None, None
-    fallbacks: list[Fallback] = []
-    turn = None if mode != "llm" else "reference" if reference_due(state.candidates) else "llm"
-    if turn == "llm" and result.converged:  # the deterministic sequence is over: the run stops, nothing to pair
-        turn = "reference"
-    if turn == "llm":
-        from profiling_agent.tools.planning.llm_planner import plan_with_llm
-
-        this_round = state.model_copy(update={"iteration": iteration})
-        shipped = {**full_profile, "groups": groups, "group_costs": costs}  # the delivered form's shares too
-        shipped["block_limits"] = block_limits(groups, GuardConfig().max_block_fraction)  # the guard's rule
-        outcome = plan_with_llm(this_round, ctx, shipped, sensitivity, fallback=result, evaluate_fn=evaluator(None))
-        plan, planner, fallbacks = outcome.plan, outcome.planner, outcome.fallbacks
-        llm_info = outcome.summary(ctx.llm_model)
-        if state.objective.planner == "llm" and planner != "llm" and not outcome.usage["calls"]:
-            if not llm_replied(state):  # explicit llm, endpoint never answered
-                raise never_reached(fallbacks[0] if fallbacks else None, ctx)
+    data = round_data(inputs, full_profile, mode)
+    det = deterministic_plan(data, inputs.candidates, evaluator, blocks_evaluator, ctx.recover in ("auto", "distill"))
+    result = det.result
+    turn = Turn(result.plan, result.planner)
+    if mode == "llm":
+        turn.turn = "reference" if reference_due(inputs.candidates) else "llm"
+        if turn.turn == "llm" and result.converged:  # the deterministic sequence is over: nothing to pair
+            turn.turn = "reference"
+    if turn.turn == "llm":
+        turn = llm_turn(inputs, ctx, full_profile, data, result, evaluator(None))
     stop = ""
-    if result.converged and (planner == "deterministic" or turn):
-        stop = f"planner converged before iteration {iteration}: {result.notes[0]}"
+    if result.converged and (turn.planner == "deterministic" or turn.turn):
+        stop = f"planner converged before iteration {inputs.iteration}: {result.notes[0]}"
     return RoundOutcome(
-        plan=plan,
-        planner=planner,
-        meta=round_meta(result, outcome, planner, turn, predicted, search, backoff, llm_info, state.objective, trials),
-        message=round_message(plan, planner, turn, outcome, backoff, search, fallbacks, llm_info)
-        + (f"; blocks chosen from {len(trials)} distilled trials" if trials else "")
-        + "".join(f"; {n}" for n in result.notes if "cannot be reached" in n),
-        fallbacks=fallbacks,
-        llm=llm_info,
+        plan=turn.plan,
+        planner=turn.planner,
+        meta=round_meta(det, turn, inputs.objective),
+        message=round_message(det, turn),
+        fallbacks=turn.fallbacks,
+        llm=turn.llm,
         stop_reason=stop,
     )

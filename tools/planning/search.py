@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan
+from profiling_agent.state import CompressionPlan, SearchRecord
 
 AIM = 0.8  # aim the corrected predicted loss at this fraction of the accuracy budget
 MIN_PREDICTED_PP = 0.5  # a predicted loss below this is too coarse to divide by (64 images: 1.6 pp per image)
@@ -44,9 +44,9 @@ class SearchStep:
     trials: list[dict[str, Any]] = field(default_factory=list)
     why: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the step as JSON-ready data (for planner_meta.search)."""
-        return {
+    def to_record(self) -> SearchRecord:
+        """Return the step as planner_meta.search records it."""
+        data = {
             "goal": round(self.goal, 4),
             "interval": [round(self.low, 4), round(self.high, 4)],
             "correction": round(self.correction, 3),
@@ -54,6 +54,7 @@ class SearchStep:
             "trials": self.trials,
             "why": self.why,
         }
+        return SearchRecord.model_validate(data)
 
 
 def prediction_correction(history: list[dict[str, Any]]) -> float | None:

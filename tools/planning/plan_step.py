@@ -1,0 +1,82 @@
+"""The analyze step's work: plan the next round (a planner or a uniform baseline), keep its refit, write plan.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from profiling_agent.state import CompressionPlan, Context, PlannerMeta
+from profiling_agent.tools.planning.round import RoundOutcome
+from profiling_agent.tools.planning.round_inputs import RoundInputs
+from profiling_agent.tools.planning.trials import TrialSetup
+
+
+def plan_next(inputs: RoundInputs, setup: TrialSetup, ctx: Context, folder: Path) -> RoundOutcome:
+    """Plan round `inputs.iteration` and write its plan.json in `folder` (the round's folder).
+
+    A uniform baseline plans once (`uniform_round`). Otherwise the planner choice resolves against the settings
+    (`planner_mode`), the round plans from profile.json with calibration trials built from `setup`, and the chosen
+    plan's trial refit is kept in `folder` for the recover step (an older one goes when there is none).
+
+    Raises:
+        ValueError: `--planner llm` without an LLM configured, or an endpoint that could not be used.
+        LLMUnreachable: `--planner llm` whose endpoint never gave a usable reply.
+    """
+    from profiling_agent.tools.compression.baselines import is_baseline
+    from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.planning.llm_config import planner_mode
+    from profiling_agent.tools.planning.round import planning_round
+    from profiling_agent.tools.planning.trials import block_evaluator, plan_evaluator
+    from profiling_agent.tools.recovery.refit_cache import TrialRefits, discard
+
+    if is_baseline(inputs.objective.planner):
+        return uniform_round(inputs, Path(setup.run_path), folder)
+    choice = planner_mode(inputs.objective.planner, ctx)  # --planner llm without an LLM: ValueError
+    full_profile = read_json(Path(setup.run_path) / "profile.json")
+    refits = TrialRefits()
+    out = planning_round(
+        inputs,
+        ctx,
+        full_profile,
+        choice.mode,
+        lambda calls: plan_evaluator(setup, max_calls=calls, refits=refits),
+        lambda calls: block_evaluator(setup, calls),
+    )
+    out.choice = choice
+    # the chosen plan's trial refit, for the recover step (which checks its key); none: an older one goes
+    if out.stop_reason or not refits.save(out.plan.pruning, folder):
+        discard(folder)
+    write_plan(folder, inputs.iteration, out)
+    return out
+
+
+def uniform_round(inputs: RoundInputs, run_path: Path, folder: Path) -> RoundOutcome:
+    """Plan a uniform l1/l2/random baseline: no sensitivity probe; the plan never changes, so one round is enough.
+
+    Returns:
+        The plan (meta: the baseline and its ratio), or, once a candidate exists, an empty outcome whose stop
+        reason says why the run stops (nothing written then).
+    """
+    from profiling_agent.tools.compression.baselines import as_baseline, check_ratio, uniform_plan
+    from profiling_agent.tools.io import read_json
+
+    planner = as_baseline(inputs.objective.planner)
+    ratio = check_ratio(inputs.objective.ratio, planner)
+    meta = PlannerMeta(baseline=planner, ratio=ratio)
+    if inputs.candidates:  # the same plan again would give the same candidate
+        stop = f"uniform {planner} baseline at ratio {ratio:g}: stopped after 1 iteration (its plan never changes)"
+        return RoundOutcome(CompressionPlan(), planner, meta, f"stopping: {stop}", stop_reason=stop)
+    groups = read_json(run_path / "profile.json")["groups"]
+    plan = uniform_plan(groups, ratio, planner, inputs.objective.quantize)
+    message = f"{planner} baseline plan: every prunable group at ratio {ratio:g}, {len(plan.quantization)} quantization"
+    out = RoundOutcome(plan, planner, meta, message + " entries")
+    write_plan(folder, inputs.iteration, out)
+    return out
+
+
+def write_plan(folder: Path, iteration: int, out: RoundOutcome) -> None:
+    """Write the round's plan.json (iteration, planner, plan), atomically."""
+    from profiling_agent.tools.io import write_json_atomic
+
+    write_json_atomic(
+        folder / "plan.json", {"iteration": iteration, "planner": out.planner, "plan": out.plan.model_dump()}
+    )

@@ -1,0 +1,332 @@
+"""Calibration trials of whole plans: what they need (TrialSetup), the block trials' recipe, and the evaluators."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiling_agent.state import ArtifactRef, DataRef, DatasetRef, InputShape, LabelMap
+
+MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
+# a plan dict in, its calibration metrics out (`PlanEvaluator`)
+Evaluate = Callable[[dict[str, Any]], dict[str, Any]]
+# recover(pruned model, applied rows) and on_trial(plan, model, applied rows): `PlanEvaluator`'s hooks
+RecoverHook = Callable[[Any, list[Any]], None]
+TrialHook = Callable[[dict[str, Any], Any, list[Any]], None]
+
+
+@dataclass(frozen=True)
+class RecipeSettings:
+    """The run's distillation settings; 0 leaves a value to the recipe rule (`trial_recipe`)."""
+
+    lr: float = 0.0  # peak learning rate
+    batch: int = 0  # images per step
+    steps: int = 0  # distillation steps of a candidate
+    augment: bool = True  # random resized crops (and flips) of the training images
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What a calibration trial of a plan needs, read from the run by the analyze step.
+
+    Attributes:
+        run_path: The run folder (artifact and data paths are relative to it).
+        baseline: The untouched baseline artifact (folder, sha256, parameters); None before acquire.
+        data: The prepared images (calibration rows); None before prepare_data (a trial then fails).
+        dataset: The dataset (seed, splits: where the training images come from).
+        labels: Dataset labels -> model class ids (allowed ids, image and label columns).
+        input_shape: The model's input shape (the training images' size).
+        importance: Channel/head importance of pruning (l2, l1, random).
+        recover: The run's recovery (none, reconstruct, distill, auto): trials do at least its refit.
+        recipe: The run's distillation settings.
+    """
+
+    run_path: Path
+    baseline: ArtifactRef | None
+    data: DataRef | None
+    dataset: DatasetRef
+    labels: LabelMap | None = None
+    input_shape: InputShape | None = None
+    importance: str = "l2"
+    recover: str = "auto"
+    recipe: RecipeSettings = field(default_factory=RecipeSettings)
+
+    @property
+    def seed(self) -> int:
+        """The run's seed (pruning, refit and distillation of every trial)."""
+        return self.dataset.seed
+
+    @property
+    def allowed_ids(self) -> list[int] | None:
+        """The model ids predictions are restricted to (the dataset's classes), or None for all."""
+        return self.labels.allowed_ids if self.labels else None
+
+    @property
+    def distills(self) -> bool:
+        """True when the run's recovery distils (auto or distill)."""
+        return self.recover in ("auto", "distill")
+
+
+def baseline_dir(setup: TrialSetup) -> Path:
+    """Return the baseline artifact's folder."""
+    if setup.baseline is None:
+        raise RuntimeError("no artifact to load: the step that saves it has not run")
+    return Path(setup.run_path) / setup.baseline.path
+
+
+def load_baseline(setup: TrialSetup) -> Any:
+    """Load a fresh copy of the untouched baseline model."""
+    from profiling_agent.tools.models.artifact_load import load_artifact
+
+    return load_artifact(baseline_dir(setup), device="cpu").model
+
+
+def calibration(setup: TrialSetup) -> tuple[Any, Any]:
+    """Return the calibration images (N, C, H, W), preprocessed as the baseline's processor does, and their labels."""
+    from profiling_agent.tools.data.stream import open_run_data
+    from profiling_agent.tools.models.artifact_load import load_processor
+
+    if setup.data is None:
+        raise RuntimeError("no prepared data: the prepare_data node has not run")
+    processor = load_processor(baseline_dir(setup)) if setup.baseline else None
+    tensors = open_run_data(
+        setup.run_path,
+        parts=("calib",),
+        processor=processor,
+        data_file=setup.data.path,
+        image_column=setup.data.image_column,
+    )
+    return tensors["calib_pixels"], tensors["calib_labels"]
+
+
+def training_source(setup: TrialSetup) -> Any:
+    """Find the images distillation may train on (never a validation, test or calibration image), or None."""
+    from profiling_agent.tools.data.train_stream import find_train_source
+    from profiling_agent.tools.io import read_json
+
+    assert setup.labels is not None
+    subsets = read_json(Path(setup.run_path) / (setup.data.subsets if setup.data else "subsets.json"))
+    return find_train_source(
+        setup.dataset.ref,
+        setup.dataset.split,
+        subsets,
+        image_column=setup.labels.image_column,
+        label_column=setup.labels.label_column,
+        train_split=setup.dataset.train_split,
+    )
+
+
+def trial_recipe(setup: TrialSetup, params: int) -> tuple[float, int, int]:
+    """Return a block-set trial's (learning rate, batch, steps): the recipe rule of its short distillation.
+
+    The learning rate and batch are the run's, else those of a plan that removed blocks (`auto_recipe`); the steps
+    are TRIAL_STEPS, never more than the run's own.
+    """
+    from profiling_agent.tools.planning.block_trials import TRIAL_STEPS
+    from profiling_agent.tools.recovery.policy import auto_recipe
+
+    lr, batch = auto_recipe(setup.recipe.lr, setup.recipe.batch, params, removed_blocks=1)
+    steps = min(TRIAL_STEPS, setup.recipe.steps) if setup.recipe.steps else TRIAL_STEPS
+    return lr, batch, steps
+
+
+@dataclass
+class PlanEvaluator:
+    """evaluate_plan: apply a plan to a fresh copy of the baseline and measure it on the calibration images.
+
+    Each call loads a fresh baseline, prunes it by the plan (self-checked), quantizes it as the plan says, and
+    measures top-1 and agreement on the calibration images (never the evaluation subset) and the parameter count.
+
+    Attributes:
+        load_baseline: Returns a fresh copy of the untouched baseline model.
+        pixels: Calibration images (N, C, H, W).
+        labels: Their labels (model label ids).
+        allowed_ids: Label ids the argmax may choose from (None: all).
+        importance: Channel/head importance for pruning.
+        seed: Seed for pruning.
+        max_calls: Evaluations allowed; later calls raise RuntimeError (returned to the LLM as an error).
+        recover: Called as recover(pruned model, applied rows) after pruning and before quantization (the run's
+            reconstruction), so the metrics are those of a recovered candidate.
+        on_trial: Called as on_trial(plan, model, applied rows) after that, before quantization (the analyze step
+            keeps the refitted weights for the recover step: `tools/recovery/refit_cache.py`).
+        with_kl: Also return `kl_to_baseline`, the mean KL divergence of the trial's logits from the baseline's on
+            the calibration images (`metrics.mean_kl`; the predictions then come from the same logits).
+    """
+
+    load_baseline: Callable[[], Any]
+    pixels: Any
+    labels: Any
+    allowed_ids: list[int] | None = None
+    importance: str = "l2"
+    seed: int = 0
+    max_calls: int = MAX_EVALUATIONS
+    recover: RecoverHook | None = None
+    on_trial: TrialHook | None = None
+    with_kl: bool = False
+    calls: int = field(default=0, init=False)
+    _reference: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def predictions(self, model: Any) -> tuple[Any, Any]:
+        """Return the model's predictions on the calibration images, and its logits there when KL is asked for."""
+        import torch
+
+        from profiling_agent.tools.evaluation.metrics import class_ids, predict
+        from profiling_agent.tools.runtimes.forward import batched_logits
+
+        if not self.with_kl:
+            return predict(model, self.pixels, allowed_ids=self.allowed_ids), None
+        with torch.inference_mode():
+            logits = batched_logits(model, self.pixels)
+        return class_ids(logits, self.allowed_ids), logits
+
+    def reference(self) -> dict[str, Any]:
+        """Return the baseline's predictions, logits and parameter count (computed once)."""
+        from profiling_agent.tools.models.sizes import count_params
+
+        if "preds" not in self._reference:
+            model = self.load_baseline()
+            preds, logits = self.predictions(model)
+            self._reference.update(preds=preds, logits=logits, params=count_params(model))
+        return self._reference
+
+    def pruned(self, plan: dict[str, Any]) -> tuple[Any, list[Any]]:
+        """Return a fresh baseline pruned by `plan` (and recovered), self-checked, and the applied rows."""
+        from profiling_agent.tools.compression.pruning import prune_model
+        from profiling_agent.tools.compression.self_check import self_check
+        from profiling_agent.tools.compression.units import as_importance
+
+        model = self.load_baseline()
+        example = self.pixels[:1].clone()
+        importance = as_importance(self.importance)
+        report = prune_model(model, plan.get("pruning") or [], example, importance=importance, seed=self.seed)
+        self_check(model, example, int(model.config.num_labels))
+        if self.recover is not None:
+            self.recover(model, report.applied)
+            self_check(model, example, int(model.config.num_labels))
+            if self.on_trial is not None:
+                self.on_trial(plan, model, report.applied)
+        return model, report.applied
+
+    def __call__(self, plan: dict[str, Any]) -> dict[str, Any]:
+        """Prune, recover and quantize a baseline copy by `plan`; return its calibration metrics."""
+        from profiling_agent.tools.compression.quantization import quantize_model
+        from profiling_agent.tools.evaluation.metrics import agreement, mean_kl, top1
+        from profiling_agent.tools.models.sizes import count_params
+
+        if self.calls >= self.max_calls:
+            raise RuntimeError(f"evaluation budget used up ({self.max_calls} per step); answer with your plan")
+        self.calls += 1
+        ref = self.reference()
+        model, applied = self.pruned(plan)
+        params = count_params(model)
+        quantized, layers = quantize_model(model, plan.get("quantization") or [])
+        preds, logits = self.predictions(quantized)
+        base_acc, acc = top1(ref["preds"], self.labels), top1(preds, self.labels)
+        kl = {"kl_to_baseline": mean_kl(ref["logits"], logits, self.allowed_ids)} if self.with_kl else {}
+        return {
+            **kl,
+            "images": int(len(self.labels)),
+            "calib_accuracy": acc,
+            "baseline_calib_accuracy": base_acc,
+            "accuracy_drop_pp": base_acc - acc,
+            "agreement": agreement(preds, ref["preds"]),
+            "params": params,
+            "params_reduction": 1 - params / max(ref["params"], 1),
+            "groups_pruned": sum(a.units_before != a.units_after for a in applied),
+            "quantized_linear_layers": len(layers),
+            "evaluations_left": self.max_calls - self.calls,
+        }
+
+
+@dataclass
+class TrialRecovery:
+    """The recovery a trial does: the refit the recover step will at least do, then (block trials) a distillation.
+
+    The refitted weights of each trial are kept in `refits` for the recover step. The reconstruction fits the
+    baseline's activations on the calibration images, never their labels.
+    """
+
+    setup: TrialSetup
+    calib: Any
+    refits: Any = None  # a refit_cache.TrialRefits
+    distill: tuple[Any, int, float] | None = None  # (training batches, steps, learning rate)
+    last: dict[str, Any] = field(default_factory=dict)
+
+    def recover(self, model: Any, applied: list[Any]) -> None:
+        """Refit the pruned model to the baseline's activations, then distil it when asked."""
+        from profiling_agent.tools.recovery.distill import DistillConfig
+        from profiling_agent.tools.recovery.distill import distill as distill_model
+        from profiling_agent.tools.recovery.reconstruct import reconstruct
+
+        teacher = load_baseline(self.setup)
+        self.last["info"] = reconstruct(teacher, model, self.calib, applied, seed=self.setup.seed)
+        if self.distill is not None:
+            batches, steps, lr = self.distill
+            distill_model(model, teacher, batches, DistillConfig(steps=steps, lr=lr, seed=self.setup.seed))
+            model.eval()
+
+    def on_trial(self, plan: dict[str, Any], model: Any, applied: list[Any]) -> None:
+        """Keep the trial's refitted weights under the key the recover step checks."""
+        from profiling_agent.tools.recovery import refit_cache
+
+        if self.refits is not None and self.setup.baseline is not None:
+            key = refit_cache.refit_key(applied, self.calib, self.setup.seed, self.setup.baseline.sha256)
+            self.refits.remember(plan.get("pruning") or [], key, model, self.last.pop("info", {}))
+
+
+def plan_evaluator(
+    setup: TrialSetup, max_calls: int | None = None, refits: Any = None, distill: tuple[Any, int, float] | None = None
+) -> PlanEvaluator:
+    """Build evaluate_plan: a plan on a fresh baseline copy, reconstructed when recovery is on, on calibration images.
+
+    `refits` (a `refit_cache.TrialRefits`) keeps the refitted weights of the last trials for the recover step. With
+    `distill` ((training batches, steps, learning rate): `block_evaluator`) each trial is then distilled that many
+    steps and also scored by its KL divergence from the baseline.
+    """
+    pixels, labels = calibration(setup)
+    hooks = TrialRecovery(setup, pixels, refits, distill) if setup.recover != "none" else None
+    return PlanEvaluator(
+        lambda: load_baseline(setup),
+        pixels,
+        labels,
+        allowed_ids=setup.allowed_ids,
+        importance=setup.importance,
+        seed=setup.seed,
+        max_calls=max_calls or MAX_EVALUATIONS,
+        recover=hooks.recover if hooks else None,
+        on_trial=hooks.on_trial if hooks else None,
+        with_kl=distill is not None,
+    )
+
+
+def block_evaluator(setup: TrialSetup, calls: int) -> PlanEvaluator | None:
+    """Build the evaluator of round 1's block-set trials (refit, then a short distillation: `trial_recipe`), or None.
+
+    None where recovery does not distil, the dataset has no training images, or the baseline has LARGE_MODEL
+    parameters or more (a distillation step costs seconds there: `recovery/policy.py`).
+    """
+    from profiling_agent.tools.data.train_stream import TrainBatches
+    from profiling_agent.tools.models.artifact_load import load_processor
+    from profiling_agent.tools.recovery.policy import LARGE_MODEL
+
+    if not setup.distills or setup.baseline is None or setup.labels is None:
+        return None
+    if setup.baseline.params >= LARGE_MODEL or setup.input_shape is None:
+        return None
+    source = training_source(setup)
+    if source is None:
+        return None
+    lr, batch, steps = trial_recipe(setup, setup.baseline.params)
+    processor = load_processor(baseline_dir(setup))  # the images' preprocessing, not the weights
+    batches = TrainBatches(
+        source,
+        processor,
+        setup.input_shape.model_dump(),
+        setup.labels.model_dump(),
+        batch=batch,
+        seed=setup.seed,
+        augmentation=setup.recipe.augment,
+    )
+    return plan_evaluator(setup, max_calls=calls, distill=(batches, steps, lr))

@@ -4,6 +4,7 @@ Usage:
     python bench/distributed.py                       # zoo ResNet (bench/zoo.py builds it), 2 x 1 thread vs 1 x 1
     python bench/distributed.py --steps 40 --repeats 1  # quicker
     python bench/distributed.py --model vit --procs 2 --threads 1 --out /tmp/dist.json
+    python bench/distributed.py --tiny                # smoke test: the tiny zoo's ResNet (built when missing), 4 steps
 
 Both sides run through the same launcher (`torchrun --standalone`, 1 process or N), so process start, model loading
 and the rendezvous cost the same; the figures are taken inside the job (the training loop's seconds; the
@@ -37,6 +38,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo as zoo_lib  # noqa: E402
 
 from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
 from profiling_agent.tools.evaluation.sharded import sharded_predictions, summarize
@@ -155,14 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each side (medians)")
     parser.add_argument("--skip", choices=["distill", "pass"], default=None)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo, 4 steps of 8 images, 1 repeat")
     args = parser.parse_args(argv)
+    if args.tiny:
+        zoo_lib.use_tiny()
+        args.steps, args.batch, args.repeats = 4, 8, 1
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     from profiling_agent.tools.data.sources import load_split
     from profiling_agent.tools.models.artifacts import save_artifact
 
-    cache = Path(os.environ.get("PROFILING_AGENT_CACHE", Path.home() / ".cache" / "profiling-agent"))
-    zoo = Path(args.zoo) if args.zoo else cache / "zoo"
+    zoo = Path(args.zoo) if args.zoo else zoo_lib.default_out()
+    if args.tiny:
+        zoo_lib.build_zoo(zoo, (args.model,))
     model_dir, ref = zoo / "models" / args.model, str(zoo / "fashion-mnist")
     if not (model_dir / "config.json").is_file():
         print(f"no zoo model at {model_dir}: build it with `python bench/zoo.py {args.model}`", file=sys.stderr)

@@ -12,6 +12,7 @@ softmax, the embeddings and the stem, the depth of the network.
     .venv/bin/python bench/latency_floor.py --models vit --ratios 0.5 0.9 --json floor.json
     .venv/bin/python bench/latency_floor.py --model-path PATH   # any saved classifier (its processor's size)
     .venv/bin/python bench/latency_floor.py --models vit --depth  # also the ViT with its last blocks removed
+    .venv/bin/python bench/latency_floor.py --tiny              # smoke test: the tiny zoo's ViT at 50%, 2 repeats
 
 `--depth` adds what width pruning cannot reach: the same model with its last 1, half and all but one of its
 transformer blocks removed (ViT and DeiT: the encoder's block list), timed in the same call. The engine does not
@@ -128,8 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--depth", action="store_true", help="also time the model with fewer transformer blocks")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo's ViT (built when missing)")
     args = parser.parse_args(argv)
     from transformers import AutoModelForImageClassification
+
+    if args.tiny:
+        zoo_lib.use_tiny()
+        args.models, args.ratios, args.repeats = ["vit"], [0.5], 2
+        zoo_lib.build_zoo(Path(args.zoo) if args.zoo else None, tuple(args.models))
 
     torch.set_num_threads(1)
     if args.model_path:

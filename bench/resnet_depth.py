@@ -12,6 +12,7 @@ and its accuracy measured on held-out test images. Nothing is selected: every va
     .venv/bin/python bench/resnet_depth.py --steps 100 --held-out 1000 --json out.json
     .venv/bin/python bench/resnet_depth.py --steps 2000 --train 10000 --only 'stages 1, 2'   # more data, one variant
     .venv/bin/python bench/resnet_depth.py --steps 3000 --trial-steps 200 --only stages 'every stage'   # trial KL too
+    .venv/bin/python bench/resnet_depth.py --tiny            # smoke test: the tiny zoo's ResNet, one variant, 2 steps
 """
 
 from __future__ import annotations
@@ -91,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
                         "calibration images (the engine's block trials, 200 steps; 0: skip)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo's ResNet, the first variant")
     args = parser.parse_args(argv)
+    if args.tiny:
+        zoo_lib.use_tiny()
+        args.steps, args.batch, args.held_out, args.train, args.repeats, args.trial_steps = 2, 8, 64, 64, 2, 1
+        zoo_lib.build_zoo(Path(args.zoo) if args.zoo else None, ("resnet",))
     from transformers import AutoModelForImageClassification
 
     from profiling_agent.tools.evaluation.latency import BUSY_FACTOR, measure_latency
@@ -110,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     models = variants_of(base)
     if args.only:
         models = {k: m for k, m in models.items() if k == "unpruned" or any(o in k for o in args.only)}
+    elif args.tiny:  # the unpruned model and one variant
+        models = dict(list(models.items())[:2])
     timed: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="resnet-depth-") as scratch:
         for i, (name, model) in enumerate(models.items()):

@@ -1,6 +1,7 @@
 """Distillation killed (SIGKILL) and resumed vs uninterrupted, side by side: weights, steps, step times, threads.
 
     .venv/bin/python bench/resume_distill.py [--steps 120] [--kill-at 40] [--threads 1] [--work /tmp/resume-bench]
+    .venv/bin/python bench/resume_distill.py --tiny   # smoke test: 12 steps, killed at 4
 
 Prints the largest weight difference of the recovered models, both runs' step counts, the median step time of
 every attempt (with its torch thread count) and the slowest resumed step over the uninterrupted median, next to
@@ -42,7 +43,7 @@ def _weights(run: Path):
     return load_file(str(run / "iter_01" / "recovered" / "model.safetensors"))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120)
@@ -50,7 +51,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--minutes", type=float, default=0.0, help="--recover-minutes of both runs")
     parser.add_argument("--work", default="/tmp/resume-bench")
-    args = parser.parse_args()
+    parser.add_argument("--tiny", action="store_true", help="smoke test: 12 steps, killed at 4")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.steps, args.kill_at = 12, 4
     from quick_assets import build_quick_resnet
 
     work = Path(args.work)

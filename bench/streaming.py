@@ -6,6 +6,7 @@
     python bench/streaming.py --parallel-images 1000   # one-pass / parallel accuracy passes of 3 models
     python bench/streaming.py --zoo ~/.cache/profiling-agent/zoo   # the zoo models: streamed vs old float path
     python bench/streaming.py --cli 5000           # a whole `profiling-agent run --subset 5000`: files and memory
+    python bench/streaming.py --tiny --work DIR    # smoke test: one size of 64 images
 
 The dataset is built offline with PIL (smooth generated 224x224 RGB JPEGs, 10 classes, an imagefolder) and cached
 in --work. Every size runs in a fresh subprocess, which prints its own peak RSS (getrusage ru_maxrss): prepare_data
@@ -317,7 +318,7 @@ def _spawn(args: argparse.Namespace, n: int, mode: str) -> dict:
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000, 10000])
     parser.add_argument("--old", type=int, default=0, help="also measure the old float32 path at this size")
@@ -327,13 +328,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="--zoo: interleaved repeats (medians are printed)")
     parser.add_argument("--work", default="/tmp/profiling-agent-bench-streaming")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tiny", action="store_true", help="smoke test: one size of 64 images")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="stream", help=argparse.SUPPRESS)
     parser.add_argument("--run", default="", help=argparse.SUPPRESS)
     parser.add_argument("--data", default="", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.sizes = [64]
     if args.child:
         zoo_child(args) if args.mode == "zoo" else child(args)
         return

@@ -114,17 +114,25 @@ def forms(prefix: str, fp32: torch.nn.Module, calib, check, work: Path, settings
     wanted = ALL if pruned else settings["base_forms"]
     start = time.perf_counter()
     built = build_forms(
-        fp32, calib[: settings["calib"]], check, work / (prefix.strip(":") or "base"), forms=wanted,
+        fp32,
+        calib[: settings["calib"]],
+        check,
+        work / (prefix.strip(":") or "base"),
+        forms=wanted,
         threads=torch.get_num_threads(),
-    )  # fmt: skip
+    )
     facts: dict[str, Any] = {"seconds": round(time.perf_counter() - start, 1)}
     for v in built:
         if v.name not in wanted:  # the FP32 ONNX export every form starts from
             continue
         if v.status == "ok":
             models[f"{prefix}{v.name}"] = v.model
-        facts[f"{prefix}{v.name}"] = {"status": v.status, "error": v.error, "max_abs_diff": v.max_abs_diff,
-                                      "seconds": v.seconds}  # fmt: skip
+        facts[f"{prefix}{v.name}"] = {
+            "status": v.status,
+            "error": v.error,
+            "max_abs_diff": v.max_abs_diff,
+            "seconds": v.seconds,
+        }
     return models, facts
 
 
@@ -254,8 +262,9 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
         facts.update(more_facts)
     say(f"[{name}] accuracy and latency of {len(models)} variants side by side")
     held_out = (tensors["test_pixels"], tensors["test_labels"])
-    rows = measure(models, pixels, labels, allowed, settings["batch"], settings["warmup"], settings["trained_repeats"],
-                   held_out)  # fmt: skip
+    rows = measure(
+        models, pixels, labels, allowed, settings["batch"], settings["warmup"], settings["trained_repeats"], held_out
+    )
     return {
         "model": name,
         "rows": rows,
@@ -364,8 +373,11 @@ def table(results: list[dict], settings: dict) -> str:
             ]
             lines.append("| " + " | ".join(cells) + " |")
         blank = " | " * (len(head) - 3)
-        for ref, label in (("ort_dynamic", "unpruned ort_dynamic"), ("ov_int8", "unpruned OpenVINO INT8"),
-                           (peer, f"the fastest unpruned form ({peer})")):  # fmt: skip
+        for ref, label in (
+            ("ort_dynamic", "unpruned ort_dynamic"),
+            ("ov_int8", "unpruned OpenVINO INT8"),
+            (peer, f"the fastest unpruned form ({peer})"),
+        ):
             if chosen and ref and ref in rows:
                 vs = rows[ref]["latency_ms"] / rows[chosen]["latency_ms"]
                 res[f"delivered_vs_{'fastest_unpruned' if ref == peer else ref + '_unpruned'}"] = vs
@@ -402,8 +414,12 @@ def main(argv: list[str] | None = None) -> int:
         help="random-weight models: largest |logit error| / largest |logit| a delivered form may have",
     )
     parser.add_argument("--max-acc-drop", type=float, default=2.0, help="trained models: accuracy budget in pp")
-    parser.add_argument("--target", choices=["params", "macs", "latency", "size"], default="params",
-                        help="trained models: the objective's target")  # fmt: skip
+    parser.add_argument(
+        "--target",
+        choices=["params", "macs", "latency", "size"],
+        default="params",
+        help="trained models: the objective's target",
+    )
     parser.add_argument("--target-reduction", type=float, default=0.4, help="trained models: the target's reduction")
     parser.add_argument(
         "--depth",

@@ -83,8 +83,18 @@ def _make_run(root: Path, ref: str, teacher: torch.nn.Module, processor: Any, ma
     from profiling_agent.tools.models.artifacts import save_artifact
 
     test, train = load_split(ref, "test"), load_split(ref, "train")
-    prepare_images(test, processor, shape, mapping, out_path=root / "data.safetensors", subset=0, test_subset=0,
-                 calibration=16, seed=0, calibration_ds=train)  # fmt: skip
+    prepare_images(
+        test,
+        processor,
+        shape,
+        mapping,
+        out_path=root / "data.safetensors",
+        subset=0,
+        test_subset=0,
+        calibration=16,
+        seed=0,
+        calibration_ds=train,
+    )
     rows = load_prepared(root / "data.safetensors", with_indices=True, parts=("eval", "test", "calib"))
     split = {"validation": "test", "test": "test", "calibration": "train"}
     parts = {"validation": "eval", "test": "test", "calibration": "calib"}
@@ -101,24 +111,50 @@ def bench_distill(args, work: Path, teacher_dir: Path, start: torch.nn.Module, b
         for procs in (1, args.procs):
             student = copy.deepcopy(start)
             job = work / f"distill-{procs}-{rep}"
-            info, wall, cpu = _timed(lambda student=student, procs=procs, job=job: distill_in_job(
-                student, teacher_dir, batches, config, dataset_ref=ref, mapping=mapping, procs=procs,
-                job_dir=job / "job", checkpoint_dir=job / "steps", fingerprint={}, launcher=LAUNCHER,
-                threads=args.threads,
-            ))  # fmt: skip
+            info, wall, cpu = _timed(
+                lambda student=student, procs=procs, job=job: distill_in_job(
+                    student,
+                    teacher_dir,
+                    batches,
+                    config,
+                    dataset_ref=ref,
+                    mapping=mapping,
+                    procs=procs,
+                    job_dir=job / "job",
+                    checkpoint_dir=job / "steps",
+                    fingerprint={},
+                    launcher=LAUNCHER,
+                    threads=args.threads,
+                )
+            )
             rate = info["steps_done"] / info["seconds"]
-            runs[procs].append({"steps_per_s": rate, "loop_s": info["seconds"], "wall_s": wall, "cpu_s": cpu,
-                                "rank0_loop_cpu_s": info["cpu_seconds"]})  # fmt: skip
+            runs[procs].append(
+                {
+                    "steps_per_s": rate,
+                    "loop_s": info["seconds"],
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "rank0_loop_cpu_s": info["cpu_seconds"],
+                }
+            )
             students[procs] = student
-            print(f"  distill {procs} proc: {rate:.2f} steps/s, loop {info['seconds']:.1f} s (rank 0 CPU "
-                  f"{info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, load {_load()}",
-                  flush=True)  # fmt: skip
+            print(
+                f"  distill {procs} proc: {rate:.2f} steps/s, loop {info['seconds']:.1f} s (rank 0 CPU "
+                f"{info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, load {_load()}",
+                flush=True,
+            )
     pairs = zip(students[1].state_dict().values(), students[args.procs].state_dict().values(), strict=True)
     gap = max((a.float() - b.float()).abs().max().item() for a, b in pairs)
     med = {p: statistics.median(r["steps_per_s"] for r in rs) for p, rs in runs.items()}
     cpu = {p: statistics.median(r["rank0_loop_cpu_s"] for r in rs) for p, rs in runs.items()}
-    return {"runs": runs, "median_steps_per_s": med, "ratio": med[args.procs] / med[1], "max_weight_diff": gap,
-            "cpu_ratio": cpu[1] / cpu[args.procs], "students": students}  # fmt: skip
+    return {
+        "runs": runs,
+        "median_steps_per_s": med,
+        "ratio": med[args.procs] / med[1],
+        "max_weight_diff": gap,
+        "cpu_ratio": cpu[1] / cpu[args.procs],
+        "students": students,
+    }
 
 
 def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
@@ -129,22 +165,47 @@ def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
     for rep in range(args.repeats):
         for procs in (1, args.procs):
             job = work / f"pass-{procs}-{rep}"
-            out, wall, cpu = _timed(lambda procs=procs, job=job: sharded_predictions(
-                run, "eval", models, procs=procs, job_dir=job, batch_size=64, launcher=LAUNCHER, threads=args.threads
-            ))  # fmt: skip
+            out, wall, cpu = _timed(
+                lambda procs=procs, job=job: sharded_predictions(
+                    run,
+                    "eval",
+                    models,
+                    procs=procs,
+                    job_dir=job,
+                    batch_size=64,
+                    launcher=LAUNCHER,
+                    threads=args.threads,
+                )
+            )
             info = read_json(job / "result.json")
             rate = info["images"] / info["seconds"]
-            runs[procs].append({"images_per_s": rate, "pass_s": info["seconds"], "wall_s": wall, "cpu_s": cpu,
-                                "rank0_pass_cpu_s": info["cpu_seconds"]})  # fmt: skip
+            runs[procs].append(
+                {
+                    "images_per_s": rate,
+                    "pass_s": info["seconds"],
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "rank0_pass_cpu_s": info["cpu_seconds"],
+                }
+            )
             preds[procs] = out
-            print(f"  pass {procs} proc: {rate:.0f} images/s ({len(models)} models), pass {info['seconds']:.1f} s "
-                  f"(rank 0 CPU {info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, "
-                  f"load {_load()}", flush=True)  # fmt: skip
+            print(
+                f"  pass {procs} proc: {rate:.0f} images/s ({len(models)} models), pass {info['seconds']:.1f} s "
+                f"(rank 0 CPU {info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, "
+                f"load {_load()}",
+                flush=True,
+            )
     same = all(torch.equal(preds[1][k], preds[args.procs][k]) for k in models)
     med = {p: statistics.median(r["images_per_s"] for r in rs) for p, rs in runs.items()}
     cpu = {p: statistics.median(r["rank0_pass_cpu_s"] for r in rs) for p, rs in runs.items()}
-    return {"runs": runs, "median_images_per_s": med, "ratio": med[args.procs] / med[1], "identical": same,
-            "cpu_ratio": cpu[1] / cpu[args.procs], "preds": preds}  # fmt: skip
+    return {
+        "runs": runs,
+        "median_images_per_s": med,
+        "ratio": med[args.procs] / med[1],
+        "identical": same,
+        "cpu_ratio": cpu[1] / cpu[args.procs],
+        "preds": preds,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,9 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = {"channels": 1, "height": 32, "width": 32}
     mapping = {"dataset_to_model": {str(i): i for i in range(10)}}
     start = _pruned(teacher, args.model)
-    print(f"machine: {os.cpu_count()} CPUs, load {_load()}; torch {torch.__version__}; {args.model}: "
-          f"{sum(p.numel() for p in teacher.parameters()):,} params, student "
-          f"{sum(p.numel() for p in start.parameters()):,}", flush=True)  # fmt: skip
+    print(
+        f"machine: {os.cpu_count()} CPUs, load {_load()}; torch {torch.__version__}; {args.model}: "
+        f"{sum(p.numel() for p in teacher.parameters()):,} params, student "
+        f"{sum(p.numel() for p in start.parameters()):,}",
+        flush=True,
+    )
     report: dict[str, Any] = {"model": args.model, "procs": args.procs, "threads": args.threads, "load_before": _load()}
     with tempfile.TemporaryDirectory(prefix="bench-dist-") as tmp:
         work = Path(tmp)
@@ -211,8 +275,17 @@ def main(argv: list[str] | None = None) -> int:
             report["pass"] = passed
             if args.skip != "distill":  # the distilled students' accuracy, on the same images (one sharded pass)
                 extra = {k: v for k, v in models.items() if k.startswith("distilled")}
-                preds.update(sharded_predictions(run, "eval", extra, procs=args.procs, job_dir=work / "acc",
-                                                 launcher=LAUNCHER, threads=args.threads))  # fmt: skip
+                preds.update(
+                    sharded_predictions(
+                        run,
+                        "eval",
+                        extra,
+                        procs=args.procs,
+                        job_dir=work / "acc",
+                        launcher=LAUNCHER,
+                        threads=args.threads,
+                    )
+                )
             figures = summarize(preds, torch.as_tensor(labels), "baseline")
             report["accuracy"] = {k: round(v["accuracy"], 2) for k, v in figures.items()}
     report["load_after"] = _load()
@@ -223,19 +296,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(report: dict[str, Any], procs: int) -> None:
-    print(f"\n== bench/distributed.py: {report['model']}, {procs} processes x {report['threads']} thread vs 1 x "
-          f"{report['threads']}; load before {report['load_before']}, after {report['load_after']} ==")  # fmt: skip
+    print(
+        f"\n== bench/distributed.py: {report['model']}, {procs} processes x {report['threads']} thread vs 1 x "
+        f"{report['threads']}; load before {report['load_before']}, after {report['load_after']} =="
+    )
     for key, what, rate, unit, fmt in (
         ("distill", "distillation steps/s", "median_steps_per_s", "loop", ".2f"),
         ("pass", "accuracy pass images/s", "median_images_per_s", "pass", ".0f"),
     ):
         if key in report:
             r, m = report[key], report[key][rate]
-            extra = (f"max weight difference {r['max_weight_diff']:.3g}" if key == "distill"
-                     else f"identical predictions: {r['identical']}")  # fmt: skip
+            extra = (
+                f"max weight difference {r['max_weight_diff']:.3g}"
+                if key == "distill"
+                else f"identical predictions: {r['identical']}"
+            )
             cpu = f"rank-0 {unit} CPU time 1 proc / {procs} procs {r['cpu_ratio']:.2f}x"
-            print(f"{what}: 1 proc {m[1]:{fmt}}, {procs} procs {m[procs]:{fmt}}, ratio {r['ratio']:.2f}x "
-                  f"(target >= 1.6x); {extra}; {cpu}")  # fmt: skip
+            print(
+                f"{what}: 1 proc {m[1]:{fmt}}, {procs} procs {m[procs]:{fmt}}, ratio {r['ratio']:.2f}x "
+                f"(target >= 1.6x); {extra}; {cpu}"
+            )
     if "accuracy" in report:
         print("top-1 on the 10,000 test images: " + ", ".join(f"{k} {v:.2f}%" for k, v in report["accuracy"].items()))
 

@@ -67,8 +67,9 @@ def shallower(model: Any, keep: int) -> Any:
     return copy_
 
 
-def floor_rows(model: Any, size: int, ratios: list[float], folder: Path, repeats: int,
-               depth: bool = False) -> dict[str, Any]:  # fmt: skip
+def floor_rows(
+    model: Any, size: int, ratios: list[float], folder: Path, repeats: int, depth: bool = False
+) -> dict[str, Any]:
     """Time the unpruned model and its uniformly pruned copies in every form; return {form: {ratio: row}}.
 
     With `depth`, copies without their last blocks are timed too, keyed "blocks=K".

@@ -285,9 +285,10 @@ def table(result: dict[str, Any], modes) -> str:
             v = verdict[(budget, mode)]
             low, high = v["interval"]
             lines.append(
-                f"| {budget:.0%} | {mode} | " + " | ".join(cells)
+                f"| {budget:.0%} | {mode} | "
+                + " | ".join(cells)
                 + f" | {v['margin']:+.2f} ({v['best_peer']}; [{low:+.2f}, {high:+.2f}] {v['verdict']}) |"
-            )  # fmt: skip
+            )
     return "\n".join(lines)
 
 

@@ -30,11 +30,40 @@ def _cli(*args: str) -> list[str]:
 
 def _run_args(model: Path, dataset: Path, runs: Path, thread: str, args: argparse.Namespace) -> list[str]:
     return _cli(
-        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--iterations", "1", "--planner", "l2", "--ratio", "0.4", "--repeats", "2", "--threads", str(args.threads),
-        "--recover", "auto", "--recover-steps", str(args.steps), "--recover-batch", "16",
-        "--recover-minutes", str(args.minutes), "--backend", "torch", "--run-dir", str(runs), "--thread-id", thread,
-    )  # fmt: skip
+        "run",
+        "--model",
+        str(model),
+        "--dataset",
+        str(dataset),
+        "--subset",
+        "96",
+        "--calibration",
+        "16",
+        "--iterations",
+        "1",
+        "--planner",
+        "l2",
+        "--ratio",
+        "0.4",
+        "--repeats",
+        "2",
+        "--threads",
+        str(args.threads),
+        "--recover",
+        "auto",
+        "--recover-steps",
+        str(args.steps),
+        "--recover-batch",
+        "16",
+        "--recover-minutes",
+        str(args.minutes),
+        "--backend",
+        "torch",
+        "--run-dir",
+        str(runs),
+        "--thread-id",
+        thread,
+    )
 
 
 def _weights(run: Path):
@@ -66,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     whole = subprocess.run(_run_args(model, dataset, runs, "whole", args), env=env, capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr[-2000:]
     saved = runs / "cut" / "iter_01" / "recovery_steps" / "latest.json"
-    proc = subprocess.Popen(_run_args(model, dataset, runs, "cut", args), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        _run_args(model, dataset, runs, "cut", args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     while proc.poll() is None:
         if saved.is_file() and json.loads(saved.read_text())["step"] + 1 >= args.kill_at:
             proc.send_signal(signal.SIGKILL)

@@ -70,10 +70,17 @@ def small_model():
 
     torch.manual_seed(0)
     config = ViTConfig(
-        image_size=SIZE, patch_size=16, num_channels=3, hidden_size=64, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=128, num_labels=CLASSES,
-        id2label={i: f"class_{i}" for i in range(CLASSES)}, label2id={f"class_{i}": i for i in range(CLASSES)},
-    )  # fmt: skip
+        image_size=SIZE,
+        patch_size=16,
+        num_channels=3,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=CLASSES,
+        id2label={i: f"class_{i}" for i in range(CLASSES)},
+        label2id={f"class_{i}": i for i in range(CLASSES)},
+    )
     return ViTForImageClassification(config).eval()
 
 
@@ -253,8 +260,10 @@ def zoo_report(args: argparse.Namespace) -> None:
     import shutil
 
     zoo = Path(args.zoo)
-    print("| zoo model | old path 1k: prepare + pass s | streamed: images | first pass s | cached pass s | "
-          "cached / (n/1k x old pass) | (prepare + first) / (n/1k x old prepare + pass) |")  # fmt: skip
+    print(
+        "| zoo model | old path 1k: prepare + pass s | streamed: images | first pass s | cached pass s | "
+        "cached / (n/1k x old pass) | (prepare + first) / (n/1k x old prepare + pass) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name in ("resnet", "vit", "deit", "swin"):
         run = Path(args.work) / f"run-zoo-{name}"
@@ -283,10 +292,34 @@ def cli_report(args: argparse.Namespace, images: Path) -> None:
         model = small_model()
         model.save_pretrained(str(model_dir))
         processor().save_pretrained(str(model_dir))
-    cmd = [sys.executable, "-m", "profiling_agent.graph.cli", "run", "--model", str(model_dir), "--dataset",
-           str(images), "--split", "train", "--subset", str(args.cli), "--test-subset", "256", "--iterations", "2",
-           "--recover", "reconstruct", "--backend", "torch", "--threads", str(args.threads), "--run-dir", str(runs),
-           "--thread-id", "cli"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "profiling_agent.graph.cli",
+        "run",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        str(images),
+        "--split",
+        "train",
+        "--subset",
+        str(args.cli),
+        "--test-subset",
+        "256",
+        "--iterations",
+        "2",
+        "--recover",
+        "reconstruct",
+        "--backend",
+        "torch",
+        "--threads",
+        str(args.threads),
+        "--run-dir",
+        str(runs),
+        "--thread-id",
+        "cli",
+    ]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - start

@@ -58,8 +58,14 @@ PROFILES = {
         "trained_repeats": 2,
         "base_forms": ("ort_dynamic", "ov_int8"),
         "pruned_qint8": False,
-        # the agent's own timing and distillation kept short
-        "context": {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "recover_steps": 8},
+        # the agent's own timing and distillation kept short, its forms ONNX Runtime's only
+        "context": {
+            "latency_repeats": 2,
+            "latency_warmup": 1,
+            "latency_batch": 8,
+            "recover_steps": 8,
+            "backend": "onnxruntime",
+        },
     },
     "quick": {
         "repeats": 2,
@@ -111,7 +117,7 @@ def forms(prefix: str, fp32: torch.nn.Module, calib, check, work: Path, settings
     models = {f"{prefix}torch_fp32": fp32}
     if not pruned or settings["pruned_qint8"]:
         models[f"{prefix}torch_qint8"] = _qint8(fp32)
-    wanted = ALL if pruned else settings["base_forms"]
+    wanted = ALL if pruned and not settings["tiny"] else settings["base_forms"]
     start = time.perf_counter()
     built = build_forms(
         fp32,

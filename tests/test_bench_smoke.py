@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -70,15 +71,22 @@ def tiny_zoo(tmp_path_factory):
     return out
 
 
+def _cpu_s() -> float:
+    """CPU-seconds of this process and its finished children (the scripts that launch processes wait for them)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 def smoke(name: str, argv: list[str], capsys) -> str:
-    """Run bench/NAME.py's main(argv); assert it exits 0; return its stdout."""
+    """Run bench/NAME.py's main(argv); assert it exits 0; return its stdout (wall and CPU seconds go to the log)."""
     module = bench_module(name)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_s()
     code = module.main(argv)
     out = capsys.readouterr().out
     assert code in (0, None), out[-2000:]
     with capsys.disabled():
-        print(f"\nbench/{name}.py {' '.join(argv)}: {time.perf_counter() - start:.1f} s")
+        wall, used = time.perf_counter() - start, _cpu_s() - cpu
+        print(f"\nbench/{name}.py {' '.join(argv)}: {wall:.1f} s wall, {used:.1f} CPU-s")
     return out
 
 

@@ -73,6 +73,7 @@ def run_planner(model: str, dataset: str, planner: str, root: Path, args: argpar
         run_root=str(root),
         threads=1,
         latency_repeats=2 if args.tiny else 10,
+        backend="torch" if args.tiny else "auto",  # tiny: no exported forms to build
         llm_base_url=args.base_url,
         llm_model=args.model,
         llm_api_key_env=args.api_key_env,

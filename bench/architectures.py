@@ -4,6 +4,7 @@ Usage:
     python bench/architectures.py                         # all four families, warm-up 2, 7 timed repeats
     python bench/architectures.py --quick                 # ViT-B/16 and ResNet-101, warm-up 1, 3 repeats
     python bench/architectures.py --families swin deit --threads 2 --json /tmp/arch.json
+    python bench/architectures.py --tiny                  # smoke test: the four families as 2-block configs, 1 repeat
 
 Each model is built from its transformers config with random weights (nothing is downloaded) and 1,000
 classes at 224x224. One fixed plan per family is applied with the real pruning engine (tools/compression/pruning.py, the
@@ -31,7 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,20 @@ ARCHITECTURES = {
     ),
 }
 QUICK_FAMILIES = ("vit", "resnet")
+_TINY_TRANSFORMER = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "patch_size": 32,
+}
+# `--tiny`: the same families and plans, shrunk to a few thousand parameters (still 224x224, 1,000 classes)
+TINY_OVERRIDES: dict[str, dict[str, Any]] = {
+    "vit": _TINY_TRANSFORMER,
+    "deit": _TINY_TRANSFORMER,
+    "swin": {"embed_dim": 16, "depths": [1, 1], "num_heads": [2, 4], "window_size": 7, "patch_size": 8},
+    "resnet": {"embedding_size": 8, "hidden_sizes": [16, 32], "depths": [1, 1], "layer_type": "bottleneck"},
+}
 
 
 def say(message: str) -> None:
@@ -113,8 +128,8 @@ def _save_and_check(model: torch.nn.Module, folder: Path, pixels: torch.Tensor, 
     return {"size_bytes": ref["size_bytes"], "params": ref["params"], "reload_exact": exact}
 
 
-def measure_family(name: str, work: Path, *, warmup: int, repeats: int) -> dict[str, Any]:
-    """Build, prune, quantize, save and time the four variants of one family side by side."""
+def measure_family(name: str, work: Path, *, warmup: int, repeats: int, tiny: bool = False) -> dict[str, Any]:
+    """Build, prune, quantize, save and time the four variants of one family side by side (`tiny`: TINY_OVERRIDES)."""
     from profiling_agent.tools.compression.pruning import PruneGuard, prune_model
     from profiling_agent.tools.compression.quantization import quantize_model
     from profiling_agent.tools.compression.self_check import self_check
@@ -122,6 +137,8 @@ def measure_family(name: str, work: Path, *, warmup: int, repeats: int) -> dict[
     from profiling_agent.tools.profiling.static import static_profile
 
     arch = ARCHITECTURES[name]
+    if tiny:
+        arch = replace(arch, title=f"tiny {arch.title}", overrides=TINY_OVERRIDES[name])
     start = time.perf_counter()
     phases: dict[str, float] = {}
     say(f"[{name}] building {arch.title} from its config (random weights)")
@@ -264,6 +281,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="families to measure (default: all four; --quick: vit resnet)",
     )
     parser.add_argument("--quick", action="store_true", help="two families, warm-up 1, 3 repeats")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: all four families shrunk, warm-up 0, 1 repeat")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7, quick 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed warm-up passes (default 2, quick 1)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
@@ -286,13 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     families = args.families or (list(QUICK_FAMILIES) if args.quick else list(ARCHITECTURES))
-    repeats = args.repeats or (3 if args.quick else 7)
-    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    repeats = args.repeats or (1 if args.tiny else 3 if args.quick else 7)
+    warmup = args.warmup if args.warmup is not None else (0 if args.tiny else 1 if args.quick else 2)
     start = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="arch-bench-") as tmp:
         for name in families:
-            results.append(measure_family(name, Path(tmp), warmup=warmup, repeats=repeats))
+            results.append(measure_family(name, Path(tmp), warmup=warmup, repeats=repeats, tiny=args.tiny))
             say(f"[{name}] done in {results[-1]['seconds']:.0f} s")
     settings = {
         "families": families,
@@ -302,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": BATCH,
         "image_size": IMAGE_SIZE,
         "quick": args.quick,
+        "tiny": args.tiny,
         "loadavg": " ".join(f"{v:.1f}" for v in os.getloadavg()),
         "seconds": time.perf_counter() - start,
         "torch": torch.__version__,

@@ -4,6 +4,7 @@ Usage:
     python bench/backends.py --quick              # 4 full-size configs + 2 trained models, < 10 min on 2 cores
     python bench/backends.py                      # more repeats, batch 8, the Fashion-MNIST zoo when built
     python bench/backends.py --full-size vit-b16 --trained embedded:resnet-digits --json out.json
+    python bench/backends.py --tiny               # smoke test: a 2-layer ViT and the agent on embedded:vit-digits
 
 Full-size ViT-B/16, DeiT-B/16, Swin-B and ResNet-101 are built from transformers configs with random weights
 (1,000 classes, 224x224): no accuracy exists, so each variant reports its logit fidelity (largest |difference| from
@@ -40,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from paper_tables import FULL_SIZE, build_full_size  # noqa: E402
+from paper_tables import FULL_SIZE, TINY_FULL_SIZE, build_full_size  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 TRAINED = ("embedded:vit-digits", "embedded:resnet-digits")
@@ -48,6 +49,24 @@ ALL = ("ort_fp32", "ort_dynamic", "ort_static", "ov_fp32", "ov_bf16", "ov_int8")
 # quick: the unpruned model only as torch FP32/qint8, ORT dynamic and OpenVINO INT8 (the references the targets
 # name), every form of the pruned one; static calibration of a full-size model is the slowest step
 PROFILES = {
+    "tiny": {
+        "repeats": 1,
+        "warmup": 0,
+        "batch": 2,
+        "calib": 4,
+        "check": 4,
+        "trained_repeats": 2,
+        "base_forms": ("ort_dynamic", "ov_fp32"),  # no NNCF INT8 build: the slowest step of a smoke test
+        "pruned_qint8": False,
+        # the agent's own timing and distillation kept short, its forms ONNX Runtime's only
+        "context": {
+            "latency_repeats": 2,
+            "latency_warmup": 1,
+            "latency_batch": 8,
+            "recover_steps": 8,
+            "backend": "onnxruntime",
+        },
+    },
     "quick": {
         "repeats": 2,
         "warmup": 1,
@@ -98,20 +117,28 @@ def forms(prefix: str, fp32: torch.nn.Module, calib, check, work: Path, settings
     models = {f"{prefix}torch_fp32": fp32}
     if not pruned or settings["pruned_qint8"]:
         models[f"{prefix}torch_qint8"] = _qint8(fp32)
-    wanted = ALL if pruned else settings["base_forms"]
+    wanted = ALL if pruned and not settings["tiny"] else settings["base_forms"]
     start = time.perf_counter()
     built = build_forms(
-        fp32, calib[: settings["calib"]], check, work / (prefix.strip(":") or "base"), forms=wanted,
+        fp32,
+        calib[: settings["calib"]],
+        check,
+        work / (prefix.strip(":") or "base"),
+        forms=wanted,
         threads=torch.get_num_threads(),
-    )  # fmt: skip
+    )
     facts: dict[str, Any] = {"seconds": round(time.perf_counter() - start, 1)}
     for v in built:
         if v.name not in wanted:  # the FP32 ONNX export every form starts from
             continue
         if v.status == "ok":
             models[f"{prefix}{v.name}"] = v.model
-        facts[f"{prefix}{v.name}"] = {"status": v.status, "error": v.error, "max_abs_diff": v.max_abs_diff,
-                                      "seconds": v.seconds}  # fmt: skip
+        facts[f"{prefix}{v.name}"] = {
+            "status": v.status,
+            "error": v.error,
+            "max_abs_diff": v.max_abs_diff,
+            "seconds": v.seconds,
+        }
     return models, facts
 
 
@@ -217,7 +244,8 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
             **({"depth": settings["depth"]} if settings["depth"] is not None else {}),
         },
     }
-    ctx = Context(run_root=str(work / "runs"), device="cpu", threads=torch.get_num_threads(), latency_repeats=5)
+    context = {"latency_repeats": 5, **settings.get("context", {})}
+    ctx = Context(run_root=str(work / "runs"), device="cpu", threads=torch.get_num_threads(), **context)
     graph = build_graph(checkpointer=open_checkpointer(work / "runs"))
     state = graph.invoke(inputs, {"configurable": {"thread_id": name}}, context=ctx, durability="sync")
     run = Path(state["run_path"])
@@ -229,7 +257,8 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     allowed = (state.get("labels") or {}).get("allowed_ids")
     base = load_artifact(run / state["baseline"]["path"]).model
     best = state.get("best") or {}
-    settings = {**settings, "base_forms": ALL, "pruned_qint8": True}  # small models: every form is cheap
+    if not settings["tiny"]:
+        settings = {**settings, "base_forms": ALL, "pruned_qint8": True}  # small models: every form is cheap
     models, facts = forms("", base, tensors["calib_pixels"], pixels[:32], work / name, settings)
     fp32_ref = best.get("recovered") or best.get("pruned")  # what the run's ONNX forms were built from
     if fp32_ref:
@@ -239,8 +268,9 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
         facts.update(more_facts)
     say(f"[{name}] accuracy and latency of {len(models)} variants side by side")
     held_out = (tensors["test_pixels"], tensors["test_labels"])
-    rows = measure(models, pixels, labels, allowed, settings["batch"], settings["warmup"], settings["trained_repeats"],
-                   held_out)  # fmt: skip
+    rows = measure(
+        models, pixels, labels, allowed, settings["batch"], settings["warmup"], settings["trained_repeats"], held_out
+    )
     return {
         "model": name,
         "rows": rows,
@@ -349,8 +379,11 @@ def table(results: list[dict], settings: dict) -> str:
             ]
             lines.append("| " + " | ".join(cells) + " |")
         blank = " | " * (len(head) - 3)
-        for ref, label in (("ort_dynamic", "unpruned ort_dynamic"), ("ov_int8", "unpruned OpenVINO INT8"),
-                           (peer, f"the fastest unpruned form ({peer})")):  # fmt: skip
+        for ref, label in (
+            ("ort_dynamic", "unpruned ort_dynamic"),
+            ("ov_int8", "unpruned OpenVINO INT8"),
+            (peer, f"the fastest unpruned form ({peer})"),
+        ):
             if chosen and ref and ref in rows:
                 vs = rows[ref]["latency_ms"] / rows[chosen]["latency_ms"]
                 res[f"delivered_vs_{'fastest_unpruned' if ref == peer else ref + '_unpruned'}"] = vs
@@ -367,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     """Measure every backend variant of the full-size configs and the trained models; print a Markdown table."""
     parser = argparse.ArgumentParser(prog="bench/backends.py", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and calibration images (< 10 min)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="smoke test: a 2-layer ViT, the agent 1 round on embedded:vit-digits"
+    )
     parser.add_argument("--full-size", nargs="*", default=None, help=f"configs ({', '.join(FULL_SIZE)}; default all)")
     parser.add_argument("--trained", nargs="*", default=None, help="trained model refs (default: embedded digits)")
     parser.add_argument("--dataset", default="embedded:digits", help="dataset of the trained models")
@@ -384,8 +420,12 @@ def main(argv: list[str] | None = None) -> int:
         help="random-weight models: largest |logit error| / largest |logit| a delivered form may have",
     )
     parser.add_argument("--max-acc-drop", type=float, default=2.0, help="trained models: accuracy budget in pp")
-    parser.add_argument("--target", choices=["params", "macs", "latency", "size"], default="params",
-                        help="trained models: the objective's target")  # fmt: skip
+    parser.add_argument(
+        "--target",
+        choices=["params", "macs", "latency", "size"],
+        default="params",
+        help="trained models: the objective's target",
+    )
     parser.add_argument("--target-reduction", type=float, default=0.4, help="trained models: the target's reduction")
     parser.add_argument(
         "--depth",
@@ -395,12 +435,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args(argv)
-    bad = [m for m in args.full_size or () if m not in FULL_SIZE]
+    bad = [m for m in args.full_size or () if m not in {**FULL_SIZE, **TINY_FULL_SIZE}]
     if bad or not 0 < args.ratio < 1 or args.threads < 1 or args.iterations < 1:
         what = f"unknown config {bad[0]!r}" if bad else "--ratio must be in (0, 1), --threads and --iterations >= 1"
         print(f"bench/backends.py: error: {what}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    settings = {**PROFILES["quick" if args.quick else "full"], **vars(args)}
+    if args.tiny:
+        args.iterations, args.subset = 1, 64
+        args.full_size = list(TINY_FULL_SIZE) if args.full_size is None else args.full_size
+        args.trained = ["embedded:vit-digits"] if args.trained is None else args.trained
+    settings = {**PROFILES["tiny" if args.tiny else "quick" if args.quick else "full"], **vars(args)}
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     results = []

@@ -4,6 +4,7 @@ Usage:
     python bench/distributed.py                       # zoo ResNet (bench/zoo.py builds it), 2 x 1 thread vs 1 x 1
     python bench/distributed.py --steps 40 --repeats 1  # quicker
     python bench/distributed.py --model vit --procs 2 --threads 1 --out /tmp/dist.json
+    python bench/distributed.py --tiny                # smoke test: the tiny zoo's ResNet (built when missing), 4 steps
 
 Both sides run through the same launcher (`torchrun --standalone`, 1 process or N), so process start, model loading
 and the rendezvous cost the same; the figures are taken inside the job (the training loop's seconds; the
@@ -37,6 +38,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo as zoo_lib  # noqa: E402
 
 from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
 from profiling_agent.tools.evaluation.sharded import sharded_predictions, summarize
@@ -104,24 +108,50 @@ def bench_distill(args, work: Path, teacher_dir: Path, start: torch.nn.Module, b
         for procs in (1, args.procs):
             student = copy.deepcopy(start)
             job = work / f"distill-{procs}-{rep}"
-            info, wall, cpu = _timed(lambda student=student, procs=procs, job=job: distill_in_job(
-                student, teacher_dir, batches, config, dataset_ref=ref, mapping=mapping, procs=procs,
-                job_dir=job / "job", checkpoint_dir=job / "steps", fingerprint={}, launcher=LAUNCHER,
-                threads=args.threads,
-            ))  # fmt: skip
+            info, wall, cpu = _timed(
+                lambda student=student, procs=procs, job=job: distill_in_job(
+                    student,
+                    teacher_dir,
+                    batches,
+                    config,
+                    dataset_ref=ref,
+                    mapping=mapping,
+                    procs=procs,
+                    job_dir=job / "job",
+                    checkpoint_dir=job / "steps",
+                    fingerprint={},
+                    launcher=LAUNCHER,
+                    threads=args.threads,
+                )
+            )
             rate = info["steps_done"] / info["seconds"]
-            runs[procs].append({"steps_per_s": rate, "loop_s": info["seconds"], "wall_s": wall, "cpu_s": cpu,
-                                "rank0_loop_cpu_s": info["cpu_seconds"]})  # fmt: skip
+            runs[procs].append(
+                {
+                    "steps_per_s": rate,
+                    "loop_s": info["seconds"],
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "rank0_loop_cpu_s": info["cpu_seconds"],
+                }
+            )
             students[procs] = student
-            print(f"  distill {procs} proc: {rate:.2f} steps/s, loop {info['seconds']:.1f} s (rank 0 CPU "
-                  f"{info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, load {_load()}",
-                  flush=True)  # fmt: skip
+            print(
+                f"  distill {procs} proc: {rate:.2f} steps/s, loop {info['seconds']:.1f} s (rank 0 CPU "
+                f"{info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, load {_load()}",
+                flush=True,
+            )
     pairs = zip(students[1].state_dict().values(), students[args.procs].state_dict().values(), strict=True)
     gap = max((a.float() - b.float()).abs().max().item() for a, b in pairs)
     med = {p: statistics.median(r["steps_per_s"] for r in rs) for p, rs in runs.items()}
     cpu = {p: statistics.median(r["rank0_loop_cpu_s"] for r in rs) for p, rs in runs.items()}
-    return {"runs": runs, "median_steps_per_s": med, "ratio": med[args.procs] / med[1], "max_weight_diff": gap,
-            "cpu_ratio": cpu[1] / cpu[args.procs], "students": students}  # fmt: skip
+    return {
+        "runs": runs,
+        "median_steps_per_s": med,
+        "ratio": med[args.procs] / med[1],
+        "max_weight_diff": gap,
+        "cpu_ratio": cpu[1] / cpu[args.procs],
+        "students": students,
+    }
 
 
 def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
@@ -132,22 +162,47 @@ def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
     for rep in range(args.repeats):
         for procs in (1, args.procs):
             job = work / f"pass-{procs}-{rep}"
-            out, wall, cpu = _timed(lambda procs=procs, job=job: sharded_predictions(
-                run, "eval", models, procs=procs, job_dir=job, batch_size=64, launcher=LAUNCHER, threads=args.threads
-            ))  # fmt: skip
+            out, wall, cpu = _timed(
+                lambda procs=procs, job=job: sharded_predictions(
+                    run,
+                    "eval",
+                    models,
+                    procs=procs,
+                    job_dir=job,
+                    batch_size=64,
+                    launcher=LAUNCHER,
+                    threads=args.threads,
+                )
+            )
             info = read_json(job / "result.json")
             rate = info["images"] / info["seconds"]
-            runs[procs].append({"images_per_s": rate, "pass_s": info["seconds"], "wall_s": wall, "cpu_s": cpu,
-                                "rank0_pass_cpu_s": info["cpu_seconds"]})  # fmt: skip
+            runs[procs].append(
+                {
+                    "images_per_s": rate,
+                    "pass_s": info["seconds"],
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "rank0_pass_cpu_s": info["cpu_seconds"],
+                }
+            )
             preds[procs] = out
-            print(f"  pass {procs} proc: {rate:.0f} images/s ({len(models)} models), pass {info['seconds']:.1f} s "
-                  f"(rank 0 CPU {info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, "
-                  f"load {_load()}", flush=True)  # fmt: skip
+            print(
+                f"  pass {procs} proc: {rate:.0f} images/s ({len(models)} models), pass {info['seconds']:.1f} s "
+                f"(rank 0 CPU {info['cpu_seconds']:.1f} s), job wall {wall:.1f} s, job CPU {cpu:.1f} s, "
+                f"load {_load()}",
+                flush=True,
+            )
     same = all(torch.equal(preds[1][k], preds[args.procs][k]) for k in models)
     med = {p: statistics.median(r["images_per_s"] for r in rs) for p, rs in runs.items()}
     cpu = {p: statistics.median(r["rank0_pass_cpu_s"] for r in rs) for p, rs in runs.items()}
-    return {"runs": runs, "median_images_per_s": med, "ratio": med[args.procs] / med[1], "identical": same,
-            "cpu_ratio": cpu[1] / cpu[args.procs], "preds": preds}  # fmt: skip
+    return {
+        "runs": runs,
+        "median_images_per_s": med,
+        "ratio": med[args.procs] / med[1],
+        "identical": same,
+        "cpu_ratio": cpu[1] / cpu[args.procs],
+        "preds": preds,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,14 +217,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each side (medians)")
     parser.add_argument("--skip", choices=["distill", "pass"], default=None)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo, 4 steps of 8 images, 1 repeat")
     args = parser.parse_args(argv)
+    if args.tiny:
+        zoo_lib.use_tiny()
+        args.steps, args.batch, args.repeats = 4, 8, 1
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     from profiling_agent.tools.data.sources import load_split
     from profiling_agent.tools.models.artifacts import save_artifact
 
-    cache = Path(os.environ.get("PROFILING_AGENT_CACHE", Path.home() / ".cache" / "profiling-agent"))
-    zoo = Path(args.zoo) if args.zoo else cache / "zoo"
+    zoo = Path(args.zoo) if args.zoo else zoo_lib.default_out()
+    if args.tiny:
+        zoo_lib.build_zoo(zoo, (args.model,))
     model_dir, ref = zoo / "models" / args.model, str(zoo / "fashion-mnist")
     if not (model_dir / "config.json").is_file():
         print(f"no zoo model at {model_dir}: build it with `python bench/zoo.py {args.model}`", file=sys.stderr)
@@ -179,9 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = {"channels": 1, "height": 32, "width": 32}
     mapping = {"dataset_to_model": {str(i): i for i in range(10)}}
     start = _pruned(teacher, args.model)
-    print(f"machine: {os.cpu_count()} CPUs, load {_load()}; torch {torch.__version__}; {args.model}: "
-          f"{sum(p.numel() for p in teacher.parameters()):,} params, student "
-          f"{sum(p.numel() for p in start.parameters()):,}", flush=True)  # fmt: skip
+    print(
+        f"machine: {os.cpu_count()} CPUs, load {_load()}; torch {torch.__version__}; {args.model}: "
+        f"{sum(p.numel() for p in teacher.parameters()):,} params, student "
+        f"{sum(p.numel() for p in start.parameters()):,}",
+        flush=True,
+    )
     report: dict[str, Any] = {"model": args.model, "procs": args.procs, "threads": args.threads, "load_before": _load()}
     with tempfile.TemporaryDirectory(prefix="bench-dist-") as tmp:
         work = Path(tmp)
@@ -209,8 +272,17 @@ def main(argv: list[str] | None = None) -> int:
             report["pass"] = passed
             if args.skip != "distill":  # the distilled students' accuracy, on the same images (one sharded pass)
                 extra = {k: v for k, v in models.items() if k.startswith("distilled")}
-                preds.update(sharded_predictions(run, "eval", extra, procs=args.procs, job_dir=work / "acc",
-                                                 launcher=LAUNCHER, threads=args.threads))  # fmt: skip
+                preds.update(
+                    sharded_predictions(
+                        run,
+                        "eval",
+                        extra,
+                        procs=args.procs,
+                        job_dir=work / "acc",
+                        launcher=LAUNCHER,
+                        threads=args.threads,
+                    )
+                )
             figures = summarize(preds, torch.as_tensor(labels), "baseline")
             report["accuracy"] = {k: round(v["accuracy"], 2) for k, v in figures.items()}
     report["load_after"] = _load()
@@ -221,19 +293,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(report: dict[str, Any], procs: int) -> None:
-    print(f"\n== bench/distributed.py: {report['model']}, {procs} processes x {report['threads']} thread vs 1 x "
-          f"{report['threads']}; load before {report['load_before']}, after {report['load_after']} ==")  # fmt: skip
+    print(
+        f"\n== bench/distributed.py: {report['model']}, {procs} processes x {report['threads']} thread vs 1 x "
+        f"{report['threads']}; load before {report['load_before']}, after {report['load_after']} =="
+    )
     for key, what, rate, unit, fmt in (
         ("distill", "distillation steps/s", "median_steps_per_s", "loop", ".2f"),
         ("pass", "accuracy pass images/s", "median_images_per_s", "pass", ".0f"),
     ):
         if key in report:
             r, m = report[key], report[key][rate]
-            extra = (f"max weight difference {r['max_weight_diff']:.3g}" if key == "distill"
-                     else f"identical predictions: {r['identical']}")  # fmt: skip
+            extra = (
+                f"max weight difference {r['max_weight_diff']:.3g}"
+                if key == "distill"
+                else f"identical predictions: {r['identical']}"
+            )
             cpu = f"rank-0 {unit} CPU time 1 proc / {procs} procs {r['cpu_ratio']:.2f}x"
-            print(f"{what}: 1 proc {m[1]:{fmt}}, {procs} procs {m[procs]:{fmt}}, ratio {r['ratio']:.2f}x "
-                  f"(target >= 1.6x); {extra}; {cpu}")  # fmt: skip
+            print(
+                f"{what}: 1 proc {m[1]:{fmt}}, {procs} procs {m[procs]:{fmt}}, ratio {r['ratio']:.2f}x "
+                f"(target >= 1.6x); {extra}; {cpu}"
+            )
     if "accuracy" in report:
         print("top-1 on the 10,000 test images: " + ", ".join(f"{k} {v:.2f}%" for k, v in report["accuracy"].items()))
 

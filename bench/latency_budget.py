@@ -30,8 +30,9 @@ def _forms(tiny: bool, folder: Path) -> tuple[dict[str, torch.nn.Module], torch.
     if tiny:
         from transformers import ViTConfig, ViTForImageClassification
 
-        small = ViTConfig(num_labels=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=128)  # fmt: skip
+        small = ViTConfig(
+            num_labels=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+        )
         torch.manual_seed(0)
         model = ViTForImageClassification(small).eval()
     else:
@@ -71,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(f"{label}: {rows[label]['cpu_s']} CPU-s, {rows[label]['wall_s']} s wall", flush=True)
             for name, r in rows[label]["models"].items():
-                print(f"  {name:12s} batch 1 {r['latency_ms']:9.2f} ms  batch 16 {r['latency_batch_ms']:10.2f} ms"
-                      f"  repeats {r['repeats']}")  # fmt: skip
+                print(
+                    f"  {name:12s} batch 1 {r['latency_ms']:9.2f} ms  batch 16 {r['latency_batch_ms']:10.2f} ms"
+                    f"  repeats {r['repeats']}"
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -12,6 +12,7 @@ softmax, the embeddings and the stem, the depth of the network.
     .venv/bin/python bench/latency_floor.py --models vit --ratios 0.5 0.9 --json floor.json
     .venv/bin/python bench/latency_floor.py --model-path PATH   # any saved classifier (its processor's size)
     .venv/bin/python bench/latency_floor.py --models vit --depth  # also the ViT with its last blocks removed
+    .venv/bin/python bench/latency_floor.py --tiny              # smoke test: the tiny zoo's ViT at 50%, ort_dynamic
 
 `--depth` adds what width pruning cannot reach: the same model with its last 1, half and all but one of its
 transformer blocks removed (ViT and DeiT: the encoder's block list), timed in the same call. The engine does not
@@ -66,11 +67,19 @@ def shallower(model: Any, keep: int) -> Any:
     return copy_
 
 
-def floor_rows(model: Any, size: int, ratios: list[float], folder: Path, repeats: int,
-               depth: bool = False) -> dict[str, Any]:  # fmt: skip
+def floor_rows(
+    model: Any,
+    size: int,
+    ratios: list[float],
+    folder: Path,
+    repeats: int,
+    depth: bool = False,
+    forms: tuple[str, ...] = FORMS,
+) -> dict[str, Any]:
     """Time the unpruned model and its uniformly pruned copies in every form; return {form: {ratio: row}}.
 
-    With `depth`, copies without their last blocks are timed too, keyed "blocks=K".
+    With `depth`, copies without their last blocks are timed too, keyed "blocks=K". `forms`: the exported forms
+    timed beside torch FP32.
     """
     from profiling_agent.tools.compression.baselines import prune_uniform
     from profiling_agent.tools.evaluation.latency import measure_latency
@@ -95,7 +104,7 @@ def floor_rows(model: Any, size: int, ratios: list[float], folder: Path, repeats
     for key, variant in variants.items():
         params[key] = count_params(variant)
         models[f"torch_fp32@{key}"] = variant
-        for form in build_forms(variant, pixels[:32], pixels[:8], folder / str(key), forms=FORMS, threads=1):
+        for form in build_forms(variant, pixels[:32], pixels[:8], folder / str(key), forms=forms, threads=1):
             if form.status == "ok":
                 models[f"{form.name}@{key}"] = form.model
             else:
@@ -128,8 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--depth", action="store_true", help="also time the model with fewer transformer blocks")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo's ViT (built when missing)")
     args = parser.parse_args(argv)
     from transformers import AutoModelForImageClassification
+
+    if args.tiny:
+        zoo_lib.use_tiny()
+        args.models, args.ratios, args.repeats = ["vit"], [0.5], 2
+        zoo_lib.build_zoo(Path(args.zoo) if args.zoo else None, tuple(args.models))
 
     torch.set_num_threads(1)
     if args.model_path:
@@ -147,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="latency-floor-") as scratch:
         for name, path in targets.items():
             model = AutoModelForImageClassification.from_pretrained(path).eval()
-            rows = floor_rows(model, size, args.ratios, Path(scratch) / name, args.repeats, depth=args.depth)
+            forms = ("ort_dynamic",) if args.tiny else FORMS
+            rows = floor_rows(model, size, args.ratios, Path(scratch) / name, args.repeats, args.depth, forms)
             out[name] = {form: {str(r): row for r, row in by.items()} for form, by in rows.items()}
             print(f"\n{name} ({size}x{size}): latency of the pruned model over the unpruned one, same form, b1 / b32")
             columns = [*args.ratios, *[k for k in rows["torch_fp32"] if isinstance(k, str)]]

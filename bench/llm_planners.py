@@ -3,6 +3,7 @@
 Usage:
     python bench/llm_planners.py --base-url http://127.0.0.1:8077/v1 --model NAME [--iterations 2]
     python bench/llm_planners.py --base-url URL --model NAME --zoo-model embedded,resnet --check-deterministic
+    python bench/llm_planners.py --base-url URL --model NAME --tiny   # smoke test: 1 round on 64 images
 
 Each model is compressed once with `--planner llm`, whose rounds are paired (tools/planning/paired.py): every LLM
 turn is followed by the deterministic planner's own next round, planned from its own earlier rounds only. Per
@@ -54,7 +55,13 @@ def run_planner(model: str, dataset: str, planner: str, root: Path, args: argpar
 
     inputs = {
         "model": {"ref": model},
-        "dataset": {"ref": dataset, "split": "test", "subset": args.subset, "calibration": 64, "test_subset": 512},
+        "dataset": {
+            "ref": dataset,
+            "split": "test",
+            "subset": args.subset,
+            "calibration": 16 if args.tiny else 64,
+            "test_subset": 64 if args.tiny else 512,
+        },
         "objective": {
             "planner": planner,
             "iterations": args.iterations,
@@ -65,7 +72,8 @@ def run_planner(model: str, dataset: str, planner: str, root: Path, args: argpar
     context = Context(
         run_root=str(root),
         threads=1,
-        latency_repeats=10,
+        latency_repeats=2 if args.tiny else 10,
+        backend="torch" if args.tiny else "auto",  # tiny: no exported forms to build
         llm_base_url=args.base_url,
         llm_model=args.model,
         llm_api_key_env=args.api_key_env,
@@ -263,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recover", default="reconstruct", help="recovery after pruning (reconstruct: quick)")
     parser.add_argument("--check-deterministic", action="store_true", help="also run --planner deterministic")
     parser.add_argument("--work", default=None, help="keep the runs here (default: a temporary folder)")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: 1 round, 64 images, 1 tool round")
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.iterations, args.subset, args.tool_rounds = 1, 64, 1
     names = [n.strip() for n in args.zoo_model.split(",") if n.strip()]
     unknown = [n for n in names if n not in (*zoo_lib.SPECS, "embedded")]
     if unknown or not names:

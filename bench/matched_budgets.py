@@ -3,6 +3,7 @@
     python bench/matched_budgets.py --quick                # ViT + ResNet, 500 held-out images (~2-3 min)
     python bench/matched_budgets.py                        # the four zoo families, 2,000 held-out images
     python bench/matched_budgets.py vit --budgets 0.2 0.4 --json out.json --plots DIR
+    python bench/matched_budgets.py --tiny                 # smoke test: the tiny zoo (bench/zoo.py --tiny), budget 0.2
 
 At 10, 20, 30 and 40% parameter reduction each method's own knob is solved (bench/budget.py) so it
 removes that fraction within one point, as the engine's exact parameter estimate says:
@@ -284,9 +285,10 @@ def table(result: dict[str, Any], modes) -> str:
             v = verdict[(budget, mode)]
             low, high = v["interval"]
             lines.append(
-                f"| {budget:.0%} | {mode} | " + " | ".join(cells)
+                f"| {budget:.0%} | {mode} | "
+                + " | ".join(cells)
                 + f" | {v['margin']:+.2f} ({v['best_peer']}; [{low:+.2f}, {high:+.2f}] {v['verdict']}) |"
-            )  # fmt: skip
+            )
     return "\n".join(lines)
 
 
@@ -318,12 +320,15 @@ def plot(result: dict[str, Any], modes, out: Path) -> Path:
 
 
 def run(names, *, quick: bool, budgets=BUDGETS, modes=RECOVERY, zoo_dir=None, threads: int = 1, seed: int = 0):
-    """Build the zoo when missing and measure every model; returns {"results", "held_out", "seconds"}."""
+    """Build the zoo when missing and measure every model; returns {"results", "held_out", "seconds"}.
+
+    Under the tiny zoo (`zoo_lib.use_tiny()`) 100 held-out images and 32 calibration images.
+    """
     start = time.perf_counter()
     out = Path(zoo_dir) if zoo_dir else zoo_lib.default_out()
     zoo = zoo_lib.build_zoo(out, tuple(names), threads=threads)
-    held_out = 500 if quick else 2000
-    data = recovery_lib._data(held_out, 256, 0, seed)
+    held_out = 100 if zoo_lib.is_tiny() else 500 if quick else 2000
+    data = recovery_lib.zoo_data(held_out, 32 if zoo_lib.is_tiny() else 256, 0, seed)
     results = [run_model(n, Path(zoo["models"][n]["path"]), data, tuple(budgets), tuple(modes)) for n in names]
     return {"results": results, "held_out": held_out, "seconds": round(time.perf_counter() - start, 1)}
 
@@ -360,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         "names", nargs="*", help=f"zoo models (default: {' '.join(zoo_lib.FAMILIES)}; --quick vit resnet)"
     )
     parser.add_argument("--quick", action="store_true", help="ViT and ResNet, 500 held-out images")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo's ViT and ResNet, budget 0.2")
     parser.add_argument("--budgets", nargs="+", type=float, default=list(BUDGETS))
     parser.add_argument("--recover", nargs="+", choices=RECOVERY, default=list(RECOVERY))
     parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
@@ -373,8 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/matched_budgets.py: bad budgets {bad} or unknown models {unknown}", file=sys.stderr)
         return 2
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if args.tiny:
+        zoo_lib.use_tiny()
+        args.budgets = args.budgets if args.budgets != list(BUDGETS) else [0.2]
     torch.set_num_threads(args.threads)
-    names = tuple(args.names) or (("vit", "resnet") if args.quick else zoo_lib.FAMILIES)
+    names = tuple(args.names) or (("vit", "resnet") if args.quick or args.tiny else zoo_lib.FAMILIES)
     report = run(
         names, quick=args.quick, budgets=args.budgets, modes=tuple(args.recover), zoo_dir=args.zoo, threads=args.threads
     )

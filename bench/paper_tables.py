@@ -4,6 +4,7 @@ Usage:
     python bench/paper_tables.py --quick          # ViT + ResNet, 3 agent iterations, ViT-B/16 only: < 5 min
     python bench/paper_tables.py                  # all four zoo models, 5 agent iterations, four full-size configs
     python bench/paper_tables.py --json out.json --zoo /tmp/zoo --threads 2   # on a quiet machine
+    python bench/paper_tables.py --tiny           # smoke test: the tiny zoo's ViT, 1 iteration, a 2-layer ViT, 1 budget
 
 Table 1: uniform L1, L2 and random pruning at 1%, 10% and 20% (tools/compression/baselines.py) against the agent
 (the real LangGraph loop, deterministic planner, pruning only, no recovery) on each zoo model: held-out test
@@ -62,6 +63,20 @@ FULL_SIZE: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
 }
+# `--tiny`'s stand-in for the full-size configs: the same code path on a 2-layer ViT at 32x32
+TINY_FULL_SIZE = {
+    "vit-tiny": (
+        "ViTConfig",
+        "ViTForImageClassification",
+        {
+            "image_size": 32,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+        },
+    )
+}
 
 PROFILES = {
     "quick": {
@@ -77,6 +92,21 @@ PROFILES = {
         "full_size": ("vit-b16",),
         "full_repeats": 2,
         "full_batch": 2,
+    },
+    "tiny": {
+        "models": ("vit",),
+        "iterations": 1,
+        "subset": 64,
+        "test_subset": 64,
+        "calibration": 16,
+        "repeats": 3,
+        "agent_repeats": 2,
+        "warmup": 1,
+        "batch": 8,
+        "full_size": tuple(TINY_FULL_SIZE),
+        "full_repeats": 2,
+        "full_batch": 2,
+        "budgets": (0.2,),
     },
     "full": {
         "models": zoo_lib.FAMILIES,
@@ -282,7 +312,7 @@ def build_full_size(name: str) -> torch.nn.Module:
     """Build a full-size classifier from its transformers config with random weights (1,000 classes)."""
     import transformers
 
-    config_cls, model_cls, kwargs = FULL_SIZE[name]
+    config_cls, model_cls, kwargs = {**FULL_SIZE, **TINY_FULL_SIZE}[name]
     torch.manual_seed(0)
     config = getattr(transformers, config_cls)(num_labels=1000, **kwargs)
     return getattr(transformers, model_cls)(config).eval()
@@ -517,7 +547,8 @@ def render(report: dict[str, Any]) -> str:
     """Render every table as Markdown."""
     s = report["settings"]
     parts = [
-        f"# Paper tables ({'quick' if s['quick'] else 'full'} run, {s['threads']} thread(s), "
+        f"# Paper tables ({'tiny' if s.get('tiny') else 'quick' if s['quick'] else 'full'} run, "
+        f"{s['threads']} thread(s), "
         f"{report['seconds']:.0f} s)",
         "",
         f"Zoo models trained on Fashion-MNIST; accuracy on {s['test_subset']} held-out test images (the agent selects "
@@ -562,7 +593,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    profile = dict(PROFILES["quick" if args.quick else "full"])
+    profile = dict(PROFILES["tiny" if args.tiny else "quick" if args.quick else "full"])
     for key in ("iterations", "subset", "repeats"):
         if getattr(args, key) is not None:
             profile[key] = getattr(args, key)
@@ -573,6 +604,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     profile.update(
         {
             "quick": args.quick,
+            "tiny": args.tiny,
             "seed": args.seed,
             "threads": args.threads,
             "max_acc_drop": args.max_acc_drop,
@@ -604,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     """Build the zoo if needed, measure every table, print Markdown and write JSON."""
     parser = argparse.ArgumentParser(prog="bench/paper_tables.py", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="ViT + ResNet, 3 iterations, ViT-B/16 only (< 5 min)")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo's ViT, 1 iteration, a tiny ViT")
     parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
     parser.add_argument("--models", nargs="+", default=None, help=f"zoo models ({', '.join(zoo_lib.SPECS)})")
     parser.add_argument("--full-size", nargs="*", default=None, help=f"full-size configs ({', '.join(FULL_SIZE)})")
@@ -639,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
+    if args.tiny:
+        zoo_lib.use_tiny()
     settings = _settings(args)
     start = time.perf_counter()
     zoo_dir = Path(args.zoo) if args.zoo else zoo_lib.default_out()
@@ -657,7 +692,12 @@ def main(argv: list[str] | None = None) -> int:
         full = [measure_full_size(name, work, settings) for name in settings["full_size"]]
     say("matched budgets: every method solved to 10/20/30/40% fewer parameters (bench/matched_budgets.py)")
     matched = matched_lib.run(
-        settings["models"], quick=args.quick, zoo_dir=zoo_dir, threads=args.threads, seed=args.seed
+        settings["models"],
+        quick=args.quick,
+        budgets=settings.get("budgets", matched_lib.BUDGETS),
+        zoo_dir=zoo_dir,
+        threads=args.threads,
+        seed=args.seed,
     )
     report = {
         "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()},
@@ -667,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
         "matched": matched,
         "seconds": round(time.perf_counter() - start, 1),
     }
-    out = Path(args.json) if args.json else zoo_dir / f"paper_tables{'_quick' if args.quick else ''}.json"
+    suffix = "_tiny" if args.tiny else "_quick" if args.quick else ""
+    out = Path(args.json) if args.json else zoo_dir / f"paper_tables{suffix}.json"
     plots = out.parent / f"{out.stem}_plots"
     matched["plots"] = [str(matched_lib.plot(r, matched_lib.RECOVERY, plots)) for r in matched["results"]]
     text = render(report)

@@ -7,6 +7,7 @@ measured. The machine may be shared: CPU-seconds count, the load average is prin
 
     .venv/bin/python bench/probe_speed.py                  # fast on 24 groups, full on the first 2
     .venv/bin/python bench/probe_speed.py --model resnet   # ResNet-50
+    .venv/bin/python bench/probe_speed.py --tiny           # smoke test: 2-block configs of the same family, 8 images
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--full-groups", type=int, default=2, help="groups the full probe measures")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tiny", action="store_true", help="smoke test: a 2-block config of the family, 8 images")
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.images = min(args.images, 8)
 
     import torch
     from transformers import ResNetConfig, ResNetForImageClassification, ViTConfig, ViTForImageClassification
@@ -35,10 +39,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
     if args.model == "vit":
-        model = ViTForImageClassification(ViTConfig(num_labels=1000)).eval()
+        model = ViTForImageClassification(ViTConfig(num_labels=1000, **(small if args.tiny else {}))).eval()
     else:
-        model = ResNetForImageClassification(ResNetConfig(num_labels=1000)).eval()
+        tiny = {"embedding_size": 8, "hidden_sizes": [16, 32], "depths": [1, 1]}
+        model = ResNetForImageClassification(ResNetConfig(num_labels=1000, **(tiny if args.tiny else {}))).eval()
     pixels = torch.randn(args.images, 3, 224, 224, generator=torch.Generator().manual_seed(2))
     groups = adapter_for(model).prunable_groups(model)
     print(f"{args.model}: {len(groups)} groups, {args.images} images, load {os.getloadavg()}", flush=True)

@@ -3,6 +3,7 @@
     python bench/recovery.py                    # all four zoo models (built first when missing)
     python bench/recovery.py vit resnet --quick # fewer held-out images and distillation steps
     python bench/recovery.py --zoo /tmp/zoo --json out.json
+    python bench/recovery.py --tiny             # smoke test: the tiny zoo (bench/zoo.py --tiny), 5 steps
 
 Every number is measured here: top-1 on held-out Fashion-MNIST test images (never used for calibration or
 training), parameters, and batch-1 CPU latency of the pruned fp32 model against the baseline, side by side.
@@ -61,8 +62,9 @@ def zoo_data(held_out: int, calib: int, train: int, seed: int = 0) -> dict[str, 
     proc = zoo_lib.processor()
     test_x, test_y = zoo_lib.load_fashion("test")
     train_x, train_y = zoo_lib.load_fashion("train")
-    order = np.random.default_rng(seed).permutation(60000)
-    start = 10000 + zoo_lib.CALIBRATION_TRAIN  # zoo training images, then the agent's calibration images
+    sizes = zoo_lib.scale()
+    order = np.random.default_rng(seed).permutation(sizes.train_total)
+    start = sizes.train_images + sizes.calibration  # zoo training images, then the agent's calibration images
     pick = np.random.default_rng(seed + 1).permutation(len(test_x))[:held_out]
     calib_idx, train_idx = order[start : start + calib], order[start + calib : start + calib + train]
     return {
@@ -143,24 +145,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help=f"zoo models (default: {' '.join(zoo_lib.FAMILIES)})")
     parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
     parser.add_argument("--quick", action="store_true", help="1000 held-out images, 150 distillation steps")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo, 100 held-out images, 5 steps")
     parser.add_argument("--steps", type=int, default=None, help="distillation steps (default 400; --quick 150)")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak distillation learning rate")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if args.tiny:
+        zoo_lib.use_tiny()
     torch.set_num_threads(args.threads)
     names = tuple(args.names) or zoo_lib.FAMILIES
     out = Path(args.zoo) if args.zoo else zoo_lib.default_out()
     zoo = zoo_lib.build_zoo(out, names, threads=args.threads)
-    steps = args.steps or (150 if args.quick else 400)
-    data = zoo_data(1000 if args.quick else 3000, 256, 8192)
+    steps = args.steps or (5 if args.tiny else 150 if args.quick else 400)
+    data = zoo_data(100, 32, 256) if args.tiny else zoo_data(1000 if args.quick else 3000, 256, 8192)
+    calib = len(data["calib_y"])
     rows = []
     for name in names:
         row = run_family(name, Path(zoo["models"][name]["path"]), data, steps, args.lr)
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
-    print(f"held-out images: {len(data['test_y'])}; calibration: 256; distillation: {steps} steps of 64 images\n")
+    print(f"held-out images: {len(data['test_y'])}; calibration: {calib}; distillation: {steps} steps of 64 images\n")
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

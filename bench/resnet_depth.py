@@ -12,6 +12,7 @@ and its accuracy measured on held-out test images. Nothing is selected: every va
     .venv/bin/python bench/resnet_depth.py --steps 100 --held-out 1000 --json out.json
     .venv/bin/python bench/resnet_depth.py --steps 2000 --train 10000 --only 'stages 1, 2'   # more data, one variant
     .venv/bin/python bench/resnet_depth.py --steps 3000 --trial-steps 200 --only stages 'every stage'   # trial KL too
+    .venv/bin/python bench/resnet_depth.py --tiny            # smoke test: the tiny zoo's ResNet, one variant, 2 steps
 """
 
 from __future__ import annotations
@@ -86,12 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", type=int, default=2000, help="held-out test images")
     parser.add_argument("--train", type=int, default=2000, help="training images distillation draws from")
     parser.add_argument("--only", nargs="*", default=None, help="variants whose names contain one of these")
-    parser.add_argument("--trial-steps", type=int, default=0,
-                        help="also distil a copy this many steps and report its mean KL from the unpruned model on 64 "
-                        "calibration images (the engine's block trials, 200 steps; 0: skip)")  # fmt: skip
+    parser.add_argument(
+        "--trial-steps",
+        type=int,
+        default=0,
+        help="also distil a copy this many steps and report its mean KL from the unpruned model on 64 "
+        "calibration images (the engine's block trials, 200 steps; 0: skip)",
+    )
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: the tiny zoo's ResNet, the first variant")
     args = parser.parse_args(argv)
+    if args.tiny:
+        zoo_lib.use_tiny()
+        args.steps, args.batch, args.held_out, args.train, args.repeats, args.trial_steps = 2, 8, 64, 64, 2, 1
+        zoo_lib.build_zoo(Path(args.zoo) if args.zoo else None, ("resnet",))
     from transformers import AutoModelForImageClassification
 
     from profiling_agent.tools.evaluation.latency import BUSY_FACTOR, measure_latency
@@ -110,11 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     models = variants_of(base)
     if args.only:
         models = {k: m for k, m in models.items() if k == "unpruned" or any(o in k for o in args.only)}
+    elif args.tiny:  # the unpruned model and one variant
+        models = dict(list(models.items())[:2])
     timed: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="resnet-depth-") as scratch:
         for i, (name, model) in enumerate(models.items()):
-            for form in build_forms(model, data["calib_x"][:32], data["calib_x"][:8], Path(scratch) / str(i),
-                                    forms=FORMS, threads=1):  # fmt: skip
+            for form in build_forms(
+                model, data["calib_x"][:32], data["calib_x"][:8], Path(scratch) / str(i), forms=FORMS, threads=1
+            ):
                 if form.status == "ok":
                     timed[f"{form.name}@{name}"] = form.model
         lat = measure_latency(timed, data["test_x"][:64], batch_size=16, warmup=3, repeats=args.repeats)
@@ -128,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             trial = copy.deepcopy(model)
             distill(trial, base, batches, DistillConfig(steps=args.trial_steps, lr=args.lr))
             with torch.inference_mode():
-                row["trial_kl"] = mean_kl(base(pixel_values=data["calib_x"]).logits,
-                                          trial.eval()(pixel_values=data["calib_x"]).logits)  # fmt: skip
+                row["trial_kl"] = mean_kl(
+                    base(pixel_values=data["calib_x"]).logits, trial.eval()(pixel_values=data["calib_x"]).logits
+                )
         if model is not base:
             distill(model, base, batches, DistillConfig(steps=args.steps, lr=args.lr))
         row["after"] = rec.accuracy(model, data["test_x"], data["test_y"])
@@ -140,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{form}_b16"] = round(mine["latency_batch_ms"] / unpruned["latency_batch_ms"], 3)
                 row[f"{form}_wall_over_cpu"] = round(mine["wall_s"] / max(mine["cpu_s"], 1e-9), 2)
         rows.append(row)
-    print(f"\nzoo ResNet, {args.held_out} held-out images, {args.steps} distillation steps (lr {args.lr:g}, batch "
-          f"{args.batch}, {args.train:,} training images); latency over the unpruned "
-          "model's same form (1 thread)")  # fmt: skip
+    print(
+        f"\nzoo ResNet, {args.held_out} held-out images, {args.steps} distillation steps (lr {args.lr:g}, batch "
+        f"{args.batch}, {args.train:,} training images); latency over the unpruned "
+        "model's same form (1 thread)"
+    )
     print(
         "| variant | params | top-1 before | after distillation (vs unpruned) | "
         + " | ".join(f"{f} b1 / b16" for f in FORMS)
@@ -153,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         cells = [f"{r.get(f + '_b1', float('nan')):.2f}x / {r.get(f + '_b16', float('nan')):.2f}x" for f in FORMS]
         trial = f" | {r['trial_kl']:.4f}" if "trial_kl" in r else (" | -" if args.trial_steps else "")
-        print(f"| {r['variant']} | {r['params']:,} | {r['before']:.2f}% | {r['after']:.2f}% "
-              f"({r['after'] - base_acc:+.2f} pp) | " + " | ".join(cells) + trial + " |")  # fmt: skip
+        print(
+            f"| {r['variant']} | {r['params']:,} | {r['before']:.2f}% | {r['after']:.2f}% "
+            f"({r['after'] - base_acc:+.2f} pp) | " + " | ".join(cells) + trial + " |"
+        )
     busiest = max((v for r in rows for k, v in r.items() if k.endswith("_wall_over_cpu")), default=0.0)
     print(f"timed calls: wall time over process CPU time at most {busiest:.2f} (above {BUSY_FACTOR}: a busy machine)")
     if args.json:

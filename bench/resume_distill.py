@@ -1,6 +1,7 @@
 """Distillation killed (SIGKILL) and resumed vs uninterrupted, side by side: weights, steps, step times, threads.
 
     .venv/bin/python bench/resume_distill.py [--steps 120] [--kill-at 40] [--threads 1] [--work /tmp/resume-bench]
+    .venv/bin/python bench/resume_distill.py --tiny   # smoke test: 12 steps, killed at 4
 
 Prints the largest weight difference of the recovered models, both runs' step counts, the median step time of
 every attempt (with its torch thread count) and the slowest resumed step over the uninterrupted median, next to
@@ -29,11 +30,40 @@ def _cli(*args: str) -> list[str]:
 
 def _run_args(model: Path, dataset: Path, runs: Path, thread: str, args: argparse.Namespace) -> list[str]:
     return _cli(
-        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--iterations", "1", "--planner", "l2", "--ratio", "0.4", "--repeats", "2", "--threads", str(args.threads),
-        "--recover", "auto", "--recover-steps", str(args.steps), "--recover-batch", "16",
-        "--recover-minutes", str(args.minutes), "--backend", "torch", "--run-dir", str(runs), "--thread-id", thread,
-    )  # fmt: skip
+        "run",
+        "--model",
+        str(model),
+        "--dataset",
+        str(dataset),
+        "--subset",
+        "96",
+        "--calibration",
+        "16",
+        "--iterations",
+        "1",
+        "--planner",
+        "l2",
+        "--ratio",
+        "0.4",
+        "--repeats",
+        "2",
+        "--threads",
+        str(args.threads),
+        "--recover",
+        "auto",
+        "--recover-steps",
+        str(args.steps),
+        "--recover-batch",
+        "16",
+        "--recover-minutes",
+        str(args.minutes),
+        "--backend",
+        "torch",
+        "--run-dir",
+        str(runs),
+        "--thread-id",
+        thread,
+    )
 
 
 def _weights(run: Path):
@@ -42,7 +72,7 @@ def _weights(run: Path):
     return load_file(str(run / "iter_01" / "recovered" / "model.safetensors"))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120)
@@ -50,7 +80,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--minutes", type=float, default=0.0, help="--recover-minutes of both runs")
     parser.add_argument("--work", default="/tmp/resume-bench")
-    args = parser.parse_args()
+    parser.add_argument("--tiny", action="store_true", help="smoke test: 12 steps, killed at 4")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.steps, args.kill_at = 12, 4
     from quick_assets import build_quick_resnet
 
     work = Path(args.work)
@@ -62,8 +95,9 @@ def main() -> int:
     whole = subprocess.run(_run_args(model, dataset, runs, "whole", args), env=env, capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr[-2000:]
     saved = runs / "cut" / "iter_01" / "recovery_steps" / "latest.json"
-    proc = subprocess.Popen(_run_args(model, dataset, runs, "cut", args), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        _run_args(model, dataset, runs, "cut", args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     while proc.poll() is None:
         if saved.is_file() and json.loads(saved.read_text())["step"] + 1 >= args.kill_at:
             proc.send_signal(signal.SIGKILL)

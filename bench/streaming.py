@@ -6,6 +6,7 @@
     python bench/streaming.py --parallel-images 1000   # one-pass / parallel accuracy passes of 3 models
     python bench/streaming.py --zoo ~/.cache/profiling-agent/zoo   # the zoo models: streamed vs old float path
     python bench/streaming.py --cli 5000           # a whole `profiling-agent run --subset 5000`: files and memory
+    python bench/streaming.py --tiny --work DIR    # smoke test: one size of 64 images
 
 The dataset is built offline with PIL (smooth generated 224x224 RGB JPEGs, 10 classes, an imagefolder) and cached
 in --work. Every size runs in a fresh subprocess, which prints its own peak RSS (getrusage ru_maxrss): prepare_data
@@ -69,10 +70,17 @@ def small_model():
 
     torch.manual_seed(0)
     config = ViTConfig(
-        image_size=SIZE, patch_size=16, num_channels=3, hidden_size=64, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=128, num_labels=CLASSES,
-        id2label={i: f"class_{i}" for i in range(CLASSES)}, label2id={f"class_{i}": i for i in range(CLASSES)},
-    )  # fmt: skip
+        image_size=SIZE,
+        patch_size=16,
+        num_channels=3,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=CLASSES,
+        id2label={i: f"class_{i}" for i in range(CLASSES)},
+        label2id={f"class_{i}": i for i in range(CLASSES)},
+    )
     return ViTForImageClassification(config).eval()
 
 
@@ -261,8 +269,10 @@ def zoo_report(args: argparse.Namespace) -> None:
     import shutil
 
     zoo = Path(args.zoo)
-    print("| zoo model | old path 1k: prepare + pass s | streamed: images | first pass s | cached pass s | "
-          "cached / (n/1k x old pass) | (prepare + first) / (n/1k x old prepare + pass) |")  # fmt: skip
+    print(
+        "| zoo model | old path 1k: prepare + pass s | streamed: images | first pass s | cached pass s | "
+        "cached / (n/1k x old pass) | (prepare + first) / (n/1k x old prepare + pass) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name in ("resnet", "vit", "deit", "swin"):
         run = Path(args.work) / f"run-zoo-{name}"
@@ -291,10 +301,34 @@ def cli_report(args: argparse.Namespace, images: Path) -> None:
         model = small_model()
         model.save_pretrained(str(model_dir))
         processor().save_pretrained(str(model_dir))
-    cmd = [sys.executable, "-m", "profiling_agent.graph.cli", "run", "--model", str(model_dir), "--dataset",
-           str(images), "--split", "train", "--subset", str(args.cli), "--test-subset", "256", "--iterations", "2",
-           "--recover", "reconstruct", "--backend", "torch", "--threads", str(args.threads), "--run-dir", str(runs),
-           "--thread-id", "cli"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "profiling_agent.graph.cli",
+        "run",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        str(images),
+        "--split",
+        "train",
+        "--subset",
+        str(args.cli),
+        "--test-subset",
+        "256",
+        "--iterations",
+        "2",
+        "--recover",
+        "reconstruct",
+        "--backend",
+        "torch",
+        "--threads",
+        str(args.threads),
+        "--run-dir",
+        str(runs),
+        "--thread-id",
+        "cli",
+    ]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -326,7 +360,7 @@ def _spawn(args: argparse.Namespace, n: int, mode: str) -> dict:
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000, 10000])
     parser.add_argument("--old", type=int, default=0, help="also measure the old float32 path at this size")
@@ -336,13 +370,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="--zoo: interleaved repeats (medians are printed)")
     parser.add_argument("--work", default="/tmp/profiling-agent-bench-streaming")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tiny", action="store_true", help="smoke test: one size of 64 images")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="stream", help=argparse.SUPPRESS)
     parser.add_argument("--run", default="", help=argparse.SUPPRESS)
     parser.add_argument("--data", default="", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.sizes = [64]
     if args.child:
         zoo_child(args) if args.mode == "zoo" else child(args)
         return

@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="smoke test: 2-layer models of the same families")
     parser.add_argument("extra", nargs="*", help="extra `profiling-agent run` flags, after --")
     args = parser.parse_args(argv)
+    if args.tiny:  # a smoke test: one round on a few images, short timing and distillation, no exported forms
+        args.subset, args.test_subset, args.iterations = min(args.subset, 32), min(args.test_subset, 32), 1
+        args.extra = ["--repeats", "2", "--recover-steps", "8", "--backend", "torch", *args.extra]
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         os.environ.pop(key, None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -5,6 +5,7 @@ Usage:
     python bench/zoo.py vit resnet --force    # rebuild two of them
     python bench/zoo.py --out /tmp/zoo --train 6000
     python bench/zoo.py --train-split 40000     # a dataset whose train split holds 40,000 unseen training images
+    python bench/zoo.py --tiny --out /tmp/zoo   # smoke test: the four architectures, one epoch on a digits stand-in
 
 The images come from Debian's `dataset-fashion-mnist` (/usr/share/datasets/fashion-mnist, idx files; installed
 with apt-get when missing and running as root). Everything lands under $PROFILING_AGENT_CACHE/zoo (or --out):
@@ -15,6 +16,10 @@ with apt-get when missing and running as root). Everything lands under $PROFILIN
 
 Models take 32x32 grayscale inputs (28x28 images resized by their processor, mean/std 0.5), so every
 family's patch and window sizes divide the input.
+
+`--tiny` (or PROFILING_AGENT_ZOO_TINY=1, which every bench's `--tiny` sets) swaps Fashion-MNIST for a stand-in in
+the same format (scikit-learn's bundled 8x8 digits resized to 28x28: 1,437 train and 360 test images), trains on 256
+images for one epoch, and defaults to $PROFILING_AGENT_CACHE/zoo-tiny: the same code path in seconds, no download.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +51,37 @@ IMAGE_SIZE = 32
 CALIBRATION_TRAIN = 2000  # training images saved as the dataset's "train" split (calibration for the agent)
 FAMILIES = ("resnet", "vit", "deit", "swin")
 EXIT_BAD_INPUT = 2
+TINY_ENV = "PROFILING_AGENT_ZOO_TINY"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much data the zoo draws on: Fashion-MNIST's full sizes, or the tiny stand-in's."""
+
+    train_total: int  # images in the source's train split
+    train_images: int  # default training subset of a zoo model
+    calibration: int  # training images saved as the dataset's "train" split
+    max_epochs: int | None = None  # cap on every spec's epochs
+    batch_size: int | None = None  # every spec's training batch, when set
+
+
+FULL = Scale(train_total=60000, train_images=10000, calibration=CALIBRATION_TRAIN)
+TINY = Scale(train_total=1437, train_images=256, calibration=128, max_epochs=1, batch_size=32)
+
+
+def use_tiny() -> None:
+    """Switch this process and its children to the tiny stand-in (sets PROFILING_AGENT_ZOO_TINY=1)."""
+    os.environ[TINY_ENV] = "1"
+
+
+def is_tiny() -> bool:
+    """Whether the tiny stand-in is in use."""
+    return os.environ.get(TINY_ENV) == "1"
+
+
+def scale() -> Scale:
+    """The data sizes in use: TINY under `use_tiny()`, else FULL."""
+    return TINY if is_tiny() else FULL
 
 
 class ZooError(RuntimeError):
@@ -125,8 +161,8 @@ def cache_root() -> Path:
 
 
 def default_out() -> Path:
-    """Return the default zoo folder: $PROFILING_AGENT_CACHE/zoo."""
-    return cache_root() / "zoo"
+    """Return the default zoo folder: $PROFILING_AGENT_CACHE/zoo (zoo-tiny with the tiny stand-in)."""
+    return cache_root() / ("zoo-tiny" if is_tiny() else "zoo")
 
 
 def _idx_files(split: str) -> tuple[Path, Path]:
@@ -140,7 +176,7 @@ def ensure_fashion_mnist(install: bool = True) -> None:
     Raises:
         ZooError: When the files are missing and cannot be installed.
     """
-    if all(p.exists() for s in ("train", "test") for p in _idx_files(s)):
+    if is_tiny() or all(p.exists() for s in ("train", "test") for p in _idx_files(s)):
         return
     hint = f"apt-get install -y {FASHION_PACKAGE}"
     if not install or os.geteuid() != 0 or not shutil.which("apt-get"):
@@ -167,8 +203,26 @@ def read_idx(path: Path) -> np.ndarray:
     raise ValueError(f"{path} is not an idx image or label file (magic {magic})")
 
 
+def load_digits_standin(split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Return the tiny stand-in's `split`: scikit-learn's 8x8 digits as uint8 (N, 28, 28), seeded 1,437/360 split."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    order = np.random.default_rng(0).permutation(len(digits.target))
+    rows = order[: TINY.train_total] if split == "train" else order[TINY.train_total :]
+    small = (digits.images[rows] * (255.0 / 16.0)).round().astype(np.uint8)
+    images = np.stack([np.asarray(Image.fromarray(img, mode="L").resize((28, 28), Image.BILINEAR)) for img in small])
+    return images, digits.target[rows].astype(np.int64)
+
+
 def load_fashion(split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Return (images uint8 (N, 28, 28), labels int64 (N,)) of the Fashion-MNIST `split` (train or test)."""
+    """Return (images uint8 (N, 28, 28), labels int64 (N,)) of the Fashion-MNIST `split` (train or test).
+
+    Under `use_tiny()` the digits stand-in's split instead.
+    """
+    if is_tiny():
+        return load_digits_standin(split)
     images, labels = _idx_files(split)
     return read_idx(images), read_idx(labels).astype(np.int64)
 
@@ -215,6 +269,14 @@ def processor():
     return digits_processor()
 
 
+def spec_of(name: str) -> ModelSpec:
+    """The spec zoo model `name` is built with (one epoch of batch 32 under `use_tiny()`)."""
+    sizes, spec = scale(), SPECS[name]
+    if sizes.max_epochs:
+        spec = replace(spec, epochs=min(spec.epochs, sizes.max_epochs))
+    return replace(spec, batch_size=sizes.batch_size) if sizes.batch_size else spec
+
+
 def build_architecture(name: str) -> torch.nn.Module:
     """Build the untrained zoo model `name` (resnet, vit, deit or swin) from its config."""
     import transformers
@@ -256,7 +318,7 @@ def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, spec: ModelS
 
 def spec_hash(name: str, train_images: int, seed: int) -> str:
     """Fingerprint of what a zoo model is built from (a cached model with another fingerprint is rebuilt)."""
-    blob = json.dumps({"spec": asdict(SPECS[name]), "train": train_images, "seed": seed}, sort_keys=True)
+    blob = json.dumps({"spec": asdict(spec_of(name)), "train": train_images, "seed": seed}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -267,24 +329,24 @@ def build_model(name: str, out: Path, data: dict[str, torch.Tensor], seed: int =
     start = time.perf_counter()
     torch.manual_seed(seed)
     model = build_architecture(name)
-    train(model, data["x_train"], data["y_train"], SPECS[name], seed)
+    train(model, data["x_train"], data["y_train"], spec_of(name), seed)
     train_seconds = time.perf_counter() - start
     acc = accuracy(model, data["x_test"], data["y_test"], batch_size=500)
     record = {
         "name": name,
-        "family": SPECS[name].family,
+        "family": spec_of(name).family,
         "architecture": type(model).__name__,
         "params": sum(p.numel() for p in model.parameters()),
         "test_accuracy": round(acc, 2),
         "test_images": len(data["y_test"]),
         "train_images": len(data["y_train"]),
-        "epochs": SPECS[name].epochs,
+        "epochs": spec_of(name).epochs,
         "train_seconds": round(train_seconds, 1),
         "build_seconds": round(time.perf_counter() - start, 1),
         "threads": torch.get_num_threads(),
         "seed": seed,
         "fingerprint": spec_hash(name, len(data["y_train"]), seed),
-        "spec": asdict(SPECS[name]),
+        "spec": asdict(spec_of(name)),
         "versions": versions("datasets", "scikit-learn"),
     }
     with atomic_dir(out / "models" / name) as tmp:
@@ -306,7 +368,7 @@ def build_zoo(
     out: Path | None = None,
     names: tuple[str, ...] = FAMILIES,
     *,
-    train_images: int = 10000,
+    train_images: int | None = None,
     seed: int = 0,
     force: bool = False,
     threads: int | None = 1,
@@ -317,7 +379,7 @@ def build_zoo(
     Args:
         out: Zoo folder (default $PROFILING_AGENT_CACHE/zoo).
         names: Which families to build.
-        train_images: Seeded subset of the 60,000 training images used for training.
+        train_images: Seeded subset of the 60,000 training images used for training (None: 10,000; tiny 256).
         seed: Seed of the subset, initialization and training order.
         force: Rebuild models even when a cached copy with the same fingerprint exists.
         threads: torch threads while training (None: torch's). 1 by default: on a shared 2-core machine these
@@ -337,19 +399,20 @@ def build_zoo(
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _build(out, names, train_images, seed, force, log)
+        return _build(out, names, train_images or scale().train_images, seed, force, log)
     finally:
         torch.set_num_threads(previous)
 
 
-def save_training_dataset(out: Path, images: int, train_images: int = 10000, seed: int = 0) -> Path:
+def save_training_dataset(out: Path, images: int, train_images: int | None = None, seed: int = 0) -> Path:
     """Save the test split and `images` training images the zoo models never trained on, as fashion-mnist-train-N.
 
     The zoo's own dataset keeps a 2,000-image "train" split (a calibration sample); recovery then distils on those
     2,000 images only. A user compressing a Fashion-MNIST model has its training set: this dataset gives the agent
     that many images to calibrate and distil on (its first 2,000 are the zoo's calibration sample).
     """
-    order = np.random.default_rng(seed).permutation(60000)
+    train_images = train_images or scale().train_images
+    order = np.random.default_rng(seed).permutation(scale().train_total)
     picked = order[train_images : train_images + images]
     return save_dataset(out, picked, seed, name=f"fashion-mnist-train-{images}")
 
@@ -357,12 +420,12 @@ def save_training_dataset(out: Path, images: int, train_images: int = 10000, see
 def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, force: bool, log: Any) -> dict[str, Any]:
     from profiling_agent.tools.io import write_json_atomic
 
-    order = np.random.default_rng(seed).permutation(60000)
-    train_idx, calib_idx = order[:train_images], order[train_images : train_images + CALIBRATION_TRAIN]
+    order = np.random.default_rng(seed).permutation(scale().train_total)
+    train_idx, calib_idx = order[:train_images], order[train_images : train_images + scale().calibration]
     start = time.perf_counter()
     dataset = save_dataset(out, calib_idx, seed)
     seconds = time.perf_counter() - start
-    log(f"dataset  {dataset}  (test 10,000; train {len(calib_idx):,} calibration images) {seconds:.1f}s")
+    log(f"dataset  {dataset}  (train {len(calib_idx):,} calibration images) {seconds:.1f}s")
     zoo_path = out / "zoo.json"
     zoo = json.loads(zoo_path.read_text()) if zoo_path.exists() else {}
     models = dict(zoo.get("models", {}))
@@ -381,7 +444,8 @@ def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, forc
                     "x_test": pixels(test_x, proc),
                     "y_test": torch.from_numpy(test_y),
                 }
-                log(f"preprocessed {train_images:,} train + 10,000 test images in {time.perf_counter() - prep:.1f}s")
+                seconds = time.perf_counter() - prep
+                log(f"preprocessed {train_images:,} train + {len(test_y):,} test images in {seconds:.1f}s")
             record = build_model(name, out, data, seed)
             status = "built"
         else:
@@ -408,7 +472,7 @@ def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, forc
             f"(threads={record['threads']})"
         )
     zoo = {
-        "dataset": {"path": str(dataset), "split": "test", "labels": LABELS, "source": str(FASHION_DIR)},
+        "dataset": {"path": str(dataset), "split": "test", "labels": LABELS, "source": _source()},
         "image_size": IMAGE_SIZE,
         "train_images": train_images,
         "seed": seed,
@@ -419,15 +483,20 @@ def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, forc
     return zoo
 
 
+def _source() -> str:
+    return "scikit-learn digits (tiny stand-in)" if is_tiny() else str(FASHION_DIR)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build the zoo from the command line."""
     parser = argparse.ArgumentParser(prog="bench/zoo.py", description="Train the benchmark zoo on Fashion-MNIST.")
     parser.add_argument("names", nargs="*", metavar="MODEL", help=f"models to build (default: {' '.join(FAMILIES)})")
     parser.add_argument("--out", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
-    parser.add_argument("--train", type=int, default=10000, help="training images (seeded subset of 60,000)")
+    parser.add_argument("--train", type=int, default=None, help="training images (seeded subset of 60,000; 10,000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: one epoch on 256 images of a digits stand-in")
     parser.add_argument(
         "--train-split",
         type=int,
@@ -436,14 +505,19 @@ def main(argv: list[str] | None = None) -> int:
         help="only write fashion-mnist-train-N: the test split and N training images the models never saw",
     )
     args = parser.parse_args(argv)
+    if args.tiny:
+        use_tiny()
+    sizes = scale()
+    args.train = args.train or sizes.train_images
     bad = [n for n in args.names if n not in SPECS]
     if bad:
         parser.exit(EXIT_BAD_INPUT, f"zoo: unknown model {bad[0]!r}; choose from {', '.join(SPECS)}\n")
-    if not 100 <= args.train <= 60000 - CALIBRATION_TRAIN:
-        parser.exit(EXIT_BAD_INPUT, f"zoo: --train must be in [100, {60000 - CALIBRATION_TRAIN}]\n")
+    if not 100 <= args.train <= sizes.train_total - sizes.calibration:
+        parser.exit(EXIT_BAD_INPUT, f"zoo: --train must be in [100, {sizes.train_total - sizes.calibration}]\n")
     if args.train_split is not None:
-        if not CALIBRATION_TRAIN <= args.train_split <= 60000 - args.train:
-            parser.exit(EXIT_BAD_INPUT, f"zoo: --train-split must be in [{CALIBRATION_TRAIN}, {60000 - args.train}]\n")
+        if not sizes.calibration <= args.train_split <= sizes.train_total - args.train:
+            limits = f"[{sizes.calibration}, {sizes.train_total - args.train}]"
+            parser.exit(EXIT_BAD_INPUT, f"zoo: --train-split must be in {limits}\n")
         ensure_fashion_mnist()
         out = Path(args.out) if args.out else default_out()
         print(f"zoo: dataset {save_training_dataset(out, args.train_split, args.train, args.seed)}")

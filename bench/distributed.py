@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
-from profiling_agent.tools.evaluation.sharded import sharded_predictions, summarize
+from profiling_agent.tools.evaluation.sharded import ShardedJob, sharded_predictions, summarize
 from profiling_agent.tools.io import read_json
 from profiling_agent.tools.recovery.distill import DistillConfig
 from profiling_agent.tools.recovery.distributed import distill_in_job
@@ -126,7 +126,8 @@ def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
         for procs in (1, args.procs):
             job = work / f"pass-{procs}-{rep}"
             out, wall, cpu = _timed(lambda procs=procs, job=job: sharded_predictions(
-                run, "eval", models, procs=procs, job_dir=job, batch_size=64, launcher=LAUNCHER, threads=args.threads
+                run, "eval", models, ShardedJob(procs=procs, job_dir=job, batch_size=64, launcher=LAUNCHER,
+                                                threads=args.threads)
             ))  # fmt: skip
             info = read_json(job / "result.json")
             rate = info["images"] / info["seconds"]
@@ -202,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             report["pass"] = passed
             if args.skip != "distill":  # the distilled students' accuracy, on the same images (one sharded pass)
                 extra = {k: v for k, v in models.items() if k.startswith("distilled")}
-                preds.update(sharded_predictions(run, "eval", extra, procs=args.procs, job_dir=work / "acc",
-                                                 launcher=LAUNCHER, threads=args.threads))  # fmt: skip
+                preds.update(sharded_predictions(run, "eval", extra, ShardedJob(
+                    procs=args.procs, job_dir=work / "acc", launcher=LAUNCHER, threads=args.threads)))  # fmt: skip
             figures = summarize(preds, torch.as_tensor(labels), "baseline")
             report["accuracy"] = {k: round(v["accuracy"], 2) for k, v in figures.items()}
     report["load_after"] = _load()

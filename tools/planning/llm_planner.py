@@ -107,6 +107,7 @@ def render_messages(
         )
     candidates = [c.model_dump() for c in state.candidates]
     baseline = state.baseline_eval.model_dump() if state.baseline_eval else None
+    best = select_best(state.candidates, state.baseline_eval, state.objective) if state.baseline_eval else None
     return render_iterative(
         profile,
         sensitivity,
@@ -118,7 +119,7 @@ def render_messages(
         model_info=info,
         bounds=bounds,
         tool_rounds=ctx.llm_tool_rounds,
-        best=select_best(candidates, baseline, state.objective) if baseline else None,
+        best=best.model_dump() if best else None,
     )
 
 

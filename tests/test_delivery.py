@@ -70,7 +70,7 @@ BASE_REF = ArtifactRef(path="baseline", sha256="-", size_bytes=4000000, params=1
 
 def test_the_peer_is_the_fastest_unpruned_form_within_the_budget():
     objective = Objective(max_acc_drop=2.0)
-    peer = _baseline(objective)["peer"]
+    peer = _baseline(objective).peer or {}
     assert peer["name"] == "ort_dynamic" and peer["path"] == "baseline_forms/ort_dynamic"  # ov_int8 lost 5 pp
     assert quantization_only_peer(BASE_VARIANTS, _baseline(objective), Objective(max_acc_drop=6.0))["name"] == "ov_int8"
 

@@ -100,7 +100,6 @@ def measure_unpruned(
     from profiling_agent.tools.evaluation.delivery import quantization_only_peer
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
     from profiling_agent.tools.models.artifact_load import load_artifact
-    from profiling_agent.tools.models.sizes import state_bytes
     from profiling_agent.tools.runtimes.forms import ALL_FORMS, eligible_forms, forms_for_backend
 
     report = progress or (lambda done, total, label: None)
@@ -126,31 +125,39 @@ def measure_unpruned(
             model_paths={"baseline": root / baseline.path},
             eligible=eligible_forms(ctx.backend, forms, "baseline"),
         )
-        out = evaluate_forms(
-            {"baseline": model.to(device)}, plan, MeasureSettings.of(ctx, device, threads, allowed_ids)
-        )
+        settings = MeasureSettings.of(ctx, device, threads, allowed_ids)
+        out = evaluate_forms({"baseline": model.to(device)}, plan, settings)
         save_baseline_predictions(root, out.measured["baseline"]["preds"], labels, device)
         report(2, 2, "")
+    record = baseline_record(baseline, out, model, settings, macs)
+    record.peer = quantization_only_peer(out.variants, record, objective, ctx.backend)
+    return record, baseline_message(record, out, forms)
+
+
+def baseline_record(
+    baseline: ArtifactRef, out: FormsMeasurement, model: Any, settings: MeasureSettings, macs: float | None
+) -> EvalRecord:
+    """Build the baseline's EvalRecord from its measurement (its own speed-up 1, agreement 100%)."""
+    from profiling_agent.tools.models.sizes import state_bytes
+
     lat = out.measured["baseline"]
-    record = EvalRecord(
+    return EvalRecord(
         name="baseline",
         accuracy=lat["accuracy"],
         agreement=100.0,
-        n_samples=len(labels),
+        n_samples=len(lat["preds"]),
         latency_ms=lat["latency_ms"],
         latency_batch_ms=lat["latency_batch_ms"],
-        batch_size=ctx.latency_batch,
+        batch_size=settings.latency_batch,
         baseline_latency_ms=lat["latency_ms"],
         speedup=1.0,
         memory_bytes=state_bytes(model),
         size_mb=baseline.size_bytes / 1e6,
         params=baseline.params,
         macs=int(macs or 0),
-        threads=threads,
-        device=device,
+        threads=settings.threads,
+        device=settings.device,
         variants=out.variants,
         timing=out.timing,
         predicted_by=(out.timing.get("predicted_by") or {}).get("baseline"),
     )
-    record.peer = quantization_only_peer(out.variants, record, objective, ctx.backend)
-    return record, baseline_message(record, out, forms)

@@ -3,7 +3,8 @@
 `evaluate_forms` is what `measure_baseline` (the unpruned model in every form) and `evaluate` (a candidate in the
 forms its round builds, with the quantization-only peer timed beside it) call: build, check, predict, retry an
 INT8 form that lost more than the budget, time everything interleaved on a quiet-enough machine, and turn the
-numbers into VariantRecord dicts.
+numbers into VariantRecords (stages: `build_stage`, `open_peer`, `measure_options`, `measure_forms`,
+`record_variants`; typed inputs and output in `records.py`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from profiling_agent.tools.runtimes.openvino_model import OV_FILE
 # One thread unless --threads says otherwise: every runtime then gets the same single core (no thread-pool or
 # spin-wait differences between torch's OpenMP, ONNX Runtime and OpenVINO), wall time over process CPU time
 # measures exactly how busy the machine was, and on a shared 2-core machine the other core is left to the other
-# processes (or to the concurrent accuracy pass) instead of making a 2-thread forward collapse (DESIGN.md 8).
+# processes (or to the concurrent accuracy pass) instead of making a 2-thread forward collapse.
 DEFAULT_THREADS = 1
 ACCURACY_CONTROL_IMAGES = 300  # validation images NNCF's accuracy control ranks layers and checks the drop on
 SOURCE_ONLY = (

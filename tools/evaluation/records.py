@@ -12,6 +12,7 @@ from torch import nn
 
 from profiling_agent.state import Context, Objective, VariantRecord
 from profiling_agent.tools.evaluation.scoring import ScoringRule
+from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER
 from profiling_agent.tools.runtimes.onnx_forms import Variant
 
 TorchForms = Mapping[str, tuple[str, int, str | None]]  # record name -> (model key, size bytes, recorded path)
@@ -44,7 +45,7 @@ class MeasureSettings:
     threads: int = 1
     allowed_ids: list[int] | None = None
     procs: int = 1
-    launcher: str = "torchrun --standalone --nproc-per-node {procs}"
+    launcher: str = DEFAULT_LAUNCHER
 
     @classmethod
     def of(cls, ctx: Context, device: str, threads: int, allowed_ids: list[int] | None = None) -> MeasureSettings:

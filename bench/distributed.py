@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo as zoo_lib  # noqa: E402
 
 from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
-from profiling_agent.tools.evaluation.sharded import sharded_predictions, summarize
+from profiling_agent.tools.evaluation.sharded import ShardedJob, sharded_predictions, summarize
 from profiling_agent.tools.io import read_json
 from profiling_agent.tools.recovery.distill import DistillConfig
 from profiling_agent.tools.recovery.distributed import distill_in_job
@@ -167,11 +167,7 @@ def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
                     run,
                     "eval",
                     models,
-                    procs=procs,
-                    job_dir=job,
-                    batch_size=64,
-                    launcher=LAUNCHER,
-                    threads=args.threads,
+                    ShardedJob(procs=procs, job_dir=job, batch_size=64, launcher=LAUNCHER, threads=args.threads),
                 )
             )
             info = read_json(job / "result.json")
@@ -272,17 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             report["pass"] = passed
             if args.skip != "distill":  # the distilled students' accuracy, on the same images (one sharded pass)
                 extra = {k: v for k, v in models.items() if k.startswith("distilled")}
-                preds.update(
-                    sharded_predictions(
-                        run,
-                        "eval",
-                        extra,
-                        procs=args.procs,
-                        job_dir=work / "acc",
-                        launcher=LAUNCHER,
-                        threads=args.threads,
-                    )
-                )
+                job = ShardedJob(procs=args.procs, job_dir=work / "acc", launcher=LAUNCHER, threads=args.threads)
+                preds.update(sharded_predictions(run, "eval", extra, job))
             figures = summarize(preds, torch.as_tensor(labels), "baseline")
             report["accuracy"] = {k: round(v["accuracy"], 2) for k, v in figures.items()}
     report["load_after"] = _load()

@@ -122,12 +122,14 @@ class Round:
     """One candidate's numbers: predicted and measured reduction, validation and held-out test accuracy."""
 
     def __init__(self, cand: dict[str, Any], base: dict[str, Any], objective: Any, test: dict[int, float]):
+        from profiling_agent.state import EvalRecord
         from profiling_agent.tools.evaluation.selection import reduction
 
         ev = cand.get("eval") or {}
         self.iteration = cand["iteration"]
         self.predicted = (cand.get("planner_meta") or {}).get("goal")
-        self.measured = reduction(ev, base, objective.target) if ev else None
+        typed = EvalRecord.model_validate(ev) if ev else None
+        self.measured = reduction(typed, EvalRecord.model_validate(base), objective.target) if typed else None
         self.val = ev.get("accuracy")
         self.test = test.get(self.iteration)
 
@@ -140,7 +142,7 @@ class Round:
 
 def test_accuracy(run_path: Path, state: dict[str, Any], dataset: str) -> dict[int, float]:
     """Evaluate every finished candidate on the run's held-out test images (the run itself tests only the best)."""
-    from profiling_agent.tools.evaluation.evaluate_model import evaluate_model
+    from profiling_agent.tools.evaluation.evaluate_model import EvalRequest, evaluate_model
 
     subsets = json.loads((run_path / "subsets.json").read_text())
     split, rows = subsets["test"]["split"], [int(i) for i in subsets["test"]["indices"]]
@@ -150,9 +152,10 @@ def test_accuracy(run_path: Path, state: dict[str, Any], dataset: str) -> dict[i
         if cand.get("status") != "ok" or not artifact:
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            metrics = evaluate_model(
-                str(run_path / artifact), dataset, split=split, rows=rows, work_dir=Path(tmp), warmup=0, repeats=1
+            request = EvalRequest(
+                str(run_path / artifact), dataset, Path(tmp), split=split, rows=rows, warmup=0, repeats=1
             )
+            metrics = evaluate_model(request)
         out[cand["iteration"]] = float(metrics["accuracy"])
     return out
 

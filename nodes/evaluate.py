@@ -21,20 +21,19 @@ from profiling_agent.state import Context, State
 def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Measure the candidate's forms (torch, ONNX Runtime, OpenVINO) beside the baseline and the unpruned peer."""
     from profiling_agent.tools.evaluation.candidate_eval import evaluate_candidate
+    from profiling_agent.tools.evaluation.records import CandidateRound
 
     assert state.baseline_eval is not None and state.baseline is not None  # measure_baseline ran
     it = state.iteration
-    current, message = evaluate_candidate(
-        current_candidate(state),
-        state.baseline_eval,
-        state.baseline,
-        state.objective,
-        context_of(runtime),
+    where = CandidateRound(
         root=run_dir(state),
         tensors=prepared(state),
         iteration=it,
         seed=state.dataset.seed,
         allowed_ids=allowed_ids(state),
         progress=progress_callback(runtime, f"iteration {it}: evaluating"),
+    )
+    current, message = evaluate_candidate(
+        current_candidate(state), state.baseline_eval, state.baseline, state.objective, context_of(runtime), where
     )
     return {"current": current.model_dump(), "history": event("evaluate", message, it)}

@@ -40,8 +40,15 @@ def evaluate_held_out(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     device = "cpu" if runs_on_cpu_only(best) else measure_device(ctx.device)
     preds = held_out_predictions(state, runtime, best, tensors["test_pixels"], device)
     split = read_json(run_dir(state) / state.data.subsets)["test"]["split"] or "(none: the dataset has no splits)"
-    result, message = held_out_result(preds, tensors["test_labels"], best, split=split, device=device,
-                                      seed=state.dataset.seed, procs=ctx.recover_procs)  # fmt: skip
+    result, message = held_out_result(
+        preds,
+        tensors["test_labels"],
+        best,
+        split=split,
+        device=device,
+        seed=state.dataset.seed,
+        procs=ctx.recover_procs,
+    )
     return {
         **update,
         "test_eval": result.model_dump(),
@@ -63,6 +70,7 @@ def held_out_predictions(state: State, runtime: Runtime[Context], best: Best | N
         models["best"] = load_delivered(state, best, threads=threads)
     emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
     if ctx.recover_procs > 1:  # split across processes: the same predictions (docs/distributed.md)
+        from profiling_agent.tools.evaluation.records import MeasureSettings
         from profiling_agent.tools.evaluation.sharded import run_pass
 
         paths = {"baseline": absolute(state, state.baseline.path)} if state.baseline else {}
@@ -71,11 +79,16 @@ def held_out_predictions(state: State, runtime: Runtime[Context], best: Best | N
         ref = delivered_ref(best) if best else None
         if ref is not None:
             paths["best"] = absolute(state, ref.path)
-        preds = run_pass(run_dir(state), "test", paths, ctx, job_dir=run_dir(state) / "test_job", device=device,
-                         threads=max(1, ctx.threads), allowed_ids=allowed_ids(state))  # fmt: skip
+        settings = MeasureSettings.of(ctx, device, max(1, ctx.threads), allowed_ids(state))
+        preds = run_pass(run_dir(state), "test", paths, settings, job_dir=run_dir(state) / "test_job")
     else:  # one streamed pass feeds both models (concurrently when cores allow)
-        preds = predict_many(models, pixels, batch_size=accuracy_batch(ctx.eval_batch, device), device=device,
-                             allowed_ids=allowed_ids(state),
-                             parallel=concurrent_models(device, threads, len(models)))  # fmt: skip
+        preds = predict_many(
+            models,
+            pixels,
+            batch_size=accuracy_batch(ctx.eval_batch, device),
+            device=device,
+            allowed_ids=allowed_ids(state),
+            parallel=concurrent_models(device, threads, len(models)),
+        )
     emit(runtime, kind="progress", task="held-out test images", done=len(models), total=len(models), label="")
     return preds

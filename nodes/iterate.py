@@ -31,29 +31,27 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.planning.paired import is_paired, paired_stop
     from profiling_agent.tools.planning.round_check import check_message, round_check
 
-    base = state.baseline_eval.model_dump() if state.baseline_eval else None
+    base, objective = state.baseline_eval, state.objective
     finished_one = finished_candidate(state)
-    check = round_check(finished_one.model_dump(), base, state.objective.target)
-    cand = finished_one.model_copy(update={"check": check}).model_dump()
-    candidates = [*(c.model_dump() for c in state.candidates), cand]
-    objective = state.objective
+    check = round_check(finished_one, base, objective.target)
+    cand = finished_one.model_copy(update={"check": check})
+    candidates = [*state.candidates, cand]
     best = select_best(candidates, base, objective) if base else None
-    finished = [*state.candidates, Candidate.model_validate(cand)]
     # an LLM run stops when the deterministic sequence would (tools/planning/paired.py)
-    paired = paired_stop(finished, base, objective)[0] if is_paired(finished) else None
+    paired = paired_stop(candidates, base, objective)[0] if is_paired(candidates) else None
     stop, note = stop_reason(best, candidates, base, objective, state.iteration, paired)
     if note:
         message = f"candidate {state.iteration} recorded; {note}"
-    elif cand["status"] == "ok":
-        message = f"candidate {state.iteration} recorded; best is iteration {best['iteration'] if best else '-'}"
+    elif cand.status == "ok":
+        message = f"candidate {state.iteration} recorded; best is iteration {best.iteration if best else '-'}"
         message += check_message(check)
-    elif cand["status"] == "rejected":
-        message = f"candidate {state.iteration} skipped: {cand['error']}"
+    elif cand.status == "rejected":
+        message = f"candidate {state.iteration} skipped: {cand.error}"
     else:
-        message = f"candidate {state.iteration} failed: {cand['error']}"
+        message = f"candidate {state.iteration} failed: {cand.error}"
     return {
-        "candidates": [cand],
-        "best": best,
+        "candidates": [cand.model_dump()],
+        "best": best.model_dump() if best else None,
         "stop_reason": stop,
         "current": None,
         "history": event("iterate", message + (f"; stopping: {stop}" if stop else ""), state.iteration),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from eval_records import candidate, evaluation, form
+
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation.selection import (
     choose_variant,
@@ -10,11 +12,15 @@ from profiling_agent.tools.evaluation.selection import (
 )
 from profiling_agent.tools.planning.quant_plan import slowed_round
 
-BASE = {"accuracy": 90.0, "params": 1000, "size_mb": 4.0, "latency_ms": 2.0}
+BASE = evaluation(accuracy=90.0, params=1000, size_mb=4.0, latency_ms=2.0)
 
 
 def v(name, acc, lat, mb, status="ok"):
-    return {"name": name, "status": status, "accuracy": acc, "latency_ms": lat, "size_mb": mb}
+    return form(name, status=status, accuracy=acc, latency_ms=lat, size_mb=mb)
+
+
+def name_of(chosen):
+    return chosen.name if chosen is not None else None
 
 
 VARIANTS = [
@@ -28,36 +34,36 @@ VARIANTS = [
 
 def test_fastest_within_budget_is_delivered():
     chosen = choose_variant(VARIANTS, BASE, Objective(max_acc_drop=2.0))
-    assert chosen["name"] == "ort_dynamic"
+    assert name_of(chosen) == "ort_dynamic"
     wider = choose_variant(VARIANTS, BASE, Objective(max_acc_drop=5.0))
-    assert wider["name"] == "ort_static"
+    assert name_of(wider) == "ort_static"
 
 
 def test_ties_in_speed_go_to_the_smaller_file():
     tied = [v("ort_fp32", 90.0, 1.00, 2.0), v("ort_dynamic", 90.0, 1.01, 0.6), v("torch_fp32", 90.0, 1.5, 0.5)]
-    assert choose_variant(tied, BASE, Objective())["name"] == "ort_dynamic"  # within 2% of the fastest
+    assert name_of(choose_variant(tied, BASE, Objective())) == "ort_dynamic"  # within 2% of the fastest
     apart = [v("ort_fp32", 90.0, 1.00, 2.0), v("ort_dynamic", 90.0, 1.10, 0.6)]
-    assert choose_variant(apart, BASE, Objective())["name"] == "ort_fp32"
+    assert name_of(choose_variant(apart, BASE, Objective())) == "ort_fp32"
 
 
 def test_size_target_prefers_the_smallest_within_budget():
     chosen = choose_variant(VARIANTS, BASE, Objective(target="size", max_acc_drop=2.0))
-    assert chosen["name"] == "ort_dynamic"  # 0.6 MB like torch_qint8, but faster
+    assert name_of(chosen) == "ort_dynamic"  # 0.6 MB like torch_qint8, but faster
     only_torch = choose_variant(VARIANTS, BASE, Objective(target="size"), eligible=["torch_fp32", "torch_qint8"])
-    assert only_torch["name"] == "torch_qint8"
+    assert name_of(only_torch) == "torch_qint8"
 
 
 def test_failed_and_ineligible_variants_are_never_delivered():
-    failed = [{**x, "status": "failed"} if x["name"].startswith("ort_") else x for x in VARIANTS]
-    assert choose_variant(failed, BASE, Objective())["name"] == "torch_fp32"
-    assert choose_variant(VARIANTS, BASE, Objective(), eligible=["torch_qint8"])["name"] == "torch_qint8"
+    failed = [x.model_copy(update={"status": "failed"}) if x.name.startswith("ort_") else x for x in VARIANTS]
+    assert name_of(choose_variant(failed, BASE, Objective())) == "torch_fp32"
+    assert name_of(choose_variant(VARIANTS, BASE, Objective(), eligible=["torch_qint8"])) == "torch_qint8"
     assert choose_variant(failed, BASE, Objective(), eligible=["ort_fp32", "ort_dynamic", "ort_static"]) is None
     assert choose_variant([], BASE, Objective()) is None
 
 
 def test_nothing_within_budget_delivers_the_most_accurate_then_fastest():
     over = [v("torch_fp32", 80.0, 1.6, 2.0), v("ort_fp32", 80.0, 0.5, 2.0), v("ort_static", 75.0, 0.2, 0.6)]
-    assert choose_variant(over, BASE, Objective(max_acc_drop=2.0))["name"] == "ort_fp32"
+    assert name_of(choose_variant(over, BASE, Objective(max_acc_drop=2.0))) == "ort_fp32"
 
 
 def test_torch_quantization_cost_only_counts_when_torch_quantized_is_delivered():
@@ -65,10 +71,10 @@ def test_torch_quantization_cost_only_counts_when_torch_quantized_is_delivered()
         torch_quantized_delivery("torch_qint8") and torch_quantized_delivery("torch") and torch_quantized_delivery(None)
     )
     assert not torch_quantized_delivery("ort_dynamic") and not torch_quantized_delivery("torch_fp32")
-    slow_eval = {"speedup": 0.8, "quant_speedup": 0.7, "quant_speedup_batch": 0.8, "delivered": "torch_qint8"}
-    best = {"iteration": 1, "status": "ok", "quantized": ["a"], "eval": slow_eval}
+    slow_eval = evaluation(speedup=0.8, quant_speedup=0.7, quant_speedup_batch=0.8, delivered="torch_qint8")
+    best = candidate(1, slow_eval, quantized=["a"])
     assert quantization_cost_speed(best, [best], Objective())
-    ort = {**best, "eval": {**slow_eval, "delivered": "ort_dynamic"}}
+    ort = best.model_copy(update={"eval": slow_eval.model_copy(update={"delivered": "ort_dynamic"})})
     assert not quantization_cost_speed(ort, [ort], Objective())
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from profiling_agent.state import Best, Objective
+from eval_records import evaluation, form
+
+from profiling_agent.state import ArtifactRef, Best, Objective
 from profiling_agent.tools.evaluation.delivery import (
     choose_delivery,
     delivery_note,
@@ -12,77 +14,63 @@ from profiling_agent.tools.evaluation.delivery import (
 )
 
 BASE_VARIANTS = [
-    {
-        "name": "torch_fp32",
-        "backend": "torch",
-        "status": "ok",
-        "accuracy": 90.0,
-        "latency_ms": 10.0,
-        "speedup": 1.0,
-        "size_mb": 4.0,
-    },
-    {
-        "name": "ort_dynamic",
-        "status": "ok",
-        "accuracy": 89.0,
-        "latency_ms": 4.0,
-        "speedup": 2.5,
-        "size_mb": 1.0,
-        "path": "baseline_forms/ort_dynamic",
-        "backend": "onnxruntime",
-    },  # fmt: skip
-    {
-        "name": "ov_int8",
-        "status": "ok",
-        "accuracy": 85.0,
-        "latency_ms": 2.0,
-        "speedup": 5.0,
-        "size_mb": 1.0,
-        "path": "baseline_forms/ov_int8",
-        "backend": "openvino",
-    },  # fmt: skip: 5 pp lost, outside a 2 pp budget
-    {"name": "ov_bf16", "backend": "openvino", "status": "skipped", "error": "no bf16"},
+    form("torch_fp32", accuracy=90.0, latency_ms=10.0, speedup=1.0, size_mb=4.0),
+    form("ort_dynamic", accuracy=89.0, latency_ms=4.0, speedup=2.5, size_mb=1.0, path="baseline_forms/ort_dynamic"),
+    # 5 pp lost, outside a 2 pp budget
+    form("ov_int8", accuracy=85.0, latency_ms=2.0, speedup=5.0, size_mb=1.0, path="baseline_forms/ov_int8"),
+    form("ov_bf16", status="skipped", error="no bf16"),
 ]
 
 
-def _baseline(objective: Objective) -> dict:
-    base = {
-        "name": "baseline",
-        "accuracy": 90.0,
-        "agreement": 100.0,
-        "n_samples": 100,
-        "latency_ms": 10.0,
-        "latency_batch_ms": 50.0,
-        "batch_size": 16,
-        "baseline_latency_ms": 10.0,
-        "speedup": 1.0,
-        "memory_bytes": 1,
-        "size_mb": 4.0,
-        "params": 1000,
-        "macs": 10,
-        "threads": 1,
-        "variants": BASE_VARIANTS,
-    }
-    base["peer"] = quantization_only_peer(BASE_VARIANTS, base, objective)
+def _baseline(objective: Objective):
+    base = evaluation(
+        name="baseline",
+        accuracy=90.0,
+        n_samples=100,
+        latency_ms=10.0,
+        latency_batch_ms=50.0,
+        baseline_latency_ms=10.0,
+        size_mb=4.0,
+        params=1000,
+        macs=10,
+        variants=BASE_VARIANTS,
+    )
+    base.peer = quantization_only_peer(BASE_VARIANTS, base, objective)
     return base
 
 
-def _best(objective: Objective, *, accuracy: float, latency: float, peer_latency: float, reduction: float) -> dict:
-    ev = {**_baseline(objective), "name": "iter_01", "accuracy": accuracy, "latency_ms": latency,
-          "speedup": 10.0 / latency, "delivered": "ov_int8", "variants": [],
-          "peer": {"name": "ort_dynamic", "latency_ms": peer_latency}}  # fmt: skip
+def _best(objective: Objective, *, accuracy: float, latency: float, peer_latency: float, reduction: float) -> Best:
+    ev = _baseline(objective).model_copy(
+        update={
+            "name": "iter_01",
+            "accuracy": accuracy,
+            "latency_ms": latency,
+            "speedup": 10.0 / latency,
+            "delivered": "ov_int8",
+            "variants": [],
+            "peer": {"name": "ort_dynamic", "latency_ms": peer_latency},
+        }
+    )
     drop = 90.0 - accuracy
-    return {"iteration": 1, "status": "ok", "eval": ev, "rule": "budget", "within_budget": drop <= 2.0,
-            "reduction": reduction, "accuracy_drop": drop,
-            "artifact": {"path": "iter_01/candidate", "sha256": "-", "size_bytes": 1, "params": 600}}  # fmt: skip
+    artifact = ArtifactRef(path="iter_01/candidate", sha256="-", size_bytes=1, params=600)
+    return Best(
+        iteration=1,
+        status="ok",
+        eval=ev,
+        rule="budget",
+        within_budget=drop <= 2.0,
+        reduction=reduction,
+        accuracy_drop=drop,
+        artifact=artifact,
+    )
 
 
-BASE_REF = {"path": "baseline", "sha256": "-", "size_bytes": 4000000, "params": 1000}
+BASE_REF = ArtifactRef(path="baseline", sha256="-", size_bytes=4000000, params=1000)
 
 
 def test_the_peer_is_the_fastest_unpruned_form_within_the_budget():
     objective = Objective(max_acc_drop=2.0)
-    peer = _baseline(objective)["peer"]
+    peer = _baseline(objective).peer or {}
     assert peer["name"] == "ort_dynamic" and peer["path"] == "baseline_forms/ort_dynamic"  # ov_int8 lost 5 pp
     assert quantization_only_peer(BASE_VARIANTS, _baseline(objective), Objective(max_acc_drop=6.0))["name"] == "ov_int8"
 
@@ -102,18 +90,22 @@ def test_a_candidate_outside_the_budget_is_never_delivered():
     objective = Objective(max_acc_drop=2.0)
     best = _best(objective, accuracy=80.0, latency=1.0, peer_latency=4.0, reduction=0.4)
     picked, why = choose_delivery(best, _baseline(objective), BASE_REF, objective)
-    assert picked["iteration"] == 0 and picked["within_budget"]
-    assert picked["delivered"]["path"] == "baseline_forms/ort_dynamic" and picked["eval"]["delivered"] == "ort_dynamic"
+    assert picked is not None and picked.eval is not None and picked.delivered is not None
+    assert picked.iteration == 0 and picked.within_budget
+    assert picked.delivered.path == "baseline_forms/ort_dynamic" and picked.eval.delivered == "ort_dynamic"
     assert "past the budget" in why and "quantization-only form is delivered" in why
-    Best.model_validate(picked)  # a valid state record: evaluate_held_out and report load it like any best
+    Best.model_validate(picked.model_dump())  # a valid state record: evaluate_held_out and report load it
 
 
 def test_pruning_that_adds_no_speed_delivers_the_quantization_only_form():
     objective = Objective(max_acc_drop=2.0, target="latency")
     best = _best(objective, accuracy=89.5, latency=4.0, peer_latency=4.04, reduction=0.6)  # within the 2% tie
     picked, why = choose_delivery(best, _baseline(objective), BASE_REF, objective)
-    assert picked["iteration"] == 0 and "pruning added no speed" in why
-    summary = delivery_summary({**picked["eval"], "iteration": 0}, _baseline(objective), objective)
+    assert picked is not None and picked.eval is not None
+    assert picked.iteration == 0 and "pruning added no speed" in why
+    summary = delivery_summary(
+        {**picked.eval.model_dump(), "iteration": 0}, _baseline(objective).model_dump(), objective
+    )
     assert summary["pruning_added"] is False and summary["vs_quantization_only"] == 1.0
     assert "of the unpruned model" in summary_line(summary)
 
@@ -122,10 +114,13 @@ def test_a_faster_pruned_candidate_is_delivered_and_its_ratio_stated():
     objective = Objective(max_acc_drop=2.0)
     best = _best(objective, accuracy=89.0, latency=2.0, peer_latency=4.0, reduction=0.4)
     picked, why = choose_delivery(best, _baseline(objective), BASE_REF, objective)
-    assert picked["iteration"] == 1 and "2.00x faster than quantizing the unpruned model alone" in why
+    assert picked is not None and picked.iteration == 1
+    assert "2.00x faster than quantizing the unpruned model alone" in why
     final = {"baseline": {"latency_ms": 10.0}, "unpruned_ort_dynamic": {"latency_ms": 4.0}}
-    result_best = {**best["eval"], "iteration": 1}
-    summary = delivery_summary(result_best, _baseline(objective), objective, final, {"busy": True, "factor": 1.5})
+    assert best.eval is not None
+    result_best = {**best.eval.model_dump(), "iteration": 1}
+    base = _baseline(objective).model_dump()
+    summary = delivery_summary(result_best, base, objective, final, {"busy": True, "factor": 1.5})
     assert summary["vs_original_torch"] == 5.0 and summary["vs_quantization_only"] == 2.0
     assert summary["timings_flagged"] and "TIMINGS FLAGGED" in summary_line(summary)
 
@@ -134,20 +129,21 @@ def test_a_params_target_keeps_a_slower_pruned_model_that_reaches_it():
     objective = Objective(max_acc_drop=2.0, target="params", target_reduction=0.4)
     best = _best(objective, accuracy=89.0, latency=4.5, peer_latency=4.0, reduction=0.45)
     picked, why = choose_delivery(best, _baseline(objective), BASE_REF, objective)
-    assert picked["iteration"] == 1 and "is what the params target asks for" in why
+    assert picked is not None and picked.iteration == 1 and "is what the params target asks for" in why
 
 
 def test_without_runtime_forms_the_unpruned_torch_model_is_the_fallback():
     objective = Objective(max_acc_drop=2.0)
-    base = {**_baseline(objective), "variants": [], "peer": None}
+    base = _baseline(objective).model_copy(update={"variants": [], "peer": None})
     best = _best(objective, accuracy=70.0, latency=1.0, peer_latency=0.0, reduction=0.5)
     picked, _ = choose_delivery(best, base, BASE_REF, objective)
-    assert picked["iteration"] == 0 and picked["delivered"] is None and picked["artifact"]["path"] == "baseline"
-    assert picked["eval"]["delivered"] == "torch_fp32" and picked["eval"]["accuracy"] == 90.0
+    assert picked is not None and picked.eval is not None and picked.artifact is not None
+    assert picked.iteration == 0 and picked.delivered is None and picked.artifact.path == "baseline"
+    assert picked.eval.delivered == "torch_fp32" and picked.eval.accuracy == 90.0
 
 
 def test_the_note_never_calls_an_out_of_budget_form_fastest():
-    chosen = {"name": "ort_dynamic", "speedup": 0.18}
+    chosen = form("ort_dynamic", speedup=0.18)
     note = delivery_note(chosen, False, [], "auto")
     assert "fastest" not in note and "no form of this candidate kept the accuracy budget" in note
     assert delivery_note(chosen, True, ["ov_int8: boom"], "auto").startswith("fastest measured form within")

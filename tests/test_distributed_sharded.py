@@ -10,6 +10,7 @@ import torch
 
 from profiling_agent.tools.evaluation.metrics import predict_many
 from profiling_agent.tools.evaluation.sharded import (
+    ShardedJob,
     batch_shard,
     predict_sharded,
     sharded_predictions,
@@ -97,7 +98,7 @@ def test_two_gloo_processes_give_the_single_process_predictions_and_figures(two_
     models = {k: load_artifact(p).model for k, p in paths.items()}
     single = predict_many(models, data[f"{part}_pixels"], batch_size=32)
     sharded = sharded_predictions(
-        run, part, paths, procs=2, job_dir=tmp_path / "job", batch_size=32, launcher=LAUNCHER, threads=1
+        run, part, paths, ShardedJob(procs=2, job_dir=tmp_path / "job", batch_size=32, launcher=LAUNCHER, threads=1)
     )
     for name in models:
         assert torch.equal(single[name], sharded[name]), name

@@ -11,7 +11,7 @@ from fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sen
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
 from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
-from profiling_agent.state import Candidate, Context, Fallback, LLMStep, Objective, State
+from profiling_agent.state import Candidate, Context, EvalRecord, Fallback, LLMStep, Objective, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import LLMUnreachable, llm_console_note, never_reached
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
@@ -230,7 +230,22 @@ def _cand(iteration, planner, turn, accuracy, params, goal=0.3):
     return Candidate(iteration=iteration, status="ok", planner=planner, planner_meta=meta, eval=ev)
 
 
-BASE = {"accuracy": 90.0, "params": 1000, "macs": 1000, "latency_ms": 1.0, "size_mb": 0.4, "speedup": 1.0}
+BASE = EvalRecord(
+    name="baseline",
+    accuracy=90.0,
+    agreement=100.0,
+    n_samples=100,
+    latency_ms=1.0,
+    latency_batch_ms=8.0,
+    batch_size=16,
+    baseline_latency_ms=1.0,
+    speedup=1.0,
+    memory_bytes=1,
+    size_mb=0.4,
+    params=1000,
+    macs=1000,
+    threads=1,
+)
 
 
 def test_paired_rounds_follow_the_deterministic_sequence_and_stop_when_it_would():
@@ -243,7 +258,11 @@ def test_paired_rounds_follow_the_deterministic_sequence_and_stop_when_it_would(
     assert paired_stop([llm1, ref1], BASE, objective)[0] == ""  # the deterministic run would go on: so do we
     fell_back = _cand(3, "deterministic", "llm", 85.0, 400)  # an LLM turn that fell back counts as its round 2
     stop, det_best = paired_stop([llm1, ref1, fell_back], BASE, objective)
-    assert "iteration bound reached (2 rounds of each planner)" in stop and det_best["iteration"] == 2
+    assert (
+        "iteration bound reached (2 rounds of each planner)" in stop
+        and det_best is not None
+        and det_best.iteration == 2
+    )
     ref_met = _cand(2, "deterministic", "reference", 89.0, 550)
     stop, _ = paired_stop([llm1, ref_met], BASE, objective)
     assert stop.startswith("objective met by the deterministic sequence at iteration 2")

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from eval_records import evaluation, form
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.planning.deterministic import PlannerConfig, next_goal
 from profiling_agent.tools.reporting.markdown import backend_lines
 from profiling_agent.tools.reporting.outcome import target_outcome
 
-BASE = {"accuracy": 95.0, "params": 1000, "variants": [{"name": "ort_dynamic", "status": "ok", "speedup": 3.0}]}
+BASE = evaluation(accuracy=95.0, params=1000, variants=[form("ort_dynamic", speedup=3.0)]).model_dump()
 
 
 def _best(reduction, **ev):
-    return {"reduction": reduction, "within_budget": True, "eval": {"accuracy": 94.5, **ev}}
+    return {"reduction": reduction, "within_budget": True, "eval": evaluation(accuracy=94.5, **ev).model_dump()}
 
 
 def test_a_latency_target_missed_says_by_how_much_and_on_which_form():

@@ -8,6 +8,7 @@ from torch import nn
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation import latency
+from profiling_agent.tools.evaluation.records import EvalImages, FormsPlan, MeasureOptions, MeasureSettings
 from profiling_agent.tools.evaluation.scoring import ScoringRule, passes_needed
 from profiling_agent.tools.evaluation.variants import measure_forms
 
@@ -47,13 +48,14 @@ def _fake_timing(monkeypatch, ms: dict[str, float]) -> None:
 
 MS = {"baseline": 1000.0, "ov_int8": 50.0, "ov_bf16": 90.0, "ort_dynamic": 115.0, "ov_fp32": 180.0, "ort_fp32": 350.0}
 FORMS = ("ov_int8", "ov_bf16", "ort_dynamic", "ov_fp32", "ort_fp32")
+SETTINGS = MeasureSettings(latency_batch=4, eval_batch=10, warmup=0, repeats=1)
+STAND_INS = MeasureOptions(stand_ins={"baseline": ["ort_fp32", "ov_fp32"]})
 
 
 def _measure(models, *, budget=1.0, known=None, eligible=None):
     pixels, labels = _images()
     rule = ScoringRule(optional=frozenset(FORMS), budget=budget, eligible=eligible)
-    return measure_forms(models, pixels, labels, batch_size=4, eval_batch=10, warmup=0, repeats=1, known=known,
-                         scoring=rule)  # fmt: skip
+    return measure_forms(models, EvalImages(pixels, labels), SETTINGS, MeasureOptions(known=known, scoring=rule))
 
 
 def test_slow_forms_that_cannot_be_delivered_are_timed_but_not_scored(monkeypatch):
@@ -115,8 +117,7 @@ def test_the_fastest_fp32_form_predicts_for_its_slower_torch_model_and_a_slower_
     pixels, labels = _images()
     # ov_fp32 stands for the baseline: its predictions (97%, marked) are the baseline's, and torch is not run
     models = {"baseline": Oracle(), "ov_fp32": Oracle(0.03), "ort_fp32": Oracle(0.5), "ov_int8": Oracle()}
-    measured, timing = measure_forms(models, pixels, labels, batch_size=4, eval_batch=10, warmup=0, repeats=1,
-                                     stand_ins={"baseline": ["ort_fp32", "ov_fp32"]})  # fmt: skip
+    measured, timing = measure_forms(models, EvalImages(pixels, labels), SETTINGS, STAND_INS)
     assert models["baseline"].calls == 0 and timing["predicted_by"] == {"baseline": "ov_fp32"}
     assert measured["baseline"]["accuracy"] == measured["ov_fp32"]["accuracy"] == 97.0
     assert measured["ov_fp32"]["agreement"] == 100.0 and measured["ort_fp32"]["accuracy"] == 50.0
@@ -124,8 +125,7 @@ def test_the_fastest_fp32_form_predicts_for_its_slower_torch_model_and_a_slower_
     # a torch model faster than its FP32 forms (a GPU, a tiny model) predicts for itself
     _fake_timing(monkeypatch, {**MS, "baseline": 100.0})
     models = {"baseline": Oracle(), "ov_fp32": Oracle(0.03), "ort_fp32": Oracle(0.5)}
-    measured, timing = measure_forms(models, pixels, labels, batch_size=4, eval_batch=10, warmup=0, repeats=1,
-                                     stand_ins={"baseline": ["ort_fp32", "ov_fp32"]})  # fmt: skip
+    measured, timing = measure_forms(models, EvalImages(pixels, labels), SETTINGS, STAND_INS)
     assert models["baseline"].calls > 0 and "predicted_by" not in timing and measured["baseline"]["accuracy"] == 100
 
 
@@ -164,12 +164,17 @@ def test_under_a_size_target_every_form_is_scored(target, tmp_path):
 
     pixels, labels = _images()
     models = {"baseline": Oracle()}
-    out = evaluate_forms(
-        models, fp32=Oracle(), forms=[], calib_pixels=pixels, pixels=pixels, labels=labels, out_dir=tmp_path,
-        rel=str, objective=Objective(target=target), ctx=Context(), device="cpu", threads=1,
+    plan = FormsPlan(
+        fp32=Oracle(),
+        forms=[],
+        images=EvalImages(pixels, labels, pixels),
+        out_dir=tmp_path,
+        rel=str,
+        objective=Objective(target=target),
         torch_forms={"torch_fp32": ("baseline", 0, None)},
-    )  # fmt: skip
-    assert "unscored" not in out["timing"]
+    )
+    out = evaluate_forms(models, plan, MeasureSettings.of(Context(), "cpu", 1))
+    assert "unscored" not in out.timing
 
 
 def test_the_baselines_predictions_are_reused_only_on_the_same_images_and_device(tmp_path):
@@ -197,8 +202,10 @@ def test_a_rounds_ort_fp32_built_only_as_a_source_is_neither_timed_nor_scored(mo
     assert round_contenders(base, 90.0, 1.0) == ["ov_bf16", "ov_int8"]
     assert round_forms(base, 90.0, 1.0) == ["ort_fp32", "ov_bf16", "ov_int8"]
     source, int8 = Oracle(), Oracle()
-    built = [Variant("ort_fp32", "fp32", status="ok", path=str(tmp_path / "a"), model=source),
-             Variant("ov_int8", "int8", status="ok", path=str(tmp_path / "b"), model=int8)]  # fmt: skip
+    built = [
+        Variant("ort_fp32", "fp32", status="ok", path=str(tmp_path / "a"), model=source),
+        Variant("ov_int8", "int8", status="ok", path=str(tmp_path / "b"), model=int8),
+    ]
     monkeypatch.setattr(form_eval, "build_forms", lambda *a, **k: built)
     timed: list[str] = []
 
@@ -209,12 +216,18 @@ def test_a_rounds_ort_fp32_built_only_as_a_source_is_neither_timed_nor_scored(mo
 
     monkeypatch.setattr(latency, "measure_latency_checked", timing)
     pixels, labels = _images()
-    out = form_eval.evaluate_forms(
-        {"baseline": Oracle()}, fp32=Oracle(), forms=["ort_fp32", "ov_int8"], calib_pixels=pixels, pixels=pixels,
-        labels=labels, out_dir=tmp_path, rel=str, objective=Objective(), ctx=Context(), device="cpu", threads=1,
-        torch_forms={"torch_fp32": ("baseline", 0, None)}, sources=["ort_fp32"],
-    )  # fmt: skip
-    record = next(v for v in out["variants"] if v["name"] == "ort_fp32")
-    assert record["status"] == "unscored" and record.get("latency_ms") is None and record.get("accuracy") is None
-    assert "source of the other forms" in record["error"] and source.calls == 0 and "ort_fp32" not in timed
-    assert next(v for v in out["variants"] if v["name"] == "ov_int8")["accuracy"] == 100.0
+    plan = FormsPlan(
+        fp32=Oracle(),
+        forms=["ort_fp32", "ov_int8"],
+        images=EvalImages(pixels, labels, pixels),
+        out_dir=tmp_path,
+        rel=str,
+        objective=Objective(),
+        torch_forms={"torch_fp32": ("baseline", 0, None)},
+        sources=["ort_fp32"],
+    )
+    out = form_eval.evaluate_forms({"baseline": Oracle()}, plan, MeasureSettings.of(Context(), "cpu", 1))
+    record = next(v for v in out.variants if v.name == "ort_fp32")
+    assert record.status == "unscored" and record.latency_ms is None and record.accuracy is None
+    assert "source of the other forms" in (record.error or "") and source.calls == 0 and "ort_fp32" not in timed
+    assert next(v for v in out.variants if v.name == "ov_int8").accuracy == 100.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from eval_records import candidate, evaluation, form
 
 from profiling_agent.state import CompressionPlan
 from profiling_agent.tools.planning.search import AIM, bracket, prediction_correction, search_step
@@ -80,14 +81,14 @@ def test_when_no_trial_fits_the_goal_falls_below_the_smallest_failing_trial():
 def test_each_round_says_how_its_prediction_compared_with_validation():
     from profiling_agent.tools.planning.round_check import check_message, round_check
 
-    base = {"accuracy": 99.0}
-    cand = {"planner_meta": {"predicted_drop": 3.1, "goal": 0.4}, "eval": {"accuracy": 88.4, "speedup": 2.0}}
+    base = evaluation(accuracy=99.0)
+    cand = candidate(1, evaluation(accuracy=88.4, speedup=2.0), planner_meta={"predicted_drop": 3.1, "goal": 0.4})
     check = round_check(cand, base, "params")
     text = check_message(check)
     assert "predicted a 3.10 pp loss" in text and "showed 10.60 pp" in text and "x3.42" in text
     assert check is not None and check.correction == pytest.approx(10.6 / 3.1, abs=0.01)
     assert check.predicted_latency_reduction is None and "latency" not in text
-    assert round_check({"planner_meta": {}, "eval": cand["eval"]}, base, "params") is None
+    assert round_check(candidate(1, cand.eval), base, "params") is None
     lat = round_check(cand, base, "latency")
     assert lat is not None and lat.measured_latency_reduction == pytest.approx(0.5)
     words = check_message(lat)
@@ -99,23 +100,22 @@ def test_a_latency_target_is_measured_against_the_unpruned_model_in_the_delivere
     from profiling_agent.tools.evaluation.selection import reduction, same_form_latency
     from profiling_agent.tools.planning.round_check import round_check
 
-    base = {"accuracy": 95.0, "variants": [{"name": "ort_dynamic", "status": "ok", "speedup": 3.4}]}
-    beside = {"accuracy": 95.0, "speedup": 3.86, "latency_ms": 0.43, "delivered": "ort_dynamic"}
+    base = evaluation(accuracy=95.0, variants=[form("ort_dynamic", speedup=3.4)])
+    beside = evaluation(accuracy=95.0, speedup=3.86, latency_ms=0.43, delivered="ort_dynamic")
     # the peer (the unpruned model's fastest form) was timed beside it: that timing wins
-    timed = {**beside, "peer": {"name": "ort_dynamic", "latency_ms": 0.50}}
+    timed = beside.model_copy(update={"peer": {"name": "ort_dynamic", "latency_ms": 0.50}})
     assert same_form_latency(timed, base) == (pytest.approx(0.14), "ort_dynamic", "timed beside it")
     # no peer of that form: the baseline's own ort_dynamic, both speedups against the same torch baseline
-    value, form, against = same_form_latency(beside, base)
+    value, delivered, against = same_form_latency(beside, base)
     assert value == pytest.approx(1 - 3.4 / 3.86) and against == "the baseline's forms"
     assert reduction(beside, base, "latency") == pytest.approx(value)
     # a torch delivery is measured against the torch baseline
-    assert reduction({"speedup": 2.0, "delivered": "torch_fp32"}, base, "latency") == pytest.approx(0.5)
+    assert reduction(evaluation(speedup=2.0, delivered="torch_fp32"), base, "latency") == pytest.approx(0.5)
     # another form than the peer's: the peer timed beside it, scaled by the two forms' ratio in the baseline's timing
-    forms = [{"name": "ort_fp32", "status": "ok", "speedup": 18.4, "latency_ms": 0.105},
-             {"name": "ort_dynamic", "status": "ok", "speedup": 19.2, "latency_ms": 0.100}]  # fmt: skip
-    fp32 = {"accuracy": 95.0, "speedup": 16.6, "latency_ms": 0.42, "delivered": "ort_fp32",
-            "peer": {"name": "ort_dynamic", "latency_ms": 0.50}}  # fmt: skip
-    value, form, against = same_form_latency(fp32, {**base, "variants": forms})
-    assert value == pytest.approx(1 - 0.42 / 0.525) and form == "ort_fp32" and "ort_dynamic peer" in against
-    check = round_check({"planner_meta": {"goal": 0.112}, "eval": timed}, base, "latency")
+    forms = [form("ort_fp32", speedup=18.4, latency_ms=0.105), form("ort_dynamic", speedup=19.2, latency_ms=0.100)]
+    peer = {"name": "ort_dynamic", "latency_ms": 0.50}
+    fp32 = evaluation(accuracy=95.0, speedup=16.6, latency_ms=0.42, delivered="ort_fp32", peer=peer)
+    value, delivered, against = same_form_latency(fp32, base.model_copy(update={"variants": forms}))
+    assert value == pytest.approx(1 - 0.42 / 0.525) and delivered == "ort_fp32" and "ort_dynamic peer" in against
+    check = round_check(candidate(1, timed, planner_meta={"goal": 0.112}), base, "latency")
     assert check is not None and check.latency_form == "ort_dynamic" and check.latency_error == pytest.approx(0.028)

@@ -1,39 +1,36 @@
 from pathlib import Path
 
+from eval_records import candidate, evaluation
+
 from profiling_agent.graph.routing import after_analyze, after_iterate, after_prune, after_quantize
 from profiling_agent.state import Context, Objective, State
 from profiling_agent.tools.evaluation.selection import objective_met, reduction, select_best
 
-BASE = {"accuracy": 90.0, "params": 1000, "macs": 5000, "size_mb": 4.0, "latency_ms": 2.0, "speedup": 1.0}
+BASE = evaluation(accuracy=90.0, params=1000, macs=5000, size_mb=4.0, latency_ms=2.0, speedup=1.0)
 
 
 def cand(it, acc, params, lat=1.0, status="ok"):
-    ev = {
-        "accuracy": acc,
-        "params": params,
-        "macs": params * 5,
-        "size_mb": params / 250,
-        "latency_ms": lat,
-        "speedup": 2.0 / lat,
-    }
-    return {"iteration": it, "status": status, "eval": ev if status == "ok" else None}
+    ev = evaluation(
+        accuracy=acc, params=params, macs=params * 5, size_mb=params / 250, latency_ms=lat, speedup=2.0 / lat
+    )
+    return candidate(it, ev if status == "ok" else None, status=status)
 
 
 def test_paper_rule_prefers_accuracy_then_params_then_latency():
     cands = [cand(1, 89.0, 500), cand(2, 89.5, 800), cand(3, 89.5, 700, lat=1.5), cand(4, 89.5, 700, lat=1.2)]
     best = select_best(cands, BASE, Objective(select="paper"))
-    assert best["iteration"] == 4
+    assert best is not None and best.iteration == 4 and best.rule == "paper"
 
 
 def test_budget_rule_takes_largest_reduction_within_budget():
     cands = [cand(1, 89.0, 500), cand(2, 85.0, 200), cand(3, 88.5, 400)]
     best = select_best(cands, BASE, Objective(select="budget", max_acc_drop=2.0))
-    assert best["iteration"] == 3 and best["within_budget"] and abs(best["reduction"] - 0.6) < 1e-9
+    assert best is not None and best.iteration == 3 and best.within_budget and abs(best.reduction - 0.6) < 1e-9
 
 
 def test_budget_rule_without_fitting_candidate_flags_it():
     best = select_best([cand(1, 80.0, 500), cand(2, 82.0, 600)], BASE, Objective(max_acc_drop=1.0))
-    assert best["iteration"] == 2 and best["within_budget"] is False
+    assert best is not None and best.iteration == 2 and best.within_budget is False
 
 
 def test_failed_candidates_are_ignored():
@@ -41,7 +38,7 @@ def test_failed_candidates_are_ignored():
 
 
 def test_latency_reduction_uses_side_by_side_speedup():
-    assert abs(reduction({"speedup": 2.0}, BASE, "latency") - 0.5) < 1e-9
+    assert abs(reduction(evaluation(speedup=2.0), BASE, "latency") - 0.5) < 1e-9
 
 
 def test_objective_met_needs_budget_and_target():
@@ -164,15 +161,16 @@ def test_a_delivered_form_other_than_the_peer_has_its_unpruned_twin_timed_at_the
 def test_quantization_that_slowed_the_best_model_earns_one_more_round():
     from profiling_agent.tools.evaluation.selection import quantization_cost_speed
 
-    slow = {"eval": {"speedup": 0.7, "quant_speedup": 0.6, "quant_speedup_batch": 0.8}}
-    quantized = [{"status": "ok", "quantized": ["a"]}]
+    slow = candidate(1, evaluation(speedup=0.7, quant_speedup=0.6, quant_speedup_batch=0.8))
+    quantized = [candidate(1, quantized=["a"])]
     assert quantization_cost_speed(slow, quantized, Objective(target="params"))
     assert not quantization_cost_speed(slow, quantized, Objective(target="size"))
-    assert not quantization_cost_speed(slow, [*quantized, {"status": "ok", "quantized": []}], Objective())
-    fast = {"eval": {"speedup": 1.3, "quant_speedup": 0.9, "quant_speedup_batch": 0.9}}
+    assert not quantization_cost_speed(slow, [*quantized, candidate(2, quantized=[])], Objective())
+    fast = candidate(1, evaluation(speedup=1.3, quant_speedup=0.9, quant_speedup_batch=0.9))
     assert not quantization_cost_speed(fast, quantized, Objective())
 
 
 def test_budget_rule_breaks_reduction_ties_by_speed():
     a, b = cand(1, 89.9, 500, lat=4.0), cand(2, 89.5, 500, lat=1.0)
-    assert select_best([a, b], BASE, Objective(select="budget"))["iteration"] == 2
+    best = select_best([a, b], BASE, Objective(select="budget"))
+    assert best is not None and best.iteration == 2

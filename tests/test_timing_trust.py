@@ -17,6 +17,7 @@ from torch import nn
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation import latency
 from profiling_agent.tools.evaluation.form_eval import timing_notice
+from profiling_agent.tools.evaluation.records import EvalImages, MeasureSettings
 from profiling_agent.tools.evaluation.variants import measure_forms
 
 
@@ -47,7 +48,8 @@ def test_a_competing_process_on_the_same_core_flags_the_timings():
         pixels = torch.randn(8, 3, 32, 32)
         labels = torch.zeros(8, dtype=torch.long)
         models = {"baseline": _Mlp(), "other": _Mlp()}
-        rows, timing = measure_forms(models, pixels, labels, batch_size=8, eval_batch=8, warmup=2, repeats=8)
+        settings = MeasureSettings(latency_batch=8, eval_batch=8, warmup=2, repeats=8)
+        rows, timing = measure_forms(models, EvalImages(pixels, labels), settings)
     finally:
         competitor.kill()
         competitor.wait()
@@ -65,8 +67,8 @@ def test_a_quiet_measurement_is_kept_and_not_flagged(monkeypatch):
     def fake(models, sample, **kwargs):
         calls.append(1)
         busy = len(calls) == 1  # the first attempt was starved, the second ran on a free core
-        return {n: {"latency_ms": 1.0, "latency_batch_ms": 2.0, "wall_s": 3.0 if busy else 1.0, "cpu_s": 1.0}
-                for n in models}  # fmt: skip
+        row = {"latency_ms": 1.0, "latency_batch_ms": 2.0, "wall_s": 3.0 if busy else 1.0, "cpu_s": 1.0}
+        return {n: dict(row) for n in models}
 
     monkeypatch.setattr(latency, "measure_latency", fake)
     lat, timing = latency.measure_latency_checked({"a": nn.Identity()}, torch.zeros(1, 3, 4, 4))

@@ -320,7 +320,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import tempfile
 
     from profiling_agent.state import EMBEDDED_DATASET
-    from profiling_agent.tools.evaluation.evaluate_model import evaluate_model
+    from profiling_agent.tools.evaluation.evaluate_model import EvalRequest, evaluate_model
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.reporting.markdown import format_table
 
@@ -328,9 +328,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.from_run:
         dataset, split, rows = run_images(Path(args.from_run), args.part, args.dataset)
     with tempfile.TemporaryDirectory() as tmp:
-        metrics = evaluate_model(
+        request = EvalRequest(
             args.model,
             dataset,
+            Path(tmp),
             split=split,
             subset=subset_size(args.subset) or 0,
             rows=rows,
@@ -338,8 +339,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             image_column=args.image_column,
             label_column=args.label_column,
             device=args.device,
-            work_dir=Path(tmp),
         )
+        metrics = evaluate_model(request)
     table = [["metric", "value"]] + [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in metrics.items()]
     print(format_table(table))
     if args.json_out:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, Context, EvalRecord, Objective
+from profiling_agent.tools.evaluation.records import EvalImages, FormsMeasurement, FormsPlan, MeasureSettings
 
 CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
 PREDICTIONS_FILE = "baseline_forms/predictions.safetensors"  # the baseline's validation predictions, run-relative
@@ -43,7 +44,7 @@ def baseline_predictions(root: Path, labels: Any, device: str) -> Any | None:
     return preds
 
 
-def baseline_message(record: EvalRecord, out: dict[str, Any], forms: list[str]) -> str:
+def baseline_message(record: EvalRecord, out: FormsMeasurement, forms: list[str]) -> str:
     """Say in one line what the baseline measured: accuracy, speed, size, its forms and the quantization-only peer."""
     from profiling_agent.tools.runtimes.openvino_model import nncf_missing
 
@@ -56,8 +57,8 @@ def baseline_message(record: EvalRecord, out: dict[str, Any], forms: list[str]) 
         f"on {record.device} ({threads} thread{'s' if threads != 1 else ''}), {record.params:,} params, "
         f"{record.size_mb:.2f} MB"
     )
-    if out["variants"][1:]:
-        message += "; unpruned forms: " + out["line"]
+    if out.variants[1:]:
+        message += "; unpruned forms: " + out.line
     if record.peer:
         message += (
             f"; quantization only (no pruning): {record.peer['name']} {record.peer['speedup']:.2f}x, "
@@ -66,7 +67,7 @@ def baseline_message(record: EvalRecord, out: dict[str, Any], forms: list[str]) 
     missing = nncf_missing() if any(f.startswith("ov_") for f in forms) else None
     if missing:  # said once: later rounds build only the forms that worked here
         message += f"; {missing}: the OpenVINO forms are left out of this run"
-    return message + out["notice"]
+    return message + out.notice
 
 
 def measure_unpruned(
@@ -99,7 +100,6 @@ def measure_unpruned(
     from profiling_agent.tools.evaluation.delivery import quantization_only_peer
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
     from profiling_agent.tools.models.artifact_load import load_artifact
-    from profiling_agent.tools.models.sizes import state_bytes
     from profiling_agent.tools.runtimes.forms import ALL_FORMS, eligible_forms, forms_for_backend
 
     report = progress or (lambda done, total, label: None)
@@ -110,37 +110,54 @@ def measure_unpruned(
     with eval_threads(ctx.threads) as threads:
         device = measure_device(ctx.device, forms)
         report(0, 2, "forms")
-        out = evaluate_forms(
-            {"baseline": model.to(device)}, fp32=model, forms=forms, calib_pixels=tensors["calib_pixels"],
-            pixels=pixels, labels=labels, out_dir=root / "baseline_forms",
-            rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())), processor=loaded.processor,
-            extra={"params": baseline.params, "macs": macs}, objective=objective, ctx=ctx, device=device,
-            threads=threads, allowed_ids=allowed_ids, check_images=CHECK_IMAGES,
-            torch_forms={"torch_fp32": ("baseline", baseline.size_bytes, baseline.path)}, run=root,
-            model_paths={"baseline": root / baseline.path}, eligible=eligible_forms(ctx.backend, forms, "baseline"),
-        )  # fmt: skip
-        save_baseline_predictions(root, out["measured"]["baseline"]["preds"], labels, device)
+        plan = FormsPlan(
+            fp32=model,
+            forms=forms,
+            images=EvalImages(pixels, labels, tensors["calib_pixels"]),
+            out_dir=root / "baseline_forms",
+            rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())),
+            objective=objective,
+            torch_forms={"torch_fp32": ("baseline", baseline.size_bytes, baseline.path)},
+            processor=loaded.processor,
+            extra={"params": baseline.params, "macs": macs},
+            check_images=CHECK_IMAGES,
+            run=root,
+            model_paths={"baseline": root / baseline.path},
+            eligible=eligible_forms(ctx.backend, forms, "baseline"),
+        )
+        settings = MeasureSettings.of(ctx, device, threads, allowed_ids)
+        out = evaluate_forms({"baseline": model.to(device)}, plan, settings)
+        save_baseline_predictions(root, out.measured["baseline"]["preds"], labels, device)
         report(2, 2, "")
-    lat = out["measured"]["baseline"]
-    record = EvalRecord(
+    record = baseline_record(baseline, out, model, settings, macs)
+    record.peer = quantization_only_peer(out.variants, record, objective, ctx.backend)
+    return record, baseline_message(record, out, forms)
+
+
+def baseline_record(
+    baseline: ArtifactRef, out: FormsMeasurement, model: Any, settings: MeasureSettings, macs: float | None
+) -> EvalRecord:
+    """Build the baseline's EvalRecord from its measurement (its own speed-up 1, agreement 100%)."""
+    from profiling_agent.tools.models.sizes import state_bytes
+
+    lat = out.measured["baseline"]
+    return EvalRecord(
         name="baseline",
         accuracy=lat["accuracy"],
         agreement=100.0,
-        n_samples=len(labels),
+        n_samples=len(lat["preds"]),
         latency_ms=lat["latency_ms"],
         latency_batch_ms=lat["latency_batch_ms"],
-        batch_size=ctx.latency_batch,
+        batch_size=settings.latency_batch,
         baseline_latency_ms=lat["latency_ms"],
         speedup=1.0,
         memory_bytes=state_bytes(model),
         size_mb=baseline.size_bytes / 1e6,
         params=baseline.params,
         macs=int(macs or 0),
-        threads=threads,
-        device=device,
-        variants=out["variants"],
-        timing=out["timing"],
-        predicted_by=(out["timing"].get("predicted_by") or {}).get("baseline"),
+        threads=settings.threads,
+        device=settings.device,
+        variants=out.variants,
+        timing=out.timing,
+        predicted_by=(out.timing.get("predicted_by") or {}).get("baseline"),
     )
-    record.peer = quantization_only_peer(out["variants"], record.model_dump(), objective, ctx.backend)
-    return record, baseline_message(record, out, forms)

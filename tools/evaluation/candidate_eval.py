@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord, Objective
+from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord, Objective, VariantRecord
+from profiling_agent.tools.evaluation.records import (
+    CandidateModels,
+    CandidateRound,
+    EvalImages,
+    FormsMeasurement,
+    FormsPlan,
+    MeasureSettings,
+)
 
 UNRECOVERED = "unrecovered"  # the one-shot pruned weights, predicted beside the forms for the before-recovery accuracy
 CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
@@ -39,14 +47,10 @@ def before_recovery_cost(current: Candidate, base_eval: EvalRecord, n_images: in
     return per_image * current.macs / base_eval.macs * n_images
 
 
-def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path, *, before: bool = True) -> dict[str, Any]:
+def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path, *, before: bool = True) -> CandidateModels:
     """Load what one round measures: the baseline, the candidate's torch forms and the one-shot weights.
 
     `before` False leaves the one-shot weights out (their accuracy before recovery is not measured).
-
-    Returns:
-        {"models" (key -> model), "paths" (key -> its artifact), "fp32" (what the runtimes convert), "torch_name",
-        "torch_forms", "processor"}.
     """
     from profiling_agent.tools.models.artifact_load import load_artifact
 
@@ -57,7 +61,9 @@ def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path, *, b
     paths = {"baseline": root / baseline.path, torch_name: root / current.artifact.path}
     fp32 = cand.model
     fp32_ref = current.recovered or current.pruned  # the fp32 pruned model, after recovery when it ran
-    torch_forms = {torch_name: (torch_name, current.artifact.size_bytes, current.artifact.path)}
+    torch_forms: dict[str, tuple[str, int, str | None]] = {
+        torch_name: (torch_name, current.artifact.size_bytes, current.artifact.path)
+    }
     if current.quantized and fp32_ref:  # the fp32 pruned model: its own variant and what the runtimes convert
         fp32 = models["torch_fp32"] = load_artifact(root / fp32_ref.path).model
         paths["torch_fp32"] = root / fp32_ref.path
@@ -65,33 +71,45 @@ def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path, *, b
     if before and current.recovered and current.pruned:  # the one-shot weights: accuracy before recovery (not timed)
         models[UNRECOVERED] = load_artifact(root / current.pruned.path).model
         paths[UNRECOVERED] = root / current.pruned.path
-    return {"models": models, "paths": paths, "fp32": fp32, "torch_name": torch_name, "torch_forms": torch_forms,
-            "processor": cand.processor}  # fmt: skip
+    return CandidateModels(
+        models=models,
+        paths=paths,
+        fp32=fp32,
+        torch_name=torch_name,
+        torch_forms=torch_forms,
+        processor=cand.processor,
+    )
 
 
-def pick_delivered(out: dict[str, Any], base_eval: EvalRecord, objective: Objective, backend: str,
-                   torch_name: str) -> tuple[dict[str, Any], str]:  # fmt: skip
+def pick_delivered(
+    out: FormsMeasurement, base_eval: EvalRecord, objective: Objective, backend: str, torch_name: str
+) -> tuple[VariantRecord, str]:
     """Choose the delivered form among the measured variants and say why (the delivery policy)."""
     from profiling_agent.tools.evaluation.delivery import delivery_note
     from profiling_agent.tools.evaluation.selection import choose_variant, within_budget
     from profiling_agent.tools.runtimes.forms import eligible_forms
 
-    variants, built = out["variants"], out["built"]
-    base = base_eval.model_dump()
+    variants, built = out.variants, out.built
     eligible = eligible_forms(backend, [v.name for v in built], torch_name)
-    chosen = choose_variant(variants, base, objective, eligible)
+    chosen = choose_variant(variants, base_eval, objective, eligible)
     failed = [f"{v.name}: {v.error}" for v in built if v.status == "failed"]
-    note = delivery_note(chosen, chosen is not None and within_budget(chosen, base, objective), failed, backend)
+    within = chosen is not None and within_budget(chosen, base_eval, objective)
+    note = delivery_note(chosen, within, failed, backend)
     if chosen is None:  # a runtime asked for but none of its forms works: the plan's torch model
-        chosen = next(v for v in variants if v["name"] == torch_name)
+        chosen = next(v for v in variants if v.name == torch_name)
         note = f"no {backend} form works; the plan's torch model is recorded" + (
             f" ({'; '.join(failed)})" if failed else ""
         )
     return chosen, note
 
 
-def add_comparisons(record: EvalRecord, measured: dict[str, Any], peer: dict[str, Any] | None,
-                    peer_key: str | None, torch_name: str) -> None:  # fmt: skip
+def add_comparisons(
+    record: EvalRecord,
+    measured: Mapping[str, Mapping[str, Any]],
+    peer: Mapping[str, Any] | None,
+    peer_key: str | None,
+    torch_name: str,
+) -> None:
     """Fill the record's comparisons: the quantization-only peer and the speed of torch quantization itself."""
     from profiling_agent.tools.evaluation.delivery import vs_peer
 
@@ -103,7 +121,7 @@ def add_comparisons(record: EvalRecord, measured: dict[str, Any], peer: dict[str
             "latency_batch_ms": p_lat["latency_batch_ms"],
             "speedup": p_lat["speedup"],
         }
-        record.peer["vs_peer"] = vs_peer(record.model_dump())
+        record.peer["vs_peer"] = vs_peer(record)
     if "torch_fp32" in measured and torch_name != "torch_fp32":  # the speed of torch quantization itself
         p_lat, q_lat = measured["torch_fp32"], measured[torch_name]
         record.pruned_latency_ms = p_lat["latency_ms"]
@@ -112,38 +130,58 @@ def add_comparisons(record: EvalRecord, measured: dict[str, Any], peer: dict[str
         record.quant_speedup_batch = ratio(p_lat["latency_batch_ms"], q_lat["latency_batch_ms"])
 
 
-def eval_record(current: Candidate, out: dict[str, Any], chosen: dict[str, Any], delivered_model: Any,
-                **facts: Any) -> EvalRecord:  # fmt: skip
-    """Build the candidate's EvalRecord (`facts`: name, n_samples, ctx, threads, device, note)."""
+def eval_record(
+    current: Candidate,
+    out: FormsMeasurement,
+    chosen: VariantRecord,
+    delivered_model: Any,
+    *,
+    name: str,
+    n_samples: int,
+    settings: MeasureSettings,
+    note: str,
+) -> EvalRecord:
+    """Build the candidate's EvalRecord from the measurement and the chosen form.
+
+    Args:
+        current: The candidate (its artifact's params and size, its MACs).
+        out: The round's measurement.
+        chosen: The delivered form's record.
+        delivered_model: The delivered form's model (its parameter and buffer bytes).
+        name: The record's name ("iter_NN").
+        n_samples: Validation images measured.
+        settings: The latency batch, threads and device the numbers were taken with.
+        note: Why the form was delivered.
+    """
     from profiling_agent.tools.models.sizes import state_bytes
 
     assert current.artifact is not None
-    b_lat, c_lat = out["measured"]["baseline"], out["measured"][chosen["name"]]
+    b_lat, c_lat = out.measured["baseline"], out.measured[chosen.name]
     return EvalRecord(
-        name=facts["name"],
+        name=name,
         accuracy=c_lat["accuracy"],
         agreement=c_lat["agreement"],
-        n_samples=facts["n_samples"],
+        n_samples=n_samples,
         latency_ms=c_lat["latency_ms"],
         latency_batch_ms=c_lat["latency_batch_ms"],
-        batch_size=facts["ctx"].latency_batch,
+        batch_size=settings.latency_batch,
         baseline_latency_ms=b_lat["latency_ms"],
         baseline_latency_batch_ms=b_lat["latency_batch_ms"],
         speedup=c_lat["speedup"],
-        memory_bytes=state_bytes(delivered_model) or int((chosen["size_mb"] or 0) * 1e6),
-        size_mb=chosen["size_mb"] or current.artifact.size_bytes / 1e6,
+        memory_bytes=state_bytes(delivered_model) or int((chosen.size_mb or 0) * 1e6),
+        size_mb=chosen.size_mb or current.artifact.size_bytes / 1e6,
         params=current.artifact.params,
         macs=int(current.macs or 0),
-        threads=facts["threads"],
-        device=facts["device"],
-        variants=out["variants"],
-        delivered=chosen["name"],
-        delivery_note=facts["note"],
-        timing=out["timing"],
+        threads=settings.threads,
+        device=settings.device,
+        variants=out.variants,
+        delivered=chosen.name,
+        delivery_note=note,
+        timing=out.timing,
     )
 
 
-def eval_message(record: EvalRecord, base_eval: EvalRecord, out: dict[str, Any]) -> str:
+def eval_message(record: EvalRecord, base_eval: EvalRecord, out: FormsMeasurement) -> str:
     """Say in one line what a round measured: accuracy with its CI, agreement, speed, size and every form."""
     low, high = record.acc_delta_ci or [0.0, 0.0]
     before = record.accuracy_before_recovery
@@ -161,8 +199,8 @@ def eval_message(record: EvalRecord, base_eval: EvalRecord, out: dict[str, Any])
             else ""
         )
         + f", {record.params:,} params, {record.size_mb:.2f} MB; forms: "
-        + out["line"]
-        + out["notice"]
+        + out.line
+        + out.notice
     )
 
 
@@ -172,15 +210,12 @@ def evaluate_candidate(
     baseline: ArtifactRef,
     objective: Objective,
     ctx: Context,
-    *,
-    root: Path,
-    tensors: dict[str, Any],
-    iteration: int,
-    seed: int,
-    allowed_ids: list[int] | None = None,
-    progress: Callable[[int, int, str], None] | None = None,
+    where: CandidateRound,
 ) -> tuple[Candidate, str]:
     """Measure a candidate's forms (torch, ONNX Runtime, OpenVINO) beside the baseline and the unpruned peer.
+
+    Stages: choose the forms the round builds, measure them (`measure_candidate`), record the delivered form and
+    the comparisons (`candidate_record`), and hand back the candidate with its record (`evaluated_candidate`).
 
     Args:
         current: This round's candidate (pruned, recovered and quantized artifacts saved).
@@ -188,62 +223,99 @@ def evaluate_candidate(
         baseline: The baseline artifact.
         objective: Budget and target: which form is delivered.
         ctx: Backend, device, threads, latency settings.
-        root: The run folder (artifact paths are relative to it).
-        tensors: The run's validation and calibration images (`eval_pixels`, `eval_labels`, `calib_pixels`).
-        iteration: This round (its folder holds the forms built).
-        seed: Seed of the paired bootstrap.
-        allowed_ids: Model ids predictions are restricted to.
-        progress: Called with (done, total, label) before and after the measurement.
+        where: The run folder, the images, the round, the bootstrap seed, the label restriction and progress.
 
     Returns:
         The candidate with its EvalRecord and delivered form, and the round's one-line summary.
     """
-    from profiling_agent.tools.device import measure_device
-    from profiling_agent.tools.evaluation.baseline_eval import baseline_predictions
-    from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
-    from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
     from profiling_agent.tools.evaluation.scoring import MIN_PASS_S
-    from profiling_agent.tools.io import sha256_path
-    from profiling_agent.tools.runtimes.forms import eligible_forms, forms_for_backend, round_contenders, round_forms
 
     assert current.artifact is not None  # quantize ran
-    report = progress or (lambda done, total, label: None)
-    backend = run_backend(ctx)
-    pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
+    report = where.progress or (lambda done, total, label: None)
+    labels = where.tensors["eval_labels"]
     before_s = before_recovery_cost(current, base_eval, len(labels)) if current.recovered else 0.0
-    loaded = candidate_models(current, baseline, root, before=before_s < MIN_PASS_S)
-    torch_name = loaded["torch_name"]
+    loaded = candidate_models(current, baseline, where.root, before=before_s < MIN_PASS_S)
+    report(0, 3, "backends")
+    out, settings, models = measure_candidate(current, base_eval, objective, ctx, where, loaded)
+    report(3, 3, "")
+    chosen, note = pick_delivered(out, base_eval, objective, run_backend(ctx), loaded.torch_name)
+    record = eval_record(
+        current,
+        out,
+        chosen,
+        models[chosen.name],
+        name=f"iter_{where.iteration:02d}",
+        n_samples=len(labels),
+        settings=settings,
+        note=note,
+    )
+    add_comparisons(record, out.measured, base_eval.peer, out.peer_key, loaded.torch_name)
+    add_accuracy_facts(record, out.measured, labels, seed=where.seed, before_s=before_s)
+    done = evaluated_candidate(current, record, chosen, loaded.torch_name, where.root)
+    return done, eval_message(record, base_eval, out)
+
+
+def measure_candidate(
+    current: Candidate,
+    base_eval: EvalRecord,
+    objective: Objective,
+    ctx: Context,
+    where: CandidateRound,
+    loaded: CandidateModels,
+) -> tuple[FormsMeasurement, MeasureSettings, dict[str, Any]]:
+    """Build the round's forms of the candidate and measure them beside its torch forms, the baseline and the peer.
+
+    Returns:
+        The measurement, the settings it was taken with, and the measured models (key -> model).
+    """
+    from profiling_agent.tools.device import measure_device
+    from profiling_agent.tools.evaluation.baseline_eval import baseline_predictions
+    from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
+    from profiling_agent.tools.runtimes.forms import eligible_forms, forms_for_backend, round_contenders, round_forms
+
+    assert current.artifact is not None
+    root, tensors, backend = where.root, where.tensors, run_backend(ctx)
     base_variants = [v.model_dump() for v in base_eval.variants]
     forms = forms_for_backend(backend, round_forms(base_variants, base_eval.accuracy, objective.max_acc_drop))
     contenders = round_contenders(base_variants, base_eval.accuracy, objective.max_acc_drop)
-    sources = [f for f in forms if f not in contenders]  # built only because the contenders start from its file
-    report(0, 3, "backends")
     with eval_threads(ctx.threads) as threads:
         device = measure_device(ctx.device, forms, quantized=bool(current.quantized))
-        models = {name: m.to(device) for name, m in loaded["models"].items()}
-        known = baseline_predictions(root, labels, device)
-        out = evaluate_forms(
-            models, fp32=loaded["fp32"], forms=forms, calib_pixels=tensors["calib_pixels"], pixels=pixels,
-            labels=labels, out_dir=root / f"iter_{iteration:02d}" / "variants",
-            rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())), objective=objective, ctx=ctx,
-            device=device, threads=threads, torch_forms=loaded["torch_forms"], processor=loaded["processor"],
-            extra={"params": current.artifact.params, "macs": current.macs}, allowed_ids=allowed_ids,
-            check_images=CHECK_IMAGES, untimed=[UNRECOVERED], peer=base_eval.peer, peer_root=root, run=root,
-            model_paths=loaded["paths"], known={"baseline": known} if known is not None else None,
-            eligible=eligible_forms(backend, [*forms, *loaded["torch_forms"]], torch_name), sources=sources,
-        )  # fmt: skip
-    report(3, 3, "")
-    measured = out["measured"]
-    chosen, note = pick_delivered(out, base_eval, objective, backend, torch_name)
-    name = chosen["name"]
-    record = eval_record(current, out, chosen, models[name], name=f"iter_{iteration:02d}", n_samples=len(labels),
-                         ctx=ctx, threads=threads, device=device, note=note)  # fmt: skip
-    add_comparisons(record, measured, base_eval.peer, out["peer_key"], torch_name)
-    record.acc_delta_ci = list(
-        paired_delta_ci(
-            correct(measured[name]["preds"], labels), correct(measured["baseline"]["preds"], labels), seed=seed
-        )  # fmt: skip
-    )
+        settings = MeasureSettings.of(ctx, device, threads, where.allowed_ids)
+        models = {name: m.to(device) for name, m in loaded.models.items()}
+        known = baseline_predictions(root, tensors["eval_labels"], device)
+        plan = FormsPlan(
+            fp32=loaded.fp32,
+            forms=forms,
+            images=EvalImages(tensors["eval_pixels"], tensors["eval_labels"], tensors["calib_pixels"]),
+            out_dir=root / f"iter_{where.iteration:02d}" / "variants",
+            rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())),
+            objective=objective,
+            torch_forms=loaded.torch_forms,
+            processor=loaded.processor,
+            extra={"params": current.artifact.params, "macs": current.macs},
+            check_images=CHECK_IMAGES,
+            untimed=[UNRECOVERED],
+            peer=base_eval.peer,
+            peer_root=root,
+            run=root,
+            model_paths=loaded.paths,
+            known={"baseline": known} if known is not None else None,
+            eligible=eligible_forms(backend, [*forms, *loaded.torch_forms], loaded.torch_name),
+            sources=[f for f in forms if f not in contenders],  # built only because the contenders start from it
+        )
+        out = evaluate_forms(models, plan, settings)
+    return out, settings, models
+
+
+def add_accuracy_facts(
+    record: EvalRecord, measured: Mapping[str, Mapping[str, Any]], labels: Any, *, seed: int, before_s: float
+) -> None:
+    """Fill the record's paired-bootstrap interval and its accuracy before recovery (or why it is missing)."""
+    from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
+    from profiling_agent.tools.evaluation.scoring import MIN_PASS_S
+
+    mine, base = measured[record.delivered]["preds"], measured["baseline"]["preds"]
+    record.acc_delta_ci = list(paired_delta_ci(correct(mine, labels), correct(base, labels), seed=seed))
     if UNRECOVERED in measured:
         before = measured[UNRECOVERED]
         record.accuracy_before_recovery, record.agreement_before_recovery = before["accuracy"], before["agreement"]
@@ -252,13 +324,22 @@ def evaluate_candidate(
             f"accuracy before recovery not measured: a torch pass of the one-shot weights of about {before_s:.0f} s "
             "(it cannot change what ships; the recovery record has the calibration agreement before and after)"
         )
+
+
+def evaluated_candidate(
+    current: Candidate, record: EvalRecord, chosen: VariantRecord, torch_name: str, root: Path
+) -> Candidate:
+    """Return the candidate with its record and, when a runtime form ships, that form as its delivered artifact."""
+    from profiling_agent.tools.io import sha256_path
+
+    assert current.artifact is not None
     done = current.model_copy(deep=True)
     done.eval, done.delivered = record, None
-    if name != torch_name and chosen["path"]:
+    if chosen.name != torch_name and chosen.path:
         done.delivered = ArtifactRef(
-            path=chosen["path"],
-            sha256=sha256_path(root / chosen["path"]),
-            size_bytes=int((chosen["size_mb"] or 0) * 1e6),
+            path=chosen.path,
+            sha256=sha256_path(root / chosen.path),
+            size_bytes=int((chosen.size_mb or 0) * 1e6),
             params=current.artifact.params,
         )
-    return done, eval_message(record, base_eval, out)
+    return done

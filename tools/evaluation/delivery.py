@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profiling_agent.state import Objective
+from profiling_agent.state import ArtifactRef, Best, EvalRecord, Objective, VariantRecord
 from profiling_agent.tools.evaluation.selection import LATENCY_TIE, choose_variant, reduction, within_budget
 
 PEER_PREFIX = "unpruned_"  # models named so in a round's timing are the peer (the unpruned model's fastest form)
@@ -19,7 +19,7 @@ BASELINE_TORCH = "torch_fp32"  # the untouched torch model among the baseline's 
 
 
 def quantization_only_peer(
-    variants: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], objective: Objective, backend: str = "auto"
+    variants: Sequence[VariantRecord], baseline: EvalRecord, objective: Objective, backend: str = "auto"
 ) -> dict[str, Any] | None:
     """Return the unpruned model's fastest form within the budget that `backend` may deliver, or None.
 
@@ -27,38 +27,37 @@ def quantization_only_peer(
     under `--backend openvino` an ONNX Runtime form, built only as OpenVINO's source, is not one.
 
     Args:
-        variants: The baseline's VariantRecord dicts (torch_fp32 and the ONNX Runtime / OpenVINO forms).
-        baseline: The baseline's EvalRecord dict (its accuracy is the budget's reference).
+        variants: The baseline's forms (torch_fp32 and the ONNX Runtime / OpenVINO forms).
+        baseline: The baseline's EvalRecord (its accuracy is the budget's reference).
         objective: Budget and target.
         backend: The run's `--backend` choice.
     """
     from profiling_agent.tools.runtimes.forms import eligible_forms
 
-    base = dict(baseline)
-    allowed = eligible_forms(backend, [str(v.get("name")) for v in variants], BASELINE_TORCH)
+    allowed = eligible_forms(backend, [v.name for v in variants], BASELINE_TORCH)
     fitting = [
-        dict(v)
+        v
         for v in variants
-        if v.get("status") == "ok"
-        and (allowed is None or v.get("name") in allowed or v.get("name") == BASELINE_TORCH)
-        and within_budget(dict(v), base, objective)
+        if v.status == "ok"
+        and (allowed is None or v.name in allowed or v.name == BASELINE_TORCH)
+        and within_budget(v, baseline, objective)
     ]
     if not fitting:
         return None
-    chosen = choose_variant(fitting, dict(baseline), objective.model_copy(update={"target": "latency"}))
+    chosen = choose_variant(fitting, baseline, objective.model_copy(update={"target": "latency"}))
     if chosen is None:
         return None
     keys = ("name", "backend", "path", "accuracy", "latency_ms", "latency_batch_ms", "speedup", "size_mb")
-    return {k: chosen.get(k) for k in keys}
+    return {k: getattr(chosen, k) for k in keys}
 
 
-def delivery_note(chosen: Mapping[str, Any] | None, within: bool, failed: Sequence[str], backend: str) -> str:
+def delivery_note(chosen: VariantRecord | None, within: bool, failed: Sequence[str], backend: str) -> str:
     """Say truthfully why a candidate's form was chosen: fastest within the budget, or none kept it."""
     if chosen is None:
         return "no measured form of this candidate works; the plan's torch model is recorded"
     if not within:
         why = (
-            f"no form of this candidate kept the accuracy budget; {chosen['name']} is recorded as its most accurate "
+            f"no form of this candidate kept the accuracy budget; {chosen.name} is recorded as its most accurate "
             "form (the run does not deliver a candidate outside the budget)"
         )
     else:
@@ -66,88 +65,93 @@ def delivery_note(chosen: Mapping[str, Any] | None, within: bool, failed: Sequen
     return why + (f"; failed: {'; '.join(failed)}" if failed else "")
 
 
-def vs_peer(record: Mapping[str, Any]) -> float | None:
+def vs_peer(record: EvalRecord) -> float | None:
     """Return how many times faster a candidate's delivered form ran than the peer, timed side by side."""
-    peer = record.get("peer") or {}
-    lat = float(record.get("latency_ms") or 0.0)
-    peer_lat = float(peer.get("latency_ms") or 0.0)
+    return peer_ratio(float((record.peer or {}).get("latency_ms") or 0.0), float(record.latency_ms or 0.0))
+
+
+def peer_ratio(peer_lat: float, lat: float) -> float | None:
+    """Return the peer's latency over the delivered form's, rounded (None when either is unknown)."""
     return round(peer_lat / lat, 4) if lat > 0 and peer_lat > 0 else None
 
 
-def pruning_verdict(best: Mapping[str, Any] | None, objective: Objective) -> tuple[bool, str]:
+def pruning_verdict(best: Best | None, objective: Objective) -> tuple[bool, str]:
     """Decide whether the best pruned candidate is delivered (True) or the quantization-only peer (False).
 
     The candidate is delivered when it keeps the budget and either runs faster than the peer (beyond the
     LATENCY_TIE noise band) or, for a params/MACs/size target, reduces what the user asked to reduce.
     """
-    if not best or not best.get("eval"):
+    if not best or not best.eval:
         return False, "no pruned candidate finished"
-    ev = best["eval"]
-    if not best.get("within_budget"):
-        return False, f"the best pruned candidate lost {best.get('accuracy_drop', 0):.2f} pp, past the budget"
-    ratio = vs_peer(ev)
+    return verdict(best.within_budget, best.accuracy_drop, best.reduction, vs_peer(best.eval), objective)
+
+
+def verdict(within: bool, drop: float, reduced: float, ratio: float | None, objective: Objective) -> tuple[bool, str]:
+    """`pruning_verdict` on its numbers: budget kept, points lost, target reduction, speed over the peer."""
+    if not within:
+        return False, f"the best pruned candidate lost {drop:.2f} pp, past the budget"
     if ratio is None:
         return True, "no quantization-only peer was timed beside it"
     if ratio > 1 + LATENCY_TIE:
         return True, f"pruning made it {ratio:.2f}x faster than quantizing the unpruned model alone"
-    if objective.target != "latency" and float(best.get("reduction") or 0.0) > 0.0:
+    if objective.target != "latency" and reduced > 0.0:
         return True, (
             f"it is {ratio:.2f}x the speed of quantizing the unpruned model alone, but is what the {objective.target} "
-            f"target asks for ({float(best['reduction']):.1%} smaller within the budget)"
+            f"target asks for ({reduced:.1%} smaller within the budget)"
         )
     return False, f"pruning added no speed: {ratio:.2f}x the speed of quantizing the unpruned model alone"
 
 
-def peer_best(
-    baseline_eval: Mapping[str, Any], baseline_ref: Mapping[str, Any], objective: Objective, why: str = ""
-) -> dict:
-    """Return a Best dict (iteration 0, no plan) for the quantization-only peer, for delivery in best/."""
-    peer = dict(baseline_eval.get("peer") or {})
+def peer_best(baseline_eval: EvalRecord, baseline_ref: ArtifactRef, objective: Objective, why: str = "") -> Best:
+    """Return a Best (iteration 0, no plan) for the quantization-only peer, for delivery in best/."""
+    peer = dict(baseline_eval.peer or {})
     name = str(peer.get("name") or BASELINE_TORCH)
-    base_lat = float(baseline_eval.get("latency_ms") or 0.0)
+    base_lat = float(baseline_eval.latency_ms or 0.0)
     lat = float(peer.get("latency_ms") or base_lat)
-    record = {
-        **dict(baseline_eval),
-        "name": "unpruned",
-        "accuracy": float(peer["accuracy"] if peer.get("accuracy") is not None else baseline_eval["accuracy"]),
-        "latency_ms": lat,
-        "latency_batch_ms": float(peer.get("latency_batch_ms") or baseline_eval.get("latency_batch_ms") or 0.0),
-        "speedup": base_lat / lat if lat > 0 else 1.0,
-        "size_mb": float(peer.get("size_mb") or baseline_eval.get("size_mb") or 0.0),
-        "delivered": name,
-        "delivery_note": "quantization only: the unpruned model's fastest form within the budget"
-        + (f" ({why})" if why else ""),
-        "peer": {**peer, "vs_peer": 1.0},
-    }
+    size_mb = float(peer.get("size_mb") or baseline_eval.size_mb or 0.0)
+    record = baseline_eval.model_copy(
+        update={
+            "name": "unpruned",
+            "accuracy": float(peer["accuracy"] if peer.get("accuracy") is not None else baseline_eval.accuracy),
+            "latency_ms": lat,
+            "latency_batch_ms": float(peer.get("latency_batch_ms") or baseline_eval.latency_batch_ms or 0.0),
+            "speedup": base_lat / lat if lat > 0 else 1.0,
+            "size_mb": size_mb,
+            "delivered": name,
+            "delivery_note": "quantization only: the unpruned model's fastest form within the budget"
+            + (f" ({why})" if why else ""),
+            "peer": {**peer, "vs_peer": 1.0},
+        },
+        deep=True,
+    )
     delivered = None
     if name != BASELINE_TORCH and peer.get("path"):
-        delivered = {"path": peer["path"], "sha256": "", "size_bytes": int(record["size_mb"] * 1e6),
-                     "params": baseline_ref.get("params")}  # fmt: skip
-    drop = float(baseline_eval["accuracy"]) - record["accuracy"]
-    return {
-        "iteration": 0,
-        "status": "ok",
-        "planner": "none (quantization only)",
-        "artifact": dict(baseline_ref),
-        "delivered": delivered,
-        "eval": record,
-        "rule": objective.select,
-        "within_budget": drop <= objective.max_acc_drop + 1e-9,
-        "reduction": round(reduction(record, dict(baseline_eval), objective.target), 6),
-        "accuracy_drop": round(drop, 6),
-    }
+        delivered = ArtifactRef(path=peer["path"], sha256="", size_bytes=int(size_mb * 1e6), params=baseline_ref.params)
+    drop = float(baseline_eval.accuracy) - record.accuracy
+    return Best(
+        iteration=0,
+        status="ok",
+        planner="none (quantization only)",
+        artifact=baseline_ref.model_copy(),
+        delivered=delivered,
+        eval=record,
+        rule=objective.select,
+        within_budget=drop <= objective.max_acc_drop + 1e-9,
+        reduction=round(reduction(record, baseline_eval, objective.target), 6),
+        accuracy_drop=round(drop, 6),
+    )
 
 
 def choose_delivery(
-    best: Mapping[str, Any] | None,
-    baseline_eval: Mapping[str, Any] | None,
-    baseline_ref: Mapping[str, Any] | None,
+    best: Best | None,
+    baseline_eval: EvalRecord | None,
+    baseline_ref: ArtifactRef | None,
     objective: Objective,
-) -> tuple[dict[str, Any] | None, str]:
+) -> tuple[Best | None, str]:
     """Return what best/ holds (the pruned best, or the quantization-only peer as an iteration-0 Best) and why."""
     keep, why = pruning_verdict(best, objective)
     if keep or not baseline_eval or not baseline_ref:
-        return (dict(best) if best else None), why
+        return best, why
     return peer_best(baseline_eval, baseline_ref, objective, why), why + "; the quantization-only form is delivered"
 
 
@@ -184,16 +188,17 @@ def delivery_summary(
     vs_torch = round(base_lat / lat, 4) if lat > 0 else None
     vs_quant = 1.0 if quant_only else (round(peer_lat / lat, 4) if lat > 0 and peer_lat > 0 else None)
     if quant_only:
-        verdict = str(best.get("delivery_note") or "quantization only")
+        why = str(best.get("delivery_note") or "quantization only")
     else:
-        verdict = pruning_verdict({"eval": {**best, "peer": {"latency_ms": peer_lat}}, **best}, objective)[1]
+        within, drop = bool(best.get("within_budget")), float(best.get("accuracy_drop", 0) or 0.0)
+        why = verdict(within, drop, float(best.get("reduction") or 0.0), peer_ratio(peer_lat, lat), objective)[1]
     flagged = bool((timing or {}).get("busy")) or bool((best.get("timing") or {}).get("busy"))
     return {
         "delivered": f"{best.get('delivered')} of the unpruned model"
         if quant_only
         else f"{best.get('delivered')} of iteration {best.get('iteration')}",
         "pruning_added": not quant_only,
-        "verdict": verdict,
+        "verdict": why,
         "vs_original_torch": vs_torch,
         "vs_quantization_only": vs_quant,
         # its latency is the one the ratio above divides (the final joint timing's, when it timed the peer)

@@ -10,6 +10,7 @@ was killed leaves nothing behind after the next one; the destination is replaced
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,9 +100,64 @@ def export_run(
     """
     from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.evaluation.metrics import predict, top1
-    from profiling_agent.tools.models.artifact_load import load_artifact
-    from profiling_agent.tools.runtimes.forms import build_forms, load_form
 
+    form, run, result, best = export_inputs(run_path, fmt, quantize)
+    fp32_folder = _fp32_folder(run, result, best)
+    target = Path(out) if out else run / "export" / f"{fmt}-{quantize}"
+    sweep_leftovers(target)
+    scratch = target.parent / f".{target.name}.building"
+    tensors = open_run_data(run)  # validation streamed, calibration in memory
+    try:
+        recorded = _recorded_form(run, result, best, form)
+        eval_batch = int((recorded or {}).get("recipe", {}).get("eval_batch") or EVAL_BATCH)  # as the run measured it
+        if recorded is not None:
+            made = copy_recorded(run, recorded, scratch / form, threads)
+        else:
+            made = build_export(run, best, fp32_folder, tensors, scratch, form, threads)
+        allowed_ids = (result.get("labels") or {}).get("allowed_ids")
+        preds = predict(made.model, tensors["eval_pixels"], batch_size=eval_batch, allowed_ids=allowed_ids)
+        accuracy = top1(preds, tensors["eval_labels"])
+        del made.model
+        with atomic_dir(target) as staged:
+            shutil.copytree(scratch / form, staged, dirs_exist_ok=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "path": str(target),
+        "format": fmt,
+        "form": form,
+        "method": made.recipe.get("method"),
+        "size_bytes": made.size,
+        "max_abs_diff": made.diff,
+        "logit_agreement": made.agreement,
+        "accuracy": accuracy,
+        "n_samples": int(len(tensors["eval_labels"])),
+        "eval_batch": eval_batch,
+        "source": made.source,
+        "recipe": made.recipe,
+    }
+
+
+@dataclass
+class ExportedForm:
+    """The exported form in the scratch folder: its model, recipe, size, check against torch and where it came from."""
+
+    model: Any
+    recipe: dict[str, Any]
+    size: int
+    diff: float | None
+    agreement: float | None
+    source: str
+
+
+def export_inputs(
+    run_path: str | Path, fmt: ExportFormat, quantize: ExportQuantize
+) -> tuple[str, Path, dict[str, Any], dict[str, Any]]:
+    """Check the format/quantize pair and the run folder; return the form, the run, its result.json and its best.
+
+    Raises:
+        ExportError: A pair the format does not take, no result.json, or no finished candidate.
+    """
     form = FORMS.get((fmt, quantize))
     if form is None:
         allowed = ", ".join(q for f, q in FORMS if f == fmt)
@@ -113,56 +169,69 @@ def export_run(
     best = result.get("best")
     if not best:
         raise ExportError(f"run {run} has no finished candidate to export")
-    fp32_folder = _fp32_folder(run, result, best)
-    target = Path(out) if out else run / "export" / f"{fmt}-{quantize}"
-    sweep_leftovers(target)
-    scratch = target.parent / f".{target.name}.building"
-    tensors = open_run_data(run)  # validation streamed, calibration in memory
-    try:
-        recorded = _recorded_form(run, result, best, form)
-        eval_batch = int((recorded or {}).get("recipe", {}).get("eval_batch") or EVAL_BATCH)  # as the run measured it
-        if recorded is not None:
-            source = f"the form the run built and checked ({recorded['path']})"
-            shutil.copytree(run / recorded["path"], scratch / form)
-            model = load_form(scratch / form, threads)
-            recipe: dict[str, Any] = dict(getattr(model, "recipe", {}))  # ORT and OpenVINO forms carry their recipe
-            check = recipe.get("check") or {}
-            size, diff, agree = _size(scratch / form), check.get("max_abs_diff"), check.get("agreement")
-        else:
-            loaded = load_artifact(fp32_folder)
-            source = f"built from {fp32_folder.relative_to(run)}"
-            extra = {"params": best.get("params"), "macs": best.get("macs"), "run": str(run),
-                     "iteration": best["iteration"]}  # fmt: skip
-            built = build_forms(loaded.model, tensors["calib_pixels"], tensors["eval_pixels"][:CHECK_IMAGES], scratch,
-                                forms=[form], threads=threads, processor=loaded.processor, extra=extra,
-                                static_on_transformers=True)  # fmt: skip
-            variant = next(v for v in built if v.name == form)
-            if variant.status != "ok" or variant.model is None:
-                raise RuntimeError(f"{fmt} export ({form}) failed: {variant.error}")
-            model, recipe = variant.model, variant.recipe
-            size, diff, agree = variant.size_bytes, variant.max_abs_diff, variant.logit_agreement
-        allowed_ids = (result.get("labels") or {}).get("allowed_ids")
-        preds = predict(model, tensors["eval_pixels"], batch_size=eval_batch, allowed_ids=allowed_ids)
-        accuracy = top1(preds, tensors["eval_labels"])
-        del model
-        with atomic_dir(target) as staged:
-            shutil.copytree(scratch / form, staged, dirs_exist_ok=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return {
-        "path": str(target),
-        "format": fmt,
-        "form": form,
-        "method": recipe.get("method"),
-        "size_bytes": size,
-        "max_abs_diff": diff,
-        "logit_agreement": agree,
-        "accuracy": accuracy,
-        "n_samples": int(len(tensors["eval_labels"])),
-        "eval_batch": eval_batch,
-        "source": source,
-        "recipe": recipe,
-    }
+    return form, run, result, best
+
+
+def copy_recorded(run: Path, recorded: dict[str, Any], dest: Path, threads: int | None) -> ExportedForm:
+    """Copy the form the run built and checked into `dest` and open it (its recipe holds its check)."""
+    from profiling_agent.tools.runtimes.forms import load_form
+
+    shutil.copytree(run / recorded["path"], dest)
+    model = load_form(dest, threads)
+    recipe: dict[str, Any] = dict(getattr(model, "recipe", {}))  # ORT and OpenVINO forms carry their recipe
+    check = recipe.get("check") or {}
+    return ExportedForm(
+        model=model,
+        recipe=recipe,
+        size=_size(dest),
+        diff=check.get("max_abs_diff"),
+        agreement=check.get("agreement"),
+        source=f"the form the run built and checked ({recorded['path']})",
+    )
+
+
+def build_export(
+    run: Path,
+    best: dict[str, Any],
+    fp32_folder: Path,
+    tensors: dict[str, Any],
+    scratch: Path,
+    form: str,
+    threads: int | None,
+) -> ExportedForm:
+    """Build `form` from the delivered model's FP32 torch artifact into `scratch`, checked against its logits.
+
+    Raises:
+        RuntimeError: The export or quantization failed.
+    """
+    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.runtimes.forms import build_forms
+
+    loaded = load_artifact(fp32_folder)
+    extra = {"params": best.get("params"), "macs": best.get("macs"), "run": str(run), "iteration": best["iteration"]}
+    built = build_forms(
+        loaded.model,
+        tensors["calib_pixels"],
+        tensors["eval_pixels"][:CHECK_IMAGES],
+        scratch,
+        forms=[form],
+        threads=threads,
+        processor=loaded.processor,
+        extra=extra,
+        static_on_transformers=True,
+    )
+    variant = next(v for v in built if v.name == form)
+    if variant.status != "ok" or variant.model is None:
+        fmt = next(f for (f, _), name in FORMS.items() if name == form)
+        raise RuntimeError(f"{fmt} export ({form}) failed: {variant.error}")
+    return ExportedForm(
+        model=variant.model,
+        recipe=variant.recipe,
+        size=variant.size_bytes,
+        diff=variant.max_abs_diff,
+        agreement=variant.logit_agreement,
+        source=f"built from {fp32_folder.relative_to(run)}",
+    )
 
 
 def _size(folder: Path) -> int:

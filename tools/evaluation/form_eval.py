@@ -3,7 +3,8 @@
 `evaluate_forms` is what `measure_baseline` (the unpruned model in every form) and `evaluate` (a candidate in the
 forms its round builds, with the quantization-only peer timed beside it) call: build, check, predict, retry an
 INT8 form that lost more than the budget, time everything interleaved on a quiet-enough machine, and turn the
-numbers into VariantRecord dicts.
+numbers into VariantRecords (stages: `build_stage`, `open_peer`, `measure_options`, `measure_forms`,
+`record_variants`; typed inputs and output in `records.py`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.state import Context, Objective
+from profiling_agent.state import Objective, VariantRecord
 from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models
+from profiling_agent.tools.evaluation.records import (
+    FormsMeasurement,
+    FormsPlan,
+    MeasureOptions,
+    MeasureSettings,
+    Retry,
+    Scorer,
+)
 from profiling_agent.tools.evaluation.scoring import ScoringRule
-from profiling_agent.tools.evaluation.variants import Retry, Scorer, measure_forms, recipe_summary, variant_record
+from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
 from profiling_agent.tools.runtimes.forms import (
     FP32_REFERENCES,
     build_forms,
@@ -35,7 +44,7 @@ from profiling_agent.tools.runtimes.openvino_model import OV_FILE
 # One thread unless --threads says otherwise: every runtime then gets the same single core (no thread-pool or
 # spin-wait differences between torch's OpenMP, ONNX Runtime and OpenVINO), wall time over process CPU time
 # measures exactly how busy the machine was, and on a shared 2-core machine the other core is left to the other
-# processes (or to the concurrent accuracy pass) instead of making a 2-thread forward collapse (DESIGN.md 8).
+# processes (or to the concurrent accuracy pass) instead of making a 2-thread forward collapse.
 DEFAULT_THREADS = 1
 ACCURACY_CONTROL_IMAGES = 300  # validation images NNCF's accuracy control ranks layers and checks the drop on
 SOURCE_ONLY = (
@@ -103,9 +112,17 @@ def int8_retry(
         n = min(ACCURACY_CONTROL_IMAGES, len(labels))
         before = int8.model
         rebuild_int8(
-            int8, fp32_file, calib, pixels[:n], labels[:n], budget=objective.max_acc_drop, drop=drop,
-            model_type=model_type, allowed_ids=allowed, threads=threads,
-        )  # fmt: skip
+            int8,
+            fp32_file,
+            calib,
+            pixels[:n],
+            labels[:n],
+            budget=objective.max_acc_drop,
+            drop=drop,
+            model_type=model_type,
+            allowed_ids=allowed,
+            threads=threads,
+        )
         int8.recipe["accuracy_control"]["reference"] = ref
         return {"ov_int8": int8.model} if int8.model is not before else {}
 
@@ -113,16 +130,9 @@ def int8_retry(
 
 
 def sharded_predictor(
-    run: Path,
-    paths: Mapping[str, Path],
-    ctx: Context,
-    *,
-    job_dir: Path,
-    device: str,
-    threads: int,
-    allowed_ids: list[int] | None,
+    run: Path, paths: Mapping[str, Path], settings: MeasureSettings, job_dir: Path
 ) -> Callable[[Mapping[str, nn.Module]], dict[str, torch.Tensor]]:
-    """Return measure_forms' `predict`: the run's validation images split over `ctx.recover_procs` processes.
+    """Return measure_forms' `predict`: the run's validation images split over `settings.procs` processes.
 
     Every rank opens the saved models (`paths`: model key -> artifact or form folder) and predicts whole batches
     of its shard in the batches one process uses, so the predictions are the single process's exactly
@@ -131,22 +141,21 @@ def sharded_predictor(
     from profiling_agent.tools.evaluation.sharded import run_pass
 
     def predict(models: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
-        return run_pass(run, "eval", {name: paths[name] for name in models}, ctx, job_dir=job_dir, device=device,
-                        threads=threads, allowed_ids=allowed_ids)  # fmt: skip
+        return run_pass(run, "eval", {name: paths[name] for name in models}, settings, job_dir=job_dir)
 
     return predict
 
 
-def forms_line(variants: Sequence[Mapping[str, Any]]) -> str:
+def forms_line(variants: Sequence[VariantRecord]) -> str:
     """One line per run step: each form's speed-up and accuracy, or failed / skipped / not scored."""
     parts = []
     for v in variants:
-        if v["status"] == "ok" and v.get("speedup") is not None:
-            parts.append(f"{v['name']} {v['speedup']:.2f}x {v['accuracy']:.1f}%")
-        elif v["status"] == "unscored" and v.get("speedup") is not None:
-            parts.append(f"{v['name']} {v['speedup']:.2f}x (slower, not scored)")
+        if v.status == "ok" and v.speedup is not None:
+            parts.append(f"{v.name} {v.speedup:.2f}x {v.accuracy:.1f}%")
+        elif v.status == "unscored" and v.speedup is not None:
+            parts.append(f"{v.name} {v.speedup:.2f}x (slower, not scored)")
         else:
-            parts.append(f"{v['name']} {v['status']}")
+            parts.append(f"{v.name} {v.status}")
     return ", ".join(parts)
 
 
@@ -170,7 +179,7 @@ def timing_notice(timing: Mapping[str, Any] | None) -> str:
     return split
 
 
-def fp32_stand_ins(models: dict[str, Any], fp32: Any, built: list[Any], device: str) -> dict[str, list[str]]:
+def fp32_stand_ins(models: Mapping[str, Any], fp32: Any, built: Sequence[Variant], device: str) -> dict[str, list[str]]:
     """Return the torch model the forms were built from -> its FP32 forms (`measure_forms` stand-ins).
 
     Those forms' logits matched it on the check images within the FP32 tolerance (or they failed), and the
@@ -182,120 +191,130 @@ def fp32_stand_ins(models: dict[str, Any], fp32: Any, built: list[Any], device: 
     return {key: forms} if key is not None and forms and str(device).startswith("cpu") else {}
 
 
-def evaluate_forms(
-    models: dict[str, nn.Module],
-    *,
-    fp32: nn.Module,
-    forms: Sequence[str],
-    calib_pixels: torch.Tensor,
-    pixels: Any,
-    labels: torch.Tensor,
-    out_dir: Path,
-    rel: Callable[[Path], str],
-    objective: Objective,
-    ctx: Context,
-    device: str,
-    threads: int,
-    torch_forms: Mapping[str, tuple[str, int, str | None]],
-    processor: Any = None,
-    extra: Mapping[str, Any] | None = None,
-    allowed_ids: list[int] | None = None,
-    check_images: int = 32,
-    untimed: Sequence[str] = (),
-    peer: Mapping[str, Any] | None = None,
-    peer_root: Path | None = None,
-    run: Path | None = None,
-    model_paths: Mapping[str, Path] | None = None,
-    known: Mapping[str, torch.Tensor] | None = None,
-    eligible: Sequence[str] | None = None,
-    sources: Sequence[str] = (),
-) -> dict[str, Any]:
-    """Build `forms` of `fp32`, measure them with `models` (which hold "baseline"), and record every form.
+def evaluate_forms(models: dict[str, nn.Module], plan: FormsPlan, settings: MeasureSettings) -> FormsMeasurement:
+    """Build the plan's forms of `plan.fp32`, measure them with `models` (which hold "baseline"), record every form.
+
+    Stages: build and check the forms (`build_stage`), open the peer, set up the scoring rule, the retry and the
+    split pass (`measure_options`), time and score (`measure_forms`), record (`record_variants`).
 
     Args:
         models: Name -> torch model measured beside the forms ("baseline" required); updated in place.
-        fp32: The FP32 model the forms are built from.
-        forms: Form names (forms.ALL_FORMS) to build.
-        calib_pixels: Calibration images.
-        pixels: Validation images (tensor or ImageStream).
-        labels: Their labels (model ids).
-        out_dir: Parent folder of the forms.
-        rel: Turns a form folder into the path recorded in state (run-relative).
-        objective: The budget (the INT8 retry) and target.
-        ctx: Latency batch, warm-up, repeats and accuracy batch.
-        device: Where torch models run (forms run on the CPU).
-        threads: Threads of every runtime.
-        torch_forms: Torch forms recorded as variants: record name -> (model key, size bytes, path).
-        processor: Saved into each form's folder.
-        extra: JSON facts for each recipe.
-        allowed_ids: Model ids predictions are restricted to.
-        check_images: Validation images each form's logits are checked on against torch.
-        untimed: Model keys predicted but not timed.
-        peer: The quantization-only peer (the baseline's fastest form), timed beside as "unpruned_<name>".
-        peer_root: Folder the peer's recorded path is relative to.
-        run: The run folder (its prepared images); with `model_paths` and `ctx.recover_procs` > 1, the
-            validation pass is split over that many processes (the same predictions).
-        model_paths: Where each of `models` is saved (every one must be for a split pass).
-        known: Predictions already made on these images (the baseline's): not predicted again.
-        eligible: The forms the run may deliver (None: all). With a latency target, slow forms are scored only
-            while they could still be delivered (`scoring.ScoringRule`); under a size target every form is.
-        sources: Forms built only because the others start from their file (a round's ort_fp32 when it cannot
-            win): recorded, neither timed nor scored.
+        plan: What to build, the images, the torch forms recorded beside, the peer and the known predictions.
+        settings: Latency and accuracy settings, device, threads, label restriction and processes.
 
     Returns:
-        {"measured", "timing", "variants" (VariantRecord dicts: torch forms first), "built", "line", "notice"}.
+        The rows, timing facts, VariantRecords (torch forms first), built forms, the peer's key and the summary.
     """
-    check = pixels[:check_images]
-    built = build_forms(fp32, calib_pixels, check, out_dir, forms=forms, threads=threads, processor=processor,
-                        extra=extra)  # fmt: skip
-    models.update({v.name: v.model for v in built if v.status == "ok" and v.name not in sources})
-    peer_name, time_only = None, {}
-    if peer and peer.get("path") and peer_root is not None and str(peer.get("name", "")).startswith(("ort_", "ov_")):
-        try:  # timed beside the forms, not predicted again: its accuracy was measured with the baseline
-            peer_name = PEER_PREFIX + str(peer["name"])
-            time_only[peer_name] = load_form(peer_root / str(peer["path"]), threads)
-        except Exception:  # noqa: BLE001 - a peer that no longer opens is not timed; the round goes on
-            peer_name = None
-    config = getattr(fp32, "config", None)
-    retry = int8_retry(built, calib_pixels, pixels, labels, objective, allowed_ids, threads,
-                        getattr(config, "model_type", None))  # fmt: skip
-    paths = {**(model_paths or {}), **{v.name: Path(v.path) for v in built if v.status == "ok" and v.path}}
+    built = build_stage(models, plan, settings.threads)
+    peer_name, time_only = open_peer(plan, settings.threads)
+    options = measure_options(models, plan, settings, built, time_only)
+    measured, timing = measure_forms(models, plan.images, settings, options)
+    if options.predict is not None:
+        timing["accuracy_procs"] = settings.procs
+    variants = record_variants(plan, measured, timing, built, settings)
+    if peer_name and peer_name in measured:
+        timing["peer"] = peer_name
+    return FormsMeasurement(
+        measured=measured,
+        timing=timing,
+        variants=variants,
+        built=built,
+        peer_key=peer_name,
+        line=forms_line(variants),
+        notice=timing_notice(timing),
+    )
+
+
+def build_stage(models: dict[str, nn.Module], plan: FormsPlan, threads: int) -> list[Variant]:
+    """Build and check the plan's forms (logits against torch on the check images); add the working ones to `models`.
+
+    A form built only as the others' source (`plan.sources`) is not measured.
+    """
+    images = plan.images
+    assert images.calib_pixels is not None  # the forms' calibration images
+    built = build_forms(
+        plan.fp32,
+        images.calib_pixels,
+        images.pixels[: plan.check_images],
+        plan.out_dir,
+        forms=plan.forms,
+        threads=threads,
+        processor=plan.processor,
+        extra=plan.extra,
+    )
+    models.update({v.name: v.model for v in built if v.status == "ok" and v.name not in plan.sources})
+    return built
+
+
+def open_peer(plan: FormsPlan, threads: int) -> tuple[str | None, dict[str, nn.Module]]:
+    """Open the quantization-only peer's form to be timed beside ("unpruned_<name>"); (None, {}) when there is none.
+
+    It is timed, not predicted again: its accuracy was measured with the baseline.
+    """
+    peer, root = plan.peer, plan.peer_root
+    if not peer or not peer.get("path") or root is None or not str(peer.get("name", "")).startswith(("ort_", "ov_")):
+        return None, {}
+    name = PEER_PREFIX + str(peer["name"])
+    try:
+        return name, {name: load_form(root / str(peer["path"]), threads)}
+    except Exception:  # noqa: BLE001 - a peer that no longer opens is not timed; the round goes on
+        return None, {}
+
+
+def measure_options(
+    models: Mapping[str, nn.Module],
+    plan: FormsPlan,
+    settings: MeasureSettings,
+    built: Sequence[Variant],
+    time_only: Mapping[str, nn.Module],
+) -> MeasureOptions:
+    """Set up `measure_forms` for the plan: the INT8 retry, the split pass, the scoring rule and the stand-ins."""
+    images, objective = plan.images, plan.objective
+    assert images.calib_pixels is not None
+    config = getattr(plan.fp32, "config", None)
+    retry = int8_retry(
+        built,
+        images.calib_pixels,
+        images.pixels,
+        images.labels,
+        objective,
+        settings.allowed_ids,
+        settings.threads,
+        getattr(config, "model_type", None),
+    )
+    paths = {**(plan.model_paths or {}), **{v.name: Path(v.path) for v in built if v.status == "ok" and v.path}}
     predict = None
-    if ctx.recover_procs > 1 and run is not None and set(models) <= set(paths):
-        predict = sharded_predictor(run, paths, ctx, job_dir=out_dir / "eval_job", device=device,
-                                    threads=threads, allowed_ids=allowed_ids)  # fmt: skip
+    if settings.procs > 1 and plan.run is not None and set(models) <= set(paths):
+        predict = sharded_predictor(plan.run, paths, settings, plan.out_dir / "eval_job")
     scoring = None
     if objective.target != "size":  # the smallest form ships under a size target: every accuracy may matter
-        optional = {v.name for v in built if v.status == "ok"} | {k for k in torch_forms if k != "baseline"}
+        optional = {v.name for v in built if v.status == "ok"} | {k for k in plan.torch_forms if k != "baseline"}
         scoring = ScoringRule(
-            optional=frozenset(optional & set(models)), budget=objective.max_acc_drop,
-            eligible=frozenset(eligible) if eligible is not None else None,
-        )  # fmt: skip
-    measured, timing = measure_forms(
-        models,
-        pixels,
-        labels,
-        batch_size=ctx.latency_batch,
-        eval_batch=ctx.eval_batch,
-        warmup=ctx.latency_warmup,
-        repeats=ctx.latency_repeats,
-        device=device,
-        allowed_ids=allowed_ids,
-        timed=[n for n in models if n not in untimed],
-        parallel=concurrent_models(device, threads, len(models)),  # accuracy passes only; timing runs alone
+            optional=frozenset(optional & set(models)),
+            budget=objective.max_acc_drop,
+            eligible=frozenset(plan.eligible) if plan.eligible is not None else None,
+        )
+    return MeasureOptions(
+        timed=[n for n in models if n not in plan.untimed],
+        parallel=concurrent_models(settings.device, settings.threads, len(models)),  # accuracy passes only
         retry=retry,
         time_only=time_only,
         predict=predict,
-        known=known,
+        known=plan.known,
         scoring=scoring,
-        stand_ins=fp32_stand_ins(models, fp32, built, device),
+        stand_ins=fp32_stand_ins(models, plan.fp32, built, settings.device),
     )
-    if predict is not None:
-        timing["accuracy_procs"] = ctx.recover_procs
-    unscored = {
-        **{name: SOURCE_ONLY for name in sources},
-        **(timing.get("unscored") or {}),
-    }
+
+
+def record_variants(
+    plan: FormsPlan,
+    measured: Mapping[str, Mapping[str, Any]],
+    timing: Mapping[str, Any],
+    built: Sequence[Variant],
+    settings: MeasureSettings,
+) -> list[VariantRecord]:
+    """Turn the rows into VariantRecords: the torch forms first, then every built form (failed ones included)."""
+    unscored = {**{name: SOURCE_ONLY for name in plan.sources}, **(timing.get("unscored") or {})}
     variants = [
         variant_record(
             name,
@@ -304,8 +323,8 @@ def evaluate_forms(
             path=path,
             error=unscored.get(key),
             status="unscored" if key in unscored else None,
-        )  # fmt: skip
-        for name, (key, size, path) in torch_forms.items()
+        )
+        for name, (key, size, path) in plan.torch_forms.items()
     ]
     for v in built:
         variants.append(
@@ -313,25 +332,15 @@ def evaluate_forms(
                 v.name,
                 measured.get(v.name) if v.status == "ok" else None,
                 size_bytes=v.size_bytes,
-                path=rel(Path(v.path)) if v.path else None,
+                path=plan.rel(Path(v.path)) if v.path else None,
                 error=v.error or unscored.get(v.name),
                 max_abs_diff=v.max_abs_diff,
                 recipe=recipe_summary(v.recipe),
                 status=v.status if v.status != "ok" else "unscored" if v.name in unscored else None,
             )
         )
-    batch = accuracy_batch(ctx.eval_batch, device)
+    batch = accuracy_batch(settings.eval_batch, settings.device)
     for record in variants:  # dynamic quantization scales activations per batch: its accuracy depends on the batch
-        if record["name"] == "ort_dynamic" and record["status"] == "ok":
-            record["recipe"]["eval_batch"] = batch
-    if peer_name and peer_name in measured:
-        timing["peer"] = peer_name
-    return {
-        "measured": measured,
-        "timing": timing,
-        "variants": variants,
-        "built": built,
-        "peer_key": peer_name,
-        "line": forms_line(variants),
-        "notice": timing_notice(timing),
-    }
+        if record.name == "ort_dynamic" and record.status == "ok":
+            record.recipe["eval_batch"] = batch
+    return variants

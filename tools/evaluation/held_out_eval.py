@@ -8,8 +8,9 @@ from typing import Any
 from profiling_agent.state import ArtifactRef, Best, EvalRecord, Objective, TestEval
 
 
-def delivered_best(best: Best | None, base_eval: EvalRecord | None, baseline: ArtifactRef | None,
-                   objective: Objective, root: Path) -> tuple[Best | None, str]:  # fmt: skip
+def delivered_best(
+    best: Best | None, base_eval: EvalRecord | None, baseline: ArtifactRef | None, objective: Objective, root: Path
+) -> tuple[Best | None, str]:
     """Return what best/ holds and why, and say so in a phrase.
 
     The pruned best when it keeps the budget and pruning bought something, else the unpruned model's fastest form
@@ -18,12 +19,9 @@ def delivered_best(best: Best | None, base_eval: EvalRecord | None, baseline: Ar
     from profiling_agent.tools.evaluation.delivery import choose_delivery
     from profiling_agent.tools.io import sha256_path
 
-    base = base_eval.model_dump() if base_eval else None
-    ref = baseline.model_dump() if baseline else None
-    picked, why = choose_delivery(best.model_dump() if best else None, base, ref, objective)
-    if picked and picked.get("delivered") and not picked["delivered"].get("sha256"):  # the peer's form on disk
-        picked["delivered"]["sha256"] = sha256_path(root / picked["delivered"]["path"])
-    chosen = Best.model_validate(picked) if picked else None
+    chosen, why = choose_delivery(best, base_eval, baseline, objective)
+    if chosen and chosen.delivered and not chosen.delivered.sha256:  # the peer's form on disk
+        chosen.delivered.sha256 = sha256_path(root / chosen.delivered.path)
     delivery = (
         f"delivered: {'iteration ' + str(chosen.iteration) if chosen and chosen.iteration else 'the unpruned model'}"
     )
@@ -49,14 +47,16 @@ def baseline_stand_in(base_eval: EvalRecord | None, root: Path, device: str, thr
         return None
 
 
-def held_out_result(preds: dict[str, Any], labels: Any, best: Best | None, *, split: str, device: str, seed: int,
-                    procs: int = 1) -> tuple[TestEval, str]:  # fmt: skip
+def held_out_result(
+    preds: dict[str, Any], labels: Any, best: Best | None, *, split: str, device: str, seed: int, procs: int = 1
+) -> tuple[TestEval, str]:
     """Score the baseline's and the best model's held-out predictions: accuracy, agreement, paired 95% CI."""
     from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
     from profiling_agent.tools.evaluation.metrics import agreement, top1
 
-    result = TestEval(split=split, n_samples=len(labels), device=device,
-                      baseline_accuracy=top1(preds["baseline"], labels))  # fmt: skip
+    result = TestEval(
+        split=split, n_samples=len(labels), device=device, baseline_accuracy=top1(preds["baseline"], labels)
+    )
     message = f"held-out test ({result.n_samples} images): baseline {result.baseline_accuracy:.2f}%"
     if procs > 1:
         message = message.replace(" images)", f" images, {procs} processes)", 1)

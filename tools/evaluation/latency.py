@@ -6,7 +6,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -105,48 +105,70 @@ def measure_latency(
     names = list(models)
     for name in names:
         models[name].eval().to(dev)
-    times: dict[str, dict[str, list[float]]] = {name: {"single": [], "batch": []} for name in names}
-    cpu: dict[str, float] = {name: 0.0 for name in names}  # process CPU seconds spent in this model's timed calls
-    wall: dict[str, float] = {name: 0.0 for name in names}
-    warm_s: dict[str, float] = {name: 0.0 for name in names}
-    last: dict[str, dict[str, float]] = {name: {} for name in names}  # the last warm-up call of each size, seconds
+    clock = _Clock(names)
     with torch.inference_mode():
         bound = {name: {"single": native_call(m, single), "batch": native_call(m, batch)} for name, m in models.items()}
-        for _ in range(max(warmup, 1)):
-            for name in names:
-                if budget_s is not None and warm_s[name] > WARM_AFTER_S:
-                    continue
-                for kind in ("single", "batch"):
-                    last[name][kind] = timed_calls_ms(bound[name][kind], 1, dev) / 1e3
-                    warm_s[name] += last[name][kind]
+        last = warm_up(bound, warmup, dev, budget_s)
         calls = {name: {kind: calls_per_sample(last[name][kind]) for kind in last[name]} for name in names}
         shuffler = random.Random(0)
         for repeat in range(max(repeats, 1)):
             order = shuffler.sample(names, len(names))
             if budget_s is not None:
-                order = [name for name in order if not sits_out(times, wall, name, repeat, budget_s)]
+                order = [name for name in order if not sits_out(clock.times, clock.wall, name, repeat, budget_s)]
             for kind in ("single", "batch"):
                 for name in order:
-                    n = calls[name][kind]
-                    c0 = time.process_time()
-                    ms = timed_calls_ms(bound[name][kind], n, dev)
-                    cpu[name] += time.process_time() - c0
-                    wall[name] += ms / 1e3
-                    times[name][kind].append(ms / n)
+                    clock.sample(name, kind, bound[name][kind], calls[name][kind], dev)
     threads = torch.get_num_threads()
     return {
         name: {
-            "latency_ms": statistics.median(times[name]["single"]),
-            "latency_batch_ms": statistics.median(times[name]["batch"]),
+            "latency_ms": statistics.median(clock.times[name]["single"]),
+            "latency_batch_ms": statistics.median(clock.times[name]["batch"]),
             "batch_size": batch_size,
             "threads": threads,
-            "repeats": len(times[name]["single"]),
+            "repeats": len(clock.times[name]["single"]),
             "calls": calls[name]["single"],  # consecutive calls per batch-1 sample (`calls_per_sample`)
-            "wall_s": round(wall[name], 6),
-            "cpu_s": round(cpu[name], 6),
+            "wall_s": round(clock.wall[name], 6),
+            "cpu_s": round(clock.cpu[name], 6),
         }
         for name in names
     }
+
+
+def warm_up(
+    bound: Mapping[str, Mapping[str, Callable[[], Any]]], warmup: int, dev: torch.device, budget_s: float | None
+) -> dict[str, dict[str, float]]:
+    """Run every model's untimed passes at both sizes (at least one); return each one's last call, seconds.
+
+    Under a budget, a model whose passes so far took over WARM_AFTER_S gets no further warm-ups.
+    """
+    names = list(bound)
+    warm_s: dict[str, float] = {name: 0.0 for name in names}
+    last: dict[str, dict[str, float]] = {name: {} for name in names}  # the last warm-up call of each size, seconds
+    for _ in range(max(warmup, 1)):
+        for name in names:
+            if budget_s is not None and warm_s[name] > WARM_AFTER_S:
+                continue
+            for kind in ("single", "batch"):
+                last[name][kind] = timed_calls_ms(bound[name][kind], 1, dev) / 1e3
+                warm_s[name] += last[name][kind]
+    return last
+
+
+class _Clock:
+    """The timed samples of every model at both sizes, with the wall and process CPU seconds they took."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.times: dict[str, dict[str, list[float]]] = {name: {"single": [], "batch": []} for name in names}
+        self.cpu: dict[str, float] = {name: 0.0 for name in names}  # process CPU seconds of this model's timed calls
+        self.wall: dict[str, float] = {name: 0.0 for name in names}
+
+    def sample(self, name: str, kind: str, call: Callable[[], Any], n: int, dev: torch.device) -> None:
+        """Time `n` consecutive calls in one clock span; record their mean (ms) and the seconds they took."""
+        c0 = time.process_time()
+        ms = timed_calls_ms(call, n, dev)
+        self.cpu[name] += time.process_time() - c0
+        self.wall[name] += ms / 1e3
+        self.times[name][kind].append(ms / n)
 
 
 def sits_out(

@@ -72,8 +72,9 @@ def predict(
     Returns:
         A CPU int64 tensor of N predicted model label ids.
     """
-    return predict_many({"model": model}, pixels, batch_size=batch_size, device=device, allowed_ids=allowed_ids,
-                        autocast=autocast)["model"]  # fmt: skip
+    return predict_many(
+        {"model": model}, pixels, batch_size=batch_size, device=device, allowed_ids=allowed_ids, autocast=autocast
+    )["model"]
 
 
 def predict_many(

@@ -47,8 +47,9 @@ def pass_seconds(latency: Mapping[str, Any], images: int) -> float:
     return float(batch_ms) / float(batch) * images / 1e3
 
 
-def _within(rule: ScoringRule, accuracies: Mapping[str, float], reference: float,
-            latency: Mapping[str, Mapping[str, Any]]) -> list[str]:  # fmt: skip
+def _within(
+    rule: ScoringRule, accuracies: Mapping[str, float], reference: float, latency: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
     """Return the scored models that count toward `keep` and are within the budget, fastest first."""
     counted = rule.eligible if rule.eligible is not None else rule.optional
     return sorted(
@@ -92,8 +93,14 @@ def passes_needed(
     ]
 
 
-def left_out_reason(rule: ScoringRule, accuracies: Mapping[str, float], reference: float,
-                    latency: Mapping[str, Mapping[str, Any]], images: int, name: str) -> str:  # fmt: skip
+def left_out_reason(
+    rule: ScoringRule,
+    accuracies: Mapping[str, float],
+    reference: float,
+    latency: Mapping[str, Mapping[str, Any]],
+    images: int,
+    name: str,
+) -> str:
     """Say why `name`'s accuracy was not measured: the faster forms within the budget, and the pass it saved."""
     within = _within(rule, accuracies, reference, latency)
     if not within:

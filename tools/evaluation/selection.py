@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection, Sequence
 
-from profiling_agent.state import Objective
+from profiling_agent.state import Best, Candidate, EvalRecord, Objective, VariantRecord
 
 
-def same_form_latency(record: dict[str, Any], baseline: dict[str, Any]) -> tuple[float, str, str]:
+def same_form_latency(record: EvalRecord, baseline: EvalRecord) -> tuple[float, str, str]:
     """Return the latency reduction of a record against the unpruned model in the record's delivered form.
 
     The unpruned model in that form is read, in order of trust, from the peer timed beside the candidate (when
@@ -19,20 +19,21 @@ def same_form_latency(record: dict[str, Any], baseline: dict[str, Any]) -> tuple
     Returns:
         (reduction, the delivered form, how the unpruned form's latency was obtained).
     """
-    delivered = str(record.get("delivered") or "torch")
-    lat = float(record.get("latency_ms") or 0.0)
-    peer = record.get("peer") or {}
+    delivered = str(record.delivered or "torch")
+    lat = float(record.latency_ms or 0.0)
+    peer = record.peer or {}
     peer_lat = float(peer.get("latency_ms") or 0.0)
     if peer.get("name") == delivered and lat > 0 and peer_lat > 0:
         return 1.0 - lat / peer_lat, delivered, "timed beside it"
-    speedup = float(record.get("speedup") or 0.0)
+    speedup = float(record.speedup or 0.0)
     vs_torch = (1.0 - 1.0 / speedup if speedup > 0 else 0.0), delivered, "the torch baseline"
     if delivered in ("torch", "torch_fp32"):  # the torch baseline itself was timed beside it
         return vs_torch
-    forms = {f.get("name"): f for f in baseline.get("variants") or [] if f.get("status") == "ok"}
-    mine = forms.get(delivered) or {}
-    mine_ms = float(mine.get("latency_ms") or 0.0)
-    peer_base_ms = float((forms.get(peer.get("name")) or {}).get("latency_ms") or 0.0)
+    forms = {f.name: f for f in baseline.variants if f.status == "ok"}
+    mine = forms.get(delivered)
+    mine_ms = float(mine.latency_ms or 0.0) if mine else 0.0
+    peer_form = forms.get(str(peer.get("name")))
+    peer_base_ms = float(peer_form.latency_ms or 0.0) if peer_form else 0.0
     if lat > 0 and peer_lat > 0 and mine_ms > 0 and peer_base_ms > 0:
         unpruned = peer_lat * mine_ms / peer_base_ms
         return (
@@ -40,12 +41,12 @@ def same_form_latency(record: dict[str, Any], baseline: dict[str, Any]) -> tuple
             delivered,
             f"the {peer['name']} peer timed beside it, scaled by the baseline's forms",
         )
-    if mine.get("speedup") and speedup > 0:
-        return 1.0 - float(mine["speedup"]) / speedup, delivered, "the baseline's forms"
+    if mine is not None and mine.speedup and speedup > 0:
+        return 1.0 - float(mine.speedup) / speedup, delivered, "the baseline's forms"
     return vs_torch
 
 
-def reduction(record: dict[str, Any], baseline: dict[str, Any], target: str) -> float:
+def reduction(record: EvalRecord, baseline: EvalRecord, target: str) -> float:
     """Return the fractional reduction of `target` of an evaluation record against the baseline's.
 
     Latency is measured on the delivered form against the unpruned model in that same form
@@ -55,84 +56,80 @@ def reduction(record: dict[str, Any], baseline: dict[str, Any], target: str) -> 
     if target == "latency":
         return same_form_latency(record, baseline)[0]
     key = {"params": "params", "macs": "macs", "size": "size_mb"}[target]
-    base = float(baseline.get(key) or 0.0)
+    base = float(getattr(baseline, key) or 0.0)
     if base <= 0:
         return 0.0
-    return 1.0 - float(record.get(key) or 0.0) / base
+    return 1.0 - float(getattr(record, key) or 0.0) / base
 
 
-def accuracy_drop(record: dict[str, Any], baseline: dict[str, Any]) -> float:
+def accuracy_drop(record: EvalRecord | VariantRecord, baseline: EvalRecord) -> float:
     """Return the top-1 drop in percentage points (negative when the candidate is more accurate)."""
-    return float(baseline["accuracy"]) - float(record["accuracy"])
+    return float(baseline.accuracy) - float(record.accuracy or 0.0)
 
 
-def within_budget(record: dict[str, Any], baseline: dict[str, Any], objective: Objective) -> bool:
+def within_budget(record: EvalRecord | VariantRecord, baseline: EvalRecord, objective: Objective) -> bool:
     """Return True when the candidate's accuracy drop is inside the objective's budget."""
     return accuracy_drop(record, baseline) <= objective.max_acc_drop + 1e-9
 
 
-def _ok(candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [c for c in candidates if c.get("status") == "ok" and c.get("eval")]
+def _ok(candidates: Sequence[Candidate]) -> list[tuple[Candidate, EvalRecord]]:
+    return [(c, c.eval) for c in candidates if c.status == "ok" and c.eval]
 
 
-def select_best(
-    candidates: list[dict[str, Any]], baseline: dict[str, Any], objective: Objective
-) -> dict[str, Any] | None:
+def select_best(candidates: Sequence[Candidate], baseline: EvalRecord, objective: Objective) -> Best | None:
     """Pick the best finished candidate by the objective's rule, or None when none finished.
 
     paper: highest accuracy, then fewer params, then lower latency (the paper's rule).
     budget: among candidates within max_acc_drop, the largest reduction of `objective.target` (ties: faster,
     then more accurate, then earlier); when none is within budget, the most accurate one, flagged.
 
-    The returned dict is the candidate plus `rule`, `within_budget`, `reduction` and `accuracy_drop`.
+    Returns:
+        The candidate as a Best: with `rule`, `within_budget`, `reduction`, `accuracy_drop`, `ci_crosses_budget`.
     """
     pool = _ok(candidates)
     if not pool:
         return None
     if objective.select == "paper":
-        best = min(
-            pool,
-            key=lambda c: (-c["eval"]["accuracy"], c["eval"]["params"], c["eval"]["latency_ms"], c["iteration"]),
-        )
+        best, ev = min(pool, key=lambda p: (-p[1].accuracy, p[1].params, p[1].latency_ms, p[0].iteration))
     else:
-        fitting = [c for c in pool if within_budget(c["eval"], baseline, objective)]
+        fitting = [p for p in pool if within_budget(p[1], baseline, objective)]
         if fitting:
-            best = min(
+            best, ev = min(
                 fitting,
-                key=lambda c: (
-                    -round(reduction(c["eval"], baseline, objective.target), 6),
-                    -round(float(c["eval"].get("speedup") or 0.0), 6),
-                    -c["eval"]["accuracy"],
-                    c["iteration"],
+                key=lambda p: (
+                    -round(reduction(p[1], baseline, objective.target), 6),
+                    -round(float(p[1].speedup or 0.0), 6),
+                    -p[1].accuracy,
+                    p[0].iteration,
                 ),
             )
         else:
-            best = min(pool, key=lambda c: (-c["eval"]["accuracy"], c["iteration"]))
-    fits = within_budget(best["eval"], baseline, objective)
-    return {
-        **best,
-        "rule": objective.select,
-        "within_budget": fits,
-        "reduction": round(reduction(best["eval"], baseline, objective.target), 6),
-        "accuracy_drop": round(accuracy_drop(best["eval"], baseline), 6),
-        "ci_crosses_budget": fits and interval_crosses_budget(best["eval"], objective),
-    }
+            best, ev = min(pool, key=lambda p: (-p[1].accuracy, p[0].iteration))
+    fits = within_budget(ev, baseline, objective)
+    return Best(
+        **{name: getattr(best, name) for name in Candidate.model_fields},
+        rule=objective.select,
+        within_budget=fits,
+        reduction=round(reduction(ev, baseline, objective.target), 6),
+        accuracy_drop=round(accuracy_drop(ev, baseline), 6),
+        ci_crosses_budget=fits and interval_crosses_budget(ev, objective),
+    )
 
 
-def interval_crosses_budget(record: dict[str, Any], objective: Objective) -> bool:
+def interval_crosses_budget(record: EvalRecord, objective: Objective) -> bool:
     """Return True when the accuracy change's 95% interval reaches below -max_acc_drop (the point may not)."""
-    ci = record.get("acc_delta_ci")
+    ci = record.acc_delta_ci
     if not ci:
         return False
     return float(ci[0]) < -objective.max_acc_drop
 
 
-def objective_met(best: dict[str, Any] | None, baseline: dict[str, Any] | None, objective: Objective) -> bool:
+def objective_met(best: Best | None, baseline: EvalRecord | None, objective: Objective) -> bool:
     """Return True when the best candidate is within budget and reaches the target reduction."""
-    if not best or not baseline or not best.get("eval"):
+    if not best or not baseline or not best.eval:
         return False
-    return within_budget(best["eval"], baseline, objective) and (
-        reduction(best["eval"], baseline, objective.target) >= objective.target_reduction
+    return within_budget(best.eval, baseline, objective) and (
+        reduction(best.eval, baseline, objective.target) >= objective.target_reduction
     )
 
 
@@ -151,34 +148,30 @@ def quantization_slowed(quant_speedup: float | None, quant_speedup_batch: float 
     return quant_speedup < QUANT_SLOWDOWN_TOLERANCE and quant_speedup_batch < QUANT_SLOWDOWN_TOLERANCE
 
 
-def quantization_cost_speed(
-    best: dict[str, Any] | None, candidates: list[dict[str, Any]], objective: Objective
-) -> bool:
+def quantization_cost_speed(best: Candidate | None, candidates: Sequence[Candidate], objective: Objective) -> bool:
     """Return True when the best candidate is slower than the baseline because of its dynamic quantization.
 
     Only while every candidate so far was quantized and size is not the target: the planner then drops
     quantization (it reads the same side-by-side measurement), so one more round can find a faster model.
     """
-    if not best or objective.target == "size" or objective.quantize == "none":
+    if not best or not best.eval or objective.target == "size" or objective.quantize == "none":
         return False
-    ev = best.get("eval") or {}
-    if not torch_quantized_delivery(ev.get("delivered")):  # another backend's form is delivered: torch's cost moot
+    ev = best.eval
+    if not torch_quantized_delivery(ev.delivered):  # another backend's form is delivered: torch's cost moot
         return False
-    slowed = ev.get("speedup", 1.0) < 1.0 and quantization_slowed(
-        ev.get("quant_speedup", 1.0), ev.get("quant_speedup_batch", 1.0)
-    )
-    return slowed and all(c.get("quantized") for c in candidates if c.get("status") == "ok")
+    slowed = ev.speedup < 1.0 and quantization_slowed(ev.quant_speedup, ev.quant_speedup_batch)
+    return slowed and all(c.quantized for c in candidates if c.status == "ok")
 
 
 LATENCY_TIE = 0.02  # variants within 2% of the fastest batch-1 latency count as equally fast (ties: smaller)
 
 
 def choose_variant(
-    variants: list[dict[str, Any]],
-    baseline: dict[str, Any],
+    variants: Sequence[VariantRecord],
+    baseline: EvalRecord,
     objective: Objective,
-    eligible: list[str] | None = None,
-) -> dict[str, Any] | None:
+    eligible: Collection[str] | None = None,
+) -> VariantRecord | None:
     """Pick the form of a candidate to deliver: the fastest variant within the accuracy budget (ties: smaller).
 
     Batch-1 latency decides; variants within LATENCY_TIE of the fastest are tied and the smallest file wins.
@@ -186,31 +179,28 @@ def choose_variant(
     the budget, the most accurate one (ties: faster) is delivered, so the candidate is still comparable.
 
     Args:
-        variants: VariantRecord dicts (status, accuracy, latency_ms, size_mb, name).
-        baseline: The baseline's EvalRecord dict (its accuracy is the budget's reference).
+        variants: The measured forms (status, accuracy, latency_ms, size_mb, name).
+        baseline: The baseline's EvalRecord (its accuracy is the budget's reference).
         objective: Budget (max_acc_drop) and target.
         eligible: Names that may be delivered (None: all).
 
     Returns:
-        The chosen variant dict, or None when no eligible variant was measured.
+        The chosen variant, or None when no eligible variant was measured.
     """
     pool = [
         v
         for v in variants
-        if v.get("status") == "ok"
-        and v.get("accuracy") is not None
-        and v.get("latency_ms")
-        and (eligible is None or v["name"] in eligible)
+        if v.status == "ok" and v.accuracy is not None and v.latency_ms and (eligible is None or v.name in eligible)
     ]
     if not pool:
         return None
     fitting = [v for v in pool if within_budget(v, baseline, objective)]
     if not fitting:
-        return min(pool, key=lambda v: (-float(v["accuracy"]), float(v["latency_ms"])))
+        return min(pool, key=lambda v: (-float(v.accuracy or 0.0), float(v.latency_ms or 0.0)))
     primary, secondary = ("size_mb", "latency_ms") if objective.target == "size" else ("latency_ms", "size_mb")
-    best = min(float(v[primary] or 0.0) for v in fitting)
-    tied = [v for v in fitting if float(v[primary] or 0.0) <= best * (1 + LATENCY_TIE)]
-    return min(tied, key=lambda v: (float(v[secondary] or 0.0), float(v[primary] or 0.0)))
+    best = min(float(getattr(v, primary) or 0.0) for v in fitting)
+    tied = [v for v in fitting if float(getattr(v, primary) or 0.0) <= best * (1 + LATENCY_TIE)]
+    return min(tied, key=lambda v: (float(getattr(v, secondary) or 0.0), float(getattr(v, primary) or 0.0)))
 
 
 def torch_quantized_delivery(name: str | None) -> bool:
@@ -219,9 +209,9 @@ def torch_quantized_delivery(name: str | None) -> bool:
 
 
 def stop_reason(
-    best: dict[str, Any] | None,
-    candidates: list[dict[str, Any]],
-    baseline: dict[str, Any] | None,
+    best: Best | None,
+    candidates: Sequence[Candidate],
+    baseline: EvalRecord | None,
     objective: Objective,
     iteration: int,
     paired: str | None = None,
@@ -247,13 +237,13 @@ def stop_reason(
         assert best is not None
         return "", (
             "objective met, but dynamic quantization made the best model slower than the baseline "
-            f"({best['eval']['speedup']:.2f}x): one more round without it"
+            f"({best.eval.speedup if best.eval else 0.0:.2f}x): one more round without it"
         )
     if met:
         assert best is not None
         return (
-            f"objective met at iteration {best['iteration']}: {best['reduction']:.1%} {objective.target} reduction "
-            f"with {best['accuracy_drop']:.2f} pp accuracy drop (budget {objective.max_acc_drop} pp)"
+            f"objective met at iteration {best.iteration}: {best.reduction:.1%} {objective.target} reduction "
+            f"with {best.accuracy_drop:.2f} pp accuracy drop (budget {objective.max_acc_drop} pp)"
         ), ""
     if iteration >= objective.iterations:
         return f"iteration bound reached ({objective.iterations})", ""

@@ -11,14 +11,15 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from profiling_agent.state import Context
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, predict_many
+from profiling_agent.tools.evaluation.records import MeasureSettings
 from profiling_agent.tools.recovery.distributed_launch import (
     DEFAULT_LAUNCHER,
     DistributedJobError,
@@ -128,15 +129,23 @@ def main(argv: list[str] | None = None) -> int:
         models = {name: load_run_form(path, threads) for name, path in spec["models"].items()}
         began, cpu0 = time.perf_counter(), time.process_time()
         preds = predict_sharded(
-            models, data[f"{part}_pixels"], where.rank, where.world, batch_size=int(spec["batch"]),
-            device=str(where.device), allowed_ids=spec.get("allowed_ids"),
-        )  # fmt: skip
+            models,
+            data[f"{part}_pixels"],
+            where.rank,
+            where.world,
+            batch_size=int(spec["batch"]),
+            device=str(where.device),
+            allowed_ids=spec.get("allowed_ids"),
+        )
         if rank == 0:
             save_file({k: v.contiguous() for k, v in preds.items()}, str(job_dir / "predictions.safetensors"))
-            seconds = round(time.perf_counter() - began, 4)  # the pass and the gather, models and data open
-            write_json_atomic(job_dir / "result.json", {"procs": where.world, "images": len(preds[next(iter(preds))]),
-                                                        "seconds": seconds, "cpu_seconds": round(
-                                                            time.process_time() - cpu0, 3)})  # fmt: skip
+            result = {
+                "procs": where.world,
+                "images": len(preds[next(iter(preds))]),
+                "seconds": round(time.perf_counter() - began, 4),  # the pass and the gather, models and data open
+                "cpu_seconds": round(time.process_time() - cpu0, 3),
+            }
+            write_json_atomic(job_dir / "result.json", result)
         close_group()
     except BaseException as exc:  # noqa: BLE001 - the parent reports this rank's one-line reason
         record_failure(job_dir, rank, exc)
@@ -144,21 +153,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def sharded_predictions(
-    run: Path,
-    part: str,
-    models: Mapping[str, Path],
-    *,
-    procs: int,
-    job_dir: Path,
-    batch_size: int = 64,
-    launcher: str = DEFAULT_LAUNCHER,
-    device: str = "cpu",
-    threads: int = 1,
-    allowed_ids: Sequence[int] | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, torch.Tensor]:
-    """Predict a run's role ("eval", "test", "calib") with saved models on `procs` processes; return the predictions.
+@dataclass(frozen=True)
+class ShardedJob:
+    """How a sharded accuracy pass runs.
+
+    Attributes:
+        procs: Processes the pass is split over.
+        job_dir: The job's folder (its spec, the ranks' logs and the gathered predictions).
+        batch_size: Images per forward pass, as the single process uses.
+        launcher: Command starting the job ({procs}).
+        device: Where the models run.
+        threads: Threads of every rank.
+        allowed_ids: Model label ids the argmax may choose from.
+        progress: Called with the job's progress records.
+    """
+
+    procs: int
+    job_dir: Path
+    batch_size: int = 64
+    launcher: str = DEFAULT_LAUNCHER
+    device: str = "cpu"
+    threads: int = 1
+    allowed_ids: Sequence[int] | None = None
+    progress: Callable[[dict[str, Any]], None] | None = None
+
+
+def sharded_predictions(run: Path, part: str, models: Mapping[str, Path], job: ShardedJob) -> dict[str, torch.Tensor]:
+    """Predict a run's role ("eval", "test", "calib") with saved models on `job.procs` processes.
+
+    Returns:
+        Model name -> its predictions, in image order.
 
     Raises:
         DistributedJobError: The job failed (one line).
@@ -167,15 +191,21 @@ def sharded_predictions(
 
     from profiling_agent.tools.io import write_json_atomic
 
+    job_dir = job.job_dir
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "predictions.safetensors").unlink(missing_ok=True)
     spec = {
-        "run": str(run), "part": part, "models": {k: str(v) for k, v in models.items()}, "batch": batch_size,
-        "device": device, "threads": threads, "allowed_ids": list(allowed_ids) if allowed_ids is not None else None,
-    }  # fmt: skip
+        "run": str(run),
+        "part": part,
+        "models": {k: str(v) for k, v in models.items()},
+        "batch": job.batch_size,
+        "device": job.device,
+        "threads": job.threads,
+        "allowed_ids": list(job.allowed_ids) if job.allowed_ids is not None else None,
+    }
     write_json_atomic(job_dir / "job.json", spec)
-    command = launcher_command(launcher, procs, MODULE, [str(job_dir / "job.json")])
-    run_job(command, job_dir, progress=progress, what=f"sharded accuracy pass ({procs} processes)")
+    command = launcher_command(job.launcher, job.procs, MODULE, [str(job_dir / "job.json")])
+    run_job(command, job_dir, progress=job.progress, what=f"sharded accuracy pass ({job.procs} processes)")
     if not (job_dir / "predictions.safetensors").is_file():
         raise DistributedJobError(f"the sharded pass ended without writing {job_dir / 'predictions.safetensors'}")
     saved = load_file(str(job_dir / "predictions.safetensors"))
@@ -183,25 +213,23 @@ def sharded_predictions(
 
 
 def run_pass(
-    run: Path,
-    part: str,
-    models: Mapping[str, Path],
-    ctx: Context,
-    *,
-    job_dir: Path,
-    device: str,
-    threads: int,
-    allowed_ids: Sequence[int] | None = None,
+    run: Path, part: str, models: Mapping[str, Path], settings: MeasureSettings, *, job_dir: Path
 ) -> dict[str, torch.Tensor]:
     """Split a run's accuracy pass as the run's settings say (`sharded_predictions` with them).
 
-    `ctx.recover_procs` processes started by `ctx.launcher`, predicting in the batches one process uses
-    (`accuracy_batch(ctx.eval_batch, device)`).
+    `settings.procs` processes started by `settings.launcher`, predicting in the batches one process uses
+    (`accuracy_batch(settings.eval_batch, settings.device)`).
     """
-    return sharded_predictions(
-        run, part, models, procs=ctx.recover_procs, job_dir=job_dir, launcher=ctx.launcher, device=device,
-        batch_size=accuracy_batch(ctx.eval_batch, device), threads=threads, allowed_ids=allowed_ids,
-    )  # fmt: skip
+    job = ShardedJob(
+        procs=settings.procs,
+        job_dir=job_dir,
+        batch_size=accuracy_batch(settings.eval_batch, settings.device),
+        launcher=settings.launcher,
+        device=settings.device,
+        threads=settings.threads,
+        allowed_ids=settings.allowed_ids,
+    )
+    return sharded_predictions(run, part, models, job)
 
 
 if __name__ == "__main__":

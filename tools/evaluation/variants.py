@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from profiling_agent.state import VariantRecord
 from profiling_agent.tools.evaluation import latency
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict_many, top1
-from profiling_agent.tools.evaluation.scoring import ScoringRule, left_out_reason, passes_needed
+from profiling_agent.tools.evaluation.records import EvalImages, MeasureOptions, MeasureSettings
+from profiling_agent.tools.evaluation.scoring import left_out_reason, passes_needed
 
 BASELINE = "baseline"
-Scorer = Callable[[list[str]], dict[str, float]]  # scores the named models (not scored yet) and returns all accuracies
-Retry = Callable[[dict[str, float], Scorer], dict[str, nn.Module]]  # accuracies, scorer -> models to replace
+ROW_KEYS = ("accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch", "wall_over_cpu")
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -23,55 +24,22 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 def measure_forms(
     models: dict[str, nn.Module],
-    pixels: Any,
-    labels: torch.Tensor,
-    *,
-    batch_size: int,
-    eval_batch: int,
-    warmup: int,
-    repeats: int,
-    device: str = "cpu",
-    allowed_ids: list[int] | None = None,
-    timed: list[str] | None = None,
-    parallel: int = 1,
-    retry: Retry | None = None,
-    time_only: Mapping[str, nn.Module] | None = None,
-    predict: Callable[[Mapping[str, nn.Module]], dict[str, torch.Tensor]] | None = None,
-    known: Mapping[str, torch.Tensor] | None = None,
-    scoring: ScoringRule | None = None,
-    stand_ins: Mapping[str, Sequence[str]] | None = None,
+    images: EvalImages,
+    settings: MeasureSettings,
+    options: MeasureOptions | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Time every model interleaved in one `measure_latency` call, then predict with them on the same images.
 
     Timing comes first and runs alone; the accuracy pass follows (reading the images once per pass, streamed,
-    `parallel` models at a time), so nothing runs beside a timed forward pass. Timing is taken again when the
-    machine looked busy (`latency.measure_latency_checked`). With a `scoring` rule, the forms it makes optional
+    `options.parallel` models at a time), so nothing runs beside a timed forward pass. Timing is taken again when
+    the machine looked busy (`latency.measure_latency_checked`). With a scoring rule, the forms it makes optional
     are scored fastest first, and a slow one is left out once it can no longer be delivered (`scoring`).
 
     Args:
         models: Name -> model; must include "baseline". Models a retry replaces are replaced in place.
-        pixels: Validation images (N, C, H, W), or an ImageStream of them.
-        labels: Their labels (model ids).
-        batch_size: The larger latency batch.
-        eval_batch: Batch size of the accuracy pass.
-        warmup: Warm-up passes before timing.
-        repeats: Timed repeats (median reported).
-        device: Where every model runs.
-        allowed_ids: Model ids predictions are restricted to.
-        timed: Names to time (default: all).
-        parallel: Models predicting concurrently in the accuracy pass (1: one after the other).
-        retry: Called with every scored model's accuracy after the accuracy pass, and a scorer for a model whose
-            pass was left out; returns models to replace (rebuilt forms, e.g. an accuracy-controlled INT8), which
-            are predicted again and then timed again with the others.
-        time_only: Models timed beside the others but not predicted (their accuracy is known: the peer).
-        predict: Predicts `models` on `pixels` for the accuracy pass (default: `predict_many` in this process;
-            a sharded pass gives the same predictions). A retry's rebuilt models are predicted in this process.
-        known: Predictions already made on these images (the baseline's, from the run's first measurement): those
-            models are timed but not predicted again.
-        scoring: Which models' passes may be left out (None: every model is scored).
-        stand_ins: Torch model -> FP32 forms of the same weights whose logits matched it within the FP32
-            tolerance: the fastest of them, when timed faster than the torch model, predicts for it (its
-            predictions are the torch model's; timing facts' "predicted_by" names it).
+        images: Validation images (N, C, H, W) or an ImageStream of them, and their labels (model ids).
+        settings: Latency batch, warm-up and repeats, accuracy batch, device and label restriction.
+        options: Which models are timed, the retry, stand-ins, known predictions and the scoring rule.
 
     Returns:
         ({name: {"preds", "accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch",
@@ -81,95 +49,149 @@ def measure_forms(
     """
     if BASELINE not in models:
         raise ValueError("measure_forms needs a 'baseline' model")
-    batch = accuracy_batch(eval_batch, device)
+    run = _FormsPass(models, images, settings, options or MeasureOptions())
+    run.first_pass()
+    run.apply_retry()
+    run.finish_timing()
+    return run.rows(), run.timing
 
-    def run_pass(chosen: list[str], in_process: bool = False) -> dict[str, torch.Tensor]:
-        subset = {n: models[n] for n in chosen}
+
+class _FormsPass:
+    """One `measure_forms` call: the timings, the predictions so far and the stand-ins, between its stages."""
+
+    def __init__(
+        self, models: dict[str, nn.Module], images: EvalImages, settings: MeasureSettings, options: MeasureOptions
+    ) -> None:
+        self.models, self.images, self.settings, self.options = models, images, settings, options
+        self.labels = images.labels
+        self.batch = accuracy_batch(settings.eval_batch, settings.device)
+        self.preds: dict[str, torch.Tensor] = {}
+        self.standing: dict[str, str] = {}
+        self.lat: dict[str, dict[str, Any]] = {}
+        self.timing: dict[str, Any] = {}
+
+    def run_pass(self, chosen: list[str], in_process: bool = False) -> dict[str, torch.Tensor]:
+        """Predict the chosen models (through `options.predict` unless `in_process`)."""
+        subset = {n: self.models[n] for n in chosen}
         if not subset:
             return {}
-        if predict is not None and not in_process:
-            return predict(subset)
-        return predict_many(subset, pixels, batch_size=batch, device=device, allowed_ids=allowed_ids,
-                            parallel=max(1, min(parallel, len(subset))))  # fmt: skip
+        if self.options.predict is not None and not in_process:
+            return self.options.predict(subset)
+        return predict_many(
+            subset,
+            self.images.pixels,
+            batch_size=self.batch,
+            device=self.settings.device,
+            allowed_ids=self.settings.allowed_ids,
+            parallel=max(1, min(self.options.parallel, len(subset))),
+        )
 
-    def time_all() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-        names = [n for n in models if timed is None or n in timed or n == BASELINE]
+    def time_all(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+        """Time the timed models and the time-only ones side by side (taken again on a busy machine)."""
+        timed = self.options.timed
+        names = [n for n in self.models if timed is None or n in timed or n == BASELINE]
+        settings = self.settings
         return latency.measure_latency_checked(  # through the module, so tests can stand in for the clock
-            {**{n: models[n] for n in names}, **dict(time_only or {})},
-            pixels[:batch_size],
-            batch_size=batch_size,
-            warmup=warmup,
-            repeats=repeats,
-            device=device,
+            {**{n: self.models[n] for n in names}, **dict(self.options.time_only or {})},
+            self.images.pixels[: settings.latency_batch],
+            batch_size=settings.latency_batch,
+            warmup=settings.warmup,
+            repeats=settings.repeats,
+            device=settings.device,
             budget_s=latency.RUN_BUDGET_S,
         )
 
-    def accuracies() -> dict[str, float]:
-        return {name: top1(p, labels) for name, p in preds.items()}
+    def accuracies(self) -> dict[str, float]:
+        """Return every scored model's top-1."""
+        return {name: top1(p, self.labels) for name, p in self.preds.items()}
 
-    def score(names: list[str]) -> dict[str, float]:
-        wanted = [n for n in names if n in models and n not in preds]
-        ran = run_pass(list(dict.fromkeys(standing.get(n, n) for n in wanted if standing.get(n, n) not in preds)))
+    def score(self, names: list[str]) -> dict[str, float]:
+        """Predict the named models not scored yet (a stand-in predicts for its torch model); return accuracies."""
+        standing, preds = self.standing, self.preds
+        wanted = [n for n in names if n in self.models and n not in preds]
+        ran = self.run_pass(list(dict.fromkeys(standing.get(n, n) for n in wanted if standing.get(n, n) not in preds)))
         preds.update(ran)
         preds.update({n: preds[standing[n]] for n in wanted if n in standing and standing[n] in preds})
-        return accuracies()
+        return self.accuracies()
 
-    def score_optional() -> None:
+    def score_optional(self) -> None:
+        """Score the optional models the scoring rule still needs, fastest first, `parallel` at a time."""
+        scoring, parallel = self.options.scoring, self.options.parallel
         tried: set[str] = set()  # a model whose pass gave no predictions is not asked again
         while scoring is not None:
-            reference = top1(preds[BASELINE], labels)
-            need = [n for n in passes_needed(scoring, accuracies(), reference, lat, len(labels), models)
-                    if n not in tried]  # fmt: skip
+            reference = top1(self.preds[BASELINE], self.labels)
+            needed = passes_needed(scoring, self.accuracies(), reference, self.lat, len(self.labels), self.models)
+            need = [n for n in needed if n not in tried]
             if not need:
                 return
             tried.update(need[: max(1, parallel)])
-            score(need[: max(1, parallel)])
+            self.score(need[: max(1, parallel)])
 
-    lat, timing = time_all()
-    preds = {n: p for n, p in (known or {}).items() if n in models}
-    standing = stand_in_forms(stand_ins or {}, lat, models)
-    optional = scoring.optional if scoring is not None else frozenset()
-    required = [n for n in models if n not in preds and n not in optional]
-    spare = max(0, parallel - len(required))  # the fastest optional forms share the first pass's free slots
-    score(required + (passes_needed(scoring, {}, 0.0, lat, len(labels), models)[:spare] if scoring else []))
-    score_optional()
-    if retry is not None:
-        replaced = retry(accuracies(), score)
+    def first_pass(self) -> None:
+        """Time every model, then score the required ones (and the fastest optional ones in the free slots)."""
+        options, models = self.options, self.models
+        self.lat, self.timing = self.time_all()
+        self.preds = {n: p for n, p in (options.known or {}).items() if n in models}
+        self.standing = stand_in_forms(options.stand_ins or {}, self.lat, models)
+        scoring = options.scoring
+        optional = scoring.optional if scoring is not None else frozenset()
+        required = [n for n in models if n not in self.preds and n not in optional]
+        spare = max(0, options.parallel - len(required))  # the fastest optional forms share the first pass's slots
+        fastest = passes_needed(scoring, {}, 0.0, self.lat, len(self.labels), models)[:spare] if scoring else []
+        self.score(required + fastest)
+        self.score_optional()
+
+    def apply_retry(self) -> None:
+        """Let the retry replace models (a rebuilt INT8 form): predict them and time everything again."""
+        if self.options.retry is None:
+            return
+        replaced = self.options.retry(self.accuracies(), self.score)
         if replaced:
-            models.update(replaced)
-            preds.update(run_pass(list(replaced), in_process=True))
-            lat, timing = time_all()  # the rebuilt form is timed beside the others, as the first one was
-            timing["retimed"] = sorted(replaced)
-            score_optional()
-    if scoring is not None:
-        reference = top1(preds[BASELINE], labels)
-        timing["unscored"] = {
-            n: left_out_reason(scoring, accuracies(), reference, lat, len(labels), n)
-            for n in models
-            if n not in preds and n in scoring.optional
-        }
-    used = {n: form for n, form in standing.items() if n in preds and form in preds and preds[n] is preds[form]}
-    if used:
-        timing["predicted_by"] = used
-    timing["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in lat.values()), 3)
-    timing["cpu_s"] = round(sum(r.get("cpu_s", 0.0) for r in lat.values()), 3)
-    base = lat[BASELINE]
-    out: dict[str, dict[str, Any]] = {}
-    for name in [*models, *(time_only or {})]:
-        row: dict[str, Any] = {}
-        if name in preds:
-            row.update(preds=preds[name], accuracy=top1(preds[name], labels),
-                       agreement=agreement(preds[name], preds[BASELINE]))  # fmt: skip
-        if name in lat:
-            row.update(
-                latency_ms=lat[name]["latency_ms"],
-                latency_batch_ms=lat[name]["latency_batch_ms"],
-                speedup=_ratio(base["latency_ms"], lat[name]["latency_ms"]),
-                speedup_batch=_ratio(base["latency_batch_ms"], lat[name]["latency_batch_ms"]),
-                wall_over_cpu=latency.wall_over_cpu({name: lat[name]}),
-            )
-        out[name] = row
-    return out, timing
+            self.models.update(replaced)
+            self.preds.update(self.run_pass(list(replaced), in_process=True))
+            self.lat, self.timing = self.time_all()  # the rebuilt form is timed beside the others, as the first was
+            self.timing["retimed"] = sorted(replaced)
+            self.score_optional()
+
+    def finish_timing(self) -> None:
+        """Add to the timing facts: the passes left out and why, the stand-ins used, wall and CPU seconds."""
+        scoring, preds, lat = self.options.scoring, self.preds, self.lat
+        if scoring is not None:
+            reference = top1(preds[BASELINE], self.labels)
+            self.timing["unscored"] = {
+                n: left_out_reason(scoring, self.accuracies(), reference, lat, len(self.labels), n)
+                for n in self.models
+                if n not in preds and n in scoring.optional
+            }
+        used = {n: f for n, f in self.standing.items() if n in preds and f in preds and preds[n] is preds[f]}
+        if used:
+            self.timing["predicted_by"] = used
+        self.timing["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in lat.values()), 3)
+        self.timing["cpu_s"] = round(sum(r.get("cpu_s", 0.0) for r in lat.values()), 3)
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """Return every model's row: predictions and accuracy when scored, latencies and speed-ups when timed."""
+        preds, lat = self.preds, self.lat
+        base = lat[BASELINE]
+        out: dict[str, dict[str, Any]] = {}
+        for name in [*self.models, *(self.options.time_only or {})]:
+            row: dict[str, Any] = {}
+            if name in preds:
+                row.update(
+                    preds=preds[name],
+                    accuracy=top1(preds[name], self.labels),
+                    agreement=agreement(preds[name], preds[BASELINE]),
+                )
+            if name in lat:
+                row.update(
+                    latency_ms=lat[name]["latency_ms"],
+                    latency_batch_ms=lat[name]["latency_batch_ms"],
+                    speedup=_ratio(base["latency_ms"], lat[name]["latency_ms"]),
+                    speedup_batch=_ratio(base["latency_batch_ms"], lat[name]["latency_batch_ms"]),
+                    wall_over_cpu=latency.wall_over_cpu({name: lat[name]}),
+                )
+            out[name] = row
+        return out
 
 
 def stand_in_forms(
@@ -197,8 +219,8 @@ def variant_record(
     max_abs_diff: float | None = None,
     recipe: Mapping[str, Any] | None = None,
     status: str | None = None,
-) -> dict[str, Any]:
-    """Build a VariantRecord dict from `measure_forms`' row (None: the variant failed with `error`)."""
+) -> VariantRecord:
+    """Build a VariantRecord from `measure_forms`' row (None: the variant failed with `error`)."""
     record: dict[str, Any] = {
         "name": name,
         "backend": backend_of(name),
@@ -210,10 +232,8 @@ def variant_record(
         "size_mb": size_bytes / 1e6 if size_bytes else None,
     }
     if measured is not None:
-        for key in ("accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch",
-                    "wall_over_cpu"):  # fmt: skip
-            record[key] = measured.get(key)
-    return record
+        record.update({key: measured.get(key) for key in ROW_KEYS})
+    return VariantRecord.model_validate(record)
 
 
 def backend_of(name: str) -> str:
@@ -221,13 +241,26 @@ def backend_of(name: str) -> str:
     return "onnxruntime" if name.startswith("ort_") else "openvino" if name.startswith("ov_") else "torch"
 
 
+RECIPE_KEYS = (
+    "method",
+    "per_channel",
+    "calibration",
+    "op_types",
+    "excluded_nodes",
+    "format",
+    "model_type",
+    "preset",
+    "ignored_scope",
+    "quantized_ops",
+)
+
+
 def recipe_summary(recipe: Mapping[str, Any]) -> dict[str, Any]:
     """Keep what a person or a planner needs from an ONNX recipe: exporter, opset, quantization and check."""
     quant = recipe.get("quantization") or {}
     summary = {**(recipe.get("export") or {})}
     summary.pop("seconds", None)
-    for key in ("method", "per_channel", "calibration", "op_types", "excluded_nodes", "format", "model_type",
-                "preset", "ignored_scope", "quantized_ops"):  # fmt: skip
+    for key in RECIPE_KEYS:
         if key in quant:
             summary[key] = quant[key]
     summary.setdefault("method", recipe.get("method"))

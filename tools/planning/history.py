@@ -14,14 +14,14 @@ def planner_history(
 ) -> list[dict[str, Any]]:
     """Summarize earlier rounds for the planner: the goal and gamma each aimed at and whether the budget held."""
     rounds = []
-    base = baseline.model_dump() if baseline else None
+    base = baseline
     for cand in candidates:
         meta = cand.planner_meta
         if meta.goal is None:
             continue
         ev = cand.eval
-        passed = bool(cand.status == "ok" and ev and base and within_budget(ev.model_dump(), base, objective))
-        drop = accuracy_drop(ev.model_dump(), base) if cand.status == "ok" and ev and base else None
+        passed = bool(cand.status == "ok" and ev and base and within_budget(ev, base, objective))
+        drop = accuracy_drop(ev, base) if cand.status == "ok" and ev and base else None
         rounds.append(
             {
                 "iteration": cand.iteration,

@@ -113,12 +113,15 @@ def render_messages(
         )
     candidates = [c.model_dump() for c in inputs.candidates]
     baseline = inputs.baseline_eval.model_dump() if inputs.baseline_eval else None
+    best = (
+        select_best(list(inputs.candidates), inputs.baseline_eval, inputs.objective) if inputs.baseline_eval else None
+    )
     feedback = Feedback(
         iteration=iteration,
         candidates=candidates,
         baseline_eval=baseline,
         fallbacks=[f.model_dump() for f in inputs.fallbacks],
-        best=select_best(candidates, baseline, inputs.objective) if baseline else None,
+        best=best.model_dump() if best else None,
     )
     return render_iterative(
         profile,

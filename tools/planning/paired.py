@@ -12,9 +12,8 @@ best meets the objective, it converged, or it had `iterations` rounds), never be
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from profiling_agent.state import Candidate, Objective
+from profiling_agent.state import Best, Candidate, EvalRecord, Objective
 from profiling_agent.tools.evaluation.selection import objective_met, select_best
 
 
@@ -41,22 +40,22 @@ def round_bound(objective: Objective, candidates: Sequence[Candidate]) -> int:
 
 
 def paired_stop(
-    candidates: Sequence[Candidate], baseline: dict[str, Any] | None, objective: Objective
-) -> tuple[str, dict[str, Any] | None]:
+    candidates: Sequence[Candidate], baseline: EvalRecord | None, objective: Objective
+) -> tuple[str, Best | None]:
     """Say why a paired run stops now ("" to go on) and return the deterministic sequence's best.
 
     A pending reference turn always runs; then the run stops when the deterministic sequence's own best meets the
     objective or it had `objective.iterations` rounds, as the deterministic run would.
     """
     det = deterministic_sequence(candidates)
-    det_best = select_best([c.model_dump() for c in det], baseline, objective) if baseline else None
+    det_best = select_best(det, baseline, objective) if baseline else None
     if reference_due(candidates):
         return "", det_best
     if objective_met(det_best, baseline, objective):
         assert det_best is not None
         return (
-            f"objective met by the deterministic sequence at iteration {det_best['iteration']} "
-            f"({det_best['reduction']:.1%} {objective.target} reduction); every LLM plan was measured beside it"
+            f"objective met by the deterministic sequence at iteration {det_best.iteration} "
+            f"({det_best.reduction:.1%} {objective.target} reduction); every LLM plan was measured beside it"
         ), det_best
     if len(det) >= objective.iterations:
         return f"iteration bound reached ({objective.iterations} rounds of each planner)", det_best

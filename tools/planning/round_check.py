@@ -7,34 +7,32 @@ records the pair (a `RoundCheck` on the candidate, in result.json) and the corre
 
 from __future__ import annotations
 
-from typing import Any
-
-from profiling_agent.state import RoundCheck
+from profiling_agent.state import Candidate, EvalRecord, RoundCheck
 
 
-def round_check(cand: dict[str, Any], base: dict[str, Any] | None, target: str) -> RoundCheck | None:
+def round_check(cand: Candidate, base: EvalRecord | None, target: str) -> RoundCheck | None:
     """Return the round's predicted-vs-measured record, or None when it has nothing to compare.
 
     Args:
-        cand: The finished candidate (Candidate.model_dump()).
+        cand: The finished candidate.
         base: The baseline's evaluation record.
         target: The objective's target (latency adds the latency pair).
     """
     from profiling_agent.tools.evaluation.selection import accuracy_drop, same_form_latency
     from profiling_agent.tools.planning.search import prediction_correction
 
-    meta = cand.get("planner_meta") or {}
-    if not base or not cand.get("eval"):
+    meta = cand.planner_meta
+    if not base or not cand.eval:
         return None
     check = RoundCheck()
-    predicted = meta.get("predicted_drop")
+    predicted = meta.predicted_drop
     if predicted is not None:
-        measured = accuracy_drop(cand["eval"], base)
+        measured = accuracy_drop(cand.eval, base)
         check.predicted_drop_pp, check.measured_drop_pp = float(predicted), round(measured, 4)
         check.correction = prediction_correction([{"drop": measured, "predicted_drop": predicted}])
-    goal = meta.get("goal")
+    goal = meta.goal
     if target == "latency" and goal is not None:
-        measured, form, against = same_form_latency(cand["eval"], base)
+        measured, form, against = same_form_latency(cand.eval, base)
         check.latency_form, check.latency_against = form, against
         check.predicted_latency_reduction, check.measured_latency_reduction = float(goal), round(measured, 4)
         check.latency_error = round(measured - float(goal), 4)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from profiling_agent.state import EvalRecord
+
 NAMES = {"params": "parameter", "macs": "MAC", "size": "size", "latency": "latency"}
 
 
@@ -32,7 +34,8 @@ def target_outcome(
     measured = float(best.get("reduction") or 0.0)
     where = ""
     if target == "latency":
-        _, out["form"], out["against"] = same_form_latency(best["eval"], baseline)
+        record, base = EvalRecord.model_validate(best["eval"]), EvalRecord.model_validate(baseline)
+        _, out["form"], out["against"] = same_form_latency(record, base)
         joint = _joint(final or {}, best, str(out["form"]))
         larger = ""
         if joint is not None:

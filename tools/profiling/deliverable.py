@@ -103,10 +103,8 @@ def profile_deliverable(
             if form is not None:
                 out["planned_repeats"] = planned_repeats(form, built[form.name], example, groups, out)
     times = ", ".join(f"{name} {row['total_ms']:.2f} ms" for name, row in out["forms"].items() if "total_ms" in row)
-    note = f"; backend profile: {times}; planners read {out['planned_on']}'s latency shares"
-    if kept is not None:
-        note += " (this machine's stored planning measurement of this model)"
-    elif latency_target:
+    note = f"; backend profile: {times}"
+    if kept is None and latency_target:
         note += latency_table_of(model, example, out, forms)
     return out, note
 

@@ -4,10 +4,10 @@ Planners weigh groups by their latency shares (and, under a latency target, by t
 are timings, and timing noise changed plans from run to run. So the profile step measures them once: the planned
 form's node profile is repeated until every group's share agrees to `PRECISION` (at most `MAX_REPEATS` times), the
 median is kept, and every share and saving is snapped to a geometric grid (`GRID`) coarser than that noise. The
-record goes to profile.json (`planning_latency`); every round and a resumed run read it and never re-measure. A record
-that reached its precision is also cached per machine (model weights, backend choice, threads, input shape, target),
-so a second run of the same model on the same machine plans from the same numbers. docs/facts.md gives the noise the
-grid was chosen from.
+record goes to profile.json (`planning_latency`); every round and a resumed run read it and never re-measure. The first
+record of a model is also kept per machine (model weights, backend choice, threads, input shape, target), so a later
+run of the same model on the same machine plans from the same numbers. docs/facts.md gives the noise the grid was
+chosen from.
 """
 
 from __future__ import annotations
@@ -122,16 +122,30 @@ def cached_record(cache: Path, key: str) -> dict[str, Any] | None:
 
 
 def keep_record(cache: Path, key: str, record: Mapping[str, Any]) -> bool:
-    """Cache `record` under `key` unless its repeats missed the precision; return whether it was kept.
+    """Store `record` as this machine's planning measurement under `key` unless one is stored; return if written.
 
-    A torch record (one profile, its modules' medians: no spread measured) is kept too.
+    The first record stays (later runs plan from it), including one whose repeats missed the precision: a busy
+    machine then keeps planning alike rather than from a new noisy measurement each run (the console says so;
+    deleting the file measures again).
     """
     from profiling_agent.tools.io import write_json_atomic
 
-    if record.get("spread") is not None and float(record["spread"]) > PRECISION:
+    path = cache / f"planning-v{SCHEMA}-{key}.json"
+    if path.exists():
         return False
-    write_json_atomic(cache / f"planning-v{SCHEMA}-{key}.json", {**record, "source": "cache"})
+    write_json_atomic(path, {**record, "source": "cache"})
     return True
+
+
+def record_note(record: Mapping[str, Any]) -> str:
+    """Say in one console clause where the planners' latency came from and how precise it is."""
+    form, spread = record.get("form"), record.get("spread")
+    if record.get("source") == "cache":
+        return f"; planners read {form}'s latency from this machine's stored measurement of this model"
+    if spread is None:
+        return f"; planners read {form}'s latency (one profile, shares on a {GRID} grid)"
+    missed = f", above the {PRECISION:.0%} precision (busy machine?)" if spread > PRECISION else ""
+    return f"; planners read {form}'s latency ({record.get('repeats')} repeats, spread {spread:.0%}{missed})"
 
 
 def record_from_profile(profile: Mapping[str, Any]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ def profile_baseline(
         keep_record,
         record_from_profile,
         record_key,
+        record_note,
     )
     from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
 
@@ -63,6 +64,7 @@ def profile_baseline(
     full["planning_latency"] = kept or record_from_profile(full)
     if kept is None:
         keep_record(cache_dir() / "latency", key, full["planning_latency"])
+    backend_note += record_note(full["planning_latency"])
     write_json_atomic(out_file, full)
     summary = summarize_profile(full, groups)
     summary["path"] = out_file.name

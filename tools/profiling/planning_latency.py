@@ -103,6 +103,13 @@ def planning_record(
     }
 
 
+def records_dir() -> Path:
+    """Return the folder of this machine's planning records (beside the latency tables in the cache)."""
+    from profiling_agent.tools.models.embedded_data import cache_dir
+
+    return cache_dir() / "latency"
+
+
 def record_key(digest: str, backend: str, threads: int, shape: Sequence[int], latency_target: bool) -> str:
     """Return the cache key of a planning record: what the same measurement on this machine would depend on."""
     text = json.dumps([SCHEMA, digest, backend, threads, list(shape), latency_target])

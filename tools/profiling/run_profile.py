@@ -34,7 +34,6 @@ def profile_baseline(
         ValueError: A MACs target on a model whose MACs cannot be counted (bad input: the run cannot judge it).
     """
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.models.embedded_data import cache_dir
     from profiling_agent.tools.profiling.deliverable import profile_deliverable
     from profiling_agent.tools.profiling.latency_model import model_digest
     from profiling_agent.tools.profiling.planning_latency import (
@@ -43,6 +42,7 @@ def profile_baseline(
         record_from_profile,
         record_key,
         record_note,
+        records_dir,
     )
     from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
 
@@ -54,7 +54,7 @@ def profile_baseline(
     digest = f"{model_digest(model)}-{'depth' if depth else 'width'}"  # depth adds block groups
     where = backend if on_backend else f"torch-{device.type}"
     key = record_key(digest, where, torch.get_num_threads(), shape, target == "latency")
-    kept = cached_record(cache_dir() / "latency", key)
+    kept = cached_record(records_dir(), key)
     backend_note = ""
     if on_backend:
         torch_ms = float(full.get("totals", {}).get("latency_ms", 0.0))
@@ -63,7 +63,7 @@ def profile_baseline(
         )
     full["planning_latency"] = kept or record_from_profile(full)
     if kept is None:
-        keep_record(cache_dir() / "latency", key, full["planning_latency"])
+        keep_record(records_dir(), key, full["planning_latency"])
     backend_note += record_note(full["planning_latency"])
     write_json_atomic(out_file, full)
     summary = summarize_profile(full, groups)

@@ -126,4 +126,8 @@ def test_two_runs_with_the_same_seed_plan_alike_though_timings_change_after_the_
     form_a, iter_a, files_a = _delivered(first_root)
     form_b, iter_b, files_b = _delivered(second_root)
     if (form_a, iter_a) == (form_b, iter_b):  # the delivered form is chosen by final timings (not this test's)
+        if form_a == "ov_int8":  # NNCF quantizes again in each run, and its bytes differ (see test_graph.py)
+            files_a, files_b = (
+                {k: v for k, v in f.items() if not k.endswith((".xml", ".bin"))} for f in (files_a, files_b)
+            )
         assert files_a == files_b

@@ -5,9 +5,9 @@ are timings, and timing noise changed plans from run to run. So the profile step
 form's node profile is repeated until every group's share agrees to `PRECISION` (at most `MAX_REPEATS` times), the
 median is kept, and every share and saving is snapped to a geometric grid (`GRID`) coarser than that noise. The
 record goes to profile.json (`planning_latency`); every round and a resumed run read it and never re-measure. The first
-record of a model is also kept per machine (model weights, backend choice, threads, input shape, target), so a later
-run of the same model on the same machine plans from the same numbers. docs/facts.md gives the noise the grid was
-chosen from.
+record of a model is also kept per machine (keyed by weights, groups, backend choice, threads, input shape, target),
+so a later run of the same model on the same machine plans from the same numbers. docs/facts.md gives the noise the
+grid was chosen from.
 """
 
 from __future__ import annotations

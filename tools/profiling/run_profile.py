@@ -51,7 +51,7 @@ def profile_baseline(
     if full["totals"].get("macs") is None and target == "macs":
         raise ValueError(f"--target macs cannot be judged: this model's MACs cannot be counted ({full.get('error')})")
     on_backend = backend != "torch" and device.type == "cpu"
-    digest = f"{model_digest(model)}-{'depth' if depth else 'width'}"  # depth adds block groups
+    digest = f"{model_digest(model)}-{','.join(g['name'] for g in groups)}"  # the groups the shares are of
     where = backend if on_backend else f"torch-{device.type}"
     key = record_key(digest, where, torch.get_num_threads(), shape, target == "latency")
     kept = cached_record(records_dir(), key)

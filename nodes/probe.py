@@ -26,6 +26,7 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.profiling.probe_fast import probe_sensitivity_fast
     from profiling_agent.tools.profiling.probe_record import probe_record
+    from profiling_agent.tools.profiling.sensitivity import ProbeRun
 
     if state.sensitivity is not None:
         return {"history": event("probe_sensitivity", "already probed")}
@@ -48,10 +49,8 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         tensors["calib_pixels"],
         tensors["calib_labels"],
         ratio=ctx.probe_ratio,
-        allowed_ids=allowed_ids(state),
-        seed=state.dataset.seed,
-        progress=progress,
         recover=ctx.recover != "none",  # damage after the least-squares refit the recover step will do
+        run=ProbeRun(allowed_ids=allowed_ids(state), seed=state.dataset.seed, progress=progress),
     )
     write_json_atomic(run_dir(state) / "sensitivity.json", result)
     cpu, seconds = time.process_time() - started, time.perf_counter() - wall

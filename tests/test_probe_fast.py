@@ -9,7 +9,7 @@ import torch
 
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.profiling.probe_fast import FastProbeConfig, probe_sensitivity_fast
-from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+from profiling_agent.tools.profiling.sensitivity import ProbeRun, probe_sensitivity
 
 EXACT = FastProbeConfig(eval_images=0, max_rows=4096, float32_gram=False)  # the full probe's images and rows
 
@@ -83,6 +83,39 @@ def test_progress_reports_every_group(tiny_resnet):
     groups = adapter_for(tiny_resnet).prunable_groups(tiny_resnet)
     seen = []
     probe_sensitivity_fast(
-        tiny_resnet, groups, _pixels(tiny_resnet, 8), progress=lambda d, t, n: seen.append((d, t, n))
+        tiny_resnet, groups, _pixels(tiny_resnet, 8), run=ProbeRun(progress=lambda d, t, n: seen.append((d, t, n)))
     )
     assert seen == [(i + 1, len(groups), g.name) for i, g in enumerate(groups)]
+
+
+def test_the_probes_refit_is_the_recovery_refit_on_the_same_activations(tiny_vit):
+    """One ridge refit (`recovery.ridge`): the probe predicts exactly the weights the recover step will write."""
+    import copy
+
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.profiling.probe_fast import GramStats, refit_masked
+    from profiling_agent.tools.recovery.reconstruct import find_consumers, reconstruct
+
+    group = next(g for g in adapter_for(tiny_vit).prunable_groups(tiny_vit) if g.kind == "structured")
+    pixels = _pixels(tiny_vit, 24)
+    pruned = copy.deepcopy(tiny_vit)
+    report = prune_model(pruned, [{"layer": f"^{group.module}$", "type": group.kind, "ratio": 0.5}], pixels[:1])
+    (row,) = [r for r in report.applied if r.removed]
+    (consumer,) = find_consumers(tiny_vit, pruned, [row])
+    reconstruct(tiny_vit, pruned, pixels, report.applied, max_rows=10**6, by_blocks=False)
+
+    stats = GramStats(tiny_vit.get_submodule(consumer.name), 0, FastProbeConfig(max_rows=10**6))
+    hook = tiny_vit.get_submodule(consumer.name).register_forward_hook(lambda m, a, out: stats.add(a[0], out))
+    with torch.inference_mode():
+        tiny_vit(pixel_values=pixels)
+    hook.remove()
+    probed = copy.deepcopy(tiny_vit)
+    channels = [u * group.unit_size + j for u in row.removed for j in range(group.unit_size)]
+    before, after = refit_masked(probed, consumer.name, stats, channels)
+    assert after < before
+
+    kept = [c for c in range(group.units * group.unit_size) if c not in set(channels)]
+    mine, theirs = probed.get_submodule(consumer.name), pruned.get_submodule(consumer.name)
+    assert torch.allclose(mine.weight[:, kept], theirs.weight, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(mine.bias, theirs.bias, rtol=1e-4, atol=1e-5)
+    assert not mine.weight[:, channels].any()  # the removed columns stay zero

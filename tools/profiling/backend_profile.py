@@ -215,6 +215,7 @@ def profile_backends(
     folder: Path | None = None,
     warmup: int = 2,
     repeats: int = 5,
+    built: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Build and profile each form of the FP32 model; a form that fails is recorded with its reason.
 
@@ -226,6 +227,7 @@ def profile_backends(
         folder: Where the built files go (a scratch folder when None).
         warmup: Untimed runs per form.
         repeats: Timed runs per form (per node: the median).
+        built: Filled with each built form's file (useful only with a `folder` that outlives the call).
 
     Returns:
         {"forms": {name: form_profile(...) + backend, seconds | error}}.
@@ -237,6 +239,8 @@ def profile_backends(
             started = time.process_time()
             try:
                 path = form.build(model, example, base / form.name)
+                if built is not None:
+                    built[form.name] = path
                 node_ms = form.time_nodes(path, example, warmup, repeats)
                 row = {"backend": form.backend, **form_profile(node_ms, groups, form.module_path)}
             except Exception as exc:  # noqa: BLE001 - a form that cannot be built or run is reported, not fatal
@@ -292,7 +296,16 @@ def monotone_savings(times: Sequence[float], base: float) -> list[float]:
 
 
 def planning_costs(profile: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Return the profile's group costs with `latency_share` taken from the planned form (unchanged for torch)."""
+    """Return the profile's group costs with the latency the planners read.
+
+    From the run's stored planning record (`planning_latency`, measured once by the profile step): `latency_share`
+    is the planned form's snapped share, `torch_latency_share` the torch profile's, and `latency_curve` the form's
+    snapped savings per ratio. A profile.json written before that record existed: the planned form's profiled
+    shares and its latency table, as they were.
+    """
+    record = profile.get("planning_latency")
+    if record:
+        return _recorded_costs(profile["group_costs"], record)
     costs = {name: dict(c) for name, c in profile["group_costs"].items()}
     backend = profile.get("backend_profile") or {}
     form = backend.get("planned_on", "torch")
@@ -306,4 +319,15 @@ def planning_costs(profile: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if table and table.get("form") == form and name in table["groups"]:
             times, base = table["groups"][name], float(table["total_ms"][0]) or 1.0
             c["latency_curve"] = {"ratios": table["ratios"], "saved_share": monotone_savings(times, base)}
+    return costs
+
+
+def _recorded_costs(group_costs: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    costs = {name: dict(c) for name, c in group_costs.items()}
+    for name, c in costs.items():
+        if record["form"] != "torch":  # the torch profile's share beside the delivered form's
+            c["torch_latency_share"] = float(record["torch_shares"].get(name, 0.0))
+        c["latency_share"] = float(record["shares"].get(name, 0.0))
+        if name in record.get("curves", {}):
+            c["latency_curve"] = dict(record["curves"][name])
     return costs

@@ -8,13 +8,21 @@ from the cache. A form that cannot be built is recorded with its reason; a missi
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from profiling_agent.tools.profiling.backend_profile import ORT_FORMS, BackendForm, planned_form, profile_backends
+from profiling_agent.tools.profiling.backend_profile import (
+    ORT_FORMS,
+    BackendForm,
+    form_profile,
+    planned_form,
+    profile_backends,
+)
 
 
 def deliverable_forms(backend: str) -> tuple[list[BackendForm], list[str]]:
@@ -61,6 +69,7 @@ def profile_deliverable(
     backend: str,
     torch_ms: float,
     latency_target: bool,
+    kept: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Profile the deliverable forms of the FP32 baseline per node and name the one the planners read.
 
@@ -71,19 +80,47 @@ def profile_deliverable(
         backend: The `--backend` choice (torch, onnxruntime, openvino, auto).
         torch_ms: The torch profile's batch-1 total (torch is a candidate under auto).
         latency_target: Measure the planned form's latency table too.
+        kept: A planning record this machine already measured for this model (`planning_latency`): its form is
+            the planned one, and neither the repeats nor the latency table are measured again.
 
     Returns:
-        (profile.json's `backend_profile`: forms, planned_on, notes and maybe latency_table; a console note).
+        (profile.json's `backend_profile`: forms, planned_on, notes, and unless `kept`, `planned_repeats` (the
+        planned form's repeated shares) and with a latency target the `latency_table`; a console note).
     """
     forms, notes = deliverable_forms(backend)
     if not forms:
         return {"forms": {}, "planned_on": "torch", "notes": notes}, ""
     model = model.cpu()
     example = torch.randn((1, *shape), generator=torch.Generator().manual_seed(0))
-    out = profile_backends(model, example, groups, forms)
-    out["planned_on"], out["notes"] = planned_form(out, backend, torch_ms), notes
+    with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch:
+        built: dict[str, Path] = {}
+        out = profile_backends(model, example, groups, forms, folder=Path(scratch), built=built)
+        out["planned_on"], out["notes"] = planned_form(out, backend, torch_ms), notes
+        if kept is not None:
+            out["planned_on"] = str(kept["form"])
+        else:
+            form = next((f for f in forms if f.name == out["planned_on"] and f.name in built), None)
+            if form is not None:
+                out["planned_repeats"] = planned_repeats(form, built[form.name], example, groups, out)
     times = ", ".join(f"{name} {row['total_ms']:.2f} ms" for name, row in out["forms"].items() if "total_ms" in row)
-    note = f"; backend profile: {times}; planners read {out['planned_on']}'s latency shares"
-    if latency_target:
+    note = f"; backend profile: {times}"
+    if kept is None and latency_target:
         note += latency_table_of(model, example, out, forms)
     return out, note
+
+
+def planned_repeats(
+    form: BackendForm, path: Path, example: torch.Tensor, groups: list[Mapping[str, Any]], out: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Repeat the planned form's node profile to `planning_latency.PRECISION`; the profile's own run counts first.
+
+    Returns:
+        {"shares": each group's median share, "repeats": samples taken, "spread": their relative spread}.
+    """
+    from profiling_agent.tools.profiling.planning_latency import repeated_shares
+
+    def sample() -> dict[str, float]:
+        return form_profile(form.time_nodes(path, example, 2, 5), groups, form.module_path)["group_latency_share"]
+
+    shares, n, spread = repeated_shares(sample, out["forms"][form.name]["group_latency_share"])
+    return {"shares": shares, "repeats": n, "spread": spread}

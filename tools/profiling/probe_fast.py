@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -30,19 +29,22 @@ from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.units import removed_units, select_units
 from profiling_agent.tools.models.shortcut import ShortcutBlock
 from profiling_agent.tools.profiling.sensitivity import (
+    ProbeRun,
+    cap_damage,
     compare_logits,
     damage_of,
+    engine_failures,
     probe_ratio,
     probe_sensitivity,
     restrict_logits,
 )
+from profiling_agent.tools.recovery.ridge import ridge_refit
 from profiling_agent.tools.runtimes.blocks import REPLAY_TOLERANCE, PassBlock, Stop, started_at
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 log = logging.getLogger(__name__)
 
 Layer = nn.Linear | nn.Conv2d
-RIDGE = 1e-2  # as tools/recovery/reconstruct.py: relative to the mean diagonal of the Gram matrix
 SKIP_TOLERANCE = REPLAY_TOLERANCE  # largest |logit gap| / (1 + max |logit|) when earlier blocks are skipped
 
 
@@ -96,8 +98,12 @@ def _targets(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
     return y.flatten(2).transpose(1, 2).reshape(-1, y.shape[1])
 
 
-class _Stats:
-    """Gram statistics of one consumer over every input column plus a ones column, accumulated per batch."""
+class GramStats:
+    """Gram statistics of one consumer over every input column plus a ones column, accumulated per batch.
+
+    `add(x, y)` takes the consumer's input and output of one batch (the baseline's), rows sampled by `seed` as
+    `reconstruct` samples them; `refit_masked` solves on the kept columns.
+    """
 
     def __init__(self, module: nn.Module, seed: int, config: FastProbeConfig) -> None:
         self.module, self.config = module, config
@@ -108,6 +114,7 @@ class _Stats:
         self.yy, self.n = 0.0, 0
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add one batch: the consumer's input `x` and output `y`."""
         rows, target = _rows(self.module, x), _targets(self.module, y)
         if rows.shape[0] > self.config.max_rows:
             pick = torch.randperm(rows.shape[0], generator=self.generator)[: self.config.max_rows]
@@ -144,11 +151,12 @@ def _bias_sink(block: nn.Module, rel: str, module: nn.Module) -> tuple[str, nn.M
     return ("batchnorm", norms[0]) if len(norms) == 1 else ("none", None)
 
 
-def refit_masked(block: nn.Module, rel: str, stats: _Stats, removed: list[int]) -> tuple[float, float]:
+def refit_masked(block: nn.Module, rel: str, stats: GramStats, removed: list[int]) -> tuple[float, float]:
     """Mask `removed` input channels of consumer `rel` in `block` and refit it; return (error before, after).
 
-    The same ridge problem as `reconstruct._fit_one` (prior: kept weights with the removed inputs' mean folded into
-    the bias), solved on the kept rows and columns of the baseline's Gram matrix; the removed columns stay zero.
+    The recovery refit's ridge problem (`recovery.ridge.ridge_refit`; prior: kept weights with the removed inputs'
+    mean folded into the bias), solved on the kept rows and columns of the baseline's Gram matrix; the removed
+    columns stay zero.
     """
     module = cast(Layer, block.get_submodule(rel))
     assert stats.gram is not None and stats.cross is not None and stats.col_sum is not None
@@ -169,15 +177,7 @@ def refit_masked(block: nn.Module, rel: str, stats: _Stats, removed: list[int]) 
     folded = own + w_full[:, removed_cols] @ (stats.col_sum[removed_cols] / max(stats.n, 1))
     prior = torch.cat([current, folded[None]]) if with_bias else current
     untouched = torch.cat([current, own[None]]) if with_bias else current
-    lam = RIDGE * (float(gram.diagonal()[: len(kept)].mean()) or 1.0)
-    solved = torch.linalg.solve(gram + lam * torch.eye(len(index), dtype=torch.float64), cross + lam * prior)
-
-    def error(theta: torch.Tensor) -> float:
-        return float((theta * (gram @ theta)).sum() - 2 * (theta * cross).sum() + stats.yy) / max(stats.yy, 1e-30)
-
-    before, after = error(untouched), error(solved)
-    if not torch.isfinite(solved).all() or after > before:
-        solved, after = untouched, before
+    solved, before, after = ridge_refit(gram, cross, stats.yy, prior, untouched, len(kept))
     with torch.no_grad():
         flat = torch.zeros_like(w_full)
         flat[:, kept] = solved[: len(kept)].T
@@ -213,13 +213,13 @@ class _Runner:
 
 
 def _block_pass(
-    block: nn.Module, inputs: torch.Tensor, watch: dict[str, _Stats], batch_size: int, args: tuple, kwargs: dict
+    block: nn.Module, inputs: torch.Tensor, watch: dict[str, GramStats], batch_size: int, args: tuple, kwargs: dict
 ) -> torch.Tensor:
     """Run the baseline block on its inputs, feeding each watched consumer's (input, output) to its stats."""
     handles = []
     for rel, stats in watch.items():
 
-        def hook(module: nn.Module, a: tuple, out: Any, stats: _Stats = stats) -> None:
+        def hook(module: nn.Module, a: tuple, out: Any, stats: GramStats = stats) -> None:
             stats.add(a[0].detach(), out.detach())
 
         handles.append(block.get_submodule(rel).register_forward_hook(hook))
@@ -285,6 +285,29 @@ def _capture_first(
     return info
 
 
+@dataclass
+class _Site:
+    """One block of the walk: its baseline module, name, position, inputs and its consumers' Gram statistics."""
+
+    block: nn.Module
+    name: str
+    index: int
+    hidden: torch.Tensor
+    watch: dict[str, GramStats]
+
+
+@dataclass
+class _Scorer:
+    """What scores a probed group: labels and settings, then (set by the walk) the runner and baseline logits."""
+
+    labels: torch.Tensor | None
+    ratio: float
+    recover: bool
+    config: FastProbeConfig
+    runner: _Runner = field(init=False)
+    reference: torch.Tensor = field(init=False)
+
+
 def probe_sensitivity_fast(
     model: nn.Module,
     groups: list[PrunableGroup],
@@ -292,11 +315,9 @@ def probe_sensitivity_fast(
     labels: torch.Tensor | None = None,
     *,
     ratio: float = 0.3,
-    allowed_ids: list[int] | None = None,
-    seed: int = 0,
-    progress: Callable[[int, int, str], None] | None = None,
     recover: bool = False,
     config: FastProbeConfig | None = None,
+    run: ProbeRun | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Probe every group like `sensitivity.probe_sensitivity`, recomputing only from the pruned block onward.
 
@@ -306,154 +327,135 @@ def probe_sensitivity_fast(
         pixels: Calibration images (N, C, H, W); the refit reads all, the damage the first `eval_images`.
         labels: Their model label ids, or None.
         ratio: Probe ratio per group (at least one unit).
-        allowed_ids: Restrict predictions to these ids.
-        seed: Seed of the refit's row sampling (importance is L2, as the engine's default).
-        progress: Called as progress(done, total, group_name).
         recover: Refit the group's consumer by least squares before measuring.
         config: Image count, refit rows, batch size.
+        run: Allowed class ids, the seed of the refit's row sampling (importance is L2, as the engine's default)
+            and the progress callback.
 
     Returns:
         The full probe's rows (`damage`, `kl`, `agreement`, `acc_drop`, `units_removed`, `ratio`) plus `fast`
         (True, or False for a group the full probe measured) and `refit_error` (relative squared error of the
         consumer's outputs after the refit, when refitted).
     """
-    config = config or FastProbeConfig()
+    config, run = config or FastProbeConfig(), run or ProbeRun()
     started = time.process_time()
     model.eval()
-    n_eval = min(len(pixels), config.eval_images or len(pixels))
-    blocks = list(dict.fromkeys(g.block for g in groups if g.block))
+    progress = _Counter(run.progress, len(groups))
     results: dict[str, dict[str, Any]] = {}
-    done = 0
+    blocks = list(dict.fromkeys(g.block for g in groups if g.block))
     if blocks:
         try:
-            info = _capture_first(model, blocks, pixels, n_eval, config.batch_size)
-            reference = restrict_logits(info["logits"][:n_eval], allowed_ids)
-            runner = _Runner(model, blocks, info["arity"], pixels[:n_eval])
-            hidden = torch.empty(0)
-            for index, block_name in enumerate(blocks):
-                hidden = info["inputs"].get(block_name, hidden)  # a stack's first block: its own inputs
-                args, kwargs = info["args"].get(block_name, ((), {}))
-                block = model.get_submodule(block_name)
-                mine = [g for g in groups if g.block == block_name]
-                check = runner.logits(index, block, hidden[:1], config.batch_size)  # skipping must change nothing
-                gap = float((check - info["logits"][:1]).abs().max()) / (1.0 + float(info["logits"][:1].abs().max()))
-                if gap > SKIP_TOLERANCE:
-                    log.warning(
-                        "fast probe: skipping blocks before %s changes the logits (%.2g); full probe", block_name, gap
-                    )
-                    break
-                watch = {}  # seeded per consumer position in its group, as reconstruct() does
-                for g in mine:
-                    for i, rel in enumerate(_consumers(block, block_name, g)):
-                        watch[rel] = _Stats(block.get_submodule(rel), seed + i, config)
-                nxt = _block_pass(block, hidden, watch if recover else {}, config.batch_size, args, kwargs)
-                for g in mine:
-                    row = _probe_one(
-                        g, block, block_name, index, hidden, watch, runner, reference, labels, ratio, recover, config
-                    )
-                    if row is None:  # the full probe below measures it, or records why it cannot be pruned
-                        continue
-                    results[g.name] = row
-                    done += 1
-                    if progress:
-                        progress(done, len(groups), g.name)
-                hidden = nxt
+            scorer = _Scorer(labels, ratio, recover, config)
+            _walk_blocks(model, blocks, groups, pixels, scorer, run, results, progress)
         except Exception as exc:  # noqa: BLE001 - a block layout the fast path cannot replay: the full probe
             log.warning("fast probe unavailable for this model (%s: %s); full probe", type(exc).__name__, exc)
     rest = [g for g in groups if g.name not in results]
     if rest:
         full = probe_sensitivity(
-            model, rest, pixels, labels, ratio=ratio, allowed_ids=allowed_ids, seed=seed, recover=recover
+            model,
+            rest,
+            pixels,
+            labels,
+            ratio=ratio,
+            recover=recover,
+            run=ProbeRun(allowed_ids=run.allowed_ids, seed=run.seed),
         )
         for g in rest:
             results[g.name] = {**full[g.name], "fast": False}
-            done += 1
-            if progress:
-                progress(done, len(groups), g.name)
+            progress(g.name)
     masked = [g for g in groups if results[g.name].get("fast") and g.kind != "block"]  # blocks are the adapter's
-    for name, reason in engine_failures(model, masked, ratio, pixels[:1], seed).items():
+    for name, reason in engine_failures(model, masked, ratio, pixels[:1], run.seed).items():
         results[name] = {"damage": float("inf"), "error": reason[:300], "ratio": results[name]["ratio"], "fast": True}
     for r in results.values():  # the full probe capped its own errors among its own rows: cap them among all
         if r.get("error"):
             r["damage"] = float("inf")
-    finite = [r["damage"] for r in results.values() if r["damage"] != float("inf")]
-    cap = 10.0 * max(finite) if finite else 1.0
-    for r in results.values():
-        if r["damage"] == float("inf"):
-            r["damage"] = cap
+    cap_damage(results)
     log.info("fast probe: %d groups in %.1f CPU-s", len(groups), time.process_time() - started)
     return {g.name: results[g.name] for g in groups}
 
 
-def engine_failures(
-    model: nn.Module, groups: list[PrunableGroup], ratio: float, example: torch.Tensor, seed: int = 0
-) -> dict[str, str]:
-    """Return {group: reason} for the groups the pruning engine refuses at the probe ratio.
+class _Counter:
+    """Counts probed groups and reports each one as progress(done, total, group name)."""
 
-    Masking never asks the engine, so the block-local probe would rate a group it cannot prune like any other; one
-    copy pruned at every group's probe ratio finds out in one dependency-graph build (one by one when that fails).
+    def __init__(self, report: Callable[[int, int, str], None] | None, total: int) -> None:
+        self.report, self.total, self.done = report, total, 0
+
+    def __call__(self, name: str) -> None:
+        self.done += 1
+        if self.report:
+            self.report(self.done, self.total, name)
+
+
+def _walk_blocks(
+    model: nn.Module,
+    blocks: list[str],
+    groups: list[PrunableGroup],
+    pixels: torch.Tensor,
+    scorer: _Scorer,
+    run: ProbeRun,
+    results: dict[str, dict[str, Any]],
+    progress: _Counter,
+) -> None:
+    """Walk the blocks in forward order once, probing each block's groups into `results`.
+
+    Stops (leaving the rest to the full probe) at the first block whose skipped predecessors change the logits.
+    Sets the scorer's runner and reference logits (the first `eval_images` images).
     """
-    from profiling_agent.tools.compression.pruning import prune_model
-    from profiling_agent.tools.text import one_line
+    config = scorer.config
+    n_eval = min(len(pixels), config.eval_images or len(pixels))
+    info = _capture_first(model, blocks, pixels, n_eval, config.batch_size)
+    scorer.reference = restrict_logits(info["logits"][:n_eval], run.allowed_ids)
+    scorer.runner = _Runner(model, blocks, info["arity"], pixels[:n_eval])
+    hidden = torch.empty(0)
+    for index, block_name in enumerate(blocks):
+        hidden = info["inputs"].get(block_name, hidden)  # a stack's first block: its own inputs
+        args, kwargs = info["args"].get(block_name, ((), {}))
+        block = model.get_submodule(block_name)
+        check = scorer.runner.logits(index, block, hidden[:1], config.batch_size)  # skipping must change nothing
+        gap = float((check - info["logits"][:1]).abs().max()) / (1.0 + float(info["logits"][:1].abs().max()))
+        if gap > SKIP_TOLERANCE:
+            log.warning("fast probe: skipping blocks before %s changes the logits (%.2g); full probe", block_name, gap)
+            return
+        mine = [g for g in groups if g.block == block_name]
+        watch = {}  # seeded per consumer position in its group, as reconstruct() does
+        for g in mine:
+            for i, rel in enumerate(_consumers(block, block_name, g)):
+                watch[rel] = GramStats(block.get_submodule(rel), run.seed + i, config)
+        nxt = _block_pass(block, hidden, watch if scorer.recover else {}, config.batch_size, args, kwargs)
+        site = _Site(block, block_name, index, hidden, watch)
+        for g in mine:
+            row = _probe_one(g, site, scorer)
+            if row is not None:  # else the full probe measures it, or records why it cannot be pruned
+                results[g.name] = row
+                progress(g.name)
+        hidden = nxt
 
-    def entry(group: PrunableGroup) -> dict[str, Any]:
-        return {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe_ratio(group, ratio)}
 
-    def refused(chosen: list[PrunableGroup]) -> str | None:
-        try:
-            prune_model(copy.deepcopy(model), [entry(g) for g in chosen], example, seed=seed)
-        except Exception as exc:  # noqa: BLE001 - the reason is recorded as the group's fact
-            return f"{type(exc).__name__}: {one_line(exc)}"
-        return None
-
-    if not groups or refused(groups) is None:
-        return {}
-    return {g.name: reason for g in groups if (reason := refused([g])) is not None}
-
-
-def _probe_one(
-    group: PrunableGroup,
-    block: nn.Module,
-    block_name: str,
-    index: int,
-    hidden: torch.Tensor,
-    watch: dict[str, _Stats],
-    runner: _Runner,
-    reference: torch.Tensor,
-    labels: torch.Tensor | None,
-    ratio: float,
-    recover: bool,
-    config: FastProbeConfig,
-) -> dict[str, Any] | None:
+def _probe_one(group: PrunableGroup, site: _Site, scorer: _Scorer) -> dict[str, Any] | None:
     """Mask (and refit) one group on a copy of its block and measure the damage from that block onward.
 
     Returns None when the block-local probe cannot handle the group; the caller then runs the full probe on it.
     """
     if group.kind == "block":  # what taking the block out costs: a pass-through, or its shortcut, in its place
-        skip = ShortcutBlock(block) if replaces(group) else PassBlock(runner.arity[block_name])
-        return {
-            **_damage_from(index, skip, hidden, runner, reference, labels, config),
-            "units_removed": 1,
-            "ratio": 1.0,
-        }
-    probe = probe_ratio(group, ratio)
+        skip = ShortcutBlock(site.block) if replaces(group) else PassBlock(scorer.runner.arity[site.name])
+        return {**_damage_from(site, skip, scorer), "units_removed": 1, "ratio": 1.0}
+    probe = probe_ratio(group, scorer.ratio)
     try:
         n_remove = removed_units(group.units, group.min_units, probe)
         if not n_remove:
             return None
-        units = select_units(runner.model, group, n_remove, "l2")
-        channels = _channels(group, units)
-        trial = copy.deepcopy(block)
+        channels = _channels(group, select_units(scorer.runner.model, group, n_remove, "l2"))
+        trial = copy.deepcopy(site.block)
         errors = []
-        consumers = _consumers(block, block_name, group)
+        consumers = _consumers(site.block, site.name, group)
         if not consumers:
-            raise ValueError(f"no consumer of {group.name} inside block {block_name}")
+            raise ValueError(f"no consumer of {group.name} inside block {site.name}")
         for rel in consumers:
-            if recover:
-                errors.append(refit_masked(trial, rel, watch[rel], channels)[1])
+            if scorer.recover:
+                errors.append(refit_masked(trial, rel, site.watch[rel], channels)[1])
             else:
                 _mask_only(trial, rel, channels)
-        row = _damage_from(index, trial, hidden, runner, reference, labels, config)
+        row = _damage_from(site, trial, scorer)
         row.update(units_removed=n_remove, ratio=round(probe, 4))
         if errors:
             row["refit_error"] = round(max(errors), 6)
@@ -463,18 +465,11 @@ def _probe_one(
         return None
 
 
-def _damage_from(
-    index: int,
-    block: nn.Module,
-    hidden: torch.Tensor,
-    runner: _Runner,
-    reference: torch.Tensor,
-    labels: torch.Tensor | None,
-    config: FastProbeConfig,
-) -> dict[str, Any]:
-    """Run the model from block `index` on, `block` in its place, and return the logit statistics and damage."""
-    logits = runner.logits(index, block, hidden[: len(reference)], config.batch_size)
-    labels_used = labels[: len(reference)] if labels is not None else None
+def _damage_from(site: _Site, block: nn.Module, scorer: _Scorer) -> dict[str, Any]:
+    """Run the model from the site's block on, `block` in its place, and return the logit statistics and damage."""
+    reference = scorer.reference
+    logits = scorer.runner.logits(site.index, block, site.hidden[: len(reference)], scorer.config.batch_size)
+    labels_used = scorer.labels[: len(reference)] if scorer.labels is not None else None
     stats = compare_logits(reference, _restrict_like(reference, logits), labels_used)
     return {**stats, "damage": damage_of(stats), "fast": True}
 

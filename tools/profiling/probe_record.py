@@ -7,8 +7,9 @@ from typing import Any
 from profiling_agent.state import GroupSensitivity
 
 
-def probe_record(result: dict[str, dict[str, Any]], ratio: float, cpu: float, seconds: float,
-                 refit: bool) -> tuple[dict[str, GroupSensitivity], str]:  # fmt: skip
+def probe_record(
+    result: dict[str, dict[str, Any]], ratio: float, cpu: float, seconds: float, refit: bool
+) -> tuple[dict[str, GroupSensitivity], str]:
     """Return the sensitivity kept in state per group (sensitivity.json keeps the probe's extra facts) and its summary.
 
     Args:

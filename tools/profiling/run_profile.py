@@ -24,7 +24,9 @@ def profile_baseline(
 
     The torch profile (static MACs and params, per-module latency) always runs; on the CPU, unless the
     `--backend` is torch, the deliverable backend forms are profiled per node too (`deliverable`), with the
-    planned form's latency table when the target is latency.
+    planned form's latency table when the target is latency. The latency the planners read (`planning_latency`:
+    the planned form's repeated, snapped shares and curves) is measured here once per run, or read from this
+    machine's record of the same model and settings, and kept in profile.json for every round and a resume.
 
     `depth`: list the blocks depth pruning may remove among the groups (the objective's `prunes_depth`).
 
@@ -33,18 +35,36 @@ def profile_baseline(
     """
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.profiling.deliverable import profile_deliverable
+    from profiling_agent.tools.profiling.latency_model import model_digest
+    from profiling_agent.tools.profiling.planning_latency import (
+        cached_record,
+        keep_record,
+        record_from_profile,
+        record_key,
+        record_note,
+        records_dir,
+    )
     from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
 
     full = planner_profile(model.to(device), shape, device=str(device), depth=depth)
     groups = full["groups"]
     if full["totals"].get("macs") is None and target == "macs":
         raise ValueError(f"--target macs cannot be judged: this model's MACs cannot be counted ({full.get('error')})")
+    on_backend = backend != "torch" and device.type == "cpu"
+    digest = f"{model_digest(model)}-{','.join(g['name'] for g in groups)}"  # the groups the shares are of
+    where = backend if on_backend else f"torch-{device.type}"
+    key = record_key(digest, where, torch.get_num_threads(), shape, target == "latency")
+    kept = cached_record(records_dir(), key)
     backend_note = ""
-    if backend != "torch" and device.type == "cpu":
+    if on_backend:
         torch_ms = float(full.get("totals", {}).get("latency_ms", 0.0))
         full["backend_profile"], backend_note = profile_deliverable(
-            model, shape, groups, backend, torch_ms, target == "latency"
+            model, shape, groups, backend, torch_ms, target == "latency", kept
         )
+    full["planning_latency"] = kept or record_from_profile(full)
+    if kept is None:
+        keep_record(records_dir(), key, full["planning_latency"])
+    backend_note += record_note(full["planning_latency"])
     write_json_atomic(out_file, full)
     summary = summarize_profile(full, groups)
     summary["path"] = out_file.name

@@ -6,6 +6,7 @@ import copy
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,6 +59,21 @@ def probe_ratio(group: PrunableGroup, ratio: float) -> float:
     return max(ratio, min(0.99, (1.0 + 1e-6) / max(group.units, 1)))
 
 
+@dataclass(frozen=True)
+class ProbeRun:
+    """How a probe runs, beside what it measures.
+
+    Attributes:
+        allowed_ids: Restrict predictions to these ids (dataset classes that are a subset of the model's).
+        seed: Seed of the pruning engine and of the refit's row sampling.
+        progress: Called as progress(done, total, group_name).
+    """
+
+    allowed_ids: list[int] | None = None
+    seed: int = 0
+    progress: Callable[[int, int, str], None] | None = None
+
+
 def probe_sensitivity(
     model: nn.Module,
     groups: list[PrunableGroup],
@@ -65,11 +81,9 @@ def probe_sensitivity(
     labels: torch.Tensor | None = None,
     *,
     ratio: float = 0.3,
-    allowed_ids: list[int] | None = None,
-    batch_size: int = 64,
-    seed: int = 0,
-    progress: Callable[[int, int, str], None] | None = None,
     recover: bool = False,
+    batch_size: int = 64,
+    run: ProbeRun | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Prune each group alone at `ratio` (at least one unit) on a copy and measure the damage.
 
@@ -79,13 +93,11 @@ def probe_sensitivity(
         pixels: Calibration images (N, C, H, W).
         labels: Their model label ids, or None.
         ratio: Probe ratio per group.
-        allowed_ids: Restrict predictions to these ids (dataset classes that are a subset of the model's).
-        batch_size: Inference batch size.
-        seed: Seed for the pruning engine.
-        progress: Called as progress(done, total, group_name).
         recover: Refit the group's consumer layer by least squares (tools/recovery/reconstruct.py) on the same
             images before measuring, so the damage is what is left after the run's recovery: a group that
             recovers well looks less sensitive and gets pruned harder.
+        batch_size: Inference batch size.
+        run: Allowed class ids, seed and progress callback.
 
     Returns:
         Per group name, the fields of `state.GroupSensitivity`: `damage` (KL divergence of the probed model's
@@ -94,41 +106,91 @@ def probe_sensitivity(
         removes no unit) is unprunable: `error` says why, its damage is ten times the largest measured one
         (JSON stays finite) and kl/agreement/acc_drop are None, as nothing was measured.
     """
+    run = run or ProbeRun()
+    reference = restrict_logits(batched_logits(model, pixels, batch_size), run.allowed_ids)
+    setup = _Setup(pixels, labels, reference, ratio, recover, batch_size, run)
+    results: dict[str, dict[str, Any]] = {}
+    for done, group in enumerate(groups):
+        results[group.name] = _probe_group(model, group, setup)
+        if run.progress:
+            run.progress(done + 1, len(groups), group.name)
+    return cap_damage(results)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """One full probe's calibration images, their labels and baseline logits, and its settings."""
+
+    pixels: torch.Tensor
+    labels: torch.Tensor | None
+    reference: torch.Tensor
+    ratio: float
+    recover: bool
+    batch_size: int
+    run: ProbeRun
+
+
+def _probe_group(model: nn.Module, group: PrunableGroup, setup: _Setup) -> dict[str, Any]:
+    """Prune `group` alone on a copy of `model` (refit when asked) and return its row (`error` when it cannot)."""
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.recovery.reconstruct import reconstruct
 
-    reference = restrict_logits(batched_logits(model, pixels, batch_size), allowed_ids)
-    example = pixels[:1]
-    results: dict[str, dict[str, Any]] = {}
-    for done, group in enumerate(groups):
-        probe = probe_ratio(group, ratio)
-        entry = {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe}
-        trial = copy.deepcopy(model)
-        try:
-            report = prune_model(trial, [entry], example, seed=seed)
-            removed = sum(a.units_before - a.units_after for a in report.applied if a.group == group.name)
-            if not removed:
-                raise UnprunableGroup(f"pruning at ratio {probe:.2f} removes none of its {group.units} units")
-            if recover:
-                reconstruct(model, trial, pixels, report.applied, seed=seed)
-            stats = compare_logits(
-                reference, restrict_logits(batched_logits(trial, pixels, batch_size), allowed_ids), labels
-            )
-            damage = damage_of(stats)
-            results[group.name] = {**stats, "damage": damage, "units_removed": removed, "ratio": round(probe, 4)}
-        except Exception as exc:  # noqa: BLE001 - a group the engine cannot prune is a recorded fact, not fatal
-            reason = (
-                one_line(exc)[:300] if isinstance(exc, UnprunableGroup) else f"{type(exc).__name__}: {one_line(exc)}"
-            )
-            log.warning("sensitivity probe cannot prune %s: %s", group.name, reason)
-            results[group.name] = {"damage": float("inf"), "error": reason[:300], "ratio": round(probe, 4)}
-        finally:
-            del trial
-        if progress:
-            progress(done + 1, len(groups), group.name)
+    probe = probe_ratio(group, setup.ratio)
+    entry = {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe}
+    trial = copy.deepcopy(model)
+    try:
+        report = prune_model(trial, [entry], setup.pixels[:1], seed=setup.run.seed)
+        removed = sum(a.units_before - a.units_after for a in report.applied if a.group == group.name)
+        if not removed:
+            raise UnprunableGroup(f"pruning at ratio {probe:.2f} removes none of its {group.units} units")
+        if setup.recover:
+            reconstruct(model, trial, setup.pixels, report.applied, seed=setup.run.seed)
+        logits = restrict_logits(batched_logits(trial, setup.pixels, setup.batch_size), setup.run.allowed_ids)
+        stats = compare_logits(setup.reference, logits, setup.labels)
+        return {**stats, "damage": damage_of(stats), "units_removed": removed, "ratio": round(probe, 4)}
+    except Exception as exc:  # noqa: BLE001 - a group the engine cannot prune is a recorded fact, not fatal
+        reason = one_line(exc)[:300] if isinstance(exc, UnprunableGroup) else f"{type(exc).__name__}: {one_line(exc)}"
+        log.warning("sensitivity probe cannot prune %s: %s", group.name, reason)
+        return {"damage": float("inf"), "error": reason[:300], "ratio": round(probe, 4)}
+    finally:
+        del trial
+
+
+def cap_damage(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Replace each infinite damage (an unprunable group) by ten times the largest finite one (JSON stays finite).
+
+    Returns:
+        `results`, changed in place.
+    """
     finite = [r["damage"] for r in results.values() if r["damage"] != float("inf")]
     cap = 10.0 * max(finite) if finite else 1.0
-    for r in results.values():  # keep JSON finite
+    for r in results.values():
         if r["damage"] == float("inf"):
             r["damage"] = cap
     return results
+
+
+def engine_failures(
+    model: nn.Module, groups: list[PrunableGroup], ratio: float, example: torch.Tensor, seed: int = 0
+) -> dict[str, str]:
+    """Return {group: reason} for the groups the pruning engine refuses at the probe ratio.
+
+    Masking never asks the engine, so the block-local probe would rate a group it cannot prune like any other; one
+    copy pruned at every group's probe ratio finds out in one dependency-graph build (one by one when that fails).
+    """
+    from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.text import one_line
+
+    def entry(group: PrunableGroup) -> dict[str, Any]:
+        return {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe_ratio(group, ratio)}
+
+    def refused(chosen: list[PrunableGroup]) -> str | None:
+        try:
+            prune_model(copy.deepcopy(model), [entry(g) for g in chosen], example, seed=seed)
+        except Exception as exc:  # noqa: BLE001 - the reason is recorded as the group's fact
+            return f"{type(exc).__name__}: {one_line(exc)}"
+        return None
+
+    if not groups or refused(groups) is None:
+        return {}
+    return {g.name: reason for g in groups if (reason := refused([g])) is not None}

@@ -15,12 +15,12 @@ from torch import nn
 
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.units import PrunedGroup, channels_of
+from profiling_agent.tools.recovery.ridge import RIDGE, ridge_refit
 from profiling_agent.tools.runtimes.blocks import Stop, replays, started_at
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
 
-RIDGE = 1e-2  # ridge strength relative to the mean diagonal of the activations' Gram matrix
 MAX_ROWS_PER_BATCH = 4096  # activation rows (tokens or pixel positions) sampled per batch and consumer
 
 
@@ -238,16 +238,7 @@ def _fit_one(
     folded = own_bias + w_full[:, removed_cols] @ (base_sum[removed_cols] / n_rows)
     prior = torch.cat([current, folded[None]]) if with_bias else current
     untouched = torch.cat([current, own_bias[None]]) if with_bias else current
-    scale = float(gram.diagonal()[: len(kept_cols)].mean()) or 1.0
-    lam = ridge * scale
-    solved = torch.linalg.solve(gram + lam * torch.eye(d, dtype=torch.float64), cross + lam * prior)
-
-    def error(theta: torch.Tensor) -> float:
-        return float((theta * (gram @ theta)).sum() - 2 * (theta * cross).sum() + yy) / max(yy, 1e-30)
-
-    before, after = error(untouched), error(solved)
-    if not torch.isfinite(solved).all() or after > before:
-        solved, after = untouched, before
+    solved, before, after = ridge_refit(gram, cross, yy, prior, untouched, len(kept_cols), ridge)
     _write(mod, solved, sink, sink_mod, len(kept_cols))
     return ConsumerFit(consumer.group, consumer.name, n_rows, round(before, 6), round(after, 6), sink)
 

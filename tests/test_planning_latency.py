@@ -1,0 +1,94 @@
+"""The latency a plan reads: repeated to a precision, snapped to a grid, stored once, the only one planners read."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from profiling_agent.tools.profiling.backend_profile import planning_costs
+from profiling_agent.tools.profiling.planning_latency import (
+    GRID,
+    MAX_REPEATS,
+    MIN_REPEATS,
+    cached_record,
+    keep_record,
+    record_from_profile,
+    record_key,
+    repeated_shares,
+    snap,
+)
+
+
+def test_snap_puts_shares_on_a_geometric_grid_that_absorbs_small_noise():
+    assert snap(0.0) == 0.0 and snap(-1e-9) == 0.0
+    for share in (0.0031, 0.042, 0.1057, 0.5):
+        snapped = snap(share)
+        assert snapped == pytest.approx(GRID ** round(math.log(share, GRID)), rel=1e-5)
+        assert abs(snapped / share - 1) <= (GRID - 1) / 2 + 1e-9  # at most half a step away
+        assert snap(snapped) == snapped
+    # the same value measured 1% higher or lower lands on the same point unless it sits on a step's edge
+    assert snap(0.1) == snap(0.101) == snap(0.099)
+
+
+def test_repeats_stop_once_the_shares_agree_and_report_how_many_and_how_far_apart():
+    steady = itertools.cycle([{"a": 0.30, "b": 0.70}, {"a": 0.301, "b": 0.699}])
+    shares, n, spread = repeated_shares(lambda: next(steady))
+    assert n == MIN_REPEATS and spread <= 0.05 and shares["a"] == pytest.approx(0.30, abs=0.001)
+    noisy = itertools.cycle([{"a": 0.2, "b": 0.8}, {"a": 0.4, "b": 0.6}])
+    shares, n, spread = repeated_shares(lambda: next(noisy), first={"a": 0.3, "b": 0.7})
+    assert n == MAX_REPEATS and spread > 0.05  # never agreed: stops at the bound and says how far apart
+    assert shares == {"a": 0.3, "b": 0.7}  # the medians
+
+
+def _profile(form="ort_dynamic"):
+    return {
+        "totals": {"latency_ms": 3.0},
+        "group_costs": {"g1": {"latency_share": 0.2, "macs_share": 0.5}, "g2": {"latency_share": 0.3}},
+        "backend_profile": {
+            "planned_on": form,
+            "forms": {"ort_dynamic": {"total_ms": 1.0, "group_latency_share": {"g1": 0.61, "g2": 0.12}}},
+            "planned_repeats": {"shares": {"g1": 0.6, "g2": 0.1}, "repeats": 3, "spread": 0.02},
+            "latency_table": {
+                "form": "ort_dynamic",
+                "ratios": [0.0, 0.5],
+                "groups": {"g1": [0.6, 0.4], "g2": [0.1, 0.1]},
+                "total_ms": [1.0, 0.8],
+            },
+        },
+    }
+
+
+def test_planners_read_the_stored_record_not_the_profiles_single_measurement():
+    profile = _profile()
+    profile["planning_latency"] = record_from_profile(profile)
+    record = profile["planning_latency"]
+    assert record["form"] == "ort_dynamic" and record["repeats"] == 3
+    assert record["shares"] == {"g1": snap(0.6), "g2": snap(0.1)}  # the repeats' medians, snapped
+    assert record["curves"]["g1"]["saved_share"] == [0.0, snap(0.2)]
+    costs = planning_costs(profile)
+    assert costs["g1"]["latency_share"] == snap(0.6) and costs["g1"]["torch_latency_share"] == snap(0.2)
+    assert costs["g1"]["macs_share"] == 0.5  # the rest of the costs as profiled
+    # what the profile step measured once more (or a table measured later) does not reach the planners
+    profile["backend_profile"]["forms"]["ort_dynamic"]["group_latency_share"] = {"g1": 0.1, "g2": 0.9}
+    profile["backend_profile"]["latency_table"]["groups"]["g1"] = [0.6, 0.6]
+    assert planning_costs(profile) == costs
+
+
+def test_a_torch_planned_profile_plans_on_its_snapped_torch_shares():
+    profile = _profile("torch")
+    profile["planning_latency"] = record_from_profile(profile)
+    assert profile["planning_latency"]["form"] == "torch" and profile["planning_latency"]["spread"] is None
+    costs = planning_costs(profile)
+    assert costs["g2"]["latency_share"] == snap(0.3) and "torch_latency_share" not in costs["g2"]
+
+
+def test_a_machine_keeps_the_first_record_of_a_model(tmp_path):
+    key = record_key("digest", "auto", 1, (1, 32, 32), True)
+    assert key != record_key("digest", "auto", 2, (1, 32, 32), True)  # threads change the measurement
+    assert cached_record(tmp_path, key) is None
+    first = {"schema": 1, "form": "ort_dynamic", "shares": {"g": 0.5}, "spread": 0.3}  # noisy, kept anyway
+    assert keep_record(tmp_path, key, first)
+    assert not keep_record(tmp_path, key, {**first, "shares": {"g": 0.25}, "spread": 0.01})
+    assert cached_record(tmp_path, key) == {**first, "source": "cache"}

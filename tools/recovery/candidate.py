@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +14,9 @@ from torch import nn
 
 from profiling_agent.state import ArtifactRef, Context, RecoveryRecord
 from profiling_agent.tools.compression.units import PrunedGroup
+from profiling_agent.tools.io import MachineFault, failed_file, machine_fault
 
+WRITE_FAILED = "iteration {}'s recovery could not write its files"  # a MachineFault's `what`
 DONE = "recovery_done.json"  # in the iteration folder: a finished recovery, so a re-run of the node reuses it
 
 
@@ -36,11 +40,14 @@ class DistillJob:
     removed_blocks: int = 0  # whole blocks the plan removed (auto distills longer: `policy.auto_steps`)
 
 
-def write_failed(exc: OSError, it: int) -> OSError:
-    """Return the OSError that stops the run: a recovery that cannot save its work is not silently skipped."""
-    where = f": {exc.filename}" if exc.filename else ""
-    reason = exc.strerror or str(exc)
-    return OSError(exc.errno, f"iteration {it}'s recovery could not write its files ({reason}){where}")
+def write_failed(exc: OSError | MachineFault, it: int, folder: Path) -> MachineFault:
+    """Return the fault that stops the run, naming the file (else the iteration folder `folder`).
+
+    A recovery that cannot save its work (a full disk, a vanished folder) is not silently skipped.
+    """
+    code = exc.errno or errno.EIO
+    reason = exc.strerror or os.strerror(code)
+    return MachineFault(code, reason, failed_file(exc, folder), WRITE_FAILED.format(it))
 
 
 def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx: Context,
@@ -147,11 +154,12 @@ def recover_student(
             curve["distill"] = info
         student = student.cpu().eval()
         self_check(student, example, int(student.config.num_labels))
-    except OSError as exc:  # a full disk, a vanished folder: stop, so that a resume redoes the recovery
-        raise write_failed(exc, job.iteration) from exc
+    except (OSError, MachineFault) as exc:  # a full disk, a vanished folder: stop; a resume redoes the recovery
+        raise write_failed(exc, job.iteration, job.folder) from exc
     except DistributedJobError:  # a failed or killed job: stop here; resume continues its steps
         raise
     except Exception as exc:  # recovery that fails to train leaves the one-shot pruned candidate as it was
+        machine_fault(exc, failed_file(exc, job.folder), WRITE_FAILED.format(job.iteration))
         record.error = f"recovery abandoned: {one_line(exc)[:400]}"
         return None, curve
     record.calib_agreement_after = agree(student, "cpu")
@@ -174,8 +182,8 @@ def save_recovered(student: nn.Module, loaded: Any, record: RecoveryRecord, curv
             attrs=loaded.recipe.get("attrs"),
             extra={**(loaded.recipe.get("extra") or {}), "role": "recovered", "recovery": record.method},
         )
-    except OSError as exc:
-        raise write_failed(exc, iteration) from exc
+    except (OSError, MachineFault) as exc:
+        raise write_failed(exc, iteration, folder) from exc
 
 
 def mark_done(folder: Path, key: dict[str, Any], record: RecoveryRecord, recovered: ArtifactRef, message: str) -> None:

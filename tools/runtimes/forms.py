@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from profiling_agent.tools import interrupt
+from profiling_agent.tools.io import failed_file, machine_fault
 from profiling_agent.tools.runtimes.forward import forward_logits
 from profiling_agent.tools.runtimes.onnx_forms import (
     ORT_METHODS,
@@ -302,11 +304,7 @@ def _in_child(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> dict[str, An
     NNCF's accuracy control left the calling process to crash (segmentation fault) at interpreter exit after a
     long test session; a throwaway process keeps it from the run's own process, which only reads the saved IR.
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(accuracy_control_job, job, arrays).result()
+    return interrupt.run_in_child(accuracy_control_job, job, arrays)
 
 
 def rebuild_int8(
@@ -352,7 +350,9 @@ def rebuild_int8(
         variant.model = OvClassifier(folder / OV_FILE, "default", threads)
         variant.size_bytes = (folder / OV_WEIGHTS).stat().st_size
         retry.update(facts)
-    except Exception as exc:  # noqa: BLE001 - the plain INT8 form stays, with the reason
+    except Exception as exc:  # noqa: BLE001 - the plain INT8 form stays, with the reason (not for a full disk)
+        interrupt.check()  # a child ended by Ctrl-C: the run stops, nothing failed
+        machine_fault(exc, failed_file(exc, folder), f"could not write the {variant.name} form")
         retry["error"] = failure_reason(exc)
         logger.info("accuracy-controlled INT8 failed: %s", retry["error"])
     variant.recipe = {**variant.recipe, "accuracy_control": retry}

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from profiling_agent.tools.io import write_json_atomic
+from profiling_agent.tools.io import failed_file, machine_fault, write_json_atomic
 from profiling_agent.tools.runtimes.forward import forward_logits
 from profiling_agent.tools.runtimes.onnx_model import (
     ONNX_FILE,
@@ -320,6 +320,7 @@ def build_ort_variants(
             model, check[:2], fp32_folder / ONNX_FILE, exporter=settings.exporter, opset=settings.opset
         )
     except Exception as exc:  # noqa: BLE001 - every variant needs the export: all fail with its reason
+        machine_fault(exc, failed_file(exc, fp32_folder), "could not write the ONNX export")
         for v in variants:
             if v.status != "skipped":
                 v.error = f"ONNX export failed: {failure_reason(exc)}"
@@ -354,7 +355,8 @@ def build_ort_variants(
             tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
             finish_form(variant, folder / ONNX_FILE, (reference, check, tolerance), {**base, "quantization": quant},
                         config, processor)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - this variant fails, the others and the run go on
+        except Exception as exc:  # noqa: BLE001 - this variant fails, the others and the run go on (not for a full disk)
+            machine_fault(exc, failed_file(exc, folder), f"could not write the {variant.name} form")
             variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
             if variant.method == "fp32":
                 fp32_ok, fp32_error = False, variant.error

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from profiling_agent.tools.io import failed_file, machine_fault
 from profiling_agent.tools.runtimes.onnx_forms import Variant, failure_reason, finish_form
 from profiling_agent.tools.runtimes.onnx_runtime import quiet
 from profiling_agent.tools.runtimes.openvino_model import (
@@ -197,6 +198,7 @@ def build_ov_forms(
             else:
                 raise RuntimeError("no FP32 ONNX file to convert (the ONNX export failed)")
     except Exception as exc:  # noqa: BLE001 - every form needs the conversion: all fail with its reason
+        machine_fault(exc, failed_file(exc, out), "could not convert to OpenVINO")
         for v in variants:
             v.error = f"OpenVINO conversion failed: {failure_reason(exc)}"
         return variants
@@ -249,7 +251,8 @@ def build_ov_forms(
             }
             recipe = {**base, "runtime": runtime, "quantization": quant}
             finish_form(variant, folder / OV_WEIGHTS, (reference, check, tolerance), recipe, config, processor)
-        except Exception as exc:  # noqa: BLE001 - this form fails, the others and the run go on
+        except Exception as exc:  # noqa: BLE001 - this form fails, the others and the run go on (not for a full disk)
+            machine_fault(exc, failed_file(exc, folder), f"could not write the {variant.name} form")
             variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
             if variant.method == "fp32":
                 fp32_error = variant.error

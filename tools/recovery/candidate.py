@@ -97,6 +97,16 @@ def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx
                    fingerprint=fingerprint, progress=progress)  # fmt: skip
 
 
+def cap_note(record: RecoveryRecord, ctx: Context) -> str:
+    """Say that the wall-clock cap cut distillation short, which setting it is and how to lift it."""
+    asked = f"--recover-steps {ctx.recover_steps}" if ctx.recover_steps else "the automatic step count"
+    return (
+        f"the {ctx.recover_minutes:g}-minute cap per candidate (--recover-minutes) cut distillation to "
+        f"{record.steps} of {record.steps_planned} steps ({asked}); run them all with --recover-minutes 0 (no cap) "
+        "or a larger value"
+    )
+
+
 def pruned_groups(recipe: dict[str, Any]) -> list[PrunedGroup]:
     """Return the groups a pruned artifact's recipe records as applied, with their removed unit indices."""
     return [PrunedGroup.model_validate(row) for row in (recipe.get("extra") or {}).get("applied") or []]
@@ -150,6 +160,8 @@ def recover_student(
         if "distill" in steps:
             info = distill_student(student, teacher, job, ctx, record)
             record.steps, record.steps_planned = info["steps_done"], info["steps_planned"]
+            if info.get("capped"):  # an explicit --recover-steps too: say which setting cut it and how to lift it
+                record.note = f"{record.note}; {cap_note(record, ctx)}".lstrip("; ")
             record.resumed_from, record.loss = info["resumed_from"], info["loss"]
             curve["distill"] = info
         student = student.cpu().eval()

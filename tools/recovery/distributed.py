@@ -193,9 +193,16 @@ def _run_rank(spec: dict[str, Any], job_dir: Path, rank: Rank) -> None:
     rows = np.load(job_dir / "rows.npy")
     source = TrainSource(ds, data["split"], rows, data["image_column"], data["label_column"])
     batches = ShardBatches(
-        source, loaded.processor, spec["shape"], spec["mapping"], batch=int(spec["batch"]),
-        seed=int(spec["seed"]), augmentation=bool(spec["augment"]), rank=rank.rank, world=rank.world,
-    )  # fmt: skip
+        source,
+        loaded.processor,
+        spec["shape"],
+        spec["mapping"],
+        batch=int(spec["batch"]),
+        seed=int(spec["seed"]),
+        augmentation=bool(spec["augment"]),
+        rank=rank.rank,
+        world=rank.world,
+    )
     info = distill_ranked(
         loaded.model,
         teacher,

@@ -24,6 +24,7 @@ from profiling_agent.tools.runtimes.forward import forward_logits
 from profiling_agent.tools.runtimes.onnx_forms import (
     ORT_METHODS,
     BackendSettings,
+    FormFiles,
     Variant,
     build_ort_variants,
     failure_reason,
@@ -95,6 +96,7 @@ def build_forms(
     check = check_pixels.detach().to("cpu", torch.float32)
     with torch.inference_mode():  # torch's logits on the check images, computed once for every form's check
         reference = forward_logits(model.eval().to("cpu"), check).float()
+    files = FormFiles(config=config, processor=processor, extra=extra)
     ort = build_ort_variants(
         model,
         calib_pixels,
@@ -102,8 +104,7 @@ def build_forms(
         out_dir,
         settings=BackendSettings(methods=methods, static_on_transformers=static_on_transformers),
         threads=threads,
-        processor=processor,
-        extra=extra,
+        files=files,
         reference=reference,
     )
     ov_forms = tuple(f for f in OV_FORMS if f"ov_{f}" in wanted)
@@ -111,18 +112,9 @@ def build_forms(
         return ort
     fp32 = ort[0]
     onnx_path = Path(fp32.path) / ONNX_FILE if fp32.status == "ok" and fp32.path else None
+    settings = OpenVinoSettings(forms=ov_forms)
     ov = build_ov_forms(
-        onnx_path,
-        calib_pixels,
-        check_pixels,
-        reference,
-        out_dir,
-        settings=OpenVinoSettings(forms=ov_forms),
-        threads=threads,
-        model_type=getattr(config, "model_type", None),
-        config=config,
-        processor=processor,
-        extra=extra,
+        onnx_path, calib_pixels, (reference, check), out_dir, settings=settings, threads=threads, files=files
     )
     return ort + ov
 
@@ -139,9 +131,11 @@ def round_contenders(
     ok = [
         v
         for v in baseline_variants
-        if v.get("status") == "ok" and v.get("latency_ms") and v.get("name") in ALL_FORMS
+        if v.get("status") == "ok"
+        and v.get("latency_ms")
+        and v.get("name") in ALL_FORMS
         and float(v.get("accuracy") or 0.0) >= baseline_accuracy - budget - 1e-9
-    ]  # fmt: skip
+    ]
     if not ok:
         return list(ALL_FORMS)
     ok.sort(key=lambda v: float(v["latency_ms"]))
@@ -210,8 +204,7 @@ def accuracy_controlled_int8(
     fp32_ir: str | os.PathLike,
     int8_ir: str | os.PathLike,
     calib_pixels: torch.Tensor,
-    val_pixels: torch.Tensor,
-    val_labels: torch.Tensor,
+    validation: tuple[torch.Tensor, torch.Tensor],
     *,
     budget: float,
     model_type: str | None,
@@ -228,8 +221,7 @@ def accuracy_controlled_int8(
         fp32_ir: The FP32 IR (openvino_model.xml of ov_fp32).
         int8_ir: The plain INT8 IR (to name the layers that stayed in float).
         calib_pixels: Calibration images (NNCF statistics).
-        val_pixels: Labelled images the accuracy is controlled on.
-        val_labels: Their labels (model ids).
+        validation: Labelled images the accuracy is controlled on, and their labels (model ids).
         budget: Largest top-1 drop allowed against the FP32 model, percentage points.
         model_type: The transformers model_type (NNCF's transformer scheme for ViT, DeiT, Swin).
         allowed_ids: Model ids predictions are restricted to.
@@ -247,6 +239,7 @@ def accuracy_controlled_int8(
     fp32 = core.read_model(str(fp32_ir))
     plain = quantized_ops(core.read_model(str(int8_ir)))
     calib = [calib_pixels[i : i + 1].contiguous().numpy() for i in range(len(calib_pixels))]
+    val_pixels, val_labels = validation
     val = [(val_pixels[i : i + 1].contiguous().numpy(), val_labels[i : i + 1]) for i in range(len(val_pixels))]
     allowed = None if allowed_ids is None else torch.as_tensor(list(allowed_ids), dtype=torch.long)
     kwargs: dict[str, Any] = {}
@@ -288,8 +281,7 @@ def accuracy_control_job(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> d
         job["fp32_ir"],
         job["int8_ir"],
         calib,
-        val,
-        labels,
+        (val, labels),
         budget=job["budget"],
         model_type=job["model_type"],
         allowed_ids=job["allowed_ids"],

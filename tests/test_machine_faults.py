@@ -290,3 +290,35 @@ def test_ctrl_c_reaches_the_children_of_a_run_without_a_traceback(tmp_path, dela
     out, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and err.strip().splitlines() == ["interrupted: SIGINT"], err
     assert f"forked child exit {-signal.SIGINT}; spawned child ['Interrupted']" in out  # default action
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_baseline_forms_are_measured_prints_one_line(tmp_path, quick_resnet):
+    from crash_helpers import THREAD, cli, next_is, offline_resnet_setup, quick_flags, snapshot
+
+    model, dataset, runs, env = offline_resnet_setup(tmp_path, quick_resnet)
+    flags = quick_flags(model, dataset, runs, "--planner", "l2", "--ratio", "0.3", "--recover", "none")
+    proc = subprocess.Popen(
+        cli("run", *flags, "--backend", "openvino"),
+        cwd=tmp_path,
+        env={**env, "HOME": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        snap = snapshot(runs)
+        if snap is not None and next_is("measure_baseline")(snap):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    time.sleep(2.0)  # inside the step: forms converted, quantized and timed
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert (
+        err.strip().splitlines()[-1] == f"interrupted: resume with `profiling-agent resume {THREAD} --run-dir {runs}`"
+    )
+    assert not (tmp_path / "intel").exists()  # HOME: no telemetry file from the run or its children

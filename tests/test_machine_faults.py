@@ -211,10 +211,11 @@ def test_openvino_and_nncf_write_nothing_under_home_and_open_no_connection(tmp_p
         text=True,
         timeout=600,
     )
-    assert done.returncode == 0 and done.stdout.strip() == "telemetry blocked", done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "forms" / "ov_int8" / "openvino_model.xml").is_file()
     assert not (home / "intel").exists(), sorted(p.name for p in (home / "intel").iterdir())
     assert not (home / "connections.log").exists(), (home / "connections.log").read_text()
+    assert done.stdout.strip() == "telemetry blocked"
 
 
 def test_the_cli_turns_telemetry_off_before_anything_imports_openvino():

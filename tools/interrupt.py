@@ -118,7 +118,7 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
     check()
     context = multiprocessing.get_context("spawn")
     answer, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_child_main, args=(sender, fn, args), daemon=True)
+    child = context.Process(target=_child_main, args=(sender, fn, args))  # not daemonic: it may start its own
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         child.start()

@@ -279,22 +279,12 @@ def distill_in_job(
     import socket
 
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.models.artifacts import save_artifact
 
-    job_dir.mkdir(parents=True, exist_ok=True)
-    for old in ("result.json", "student.safetensors"):
-        (job_dir / old).unlink(missing_ok=True)
-    save_artifact(student.cpu(), job_dir / "start", processor=batches.processor, attrs=attrs)
-    np.save(job_dir / "rows.npy", np.asarray(batches.source.rows, dtype=np.int64))
+    _stage(job_dir, student, batches, attrs)
     spec = {
         "student": str(job_dir / "start"),
         "teacher": str(teacher_dir),
-        "data": {
-            "ref": dataset_ref,
-            "split": batches.source.split,
-            "image_column": batches.source.image_column,
-            "label_column": batches.source.label_column,
-        },
+        "data": _data_spec(batches, dataset_ref),
         "shape": batches.shape,
         "mapping": dict(mapping),
         "batch": batches.batch,
@@ -316,12 +306,38 @@ def distill_in_job(
         saved = distill_state.peek(checkpoint_dir)
         kept = f"steps up to {int(saved['step']) + 1} of {saved['total']} are saved" if saved else "no step was saved"
         raise DistributedJobError(f"{exc}; {kept} in {checkpoint_dir}: resume continues from there") from None
+    return _job_result(job_dir, student, what)
+
+
+def _stage(job_dir: Path, student: nn.Module, batches: TrainBatches, attrs: Mapping[str, Any] | None) -> None:
+    """Clear the job folder's old result and save the starting student and the training rows into it."""
+    from profiling_agent.tools.models.artifacts import save_artifact
+
+    job_dir.mkdir(parents=True, exist_ok=True)
+    for old in ("result.json", "student.safetensors"):
+        (job_dir / old).unlink(missing_ok=True)
+    save_artifact(student.cpu(), job_dir / "start", processor=batches.processor, attrs=attrs)
+    np.save(job_dir / "rows.npy", np.asarray(batches.source.rows, dtype=np.int64))
+
+
+def _data_spec(batches: TrainBatches, dataset_ref: str) -> dict[str, Any]:
+    """Return where every rank loads the training split from."""
+    return {
+        "ref": dataset_ref,
+        "split": batches.source.split,
+        "image_column": batches.source.image_column,
+        "label_column": batches.source.label_column,
+    }
+
+
+def _job_result(job_dir: Path, student: nn.Module, what: str) -> dict[str, Any]:
+    """Load rank 0's distilled weights into `student` and return its summary (raises when the job wrote none)."""
+    from safetensors.torch import load_file
+
     from profiling_agent.tools.io import read_json
 
     if not (job_dir / "result.json").is_file():
         raise DistributedJobError(f"{what} ended without writing {job_dir / 'result.json'}")
-    from safetensors.torch import load_file
-
     student.load_state_dict(load_file(str(job_dir / "student.safetensors")))
     return dict(read_json(job_dir / "result.json"))
 

@@ -89,6 +89,14 @@ def _sum(values: list[float]) -> list[float]:
     return [float(v) for v in tensor.tolist()]
 
 
+@dataclasses.dataclass(frozen=True)
+class Lead:
+    """What rank 0 alone does in a job: report each step, and check after it whether the job goes on."""
+
+    progress: Callable[[dict[str, Any]], None] | None = None  # {"step", "total", "loss", "agreement"}
+    keep_going: Callable[[], bool] = lambda: True  # False: the step is saved and every rank stops (Interrupted)
+
+
 def distill_ranked(
     student: nn.Module,
     teacher: nn.Module,
@@ -98,8 +106,7 @@ def distill_ranked(
     *,
     checkpoint_dir: Path | None = None,
     fingerprint: dict[str, Any] | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-    keep_going: Callable[[], bool] = lambda: True,
+    lead: Lead | None = None,
 ) -> dict[str, Any]:
     """Run `distill` as this rank of the job: its loop and checkpoints, gradients all-reduced by DDP.
 
@@ -111,13 +118,13 @@ def distill_ranked(
         rank: This process's place in the job.
         checkpoint_dir: Where rank 0 saves steps (distill's format; read by every rank on resume).
         fingerprint: The resume key's facts (as the single-process run's).
-        progress: Rank 0's per-step callback ({"step", "total", "loss", "agreement"}).
-        keep_going: Rank 0's check after each step; False saves the step and stops every rank (Interrupted).
+        lead: What rank 0 alone does: report each step, and check whether the job goes on.
 
     Returns:
         distill's summary plus {"procs": world, "cpu_seconds": this rank's CPU time in this attempt}.
     """
     device, world = rank.device, rank.world
+    lead = lead or Lead()
     teacher.to(device)
     student.to(device)
 
@@ -136,7 +143,7 @@ def distill_ranked(
             n_all, labelled_all = _sum([float(n), float(labelled)])
         return n * world / n_all, (labelled * world / labelled_all if labelled else 0.0)
 
-    team = Team(rank.rank, world, _sum, wrap, scales, halt=lambda: not keep_going())
+    team = Team(rank.rank, world, _sum, wrap, scales, halt=lambda: not lead.keep_going())
     if world == 1:  # a one-process job: nothing to wrap, scale or sum
         team = Team(halt=team.halt)
     cpu0 = time.process_time()
@@ -147,7 +154,7 @@ def distill_ranked(
         config,
         checkpoint_dir=checkpoint_dir,
         fingerprint=fingerprint,
-        progress=progress if rank.rank == 0 else None,
+        progress=lead.progress if rank.rank == 0 else None,
         team=team,
     )
     return {**info, "procs": world, "cpu_seconds": round(time.process_time() - cpu0, 3)}
@@ -211,8 +218,7 @@ def _run_rank(spec: dict[str, Any], job_dir: Path, rank: Rank) -> None:
         rank,
         checkpoint_dir=Path(spec["checkpoint_dir"]),
         fingerprint=spec["fingerprint"],
-        progress=report_progress,
-        keep_going=lambda: parent_alive(spec.get("watch")),
+        lead=Lead(report_progress, lambda: parent_alive(spec.get("watch"))),
     )
     if rank.rank == 0:
         from safetensors.torch import save

@@ -35,8 +35,8 @@ def writable(folder: str | Path) -> bool:
 
 def _damaged(path: Path, exc: sqlite3.Error) -> CheckpointDatabaseError:
     return CheckpointDatabaseError(
-        f"checkpoint database {path} cannot be read ({exc}): it is damaged or not a checkpoint database; move it "
-        "aside to start afresh (the run folders beside it stay)"
+        f"checkpoint database {path} cannot be read ({exc}): it is damaged or not a checkpoint database, and the "
+        "runs it held cannot be resumed (their folders beside it stay)"
     )
 
 

@@ -42,13 +42,43 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
     assert state.input_shape is not None and state.labels is not None and state.current is not None
     pruned, base = state.current.pruned, state.baseline
     return DistillJob(
-        source=source, processor=processor, shape=state.input_shape.model_dump(), labels=state.labels.model_dump(),
-        seed=state.dataset.seed, iteration=state.iteration, folder=iteration_dir(state, state.iteration),
-        pruned=pruned, pruned_path=absolute(state, pruned.path if pruned else "."),
-        baseline_path=absolute(state, base.path if base else "."), dataset_ref=state.dataset.ref,
-        emit=lambda **payload: emit(runtime, **payload), macs=state.current.macs,
+        source=source,
+        processor=processor,
+        shape=state.input_shape.model_dump(),
+        labels=state.labels.model_dump(),
+        seed=state.dataset.seed,
+        iteration=state.iteration,
+        folder=iteration_dir(state, state.iteration),
+        pruned=pruned,
+        pruned_path=absolute(state, pruned.path if pruned else "."),
+        baseline_path=absolute(state, base.path if base else "."),
+        dataset_ref=state.dataset.ref,
+        emit=lambda **payload: emit(runtime, **payload),
+        macs=state.current.macs,
         removed_blocks=sum(a.kind == "block" for a in state.current.applied),
-    )  # fmt: skip
+    )
+
+
+def recovery_work(state: State, student: Any, applied: list[Any], device: str) -> Any:
+    """Return the `Recovery` of the current candidate: the baseline as teacher, calibration images and probes."""
+    from profiling_agent.tools.evaluation.metrics import agreement_probe
+    from profiling_agent.tools.recovery import candidate, refit_cache
+
+    teacher = load_artifact_model(state, state.baseline, device=device).model
+    calib, folder = prepared(state)["calib_pixels"], iteration_dir(state, state.iteration)
+    base_sha = state.baseline.sha256 if state.baseline else ""
+    return candidate.Recovery(
+        teacher,
+        student.to(device),
+        calib,
+        applied,
+        example=example_input(state),
+        agree=agreement_probe(teacher, calib, allowed_ids=allowed_ids(state), device=device),  # with the baseline
+        device=device,
+        trial_refit=lambda model: refit_cache.load(
+            folder, refit_cache.refit_key(applied, calib, state.dataset.seed, base_sha), model
+        ),  # the key is hashed only when a refit would run
+    )
 
 
 def recovered(state: State, current: Candidate, record: RecoveryRecord, message: str) -> dict[str, Any]:
@@ -61,10 +91,10 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Recover the pruned candidate's accuracy as the context says.
 
     A recovery that fails to train keeps the one-shot pruned weights (recorded); one that cannot write its files
-    (a full disk) stops the run with OSError, so a resume redoes it; one finished before an interruption is reused.
+    (a full disk) stops the run (a MachineFault naming the file), so a resume redoes it; one finished before an
+    interruption is reused.
     """
     from profiling_agent.tools.device import measure_device
-    from profiling_agent.tools.evaluation.metrics import agreement_probe
     from profiling_agent.tools.recovery import candidate, refit_cache
 
     ctx = context_of(runtime)  # applies the thread count: a resumed process starts here, with torch's default
@@ -84,17 +114,9 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     source = training_source(state) if ctx.recover in ("distill", "auto") else None
     steps, record = candidate.recovery_plan(ctx.recover, source)
     device = "cpu" if "distill" not in steps else measure_device(ctx.device)
-    teacher = load_artifact_model(state, state.baseline, device=device).model
-    student, calib = loaded.model.to(device), prepared(state)["calib_pixels"]
-    agree = agreement_probe(teacher, calib, allowed_ids=allowed_ids(state), device=device)  # with the baseline
-    base_sha = state.baseline.sha256 if state.baseline else ""
-    student, curve = candidate.recover_student(
-        teacher, student, calib, applied, steps, record, job=distill_job(state, runtime, source, loaded.processor),
-        ctx=ctx, example=example_input(state), agree=agree, device=device,
-        trial_refit=lambda model: refit_cache.load(
-            folder, refit_cache.refit_key(applied, calib, state.dataset.seed, base_sha), model
-        ),  # the key is hashed only when a refit would run
-    )  # fmt: skip
+    work = recovery_work(state, loaded.model, applied, device)
+    job = distill_job(state, runtime, source, loaded.processor)
+    student, curve = candidate.recover_student(work, steps, record, job=job, ctx=ctx)
     record.seconds = round(time.perf_counter() - started, 2)
     if student is None:  # training failed: the one-shot pruned candidate stays as it was
         return recovered(state, current, record, str(record.error))

@@ -19,7 +19,7 @@ pytest.importorskip("onnx")
 
 from profiling_agent.tools.io import read_json  # noqa: E402
 from profiling_agent.tools.runtimes import onnx_forms  # noqa: E402
-from profiling_agent.tools.runtimes.onnx_forms import BackendSettings, build_ort_variants  # noqa: E402
+from profiling_agent.tools.runtimes.onnx_forms import BackendSettings, FormFiles, build_ort_variants  # noqa: E402
 from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def test_round_trip_per_family(tmp_path, family, monkeypatch):
     x = _pixels(48, size)
     settings = BackendSettings(static_on_transformers=True)  # static QDQ is skipped for transformers by default
     variants = build_ort_variants(
-        model, x[:24], x[24:], tmp_path / "out", threads=1, extra={"params": 123}, settings=settings
+        model, x[:24], x[24:], tmp_path / "out", threads=1, files=FormFiles(extra={"params": 123}), settings=settings
     )
     assert [v.name for v in variants] == ["ort_fp32", "ort_dynamic", "ort_static"]
     assert all(v.status == "ok" for v in variants), [v.error for v in variants]

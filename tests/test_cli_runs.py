@@ -54,7 +54,12 @@ def test_a_damaged_checkpoint_database_is_named_in_one_line(content, tmp_path, c
         assert main([*args, "--run-dir", str(tmp_path)]) == 1, args
         line = _one_line(capsys.readouterr().err)
         assert line.startswith("profiling-agent: error: checkpoint database") and str(db) in line, line
+        assert f"`mv {db} {db}.damaged`" in line and f"`profiling-agent runs --run-dir {tmp_path}`" in line
+        assert "resume with" not in line  # resuming needs the database that is broken
     assert db.read_bytes() == content  # left as it was, for the user to inspect or move aside
+    os.replace(db, f"{db}.damaged")  # the advice works: the folder lists again, and a run may start afresh there
+    assert main(["runs", "--run-dir", str(tmp_path)]) == 0
+    assert _one_line(capsys.readouterr().err) == f"no runs in {tmp_path}"
 
 
 # ------------------------------------------------------------------------------ a finished run, shared

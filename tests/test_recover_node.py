@@ -101,3 +101,17 @@ def test_a_recovery_finished_before_an_interruption_is_reused_not_redone(tmp_pat
     assert again["recovered"] == first[0]["recovered"] and again["recovery"] == first[0]["recovery"]
     assert again["recovery"]["steps"] == 12
     assert "reused, not redone" in values["history"][-1]["message"]
+
+
+def test_an_explicit_step_count_cut_by_the_time_cap_says_so_and_how_to_lift_it(tmp_path, quick_resnet):
+    out = _run(tmp_path, quick_resnet, "capped", recover="distill", recover_steps=400, recover_minutes=0.002)
+    record = out["candidates"][0]["recovery"]
+    assert record["steps_planned"] == 400 and record["steps"] < 400
+    lift = (
+        f"the 0.002-minute cap per candidate (--recover-minutes) cut distillation to {record['steps']} of 400 steps "
+        "(--recover-steps 400); run them all with --recover-minutes 0 (no cap) or a larger value"
+    )
+    assert lift in record["note"]  # result.json's candidates[].recovery is this record
+    assert any(lift in h["message"] for h in out["history"] if h["node"] == "recover")  # the console's line
+    result = (tmp_path / "capped" / "result.json").read_text()
+    assert "--recover-minutes 0 (no cap)" in result

@@ -4,10 +4,15 @@ Nodes run in LangGraph's worker thread, where a signal's KeyboardInterrupt never
 wait for the whole step. `request_stop` sets a process-wide flag and makes every later torch module forward
 raise `Interrupted`, so training, probing, distillation, evaluation and export stop at their next forward pass
 (or at an explicit `check()` between steps) with nothing half-written: the step is re-run by a resume.
+
+A child process never takes part: a forked one gets the default SIGINT/SIGTERM actions back at once
+(`os.register_at_fork`), and a spawned one is started by `run_in_child`, so a Ctrl-C, which
+reaches the whole process group, ends a child quietly and only the run prints its one line.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -18,6 +23,7 @@ from typing import Any
 _stop = threading.Event()
 _reason: list[str] = []
 _hook: list[Any] = []  # the torch forward pre-hook handle while a stop is requested
+_handling: list[bool] = []  # non-empty while `stop_on_signals` has its handler installed
 
 
 class Interrupted(KeyboardInterrupt):
@@ -65,6 +71,88 @@ def clear() -> None:
         _hook.pop().remove()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def child_signals() -> None:
+    """Give SIGINT and SIGTERM their default actions (a child process of a run: end quietly, never raise).
+
+    The initializer of every spawned worker pool (`run_in_child`); forked children get it through
+    `os.register_at_fork`. A signal held back while the child started (`run_in_child`) ends it now.
+    """
+    for sig in STOP_SIGNALS:
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (ValueError, OSError):  # not the main thread of the child: nothing of ours is installed there
+            pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _child_main(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    child_signals()
+    try:
+        reply: tuple[bool, Any] = (True, fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - raised again in the parent
+        reply = (False, exc)
+    try:
+        conn.send(reply)
+    except Exception:  # noqa: BLE001 - an error that cannot be pickled goes back as its text
+        conn.send((False, RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}")))
+    conn.close()
+
+
+def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
+    """Return `fn(*args)` run in a fresh spawned process that takes no part in the run's stop (its error raised here).
+
+    The calling thread holds SIGINT and SIGTERM back while the child starts (a spawned child inherits the mask), so
+    a Ctrl-C while its interpreter starts cannot print a traceback; `child_signals` then gives them their default
+    actions, so a Ctrl-C ends the child quietly. A stop request (`request_stop`) ends the child and raises
+    `Interrupted` here within moments.
+
+    Raises:
+        Interrupted: A stop was requested before or while the child ran.
+        ChildProcessError: The child ended without an answer (killed, or crashed).
+    """
+    import multiprocessing
+
+    check()
+    context = multiprocessing.get_context("spawn")
+    answer, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_child_main, args=(sender, fn, args))  # not daemonic: it may start its own
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        child.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    sender.close()
+    try:
+        while not answer.poll(0.2):
+            check()
+        try:
+            ok, value = answer.recv()
+        except EOFError:  # the child ended without answering: stopped by a signal, or crashed
+            child.join(5)
+            check()
+            raise ChildProcessError(f"the child process ended without an answer (exit code {child.exitcode})") from None
+    finally:
+        if child.is_alive():
+            child.terminate()
+        child.join(5)
+        answer.close()
+    if not ok:
+        raise value
+    return value
+
+
+def _after_fork_in_child() -> None:
+    if _handling:
+        _handling.clear()
+        child_signals()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @contextmanager
 def stop_on_signals(on_second: Callable[[str], None] | None = None, grace_s: float = 0.0) -> Iterator[None]:
     """Turn SIGINT and SIGTERM into a cooperative stop for the block (main thread only; elsewhere a no-op).
@@ -97,10 +185,12 @@ def stop_on_signals(on_second: Callable[[str], None] | None = None, grace_s: flo
             timer.start()
         raise Interrupted(name)
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
+    _handling.append(True)
     try:
         yield
     finally:
+        _handling.clear()
         for timer in timers:
             timer.cancel()
         for sig, old in previous.items():

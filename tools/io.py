@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -12,6 +13,78 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
+
+FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})  # a full disk, a full quota, a failing disk
+
+
+class MachineFault(BaseException):
+    """A fault of the machine (a full disk or quota, an I/O error) while writing a named file: the run stops.
+
+    Not an `Exception` (like `interrupt.Interrupted`): a step that records a failure and goes on (`except
+    Exception`: a form that failed, a report chart) never swallows it, so a full disk never becomes a "failed
+    form" that a run delivers around. The CLI prints it in one line with the file and the resume command (exit 1).
+
+    Attributes:
+        errno: The OSError's errno (ENOSPC, EDQUOT, EIO; another errno where a caller names its own fault).
+        strerror: Its text ("No space left on device").
+        filename: The file or folder that could not be written.
+        what: What could not be done ("could not write a run file").
+    """
+
+    def __init__(self, code: int, strerror: str, filename: str | os.PathLike, what: str = "could not write a file"):
+        super().__init__(code, strerror, str(filename), what)
+        self.errno, self.strerror, self.filename, self.what = code, strerror, str(filename), what
+
+    def __str__(self) -> str:
+        return f"{self.what} ({self.strerror}): {self.filename}"
+
+
+def fault_errno(exc: BaseException) -> int | None:
+    """Return the machine-fault errno behind `exc` (itself, its cause or context), else None.
+
+    An OSError carries it; libraries that wrap a failed write in their own error (OpenVINO, torch's C++ writers)
+    keep only its text, so the message is matched against the errno's text too.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MachineFault):
+            return current.errno
+        if isinstance(current, OSError) and current.errno in FAULT_ERRNOS:
+            return current.errno
+        text = str(current)
+        for code in FAULT_ERRNOS:
+            if os.strerror(code) in text:
+                return code
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def failed_file(exc: BaseException, default: str | os.PathLike) -> str:
+    """Return the file the OSError behind `exc` names (itself, its cause or context), else `default`."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (OSError, MachineFault)) and current.filename:
+            return str(current.filename)
+        current = current.__cause__ or current.__context__
+    return str(default)
+
+
+def machine_fault(exc: BaseException, filename: str | os.PathLike, what: str = "could not write a file") -> None:
+    """Raise `MachineFault` naming `filename` when `exc` is a fault of the machine; return for any other error.
+
+    Call it in an `except` block that would otherwise record a failure and go on (`failed_file` finds the file
+    the error itself names). A `MachineFault` is raised again as it is.
+    """
+    if isinstance(exc, MachineFault):
+        raise exc
+    code = fault_errno(exc)
+    if code is not None:
+        raise MachineFault(code, os.strerror(code), filename, what) from exc
+
 
 THREAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a run's folder name under the run root
 
@@ -60,6 +133,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, d
     """Call `write(handle)` on a temp file beside `path`, then os.replace it: readers never see half a file.
 
     `durable` fsyncs before the rename (artifacts); a cache that can be rebuilt may skip it.
+
+    Raises:
+        MachineFault: A durable write hit a full disk, a full quota or an I/O error (`path` named).
+        OSError: Any other failed write, and a cache's (`durable=False`) full disk, with `path` as its filename
+            (a write through the handle names no file).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,6 +150,13 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, d
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if durable:
+            machine_fault(exc, path, "could not write a run file")
+        if exc.filename is None or str(exc.filename) == tmp:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -104,6 +189,10 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
 
     A node that re-runs after a resume therefore overwrites the same folder, and a crash mid-write
     leaves the previous folder (or none) instead of a half-written one.
+
+    Raises:
+        MachineFault: The block or the move hit a full disk, a full quota or an I/O error (the failed file named,
+            else `path`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,8 +208,12 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        named = failed_file(exc, path)
+        if named.startswith(str(tmp)):  # the staged copy is gone: name the file as it would have been
+            named = str(path) + named[len(str(tmp)) :]
+        machine_fault(exc, named, "could not write a run folder")
         raise
 
 

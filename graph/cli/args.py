@@ -66,7 +66,9 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
         help="accuracy recovery after pruning (default auto: reconstruct, then distill when training images exist)",
     )
     p.add_argument("--recover-steps", type=int, default=None, help="distillation steps (default: scaled to the data)")
-    p.add_argument("--recover-minutes", type=float, default=None, help="wall-clock cap per candidate (default 2)")
+    p.add_argument(
+        "--recover-minutes", type=float, default=None, help="wall-clock cap per candidate, minutes (default 2; 0: none)"
+    )
     p.add_argument(
         "--recover-lr",
         type=float,
@@ -81,8 +83,12 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-augment", action="store_true", help="train recovery on the images as they are")
     p.add_argument("--recover-procs", type=int, default=None, help="distillation processes (>1: torch.distributed)")
-    p.add_argument("--launcher", default=None, help="command template starting them (default: torchrun --standalone "
-                   "--nproc-per-node {procs}; see docs/distributed.md)")  # fmt: skip
+    p.add_argument(
+        "--launcher",
+        default=None,
+        help="command template starting them (default: torchrun --standalone "
+        "--nproc-per-node {procs}; see docs/distributed.md)",
+    )
     p.add_argument(
         "--backend",
         choices=["torch", "onnxruntime", "openvino", "auto"],
@@ -124,6 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"profiling-agent {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
+    run = _add_run(sub)
+    _add_resume(sub, run)
+    _add_inspection(sub)
+    _add_evaluate(sub)
+    _add_export_and_report(sub)
+    return parser
+
+
+def _add_run(sub: Any) -> argparse.ArgumentParser:
+    """Add `run` (what to compress, on which data, toward which goal, and how) and return its parser."""
     run = sub.add_parser("run", help="compress a model (no arguments: the embedded offline default)")
     run.add_argument("--model", default=None, help="hub id, save_pretrained folder, artifact, or embedded:NAME")
     run.add_argument("--dataset", default=None, help="hub id, save_to_disk folder, imagefolder, or embedded:digits")
@@ -181,7 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_context_flags(run)
     _add_checkpoint_flag(run)
+    return run
 
+
+def _add_resume(sub: Any, run: argparse.ArgumentParser) -> None:
+    """Add `resume`: the "how" flags may change, the goal flags of `run` are refused."""
     resume = sub.add_parser("resume", help="continue an interrupted run from its last checkpoint")
     resume.add_argument("thread_id")
     resume.add_argument("--decision", choices=["approve", "edit", "reject"], default=None, help="answer a paused plan")
@@ -190,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint_flag(resume)
     _refuse_goal_flags(run, resume)
 
+
+def _add_inspection(sub: Any) -> None:
+    """Add `profile` (one model's per-layer table) and `runs` (the threads of a run folder)."""
     prof = sub.add_parser("profile", help="profile a model and print its per-layer table")
     prof.add_argument("--model", default=None)
     prof.add_argument("--top", type=int, default=30)
@@ -200,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--run-dir", default="runs")
     _add_checkpoint_flag(runs)
 
+
+def _add_evaluate(sub: Any) -> None:
+    """Add `evaluate`: a model, a baseline or a saved compressed model on a dataset or a run's images."""
     ev = sub.add_parser("evaluate", help="evaluate a model, a baseline or a saved compressed model")
     ev.add_argument("--model", required=True)
     ev.add_argument("--dataset", default=None)
@@ -220,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     ev.add_argument("--json", dest="json_out", default=None, help="write the metrics as JSON here")
 
+
+def _add_export_and_report(sub: Any) -> None:
+    """Add `export` (a finished run's best model to ONNX or OpenVINO) and `report` (rebuild its report)."""
     exp = sub.add_parser("export", help="export a finished run's best model to ONNX or OpenVINO (optionally int8)")
     exp.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
     exp.add_argument("--format", choices=["onnx", "openvino"], default="onnx", help="onnx or openvino (IR)")
@@ -234,7 +263,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="rebuild plots, report.md and report.html of a finished run")
     rep.add_argument("run_path", metavar="RUN_DIR/THREAD_ID", help="the finished run's folder")
-    return parser
 
 
 # ------------------------------------------------------------------------------------------- helpers

@@ -393,16 +393,34 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 STOP_GRACE_S = 10.0  # after Ctrl-C, seconds the running step has to stop by itself before the CLI exits anyway
 
 
+def damaged_advice(args: argparse.Namespace) -> str:
+    """Say what works after a damaged checkpoint database: keep it aside, list runs again, start a run again."""
+    from profiling_agent.graph.checkpoint import DB_NAME
+
+    root = Path(getattr(args, "run_dir", None) or "runs")
+    db = root / DB_NAME
+    thread = getattr(args, "thread_id", None) or "THREAD"
+    return (
+        f"keep it for inspection with `mv {db} {db}.damaged`; then `profiling-agent runs --run-dir {root}` works "
+        f"again (listing no runs) and a run starts again from its folder: `profiling-agent run --thread-id {thread} "
+        f"--run-dir {root}` with the model, dataset and objective saved in {root / thread / RUN_SETTINGS}"
+    )
+
+
 def _run_command(args: argparse.Namespace) -> int:
     """Run the chosen command; map every failure to one line and an exit code."""
     from profiling_agent.graph.checkpoint import DB_NAME, CheckpointDatabaseError
+    from profiling_agent.tools.io import MachineFault
 
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, or a step that saw the stop request (tools.interrupt)
         say(stopped_line(args, str(exc)))
         return EXIT_INTERRUPTED
-    except CheckpointDatabaseError as exc:
+    except CheckpointDatabaseError as exc:  # no resume command: the database that would resume is the broken file
+        say(f"profiling-agent: error: {exc}; {damaged_advice(args)}")
+        return EXIT_FAILED
+    except MachineFault as exc:  # a full disk, a full quota, a failing disk: the file named (tools.io)
         return fault(args, str(exc))
     except _expected_errors() as exc:
         say(f"profiling-agent: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
@@ -437,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     atomically, so that is as safe as a SIGKILL.
     """
     from profiling_agent.tools import interrupt
+    from profiling_agent.tools.runtimes.telemetry import disable_telemetry
 
+    disable_telemetry()  # before anything imports openvino or nncf; children import the package and do the same
     _quiet_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +14,9 @@ from torch import nn
 
 from profiling_agent.state import ArtifactRef, Context, RecoveryRecord
 from profiling_agent.tools.compression.units import PrunedGroup
+from profiling_agent.tools.io import MachineFault, failed_file, machine_fault
 
+WRITE_FAILED = "iteration {}'s recovery could not write its files"  # a MachineFault's `what`
 DONE = "recovery_done.json"  # in the iteration folder: a finished recovery, so a re-run of the node reuses it
 
 
@@ -36,15 +40,19 @@ class DistillJob:
     removed_blocks: int = 0  # whole blocks the plan removed (auto distills longer: `policy.auto_steps`)
 
 
-def write_failed(exc: OSError, it: int) -> OSError:
-    """Return the OSError that stops the run: a recovery that cannot save its work is not silently skipped."""
-    where = f": {exc.filename}" if exc.filename else ""
-    reason = exc.strerror or str(exc)
-    return OSError(exc.errno, f"iteration {it}'s recovery could not write its files ({reason}){where}")
+def write_failed(exc: OSError | MachineFault, it: int, folder: Path) -> MachineFault:
+    """Return the fault that stops the run, naming the file (else the iteration folder `folder`).
+
+    A recovery that cannot save its work (a full disk, a vanished folder) is not silently skipped.
+    """
+    code = exc.errno or errno.EIO
+    reason = exc.strerror or os.strerror(code)
+    return MachineFault(code, reason, failed_file(exc, folder), WRITE_FAILED.format(it))
 
 
-def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx: Context,
-                    record: RecoveryRecord) -> dict[str, Any]:  # fmt: skip
+def distill_student(
+    student: nn.Module, teacher: nn.Module, job: DistillJob, ctx: Context, record: RecoveryRecord
+) -> dict[str, Any]:
     """Run (or resume) the distillation of one candidate, in this process or a distributed job; return its summary."""
     from profiling_agent.tools.data.train_stream import TrainBatches
     from profiling_agent.tools.models.sizes import count_params
@@ -56,20 +64,27 @@ def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx
     lr, batch = auto_recipe(ctx.recover_lr, ctx.recover_batch, params, job.removed_blocks)
     steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, params, job.removed_blocks)
     precision = distill_precision(str(model_device(student).type), job.macs)
-    config = DistillConfig(steps=steps, lr=lr, seed=job.seed, minutes=ctx.recover_minutes,
-                           precision=precision)  # fmt: skip
+    config = DistillConfig(steps=steps, lr=lr, seed=job.seed, minutes=ctx.recover_minutes, precision=precision)
     if (lr, batch) != (ctx.recover_lr, ctx.recover_batch):
         record.note = f"{record.note}; lr {lr:g}, batch {batch} (auto)".lstrip("; ")
     if precision == "bf16":
         record.note = f"{record.note}; distilled in bf16 autocast (native on this CPU)".lstrip("; ")
-    batches = TrainBatches(job.source, job.processor, job.shape, job.labels, batch=batch, seed=job.seed,
-                           augmentation=ctx.recover_augment)  # fmt: skip
+    batches = TrainBatches(
+        job.source, job.processor, job.shape, job.labels, batch=batch, seed=job.seed, augmentation=ctx.recover_augment
+    )
     task = f"iteration {job.iteration}: distilling"
 
     def progress(p: dict[str, Any]) -> None:
         label = f"loss {p['loss']:.3f}, agreement {p['agreement']:.0f}%"
-        job.emit(kind="progress", task=task, done=p["step"], total=p["total"], label=label, loss=p["loss"],
-                 agreement=p["agreement"])  # fmt: skip
+        job.emit(
+            kind="progress",
+            task=task,
+            done=p["step"],
+            total=p["total"],
+            label=label,
+            loss=p["loss"],
+            agreement=p["agreement"],
+        )
 
     fingerprint = {"pruned": job.pruned.sha256 if job.pruned else "", "record": record.method, "batch": batch}
     if ctx.recover_procs > 1:  # a torch.distributed job; same steps, same checkpoints (docs/distributed.md)
@@ -81,13 +96,41 @@ def distill_student(student: nn.Module, teacher: nn.Module, job: DistillJob, ctx
         task = f"iteration {job.iteration}: distilling on {ctx.recover_procs} processes"
         record.note = f"{record.note}; {ctx.recover_procs} processes distilled".lstrip("; ")
         return distill_in_job(
-            student, job.baseline_path, batches, config, dataset_ref=job.dataset_ref, mapping=job.labels,
-            procs=ctx.recover_procs, job_dir=job.folder / "recovery_job", checkpoint_dir=job.folder / "recovery_steps",
-            fingerprint=fingerprint, launcher=ctx.launcher or DEFAULT_LAUNCHER,
-            device=str(model_device(student).type), threads=max(1, ctx.threads), attrs=attrs, progress=progress,
-        )  # fmt: skip
-    return distill(student, teacher, batches, config, checkpoint_dir=job.folder / "recovery_steps",
-                   fingerprint=fingerprint, progress=progress)  # fmt: skip
+            student,
+            job.baseline_path,
+            batches,
+            config,
+            dataset_ref=job.dataset_ref,
+            mapping=job.labels,
+            procs=ctx.recover_procs,
+            job_dir=job.folder / "recovery_job",
+            checkpoint_dir=job.folder / "recovery_steps",
+            fingerprint=fingerprint,
+            launcher=ctx.launcher or DEFAULT_LAUNCHER,
+            device=str(model_device(student).type),
+            threads=max(1, ctx.threads),
+            attrs=attrs,
+            progress=progress,
+        )
+    return distill(
+        student,
+        teacher,
+        batches,
+        config,
+        checkpoint_dir=job.folder / "recovery_steps",
+        fingerprint=fingerprint,
+        progress=progress,
+    )
+
+
+def cap_note(record: RecoveryRecord, ctx: Context) -> str:
+    """Say that the wall-clock cap cut distillation short, which setting it is and how to lift it."""
+    asked = f"--recover-steps {ctx.recover_steps}" if ctx.recover_steps else "the automatic step count"
+    return (
+        f"the {ctx.recover_minutes:g}-minute cap per candidate (--recover-minutes) cut distillation to "
+        f"{record.steps} of {record.steps_planned} steps ({asked}); run them all with --recover-minutes 0 (no cap) "
+        "or a larger value"
+    )
 
 
 def pruned_groups(recipe: dict[str, Any]) -> list[PrunedGroup]:
@@ -95,71 +138,96 @@ def pruned_groups(recipe: dict[str, Any]) -> list[PrunedGroup]:
     return [PrunedGroup.model_validate(row) for row in (recipe.get("extra") or {}).get("applied") or []]
 
 
-def recover_student(
-    teacher: nn.Module,
-    student: Any,  # a Hugging Face classifier (its config says the number of labels)
-    calib: Any,
-    applied: list[PrunedGroup],
-    steps: list[str],
-    record: RecoveryRecord,
-    *,
-    job: DistillJob,
-    ctx: Context,
-    example: Any,
-    agree: Callable[[nn.Module, str], float],
-    device: str = "cpu",
-    trial_refit: Callable[[nn.Module], dict[str, Any] | None] | None = None,
-) -> tuple[nn.Module | None, dict[str, Any]]:
-    """Run the recovery steps on `student` and fill `record`; return the recovered student and its curves.
+@dataclass
+class Recovery:
+    """The models and probes one candidate's recovery works on."""
 
-    `trial_refit` loads the planning trial's refit of the same pruned units on the same images into the student
-    and returns its facts (None: not the same, the refit runs; `tools/recovery/refit_cache.py`).
+    teacher: nn.Module  # the baseline
+    student: Any  # the pruned Hugging Face classifier (its config says the number of labels); changed in place
+    calib: Any  # the calibration images reconstruction regresses on
+    applied: list[PrunedGroup]  # the pruned groups, with their removed units
+    example: Any  # an input the self-check runs the recovered student on
+    agree: Callable[[nn.Module, str], float]  # calibration agreement with the baseline, on a device
+    device: str = "cpu"
+    trial_refit: Callable[[nn.Module], dict[str, Any] | None] | None = None  # see `recover_student`
+
+
+def recover_student(
+    work: Recovery, steps: list[str], record: RecoveryRecord, *, job: DistillJob, ctx: Context
+) -> tuple[nn.Module | None, dict[str, Any]]:
+    """Run the recovery steps on `work.student` and fill `record`; return the recovered student and its curves.
+
+    `work.trial_refit` loads the planning trial's refit of the same pruned units on the same images into the
+    student and returns its facts (None: not the same, the refit runs; `tools/recovery/refit_cache.py`).
 
     A recovery that fails to train returns None (the one-shot weights are kept, `record.error` says why); one that
-    cannot write its files raises OSError and a failed distributed job raises, so that a resume redoes them.
+    cannot write its files raises `MachineFault` and a failed distributed job raises, so that a resume redoes them.
     """
     from profiling_agent.tools.compression.self_check import self_check
     from profiling_agent.tools.recovery.distributed_launch import DistributedJobError
-    from profiling_agent.tools.recovery.reconstruct import reconstruct
     from profiling_agent.tools.text import one_line
 
-    record.calib_agreement_before = agree(student, device)
+    student = work.student
+    record.calib_agreement_before = work.agree(student, work.device)
     curve: dict[str, Any] = {}
     try:
         if "reconstruct" in steps:
-            task = f"iteration {job.iteration}: reconstructing"
-            info = trial_refit(student) if trial_refit is not None else None
-            if info is not None:
-                record.note = f"{record.note}; refit reused from the planning trial of this plan".lstrip("; ")
-            else:
-                info = reconstruct(teacher, student, calib, applied, seed=job.seed,
-                                   progress=lambda d, n, name: job.emit(kind="progress", task=task, done=d, total=n,
-                                                                        label=name))  # fmt: skip
-            fits = info["consumers"]
-            record.consumers = len(fits)
-            record.fit_error_before = round(sum(f["error_before"] for f in fits) / max(1, len(fits)), 5)
-            record.fit_error_after = round(sum(f["error_after"] for f in fits) / max(1, len(fits)), 5)
-            curve["reconstruct"] = info
+            curve["reconstruct"] = _reconstruct_step(work, job, record)
         if "distill" in steps:
-            info = distill_student(student, teacher, job, ctx, record)
+            info = distill_student(student, work.teacher, job, ctx, record)
             record.steps, record.steps_planned = info["steps_done"], info["steps_planned"]
+            if info.get("capped"):  # an explicit --recover-steps too: say which setting cut it and how to lift it
+                record.note = f"{record.note}; {cap_note(record, ctx)}".lstrip("; ")
             record.resumed_from, record.loss = info["resumed_from"], info["loss"]
             curve["distill"] = info
         student = student.cpu().eval()
-        self_check(student, example, int(student.config.num_labels))
-    except OSError as exc:  # a full disk, a vanished folder: stop, so that a resume redoes the recovery
-        raise write_failed(exc, job.iteration) from exc
+        self_check(student, work.example, int(student.config.num_labels))
+    except (OSError, MachineFault) as exc:  # a full disk, a vanished folder: stop; a resume redoes the recovery
+        raise write_failed(exc, job.iteration, job.folder) from exc
     except DistributedJobError:  # a failed or killed job: stop here; resume continues its steps
         raise
     except Exception as exc:  # recovery that fails to train leaves the one-shot pruned candidate as it was
+        machine_fault(exc, failed_file(exc, job.folder), WRITE_FAILED.format(job.iteration))
         record.error = f"recovery abandoned: {one_line(exc)[:400]}"
         return None, curve
-    record.calib_agreement_after = agree(student, "cpu")
+    record.calib_agreement_after = work.agree(student, "cpu")
     return student, curve
 
 
-def save_recovered(student: nn.Module, loaded: Any, record: RecoveryRecord, curve: dict[str, Any], *,
-                   folder: Path, iteration: int, root: Path) -> dict[str, Any]:  # fmt: skip
+def _reconstruct_step(work: Recovery, job: DistillJob, record: RecoveryRecord) -> dict[str, Any]:
+    """Refit the consumers of the pruned channels (or reuse the planning trial's refit); record the fit errors."""
+    from profiling_agent.tools.recovery.reconstruct import reconstruct
+
+    task = f"iteration {job.iteration}: reconstructing"
+    info = work.trial_refit(work.student) if work.trial_refit is not None else None
+    if info is not None:
+        record.note = f"{record.note}; refit reused from the planning trial of this plan".lstrip("; ")
+    else:
+        info = reconstruct(
+            work.teacher,
+            work.student,
+            work.calib,
+            work.applied,
+            seed=job.seed,
+            progress=lambda d, n, name: job.emit(kind="progress", task=task, done=d, total=n, label=name),
+        )
+    fits = info["consumers"]
+    record.consumers = len(fits)
+    record.fit_error_before = round(sum(f["error_before"] for f in fits) / max(1, len(fits)), 5)
+    record.fit_error_after = round(sum(f["error_after"] for f in fits) / max(1, len(fits)), 5)
+    return info
+
+
+def save_recovered(
+    student: nn.Module,
+    loaded: Any,
+    record: RecoveryRecord,
+    curve: dict[str, Any],
+    *,
+    folder: Path,
+    iteration: int,
+    root: Path,
+) -> dict[str, Any]:
     """Write recovery.json and the recovered artifact (`record.curve` set); return save_artifact's result."""
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.models.artifacts import save_artifact
@@ -174,8 +242,8 @@ def save_recovered(student: nn.Module, loaded: Any, record: RecoveryRecord, curv
             attrs=loaded.recipe.get("attrs"),
             extra={**(loaded.recipe.get("extra") or {}), "role": "recovered", "recovery": record.method},
         )
-    except OSError as exc:
-        raise write_failed(exc, iteration) from exc
+    except (OSError, MachineFault) as exc:
+        raise write_failed(exc, iteration, folder) from exc
 
 
 def mark_done(folder: Path, key: dict[str, Any], record: RecoveryRecord, recovered: ArtifactRef, message: str) -> None:

@@ -125,8 +125,7 @@ def train_step(
     student: nn.Module,
     teacher: nn.Module,
     optimizer: torch.optim.Optimizer,
-    pixels: torch.Tensor,
-    labels: torch.Tensor,
+    batch: tuple[torch.Tensor, torch.Tensor],
     config: DistillConfig,
     lr: float,
     *,
@@ -135,11 +134,14 @@ def train_step(
 ) -> tuple[float, float]:
     """Run one optimizer step of distillation on a batch; return (loss, top-1 agreement with the teacher in %).
 
+    `batch` is the step's (pixels, labels) on the student's device.
+
     Pure in the step's inputs (the caller seeds torch from the step). Data-parallel: `model` is the student
     wrapped in DistributedDataParallel, whose backward all-reduces (averages) the gradients before the clipping
     and `optimizer.step`; `scales` multiply the KL and cross-entropy terms so that the average of the ranks'
     gradients is the gradient of the global batch's loss (each rank's share of the images, labelled images).
     """
+    pixels, labels = batch
     device = pixels.device
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -254,22 +256,12 @@ def distill(
     """
     device = model_device(student)
     teacher.eval()
-    fresh_parameters(student)
-    params = [p for p in student.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     key = {"config": config.fingerprint(), **(fingerprint or {})}
     team = team or Team()
-    state = Progress(total=config.steps)
-    if checkpoint_dir is not None:
-        state = _restore(checkpoint_dir, key, student, optimizer, config.steps, owner=team.rank == 0)
-    _rebudget(state, config)
+    optimizer, state = _start(student, config, checkpoint_dir, key, team)
     resumed_from = state.done
-    if state.done < state.total:
-        attempt = {"from": state.done, "threads": torch.get_num_threads()}
-        state.attempts.append(attempt if team.world == 1 else {**attempt, "procs": team.world})
     model = team.wrap(student) if team.wrap is not None else None
-    every = config.save_every or max(1, config.steps // 20)
-    budget_s = config.minutes * 60.0
+    every, budget_s = config.save_every or max(1, config.steps // 20), config.minutes * 60.0
     timings: list[float] = []
     _train_mode(student)
     while state.done < state.total:
@@ -280,29 +272,14 @@ def distill(
         lr = warmup_cosine_lr(step, state.total, config.lr, config.warmup)
         scales = team.scales(labels) if team.scales is not None else (1.0, 1.0)
         pixels, labels = pixels.to(device), labels.to(device)
-        loss, agree = train_step(student, teacher, optimizer, pixels, labels, config, lr, model=model, scales=scales)
+        loss, agree = train_step(student, teacher, optimizer, (pixels, labels), config, lr, model=model, scales=scales)
         seconds = time.perf_counter() - tick
         timings.append(seconds)
         state.step_seconds.append(round(seconds, 4))
         state.spent += seconds
         state.done = step + 1
         deciding = budget_s > 0 and not state.decided and len(timings) == PROBE_STEPS
-        total, halt = 0, False
-        if deciding:  # fix the step count once, from this attempt's timed steps and all the time spent so far
-            state.probe_seconds = statistics.median(timings)
-            if team.rank == 0:
-                total = decide_total(config.steps, state.done, state.spent, state.probe_seconds, budget_s)
-        if team.rank == 0 and team.halt is not None:
-            halt = team.halt()
-        if team.world > 1:  # the global batch's loss and agreement; rank 0's decisions
-            n = float(len(labels))
-            loss_sum, agreed, n_all, sent, halts = team.total([loss, agree * n / 100, n, float(total), float(halt)])
-            loss, agree, total, halt = loss_sum / team.world, agreed / n_all * 100, int(sent), halts > 0
-        if deciding:
-            state.total, state.decided, state.budget_minutes = total, True, config.minutes
-        ema = agree if state.agreement is None else 0.9 * state.agreement + 0.1 * agree
-        state.loss, state.agreement = round(loss, 6), round(ema, 3)
-        state.curve.append([step, state.loss, state.agreement])
+        halt = _after_step(state, team, config, (step, loss, agree, len(labels)), timings if deciding else None)
         last = state.done >= state.total
         saving = state.done % every == 0 or last or deciding or halt
         if team.rank == 0 and checkpoint_dir is not None and saving:
@@ -312,6 +289,63 @@ def distill(
         if halt:
             raise interrupt.Interrupted(f"rank 0 halted the job after step {state.done}")
     student.eval()
+    return _summary(state, config, resumed_from)
+
+
+def _after_step(
+    state: Progress,
+    team: Team,
+    config: DistillConfig,
+    result: tuple[int, float, float, int],
+    timings: list[float] | None,
+) -> bool:
+    """Fix the step count when `timings` are the probe's, ask rank 0 whether to halt, record the step's figures.
+
+    `result` is this rank's (step, loss, agreement %, images); the global batch's loss and agreement are recorded
+    (agreement as a moving average) and whether the job halts is returned. The step count is fixed once, from this
+    attempt's timed steps and all the time spent so far; rank 0 decides it and the halt, and `team.total` carries
+    them to the other ranks.
+    """
+    step, loss, agree, images = result
+    total, halt = 0, False
+    if timings is not None:
+        state.probe_seconds = statistics.median(timings)
+        if team.rank == 0:
+            budget_s = config.minutes * 60.0
+            total = decide_total(config.steps, state.done, state.spent, state.probe_seconds, budget_s)
+    if team.rank == 0 and team.halt is not None:
+        halt = team.halt()
+    if team.world > 1:  # the global batch's loss and agreement; rank 0's decisions
+        n = float(images)
+        loss_sum, agreed, n_all, sent, halts = team.total([loss, agree * n / 100, n, float(total), float(halt)])
+        loss, agree, total, halt = loss_sum / team.world, agreed / n_all * 100, int(sent), halts > 0
+    if timings is not None:
+        state.total, state.decided, state.budget_minutes = total, True, config.minutes
+    ema = agree if state.agreement is None else 0.9 * state.agreement + 0.1 * agree
+    state.loss, state.agreement = round(loss, 6), round(ema, 3)
+    state.curve.append([step, state.loss, state.agreement])
+    return halt
+
+
+def _start(
+    student: nn.Module, config: DistillConfig, checkpoint_dir: Path | None, key: dict[str, Any], team: Team
+) -> tuple[torch.optim.Optimizer, Progress]:
+    """Make the optimizer and restore the saved progress; record a new attempt when steps remain."""
+    fresh_parameters(student)
+    params = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    state = Progress(total=config.steps)
+    if checkpoint_dir is not None:
+        state = _restore(checkpoint_dir, key, student, optimizer, config.steps, owner=team.rank == 0)
+    _rebudget(state, config)
+    if state.done < state.total:
+        attempt = {"from": state.done, "threads": torch.get_num_threads()}
+        state.attempts.append(attempt if team.world == 1 else {**attempt, "procs": team.world})
+    return optimizer, state
+
+
+def _summary(state: Progress, config: DistillConfig, resumed_from: int) -> dict[str, Any]:
+    """Return `distill`'s summary of a finished run (`capped`: the budget stopped it before `config.steps`)."""
     return {
         "steps_planned": config.steps,
         "steps_done": state.done,

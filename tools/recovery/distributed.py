@@ -89,6 +89,14 @@ def _sum(values: list[float]) -> list[float]:
     return [float(v) for v in tensor.tolist()]
 
 
+@dataclasses.dataclass(frozen=True)
+class Lead:
+    """What rank 0 alone does in a job: report each step, and check after it whether the job goes on."""
+
+    progress: Callable[[dict[str, Any]], None] | None = None  # {"step", "total", "loss", "agreement"}
+    keep_going: Callable[[], bool] = lambda: True  # False: the step is saved and every rank stops (Interrupted)
+
+
 def distill_ranked(
     student: nn.Module,
     teacher: nn.Module,
@@ -98,8 +106,7 @@ def distill_ranked(
     *,
     checkpoint_dir: Path | None = None,
     fingerprint: dict[str, Any] | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-    keep_going: Callable[[], bool] = lambda: True,
+    lead: Lead | None = None,
 ) -> dict[str, Any]:
     """Run `distill` as this rank of the job: its loop and checkpoints, gradients all-reduced by DDP.
 
@@ -111,13 +118,13 @@ def distill_ranked(
         rank: This process's place in the job.
         checkpoint_dir: Where rank 0 saves steps (distill's format; read by every rank on resume).
         fingerprint: The resume key's facts (as the single-process run's).
-        progress: Rank 0's per-step callback ({"step", "total", "loss", "agreement"}).
-        keep_going: Rank 0's check after each step; False saves the step and stops every rank (Interrupted).
+        lead: What rank 0 alone does: report each step, and check whether the job goes on.
 
     Returns:
         distill's summary plus {"procs": world, "cpu_seconds": this rank's CPU time in this attempt}.
     """
     device, world = rank.device, rank.world
+    lead = lead or Lead()
     teacher.to(device)
     student.to(device)
 
@@ -136,7 +143,7 @@ def distill_ranked(
             n_all, labelled_all = _sum([float(n), float(labelled)])
         return n * world / n_all, (labelled * world / labelled_all if labelled else 0.0)
 
-    team = Team(rank.rank, world, _sum, wrap, scales, halt=lambda: not keep_going())
+    team = Team(rank.rank, world, _sum, wrap, scales, halt=lambda: not lead.keep_going())
     if world == 1:  # a one-process job: nothing to wrap, scale or sum
         team = Team(halt=team.halt)
     cpu0 = time.process_time()
@@ -147,7 +154,7 @@ def distill_ranked(
         config,
         checkpoint_dir=checkpoint_dir,
         fingerprint=fingerprint,
-        progress=progress if rank.rank == 0 else None,
+        progress=lead.progress if rank.rank == 0 else None,
         team=team,
     )
     return {**info, "procs": world, "cpu_seconds": round(time.process_time() - cpu0, 3)}
@@ -193,9 +200,16 @@ def _run_rank(spec: dict[str, Any], job_dir: Path, rank: Rank) -> None:
     rows = np.load(job_dir / "rows.npy")
     source = TrainSource(ds, data["split"], rows, data["image_column"], data["label_column"])
     batches = ShardBatches(
-        source, loaded.processor, spec["shape"], spec["mapping"], batch=int(spec["batch"]),
-        seed=int(spec["seed"]), augmentation=bool(spec["augment"]), rank=rank.rank, world=rank.world,
-    )  # fmt: skip
+        source,
+        loaded.processor,
+        spec["shape"],
+        spec["mapping"],
+        batch=int(spec["batch"]),
+        seed=int(spec["seed"]),
+        augmentation=bool(spec["augment"]),
+        rank=rank.rank,
+        world=rank.world,
+    )
     info = distill_ranked(
         loaded.model,
         teacher,
@@ -204,8 +218,7 @@ def _run_rank(spec: dict[str, Any], job_dir: Path, rank: Rank) -> None:
         rank,
         checkpoint_dir=Path(spec["checkpoint_dir"]),
         fingerprint=spec["fingerprint"],
-        progress=report_progress,
-        keep_going=lambda: parent_alive(spec.get("watch")),
+        lead=Lead(report_progress, lambda: parent_alive(spec.get("watch"))),
     )
     if rank.rank == 0:
         from safetensors.torch import save
@@ -272,22 +285,12 @@ def distill_in_job(
     import socket
 
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.models.artifacts import save_artifact
 
-    job_dir.mkdir(parents=True, exist_ok=True)
-    for old in ("result.json", "student.safetensors"):
-        (job_dir / old).unlink(missing_ok=True)
-    save_artifact(student.cpu(), job_dir / "start", processor=batches.processor, attrs=attrs)
-    np.save(job_dir / "rows.npy", np.asarray(batches.source.rows, dtype=np.int64))
+    _stage(job_dir, student, batches, attrs)
     spec = {
         "student": str(job_dir / "start"),
         "teacher": str(teacher_dir),
-        "data": {
-            "ref": dataset_ref,
-            "split": batches.source.split,
-            "image_column": batches.source.image_column,
-            "label_column": batches.source.label_column,
-        },
+        "data": _data_spec(batches, dataset_ref),
         "shape": batches.shape,
         "mapping": dict(mapping),
         "batch": batches.batch,
@@ -309,12 +312,38 @@ def distill_in_job(
         saved = distill_state.peek(checkpoint_dir)
         kept = f"steps up to {int(saved['step']) + 1} of {saved['total']} are saved" if saved else "no step was saved"
         raise DistributedJobError(f"{exc}; {kept} in {checkpoint_dir}: resume continues from there") from None
+    return _job_result(job_dir, student, what)
+
+
+def _stage(job_dir: Path, student: nn.Module, batches: TrainBatches, attrs: Mapping[str, Any] | None) -> None:
+    """Clear the job folder's old result and save the starting student and the training rows into it."""
+    from profiling_agent.tools.models.artifacts import save_artifact
+
+    job_dir.mkdir(parents=True, exist_ok=True)
+    for old in ("result.json", "student.safetensors"):
+        (job_dir / old).unlink(missing_ok=True)
+    save_artifact(student.cpu(), job_dir / "start", processor=batches.processor, attrs=attrs)
+    np.save(job_dir / "rows.npy", np.asarray(batches.source.rows, dtype=np.int64))
+
+
+def _data_spec(batches: TrainBatches, dataset_ref: str) -> dict[str, Any]:
+    """Return where every rank loads the training split from."""
+    return {
+        "ref": dataset_ref,
+        "split": batches.source.split,
+        "image_column": batches.source.image_column,
+        "label_column": batches.source.label_column,
+    }
+
+
+def _job_result(job_dir: Path, student: nn.Module, what: str) -> dict[str, Any]:
+    """Load rank 0's distilled weights into `student` and return its summary (raises when the job wrote none)."""
+    from safetensors.torch import load_file
+
     from profiling_agent.tools.io import read_json
 
     if not (job_dir / "result.json").is_file():
         raise DistributedJobError(f"{what} ended without writing {job_dir / 'result.json'}")
-    from safetensors.torch import load_file
-
     student.load_state_dict(load_file(str(job_dir / "student.safetensors")))
     return dict(read_json(job_dir / "result.json"))
 

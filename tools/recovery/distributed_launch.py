@@ -163,8 +163,10 @@ def failure_reason(job_dir: Path, code: int, tail: Sequence[str]) -> str:
     torchrun ends with a "Root Cause (first observed failure)" block naming the rank and its exit code (negative:
     the signal that killed it); the other ranks' own errors (a peer's closed connection) come after it.
     """
-    errors = {p.stem.removeprefix("error_rank"): p.read_text(errors="replace").strip() for p in
-              sorted(job_dir.glob("error_rank*.txt"))}  # fmt: skip
+    errors = {
+        p.stem.removeprefix("error_rank"): p.read_text(errors="replace").strip()
+        for p in sorted(job_dir.glob("error_rank*.txt"))
+    }
     root = max((i for i, line in enumerate(tail) if "Root Cause" in line), default=-1)
     fields: dict[str, str] = {}
     for line in tail[root + 1 :] if root >= 0 else []:
@@ -219,8 +221,10 @@ def init_group(device: str, job_dir: Path) -> Rank:
         if not torch.cuda.is_available():
             raise RuntimeError(f"rank {rank} on {socket.gethostname()} has no CUDA device")
         if local >= torch.cuda.device_count():
-            raise RuntimeError(f"rank {rank} on {socket.gethostname()} is local rank {local} but the node has "
-                               f"{torch.cuda.device_count()} CUDA device(s): run one process per GPU")  # fmt: skip
+            raise RuntimeError(
+                f"rank {rank} on {socket.gethostname()} is local rank {local} but the node has "
+                f"{torch.cuda.device_count()} CUDA device(s): run one process per GPU"
+            )
         torch.cuda.set_device(local)
         dev = torch.device("cuda", local)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -260,15 +260,15 @@ def _write(mod: Layer, theta: torch.Tensor, sink: str, sink_mod: nn.Module | Non
 class _Feed:
     """One model's cached block inputs, batch by batch, and its forward from a block on them (`blocks.started_at`)."""
 
-    def __init__(self, model: nn.Module, blocks: list[str], arity: dict[str, int], pixels: torch.Tensor,
-                 batch_size: int) -> None:  # fmt: skip
+    def __init__(
+        self, model: nn.Module, blocks: list[str], arity: dict[str, int], pixels: torch.Tensor, batch_size: int
+    ) -> None:
         self.model, self.blocks, self.arity = model, blocks, arity
         device = next(model.parameters()).device
         self.batches = [pixels[s : s + batch_size].to(device) for s in range(0, len(pixels), batch_size)]
         self.inputs: list[torch.Tensor] = []
 
-    def run(self, index: int | None, batch: int, watch: dict[str, Hook],
-            stop_at: str | None) -> torch.Tensor | None:  # fmt: skip
+    def run(self, index: int | None, batch: int, watch: dict[str, Hook], stop_at: str | None) -> torch.Tensor | None:
         """Run batch `batch` from block `index` (None: the whole model); return the input of `stop_at`, if given.
 
         `watch` maps module names to forward hooks; a hook may raise `Stop` to end the pass.
@@ -370,8 +370,19 @@ def _refit_by_blocks(
                 lambda b, name=consumer.name, store=seen: store[name][b],
                 lambda b, name=consumer.name, at=index: new.consumer_input(at, b, name),
             )
-            fits.append(_fit_one(baseline, pruned, consumer, pixels, ridge=ridge, batch_size=batch_size,
-                                 max_rows=max_rows, seed=seed + i, captures=captures))  # fmt: skip
+            fits.append(
+                _fit_one(
+                    baseline,
+                    pruned,
+                    consumer,
+                    pixels,
+                    ridge=ridge,
+                    batch_size=batch_size,
+                    max_rows=max_rows,
+                    seed=seed + i,
+                    captures=captures,
+                )
+            )
             seen.pop(consumer.name)
             if progress is not None:
                 progress(len(fits), len(consumers), consumer.name)
@@ -415,9 +426,8 @@ def reconstruct(
     A fit that does not lower the error on its own rows keeps the pruned weights. No labels, no gradients.
 
     Args:
-        baseline: The untouched model (the teacher); not changed. When `applied` removed whole blocks, the
-            targets come from a copy without those blocks (the width rows name that model's groups), so the
-            refit undoes what channel and head pruning changed; distillation recovers what depth removed.
+        baseline: The untouched model (the teacher); not changed. When `applied` removed whole blocks, the targets
+            come from a copy without them (the width rows name its groups): depth is left to distillation.
         pruned: The pruned model; changed in place and left in eval mode.
         pixels: Calibration images (N, C, H, W).
         applied: `PruneReport.applied` rows, with `removed` unit indices.
@@ -426,9 +436,8 @@ def reconstruct(
         max_rows: Activation rows sampled per batch and consumer (seeded).
         seed: Seed of the row sampling.
         progress: Called as progress(done, total, consumer name).
-        by_blocks: Capture each consumer's activations from its block's cached inputs when the model's blocks
-            replay exactly (`blocks.replays`); the same fits as running both models from the stem for every
-            consumer, at a fraction of the forwards. False, or a layout that does not replay: from the stem.
+        by_blocks: Capture each consumer's activations from its block's cached inputs when the blocks replay
+            exactly (`blocks.replays`): the fits of running both models from the stem, at a fraction of the forwards.
 
     Returns:
         {"consumers": [ConsumerFit as dict...], "seconds": float, "images": int, "by_blocks": bool}.
@@ -443,16 +452,15 @@ def reconstruct(
     baseline = without_removed_blocks(baseline, rows)
     consumers = find_consumers(baseline, pruned, [row for row in rows if row.kind != "block"])
     layout = block_layout(baseline, consumers) if by_blocks and consumers else None
+    sizes: dict[str, Any] = {"ridge": ridge, "batch_size": batch_size, "max_rows": max_rows}
     fits = None
     if layout is not None:
-        fits = _refit_by_blocks(baseline, pruned, consumers, pixels, layout, ridge=ridge, batch_size=batch_size,
-                                max_rows=max_rows, seed=seed, progress=progress)  # fmt: skip
+        fits = _refit_by_blocks(baseline, pruned, consumers, pixels, layout, **sizes, seed=seed, progress=progress)
     replayed = fits is not None
     if fits is None:
         fits = []
         for i, consumer in enumerate(consumers):
-            fits.append(_fit_one(baseline, pruned, consumer, pixels, ridge=ridge, batch_size=batch_size,
-                                 max_rows=max_rows, seed=seed + i))  # fmt: skip
+            fits.append(_fit_one(baseline, pruned, consumer, pixels, **sizes, seed=seed + i))
             if progress is not None:
                 progress(i + 1, len(consumers), consumer.name)
     return {

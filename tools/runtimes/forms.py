@@ -18,10 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from profiling_agent.tools import interrupt
+from profiling_agent.tools.io import failed_file, machine_fault
 from profiling_agent.tools.runtimes.forward import forward_logits
 from profiling_agent.tools.runtimes.onnx_forms import (
     ORT_METHODS,
     BackendSettings,
+    FormFiles,
     Variant,
     build_ort_variants,
     failure_reason,
@@ -93,6 +96,7 @@ def build_forms(
     check = check_pixels.detach().to("cpu", torch.float32)
     with torch.inference_mode():  # torch's logits on the check images, computed once for every form's check
         reference = forward_logits(model.eval().to("cpu"), check).float()
+    files = FormFiles(config=config, processor=processor, extra=extra)
     ort = build_ort_variants(
         model,
         calib_pixels,
@@ -100,8 +104,7 @@ def build_forms(
         out_dir,
         settings=BackendSettings(methods=methods, static_on_transformers=static_on_transformers),
         threads=threads,
-        processor=processor,
-        extra=extra,
+        files=files,
         reference=reference,
     )
     ov_forms = tuple(f for f in OV_FORMS if f"ov_{f}" in wanted)
@@ -109,18 +112,9 @@ def build_forms(
         return ort
     fp32 = ort[0]
     onnx_path = Path(fp32.path) / ONNX_FILE if fp32.status == "ok" and fp32.path else None
+    settings = OpenVinoSettings(forms=ov_forms)
     ov = build_ov_forms(
-        onnx_path,
-        calib_pixels,
-        check_pixels,
-        reference,
-        out_dir,
-        settings=OpenVinoSettings(forms=ov_forms),
-        threads=threads,
-        model_type=getattr(config, "model_type", None),
-        config=config,
-        processor=processor,
-        extra=extra,
+        onnx_path, calib_pixels, (reference, check), out_dir, settings=settings, threads=threads, files=files
     )
     return ort + ov
 
@@ -137,9 +131,11 @@ def round_contenders(
     ok = [
         v
         for v in baseline_variants
-        if v.get("status") == "ok" and v.get("latency_ms") and v.get("name") in ALL_FORMS
+        if v.get("status") == "ok"
+        and v.get("latency_ms")
+        and v.get("name") in ALL_FORMS
         and float(v.get("accuracy") or 0.0) >= baseline_accuracy - budget - 1e-9
-    ]  # fmt: skip
+    ]
     if not ok:
         return list(ALL_FORMS)
     ok.sort(key=lambda v: float(v["latency_ms"]))
@@ -208,8 +204,7 @@ def accuracy_controlled_int8(
     fp32_ir: str | os.PathLike,
     int8_ir: str | os.PathLike,
     calib_pixels: torch.Tensor,
-    val_pixels: torch.Tensor,
-    val_labels: torch.Tensor,
+    validation: tuple[torch.Tensor, torch.Tensor],
     *,
     budget: float,
     model_type: str | None,
@@ -226,8 +221,7 @@ def accuracy_controlled_int8(
         fp32_ir: The FP32 IR (openvino_model.xml of ov_fp32).
         int8_ir: The plain INT8 IR (to name the layers that stayed in float).
         calib_pixels: Calibration images (NNCF statistics).
-        val_pixels: Labelled images the accuracy is controlled on.
-        val_labels: Their labels (model ids).
+        validation: Labelled images the accuracy is controlled on, and their labels (model ids).
         budget: Largest top-1 drop allowed against the FP32 model, percentage points.
         model_type: The transformers model_type (NNCF's transformer scheme for ViT, DeiT, Swin).
         allowed_ids: Model ids predictions are restricted to.
@@ -245,6 +239,7 @@ def accuracy_controlled_int8(
     fp32 = core.read_model(str(fp32_ir))
     plain = quantized_ops(core.read_model(str(int8_ir)))
     calib = [calib_pixels[i : i + 1].contiguous().numpy() for i in range(len(calib_pixels))]
+    val_pixels, val_labels = validation
     val = [(val_pixels[i : i + 1].contiguous().numpy(), val_labels[i : i + 1]) for i in range(len(val_pixels))]
     allowed = None if allowed_ids is None else torch.as_tensor(list(allowed_ids), dtype=torch.long)
     kwargs: dict[str, Any] = {}
@@ -286,8 +281,7 @@ def accuracy_control_job(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> d
         job["fp32_ir"],
         job["int8_ir"],
         calib,
-        val,
-        labels,
+        (val, labels),
         budget=job["budget"],
         model_type=job["model_type"],
         allowed_ids=job["allowed_ids"],
@@ -302,11 +296,7 @@ def _in_child(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> dict[str, An
     NNCF's accuracy control left the calling process to crash (segmentation fault) at interpreter exit after a
     long test session; a throwaway process keeps it from the run's own process, which only reads the saved IR.
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(accuracy_control_job, job, arrays).result()
+    return interrupt.run_in_child(accuracy_control_job, job, arrays)
 
 
 def rebuild_int8(
@@ -352,7 +342,9 @@ def rebuild_int8(
         variant.model = OvClassifier(folder / OV_FILE, "default", threads)
         variant.size_bytes = (folder / OV_WEIGHTS).stat().st_size
         retry.update(facts)
-    except Exception as exc:  # noqa: BLE001 - the plain INT8 form stays, with the reason
+    except Exception as exc:  # noqa: BLE001 - the plain INT8 form stays, with the reason (not for a full disk)
+        interrupt.check()  # a child ended by Ctrl-C: the run stops, nothing failed
+        machine_fault(exc, failed_file(exc, folder), f"could not write the {variant.name} form")
         retry["error"] = failure_reason(exc)
         logger.info("accuracy-controlled INT8 failed: %s", retry["error"])
     variant.recipe = {**variant.recipe, "accuracy_control": retry}

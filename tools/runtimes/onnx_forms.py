@@ -15,14 +15,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from profiling_agent.tools.io import write_json_atomic
+from profiling_agent.tools.io import failed_file, machine_fault, write_json_atomic
 from profiling_agent.tools.runtimes.forward import forward_logits
 from profiling_agent.tools.runtimes.onnx_model import (
     ONNX_FILE,
@@ -93,6 +93,15 @@ class Variant:
         out = asdict(self)
         out.pop("model")
         return out
+
+
+@dataclass(frozen=True)
+class FormFiles:
+    """What each form's folder holds beside the model file: the config, the image processor, the recipe's facts."""
+
+    config: Any = None  # the transformers config (labels; its model_type picks NNCF's model type)
+    processor: Any = None  # the image processor, so the folder can be evaluated on its own
+    extra: Mapping[str, Any] | None = None  # JSON facts copied into each recipe (params, MACs, the source artifact)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -276,8 +285,7 @@ def build_ort_variants(
     *,
     settings: BackendSettings | None = None,
     threads: int | None = None,
-    processor: Any = None,
-    extra: Mapping[str, Any] | None = None,
+    files: FormFiles | None = None,
     reference: torch.Tensor | None = None,
 ) -> list[Variant]:
     """Export a pruned FP32 torch classifier to ONNX, quantize it with ONNX Runtime, check every file against torch.
@@ -289,14 +297,15 @@ def build_ort_variants(
         out_dir: Parent folder; each variant writes OUT/ort_<method>/.
         settings: Which variants and how (defaults: all three, per-channel, MinMax calibration).
         threads: ONNX Runtime intra-op threads (default: torch's).
-        processor: The image processor, saved into each folder so it can be evaluated on its own.
-        extra: JSON facts copied into each recipe (e.g. params, MACs, the source artifact).
+        files: The image processor and the recipe's extra facts saved into each folder, so it can be evaluated on
+            its own (the config: the model's own when not given).
         reference: The model's FP32 logits on `check_pixels`, when the caller has them (computed otherwise).
 
     Returns:
         One Variant per requested method, in order; failed ones carry the reason.
     """
     settings = settings or BackendSettings()
+    files = files or FormFiles()
     out = Path(out_dir)
     variants = [Variant(name=f"ort_{m}", method=m) for m in settings.methods]
     missing = onnxruntime_missing()
@@ -304,27 +313,76 @@ def build_ort_variants(
         for v in variants:
             v.error = missing
         return variants
-    model_type = str(getattr(getattr(model, "config", None), "model_type", "") or "").lower()
-    for v in variants:
-        if v.method == "static" and model_type in TRANSFORMER_MODEL_TYPES and not settings.static_on_transformers:
-            v.status, v.error = "skipped", STATIC_TRANSFORMER_REASON
+    _skip_static_on_transformers(variants, model, settings)
     model = model.eval().to("cpu")
     check = check_pixels.detach().to("cpu", torch.float32)
     if reference is None:
         with torch.inference_mode():
             reference = forward_logits(model, check).float()
-    shutil.rmtree(out / "ort_fp32", ignore_errors=True)
     fp32_folder = out / "ort_fp32"
+    exported = _export_fp32(model, check, fp32_folder, settings, variants)
+    if exported is None:
+        return variants
+    if files.config is None:
+        files = replace(files, config=getattr(model, "config", None))
+    base = _ort_recipe_base(model, check, exported, settings, files)
+    fp32_error = ""
+    for variant in variants:
+        folder = out / variant.name
+        if variant.method != "fp32":
+            shutil.rmtree(folder, ignore_errors=True)
+        if variant.status == "skipped":
+            continue
+        try:
+            if fp32_error:
+                raise RuntimeError(f"the FP32 export is wrong ({fp32_error})")
+            start = time.perf_counter()
+            quant = _quantize(variant.method, Path(exported["path"]), folder / ONNX_FILE, calib_pixels, settings)
+            variant.seconds = round(exported["seconds"] + time.perf_counter() - start, 3)
+            variant.model = OrtClassifier(folder / ONNX_FILE, threads)
+            tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
+            recipe = {**base, "quantization": quant}
+            finish_form(
+                variant, folder / ONNX_FILE, (reference, check, tolerance), recipe, files.config, files.processor
+            )
+        except Exception as exc:  # noqa: BLE001 - this variant fails, the others and the run go on (not for a full disk)
+            machine_fault(exc, failed_file(exc, folder), f"could not write the {variant.name} form")
+            variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
+            if variant.method == "fp32":
+                fp32_error = variant.error
+            logger.info("backend variant %s failed: %s", variant.name, variant.error)
+    if "fp32" not in settings.methods:
+        shutil.rmtree(fp32_folder, ignore_errors=True)
+    return variants
+
+
+def _skip_static_on_transformers(variants: list[Variant], model: nn.Module, settings: BackendSettings) -> None:
+    model_type = str(getattr(getattr(model, "config", None), "model_type", "") or "").lower()
+    for v in variants:
+        if v.method == "static" and model_type in TRANSFORMER_MODEL_TYPES and not settings.static_on_transformers:
+            v.status, v.error = "skipped", STATIC_TRANSFORMER_REASON
+
+
+def _export_fp32(
+    model: nn.Module, check: torch.Tensor, folder: Path, settings: BackendSettings, variants: list[Variant]
+) -> dict[str, Any] | None:
+    """Export the FP32 ONNX file every variant starts from; None (each variant failed with the reason) if it fails."""
+    shutil.rmtree(folder, ignore_errors=True)
     try:
-        exported = export_onnx(
-            model, check[:2], fp32_folder / ONNX_FILE, exporter=settings.exporter, opset=settings.opset
-        )
+        return export_onnx(model, check[:2], folder / ONNX_FILE, exporter=settings.exporter, opset=settings.opset)
     except Exception as exc:  # noqa: BLE001 - every variant needs the export: all fail with its reason
+        machine_fault(exc, failed_file(exc, folder), "could not write the ONNX export")
         for v in variants:
             if v.status != "skipped":
                 v.error = f"ONNX export failed: {failure_reason(exc)}"
-        return variants
-    base = {
+        return None
+
+
+def _ort_recipe_base(
+    model: nn.Module, check: torch.Tensor, exported: dict[str, Any], settings: BackendSettings, files: FormFiles
+) -> dict[str, Any]:
+    """Return the recipe fields every ONNX Runtime variant of one export shares."""
+    return {
         "format": ONNX_FORMAT,
         "format_version": ONNX_FORMAT_VERSION,
         "runtime": "onnxruntime",
@@ -334,34 +392,8 @@ def build_ort_variants(
         "output": "logits",
         "export": {"exporter": exported["exporter"], "opset": settings.opset},
         "versions": versions("onnx", "onnxruntime"),
-        "extra": dict(extra or {}),
+        "extra": dict(files.extra or {}),
     }
-    config = getattr(model, "config", None)
-    fp32_ok, fp32_error = True, ""
-    for variant in variants:
-        folder = out / variant.name
-        if variant.method != "fp32":
-            shutil.rmtree(folder, ignore_errors=True)
-        if variant.status == "skipped":
-            continue
-        try:
-            if not fp32_ok:
-                raise RuntimeError(f"the FP32 export is wrong ({fp32_error})")
-            start = time.perf_counter()
-            quant = _quantize(variant.method, Path(exported["path"]), folder / ONNX_FILE, calib_pixels, settings)
-            variant.seconds = round(exported["seconds"] + time.perf_counter() - start, 3)
-            variant.model = OrtClassifier(folder / ONNX_FILE, threads)
-            tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
-            finish_form(variant, folder / ONNX_FILE, (reference, check, tolerance), {**base, "quantization": quant},
-                        config, processor)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - this variant fails, the others and the run go on
-            variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
-            if variant.method == "fp32":
-                fp32_ok, fp32_error = False, variant.error
-            logger.info("backend variant %s failed: %s", variant.name, variant.error)
-    if "fp32" not in settings.methods:
-        shutil.rmtree(fp32_folder, ignore_errors=True)
-    return variants
 
 
 def _quantize(method: str, src: Path, dst: Path, calib: torch.Tensor, settings: BackendSettings) -> dict | None:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from profiling_agent.tools.io import failed_file, machine_fault
 from profiling_agent.tools.runtimes.forward import PixelWrapper
 from profiling_agent.tools.runtimes.onnx_model import OrtClassifier, OrtOutput, ort_session
 
@@ -98,6 +99,7 @@ def export_onnx(
             with quiet(), torch.no_grad():
                 _export(wrapper, example.detach().cpu(), path, name, opset)
         except Exception as exc:  # noqa: BLE001 - try the next exporter, report all reasons if none works
+            machine_fault(exc, failed_file(exc, path), "could not write the ONNX export")  # a full disk stops the run
             errors.append(f"{name}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc) else ''}")
             continue
         seconds = time.perf_counter() - start

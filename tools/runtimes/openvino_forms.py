@@ -12,14 +12,15 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from profiling_agent.tools.runtimes.onnx_forms import Variant, failure_reason, finish_form
+from profiling_agent.tools.io import failed_file, machine_fault
+from profiling_agent.tools.runtimes.onnx_forms import FormFiles, Variant, failure_reason, finish_form
 from profiling_agent.tools.runtimes.onnx_runtime import quiet
 from profiling_agent.tools.runtimes.openvino_model import (
     OV_FILE,
@@ -145,114 +146,149 @@ def _save(ov_model: Any, folder: Path) -> None:
 def build_ov_forms(
     onnx_path: str | os.PathLike | None,
     calib_pixels: torch.Tensor,
-    check_pixels: torch.Tensor,
-    reference: torch.Tensor,
+    checked: tuple[torch.Tensor, torch.Tensor],
     out_dir: str | os.PathLike,
     *,
     settings: OpenVinoSettings | None = None,
     threads: int | None = None,
-    model_type: str | None = None,
-    config: Any = None,
-    processor: Any = None,
-    extra: Mapping[str, Any] | None = None,
-    convert: Callable[[], Any] | None = None,
+    files: FormFiles | None = None,
 ) -> list[Variant]:
     """Build the OpenVINO forms of an FP32 classifier and check each against the torch logits.
 
     Args:
-        onnx_path: The exported FP32 ONNX file (None or missing: `convert` is used).
+        onnx_path: The exported FP32 ONNX file (None or missing: every form fails with the reason).
         calib_pixels: Calibration images for NNCF's activation statistics.
-        check_pixels: Images whose torch logits are `reference`.
-        reference: The torch FP32 logits on `check_pixels`.
+        checked: The torch FP32 logits on the check images, and those images.
         out_dir: Parent folder; each form writes OUT/ov_<form>/.
         settings: Which forms and how.
         threads: OpenVINO inference threads (default: torch's).
-        model_type: The transformers model_type (vit, deit, swin, resnet, ...): picks NNCF's model type.
-        config: The transformers config saved beside the IR (labels).
-        processor: The image processor saved beside the IR.
-        extra: JSON facts copied into each recipe (params, MACs, the source artifact).
-        convert: Returns an `openvino.Model` when there is no ONNX file (e.g. `openvino.convert_model(torch)`).
+        files: The transformers config (its model_type picks NNCF's model type; saved beside the IR with its
+            labels), the image processor and the recipe's extra facts.
 
     Returns:
         One Variant per requested form, in order; failed or skipped ones carry the reason.
     """
     settings = settings or OpenVinoSettings()
-    out = Path(out_dir)
+    files = files or FormFiles()
     variants = [Variant(name=f"ov_{f}", method=f) for f in settings.forms]
     missing = openvino_missing()
     if missing or not variants:
         for v in variants:
             v.error = missing
         return variants
-    check = check_pixels.detach().to("cpu", torch.float32)
     start = time.perf_counter()
     try:
-        import openvino as ov
-
-        with quiet():
-            if onnx_path is not None and Path(onnx_path).is_file():
-                fp32_model, source = ov.convert_model(str(onnx_path)), "openvino.convert_model(FP32 ONNX)"
-            elif convert is not None:
-                fp32_model, source = convert(), "openvino.convert_model(torch)"
-            else:
-                raise RuntimeError("no FP32 ONNX file to convert (the ONNX export failed)")
+        fp32_model, source = _convert(onnx_path)
     except Exception as exc:  # noqa: BLE001 - every form needs the conversion: all fail with its reason
+        machine_fault(exc, failed_file(exc, out_dir), "could not convert to OpenVINO")
         for v in variants:
             v.error = f"OpenVINO conversion failed: {failure_reason(exc)}"
         return variants
-    convert_seconds = time.perf_counter() - start
-    base = {
+    reference, check_pixels = checked
+    build = _FormBuild(
+        fp32_model,
+        calib_pixels,
+        (reference, check_pixels.detach().to("cpu", torch.float32)),
+        Path(out_dir),
+        settings,
+        threads,
+        files,
+        time.perf_counter() - start,
+        _recipe_base(source, check_pixels, files),
+    )
+    fp32_error = ""
+    for variant in variants:
+        fp32_error = build.form(variant, fp32_error)
+    return variants
+
+
+def _convert(onnx_path: str | os.PathLike | None) -> tuple[Any, str]:
+    """Convert the FP32 ONNX file to an `openvino.Model`; return it and how it was made."""
+    import openvino as ov
+
+    if onnx_path is None or not Path(onnx_path).is_file():
+        raise RuntimeError("no FP32 ONNX file to convert (the ONNX export failed)")
+    with quiet():
+        return ov.convert_model(str(onnx_path)), "openvino.convert_model(FP32 ONNX)"
+
+
+def _recipe_base(source: str, check_pixels: torch.Tensor, files: FormFiles) -> dict[str, Any]:
+    """Return the recipe fields every OpenVINO form of one model shares."""
+    return {
         "format": OV_FORMAT,
         "format_version": OV_FORMAT_VERSION,
         "model_file": OV_FILE,
         "weights_file": OV_WEIGHTS,
-        "input": {"name": "pixel_values", "shape": list(check.shape[1:]), "dynamic_batch": True},
+        "input": {"name": "pixel_values", "shape": list(check_pixels.shape[1:]), "dynamic_batch": True},
         "output": "logits",
         "export": {"converter": source},
         "versions": versions("openvino", "nncf"),
-        "extra": dict(extra or {}),
+        "extra": dict(files.extra or {}),
     }
-    fp32_error = ""
-    for variant in variants:
-        folder = out / variant.name
+
+
+@dataclass
+class _FormBuild:
+    """What building each OpenVINO form of one converted model needs."""
+
+    fp32_model: Any
+    calib_pixels: torch.Tensor
+    checked: tuple[torch.Tensor, torch.Tensor]  # torch's logits, the check images (float32, CPU)
+    out: Path
+    settings: OpenVinoSettings
+    threads: int | None
+    files: FormFiles
+    convert_seconds: float
+    base: dict[str, Any]
+
+    def form(self, variant: Variant, fp32_error: str) -> str:
+        """Build, check and write one form (failed or skipped with its reason); return the FP32 IR's error."""
+        folder = self.out / variant.name
         shutil.rmtree(folder, ignore_errors=True)
         try:
             if variant.method == "bf16" and (reason := bf16_unsupported()):
                 variant.status, variant.error = "skipped", reason
-                continue
+                return fp32_error
             if fp32_error and variant.method != "int8":
                 raise RuntimeError(f"the FP32 IR is wrong ({fp32_error})")
-            t0 = time.perf_counter()
-            quant: dict[str, Any] | None = None
-            precision = {"fp32": "f32", "bf16": "bf16", "int8": "default"}[variant.method]
-            if variant.method == "int8":
-                missing_nncf = nncf_missing()
-                if missing_nncf:
-                    raise RuntimeError(missing_nncf)
-                ov_model, quant = quantize_int8(fp32_model, calib_pixels, model_type=nncf_model_type(model_type),
-                                                settings=settings)  # fmt: skip
-                quant["quantized_ops"] = len(quantized_ops(ov_model))
-                _save(ov_model, folder)
-            elif variant.method == "bf16" and (out / "ov_fp32" / OV_FILE).is_file():  # the same IR, another hint
-                folder.mkdir(parents=True, exist_ok=True)
-                for name in (OV_FILE, OV_WEIGHTS):
-                    _link_or_copy(out / "ov_fp32" / name, folder / name)
-            else:
-                _save(fp32_model, folder)
-            variant.model = OvClassifier(folder / OV_FILE, precision, threads)  # type: ignore[arg-type]
-            variant.seconds = round(convert_seconds + time.perf_counter() - t0, 3)
-            tolerance = settings.fp32_tolerance if variant.method == "fp32" else None
-            runtime = {
-                "name": "openvino",
-                "precision_hint": precision,
-                "compile_config": compile_config(precision, threads),  # type: ignore[arg-type]
-            }
-            recipe = {**base, "runtime": runtime, "quantization": quant}
-            finish_form(variant, folder / OV_WEIGHTS, (reference, check, tolerance), recipe, config, processor)
-        except Exception as exc:  # noqa: BLE001 - this form fails, the others and the run go on
+            self._build(variant, folder)
+        except Exception as exc:  # noqa: BLE001 - this form fails, the others and the run go on (not for a full disk)
+            machine_fault(exc, failed_file(exc, folder), f"could not write the {variant.name} form")
             variant.status, variant.model, variant.error = "failed", None, failure_reason(exc)
-            if variant.method == "fp32":
-                fp32_error = variant.error
             shutil.rmtree(folder, ignore_errors=True)
             logger.info("OpenVINO form %s failed: %s", variant.name, variant.error)
-    return variants
+            return variant.error if variant.method == "fp32" else fp32_error
+        return fp32_error
+
+    def _build(self, variant: Variant, folder: Path) -> None:
+        t0 = time.perf_counter()
+        quant: dict[str, Any] | None = None
+        precision = {"fp32": "f32", "bf16": "bf16", "int8": "default"}[variant.method]
+        if variant.method == "int8":
+            if missing_nncf := nncf_missing():
+                raise RuntimeError(missing_nncf)
+            model_type = nncf_model_type(getattr(self.files.config, "model_type", None))
+            ov_model, quant = quantize_int8(
+                self.fp32_model, self.calib_pixels, model_type=model_type, settings=self.settings
+            )
+            quant["quantized_ops"] = len(quantized_ops(ov_model))
+            _save(ov_model, folder)
+        elif variant.method == "bf16" and (self.out / "ov_fp32" / OV_FILE).is_file():  # the same IR, another hint
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in (OV_FILE, OV_WEIGHTS):
+                _link_or_copy(self.out / "ov_fp32" / name, folder / name)
+        else:
+            _save(self.fp32_model, folder)
+        variant.model = OvClassifier(folder / OV_FILE, precision, self.threads)  # type: ignore[arg-type]
+        variant.seconds = round(self.convert_seconds + time.perf_counter() - t0, 3)
+        tolerance = self.settings.fp32_tolerance if variant.method == "fp32" else None
+        runtime = {
+            "name": "openvino",
+            "precision_hint": precision,
+            "compile_config": compile_config(precision, self.threads),  # type: ignore[arg-type]
+        }
+        recipe = {**self.base, "runtime": runtime, "quantization": quant}
+        reference, check = self.checked
+        finish_form(
+            variant, folder / OV_WEIGHTS, (reference, check, tolerance), recipe, self.files.config, self.files.processor
+        )

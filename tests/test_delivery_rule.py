@@ -20,7 +20,7 @@ def test_a_slower_candidate_short_of_the_target_reduction_is_delivered_for_what_
     objective = Objective(max_acc_drop=2.0, target=target, target_reduction=0.4)
     best = _best(objective, accuracy=89.0, latency=4.5, peer_latency=4.0, reduction=0.05)  # 5% of the 40% asked
     picked, why = choose_delivery(best, _baseline(objective), BASE_REF, objective)
-    assert picked is not None and picked["iteration"] == 1
+    assert picked is not None and picked.iteration == 1
     assert f"is what the {target} target asks for (5.0% smaller within the budget)" in why
 
 
@@ -29,11 +29,11 @@ def test_a_slower_candidate_that_reduces_nothing_asked_for_leaves_the_quantizati
     objective = Objective(max_acc_drop=2.0, target=target, target_reduction=0.4)
     best = _best(objective, accuracy=89.0, latency=4.5, peer_latency=4.0, reduction=reduction)
     picked, why = choose_delivery(best, _baseline(objective), BASE_REF, objective)
-    assert picked is not None and picked["iteration"] == 0 and "the quantization-only form is delivered" in why
+    assert picked is not None and picked.iteration == 0 and "the quantization-only form is delivered" in why
 
 
 def test_a_candidate_past_the_budget_is_never_delivered_whatever_it_reduces():
     objective = Objective(max_acc_drop=2.0, target="params", target_reduction=0.4)
     best = _best(objective, accuracy=85.0, latency=1.0, peer_latency=4.0, reduction=0.6)
     picked, _ = choose_delivery(best, _baseline(objective), BASE_REF, objective)
-    assert picked is not None and picked["iteration"] == 0
+    assert picked is not None and picked.iteration == 0

@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "profiling_agent"
 SOURCE_DIRS = ("graph", "nodes", "tools", "prompts")
 BENCH = ROOT / "bench"
@@ -173,7 +173,7 @@ def test_no_private_name_is_used_across_modules():
     files = [*modules.values(), *sorted(BENCH.glob("*.py"))]
     wrong = [use for path in files for use in _private_uses(path, modules)]
     # tests may monkeypatch a module's private attribute, but never import a private name
-    wrong += [use for path in sorted((ROOT / "tests").glob("*.py")) for use in _private_uses(path, modules, False)]
+    wrong += [use for path in sorted((ROOT / "tests").rglob("*.py")) for use in _private_uses(path, modules, False)]
     assert not wrong, wrong
 
 

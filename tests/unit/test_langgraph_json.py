@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA_URL = "https://langgra.ph/schema.json"  # as langchain-ai/new-langgraph-project's langgraph.json has it
 
 

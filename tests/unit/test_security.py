@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SKIP_DIRS = {"tests", "build", "runs", "__pycache__"}
 RE_CALLS = {"compile", "search", "match", "fullmatch", "sub", "subn", "split", "findall", "finditer"}
 # Every place a regex that is not a literal is compiled or searched, and why its pattern is safe.

@@ -313,4 +313,4 @@ def test_default_input_is_the_embedded_default():
 
     state = InputState.model_validate({})
     assert state.model.ref == EMBEDDED_MODEL and state.dataset.ref == EMBEDDED_DATASET
-    assert Path(__file__).parent.parent.joinpath("langgraph.json").exists()
+    assert Path(__file__).resolve().parents[2].joinpath("langgraph.json").exists()

@@ -21,7 +21,7 @@ import pytest
 from profiling_agent.tools import io
 from profiling_agent.tools.io import MachineFault, atomic_dir, write_atomic, write_json_atomic
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _child_env(home: Path) -> dict[str, str]:

@@ -22,7 +22,7 @@ from types import ModuleType
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py"))
 LIBRARIES = {"budget", "estimate", "global_pruning"}  # imported by matched_budgets / paper_tables, no main
 TINY_ENV = "PROFILING_AGENT_ZOO_TINY"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from quick_assets import FAST_CONTEXT, FAST_DATASET
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LANGGRAPH = Path(sys.executable).with_name("langgraph")
 START_TIMEOUT = 120.0
 RUN_TIMEOUT = 600.0

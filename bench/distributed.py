@@ -46,7 +46,7 @@ from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
 from profiling_agent.tools.evaluation.sharded import ShardedJob, sharded_predictions, summarize
 from profiling_agent.tools.io import read_json
 from profiling_agent.tools.recovery.distill import DistillConfig
-from profiling_agent.tools.recovery.distributed import distill_in_job
+from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLaunch, distill_in_job
 
 LAUNCHER = "torchrun --standalone --nproc-per-node {procs} --monitor-interval 0.2"
 
@@ -114,14 +114,9 @@ def bench_distill(args, work: Path, teacher_dir: Path, start: torch.nn.Module, b
                     teacher_dir,
                     batches,
                     config,
-                    dataset_ref=ref,
-                    mapping=mapping,
-                    procs=procs,
-                    job_dir=job / "job",
-                    checkpoint_dir=job / "steps",
-                    fingerprint={},
-                    launcher=LAUNCHER,
-                    threads=args.threads,
+                    data=JobData(ref, mapping),
+                    files=JobFiles(job / "job", job / "steps", {}),
+                    launch=JobLaunch(procs, LAUNCHER, threads=args.threads),
                 )
             )
             rate = info["steps_done"] / info["seconds"]

@@ -206,6 +206,7 @@ def build_export(
     """
     from profiling_agent.tools.models.artifact_load import load_artifact
     from profiling_agent.tools.runtimes.forms import build_forms
+    from profiling_agent.tools.runtimes.onnx_forms import FormFiles
 
     loaded = load_artifact(fp32_folder)
     extra = {"params": best.get("params"), "macs": best.get("macs"), "run": str(run), "iteration": best["iteration"]}
@@ -216,8 +217,7 @@ def build_export(
         scratch,
         forms=[form],
         threads=threads,
-        processor=loaded.processor,
-        extra=extra,
+        files=FormFiles(processor=loaded.processor, extra=extra),
         static_on_transformers=True,
     )
     variant = next(v for v in built if v.name == form)

@@ -89,7 +89,7 @@ def distill_student(
     fingerprint = {"pruned": job.pruned.sha256 if job.pruned else "", "record": record.method, "batch": batch}
     if ctx.recover_procs > 1:  # a torch.distributed job; same steps, same checkpoints (docs/distributed.md)
         from profiling_agent.tools.models.artifacts import read_recipe
-        from profiling_agent.tools.recovery.distributed import distill_in_job
+        from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLaunch, distill_in_job
         from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER
 
         attrs = read_recipe(job.pruned_path).get("attrs")
@@ -100,16 +100,14 @@ def distill_student(
             job.baseline_path,
             batches,
             config,
-            dataset_ref=job.dataset_ref,
-            mapping=job.labels,
-            procs=ctx.recover_procs,
-            job_dir=job.folder / "recovery_job",
-            checkpoint_dir=job.folder / "recovery_steps",
-            fingerprint=fingerprint,
-            launcher=ctx.launcher or DEFAULT_LAUNCHER,
-            device=str(model_device(student).type),
-            threads=max(1, ctx.threads),
-            attrs=attrs,
+            data=JobData(job.dataset_ref, job.labels, attrs),
+            files=JobFiles(job.folder / "recovery_job", job.folder / "recovery_steps", fingerprint),
+            launch=JobLaunch(
+                ctx.recover_procs,
+                ctx.launcher or DEFAULT_LAUNCHER,
+                device=str(model_device(student).type),
+                threads=max(1, ctx.threads),
+            ),
             progress=progress,
         )
     return distill(

@@ -9,12 +9,11 @@ from typing import Any, Literal
 
 from torch import nn
 
-from profiling_agent.tools.hub import ModelLoadError, hub_offline, hub_probe, looks_like_path, quiet_hf
+from profiling_agent.tools.hub import EMBEDDED_PREFIX, ModelLoadError, hub_offline, hub_probe, looks_like_path, quiet_hf
 from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
 
-EMBEDDED_PREFIX = "embedded:"
 Source = Literal["embedded", "artifact", "onnx", "openvino", "local", "hub"]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from profiling_agent.state import ArtifactRef, Context, RecoveryRecord
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.compression.units import PrunedGroup
 from profiling_agent.tools.io import MachineFault, failed_file, machine_fault
 
@@ -101,7 +102,7 @@ def distill_student(
             batches,
             config,
             data=JobData(job.dataset_ref, job.labels, attrs),
-            files=JobFiles(job.folder / "recovery_job", job.folder / "recovery_steps", fingerprint),
+            files=JobFiles(job.folder / run_layout.RECOVERY_JOB, job.folder / run_layout.RECOVERY_STEPS, fingerprint),
             launch=JobLaunch(
                 ctx.recover_procs,
                 ctx.launcher or DEFAULT_LAUNCHER,
@@ -115,7 +116,7 @@ def distill_student(
         teacher,
         batches,
         config,
-        checkpoint_dir=job.folder / "recovery_steps",
+        checkpoint_dir=job.folder / run_layout.RECOVERY_STEPS,
         fingerprint=fingerprint,
         progress=progress,
     )
@@ -231,11 +232,11 @@ def save_recovered(
     from profiling_agent.tools.models.artifacts import save_artifact
 
     try:
-        write_json_atomic(folder / "recovery.json", {"iteration": iteration, "method": record.method, **curve})
-        record.curve = str((folder / "recovery.json").resolve().relative_to(root.resolve()))
+        write_json_atomic(folder / run_layout.RECOVERY, {"iteration": iteration, "method": record.method, **curve})
+        record.curve = str((folder / run_layout.RECOVERY).resolve().relative_to(root.resolve()))
         return save_artifact(
             student,
-            folder / "recovered",
+            folder / run_layout.RECOVERED,
             processor=loaded.processor,
             attrs=loaded.recipe.get("attrs"),
             extra={**(loaded.recipe.get("extra") or {}), "role": "recovered", "recovery": record.method},
@@ -251,8 +252,8 @@ def mark_done(folder: Path, key: dict[str, Any], record: RecoveryRecord, recover
 
     done = {"key": key, "record": record.model_dump(), "recovered": recovered.model_dump()}
     write_json_atomic(folder / DONE, {**done, "message": message})
-    distill_state.clear(folder / "recovery_steps")  # the artifact (and DONE) now hold the result
-    shutil.rmtree(folder / "recovery_job", ignore_errors=True)  # a distributed job's spec and starting student
+    distill_state.clear(folder / run_layout.RECOVERY_STEPS)  # the artifact (and DONE) now hold the result
+    shutil.rmtree(folder / run_layout.RECOVERY_JOB, ignore_errors=True)  # a distributed job's spec and starting student
 
 
 def finished_recovery(folder: Path, root: Path, key: dict[str, Any]) -> tuple[ArtifactRef, RecoveryRecord, str] | None:

@@ -1,0 +1,87 @@
+"""One meaning, one place: the run layout, the settings' choices, `ratio` and `looks_like_path` each defined once."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from profiling_agent.tools import run_layout
+from profiling_agent.tools.evaluation.variants import ratio
+from profiling_agent.tools.hub import looks_like_path
+from profiling_agent.tools.settings import BACKENDS, RUNTIMES, backend_or_default
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = [p for d in ("graph", "nodes", "tools", "bench") for p in sorted((ROOT / d).rglob("*.py"))]
+
+
+def test_iteration_names_round_trip():
+    assert run_layout.iteration_name(3) == "iter_03"
+    assert run_layout.iteration_name(12) == "iter_12"
+    assert run_layout.iteration_dir("/runs/t", 1) == Path("/runs/t/iter_01")
+    assert run_layout.iteration_of("iter_07") == 7
+    assert run_layout.iteration_of("iter_x") is None and run_layout.iteration_of("best") is None
+
+
+def test_the_iteration_folder_rule_is_written_only_in_run_layout():
+    """No f-string builds "iter_NN" outside tools/run_layout.py (docstrings may name the folder)."""
+    pattern = re.compile(r"iter_\{")
+    wrong = []
+    for path in CODE:
+        if path.name == "run_layout.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.JoinedStr) and pattern.search(ast.unparse(node)):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not wrong, wrong
+
+
+def test_run_file_names_are_not_spelled_out_in_code():
+    """The run folder's file names appear as string constants only in tools/run_layout.py."""
+    names = {run_layout.PROFILE, run_layout.SENSITIVITY, run_layout.SUBSETS, run_layout.PLAN, run_layout.REPORT_MD}
+    names |= {run_layout.REPORT_HTML, run_layout.BASELINE_FORMS, run_layout.RECOVERY, run_layout.LLM_TRANSCRIPT}
+    wrong = []
+    for path in CODE:
+        if path.name == "run_layout.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value}")
+    assert not wrong, wrong
+
+
+def test_backend_choices_are_the_runtimes_and_auto():
+    from profiling_agent.graph.cli.args import build_parser
+
+    assert BACKENDS == (*RUNTIMES, "auto")
+    import argparse
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    backend = next(a for a in sub.choices["run"]._actions if "--backend" in a.option_strings)
+    assert tuple(backend.choices) == BACKENDS
+    assert backend_or_default("openvino") == "openvino"
+    assert backend_or_default("tensorrt") == "auto" and backend_or_default(None) == "auto"
+
+
+def test_ratio_is_zero_without_a_positive_denominator():
+    assert ratio(6.0, 3.0) == 2.0
+    assert ratio(1.0, 0.0) == 0.0 and ratio(1.0, -2.0) == 0.0
+
+
+@pytest.mark.parametrize("ref", ["./x", "/x", "~/x", "../x", ".hidden", "a/b/c", "C:\\models\\vit", "has space"])
+def test_paths_look_like_paths(ref):
+    assert looks_like_path(ref)
+
+
+@pytest.mark.parametrize("ref", ["org/name", "google/vit-base-patch16-224", "name", "embedded:vit-digits"])
+def test_hub_ids_and_embedded_names_do_not(ref):
+    assert not looks_like_path(ref)
+
+
+def test_an_existing_folder_is_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "digits").mkdir()
+    assert looks_like_path("digits")
+    assert not looks_like_path("nodigits")

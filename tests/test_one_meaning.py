@@ -85,3 +85,19 @@ def test_an_existing_folder_is_a_path(tmp_path, monkeypatch):
     (tmp_path / "digits").mkdir()
     assert looks_like_path("digits")
     assert not looks_like_path("nodigits")
+
+
+def test_the_planner_and_the_guard_read_one_set_of_ratio_caps():
+    import dataclasses
+
+    from profiling_agent.tools.planning.plan_guard import GuardConfig
+    from profiling_agent.tools.planning.ratio_solver import PlannerConfig, RatioCaps, ratio_cap
+
+    caps = {f.name for f in dataclasses.fields(RatioCaps)}
+    assert caps == {"max_ratio_structured", "max_ratio_head", "max_block_fraction"}
+    for config in (PlannerConfig(), GuardConfig()):
+        assert isinstance(config, RatioCaps)
+        assert {k: v for k, v in dataclasses.asdict(config).items() if k in caps} == dataclasses.asdict(RatioCaps())
+    assert ratio_cap("head", GuardConfig()) == RatioCaps().max_ratio_head
+    assert ratio_cap("structured", PlannerConfig()) == RatioCaps().max_ratio_structured
+    assert ratio_cap("block", RatioCaps()) == 1.0

@@ -101,3 +101,34 @@ def test_the_planner_and_the_guard_read_one_set_of_ratio_caps():
     assert ratio_cap("head", GuardConfig()) == RatioCaps().max_ratio_head
     assert ratio_cap("structured", PlannerConfig()) == RatioCaps().max_ratio_structured
     assert ratio_cap("block", RatioCaps()) == 1.0
+
+
+def _folder(tmp_path, name, model_file, fmt, **recipe):
+    import json
+
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / model_file).write_bytes(b"not a model")
+    (folder / "recipe.json").write_text(json.dumps({"format": fmt, "format_version": 1, **recipe}))
+    return folder
+
+
+def test_one_folder_loader_opens_and_refuses_both_kinds_alike(tmp_path):
+    from profiling_agent.tools.runtimes.forms import form_source, load_form
+    from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, ONNX_FORMAT, OnnxFolderError, load_onnx_folder
+    from profiling_agent.tools.runtimes.openvino_model import OV_FILE, OV_FORMAT, OpenVinoFolderError
+
+    onnx = _folder(tmp_path, "onnx", ONNX_FILE, ONNX_FORMAT)
+    ov = _folder(tmp_path, "ov", OV_FILE, OV_FORMAT, runtime={"precision_hint": "int3"})
+    assert form_source(onnx) == "onnx" and form_source(ov) == "openvino" and form_source(tmp_path) is None
+    with pytest.raises(OnnxFolderError, match="ONNX Runtime cannot open"):
+        load_form(onnx)
+    with pytest.raises(OpenVinoFolderError, match="unknown precision hint 'int3'"):
+        load_form(ov)
+    with pytest.raises(OnnxFolderError, match=r"is not an ONNX folder \(model.onnx plus a profiling-agent-onnx"):
+        load_onnx_folder(tmp_path)
+    newer = _folder(tmp_path, "newer", ONNX_FILE, ONNX_FORMAT, format_version=9)
+    with pytest.raises(OnnxFolderError, match="format version 9 is too new"):
+        load_form(newer)
+    with pytest.raises(ValueError, match="neither an OpenVINO nor an ONNX form"):
+        load_form(tmp_path)

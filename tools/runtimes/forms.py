@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ from profiling_agent.tools.runtimes.onnx_forms import (
     build_ort_variants,
     failure_reason,
 )
-from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE
+from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, is_onnx_folder, load_onnx_folder
 from profiling_agent.tools.runtimes.openvino_forms import (
     OV_FORMS,
     OpenVinoSettings,
@@ -38,8 +38,11 @@ from profiling_agent.tools.runtimes.openvino_forms import (
     nncf_model_type,
     quantized_ops,
 )
+from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
 
 logger = logging.getLogger(__name__)
+
+FormSource = Literal["onnx", "openvino"]  # the kinds of form folder
 
 ALL_FORMS = tuple(f"ort_{m}" for m in ORT_METHODS) + tuple(f"ov_{f}" for f in OV_FORMS)
 ROUND_KEEP = 2  # a pruning round builds the unpruned model's this-many fastest forms (within budget) ...
@@ -47,15 +50,22 @@ ROUND_TIE = 1.5  # ... and every other form within this factor of the fastest on
 FP32_REFERENCES = ("ov_fp32", "ort_fp32", "torch_fp32", "baseline")  # an int8 form's "own FP32 form", first found
 
 
-def load_form(path: str | os.PathLike, threads: int | None = None) -> nn.Module:
-    """Open a delivered form's folder: an OpenVINO IR or an ONNX Runtime file (raises when it is neither)."""
-    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder
-    from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
-
-    if is_openvino_folder(path):
-        return load_openvino_folder(path, threads)
+def form_source(path: str | os.PathLike) -> FormSource | None:
+    """Return which kind of form folder `path` is ("onnx", "openvino"), or None when it is neither."""
     if is_onnx_folder(path):
+        return "onnx"
+    if is_openvino_folder(path):
+        return "openvino"
+    return None
+
+
+def load_form(path: str | os.PathLike, threads: int | None = None) -> nn.Module:
+    """Open a delivered form's folder: an ONNX Runtime file or an OpenVINO IR (raises when it is neither)."""
+    source = form_source(path)
+    if source == "onnx":
         return load_onnx_folder(path, threads)
+    if source == "openvino":
+        return load_openvino_folder(path, threads)
     raise ValueError(f"{path} holds neither an OpenVINO nor an ONNX form")
 
 

@@ -132,3 +132,30 @@ def test_one_folder_loader_opens_and_refuses_both_kinds_alike(tmp_path):
         load_form(newer)
     with pytest.raises(ValueError, match="neither an OpenVINO nor an ONNX form"):
         load_form(tmp_path)
+
+
+def test_the_plan_format_text_and_the_answer_schema_name_exactly_compression_plans_fields():
+    from profiling_agent.prompts.analysis import PLAN_SCHEMA
+    from profiling_agent.prompts.plan_format import GROUPS, entry_fields, format_text
+    from profiling_agent.state import CompressionPlan, PruneEntry, QuantEntry
+    from profiling_agent.tools.planning.structured import plan_schema
+
+    fields = entry_fields()
+    assert fields == {
+        "plan": tuple(CompressionPlan.model_fields),
+        "pruning": tuple(PruneEntry.model_fields),
+        "quantization": tuple(QuantEntry.model_fields),
+    }
+    assert PLAN_SCHEMA == format_text()
+    keys = set(re.findall(r'"(\w+)":', PLAN_SCHEMA))
+    assert keys == {f for names in fields.values() for f in names} | {GROUPS}
+    for value in ("structured", "head", "dynamic", "qint8", "float16"):  # the Literals' choices, from the model
+        assert f'"{value}"' in PLAN_SCHEMA
+    groups = [{"name": "layers.0.mlp", "kind": "structured"}, {"name": "layers.0.heads", "kind": "head"}]
+    schema = plan_schema(groups, ("qint8",), {"structured": 0.8, "head": 0.75}, 0.05)
+    assert set(schema["properties"]) == set(fields["plan"]) == set(schema["required"])
+    quant = schema["properties"]["quantization"]["items"]
+    assert set(quant["properties"]) == set(fields["quantization"]) == set(quant["required"])
+    for shape in schema["properties"]["pruning"]["items"]["anyOf"]:  # the layer regex becomes exact group names
+        expected = {GROUPS if f == "layer" else f for f in fields["pruning"]}
+        assert set(shape["properties"]) == expected == set(shape["required"])

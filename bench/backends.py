@@ -43,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paper_tables import FULL_SIZE, TINY_FULL_SIZE, build_full_size  # noqa: E402
 
+from profiling_agent.tools import run_layout
+
 EXIT_BAD_INPUT = 2
 TRAINED = ("embedded:vit-digits", "embedded:resnet-digits")
 ALL = ("ort_fp32", "ort_dynamic", "ort_static", "ov_fp32", "ov_bf16", "ov_int8")
@@ -249,7 +251,7 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     graph = build_graph(checkpointer=open_checkpointer(work / "runs"))
     state = graph.invoke(inputs, {"configurable": {"thread_id": name}}, context=ctx, durability="sync")
     run = Path(state["run_path"])
-    for line in round_lines(json.loads((run / "result.json").read_text())):
+    for line in round_lines(json.loads((run / run_layout.RESULT).read_text())):
         say(f"[{name}] {line}")
     parts = ("eval", "test", "calib")
     tensors = open_run_data(run, parts=parts, materialize=parts)  # a few hundred images: in memory

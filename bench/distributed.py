@@ -42,11 +42,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo as zoo_lib  # noqa: E402
 
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
 from profiling_agent.tools.evaluation.sharded import ShardedJob, sharded_predictions, summarize
 from profiling_agent.tools.io import read_json
 from profiling_agent.tools.recovery.distill import DistillConfig
-from profiling_agent.tools.recovery.distributed import distill_in_job
+from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLaunch, distill_in_job
 
 LAUNCHER = "torchrun --standalone --nproc-per-node {procs} --monitor-interval 0.2"
 
@@ -96,8 +97,8 @@ def _make_run(root: Path, ref: str, teacher: torch.nn.Module, processor: Any, ma
     split = {"validation": "test", "test": "test", "calibration": "train"}
     parts = {"validation": "eval", "test": "test", "calibration": "calib"}
     roles = {r: {"split": split[r], "indices": rows[f"{p}_index"].tolist()} for r, p in parts.items()}
-    write_json_atomic(root / "subsets.json", {"dataset": ref, "seed": 0, **roles})
-    save_artifact(teacher, root / "baseline", processor=processor)
+    write_json_atomic(root / run_layout.SUBSETS, {"dataset": ref, "seed": 0, **roles})
+    save_artifact(teacher, root / run_layout.BASELINE, processor=processor)
 
 
 def bench_distill(args, work: Path, teacher_dir: Path, start: torch.nn.Module, batches, mapping, ref) -> dict:
@@ -114,14 +115,9 @@ def bench_distill(args, work: Path, teacher_dir: Path, start: torch.nn.Module, b
                     teacher_dir,
                     batches,
                     config,
-                    dataset_ref=ref,
-                    mapping=mapping,
-                    procs=procs,
-                    job_dir=job / "job",
-                    checkpoint_dir=job / "steps",
-                    fingerprint={},
-                    launcher=LAUNCHER,
-                    threads=args.threads,
+                    data=JobData(ref, mapping),
+                    files=JobFiles(job / "job", job / "steps", {}),
+                    launch=JobLaunch(procs, LAUNCHER, threads=args.threads),
                 )
             )
             rate = info["steps_done"] / info["seconds"]

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo as zoo_lib  # noqa: E402
 
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.text import one_line  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -95,7 +96,7 @@ def plan_text(plan: dict[str, Any]) -> str:
 
 def refusals(run_path: Path, iteration: int) -> list[str]:
     """Return the reasons of the answers the parser or the guard sent back in a round (from its transcript)."""
-    path = run_path / f"iter_{iteration:02d}" / "llm_transcript.jsonl"
+    path = run_layout.iteration_dir(run_path, iteration) / run_layout.LLM_TRANSCRIPT
     if not path.is_file():
         return []
     out = []
@@ -144,7 +145,7 @@ def test_accuracy(run_path: Path, state: dict[str, Any], dataset: str) -> dict[i
     """Evaluate every finished candidate on the run's held-out test images (the run itself tests only the best)."""
     from profiling_agent.tools.evaluation.evaluate_model import EvalRequest, evaluate_model
 
-    subsets = json.loads((run_path / "subsets.json").read_text())
+    subsets = json.loads((run_path / run_layout.SUBSETS).read_text())
     split, rows = subsets["test"]["split"], [int(i) for i in subsets["test"]["indices"]]
     out = {}
     for cand in state.get("candidates") or []:

@@ -38,6 +38,7 @@ import matched_budgets as matched_lib  # noqa: E402
 import zoo as zoo_lib  # noqa: E402
 
 from profiling_agent.state import QuantEntry  # noqa: E402
+from profiling_agent.tools import run_layout
 
 RATIOS = (0.01, 0.1, 0.2)
 METHODS = ("l1", "l2", "random")
@@ -252,7 +253,7 @@ def measure_zoo_model(name: str, entry: dict[str, Any], dataset_dir: str, work: 
             models[f"{method}@{ratio:g}"] = pruned
     best = state.get("best")
     if best:
-        models["agent"] = load_artifact(run / "best").model.eval()
+        models["agent"] = load_artifact(run / run_layout.BEST).model.eval()
         models["agent+qint8"] = _qint8(models["agent"])
     models["torch_qint8"] = _qint8(base)
     say(f"[{name}] ONNX Runtime: export, dynamic QInt8")

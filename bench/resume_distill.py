@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from profiling_agent.tools import run_layout
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -69,7 +71,7 @@ def _run_args(model: Path, dataset: Path, runs: Path, thread: str, args: argpars
 def _weights(run: Path):
     from safetensors.torch import load_file
 
-    return load_file(str(run / "iter_01" / "recovered" / "model.safetensors"))
+    return load_file(str(run_layout.iteration_dir(run, 1) / run_layout.RECOVERED / "model.safetensors"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu0 = os.times()
     whole = subprocess.run(_run_args(model, dataset, runs, "whole", args), env=env, capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    saved = runs / "cut" / "iter_01" / "recovery_steps" / "latest.json"
+    saved = run_layout.iteration_dir(runs / "cut", 1) / run_layout.RECOVERY_STEPS / "latest.json"
     proc = subprocess.Popen(
         _run_args(model, dataset, runs, "cut", args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -110,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     cpu1 = os.times()
     a, b = _weights(runs / "whole"), _weights(runs / "cut")
     gap = max(float((a[k] - b[k]).abs().max()) for k in a)
-    info = {n: json.loads((runs / n / "iter_01" / "recovery.json").read_text())["distill"] for n in ("whole", "cut")}
+    info = {
+        n: json.loads((run_layout.iteration_dir(runs / n, 1) / run_layout.RECOVERY).read_text())["distill"]
+        for n in ("whole", "cut")
+    }
     base = statistics.median(info["whole"]["step_seconds"])
     cpu = cpu1.children_user + cpu1.children_system - cpu0.children_user - cpu0.children_system
     print(f"load (uptime) {os.getloadavg()}; CPU seconds of the runs {cpu:.1f}")

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-FORKS = "forks"
+from profiling_agent.tools import run_layout
+
+FORKS = run_layout.FORKS
 # written from the state by later nodes (or by the report): never carried into a fork
-_NOT_CARRIED = {FORKS, "best", "result.json", "report.md", "report.html", "plots"}
-_ITER = re.compile(r"^iter_(\d+)$")
+_NOT_CARRIED = {
+    FORKS,
+    run_layout.BEST,
+    run_layout.RESULT,
+    run_layout.REPORT_MD,
+    run_layout.REPORT_HTML,
+    run_layout.PLOTS,
+}
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -34,8 +41,8 @@ def carried_entries(run_path: Path, iteration: int) -> list[Path]:
     """Return the run folder's entries a fork at `iteration` needs: inputs, profile, and iterations 1..iteration."""
     keep = []
     for entry in sorted(run_path.iterdir()):
-        match = _ITER.match(entry.name)
-        if entry.name.startswith(".") or entry.name in _NOT_CARRIED or (match and int(match.group(1)) > iteration):
+        number = run_layout.iteration_of(entry.name)
+        if entry.name.startswith(".") or entry.name in _NOT_CARRIED or (number is not None and number > iteration):
             continue
         keep.append(entry)
     return keep

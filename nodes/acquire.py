@@ -9,6 +9,7 @@ from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import artifact_ref, context_of, event, thread_id_of
 from profiling_agent.state import Context, State
+from profiling_agent.tools import run_layout
 
 
 def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     labels, weak = dataset_labels(dataset, loaded.model.config, state.dataset)  # one class: refused here
     saved = save_artifact(
         loaded.model,
-        run_path / "baseline",
+        run_path / run_layout.BASELINE,
         processor=loaded.processor,
         extra={"source": state.model.ref, "role": "baseline"},
     )

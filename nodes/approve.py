@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from profiling_agent.nodes.common import current_candidate, event, iteration_dir, run_dir, thread_id_of
 from profiling_agent.state import CompressionPlan, Context, Review, State
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.review import parse_answer, review_plan
 
 REJECTED = "plan rejected by the reviewer"
@@ -35,7 +36,7 @@ def approval_request(state: State, thread_id: str, estimate: dict[str, float], n
         "iterations": state.objective.iterations,
         "planner": state.planner_used,
         "plan": state.plan.model_dump() if state.plan else None,
-        "plan_file": f"iter_{it:02d}/plan.json",
+        "plan_file": f"{run_layout.iteration_name(it)}/{run_layout.PLAN}",
         "target": state.objective.target,
         "estimate": {k: round(float(v), 4) for k, v in estimate.items()},
         "planner_estimate": round(float(goal), 4) if isinstance(goal, (int, float)) else None,
@@ -51,7 +52,7 @@ def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.planning.ratio_solver import estimate_key
 
     it = state.iteration
-    profile = read_json(run_dir(state) / "profile.json")
+    profile = read_json(run_dir(state) / run_layout.PROFILE)
     proposed = review_plan(
         state.plan.model_dump() if state.plan else {}, profile, time_budget=0.0
     )  # the estimate; planners' plans are trusted
@@ -80,7 +81,7 @@ def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "plan": state.plan.model_dump() if state.plan else None,
     }
     write_json_atomic(folder / "plan_proposed.json", proposed_doc)
-    write_json_atomic(folder / "plan.json", {"iteration": it, "planner": "human", "plan": plan, "edited": True})
+    write_json_atomic(folder / run_layout.PLAN, {"iteration": it, "planner": "human", "plan": plan, "edited": True})
     meta = current.planner_meta
     if meta.goal is not None:  # later deterministic rounds learn from what the applied plan aimed at
         meta.goal = float(estimate.get(estimate_key(state.objective.target), meta.goal))

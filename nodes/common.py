@@ -9,6 +9,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from profiling_agent.state import ArtifactRef, Candidate, Context, HistoryEvent, State
+from profiling_agent.tools import run_layout
 
 
 def read_context(runtime: Runtime[Context] | None) -> Context:
@@ -69,7 +70,7 @@ def absolute(state: State, path: str) -> Path:
 
 def iteration_dir(state: State, iteration: int) -> Path:
     """Return the folder of one iteration's files (derived from thread and iteration, so re-runs overwrite)."""
-    return run_dir(state) / f"iter_{iteration:02d}"
+    return run_layout.iteration_dir(run_dir(state), iteration)
 
 
 def event(node: str, message: str, iteration: int = 0, **facts: Any) -> list[dict[str, Any]]:
@@ -193,7 +194,7 @@ def training_source(state: State):
     from profiling_agent.tools.io import read_json
 
     assert state.labels is not None
-    subsets = read_json(run_dir(state) / (state.data.subsets if state.data else "subsets.json"))
+    subsets = read_json(run_dir(state) / (state.data.subsets if state.data else run_layout.SUBSETS))
     return find_train_source(
         state.dataset.ref,
         state.dataset.split,

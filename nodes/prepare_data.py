@@ -8,6 +8,7 @@ from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import emit, event, load_artifact_model, run_dir
 from profiling_agent.state import Context, State
+from profiling_agent.tools import run_layout
 
 
 def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     warnings = data.pop("warnings")
     tensors = load_prepared(root / data["path"], with_indices=True, parts=PARTS)
     subsets, weak = judge_subsets(tensors, ds_ref, sources)
-    write_json_atomic(root / "subsets.json", subsets)
+    write_json_atomic(root / run_layout.SUBSETS, subsets)
     emit(runtime, kind="progress", task="preparing data", done=1, total=1, label=ds_ref.ref)
     where = {role: f" ({split})" if split else "" for role, split in sources.splits.items()}
     message = (

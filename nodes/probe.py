@@ -17,6 +17,7 @@ from profiling_agent.nodes.common import (
     run_dir,
 )
 from profiling_agent.state import Context, State
+from profiling_agent.tools import run_layout
 
 
 def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         recover=ctx.recover != "none",  # damage after the least-squares refit the recover step will do
         run=ProbeRun(allowed_ids=allowed_ids(state), seed=state.dataset.seed, progress=progress),
     )
-    write_json_atomic(run_dir(state) / "sensitivity.json", result)
+    write_json_atomic(run_dir(state) / run_layout.SENSITIVITY, result)
     cpu, seconds = time.process_time() - started, time.perf_counter() - wall
     rounded, message = probe_record(result, ctx.probe_ratio, cpu, seconds, refit=ctx.recover != "none")
     sensitivity = {name: row.model_dump(exclude_unset=True) for name, row in rounded.items()}

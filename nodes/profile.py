@@ -8,6 +8,7 @@ from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import context_of, emit, event, input_chw, load_artifact_model, run_dir
 from profiling_agent.state import Context, State
+from profiling_agent.tools import run_layout
 
 
 def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -26,7 +27,7 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         device,
         ctx.backend,
         state.objective.target,
-        run_dir(state) / "profile.json",
+        run_dir(state) / run_layout.PROFILE,
         depth=state.objective.prunes_depth(),
     )
     emit(runtime, kind="progress", task="profiling", done=1, total=1, label="baseline")

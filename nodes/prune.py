@@ -18,6 +18,7 @@ from profiling_agent.nodes.common import (
     load_artifact_model,
 )
 from profiling_agent.state import ArtifactRef, CompressionPlan, Context, State
+from profiling_agent.tools import run_layout
 
 
 def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     macs = None if counted is None else int(counted)  # None: MACs unknown (the counter cannot count this model)
     saved = save_artifact(
         model,
-        iteration_dir(state, it) / "pruned",
+        iteration_dir(state, it) / run_layout.PRUNED,
         processor=loaded.processor,
         attrs=report.attrs,
         extra={"role": "pruned", "iteration": it, "applied": [a.model_dump() for a in report.applied], "macs": macs},

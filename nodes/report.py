@@ -9,6 +9,7 @@ from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import absolute, context_of, delivered_ref, emit, event, prepared, run_dir
 from profiling_agent.state import Context, State
+from profiling_agent.tools import run_layout
 
 
 def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -28,7 +29,7 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     emit(runtime, kind="progress", task=task, done=2, total=2, label="")
     delivered = delivered_ref(state.best)
     if delivered is not None:  # the delivered form: an ONNX folder (model.onnx + recipe.json) or the torch artifact
-        with atomic_dir(root / "best") as tmp:
+        with atomic_dir(root / run_layout.BEST) as tmp:
             shutil.copytree(absolute(state, delivered.path), tmp, dirs_exist_ok=True)
     thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None) or root.name  # forks: RUN/T/forks/
     final = {**state.model_dump(), "status": "done"}
@@ -47,8 +48,8 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             "markdown": files["markdown"],
             "html": files["html"],
             "plots": sorted(files["plots"].values()),
-            "result": "result.json",
-            "best": "best" if best else None,
+            "result": run_layout.RESULT,
+            "best": run_layout.BEST if best else None,
         },
         "history": event("report", message, state.iteration),
     }

@@ -8,23 +8,13 @@ from typing import Any
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from profiling_agent.prompts.plan_example import example_plan_json
+from profiling_agent.prompts.plan_format import format_text
 from profiling_agent.state import MAX_REGEX_LEN, Objective
 from profiling_agent.tools.text import as_number, human, number
 
 # The plan format of the paper's Figure 4 (plus a whole-plan rationale and exact group names as an alternative
-# to regexes), shown verbatim to the LLM. tests/test_llm_planner.py checks that its keys are exactly
-# CompressionPlan's fields plus "groups".
-PLAN_SCHEMA = """{
-  "pruning": [
-    {"groups": ["<exact group name from the table>", ...] OR "layer": "<regex searched in group module names>",
-     "type": "structured" | "head", "ratio": <fraction removed, e.g. 0.3>, "justification": "<why>"}
-  ],
-  "quantization": [
-    {"layer": "all" | "<regex searched in nn.Linear names>", "type": "dynamic",
-     "dtype": "qint8" | "float16", "justification": "<why>"}
-  ],
-  "rationale": "<one paragraph on the plan as a whole>"
-}"""
+# to regexes), shown verbatim to the LLM: generated from CompressionPlan by prompts/plan_format.py.
+PLAN_SCHEMA = format_text()
 
 # The guard's bounds quoted in the rules when the caller passes none (GuardConfig's defaults; a test keeps them equal).
 DEFAULT_BOUNDS: dict[str, Any] = {

@@ -7,6 +7,7 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 from profiling_agent.tools.text import one_line
@@ -53,11 +54,21 @@ def hub_offline() -> bool:
     return False
 
 
+EMBEDDED_PREFIX = "embedded:"  # a model or dataset shipped with the package ("embedded:vit-digits")
+
+
 def looks_like_path(ref: str) -> bool:
-    """Return True when `ref` is meant as a filesystem path rather than a hub id."""
+    """Return True when `ref` is meant as a filesystem path rather than a hub id (or an embedded name).
+
+    A path: it starts with "/", "./", "../", "~" or "." (also a Windows drive or a backslash), has more than one
+    "/", names an existing file or folder, or is no valid hub id. A hub id ("org/name", "name") and an embedded
+    name ("embedded:digits") are not paths. The CLI's preflight and the model and dataset loaders all use this rule.
+    """
+    if ref.startswith(EMBEDDED_PREFIX):
+        return False
     if ref.startswith(("/", "./", "../", "~", ".")) or "\\" in ref or re.match(r"^[A-Za-z]:", ref):
         return True
-    if ref.count("/") > 1:
+    if ref.count("/") > 1 or Path(ref).expanduser().exists():
         return True
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 

@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 from typing import Any, NoReturn
 
+from profiling_agent.tools import run_layout
+from profiling_agent.tools.settings import BACKENDS
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-RUN_SETTINGS = "run.json"
+RUN_SETTINGS = run_layout.RUN_SETTINGS
 
 
 class BadInput(Exception):
@@ -91,7 +94,7 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=["torch", "onnxruntime", "openvino", "auto"],
+        choices=list(BACKENDS),
         default=None,
         help="forms of each candidate to measure and deliver: torch, onnxruntime (ORT FP32, dynamic and static "
         "int8), openvino (FP32, bf16, NNCF INT8) or auto (all; default): the fastest within the budget is delivered",

@@ -10,6 +10,7 @@ from typing import Any
 
 from profiling_agent.graph.cli.args import EXIT_FAILED, EXIT_INTERRUPTED
 from profiling_agent.graph.cli.store import resume_hint
+from profiling_agent.tools import run_layout
 
 
 def say(message: str) -> None:
@@ -78,7 +79,7 @@ def final_table(run_path: Path) -> str:
     from profiling_agent.tools.io import read_json
     from profiling_agent.tools.reporting.markdown import comparison_rows, format_table, test_lines
 
-    result = read_json(run_path / "result.json")
+    result = read_json(run_path / run_layout.RESULT)
     lines = [format_table(comparison_rows(result)), ""]
     best = result.get("best")
     if best:
@@ -93,7 +94,7 @@ def final_table(run_path: Path) -> str:
     if result.get("outcome"):
         lines.append(f"target: {result['outcome']['statement']}")
     lines.append(f"stopped: {result.get('stop_reason')}")
-    lines.append(f"report: {run_path / 'report.md'}   result: {run_path / 'result.json'}")
+    lines.append(f"report: {run_path / run_layout.REPORT_MD}   result: {run_path / run_layout.RESULT}")
     return "\n".join(lines)
 
 

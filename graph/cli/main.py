@@ -44,6 +44,8 @@ from profiling_agent.graph.review import (
     pending_nodes,
     read_plan_file,
 )
+from profiling_agent.tools import run_layout
+from profiling_agent.tools.hub import looks_like_path
 
 
 def _quiet_libraries() -> None:
@@ -71,14 +73,10 @@ def _check_run_dir(path: Path) -> None:
         raise BadInput(f"run folder {path} is not writable: {exc.strerror or exc}") from None
 
 
-def _looks_like_path(ref: str) -> bool:
-    return ref.startswith(("/", "./", "../", "~")) or os.sep in ref and Path(ref).expanduser().exists()
-
-
 def preflight(payload: dict[str, Any]) -> None:
     """Reject local model/dataset paths that do not exist before a thread is created."""
     for what, ref in (("model", payload["model"]["ref"]), ("dataset", payload["dataset"]["ref"])):
-        if _looks_like_path(ref) and not Path(ref).expanduser().exists():
+        if looks_like_path(ref) and not Path(ref).expanduser().exists():
             raise BadInput(f"{what} path not found: {ref}")
 
 
@@ -167,7 +165,7 @@ def _resume_payload(args: argparse.Namespace, snapshot: Any, root: Path) -> Any:
         raise BadInput(f"thread {tid} is not waiting for approval ({where}): drop --decision")
     answer: dict[str, Any] = {"decision": args.decision}
     if args.decision == "edit":
-        answer["plan"] = read_plan_file(args.plan, root / tid / "profile.json")
+        answer["plan"] = read_plan_file(args.plan, root / tid / run_layout.PROFILE)
     return Command(resume=answer)
 
 
@@ -308,7 +306,7 @@ def run_images(run_path: Path, part: str, dataset: str | None) -> tuple[str, str
     """Return the dataset, split and rows a finished run used for `part` (validation or test), from subsets.json."""
     from profiling_agent.tools.io import read_json
 
-    path = run_path / "subsets.json"
+    path = run_path / run_layout.SUBSETS
     if not path.is_file():
         raise BadInput(f"--from-run: {path} not found (a run folder RUN_DIR/THREAD_ID that prepared its data)")
     subsets = read_json(path)
@@ -354,7 +352,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from profiling_agent.tools.reporting.files import rebuild_report
 
     root = Path(args.run_path)
-    if (root / "result.json").is_file() and not writable(root):
+    if (root / run_layout.RESULT).is_file() and not writable(root):
         raise BadInput(f"run folder {root} is read-only: `report` rewrites plots/, report.md and report.html there")
     files = rebuild_report(root)
     print(f"report: {root / files['html']}   markdown: {root / files['markdown']}   plots: {len(files['plots'])}")

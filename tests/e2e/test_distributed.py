@@ -15,7 +15,14 @@ import torch
 from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
 from profiling_agent.tools.recovery import distill_state
 from profiling_agent.tools.recovery.distill import DistillConfig, distill
-from profiling_agent.tools.recovery.distributed import ShardBatches, distill_in_job, shard_bounds
+from profiling_agent.tools.recovery.distributed import (
+    JobData,
+    JobFiles,
+    JobLaunch,
+    ShardBatches,
+    distill_in_job,
+    shard_bounds,
+)
 from profiling_agent.tools.recovery.distributed_launch import DistributedJobError, launcher_command
 
 # 2 processes vs 1 (docs/distributed.md, "Equivalence"): DDP averages two half-batch gradients, so they differ from
@@ -75,13 +82,9 @@ def _job(student, setup_dir, batches, config, procs=2, progress=None, ckpt="step
         setup_dir / "teacher",
         batches,
         config,
-        dataset_ref="embedded:digits",
-        mapping=MAPPING,
-        procs=procs,
-        job_dir=setup_dir / "job",
-        checkpoint_dir=setup_dir / ckpt,
-        fingerprint={"pruned": "x", "batch": 16},
-        launcher=LAUNCHER,
+        data=JobData("embedded:digits", MAPPING),
+        files=JobFiles(setup_dir / "job", setup_dir / ckpt, {"pruned": "x", "batch": 16}),
+        launch=JobLaunch(procs, LAUNCHER),
         progress=progress,
     )
 
@@ -282,10 +285,14 @@ def test_a_job_that_cannot_start_is_one_line(job_setup, processor):
     _teacher, start, source, tmp = job_setup
     with pytest.raises(DistributedJobError) as failed:
         distill_in_job(
-            start, tmp / "teacher", _batches(source, processor), DistillConfig(steps=2), dataset_ref="embedded:digits",
-            mapping=MAPPING, procs=2, job_dir=tmp / "job", checkpoint_dir=tmp / "s", fingerprint={},
-            launcher="/nonexistent/torchrun --nproc-per-node {procs}",
-        )  # fmt: skip
+            start,
+            tmp / "teacher",
+            _batches(source, processor),
+            DistillConfig(steps=2),
+            data=JobData("embedded:digits", MAPPING),
+            files=JobFiles(tmp / "job", tmp / "s", {}),
+            launch=JobLaunch(2, "/nonexistent/torchrun --nproc-per-node {procs}"),
+        )
     assert "cannot start" in str(failed.value) and "\n" not in str(failed.value)
 
 
@@ -296,9 +303,13 @@ def test_nccl_job_on_the_gpus(job_setup, processor):
     config = DistillConfig(steps=4, lr=1e-3, seed=1)
     student = copy.deepcopy(start)
     info = distill_in_job(
-        student, tmp / "teacher", _batches(source, processor), config, dataset_ref="embedded:digits",
-        mapping=MAPPING, procs=procs, job_dir=tmp / "job", checkpoint_dir=tmp / "s", fingerprint={},
-        launcher=LAUNCHER, device="cuda",
-    )  # fmt: skip
+        student,
+        tmp / "teacher",
+        _batches(source, processor),
+        config,
+        data=JobData("embedded:digits", MAPPING),
+        files=JobFiles(tmp / "job", tmp / "s", {}),
+        launch=JobLaunch(procs, LAUNCHER, device="cuda"),
+    )
     assert info["procs"] == procs and info["steps_done"] == 4
     assert Path(tmp / "job" / "result.json").is_file()

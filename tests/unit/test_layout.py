@@ -27,7 +27,7 @@ LAYERS = (
     "shape",
     "reporting",
 )
-TOP_HELPERS = {"io", "device", "hub", "text", "versions", "interrupt"}
+TOP_HELPERS = {"io", "device", "hub", "text", "versions", "interrupt", "run_layout", "settings"}
 
 
 def _modules() -> dict[str, Path]:

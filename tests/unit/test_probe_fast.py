@@ -94,7 +94,7 @@ def test_the_probes_refit_is_the_recovery_refit_on_the_same_activations(tiny_vit
 
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.profiling.probe_fast import GramStats, refit_masked
-    from profiling_agent.tools.recovery.reconstruct import find_consumers, reconstruct
+    from profiling_agent.tools.recovery.reconstruct import RefitSettings, find_consumers, reconstruct
 
     group = next(g for g in adapter_for(tiny_vit).prunable_groups(tiny_vit) if g.kind == "structured")
     pixels = _pixels(tiny_vit, 24)
@@ -102,7 +102,7 @@ def test_the_probes_refit_is_the_recovery_refit_on_the_same_activations(tiny_vit
     report = prune_model(pruned, [{"layer": f"^{group.module}$", "type": group.kind, "ratio": 0.5}], pixels[:1])
     (row,) = [r for r in report.applied if r.removed]
     (consumer,) = find_consumers(tiny_vit, pruned, [row])
-    reconstruct(tiny_vit, pruned, pixels, report.applied, max_rows=10**6, by_blocks=False)
+    reconstruct(tiny_vit, pruned, pixels, report.applied, refit=RefitSettings(max_rows=10**6), by_blocks=False)
 
     stats = GramStats(tiny_vit.get_submodule(consumer.name), 0, FastProbeConfig(max_rows=10**6))
     hook = tiny_vit.get_submodule(consumer.name).register_forward_hook(lambda m, a, out: stats.add(a[0], out))

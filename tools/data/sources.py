@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from profiling_agent.tools.hub import hub_offline, hub_probe, looks_like_path, quiet_hf
+from profiling_agent.tools.hub import EMBEDDED_PREFIX, hub_offline, hub_probe, looks_like_path, quiet_hf
 from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def has_splits(ref: str) -> bool:
     """
     ref = (ref or "").strip()
     path = Path(ref).expanduser()
-    if ref.startswith("embedded:") or not path.is_dir():
+    if ref.startswith(EMBEDDED_PREFIX) or not path.is_dir():
         return True
     if (path / "dataset_dict.json").is_file():
         return True
@@ -173,7 +173,7 @@ def load_split(ref: str, split: str | None) -> Any:
     ref = (ref or "").strip()
     if not ref:
         raise DataError("empty dataset reference")
-    if ref.startswith("embedded:"):
+    if ref.startswith(EMBEDDED_PREFIX):
         if ref not in EMBEDDED_DATASETS:
             raise DataError(f"unknown embedded dataset '{ref}'; choose from {name_listing(EMBEDDED_DATASETS)}")
         from profiling_agent.tools.models.embedded_data import ensure_dataset

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.data import prepare
 from profiling_agent.tools.data.image_cache import ShardCache, budget_mb, cache_key
 from profiling_agent.tools.data.prepare import PARTS, raw_labels_digest
@@ -394,11 +395,11 @@ def open_run_data(
     from profiling_agent.tools.io import read_json
 
     run = Path(run)
-    subsets = read_json(run / "subsets.json")
-    if processor is None and (run / "baseline").is_dir():
+    subsets = read_json(run / run_layout.SUBSETS)
+    if processor is None and (run / run_layout.BASELINE).is_dir():
         from profiling_agent.tools.models.artifact_load import load_processor
 
-        processor = load_processor(run / "baseline")
+        processor = load_processor(run / run_layout.BASELINE)
     loaded: dict[str | None, Any] = {}
     sources = {}
     for part in parts:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, Context, EvalRecord, Objective
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.evaluation.records import EvalImages, FormsMeasurement, FormsPlan, MeasureSettings
 
 CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
@@ -114,7 +115,7 @@ def measure_unpruned(
             fp32=model,
             forms=forms,
             images=EvalImages(pixels, labels, tensors["calib_pixels"]),
-            out_dir=root / "baseline_forms",
+            out_dir=root / run_layout.BASELINE_FORMS,
             rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())),
             objective=objective,
             torch_forms={"torch_fp32": ("baseline", baseline.size_bytes, baseline.path)},

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord, Objective, VariantRecord
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.evaluation.records import (
     CandidateModels,
     CandidateRound,
@@ -15,14 +16,11 @@ from profiling_agent.tools.evaluation.records import (
     FormsPlan,
     MeasureSettings,
 )
+from profiling_agent.tools.evaluation.variants import ratio
+from profiling_agent.tools.settings import Backend, backend_or_default
 
 UNRECOVERED = "unrecovered"  # the one-shot pruned weights, predicted beside the forms for the before-recovery accuracy
 CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
-
-
-def ratio(numerator: float, denominator: float) -> float:
-    """Return numerator / denominator, 0 when the denominator is not positive."""
-    return numerator / denominator if denominator > 0 else 0.0
 
 
 def quantized_dtypes(recipe: dict[str, Any]) -> list[str]:
@@ -31,9 +29,9 @@ def quantized_dtypes(recipe: dict[str, Any]) -> list[str]:
     return [str(s.get("dtype", "qint8")) for s in schemes.values()] or ["qint8"]
 
 
-def run_backend(ctx: Context) -> str:
+def run_backend(ctx: Context) -> Backend:
     """Return the backend the run delivers in (an unknown setting means auto)."""
-    return ctx.backend if ctx.backend in ("torch", "onnxruntime", "openvino", "auto") else "auto"
+    return backend_or_default(ctx.backend)
 
 
 def before_recovery_cost(current: Candidate, base_eval: EvalRecord, n_images: int) -> float:
@@ -244,7 +242,7 @@ def evaluate_candidate(
         out,
         chosen,
         models[chosen.name],
-        name=f"iter_{where.iteration:02d}",
+        name=run_layout.iteration_name(where.iteration),
         n_samples=len(labels),
         settings=settings,
         note=note,
@@ -287,7 +285,7 @@ def measure_candidate(
             fp32=loaded.fp32,
             forms=forms,
             images=EvalImages(tensors["eval_pixels"], tensors["eval_labels"], tensors["calib_pixels"]),
-            out_dir=root / f"iter_{where.iteration:02d}" / "variants",
+            out_dir=run_layout.iteration_dir(root, where.iteration) / run_layout.VARIANTS,
             rel=lambda p: str(Path(p).resolve().relative_to(root.resolve())),
             objective=objective,
             torch_forms=loaded.torch_forms,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.io import atomic_dir, read_json
 
 ExportFormat = Literal["onnx", "openvino"]
@@ -39,9 +40,9 @@ def _fp32_folder(run: Path, result: dict[str, Any], best: dict[str, Any]) -> Pat
         folder = run / str((result.get("baseline") or {}).get("path") or "baseline")
     else:
         recorded = best.get("pruned_path")
-        iteration = run / f"iter_{int(best['iteration']):02d}"
-        recovered = iteration / "recovered"
-        fallback = recovered if (recovered / "recipe.json").is_file() else iteration / "pruned"
+        iteration = run_layout.iteration_dir(run, best["iteration"])
+        recovered = iteration / run_layout.RECOVERED
+        fallback = recovered if (recovered / "recipe.json").is_file() else iteration / run_layout.PRUNED
         folder = run / recorded if recorded else fallback
     if not (folder / "recipe.json").is_file():
         raise ExportError(f"{folder} (the delivered model's FP32 torch artifact) is missing")
@@ -163,9 +164,9 @@ def export_inputs(
         allowed = ", ".join(q for f, q in FORMS if f == fmt)
         raise ExportError(f"--format {fmt} takes --quantize {allowed}, not {quantize}")
     run = Path(run_path)
-    if not (run / "result.json").is_file():
+    if not (run / run_layout.RESULT).is_file():
         raise ExportError(f"{run / 'result.json'} not found: give a finished run's folder RUN_DIR/THREAD_ID")
-    result = read_json(run / "result.json")
+    result = read_json(run / run_layout.RESULT)
     best = result.get("best")
     if not best:
         raise ExportError(f"run {run} has no finished candidate to export")
@@ -206,6 +207,7 @@ def build_export(
     """
     from profiling_agent.tools.models.artifact_load import load_artifact
     from profiling_agent.tools.runtimes.forms import build_forms
+    from profiling_agent.tools.runtimes.onnx_forms import FormFiles
 
     loaded = load_artifact(fp32_folder)
     extra = {"params": best.get("params"), "macs": best.get("macs"), "run": str(run), "iteration": best["iteration"]}
@@ -216,8 +218,7 @@ def build_export(
         scratch,
         forms=[form],
         threads=threads,
-        processor=loaded.processor,
-        extra=extra,
+        files=FormFiles(processor=loaded.processor, extra=extra),
         static_on_transformers=True,
     )
     variant = next(v for v in built if v.name == form)

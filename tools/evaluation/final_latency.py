@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord
+from profiling_agent.tools import run_layout
 
 
 def round_as_final(
@@ -29,7 +30,10 @@ def round_as_final(
         return None
     latency: dict[str, dict[str, Any]] = {
         "baseline": {"latency_ms": record.baseline_latency_ms, "latency_batch_ms": record.baseline_latency_batch_ms},
-        f"iter_{ok[0].iteration:02d}": {"latency_ms": record.latency_ms, "latency_batch_ms": record.latency_batch_ms},
+        run_layout.iteration_name(ok[0].iteration): {
+            "latency_ms": record.latency_ms,
+            "latency_batch_ms": record.latency_batch_ms,
+        },
     }
     peer = base_eval.peer if base_eval else None
     if peer and peer.get("path"):  # the peer was timed beside the round's forms
@@ -109,7 +113,7 @@ def final_latency(
         for cand in ok:  # each in its delivered form
             ref = cand.delivered or cand.artifact
             assert ref is not None
-            models[f"iter_{cand.iteration:02d}"] = load_run_form(root / ref.path, threads)
+            models[run_layout.iteration_name(cand.iteration)] = load_run_form(root / ref.path, threads)
         forms = [c.eval.delivered if c.eval else "torch" for c in ok]
         quantized = any(c.quantized and name != "torch_fp32" for c, name in zip(ok, forms, strict=True))
         peer = base_eval.peer if base_eval else None

@@ -32,12 +32,13 @@ from profiling_agent.tools.evaluation.scoring import ScoringRule
 from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
 from profiling_agent.tools.runtimes.forms import (
     FP32_REFERENCES,
+    AccuracyControl,
     build_forms,
     fp32_reference,
     load_form,
     rebuild_int8,
 )
-from profiling_agent.tools.runtimes.onnx_forms import Variant
+from profiling_agent.tools.runtimes.onnx_forms import FormFiles, Variant
 from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE
 from profiling_agent.tools.runtimes.openvino_model import OV_FILE
 
@@ -115,12 +116,8 @@ def int8_retry(
             int8,
             fp32_file,
             calib,
-            pixels[:n],
-            labels[:n],
-            budget=objective.max_acc_drop,
-            drop=drop,
-            model_type=model_type,
-            allowed_ids=allowed,
+            (pixels[:n], labels[:n]),
+            control=AccuracyControl(objective.max_acc_drop, drop, model_type, allowed),
             threads=threads,
         )
         int8.recipe["accuracy_control"]["reference"] = ref
@@ -239,8 +236,7 @@ def build_stage(models: dict[str, nn.Module], plan: FormsPlan, threads: int) -> 
         plan.out_dir,
         forms=plan.forms,
         threads=threads,
-        processor=plan.processor,
-        extra=plan.extra,
+        files=FormFiles(processor=plan.processor, extra=plan.extra),
     )
     models.update({v.name: v.model for v in built if v.status == "ok" and v.name not in plan.sources})
     return built

@@ -18,7 +18,8 @@ BASELINE = "baseline"
 ROW_KEYS = ("accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch", "wall_over_cpu")
 
 
-def _ratio(numerator: float, denominator: float) -> float:
+def ratio(numerator: float, denominator: float) -> float:
+    """Return numerator / denominator, 0 when the denominator is not positive (a speedup, a size ratio)."""
     return numerator / denominator if denominator > 0 else 0.0
 
 
@@ -186,8 +187,8 @@ class _FormsPass:
                 row.update(
                     latency_ms=lat[name]["latency_ms"],
                     latency_batch_ms=lat[name]["latency_batch_ms"],
-                    speedup=_ratio(base["latency_ms"], lat[name]["latency_ms"]),
-                    speedup_batch=_ratio(base["latency_batch_ms"], lat[name]["latency_batch_ms"]),
+                    speedup=ratio(base["latency_ms"], lat[name]["latency_ms"]),
+                    speedup_batch=ratio(base["latency_batch_ms"], lat[name]["latency_batch_ms"]),
                     wall_over_cpu=latency.wall_over_cpu({name: lat[name]}),
                 )
             out[name] = row

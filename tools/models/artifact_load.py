@@ -320,11 +320,6 @@ def load_artifact(path: str | os.PathLike, device: str | torch.device = "cpu") -
 
 def load_run_form(path: str | os.PathLike, threads: int | None = None) -> Any:
     """Load a candidate's delivered form: an ONNX Runtime session, an OpenVINO model or the torch model."""
-    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder
-    from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
+    from profiling_agent.tools.runtimes.forms import form_source, load_form
 
-    if is_onnx_folder(Path(path)):
-        return load_onnx_folder(Path(path), threads)
-    if is_openvino_folder(Path(path)):
-        return load_openvino_folder(Path(path), threads)
-    return load_artifact(path).model
+    return load_form(path, threads) if form_source(path) else load_artifact(path).model

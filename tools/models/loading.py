@@ -9,12 +9,11 @@ from typing import Any, Literal
 
 from torch import nn
 
-from profiling_agent.tools.hub import ModelLoadError, hub_offline, hub_probe, looks_like_path, quiet_hf
+from profiling_agent.tools.hub import EMBEDDED_PREFIX, ModelLoadError, hub_offline, hub_probe, looks_like_path, quiet_hf
 from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
 
-EMBEDDED_PREFIX = "embedded:"
 Source = Literal["embedded", "artifact", "onnx", "openvino", "local", "hub"]
 
 
@@ -182,12 +181,11 @@ def _load_artifact(ref: str, path: Path) -> LoadedModel:
 def _load_runtime_folder(ref: str, path: Path, source: Literal["onnx", "openvino"]) -> LoadedModel:
     """Open an ONNX (model.onnx) or OpenVINO (openvino_model.xml) folder with its recipe and processor."""
     from profiling_agent.tools.models.artifact_load import load_processor
-    from profiling_agent.tools.runtimes.onnx_model import load_onnx_folder
-    from profiling_agent.tools.runtimes.openvino_model import load_openvino_folder
+    from profiling_agent.tools.runtimes.forms import load_form
 
-    opener, label = (load_onnx_folder, "ONNX") if source == "onnx" else (load_openvino_folder, "OpenVINO")
+    label = "ONNX" if source == "onnx" else "OpenVINO"
     try:
-        model = opener(path)
+        model = load_form(path)
         processor = load_processor(path)
     except Exception as err:  # noqa: BLE001 - any failure becomes a one-line user message
         raise ModelLoadError(f"cannot load {label} model {ref}: {one_line(err)}") from None
@@ -251,13 +249,11 @@ def load_model(ref: str, *, revision: str | None = None, trust_remote_code: bool
     path = Path(ref).expanduser()
     if path.exists():
         from profiling_agent.tools.models.artifacts import is_artifact
-        from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder
-        from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder
+        from profiling_agent.tools.runtimes.forms import form_source
 
-        if is_onnx_folder(path):
-            return _load_runtime_folder(ref, path, "onnx")
-        if is_openvino_folder(path):
-            return _load_runtime_folder(ref, path, "openvino")
+        source = form_source(path)
+        if source is not None:
+            return _load_runtime_folder(ref, path, source)
         if is_artifact(path):
             return _load_artifact(ref, path)
         return _load_local(ref, path, trust_remote_code)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessage, BaseMessage
 
 from profiling_agent.state import Context, Fallback, LLMStep
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.llm_config import describe_endpoint, llm_base_url
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Transcript:
         """Start (truncate) `run_path/iter_NN/llm_transcript.jsonl`; a re-run step overwrites its transcript."""
         if not run_path:
             return cls(None, None, iteration)
-        rel = f"iter_{iteration:02d}/llm_transcript.jsonl"
+        rel = f"{run_layout.iteration_name(iteration)}/{run_layout.LLM_TRANSCRIPT}"
         path = Path(run_path) / rel
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,9 @@ from pydantic import ValidationError
 
 from profiling_agent.prompts.plan_example import example_copy_reasons
 from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
-from profiling_agent.tools.compression.depth import MAX_BLOCK_FRACTION, block_limits, limit_key
+from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.ratio_solver import (
+    RatioCaps,
     effective_ratio,
     estimate_key,
     estimate_reduction,
@@ -23,13 +24,10 @@ from profiling_agent.tools.planning.regex_safety import regex_problem, slow_patt
 
 
 @dataclass
-class GuardConfig:
-    """Bounds an LLM plan must respect before it is applied."""
+class GuardConfig(RatioCaps):
+    """Bounds an LLM plan must respect before it is applied (its ratio caps: `RatioCaps`, shared with the planner)."""
 
     min_ratio: float = 0.01  # smaller ratios remove nothing worth a pruning pass
-    max_ratio_structured: float = 0.8  # the paper's GPT-4-Turbo plans pruned 0.95 and destroyed accuracy
-    max_ratio_head: float = 0.75  # keep at least one head in four
-    max_block_fraction: float = MAX_BLOCK_FRACTION  # depth pruning removes at most this fraction of a stack's blocks
     max_predicted_param_reduction: float = 0.9  # estimated from group sizes and cost shares
     max_regex_len: int = MAX_REGEX_LEN  # characters per layer regex
     max_entries: int = 256  # pruning plus quantization entries

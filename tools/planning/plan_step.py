@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from profiling_agent.state import CompressionPlan, Context, PlannerMeta
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.round import RoundOutcome
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.trials import TrialSetup
@@ -31,7 +32,7 @@ def plan_next(inputs: RoundInputs, setup: TrialSetup, ctx: Context, folder: Path
     if is_baseline(inputs.objective.planner):
         return uniform_round(inputs, Path(setup.run_path), folder)
     choice = planner_mode(inputs.objective.planner, ctx)  # --planner llm without an LLM: ValueError
-    full_profile = read_json(Path(setup.run_path) / "profile.json")
+    full_profile = read_json(Path(setup.run_path) / run_layout.PROFILE)
     refits = TrialRefits()
     out = planning_round(
         inputs,
@@ -65,7 +66,7 @@ def uniform_round(inputs: RoundInputs, run_path: Path, folder: Path) -> RoundOut
     if inputs.candidates:  # the same plan again would give the same candidate
         stop = f"uniform {planner} baseline at ratio {ratio:g}: stopped after 1 iteration (its plan never changes)"
         return RoundOutcome(CompressionPlan(), planner, meta, f"stopping: {stop}", stop_reason=stop)
-    groups = read_json(run_path / "profile.json")["groups"]
+    groups = read_json(run_path / run_layout.PROFILE)["groups"]
     plan = uniform_plan(groups, ratio, planner, inputs.objective.quantize)
     message = f"{planner} baseline plan: every prunable group at ratio {ratio:g}, {len(plan.quantization)} quantization"
     out = RoundOutcome(plan, planner, meta, message + " entries")
@@ -78,5 +79,5 @@ def write_plan(folder: Path, iteration: int, out: RoundOutcome) -> None:
     from profiling_agent.tools.io import write_json_atomic
 
     write_json_atomic(
-        folder / "plan.json", {"iteration": iteration, "planner": out.planner, "plan": out.plan.model_dump()}
+        folder / run_layout.PLAN, {"iteration": iteration, "planner": out.planner, "plan": out.plan.model_dump()}
     )

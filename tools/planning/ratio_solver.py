@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from profiling_agent.tools.compression.depth import MAX_BLOCK_FRACTION, block_limits, limit_key
 from profiling_agent.tools.compression.units import removed_units, unit_align
@@ -11,12 +11,21 @@ from profiling_agent.tools.planning.depth_plan import depth_first
 
 
 @dataclass
-class PlannerConfig:
-    """Bounds of the deterministic planner."""
+class RatioCaps:
+    """The ratio bounds every plan keeps, whoever wrote it: the deterministic planner and the LLM plans' guard.
 
-    max_ratio_structured: float = 0.8  # never remove more than 80% of a group's channels
+    `PlannerConfig` and `plan_guard.GuardConfig` both extend this class, so the caps are defined once.
+    """
+
+    max_ratio_structured: float = 0.8  # never remove more than 80% of a group's channels (0.95 destroyed accuracy)
     max_ratio_head: float = 0.75  # never remove more than 3 of 4 heads
-    max_block_fraction: float = MAX_BLOCK_FRACTION  # depth pruning removes at most half the blocks of a stack
+    max_block_fraction: float = MAX_BLOCK_FRACTION  # depth pruning removes at most this fraction of a stack's blocks
+
+
+@dataclass
+class PlannerConfig(RatioCaps):
+    """Bounds and steps of the deterministic planner (its ratio caps: `RatioCaps`)."""
+
     gamma_start: float = 1.0  # sensitivity exponent in round 1
     gamma_step_up: float = 0.5  # after a candidate missed the budget
     gamma_step_down: float = 0.25  # after a candidate kept the budget
@@ -28,13 +37,6 @@ class PlannerConfig:
     # kept widths in whole channel blocks (`aligned_ratio`); bench/matched_budgets.py turns it off to compare where
     # each method puts the same exact budget (the uniform and global peers are not rounded either)
     align_channels: bool = True
-
-
-class RatioCaps(Protocol):
-    """The per-kind ratio bounds a planner or the guard holds (PlannerConfig, GuardConfig)."""
-
-    max_ratio_structured: float
-    max_ratio_head: float
 
 
 def ratio_cap(kind: str, config: RatioCaps) -> float:

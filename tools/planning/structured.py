@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from profiling_agent.prompts.plan_format import answer_fields, entry_fields
+
 StructuredMode = Literal["json_schema", "json_object", "off"]
 StructuredChoice = Literal["auto", "json_schema", "json_object", "off"]
 AUTO_ORDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "off")
@@ -74,7 +76,7 @@ def plan_schema(
                 "ratio": {"type": "number", "enum": ratios_for(kind)},
                 "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
             },
-            "required": ["type", "groups", "ratio", "justification"],
+            "required": list(answer_fields("pruning")),
             "additionalProperties": False,
         }
 
@@ -88,7 +90,7 @@ def plan_schema(
             "dtype": {"type": "string", "enum": list(dtypes)},
             "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
         },
-        "required": ["layer", "type", "dtype", "justification"],
+        "required": list(answer_fields("quantization")),
         "additionalProperties": False,
     }
     return {
@@ -98,7 +100,7 @@ def plan_schema(
             "quantization": {"type": "array", "items": quant_entry},
             "rationale": {"type": "string", "maxLength": MAX_RATIONALE},
         },
-        "required": ["pruning", "quantization", "rationale"],
+        "required": list(entry_fields()["plan"]),
         "additionalProperties": False,
     }
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, DataRef, DatasetRef, InputShape, LabelMap
+from profiling_agent.tools import run_layout
 
 MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
 # a plan dict in, its calibration metrics out (`PlanEvaluator`)
@@ -107,7 +108,7 @@ def training_source(setup: TrialSetup) -> Any:
     from profiling_agent.tools.io import read_json
 
     assert setup.labels is not None
-    subsets = read_json(Path(setup.run_path) / (setup.data.subsets if setup.data else "subsets.json"))
+    subsets = read_json(Path(setup.run_path) / (setup.data.subsets if setup.data else run_layout.SUBSETS))
     return find_train_source(
         setup.dataset.ref,
         setup.dataset.split,

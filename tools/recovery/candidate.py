@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from profiling_agent.state import ArtifactRef, Context, RecoveryRecord
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.compression.units import PrunedGroup
 from profiling_agent.tools.io import MachineFault, failed_file, machine_fault
 
@@ -89,7 +90,7 @@ def distill_student(
     fingerprint = {"pruned": job.pruned.sha256 if job.pruned else "", "record": record.method, "batch": batch}
     if ctx.recover_procs > 1:  # a torch.distributed job; same steps, same checkpoints (docs/distributed.md)
         from profiling_agent.tools.models.artifacts import read_recipe
-        from profiling_agent.tools.recovery.distributed import distill_in_job
+        from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLaunch, distill_in_job
         from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER
 
         attrs = read_recipe(job.pruned_path).get("attrs")
@@ -100,16 +101,14 @@ def distill_student(
             job.baseline_path,
             batches,
             config,
-            dataset_ref=job.dataset_ref,
-            mapping=job.labels,
-            procs=ctx.recover_procs,
-            job_dir=job.folder / "recovery_job",
-            checkpoint_dir=job.folder / "recovery_steps",
-            fingerprint=fingerprint,
-            launcher=ctx.launcher or DEFAULT_LAUNCHER,
-            device=str(model_device(student).type),
-            threads=max(1, ctx.threads),
-            attrs=attrs,
+            data=JobData(job.dataset_ref, job.labels, attrs),
+            files=JobFiles(job.folder / run_layout.RECOVERY_JOB, job.folder / run_layout.RECOVERY_STEPS, fingerprint),
+            launch=JobLaunch(
+                ctx.recover_procs,
+                ctx.launcher or DEFAULT_LAUNCHER,
+                device=str(model_device(student).type),
+                threads=max(1, ctx.threads),
+            ),
             progress=progress,
         )
     return distill(
@@ -117,7 +116,7 @@ def distill_student(
         teacher,
         batches,
         config,
-        checkpoint_dir=job.folder / "recovery_steps",
+        checkpoint_dir=job.folder / run_layout.RECOVERY_STEPS,
         fingerprint=fingerprint,
         progress=progress,
     )
@@ -233,11 +232,11 @@ def save_recovered(
     from profiling_agent.tools.models.artifacts import save_artifact
 
     try:
-        write_json_atomic(folder / "recovery.json", {"iteration": iteration, "method": record.method, **curve})
-        record.curve = str((folder / "recovery.json").resolve().relative_to(root.resolve()))
+        write_json_atomic(folder / run_layout.RECOVERY, {"iteration": iteration, "method": record.method, **curve})
+        record.curve = str((folder / run_layout.RECOVERY).resolve().relative_to(root.resolve()))
         return save_artifact(
             student,
-            folder / "recovered",
+            folder / run_layout.RECOVERED,
             processor=loaded.processor,
             attrs=loaded.recipe.get("attrs"),
             extra={**(loaded.recipe.get("extra") or {}), "role": "recovered", "recovery": record.method},
@@ -253,8 +252,8 @@ def mark_done(folder: Path, key: dict[str, Any], record: RecoveryRecord, recover
 
     done = {"key": key, "record": record.model_dump(), "recovered": recovered.model_dump()}
     write_json_atomic(folder / DONE, {**done, "message": message})
-    distill_state.clear(folder / "recovery_steps")  # the artifact (and DONE) now hold the result
-    shutil.rmtree(folder / "recovery_job", ignore_errors=True)  # a distributed job's spec and starting student
+    distill_state.clear(folder / run_layout.RECOVERY_STEPS)  # the artifact (and DONE) now hold the result
+    shutil.rmtree(folder / run_layout.RECOVERY_JOB, ignore_errors=True)  # a distributed job's spec and starting student
 
 
 def finished_recovery(folder: Path, root: Path, key: dict[str, Any]) -> tuple[ArtifactRef, RecoveryRecord, str] | None:

@@ -233,25 +233,46 @@ def _run_rank(spec: dict[str, Any], job_dir: Path, rank: Rank) -> None:
 # ---------------------------------------------------------------- the parent: the recover node's side
 
 
+@dataclasses.dataclass(frozen=True)
+class JobData:
+    """What every rank loads besides the batches: the dataset, the run's label mapping, the student's attributes."""
+
+    dataset_ref: str  # the dataset the training split is loaded from
+    mapping: Mapping[str, Any]  # the run's label mapping (dataset_to_model)
+    attrs: Mapping[str, Any] | None = None  # the student artifact's size attributes (pruned heads), so it rebuilds
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFiles:
+    """Where a job writes (spec, starting student, rank pids and errors, result) and saves resumable steps."""
+
+    job_dir: Path  # the job's folder
+    checkpoint_dir: Path  # where steps are saved and resumed from
+    fingerprint: dict[str, Any]  # the resume key's facts, as for `distill`
+
+
+@dataclasses.dataclass(frozen=True)
+class JobLaunch:
+    """How the job is started: ranks, launcher template, device and threads per rank."""
+
+    procs: int  # ranks to start
+    launcher: str = DEFAULT_LAUNCHER  # launcher template (`{procs}` is replaced); `-m MODULE SPEC` is appended
+    device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, one GPU per local rank)
+    threads: int = 1  # torch threads per rank
+
+
 def distill_in_job(
     student: nn.Module,
     teacher_dir: Path,
     batches: TrainBatches,
     config: DistillConfig,
     *,
-    dataset_ref: str,
-    mapping: Mapping[str, Any],
-    procs: int,
-    job_dir: Path,
-    checkpoint_dir: Path,
-    fingerprint: dict[str, Any],
-    launcher: str = DEFAULT_LAUNCHER,
-    device: str = "cpu",
-    threads: int = 1,
-    attrs: Mapping[str, Any] | None = None,
+    data: JobData,
+    files: JobFiles,
+    launch: JobLaunch,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Distill `student` in a torch.distributed job of `procs` processes and load the result into it.
+    """Distill `student` in a torch.distributed job of `launch.procs` processes and load the result into it.
 
     The starting student is saved to `job_dir/start` (an artifact), the training rows to `job_dir/rows.npy` and
     the job to `job_dir/job.json`; the launcher runs `procs` ranks of `main`. Rank 0 saves resumable steps to
@@ -263,16 +284,9 @@ def distill_in_job(
         teacher_dir: The baseline's artifact folder.
         batches: What the single-process run would read (source, processor, shape, batch, seed, augmentation).
         config: The distillation config.
-        dataset_ref: The dataset the training split is loaded from.
-        mapping: The run's label mapping (dataset_to_model).
-        procs: Ranks to start.
-        job_dir: The job's folder (spec, starting student, rank pids and errors, result).
-        checkpoint_dir: Where steps are saved and resumed from.
-        fingerprint: The resume key's facts, as for `distill`.
-        launcher: Launcher template (`{procs}` is replaced); `-m MODULE SPEC` is appended.
-        device: "cpu" (gloo) or "cuda" (NCCL, one GPU per local rank).
-        threads: torch threads per rank.
-        attrs: The student artifact's size attributes (pruned heads), so it rebuilds.
+        data: The dataset, label mapping and student attributes every rank loads.
+        files: The job's folder, the checkpoint folder and the resume fingerprint.
+        launch: The ranks, launcher, device and threads.
         progress: Called with rank 0's progress items.
 
     Returns:
@@ -286,25 +300,26 @@ def distill_in_job(
 
     from profiling_agent.tools.io import write_json_atomic
 
-    _stage(job_dir, student, batches, attrs)
+    job_dir, checkpoint_dir, procs = files.job_dir, files.checkpoint_dir, launch.procs
+    _stage(job_dir, student, batches, data.attrs)
     spec = {
         "student": str(job_dir / "start"),
         "teacher": str(teacher_dir),
-        "data": _data_spec(batches, dataset_ref),
+        "data": _data_spec(batches, data.dataset_ref),
         "shape": batches.shape,
-        "mapping": dict(mapping),
+        "mapping": dict(data.mapping),
         "batch": batches.batch,
         "seed": batches.seed,
         "augment": batches.augmentation,
         "config": dataclasses.asdict(config),
-        "fingerprint": fingerprint,
+        "fingerprint": files.fingerprint,
         "checkpoint_dir": str(checkpoint_dir),
-        "device": device,
-        "threads": threads,
+        "device": launch.device,
+        "threads": launch.threads,
         "watch": {"pid": os.getpid(), "host": socket.gethostname()},
     }
     write_json_atomic(job_dir / SPEC, spec)
-    command = launcher_command(launcher, procs, MODULE, [str(job_dir / SPEC)])
+    command = launcher_command(launch.launcher, procs, MODULE, [str(job_dir / SPEC)])
     what = f"distributed distillation ({procs} processes)"
     try:
         run_job(command, job_dir, progress=progress, what=what, should_stop=interrupt.stop_requested)

@@ -24,6 +24,15 @@ Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
 MAX_ROWS_PER_BATCH = 4096  # activation rows (tokens or pixel positions) sampled per batch and consumer
 
 
+@dataclass(frozen=True)
+class RefitSettings:
+    """How each consumer's ridge problem is sampled and solved."""
+
+    ridge: float = RIDGE  # relative ridge strength (times the mean diagonal of X'X)
+    batch_size: int = 32  # images per forward pass
+    max_rows: int = MAX_ROWS_PER_BATCH  # activation rows sampled per batch and consumer (seeded)
+
+
 class ReconstructError(RuntimeError):
     """A consumer layer cannot be reconstructed (not called, unsupported layer, shapes that do not line up)."""
 
@@ -175,9 +184,7 @@ def _fit_one(
     consumer: Consumer,
     pixels: torch.Tensor,
     *,
-    ridge: float,
-    batch_size: int,
-    max_rows: int,
+    refit: RefitSettings,
     seed: int,
     captures: tuple[BaseCapture, NewCapture] | None = None,
 ) -> ConsumerFit:
@@ -188,6 +195,7 @@ def _fit_one(
     """
     base_mod = cast(Layer, baseline.get_submodule(consumer.name))
     mod = cast(Layer, pruned.get_submodule(consumer.name))
+    batch_size, max_rows = refit.batch_size, refit.max_rows
     sink, sink_mod = _bias_sink(pruned, consumer.name, mod)
     with_bias = sink != "none"
     w_full = base_mod.weight.detach().reshape(base_mod.weight.shape[0], -1).double().cpu()
@@ -238,7 +246,7 @@ def _fit_one(
     folded = own_bias + w_full[:, removed_cols] @ (base_sum[removed_cols] / n_rows)
     prior = torch.cat([current, folded[None]]) if with_bias else current
     untouched = torch.cat([current, own_bias[None]]) if with_bias else current
-    solved, before, after = ridge_refit(gram, cross, yy, prior, untouched, len(kept_cols), ridge)
+    solved, before, after = ridge_refit(gram, cross, yy, prior, untouched, len(kept_cols), refit.ridge)
     _write(mod, solved, sink, sink_mod, len(kept_cols))
     return ConsumerFit(consumer.group, consumer.name, n_rows, round(before, 6), round(after, 6), sink)
 
@@ -334,9 +342,7 @@ def _refit_by_blocks(
     pixels: torch.Tensor,
     layout: tuple[list[str], list[int]],
     *,
-    ridge: float,
-    batch_size: int,
-    max_rows: int,
+    refit: RefitSettings,
     seed: int,
     progress: Callable[[int, int, str], None] | None,
 ) -> list[ConsumerFit] | None:
@@ -350,8 +356,8 @@ def _refit_by_blocks(
     checks = [replays(m, blocks, used, pixels[:1].to(next(m.parameters()).device)) for m in (baseline, pruned)]
     if not all(c["ok"] for c in checks):
         return None
-    base = _Feed(baseline, blocks, checks[0]["arity"], pixels, batch_size)
-    new = _Feed(pruned, blocks, checks[1]["arity"], pixels, batch_size)
+    base = _Feed(baseline, blocks, checks[0]["arity"], pixels, refit.batch_size)
+    new = _Feed(pruned, blocks, checks[1]["arity"], pixels, refit.batch_size)
     base.advance(None, blocks[used[0]])
     new.advance(None, blocks[used[0]])
     fits: list[ConsumerFit] = []
@@ -376,9 +382,7 @@ def _refit_by_blocks(
                     pruned,
                     consumer,
                     pixels,
-                    ridge=ridge,
-                    batch_size=batch_size,
-                    max_rows=max_rows,
+                    refit=refit,
                     seed=seed + i,
                     captures=captures,
                 )
@@ -408,10 +412,8 @@ def reconstruct(
     pixels: torch.Tensor,
     applied: Iterable[PrunedGroup],
     *,
-    ridge: float = RIDGE,
-    batch_size: int = 32,
-    max_rows: int = MAX_ROWS_PER_BATCH,
     seed: int = 0,
+    refit: RefitSettings = RefitSettings(),
     progress: Callable[[int, int, str], None] | None = None,
     by_blocks: bool = True,
 ) -> dict[str, Any]:
@@ -431,10 +433,8 @@ def reconstruct(
         pruned: The pruned model; changed in place and left in eval mode.
         pixels: Calibration images (N, C, H, W).
         applied: `PruneReport.applied` rows, with `removed` unit indices.
-        ridge: Relative ridge strength.
-        batch_size: Images per forward pass.
-        max_rows: Activation rows sampled per batch and consumer (seeded).
         seed: Seed of the row sampling.
+        refit: The ridge strength, images per forward pass and activation rows sampled per batch and consumer.
         progress: Called as progress(done, total, consumer name).
         by_blocks: Capture each consumer's activations from its block's cached inputs when the blocks replay
             exactly (`blocks.replays`): the fits of running both models from the stem, at a fraction of the forwards.
@@ -452,15 +452,14 @@ def reconstruct(
     baseline = without_removed_blocks(baseline, rows)
     consumers = find_consumers(baseline, pruned, [row for row in rows if row.kind != "block"])
     layout = block_layout(baseline, consumers) if by_blocks and consumers else None
-    sizes: dict[str, Any] = {"ridge": ridge, "batch_size": batch_size, "max_rows": max_rows}
     fits = None
     if layout is not None:
-        fits = _refit_by_blocks(baseline, pruned, consumers, pixels, layout, **sizes, seed=seed, progress=progress)
+        fits = _refit_by_blocks(baseline, pruned, consumers, pixels, layout, refit=refit, seed=seed, progress=progress)
     replayed = fits is not None
     if fits is None:
         fits = []
         for i, consumer in enumerate(consumers):
-            fits.append(_fit_one(baseline, pruned, consumer, pixels, **sizes, seed=seed + i))
+            fits.append(_fit_one(baseline, pruned, consumer, pixels, refit=refit, seed=seed + i))
             if progress is not None:
                 progress(i + 1, len(consumers), consumer.name)
     return {

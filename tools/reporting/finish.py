@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import Objective
+from profiling_agent.tools import run_layout
 
 
 def write_run_report(
@@ -42,13 +43,13 @@ def write_run_report(
         result["latency_method"] = f"final: {timing['reused']}"
     result["delivery"] = delivery_summary(result.get("best"), result["baseline"], objective, latency, timing)
     result = attach_curves(result, root)  # the report rebuilds from result.json
-    write_json_atomic(root / "result.json", result)
-    profile_path = root / "profile.json"
+    write_json_atomic(root / run_layout.RESULT, result)
+    profile_path = root / run_layout.PROFILE
     profile = read_json(profile_path) if profile_path.exists() else None
     summary = final.get("profile")
     try:
         return result, write_report_files(root, result, profile, summary), ""
     except Exception as exc:  # noqa: BLE001 - charts and HTML must not fail a finished run: keep report.md
-        write_text_atomic(root / "report.md", render_markdown(result, summary))
-        files: dict[str, Any] = {"markdown": "report.md", "html": None, "plots": {}}
+        write_text_atomic(root / run_layout.REPORT_MD, render_markdown(result, summary))
+        files: dict[str, Any] = {"markdown": run_layout.REPORT_MD, "html": None, "plots": {}}
         return result, files, f"; plots and report.html not written ({type(exc).__name__}: {exc})"

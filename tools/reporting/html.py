@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.reporting.html_parts import REPORT_CSS, data_uri, esc, html_card, html_facts, html_table
 from profiling_agent.tools.reporting.html_plans import fallbacks_section, plans_section, profile_section
 from profiling_agent.tools.reporting.markdown import backend_lines, test_lines
@@ -12,8 +13,8 @@ from profiling_agent.tools.reporting.plots import PLOT_FILES
 from profiling_agent.tools.reporting.speed import DeliveredSpeed, delivered_speed, speed_sentence
 from profiling_agent.tools.text import as_number, number, percent
 
-REPORT_HTML, REPORT_MD = "report.html", "report.md"
-RESULT_JSON, PROFILE_JSON = "result.json", "profile.json"
+REPORT_HTML, REPORT_MD = run_layout.REPORT_HTML, run_layout.REPORT_MD
+RESULT_JSON, PROFILE_JSON = run_layout.RESULT, run_layout.PROFILE
 
 
 # ------------------------------------------------------------------------------------------- sections

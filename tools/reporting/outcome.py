@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from profiling_agent.state import EvalRecord
+from profiling_agent.tools import run_layout
 
 NAMES = {"params": "parameter", "macs": "MAC", "size": "size", "latency": "latency"}
 
@@ -58,7 +59,7 @@ def _joint(final: dict[str, dict[str, Any]], best: dict[str, Any], form: str) ->
     """Return (batch-1, larger-batch) latency reductions of `best` against the unpruned `form` in the joint timing."""
     from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
 
-    mine, peer = final.get(f"iter_{int(best.get('iteration') or 0):02d}"), final.get(PEER_PREFIX + form)
+    mine, peer = final.get(run_layout.iteration_name(best.get("iteration") or 0)), final.get(PEER_PREFIX + form)
     if not mine or not peer or not peer.get("latency_ms") or not peer.get("latency_batch_ms"):
         return None
     one = 1.0 - float(mine["latency_ms"]) / float(peer["latency_ms"])

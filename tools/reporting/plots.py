@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.reporting.labels import place_labels
 from profiling_agent.tools.reporting.pareto import (  # noqa: F401 - re-exported: the plots' data live there
     extra_baselines,
@@ -16,7 +17,7 @@ from profiling_agent.tools.reporting.pareto import (  # noqa: F401 - re-exported
 )
 from profiling_agent.tools.text import as_number, human
 
-PLOTS_DIR = "plots"
+PLOTS_DIR = run_layout.PLOTS
 # Deterministic file names, in the order a report shows them; the value is the figure's caption.
 PLOT_FILES: dict[str, tuple[str, str]] = {
     "pareto_latency": ("pareto_latency.png", "Top-1 accuracy against batch-1 latency (relative to the baseline)"),

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from profiling_agent.state import HistoryEvent, LLMStep, PlannerMode
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.reporting.outcome import target_outcome
 from profiling_agent.tools.versions import versions
 
@@ -150,7 +151,9 @@ def _candidate_row(
     return {
         "iteration": c["iteration"],
         "status": c["status"],
-        **_with_final_latency(_metrics(c.get("eval")), final_latency.get(f"iter_{c['iteration']:02d}"), base_final),
+        **_with_final_latency(
+            _metrics(c.get("eval")), final_latency.get(run_layout.iteration_name(c["iteration"])), base_final
+        ),
         "plan": c.get("plan"),
         "planner": c.get("planner"),
         "llm": meta.get("llm"),
@@ -179,7 +182,7 @@ def _best_row(
     return {
         "iteration": best["iteration"],
         **_with_final_latency(
-            _metrics(best.get("eval")), final_latency.get(f"iter_{best['iteration']:02d}"), base_final
+            _metrics(best.get("eval")), final_latency.get(run_layout.iteration_name(best["iteration"])), base_final
         ),
         "rule": best.get("rule"),
         "within_budget": best.get("within_budget"),

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ from profiling_agent.tools.runtimes.onnx_forms import (
     build_ort_variants,
     failure_reason,
 )
-from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE
+from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, is_onnx_folder, load_onnx_folder
 from profiling_agent.tools.runtimes.openvino_forms import (
     OV_FORMS,
     OpenVinoSettings,
@@ -37,8 +38,11 @@ from profiling_agent.tools.runtimes.openvino_forms import (
     nncf_model_type,
     quantized_ops,
 )
+from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
 
 logger = logging.getLogger(__name__)
+
+FormSource = Literal["onnx", "openvino"]  # the kinds of form folder
 
 ALL_FORMS = tuple(f"ort_{m}" for m in ORT_METHODS) + tuple(f"ov_{f}" for f in OV_FORMS)
 ROUND_KEEP = 2  # a pruning round builds the unpruned model's this-many fastest forms (within budget) ...
@@ -46,15 +50,22 @@ ROUND_TIE = 1.5  # ... and every other form within this factor of the fastest on
 FP32_REFERENCES = ("ov_fp32", "ort_fp32", "torch_fp32", "baseline")  # an int8 form's "own FP32 form", first found
 
 
-def load_form(path: str | os.PathLike, threads: int | None = None) -> nn.Module:
-    """Open a delivered form's folder: an OpenVINO IR or an ONNX Runtime file (raises when it is neither)."""
-    from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder
-    from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
-
-    if is_openvino_folder(path):
-        return load_openvino_folder(path, threads)
+def form_source(path: str | os.PathLike) -> FormSource | None:
+    """Return which kind of form folder `path` is ("onnx", "openvino"), or None when it is neither."""
     if is_onnx_folder(path):
+        return "onnx"
+    if is_openvino_folder(path):
+        return "openvino"
+    return None
+
+
+def load_form(path: str | os.PathLike, threads: int | None = None) -> nn.Module:
+    """Open a delivered form's folder: an ONNX Runtime file or an OpenVINO IR (raises when it is neither)."""
+    source = form_source(path)
+    if source == "onnx":
         return load_onnx_folder(path, threads)
+    if source == "openvino":
+        return load_openvino_folder(path, threads)
     raise ValueError(f"{path} holds neither an OpenVINO nor an ONNX form")
 
 
@@ -66,8 +77,7 @@ def build_forms(
     *,
     forms: Sequence[str] = ALL_FORMS,
     threads: int | None = None,
-    processor: Any = None,
-    extra: Mapping[str, Any] | None = None,
+    files: FormFiles | None = None,
     static_on_transformers: bool = False,
 ) -> list[Variant]:
     """Build the requested ONNX Runtime and OpenVINO forms of an FP32 classifier, each checked against torch.
@@ -81,8 +91,8 @@ def build_forms(
         out_dir: Parent folder of OUT/ort_*/ and OUT/ov_*/.
         forms: Names from ALL_FORMS.
         threads: Intra-op threads of every runtime.
-        processor: The image processor saved into each folder.
-        extra: JSON facts copied into each recipe.
+        files: What each folder holds beside the model: the image processor and the recipe's JSON facts (the
+            config defaults to the model's own).
         static_on_transformers: Build ort_static for ViT, DeiT and Swin too (an explicit export asks for it).
 
     Returns:
@@ -96,7 +106,11 @@ def build_forms(
     check = check_pixels.detach().to("cpu", torch.float32)
     with torch.inference_mode():  # torch's logits on the check images, computed once for every form's check
         reference = forward_logits(model.eval().to("cpu"), check).float()
-    files = FormFiles(config=config, processor=processor, extra=extra)
+    files = FormFiles(
+        config=config if files is None or files.config is None else files.config,
+        processor=None if files is None else files.processor,
+        extra=None if files is None else files.extra,
+    )
     ort = build_ort_variants(
         model,
         calib_pixels,
@@ -299,31 +313,40 @@ def _in_child(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> dict[str, An
     return interrupt.run_in_child(accuracy_control_job, job, arrays)
 
 
+@dataclass(frozen=True)
+class AccuracyControl:
+    """Why and how an INT8 form is quantized again: its budget, the drop it had, NNCF's model type, the classes."""
+
+    budget: float  # accuracy points the INT8 form may lose against its FP32 form
+    drop: float  # the points the plain INT8 form lost
+    model_type: str | None  # NNCF's model type ("transformer" or None)
+    allowed_ids: Sequence[int] | None = None  # the class ids the accuracy is read over (None: every class)
+
+
 def rebuild_int8(
     variant: Variant,
     fp32_file: str | os.PathLike,
     calib_pixels: torch.Tensor,
-    val_pixels: torch.Tensor,
-    val_labels: torch.Tensor,
+    validation: tuple[torch.Tensor, torch.Tensor],
     *,
-    budget: float,
-    drop: float,
-    model_type: str | None,
-    allowed_ids: Sequence[int] | None = None,
+    control: AccuracyControl,
     threads: int | None = None,
 ) -> Variant:
     """Replace an ov_int8 form's IR by the accuracy-controlled one; record the first drop and the kept layers.
 
-    `fp32_file` is the FP32 model NNCF starts from (ov_fp32's IR, or the exported FP32 ONNX file). The new IR is
-    written beside the old one and moved over it (new files: the old compiled model keeps its mapped weights).
-    A failure leaves the form as it was, with the reason in its recipe.
+    `fp32_file` is the FP32 model NNCF starts from (ov_fp32's IR, or the exported FP32 ONNX file); `validation`
+    holds the images and labels the accuracy is read on. The new IR is written beside the old one and moved over
+    it (new files: the old compiled model keeps its mapped weights). A failure leaves the form as it was, with the
+    reason in its recipe.
     """
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.runtimes.openvino_model import OV_FILE, OV_RECIPE, OV_WEIGHTS, OvClassifier
 
     assert variant.path is not None
     folder = Path(variant.path)
-    retry: dict[str, Any] = {"reason": f"lost {drop:.2f} pp against its FP32 form (budget {budget:g} pp)"}
+    val_pixels, val_labels = validation
+    budget, allowed_ids = control.budget, control.allowed_ids
+    retry: dict[str, Any] = {"reason": f"lost {control.drop:.2f} pp against its FP32 form (budget {budget:g} pp)"}
     try:
         staged = folder / "accuracy_control"
         job = {
@@ -331,7 +354,7 @@ def rebuild_int8(
             "int8_ir": str(folder / OV_FILE),
             "out": str(staged / OV_FILE),
             "budget": float(budget),
-            "model_type": model_type,
+            "model_type": control.model_type,
             "allowed_ids": None if allowed_ids is None else list(allowed_ids),
         }
         arrays = (calib_pixels.numpy(), val_pixels.numpy(), val_labels.numpy())

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.tools.io import read_json
+from profiling_agent.tools.runtimes.form_folder import FolderFormat, open_folder, read_recipe
 
 ONNX_FORMAT = "profiling-agent-onnx"
 ONNX_FORMAT_VERSION = 1
@@ -40,6 +40,11 @@ __all__ = [
 
 class OnnxFolderError(RuntimeError):
     """An ONNX folder is incomplete, of an unknown format version, or cannot be opened by ONNX Runtime."""
+
+
+ONNX_FOLDER = FolderFormat(
+    "ONNX", ONNX_FILE, ONNX_RECIPE, ONNX_FORMAT, ONNX_FORMAT_VERSION, OnnxFolderError, "ONNX Runtime cannot open"
+)
 
 
 def onnxruntime_missing() -> str | None:
@@ -115,14 +120,7 @@ class OrtClassifier(nn.Module):
 
 def read_onnx_recipe(path: str | os.PathLike) -> dict[str, Any] | None:
     """Return an ONNX folder's recipe, or None when `path` is not an ONNX folder."""
-    path = Path(path)
-    if not (path.is_dir() and (path / ONNX_FILE).is_file() and (path / ONNX_RECIPE).is_file()):
-        return None
-    try:
-        recipe = read_json(path / ONNX_RECIPE)
-    except (OSError, ValueError):
-        return None
-    return recipe if isinstance(recipe, dict) and recipe.get("format") == ONNX_FORMAT else None
+    return read_recipe(path, ONNX_FOLDER)
 
 
 def is_onnx_folder(path: str | os.PathLike) -> bool:
@@ -136,23 +134,4 @@ def load_onnx_folder(path: str | os.PathLike, threads: int | None = None) -> Ort
     Raises:
         OnnxFolderError: Not an ONNX folder, a newer format version, ONNX Runtime missing, or the file unreadable.
     """
-    path = Path(path)
-    recipe = read_onnx_recipe(path)
-    if recipe is None:
-        raise OnnxFolderError(f"{path} is not an ONNX folder ({ONNX_FILE} plus a {ONNX_FORMAT} {ONNX_RECIPE})")
-    if int(recipe.get("format_version", 0)) > ONNX_FORMAT_VERSION:
-        raise OnnxFolderError(f"{path / ONNX_RECIPE}: format version {recipe.get('format_version')} is too new")
-    missing = onnxruntime_missing()
-    if missing:
-        raise OnnxFolderError(f"cannot run {path / ONNX_FILE}: {missing}")
-    try:
-        model = OrtClassifier(path / ONNX_FILE, threads)
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own error types for bad files
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise OnnxFolderError(f"ONNX Runtime cannot open {path / ONNX_FILE}: {first}") from None
-    model.recipe = recipe
-    if (path / "config.json").is_file():
-        from transformers import AutoConfig
-
-        model.config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
-    return model.eval()
+    return open_folder(path, ONNX_FOLDER, onnxruntime_missing, lambda file, _recipe: OrtClassifier(file, threads))

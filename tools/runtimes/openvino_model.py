@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.device import native_bf16_cpu
-from profiling_agent.tools.io import read_json
+from profiling_agent.tools.runtimes.form_folder import FolderFormat, open_folder, read_recipe
 
 OV_FORMAT = "profiling-agent-openvino"
 OV_FORMAT_VERSION = 1
@@ -54,6 +54,11 @@ __all__ = [
 
 class OpenVinoFolderError(RuntimeError):
     """An OpenVINO folder is incomplete, of an unknown format version, or cannot be compiled."""
+
+
+OV_FOLDER = FolderFormat(
+    "OpenVINO", OV_FILE, OV_RECIPE, OV_FORMAT, OV_FORMAT_VERSION, OpenVinoFolderError, "OpenVINO cannot compile"
+)
 
 
 REINSTALL = "pip install openvino nncf (default dependencies of profiling-agent; there is no extra for them)"
@@ -196,14 +201,7 @@ class OvClassifier(nn.Module):
 
 def read_openvino_recipe(path: str | os.PathLike) -> dict[str, Any] | None:
     """Return an OpenVINO folder's recipe, or None when `path` is not an OpenVINO folder."""
-    path = Path(path)
-    if not (path.is_dir() and (path / OV_FILE).is_file() and (path / OV_RECIPE).is_file()):
-        return None
-    try:
-        recipe = read_json(path / OV_RECIPE)
-    except (OSError, ValueError):
-        return None
-    return recipe if isinstance(recipe, dict) and recipe.get("format") == OV_FORMAT else None
+    return read_recipe(path, OV_FOLDER)
 
 
 def is_openvino_folder(path: str | os.PathLike) -> bool:
@@ -217,26 +215,11 @@ def load_openvino_folder(path: str | os.PathLike, threads: int | None = None) ->
     Raises:
         OpenVinoFolderError: Not an OpenVINO folder, a newer format, OpenVINO missing, or the IR not compiling.
     """
-    path = Path(path)
-    recipe = read_openvino_recipe(path)
-    if recipe is None:
-        raise OpenVinoFolderError(f"{path} is not an OpenVINO folder ({OV_FILE} plus a {OV_FORMAT} {OV_RECIPE})")
-    if int(recipe.get("format_version", 0)) > OV_FORMAT_VERSION:
-        raise OpenVinoFolderError(f"{path / OV_RECIPE}: format version {recipe.get('format_version')} is too new")
-    missing = openvino_missing()
-    if missing:
-        raise OpenVinoFolderError(f"cannot run {path / OV_FILE}: {missing}")
-    precision = str((recipe.get("runtime") or {}).get("precision_hint") or "f32")
-    if precision not in ("f32", "bf16", "default"):
-        raise OpenVinoFolderError(f"{path / OV_RECIPE}: unknown precision hint {precision!r}")
-    try:
-        model = OvClassifier(path / OV_FILE, precision, threads)  # type: ignore[arg-type]
-    except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own error types for bad files
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise OpenVinoFolderError(f"OpenVINO cannot compile {path / OV_FILE}: {first}") from None
-    model.recipe = recipe
-    if (path / "config.json").is_file():
-        from transformers import AutoConfig
 
-        model.config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
-    return model.eval()
+    def build(file: Path, recipe: dict[str, Any]) -> OvClassifier:
+        precision = str((recipe.get("runtime") or {}).get("precision_hint") or "f32")
+        if precision not in ("f32", "bf16", "default"):
+            raise OpenVinoFolderError(f"{file.parent / OV_RECIPE}: unknown precision hint {precision!r}")
+        return OvClassifier(file, precision, threads)  # type: ignore[arg-type]
+
+    return open_folder(path, OV_FOLDER, openvino_missing, build)

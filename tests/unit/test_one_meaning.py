@@ -13,7 +13,7 @@ from profiling_agent.tools.evaluation.variants import ratio
 from profiling_agent.tools.hub import looks_like_path
 from profiling_agent.tools.settings import BACKENDS, RUNTIMES, backend_or_default
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CODE = [p for d in ("graph", "nodes", "tools", "bench") for p in sorted((ROOT / d).rglob("*.py"))]
 
 

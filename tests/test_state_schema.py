@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
@@ -164,3 +165,61 @@ def test_checkpoints_rebuild_the_state_models_without_langgraphs_unregistered_ty
     warned = [line for line in lines if "unregistered type profiling_agent.state." in line]
     assert warned and all(lines.index(line) > ours for line in warned), lines  # only the plain serializer warned
     assert plain > ours
+
+
+def _format0_writer():
+    """tests/data/make_checkpoint_format0.py, the script that wrote the format-0 checkpoint (loaded by path)."""
+    import importlib.util
+
+    path = Path(__file__).parent / "data" / "make_checkpoint_format0.py"
+    spec = importlib.util.spec_from_file_location("make_checkpoint_format0", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_checkpoint_written_before_the_state_package_split_resumes(tmp_path, caplog):
+    """A checkpoint of `state.py` days names its models `profiling_agent.state.NAME`: they rebuild as today's classes
+    (not left as dicts by LangGraph's allow-list), its legacy history key upgrades, and the thread runs on."""
+    import shutil
+
+    from profiling_agent.graph.checkpoint import close_checkpointer, migrate_checkpoint, open_checkpointer, saved_format
+    from profiling_agent.state import Candidate, EvalRecord, GroupSensitivity, ProfileSummary
+
+    writer = _format0_writer()
+    shutil.copy(Path(__file__).parent / "data" / "checkpoint_format0.sqlite", tmp_path / "checkpoints.sqlite")
+    saver = open_checkpointer(tmp_path)
+    config = {"configurable": {"thread_id": writer.THREAD}}
+    assert saved_format(saver, config) == 0
+    seen = {}
+
+    def second(state: State) -> dict:
+        seen["speedup"] = state.current.eval.speedup
+        seen["mode"] = state.history[-1].planner_choice.mode
+        return {"history": event("second", "resumed")}
+
+    graph = writer.graph(saver, second)
+    with caplog.at_level("WARNING"):
+        values = graph.get_state(config).values
+        assert isinstance(values["profile"], ProfileSummary) and isinstance(values["baseline_eval"], EvalRecord)
+        assert isinstance(values["current"], Candidate) and isinstance(values["candidates"][0], Candidate)
+        assert isinstance(values["sensitivity"]["blocks.1.mlp"], GroupSensitivity)
+        assert values["current"].planner_meta.llm.structured == {"mode": "json_schema"}
+        assert migrate_checkpoint(graph, saver, config) == []  # no renamed node pending in this one
+        graph.invoke(None, config)
+    assert seen == {"speedup": 1.33, "mode": "deterministic"}
+    assert graph.get_state(config).values["history"][-1]["node"] == "second"
+    assert not [r for r in caplog.records if "profiling_agent.state" in r.getMessage()], caplog.text
+    close_checkpointer(saver)
+
+
+def test_a_checkpoint_of_a_newer_state_format_is_refused_in_one_line(tmp_path):
+    from profiling_agent.graph.checkpoint import CheckpointFormatError, migrate_checkpoint
+    from profiling_agent.state import STATE_FORMAT
+
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "future"}}
+    graph = _graph(saver, lambda s: {"state_format": STATE_FORMAT + 1}, lambda s: {})
+    graph.invoke({}, config)
+    with pytest.raises(CheckpointFormatError, match=f"state format {STATE_FORMAT + 1}, newer"):
+        migrate_checkpoint(graph, saver, config)

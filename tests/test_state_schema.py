@@ -223,3 +223,23 @@ def test_a_checkpoint_of_a_newer_state_format_is_refused_in_one_line(tmp_path):
     graph.invoke({}, config)
     with pytest.raises(CheckpointFormatError, match=f"state format {STATE_FORMAT + 1}, newer"):
         migrate_checkpoint(graph, saver, config)
+
+
+def test_each_choice_is_defined_once_and_the_cli_and_context_follow_it():
+    """The CLI's choices are the state's Literals, and a Context refuses a value outside them."""
+    from typing import get_args
+
+    from profiling_agent.graph.cli.args import build_parser
+    from profiling_agent.state import CONTEXT_CHOICES, BackendChoice, Context, RecoverChoice
+
+    assert "openvino" in get_args(BackendChoice)
+    sub = next(a for a in build_parser()._actions if isinstance(a.choices, dict))
+    run = sub.choices["run"]
+    flags = {a.dest: a.choices for a in run._actions if a.choices}
+    assert flags["backend"] == list(get_args(BackendChoice)) and flags["recover"] == list(get_args(RecoverChoice))
+    for name, kind in CONTEXT_CHOICES.items():
+        if name in flags:
+            assert flags[name] == list(get_args(kind)), name
+        with pytest.raises(ValueError, match=f"Context.{name} must be one of"):
+            Context(**{name: "bogus"})
+    assert Context.of({"backend": "openvino", "recover": "distill", "importance": "l1"}).backend == "openvino"

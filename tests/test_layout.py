@@ -234,3 +234,40 @@ def test_mypy_checks_every_module():
     mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     exempt = [o.get("module") for o in mypy.get("overrides", []) if o.get("ignore_errors")]
     assert not mypy.get("ignore_errors") and not exempt, exempt
+
+
+SHAPE_RULES = {"C901", "PLR0913", "PLR0915"}
+# the files allowed to break a shape rule today; the list may only shrink (fix the function, drop the file here and
+# in pyproject.toml). forms.py, distributed.py and reconstruct.py: >8-parameter functions being narrowed now.
+SHAPE_ALLOWANCE = {
+    "tools/data/stream.py": {"C901"},
+    "tools/evaluation/form_eval.py": {"C901"},
+    "tools/models/artifact_load.py": {"C901"},
+    "tools/models/input_shape.py": {"C901"},
+    "tools/planning/json_extract.py": {"C901"},
+    "tools/planning/llm_session.py": {"C901", "PLR0915"},
+    "tools/recovery/distributed.py": {"PLR0913"},
+    "tools/recovery/distributed_launch.py": {"C901"},
+    "tools/recovery/reconstruct.py": {"PLR0913"},
+    "tools/runtimes/forms.py": {"PLR0913"},
+    "tools/runtimes/onnx_forms.py": {"C901"},
+}
+
+
+def test_the_shape_rules_are_linted_and_their_allowance_only_shrinks():
+    """ruff checks complexity, parameters (at most 8) and statements in package code; per-file exceptions stay
+    within the recorded set (tests and benchmarks are exempt), each naming an existing file."""
+    import tomllib
+
+    lint = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert SHAPE_RULES <= set(lint["select"]) and not SHAPE_RULES & set(lint.get("ignore", []))
+    assert lint["pylint"]["max-args"] == 8 and lint["pylint"]["max-statements"] <= 50
+    assert lint["mccabe"]["max-complexity"] <= 10
+    allowed = {
+        pattern: set(codes) & SHAPE_RULES
+        for pattern, codes in lint["per-file-ignores"].items()
+        if set(codes) & SHAPE_RULES and pattern not in ("tests/*", "bench/*")
+    }
+    grown = {p: sorted(extra) for p, codes in allowed.items() if (extra := codes - SHAPE_ALLOWANCE.get(p, set()))}
+    assert not grown, grown
+    assert all((ROOT / pattern).is_file() for pattern in allowed), sorted(allowed)

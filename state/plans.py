@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_serializer, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_serializer, model_validator, with_config
+from typing_extensions import TypedDict
 
 from profiling_agent.state.base import Strict
-from profiling_agent.state.settings import PruneType, QuantDtype
+from profiling_agent.state.settings import PruneType, QuantDtype, StructuredChoice, StructuredMode
 
 MAX_REGEX_LEN = 200
 
@@ -57,6 +58,34 @@ class CompressionPlan(Strict):
 # ---------------------------------------------------------------- what the planners record
 
 
+@with_config(ConfigDict(extra="forbid"))
+class GivenUpMode(TypedDict, total=False):
+    """A structured-output mode the server refused or ignored, and why."""
+
+    mode: StructuredMode
+    why: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class StructuredFacts(TypedDict, total=False):
+    """The structured-output mode asked for, the one used, and the ones given up (`planning/structured.py`)."""
+
+    choice: StructuredChoice
+    mode: StructuredMode
+    confirmed: bool
+    given_up: list[GivenUpMode]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class RejectedAnswer(TypedDict, total=False):
+    """An LLM answer the planner refused: at which stage, why, the answer (cut) and the structured mode."""
+
+    stage: str
+    reasons: list[str]
+    answer: str
+    structured: StructuredMode
+
+
 class LLMStep(Strict):
     """What one LLM planning step did (never the API key): its model, outcome, transcript and token usage."""
 
@@ -65,7 +94,9 @@ class LLMStep(Strict):
     transcript: str | None = Field(default=None, description="The step's JSONL transcript, relative to the run.")
     usage: dict[str, int] = Field(default_factory=dict, description="calls, input/output/total tokens.")
     tool_errors: list[dict[str, str]] = Field(default_factory=list, description="Tool calls refused or failed.")
-    structured: dict[str, Any] = Field(default_factory=dict, description="Structured-output mode tried and found.")
+    structured: StructuredFacts = Field(
+        default_factory=StructuredFacts, description="Structured-output mode tried and found."
+    )
     vs_proposal: str | None = Field(default=None, description="The applied plan against the proposal, in words.")
 
 
@@ -173,8 +204,8 @@ class Fallback(Strict):
     iteration: int = Field(default=0, description="The round.")
     stage: str = Field(description="parse, guard, timeout, error or tool_loop.")
     reason: str = Field(description="What was wrong.")
-    rejected: list[dict[str, Any]] = Field(default_factory=list, description="The refused answers and reasons.")
-    tool_errors: list[dict[str, Any]] = Field(default_factory=list, description="Tool calls refused or failed.")
+    rejected: list[RejectedAnswer] = Field(default_factory=list, description="The refused answers and reasons.")
+    tool_errors: list[dict[str, str]] = Field(default_factory=list, description="Tool calls refused or failed.")
     model: str = Field(default="", description="The LLM.")
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from profiling_agent.state.base import Strict
 from profiling_agent.state.plans import CompressionPlan, PlannerMeta, Review
@@ -86,16 +87,64 @@ class BackendSummary(Strict):
     notes: list[str] = Field(default_factory=list)  # runtimes left out, and why
 
 
+# the profile summary's rows (tools/profiling/summary.py writes them): plain dicts with known keys, typed
+@with_config(ConfigDict(extra="forbid"))
+class ProfileEnv(TypedDict, total=False):
+    """Where the profile was taken."""
+
+    device: str
+    threads: int
+    input_shape: list[int]
+    batch: int
+
+
+@with_config(ConfigDict(extra="forbid"))
+class GroupCosts(TypedDict, total=False):
+    """Per prunable group, its shares of the costs, in the order `columns` names them."""
+
+    columns: list[str]
+    rows: dict[str, list[float]]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class OperatorRow(TypedDict, total=False):
+    """One torch.profiler operator by self time."""
+
+    op: str
+    self_ms: float
+    share: float
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LatencyRow(TypedDict, total=False):
+    """One layer by self time."""
+
+    name: str
+    type: str
+    latency_ms: float
+    latency_share: float
+    macs_share: float
+
+
+@with_config(ConfigDict(extra="forbid"))
+class MacsRow(TypedDict, total=False):
+    """One layer by MACs."""
+
+    name: str
+    macs: int
+    macs_share: float
+
+
 class ProfileSummary(Strict):
     """The compact profile kept in the state (the full one is profile.json)."""
 
     path: str = Field(default="profile.json", description="The full profile, relative to the run folder.")
     totals: dict[str, int | float | None] = Field(default_factory=dict, description="params, macs (None: unknown), ...")
-    env: dict[str, Any] = Field(default_factory=dict, description="Device, threads, batch and input shape.")
-    groups: dict[str, Any] = Field(default_factory=dict, description="Per prunable group: columns and rows.")
-    operators: list[dict[str, Any]] = Field(default_factory=list, description="Top operators (torch.profiler).")
-    top_latency: list[dict[str, Any]] = Field(default_factory=list, description="Layers by self time.")
-    top_macs: list[dict[str, Any]] = Field(default_factory=list, description="Layers by MACs.")
+    env: ProfileEnv = Field(default_factory=ProfileEnv, description="Device, threads, batch and input shape.")
+    groups: GroupCosts = Field(default_factory=GroupCosts, description="Per prunable group: columns and rows.")
+    operators: list[OperatorRow] = Field(default_factory=list, description="Top operators (torch.profiler).")
+    top_latency: list[LatencyRow] = Field(default_factory=list, description="Layers by self time.")
+    top_macs: list[MacsRow] = Field(default_factory=list, description="Layers by MACs.")
     error: str | None = Field(default=None, description="Why MACs are unknown (the counter failed on this model).")
     backend: BackendSummary | None = Field(default=None, description="The deliverable forms' profile (CPU runs).")
 

@@ -22,6 +22,7 @@ BackendChoice = Literal["torch", "onnxruntime", "openvino", "auto"]
 ImportanceChoice = Literal["l2", "l1", "random"]
 RecoverChoice = Literal["none", "reconstruct", "distill", "auto"]
 StructuredChoice = Literal["auto", "json_schema", "json_object", "off"]
+StructuredMode = Literal["json_schema", "json_object", "off"]  # what a request uses (auto resolved)
 
 
 def choices(kind: Any) -> list[str]:

@@ -206,6 +206,9 @@ def test_a_checkpoint_written_before_the_state_package_split_resumes(tmp_path, c
         assert isinstance(values["current"], Candidate) and isinstance(values["candidates"][0], Candidate)
         assert isinstance(values["sensitivity"]["blocks.1.mlp"], GroupSensitivity)
         assert values["current"].planner_meta.llm.structured == {"mode": "json_schema"}
+        # rebuilt by validation (a failed validation would leave LangGraph's unvalidated model_construct copy)
+        assert ProfileSummary.model_validate(values["profile"].model_dump()) == values["profile"]
+        assert values["profile"].operators == [{"op": "aten::linear", "self_ms": 1.5, "share": 0.3}]
         assert migrate_checkpoint(graph, saver, config) == []  # no renamed node pending in this one
         graph.invoke(None, config)
     assert seen == {"speedup": 1.33, "mode": "deterministic"}
@@ -243,3 +246,33 @@ def test_each_choice_is_defined_once_and_the_cli_and_context_follow_it():
         with pytest.raises(ValueError, match=f"Context.{name} must be one of"):
             Context(**{name: "bogus"})
     assert Context.of({"backend": "openvino", "recover": "distill", "importance": "l1"}).backend == "openvino"
+
+
+PROFILE_SUMMARY = {  # as tools/profiling/summary.py writes it into the state and result.json
+    "path": "profile.json",
+    "totals": {"params": 3, "macs": None, "latency_ms": 1.2, "act_bytes": 10},
+    "env": {"device": "cpu", "threads": 2, "input_shape": [1, 16, 16], "batch": 1},
+    "groups": {"columns": ["params_share", "macs_share", "latency_share"], "rows": {"a": [0.1, 0.2, 0.3]}},
+    "operators": [{"op": "aten::linear", "self_ms": 1.5, "share": 0.3}],
+    "top_latency": [{"name": "x", "type": "Linear", "latency_ms": 0.5, "latency_share": 0.1, "macs_share": 0.0}],
+    "top_macs": [{"name": "x", "macs": 100, "macs_share": 0.2}],
+    "error": None,
+    "backend": None,
+}
+
+
+def test_the_typed_rows_load_and_dump_todays_json_unchanged_and_refuse_an_unknown_key():
+    from profiling_agent.state import Fallback, ProfileSummary
+
+    profile = ProfileSummary.model_validate(PROFILE_SUMMARY)
+    assert json.loads(profile.model_dump_json()) == PROFILE_SUMMARY and profile.model_dump() == PROFILE_SUMMARY
+    assert ProfileSummary().model_dump()["env"] == {} and LLMStep().model_dump()["structured"] == {}
+    step = {**OLD_LLM_STEP, "structured": {"choice": "auto", "mode": "json_schema", "confirmed": True, "given_up": []}}
+    assert LLMStep.model_validate(step).model_dump(exclude_defaults=True) == step
+    rejected = [{"stage": "guard", "reasons": ["too deep"], "answer": "{}", "structured": "json_object"}]
+    fallback = {"iteration": 1, "stage": "parse", "reason": "r", "rejected": rejected, "tool_errors": [], "model": "m"}
+    assert Fallback.model_validate(fallback).model_dump() == fallback
+    with pytest.raises(ValueError, match="bogus"):
+        ProfileSummary.model_validate({**PROFILE_SUMMARY, "env": {**PROFILE_SUMMARY["env"], "bogus": 1}})
+    with pytest.raises(ValueError, match="bogus"):
+        Fallback.model_validate({**fallback, "rejected": [{**rejected[0], "bogus": 1}]})

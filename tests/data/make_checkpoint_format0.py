@@ -64,7 +64,9 @@ def typed_values() -> dict:
     )
     planner = PlannerMode(requested="auto", mode="deterministic").model_dump()
     return {
-        "profile": ProfileSummary(totals={"params": 300}, env={"threads": 1}, operators=[{"name": "aten::linear"}]),
+        "profile": ProfileSummary(
+            totals={"params": 300}, env={"threads": 1}, operators=[{"op": "aten::linear", "self_ms": 1.5, "share": 0.3}]
+        ),
         "sensitivity": {"blocks.1.mlp": GroupSensitivity(damage=0.1, ratio=0.3)},
         "plan": plan,
         "current": cand,

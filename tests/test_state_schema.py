@@ -150,7 +150,7 @@ print("plain", plain.loads_typed(plain.dumps_typed(value)) == value, flush=True)
 
 
 def test_checkpoints_rebuild_the_state_models_without_langgraphs_unregistered_type_warning(tmp_path):
-    """Our checkpointers name state.py's models: they read back as themselves, without the warning a plain
+    """Our checkpointers name the state package's models: they read back as themselves, without the warning a plain
     serializer logs (once per type and process, hence a fresh process)."""
     import subprocess
     import sys

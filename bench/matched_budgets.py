@@ -71,7 +71,7 @@ class Setting:
 
         from profiling_agent.tools.compression.families import adapter_for
         from profiling_agent.tools.models.sizes import count_params
-        from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+        from profiling_agent.tools.profiling.sensitivity import probe_groups_full
         from profiling_agent.tools.profiling.summary import planner_profile
 
         self.name, self.data = name, data
@@ -83,7 +83,7 @@ class Setting:
         self.group_dicts, self.costs = profile["groups"], profile["group_costs"]
         probe_x, probe_y = data["calib_x"][:PROBE_IMAGES], data["calib_y"][:PROBE_IMAGES]
         self.sensitivity = {
-            mode: probe_sensitivity(self.baseline, self.groups, probe_x, probe_y, recover=mode == "reconstruct")
+            mode: probe_groups_full(self.baseline, self.groups, probe_x, probe_y, recover=mode == "reconstruct")
             for mode in recover_modes
         }
         self.scores = {

@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import ResNetConfig, ResNetForImageClassification, ViTConfig, ViTForImageClassification
 
     from profiling_agent.tools.compression.families import adapter_for
-    from profiling_agent.tools.profiling.probe_fast import probe_sensitivity_fast
-    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+    from profiling_agent.tools.profiling.probe_fast import probe_groups
+    from profiling_agent.tools.profiling.sensitivity import probe_groups_full
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -50,13 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}: {len(groups)} groups, {args.images} images, load {os.getloadavg()}", flush=True)
 
     cpu, wall = time.process_time(), time.perf_counter()
-    fast = probe_sensitivity_fast(model, groups, pixels, recover=True)
+    fast = probe_groups(model, groups, pixels, recover=True)
     fast_cpu, fast_wall = time.process_time() - cpu, time.perf_counter() - wall
     print(f"fast probe, {len(groups)} groups: {fast_cpu:.1f} CPU-s, {fast_wall:.1f} s wall", flush=True)
 
     some = groups[: args.full_groups]
     cpu, wall = time.process_time(), time.perf_counter()
-    full = probe_sensitivity(model, some, pixels, recover=True)
+    full = probe_groups_full(model, some, pixels, recover=True)
     full_cpu, full_wall = time.process_time() - cpu, time.perf_counter() - wall
     per_group = full_cpu / max(len(some), 1)
     print(

@@ -13,9 +13,18 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from profiling_agent.graph.serde import state_serializer
+from profiling_agent.state.migrations import RENAMED_NODES
+from profiling_agent.state.migrations import pending as pending_migrations
 
 DB_NAME = "checkpoints.sqlite"
 CHECKPOINT_URL_ENV = "PROFILING_AGENT_CHECKPOINT_URL"
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint's state format is newer than this version's (`STATE_FORMAT`): resume it with its own version.
+
+    A ValueError, so the CLI says it in one line with the bad-input exit code.
+    """
 
 
 class CheckpointDatabaseError(RuntimeError):
@@ -155,8 +164,17 @@ def thread_summary(graph: Any, thread_id: str, holder: str | None = None) -> dic
     }
 
 
-# nodes renamed since older checkpoints were written: old name -> the node whose edges now lead on from there
-RENAMED_NODES = {"test_best": "iterate"}  # test_best became evaluate_held_out (both follow iterate's router)
+def saved_format(saver: BaseCheckpointSaver, config: dict[str, Any]) -> int:
+    """Return the state format a thread's latest checkpoint was written in (0: before formats were numbered)."""
+    saved = saver.get_tuple(cast(RunnableConfig, config))
+    values = (saved.checkpoint.get("channel_values") or {}) if saved else {}
+    return int(values.get("state_format") or 0)
+
+
+def _waits_for(saver: BaseCheckpointSaver, config: dict[str, Any], node: str) -> bool:
+    """Return whether the thread's latest checkpoint holds a pending trigger of `node`."""
+    saved = saver.get_tuple(cast(RunnableConfig, config))
+    return saved is not None and f"branch:to:{node}" in (saved.checkpoint.get("channel_values") or {})
 
 
 def follow_renamed_node(graph: Any, saver: BaseCheckpointSaver, config: dict[str, Any]) -> str | None:
@@ -164,11 +182,34 @@ def follow_renamed_node(graph: Any, saver: BaseCheckpointSaver, config: dict[str
 
     The checkpoint's pending trigger names the old node, which the graph no longer has: re-running the router of
     the node before it (with no new values) triggers the node under its new name, so `resume` continues there.
+    The renames are `state/migrations.py`'s `RENAMED_NODES`.
     """
-    saved = saver.get_tuple(cast(RunnableConfig, config))
-    pending = (saved.checkpoint.get("channel_values") or {}) if saved else {}
     for old, before in RENAMED_NODES.items():
-        if f"branch:to:{old}" in pending:
+        if _waits_for(saver, config, old):
             graph.update_state(config, None, as_node=before)
             return old
     return None
+
+
+def migrate_checkpoint(graph: Any, saver: BaseCheckpointSaver, config: dict[str, Any]) -> list[str]:
+    """Apply the migrations a resumed thread's state format needs; return what each one changed, in words.
+
+    The shapes of records (renamed history keys) are upgraded when the state is read; what needs the graph (a
+    pending trigger naming a renamed node) is upgraded here. A thread keeps its format (stamping it would need a
+    state update that moves the graph), so an older thread is checked again on each resume: every step is a no-op
+    once done.
+
+    Raises:
+        CheckpointFormatError: The checkpoint was written by a newer version (a format this one does not know).
+    """
+    try:
+        steps = pending_migrations(saved_format(saver, config))
+    except ValueError as exc:
+        raise CheckpointFormatError(str(exc)) from None
+    done = []
+    for step in steps:
+        for old, before in step.renamed_nodes.items():
+            if _waits_for(saver, config, old):
+                graph.update_state(config, None, as_node=before)
+                done.append(f"the pending node {old} continues under its new name")
+    return done

@@ -8,7 +8,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import artifact_ref, context_of, event, thread_id_of
-from profiling_agent.state import Context, State
+from profiling_agent.state import STATE_FORMAT, Context, State
 from profiling_agent.tools import run_layout
 
 
@@ -55,6 +55,7 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "objective": state.objective.model_dump(),
         "run_path": str(run_path),
         "status": "running",
+        "state_format": STATE_FORMAT,  # the checkpoint's shape version (state/migrations.py)
         "family": adapter.name,
         "baseline": artifact_ref(here, saved),
         "labels": labels,

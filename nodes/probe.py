@@ -1,4 +1,9 @@
-"""Sensitivity agent: prune each group alone a little on the calibration images and measure the damage (once)."""
+"""Node `probe_sensitivity`: rate each prunable group's damage once (`tools/profiling/probe_fast.py:probe_groups`).
+
+Each group is pruned alone at the context's probe ratio (a block is removed whole) and the damage is measured on
+the first calibration images (`FastProbeConfig.eval_images`); when the run recovers, after the least-squares
+refit the recover step will do.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.compression.families import planning_groups
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.profiling.probe_fast import probe_sensitivity_fast
+    from profiling_agent.tools.profiling.probe_fast import probe_groups
     from profiling_agent.tools.profiling.probe_record import probe_record
     from profiling_agent.tools.profiling.sensitivity import ProbeRun
 
@@ -44,7 +49,7 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     def progress(done: int, total: int, label: str) -> None:
         report(done, total, f"{label} ({time.process_time() - started:.0f} CPU-s, {time.perf_counter() - wall:.0f} s)")
 
-    result = probe_sensitivity_fast(
+    result = probe_groups(
         loaded.model,
         groups,
         tensors["calib_pixels"],

@@ -1,11 +1,13 @@
-"""The choices of the run's settings, defined once: the CLI's choices and the checks read these Literals."""
+"""The runtime and backend choices as the tools read them: the Literals themselves are defined once, in state."""
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
+from profiling_agent.state.settings import BackendChoice
+
 Runtime = Literal["torch", "onnxruntime", "openvino"]  # a runtime that executes a delivered form
-Backend = Literal["torch", "onnxruntime", "openvino", "auto"]  # `--backend`: one runtime's forms, or all (auto)
+Backend = BackendChoice  # `--backend`: one runtime's forms, or all (auto)
 
 RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
 BACKENDS: tuple[Backend, ...] = get_args(Backend)

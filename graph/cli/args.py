@@ -7,8 +7,18 @@ import os
 from pathlib import Path
 from typing import Any, NoReturn
 
+from profiling_agent.state import (
+    BackendChoice,
+    DeviceChoice,
+    PlannerChoice,
+    QuantizeChoice,
+    RecoverChoice,
+    SelectRule,
+    StructuredChoice,
+    TargetMetric,
+    choices,
+)
 from profiling_agent.tools import run_layout
-from profiling_agent.tools.settings import BACKENDS
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUN_SETTINGS = run_layout.RUN_SETTINGS
@@ -42,7 +52,7 @@ def subset_size(value: int | str | None, flag: str = "--subset") -> int | None:
 
 def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default="runs", help="folder holding one sub-folder per run (default: runs)")
-    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="device (default: auto)")
+    p.add_argument("--device", choices=choices(DeviceChoice), default=None, help="device (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for profiling and evaluation")
     p.add_argument("--llm-model", default=None, help="chat model name (default: $OPENAI_MODEL, else gpt-4o)")
     p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible base URL (default: $OPENAI_BASE_URL)")
@@ -55,7 +65,7 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-max-tokens", type=int, default=None, help="most tokens per LLM reply (default 2048)")
     p.add_argument(
         "--llm-structured",
-        choices=["auto", "json_schema", "json_object", "off"],
+        choices=choices(StructuredChoice),
         default=None,
         help="schema-constrained final answers: json_schema (OpenAI, vLLM, llama.cpp server), json_object with a "
         "schema (llama-cpp-python), off; auto (default) finds what the server accepts",
@@ -64,7 +74,7 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed latency repeats (median reported)")
     p.add_argument(
         "--recover",
-        choices=["none", "reconstruct", "distill", "auto"],
+        choices=choices(RecoverChoice),
         default=None,
         help="accuracy recovery after pruning (default auto: reconstruct, then distill when training images exist)",
     )
@@ -94,7 +104,7 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=list(BACKENDS),
+        choices=choices(BackendChoice),
         default=None,
         help="forms of each candidate to measure and deliver: torch, onnxruntime (ORT FP32, dynamic and static "
         "int8), openvino (FP32, bf16, NNCF INT8) or auto (all; default): the fastest within the budget is delivered",
@@ -176,15 +186,15 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--iterations", type=int, default=None, help="pruning iterations (default 5)")
     run.add_argument(
         "--planner",
-        choices=["deterministic", "llm", "auto", "l1", "l2", "random"],
+        choices=choices(PlannerChoice),
         default=None,
         help="l1/l2/random: uniform pruning baseline at --ratio (one iteration)",
     )
     run.add_argument("--ratio", type=float, default=None, help="pruning ratio of the l1/l2/random baselines, in (0, 1)")
-    run.add_argument("--quantize", choices=["qint8", "float16", "none"], default=None)
-    run.add_argument("--select", choices=["paper", "budget"], default=None, help="best-candidate rule")
+    run.add_argument("--quantize", choices=choices(QuantizeChoice), default=None)
+    run.add_argument("--select", choices=choices(SelectRule), default=None, help="best-candidate rule")
     run.add_argument("--max-acc-drop", type=float, default=None, help="accuracy budget in percentage points")
-    run.add_argument("--target", choices=["params", "macs", "latency", "size"], default=None)
+    run.add_argument("--target", choices=choices(TargetMetric), default=None)
     run.add_argument("--target-reduction", type=float, default=None, help="e.g. 0.4 = 40%% reduction of --target")
     run.add_argument("--trust-remote-code", action="store_true")
     run.add_argument(
@@ -219,7 +229,7 @@ def _add_inspection(sub: Any) -> None:
     prof = sub.add_parser("profile", help="profile a model and print its per-layer table")
     prof.add_argument("--model", default=None)
     prof.add_argument("--top", type=int, default=30)
-    prof.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    prof.add_argument("--device", choices=choices(DeviceChoice), default="auto")
     prof.add_argument("--json", dest="json_out", default=None, help="also write the full profile here")
 
     runs = sub.add_parser("runs", help="list runs and their status")
@@ -246,7 +256,7 @@ def _add_evaluate(sub: Any) -> None:
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--image-column", default=None)
     ev.add_argument("--label-column", default=None)
-    ev.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    ev.add_argument("--device", choices=choices(DeviceChoice), default="auto")
     ev.add_argument("--json", dest="json_out", default=None, help="write the metrics as JSON here")
 
 

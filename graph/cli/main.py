@@ -217,7 +217,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
     """Resume a thread this process holds the lock of."""
     from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import follow_renamed_node
+    from profiling_agent.graph.checkpoint import migrate_checkpoint
     from profiling_agent.state import Context
     from profiling_agent.tools.io import read_json
 
@@ -226,8 +226,8 @@ def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
     ctx.update(context_from_args(args))  # flags given now override the saved "how" settings
     graph = build_graph(checkpointer=saver)
     config = {"configurable": {"thread_id": args.thread_id}}
-    if follow_renamed_node(graph, saver, config):  # a checkpoint written before a node was renamed
-        say(f"thread {args.thread_id} was saved by an older version: continuing under the current node names")
+    for change in migrate_checkpoint(graph, saver, config):  # a checkpoint written in an older state format
+        say(f"thread {args.thread_id} was saved by an older version: {change}")
     snapshot = graph.get_state(config)
     payload = _resume_payload(args, snapshot, root)
     if not pending_nodes(snapshot):  # not snapshot.next: that misses a step whose writes were saved

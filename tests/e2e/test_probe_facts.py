@@ -96,14 +96,14 @@ def _ptflops_fails(monkeypatch):
 def test_probe_rows_of_unprunable_groups_are_valid_state(tiny_vit, monkeypatch):
     import profiling_agent.tools.compression.pruning as pruning
     from profiling_agent.tools.compression.families import adapter_for
-    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+    from profiling_agent.tools.profiling.sensitivity import probe_groups_full
 
     def engine(model, entries, example, **kwargs):
         raise RuntimeError("traced graph has a cycle\nsecond line")
 
     groups = adapter_for(tiny_vit).prunable_groups(tiny_vit)
     monkeypatch.setattr(pruning, "prune_model", engine)
-    rows = probe_sensitivity(tiny_vit, groups[:2], torch.randn(4, 1, 16, 16))  # no labels: no acc_drop either
+    rows = probe_groups_full(tiny_vit, groups[:2], torch.randn(4, 1, 16, 16))  # no labels: no acc_drop either
     for row in rows.values():
         fact = GroupSensitivity.model_validate(row)
         assert fact.error == "RuntimeError: traced graph has a cycle" and fact.kl is None

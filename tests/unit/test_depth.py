@@ -23,7 +23,7 @@ from profiling_agent.tools.models.artifacts import ArtifactError, save_artifact
 from profiling_agent.tools.models.shortcut import ShortcutBlock
 from profiling_agent.tools.planning.deterministic import PlannerConfig, estimate_reduction
 from profiling_agent.tools.planning.deterministic import depth_first_blocks as depth_first
-from profiling_agent.tools.profiling.probe_fast import FastProbeConfig, probe_sensitivity_fast
+from profiling_agent.tools.profiling.probe_fast import FastProbeConfig, probe_groups
 from profiling_agent.tools.profiling.sensitivity import compare_logits
 from profiling_agent.tools.recovery.reconstruct import reconstruct
 from profiling_agent.tools.runtimes.blocks import PassBlock
@@ -195,7 +195,7 @@ def test_the_fast_probe_measures_a_removed_block_exactly(vit4):
     adapter = adapter_for(vit4)
     groups = adapter.prunable_groups(vit4) + adapter.block_groups(vit4)
     pixels = _pixels(vit4, 24)
-    rows = probe_sensitivity_fast(vit4, groups, pixels, ratio=0.3, config=FastProbeConfig(eval_images=0))
+    rows = probe_groups(vit4, groups, pixels, ratio=0.3, config=FastProbeConfig(eval_images=0))
     with torch.no_grad():
         reference = vit4(pixels).logits
         for i in range(4):
@@ -207,13 +207,13 @@ def test_the_fast_probe_measures_a_removed_block_exactly(vit4):
 
 
 def test_the_fast_probe_measures_a_block_replaced_by_its_shortcut_exactly(resnet3):
-    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+    from profiling_agent.tools.profiling.sensitivity import probe_groups_full
 
     adapter = adapter_for(resnet3)
     groups = adapter.prunable_groups(resnet3) + adapter.block_groups(resnet3)
     pixels = _pixels(resnet3, 24)
-    rows = probe_sensitivity_fast(resnet3, groups, pixels, ratio=0.3, config=FastProbeConfig(eval_images=0))
-    full = probe_sensitivity(resnet3, [g for g in groups if g.kind == "block"], pixels, ratio=0.3)
+    rows = probe_groups(resnet3, groups, pixels, ratio=0.3, config=FastProbeConfig(eval_images=0))
+    full = probe_groups_full(resnet3, [g for g in groups if g.kind == "block"], pixels, ratio=0.3)
     with torch.no_grad():
         reference = resnet3(pixels).logits
         for name in ("resnet.encoder.stages.0.layers.0", "resnet.encoder.stages.1.layers.0"):
@@ -477,7 +477,7 @@ def test_the_fast_probe_replays_swin_stages_and_measures_what_the_full_probe_doe
     from tiny import swin_config
     from transformers import SwinForImageClassification
 
-    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+    from profiling_agent.tools.profiling.sensitivity import probe_groups_full
 
     model = seeded(SwinForImageClassification, swin_config(depths=[2, 2])).eval()
     with torch.no_grad():  # random weights give nearly equal logits: spread them so the probe's KL is measurable
@@ -486,9 +486,9 @@ def test_the_fast_probe_replays_swin_stages_and_measures_what_the_full_probe_doe
     groups = adapter.prunable_groups(model) + adapter.block_groups(model)
     pixels = torch.randn(12, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     with caplog.at_level("WARNING"):  # a stage's blocks return (hidden, attention) and stages downsample between
-        rows = probe_sensitivity_fast(model, groups, pixels, ratio=0.5, config=FastProbeConfig(eval_images=0))
+        rows = probe_groups(model, groups, pixels, ratio=0.5, config=FastProbeConfig(eval_images=0))
     assert not caplog.records and all(rows[g.name]["fast"] for g in groups)
-    full = probe_sensitivity(model, groups, pixels, ratio=0.5)
+    full = probe_groups_full(model, groups, pixels, ratio=0.5)
     with torch.no_grad():
         reference = model(pixels).logits
         skipped = _skipping(model, ["swin.encoder.layers.1.blocks.1"], swin=True)

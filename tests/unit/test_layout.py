@@ -8,12 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "profiling_agent"
-SOURCE_DIRS = ("graph", "nodes", "tools", "prompts")
+SOURCE_DIRS = ("state", "graph", "nodes", "tools", "prompts")
 BENCH = ROOT / "bench"
-MAX_LINES = 500
-# state.py is the schema of the shared state: declarations of typed records only (no logic), one contract that
-# checkpoints and result.json follow; splitting it would scatter that contract, so it has a larger, still fixed cap
-SCHEMA_MAX_LINES = {"profiling_agent.state": 680}
+MAX_LINES = 500  # every module, the state package's included (it is split by meaning, not by a line cap)
 # the rooms of tools/, lowest first: a module may import its own room and the rooms before it, never after
 LAYERS = (
     "runtimes",
@@ -31,7 +28,7 @@ TOP_HELPERS = {"io", "device", "hub", "text", "versions", "interrupt", "run_layo
 
 
 def _modules() -> dict[str, Path]:
-    found = {f"{PACKAGE}.state": ROOT / "state.py", PACKAGE: ROOT / "__init__.py"}
+    found = {PACKAGE: ROOT / "__init__.py"}
     for folder in SOURCE_DIRS:
         for path in (ROOT / folder).rglob("*.py"):
             rel = path.relative_to(ROOT).with_suffix("")
@@ -65,11 +62,7 @@ def _room(module: str) -> str | None:
 
 
 def test_no_module_over_the_size_limit():
-    too_long = {
-        name: n
-        for name, p in _modules().items()
-        if (n := len(p.read_text().splitlines())) > SCHEMA_MAX_LINES.get(name, MAX_LINES)
-    }
+    too_long = {name: n for name, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not too_long, too_long
 
 
@@ -136,7 +129,7 @@ def test_prompts_are_a_leaf():
         for m, targets in _graph().items()
         if m.startswith(f"{PACKAGE}.prompts")
         for t in targets
-        if not t.startswith(f"{PACKAGE}.prompts") and t not in allowed
+        if not t.startswith((f"{PACKAGE}.prompts", f"{PACKAGE}.state.")) and t not in allowed
     ]
     assert not wrong, wrong
 
@@ -241,3 +234,40 @@ def test_mypy_checks_every_module():
     mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     exempt = [o.get("module") for o in mypy.get("overrides", []) if o.get("ignore_errors")]
     assert not mypy.get("ignore_errors") and not exempt, exempt
+
+
+SHAPE_RULES = {"C901", "PLR0913", "PLR0915"}
+# the files allowed to break a shape rule today; the list may only shrink (fix the function, drop the file here and
+# in pyproject.toml). forms.py, distributed.py and reconstruct.py: >8-parameter functions being narrowed now.
+SHAPE_ALLOWANCE = {
+    "tools/data/stream.py": {"C901"},
+    "tools/evaluation/form_eval.py": {"C901"},
+    "tools/models/artifact_load.py": {"C901"},
+    "tools/models/input_shape.py": {"C901"},
+    "tools/planning/json_extract.py": {"C901"},
+    "tools/planning/llm_session.py": {"C901", "PLR0915"},
+    "tools/recovery/distributed.py": {"PLR0913"},
+    "tools/recovery/distributed_launch.py": {"C901"},
+    "tools/recovery/reconstruct.py": {"PLR0913"},
+    "tools/runtimes/forms.py": {"PLR0913"},
+    "tools/runtimes/onnx_forms.py": {"C901"},
+}
+
+
+def test_the_shape_rules_are_linted_and_their_allowance_only_shrinks():
+    """ruff checks complexity, parameters (at most 8) and statements in package code; per-file exceptions stay
+    within the recorded set (tests and benchmarks are exempt), each naming an existing file."""
+    import tomllib
+
+    lint = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert SHAPE_RULES <= set(lint["select"]) and not SHAPE_RULES & set(lint.get("ignore", []))
+    assert lint["pylint"]["max-args"] == 8 and lint["pylint"]["max-statements"] <= 50
+    assert lint["mccabe"]["max-complexity"] <= 10
+    allowed = {
+        pattern: set(codes) & SHAPE_RULES
+        for pattern, codes in lint["per-file-ignores"].items()
+        if set(codes) & SHAPE_RULES and pattern not in ("tests/*", "bench/*")
+    }
+    grown = {p: sorted(extra) for p, codes in allowed.items() if (extra := codes - SHAPE_ALLOWANCE.get(p, set()))}
+    assert not grown, grown
+    assert all((ROOT / pattern).is_file() for pattern in allowed), sorted(allowed)

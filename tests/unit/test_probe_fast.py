@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from profiling_agent.tools.compression.families import adapter_for
-from profiling_agent.tools.profiling.probe_fast import FastProbeConfig, probe_sensitivity_fast
-from profiling_agent.tools.profiling.sensitivity import ProbeRun, probe_sensitivity
+from profiling_agent.tools.profiling.probe_fast import FastProbeConfig, probe_groups
+from profiling_agent.tools.profiling.sensitivity import ProbeRun, probe_groups_full
 
 EXACT = FastProbeConfig(eval_images=0, max_rows=4096, float32_gram=False)  # the full probe's images and rows
 
@@ -41,8 +41,8 @@ def test_fast_probe_matches_the_full_probe_group_by_group(fixture, recover, requ
     pixels = _pixels(model)
     labels = torch.randint(0, 10, (len(pixels),), generator=torch.Generator().manual_seed(4))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    full = probe_sensitivity(model, groups, pixels, labels, ratio=0.5, recover=recover)
-    fast = probe_sensitivity_fast(model, groups, pixels, labels, ratio=0.5, recover=recover, config=EXACT)
+    full = probe_groups_full(model, groups, pixels, labels, ratio=0.5, recover=recover)
+    fast = probe_groups(model, groups, pixels, labels, ratio=0.5, recover=recover, config=EXACT)
     assert list(fast) == list(full)
     for name, row in full.items():
         got = fast[name]
@@ -60,8 +60,8 @@ def test_fast_probe_defaults_rank_groups_like_the_full_probe(fixture, request):
     model = request.getfixturevalue(fixture)
     groups = adapter_for(model).prunable_groups(model)
     pixels = _pixels(model, 64)
-    full = probe_sensitivity(model, groups, pixels, ratio=0.5, recover=True)
-    fast = probe_sensitivity_fast(model, groups, pixels, ratio=0.5, recover=True)  # 16 images, 2048 rows, float32
+    full = probe_groups_full(model, groups, pixels, ratio=0.5, recover=True)
+    fast = probe_groups(model, groups, pixels, ratio=0.5, recover=True)  # 16 images, 2048 rows, float32
     a = [full[g.name]["damage"] for g in groups]
     b = [fast[g.name]["damage"] for g in groups]
     assert _spearman(a, b) >= 0.8, (a, b)
@@ -72,8 +72,8 @@ def test_groups_without_a_block_go_through_the_full_probe(tiny_vit):
     groups = adapter_for(tiny_vit).prunable_groups(tiny_vit)
     loose = [dataclasses.replace(groups[0], block=""), *groups[1:]]
     pixels = _pixels(tiny_vit, 16)
-    out = probe_sensitivity_fast(tiny_vit, loose, pixels, ratio=0.5, config=EXACT)
-    full = probe_sensitivity(tiny_vit, loose[:1], pixels, ratio=0.5)
+    out = probe_groups(tiny_vit, loose, pixels, ratio=0.5, config=EXACT)
+    full = probe_groups_full(tiny_vit, loose[:1], pixels, ratio=0.5)
     assert out[groups[0].name]["fast"] is False
     assert out[groups[0].name]["damage"] == pytest.approx(full[groups[0].name]["damage"])
     assert all(out[g.name]["fast"] for g in groups[1:])
@@ -82,7 +82,7 @@ def test_groups_without_a_block_go_through_the_full_probe(tiny_vit):
 def test_progress_reports_every_group(tiny_resnet):
     groups = adapter_for(tiny_resnet).prunable_groups(tiny_resnet)
     seen = []
-    probe_sensitivity_fast(
+    probe_groups(
         tiny_resnet, groups, _pixels(tiny_resnet, 8), run=ProbeRun(progress=lambda d, t, n: seen.append((d, t, n)))
     )
     assert seen == [(i + 1, len(groups), g.name) for i, g in enumerate(groups)]

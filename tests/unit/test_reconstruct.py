@@ -114,12 +114,12 @@ def test_reconstruction_on_deit_with_teacher_and_swin(family):
 
 def test_the_sensitivity_probe_measures_damage_after_reconstruction_when_asked(tiny_vit):
     from profiling_agent.tools.compression.families import adapter_for
-    from profiling_agent.tools.profiling.sensitivity import probe_sensitivity
+    from profiling_agent.tools.profiling.sensitivity import probe_groups_full
 
     pixels = torch.randn(32, 1, 16, 16, generator=torch.Generator().manual_seed(2))
     groups = adapter_for(tiny_vit).prunable_groups(tiny_vit)
-    plain = probe_sensitivity(tiny_vit, groups, pixels, ratio=0.5)
-    refit = probe_sensitivity(tiny_vit, groups, pixels, ratio=0.5, recover=True)
+    plain = probe_groups_full(tiny_vit, groups, pixels, ratio=0.5)
+    refit = probe_groups_full(tiny_vit, groups, pixels, ratio=0.5, recover=True)
     assert plain.keys() == refit.keys()
     assert sum(r["kl"] for r in refit.values()) < 0.5 * sum(r["kl"] for r in plain.values())
 

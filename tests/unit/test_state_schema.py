@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
@@ -149,7 +150,7 @@ print("plain", plain.loads_typed(plain.dumps_typed(value)) == value, flush=True)
 
 
 def test_checkpoints_rebuild_the_state_models_without_langgraphs_unregistered_type_warning(tmp_path):
-    """Our checkpointers name state.py's models: they read back as themselves, without the warning a plain
+    """Our checkpointers name the state package's models: they read back as themselves, without the warning a plain
     serializer logs (once per type and process, hence a fresh process)."""
     import subprocess
     import sys
@@ -164,3 +165,114 @@ def test_checkpoints_rebuild_the_state_models_without_langgraphs_unregistered_ty
     warned = [line for line in lines if "unregistered type profiling_agent.state." in line]
     assert warned and all(lines.index(line) > ours for line in warned), lines  # only the plain serializer warned
     assert plain > ours
+
+
+def _format0_writer():
+    """tests/data/make_checkpoint_format0.py, the script that wrote the format-0 checkpoint (loaded by path)."""
+    import importlib.util
+
+    path = Path(__file__).parent / "data" / "make_checkpoint_format0.py"
+    spec = importlib.util.spec_from_file_location("make_checkpoint_format0", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_checkpoint_written_before_the_state_package_split_resumes(tmp_path, caplog):
+    """A checkpoint of `state.py` days names its models `profiling_agent.state.NAME`: they rebuild as today's classes
+    (not left as dicts by LangGraph's allow-list), its legacy history key upgrades, and the thread runs on."""
+    import shutil
+
+    from profiling_agent.graph.checkpoint import close_checkpointer, migrate_checkpoint, open_checkpointer, saved_format
+    from profiling_agent.state import Candidate, EvalRecord, GroupSensitivity, ProfileSummary
+
+    writer = _format0_writer()
+    shutil.copy(Path(__file__).parent / "data" / "checkpoint_format0.sqlite", tmp_path / "checkpoints.sqlite")
+    saver = open_checkpointer(tmp_path)
+    config = {"configurable": {"thread_id": writer.THREAD}}
+    assert saved_format(saver, config) == 0
+    seen = {}
+
+    def second(state: State) -> dict:
+        seen["speedup"] = state.current.eval.speedup
+        seen["mode"] = state.history[-1].planner_choice.mode
+        return {"history": event("second", "resumed")}
+
+    graph = writer.graph(saver, second)
+    with caplog.at_level("WARNING"):
+        values = graph.get_state(config).values
+        assert isinstance(values["profile"], ProfileSummary) and isinstance(values["baseline_eval"], EvalRecord)
+        assert isinstance(values["current"], Candidate) and isinstance(values["candidates"][0], Candidate)
+        assert isinstance(values["sensitivity"]["blocks.1.mlp"], GroupSensitivity)
+        assert values["current"].planner_meta.llm.structured == {"mode": "json_schema"}
+        # rebuilt by validation (a failed validation would leave LangGraph's unvalidated model_construct copy)
+        assert ProfileSummary.model_validate(values["profile"].model_dump()) == values["profile"]
+        assert values["profile"].operators == [{"op": "aten::linear", "self_ms": 1.5, "share": 0.3}]
+        assert migrate_checkpoint(graph, saver, config) == []  # no renamed node pending in this one
+        graph.invoke(None, config)
+    assert seen == {"speedup": 1.33, "mode": "deterministic"}
+    assert graph.get_state(config).values["history"][-1]["node"] == "second"
+    assert not [r for r in caplog.records if "profiling_agent.state" in r.getMessage()], caplog.text
+    close_checkpointer(saver)
+
+
+def test_a_checkpoint_of_a_newer_state_format_is_refused_in_one_line(tmp_path):
+    from profiling_agent.graph.checkpoint import CheckpointFormatError, migrate_checkpoint
+    from profiling_agent.state import STATE_FORMAT
+
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "future"}}
+    graph = _graph(saver, lambda s: {"state_format": STATE_FORMAT + 1}, lambda s: {})
+    graph.invoke({}, config)
+    with pytest.raises(CheckpointFormatError, match=f"state format {STATE_FORMAT + 1}, newer"):
+        migrate_checkpoint(graph, saver, config)
+
+
+def test_each_choice_is_defined_once_and_the_cli_and_context_follow_it():
+    """The CLI's choices are the state's Literals, and a Context refuses a value outside them."""
+    from typing import get_args
+
+    from profiling_agent.graph.cli.args import build_parser
+    from profiling_agent.state import CONTEXT_CHOICES, BackendChoice, Context, RecoverChoice
+
+    assert "openvino" in get_args(BackendChoice)
+    sub = next(a for a in build_parser()._actions if isinstance(a.choices, dict))
+    run = sub.choices["run"]
+    flags = {a.dest: a.choices for a in run._actions if a.choices}
+    assert flags["backend"] == list(get_args(BackendChoice)) and flags["recover"] == list(get_args(RecoverChoice))
+    for name, kind in CONTEXT_CHOICES.items():
+        if name in flags:
+            assert flags[name] == list(get_args(kind)), name
+        with pytest.raises(ValueError, match=f"Context.{name} must be one of"):
+            Context(**{name: "bogus"})
+    assert Context.of({"backend": "openvino", "recover": "distill", "importance": "l1"}).backend == "openvino"
+
+
+PROFILE_SUMMARY = {  # as tools/profiling/summary.py writes it into the state and result.json
+    "path": "profile.json",
+    "totals": {"params": 3, "macs": None, "latency_ms": 1.2, "act_bytes": 10},
+    "env": {"device": "cpu", "threads": 2, "input_shape": [1, 16, 16], "batch": 1},
+    "groups": {"columns": ["params_share", "macs_share", "latency_share"], "rows": {"a": [0.1, 0.2, 0.3]}},
+    "operators": [{"op": "aten::linear", "self_ms": 1.5, "share": 0.3}],
+    "top_latency": [{"name": "x", "type": "Linear", "latency_ms": 0.5, "latency_share": 0.1, "macs_share": 0.0}],
+    "top_macs": [{"name": "x", "macs": 100, "macs_share": 0.2}],
+    "error": None,
+    "backend": None,
+}
+
+
+def test_the_typed_rows_load_and_dump_todays_json_unchanged_and_refuse_an_unknown_key():
+    from profiling_agent.state import Fallback, ProfileSummary
+
+    profile = ProfileSummary.model_validate(PROFILE_SUMMARY)
+    assert json.loads(profile.model_dump_json()) == PROFILE_SUMMARY and profile.model_dump() == PROFILE_SUMMARY
+    assert ProfileSummary().model_dump()["env"] == {} and LLMStep().model_dump()["structured"] == {}
+    step = {**OLD_LLM_STEP, "structured": {"choice": "auto", "mode": "json_schema", "confirmed": True, "given_up": []}}
+    assert LLMStep.model_validate(step).model_dump(exclude_defaults=True) == step
+    rejected = [{"stage": "guard", "reasons": ["too deep"], "answer": "{}", "structured": "json_object"}]
+    fallback = {"iteration": 1, "stage": "parse", "reason": "r", "rejected": rejected, "tool_errors": [], "model": "m"}
+    assert Fallback.model_validate(fallback).model_dump() == fallback
+    with pytest.raises(ValueError, match="bogus"):
+        ProfileSummary.model_validate({**PROFILE_SUMMARY, "env": {**PROFILE_SUMMARY["env"], "bogus": 1}})
+    with pytest.raises(ValueError, match="bogus"):
+        Fallback.model_validate({**fallback, "rejected": [{**rejected[0], "bogus": 1}]})

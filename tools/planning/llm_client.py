@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-from profiling_agent.state import Context, Fallback, LLMStep
+from profiling_agent.state import Context, Fallback, LLMStep, RejectedAnswer
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.llm_config import describe_endpoint, llm_base_url
 
@@ -26,7 +26,7 @@ class PlannerFailure(Exception):
     """The LLM could not deliver a valid plan; carries the fallback stage and the rejected answers."""
 
     def __init__(
-        self, stage: Stage, reason: str, rejected: list[dict[str, Any]] | None = None, status: int | None = None
+        self, stage: Stage, reason: str, rejected: list[RejectedAnswer] | None = None, status: int | None = None
     ):
         super().__init__(reason)
         self.stage, self.reason, self.rejected, self.status = stage, reason, list(rejected or []), status

@@ -10,7 +10,15 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from profiling_agent.state import CompressionPlan, Context, Fallback, LLMStep, Objective
+from profiling_agent.state import (
+    CompressionPlan,
+    Context,
+    Fallback,
+    LLMStep,
+    Objective,
+    RejectedAnswer,
+    StructuredFacts,
+)
 from profiling_agent.tools.planning.deterministic import PlanResult
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
@@ -57,7 +65,7 @@ class LLMOutcome:
     estimate: dict[str, float] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: empty_usage())
     tool_errors: list[dict[str, str]] = field(default_factory=list)
-    structured: dict[str, Any] = field(default_factory=dict)
+    structured: StructuredFacts = field(default_factory=StructuredFacts)
     vs_proposal: ProposalDiff | None = None
 
     def summary(self, model: str) -> LLMStep:
@@ -68,7 +76,7 @@ class LLMOutcome:
             transcript=self.transcript,
             usage=dict(self.usage),
             tool_errors=list(self.tool_errors),
-            structured=dict(self.structured),
+            structured=self.structured,  # validated into a new dict
             vs_proposal=self.vs_proposal.label() if self.vs_proposal else None,
         )
 
@@ -245,7 +253,7 @@ def _proposer(
 class _Failed:
     stage: Stage
     reason: str
-    rejected: list[dict[str, Any]]
+    rejected: list[RejectedAnswer]
     usage: dict[str, int]
     tool_errors: list[dict[str, str]]
 

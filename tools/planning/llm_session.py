@@ -9,7 +9,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from profiling_agent.state import CompressionPlan, Context, QuantEntry, QuantizeChoice
+from profiling_agent.state import CompressionPlan, Context, QuantEntry, QuantizeChoice, RejectedAnswer
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
     Stage,
@@ -214,7 +214,7 @@ class Session:
     def run(self, messages: list[BaseMessage]) -> tuple[CompressionPlan, dict[str, float]]:
         """Talk to the model until it gives a plan the guard accepts (returned with its estimate), or raise."""
         rounds, forced = 0, False
-        rejected: list[dict[str, Any]] = []
+        rejected: list[RejectedAnswer] = []
         constrained = not self.has_tools  # without tools, every answer is the final one
         budget = STEP_BUDGET_REQUESTS * self.deadline
         stop_at = time.monotonic() + budget

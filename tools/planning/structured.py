@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from profiling_agent.prompts.plan_format import answer_fields, entry_fields
+from profiling_agent.state import GivenUpMode, StructuredChoice, StructuredFacts, StructuredMode
 
-StructuredMode = Literal["json_schema", "json_object", "off"]
-StructuredChoice = Literal["auto", "json_schema", "json_object", "off"]
 AUTO_ORDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "off")
 _FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|schema|grammar", re.IGNORECASE)
 
@@ -139,7 +138,7 @@ class ModeFinder:
 
     choice: StructuredChoice = "auto"
     known: StructuredMode | None = None
-    tried: list[dict[str, str]] = field(default_factory=list)
+    tried: list[GivenUpMode] = field(default_factory=list)
     confirmed: bool = False
 
     def __post_init__(self) -> None:
@@ -169,6 +168,6 @@ class ModeFinder:
         """Note that the server answered a request in the current mode with a parseable plan."""
         self.confirmed = True
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> StructuredFacts:
         """Return the JSON facts for the transcript and result.json."""
         return {"choice": self.choice, "mode": self.mode, "confirmed": self.confirmed, "given_up": list(self.tried)}

@@ -1,14 +1,16 @@
-"""Fast sensitivity probe: block-local copies, cached baseline activations, a local refit, downstream-only forwards.
+"""The sensitivity probe the graph runs (`probe_groups`, node `probe_sensitivity`): block-local and cached.
 
-The full probe (`sensitivity.probe_sensitivity`) deep-copies the whole model per group, builds a dependency graph,
-refits on whole-model forwards and runs the whole model twice. Pruning one group changes only its block, so this
-probe walks the blocks in forward order once, keeping only the current block's input activations: for each group
-it copies the block alone, masks the removed units (zeroing the consumer's input columns computes exactly what
-removing them does), refits the consumer by the same ridge least squares as `tools/recovery/reconstruct.py` from
-the baseline activations captured while the block ran (the consumer's kept inputs are the baseline's, since
-nothing before it changed), and runs only the blocks from the pruned one onward on the cached inputs. Groups
-without a block, or models whose blocks cannot be skipped (checked against the baseline's logits per block), go
-through the full probe.
+The full probe (`sensitivity.probe_groups_full`) deep-copies the whole model per group, builds a dependency graph,
+refits on whole-model forwards and runs the whole model on every calibration image. Pruning one group changes only
+its block, so this probe walks the blocks in forward order once, keeping only the current block's input activations:
+for each group it copies the block alone, masks the removed units (zeroing the consumer's input columns computes
+exactly what removing them does), refits the consumer by the same ridge least squares as
+`tools/recovery/reconstruct.py` from the baseline activations captured while the block ran (the consumer's kept
+inputs are the baseline's, since nothing before it changed), and runs only the blocks from the pruned one onward on
+the cached inputs. Groups without a block, or models whose blocks cannot be skipped (checked against the baseline's
+logits per block), go through the full probe. The damage is measured on the first `FastProbeConfig.eval_images`
+calibration images (the refit reads them all), so its rows match the full probe's on those images, not on the whole
+calibration set.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from profiling_agent.tools.profiling.sensitivity import (
     compare_logits,
     damage_of,
     engine_failures,
+    probe_groups_full,
     probe_ratio,
-    probe_sensitivity,
     restrict_logits,
 )
 from profiling_agent.tools.recovery.ridge import ridge_refit
@@ -308,7 +310,7 @@ class _Scorer:
     reference: torch.Tensor = field(init=False)
 
 
-def probe_sensitivity_fast(
+def probe_groups(
     model: nn.Module,
     groups: list[PrunableGroup],
     pixels: torch.Tensor,
@@ -319,7 +321,7 @@ def probe_sensitivity_fast(
     config: FastProbeConfig | None = None,
     run: ProbeRun | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Probe every group like `sensitivity.probe_sensitivity`, recomputing only from the pruned block onward.
+    """Probe every group as `sensitivity.probe_groups_full` does, recomputing only from the pruned block onward.
 
     Args:
         model: The baseline model (left as it was).
@@ -351,7 +353,7 @@ def probe_sensitivity_fast(
             log.warning("fast probe unavailable for this model (%s: %s); full probe", type(exc).__name__, exc)
     rest = [g for g in groups if g.name not in results]
     if rest:
-        full = probe_sensitivity(
+        full = probe_groups_full(
             model,
             rest,
             pixels,

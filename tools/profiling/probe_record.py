@@ -13,7 +13,7 @@ def probe_record(
     """Return the sensitivity kept in state per group (sensitivity.json keeps the probe's extra facts) and its summary.
 
     Args:
-        result: The probe's rows by group (probe_sensitivity_fast).
+        result: The probe's rows by group (probe_groups).
         ratio: The ratio each group was pruned at.
         cpu: CPU seconds the probe took.
         seconds: Wall seconds it took.

@@ -1,4 +1,10 @@
-"""Cheap sensitivity probe: prune one group a little, measure how far the predictions move."""
+"""The full sensitivity probe (`probe_groups_full`) and the measures every probe shares.
+
+`probe_groups_full` prunes each group alone on a deep copy of the whole model (the pruning engine, a block removed
+whole) and runs the whole model on all the calibration images. The graph's node `probe_sensitivity`
+(`nodes/probe.py`) calls the block-local `probe_fast.probe_groups` instead, which falls back to this one for the
+groups and models it cannot replay; tests and benchmarks use this one as the reference.
+"""
 
 from __future__ import annotations
 
@@ -74,7 +80,7 @@ class ProbeRun:
     progress: Callable[[int, int, str], None] | None = None
 
 
-def probe_sensitivity(
+def probe_groups_full(
     model: nn.Module,
     groups: list[PrunableGroup],
     pixels: torch.Tensor,
@@ -85,7 +91,7 @@ def probe_sensitivity(
     batch_size: int = 64,
     run: ProbeRun | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Prune each group alone at `ratio` (at least one unit) on a copy and measure the damage.
+    """Prune each group alone at `ratio` (at least one unit; a block whole) on a copy of the model, measure the damage.
 
     Args:
         model: The baseline model (left untouched).

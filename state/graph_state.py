@@ -1,0 +1,108 @@
+"""The graph's shared state (`State`), what a caller provides (`InputState`), and the node history it keeps."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from profiling_agent.state.base import Strict
+from profiling_agent.state.inputs import DatasetRef, ModelRef, Objective
+from profiling_agent.state.migrations import upgrade_history_event
+from profiling_agent.state.plans import CompressionPlan, Fallback, LLMStep, PlannerMode
+from profiling_agent.state.records import (
+    ArtifactRef,
+    Best,
+    Candidate,
+    DataRef,
+    EvalRecord,
+    GroupSensitivity,
+    InputShape,
+    LabelMap,
+    ProfileSummary,
+    ReportRef,
+    TestEval,
+)
+
+
+class StateSchemaError(Exception):
+    """A checkpoint holds a key this version does not know (written by another version, or damaged): one line."""
+
+
+class HistoryEvent(Strict):
+    """One node step: which node, which iteration, when, what it did, and the facts some nodes add."""
+
+    node: str
+    iteration: int = 0
+    time: float
+    message: str
+    rationale: str | None = Field(default=None, description="analyze: the plan's rationale.")
+    planner_choice: PlannerMode | None = Field(default=None, description="analyze: how the planner choice resolved.")
+    llm: LLMStep | None = Field(default=None, description="analyze: the round's LLM step, when an LLM was asked.")
+    safe_adapter: bool | None = Field(default=None, description="acquire: the family adapter is a tested one.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """Map the keys older versions wrote to today's fields; refuse an unknown key in one line naming it."""
+        if not isinstance(data, dict):
+            return data
+        data = upgrade_history_event(data)
+        unknown = sorted(set(data) - set(cls.model_fields))
+        if unknown:
+            raise StateSchemaError(
+                f"a history event of node {data.get('node')!r} has the unknown key {unknown[0]!r}: this checkpoint "
+                "was written by another version of profiling-agent"
+            )
+        return data
+
+    def to_update(self) -> dict[str, Any]:
+        """Return the event as the JSON a node returns (the facts it does not carry left out)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+# ---------------------------------------------------------------- graph state
+
+
+class State(BaseModel):
+    """Shared state of one run (one LangGraph thread). JSON-only: models live on disk."""
+
+    model: ModelRef = Field(default_factory=ModelRef, description="Model to compress.")
+    dataset: DatasetRef = Field(default_factory=DatasetRef, description="Evaluation data.")
+    objective: Objective = Field(default_factory=Objective, description="Goal, bounds and selection rule.")
+
+    run_path: str = Field(default="", description="Absolute run folder RUN_DIR/THREAD_ID (set by acquire).")
+    status: str = Field(default="new", description="new, running, done or failed.")
+    family: str = Field(default="", description="Model family adapter in use (vit, resnet, ...).")
+    baseline: ArtifactRef | None = Field(default=None, description="The untouched model.")
+    labels: LabelMap | None = Field(default=None, description="Label mapping dataset -> model.")
+    data: DataRef | None = Field(default=None, description="Prepared evaluation tensors on disk.")
+    input_shape: InputShape | None = Field(default=None, description="channels/height/width and source.")
+    profile: ProfileSummary | None = Field(default=None, description="Compact profile summary.")
+    sensitivity: dict[str, GroupSensitivity] | None = Field(default=None, description="Probe result per group.")
+    baseline_eval: EvalRecord | None = Field(default=None, description="The baseline's measurements (validation).")
+    test_eval: TestEval | None = Field(default=None, description="Baseline and best on the held-out test images.")
+
+    iteration: int = Field(default=0, description="Current pruning iteration, 1-based once planning starts.")
+    plan: CompressionPlan | None = Field(default=None, description="Plan of the current iteration.")
+    planner_used: str = Field(default="", description="Planner that produced the current plan.")
+    current: Candidate | None = Field(default=None, description="Candidate being built this iteration.")
+    candidates: Annotated[list[Candidate], operator.add] = Field(default_factory=list, description="One per round.")
+    best: Best | None = Field(default=None, description="Best candidate so far, by the rule.")
+    fallbacks: Annotated[list[Fallback], operator.add] = Field(default_factory=list, description="LLM refusals.")
+    stop_reason: str = Field(default="", description="Why the loop ended.")
+    report: ReportRef | None = Field(default=None, description="Paths of the report files.")
+    history: Annotated[list[HistoryEvent], operator.add] = Field(default_factory=list, description="Node steps.")
+    state_format: int = Field(
+        default=0,
+        description="Format of the saved state (state/migrations.py); 0: written before formats were numbered.",
+    )
+
+
+class InputState(BaseModel):
+    """What a caller provides; `{}` runs the embedded default."""
+
+    model: ModelRef = Field(default_factory=ModelRef, description="Model to compress.")
+    dataset: DatasetRef = Field(default_factory=DatasetRef, description="Evaluation data.")
+    objective: Objective = Field(default_factory=Objective, description="Goal, bounds and selection rule.")

@@ -1,0 +1,217 @@
+"""Compression plans (the paper's Figure 4) and what the planners record about a round: LLM step, trials, review."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, ConfigDict, Field, model_serializer, model_validator, with_config
+from typing_extensions import TypedDict
+
+from profiling_agent.state.base import Strict
+from profiling_agent.state.settings import PruneType, QuantDtype, StructuredChoice, StructuredMode
+
+MAX_REGEX_LEN = 200
+
+
+def _short_regex(value: str) -> str:
+    if not value or len(value) > MAX_REGEX_LEN:
+        raise ValueError(f"layer regex must have 1..{MAX_REGEX_LEN} characters")
+    return value
+
+
+LayerPattern = Annotated[str, AfterValidator(_short_regex)]
+
+
+class PruneEntry(Strict):
+    """Prune the prunable groups whose module name matches `layer` (re.search) by `ratio`."""
+
+    layer: LayerPattern = Field(description="Regular expression searched in module names, e.g. 'layers\\.(2|3)\\.mlp'.")
+    type: PruneType = Field(description="structured: conv/MLP channels; head: attention heads; block: a whole block.")
+    ratio: float = Field(gt=0.0, le=1.0, description="Fraction of channels or heads removed per group; 1.0: a block.")
+    justification: str = Field(default="", description="Why, grounded in the profile.")
+
+    @model_validator(mode="after")
+    def _whole_blocks(self) -> PruneEntry:
+        if (self.type == "block") != (self.ratio == 1.0):  # a block goes whole; channels and heads never all go
+            must = "1.0 (a block is removed whole)" if self.type == "block" else "below 1.0 (type 'block' removes one)"
+            raise ValueError(f"a {self.type} entry's ratio must be {must}, not {self.ratio:g}")
+        return self
+
+
+class QuantEntry(Strict):
+    """Dynamically quantize the nn.Linear layers matched by `layer` ('all' or a regex)."""
+
+    layer: LayerPattern = Field(default="all", description="'all' or a regular expression searched in module names.")
+    type: Literal["dynamic"] = Field(default="dynamic", description="Post-training dynamic quantization.")
+    dtype: QuantDtype = Field(default="qint8", description="Weight dtype.")
+    justification: str = Field(default="", description="Why, grounded in the profile.")
+
+
+class CompressionPlan(Strict):
+    """A layer-wise compression plan, as in the paper's Figure 4."""
+
+    pruning: list[PruneEntry] = Field(default_factory=list, description="Later entries override earlier ones.")
+    quantization: list[QuantEntry] = Field(default_factory=list, description="Applied after pruning.")
+    rationale: str = Field(default="", description="One paragraph on the plan as a whole.")
+
+
+# ---------------------------------------------------------------- what the planners record
+
+
+@with_config(ConfigDict(extra="forbid"))
+class GivenUpMode(TypedDict, total=False):
+    """A structured-output mode the server refused or ignored, and why."""
+
+    mode: StructuredMode
+    why: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class StructuredFacts(TypedDict, total=False):
+    """The structured-output mode asked for, the one used, and the ones given up (`planning/structured.py`)."""
+
+    choice: StructuredChoice
+    mode: StructuredMode
+    confirmed: bool
+    given_up: list[GivenUpMode]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class RejectedAnswer(TypedDict, total=False):
+    """An LLM answer the planner refused: at which stage, why, the answer (cut) and the structured mode."""
+
+    stage: str
+    reasons: list[str]
+    answer: str
+    structured: StructuredMode
+
+
+class LLMStep(Strict):
+    """What one LLM planning step did (never the API key): its model, outcome, transcript and token usage."""
+
+    model: str = Field(default="", description="The chat model.")
+    planner: str = Field(default="", description="llm, or deterministic when the LLM's plan was refused.")
+    transcript: str | None = Field(default=None, description="The step's JSONL transcript, relative to the run.")
+    usage: dict[str, int] = Field(default_factory=dict, description="calls, input/output/total tokens.")
+    tool_errors: list[dict[str, str]] = Field(default_factory=list, description="Tool calls refused or failed.")
+    structured: StructuredFacts = Field(
+        default_factory=StructuredFacts, description="Structured-output mode tried and found."
+    )
+    vs_proposal: str | None = Field(default=None, description="The applied plan against the proposal, in words.")
+
+
+class ProposalDiff(Strict):
+    """What the LLM's applied plan changed relative to the closest proposal it was offered this step.
+
+    verdict: "copied" (no change), "edited" (at most one change per proposed group), "own" (more, or no proposal
+    was asked for: the plan is entirely the LLM's).
+    """
+
+    verdict: Literal["copied", "edited", "own"] = Field(description="copied, edited or own.")
+    changes: int = Field(default=0, description="Groups added or removed, ratios changed, quantization changed.")
+    proposals: int = Field(default=0, description="Proposals the LLM asked for in this step.")
+    goal: float | None = Field(default=None, description="Goal of the proposal compared against.")
+    emphasis: str | None = Field(default=None, description="Emphasis of that proposal.")
+    added: list[str] = Field(default_factory=list, description="Groups the LLM pruned that the proposal did not.")
+    removed: list[str] = Field(default_factory=list, description="Proposed groups the LLM left unpruned.")
+    ratios: dict[str, list[float]] = Field(default_factory=dict, description="Group -> [proposed, LLM's] ratio.")
+    quantization: str = Field(default="", description="How quantization changed ('' when it did not).")
+
+    def label(self) -> str:
+        """Return "copied", "edited (n changes)" or "own" for tables and the console."""
+        return f"edited ({self.changes} changes)" if self.verdict == "edited" else self.verdict
+
+
+class BackoffTrial(Strict):
+    """One round-1 trial of a whole plan on the calibration images (`planning/backoff.py`)."""
+
+    goal: float = Field(description="The goal the plan was made for.")
+    calib_drop_pp: float = Field(description="Calibration accuracy lost, pp.")
+    params_reduction: float | None = Field(default=None, description="Parameters removed, fraction.")
+
+
+class BackoffRecord(Strict):
+    """Round 1's back-off: the goal kept, the calibration drop allowed, and the trials that chose it."""
+
+    cap_pp: float = Field(description="Largest calibration accuracy drop accepted, pp.")
+    kept_goal: float = Field(description="The goal round 1 planned for.")
+    trials: list[BackoffTrial] = Field(default_factory=list, description="The trials, the planner's own goal first.")
+
+
+class SearchTrial(Strict):
+    """One calibration trial of a searching round (`planning/search.py`)."""
+
+    goal: float = Field(description="The goal the plan was made for.")
+    predicted_pp: float = Field(description="Calibration accuracy lost, pp.")
+    corrected_pp: float = Field(description="That loss times the correction, pp.")
+
+
+class SearchRecord(Strict):
+    """A searching round: the measured interval, the correction of the trials' loss, the trials and the goal."""
+
+    goal: float = Field(description="The goal planned for.")
+    interval: list[float] = Field(description="[largest goal that kept the budget, smallest that missed it].")
+    correction: float = Field(description="Validation loss / calibration trial loss, from the rounds so far.")
+    cap_pp: float = Field(description="The calibration loss a trial may show, pp.")
+    trials: list[SearchTrial] = Field(default_factory=list, description="The calibration trials.")
+    why: str = Field(default="", description="One sentence for the plan's rationale.")
+
+
+class BlockTrial(Strict):
+    """One block set tried in round 1 (`planning/block_trials.py`): pruned, refit and briefly distilled."""
+
+    blocks: list[str] = Field(description="The block groups removed.")
+    estimate: float = Field(description="Estimated reduction of the plan.")
+    width_groups: int = Field(description="Width groups pruned beside the blocks.")
+    kl: float | None = Field(description="Mean KL of the trial's logits from the baseline's (None: it failed).")
+    calib_drop_pp: float | None = Field(default=None, description="Calibration accuracy lost, pp (when it ran).")
+    error: str | None = Field(default=None, description="Why the trial failed.")
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: Any) -> dict[str, Any]:
+        """Leave out calib_drop_pp of a failed trial and error of one that ran, as the trials record them."""
+        return {k: v for k, v in handler(self).items() if v is not None or k not in ("calib_drop_pp", "error")}
+
+
+class PlannerMeta(Strict):
+    """What the planner aimed at in a round (later rounds learn from it)."""
+
+    goal: float | None = Field(default=None, description="Estimated reduction of the target the plan aimed at.")
+    gamma: float | None = Field(default=None, description="Sensitivity exponent of the deterministic planner.")
+    converged: bool = Field(default=False, description="The deterministic planner had nothing new to try.")
+    llm: LLMStep | None = Field(default=None, description="The LLM step's facts (model, usage, transcript).")
+    vs_proposal: ProposalDiff | None = Field(default=None, description="LLM plan vs the closest proposal.")
+    turn: str | None = Field(default=None, description="With an LLM: llm, or reference (the deterministic sequence).")
+    baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
+    ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
+    backoff: BackoffRecord | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
+    predicted_drop: float | None = Field(default=None, description="Calibration trial's loss of this plan, pp.")
+    search: SearchRecord | None = Field(default=None, description="Searching round: interval, correction, trials.")
+    block_trials: list[BlockTrial] | None = Field(default=None, description="Round 1's block sets tried.")
+
+
+class Review(Strict):
+    """A human decision on a plan (objective.approve)."""
+
+    decision: Literal["approve", "reject", "edit"]
+    proposed_by: str = Field(description="Planner that proposed the plan.")
+    estimate: dict[str, float] | None = Field(default=None, description="Estimated reductions of an edited plan.")
+
+
+class Fallback(Strict):
+    """A round whose LLM plan was refused, and why (the deterministic plan was applied instead)."""
+
+    iteration: int = Field(default=0, description="The round.")
+    stage: str = Field(description="parse, guard, timeout, error or tool_loop.")
+    reason: str = Field(description="What was wrong.")
+    rejected: list[RejectedAnswer] = Field(default_factory=list, description="The refused answers and reasons.")
+    tool_errors: list[dict[str, str]] = Field(default_factory=list, description="Tool calls refused or failed.")
+    model: str = Field(default="", description="The LLM.")
+
+
+class PlannerMode(Strict):
+    """How the objective's planner choice resolved against the configuration."""
+
+    requested: str = Field(description="The objective's planner (auto, llm, deterministic, l1/l2/random).")
+    mode: str = Field(description="What plans the rounds: llm (beside the deterministic reference) or that planner.")
+    note: str = Field(default="", description="Why, in words (the endpoint, or the missing setting).")

@@ -171,7 +171,7 @@ def _format0_writer():
     """tests/data/make_checkpoint_format0.py, the script that wrote the format-0 checkpoint (loaded by path)."""
     import importlib.util
 
-    path = Path(__file__).parent / "data" / "make_checkpoint_format0.py"
+    path = Path(__file__).resolve().parents[1] / "data" / "make_checkpoint_format0.py"
     spec = importlib.util.spec_from_file_location("make_checkpoint_format0", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -188,7 +188,9 @@ def test_a_checkpoint_written_before_the_state_package_split_resumes(tmp_path, c
     from profiling_agent.state import Candidate, EvalRecord, GroupSensitivity, ProfileSummary
 
     writer = _format0_writer()
-    shutil.copy(Path(__file__).parent / "data" / "checkpoint_format0.sqlite", tmp_path / "checkpoints.sqlite")
+    shutil.copy(
+        Path(__file__).resolve().parents[1] / "data" / "checkpoint_format0.sqlite", tmp_path / "checkpoints.sqlite"
+    )
     saver = open_checkpointer(tmp_path)
     config = {"configurable": {"thread_id": writer.THREAD}}
     assert saved_format(saver, config) == 0

@@ -251,7 +251,7 @@ def delivery_summary(
     else:
         within, drop = bool(best.get("within_budget")), float(best.get("accuracy_drop", 0) or 0.0)
         why = verdict(within, drop, float(best.get("reduction") or 0.0), peer_ratio(peer_lat, lat), objective)[1]
-        why = hedged(why, quant_ci)
+        why = hedged(why, quant_ci, peer_ratio(peer_lat, lat))
     is_flagged = flagged(facts) or flagged(best.get("timing"))
     return {
         "delivered": f"{best.get('delivered')} of the unpruned model"
@@ -279,15 +279,19 @@ def delivery_summary(
     }
 
 
-def hedged(why: str, ratio_ci: Mapping[str, Any] | None) -> str:
-    """Turn a "faster than quantizing alone" claim whose paired interval holds 1.0 into "no measurable difference"."""
+def hedged(why: str, ratio_ci: Mapping[str, Any] | None, point: float | None = None) -> str:
+    """Turn a "faster than quantizing alone" claim whose paired interval holds 1.0 into "no measurable difference".
+
+    `point` is the claim's ratio (of the two medians); the interval is that of the median per-repeat ratio.
+    """
     from profiling_agent.tools.evaluation.latency import measurably_different
 
     if ratio_ci is None or measurably_different(ratio_ci) is not False or "faster than quantizing" not in why:
         return why
     low, high = ratio_ci["ci"]
+    said = f"{point:.2f}x, paired median {ratio_ci['ratio']:.2f}x" if point else f"{ratio_ci['ratio']:.2f}x"
     return (
-        f"no measurable difference from quantizing the unpruned model alone: {ratio_ci['ratio']:.2f}x "
+        f"no measurable difference from quantizing the unpruned model alone: {said} "
         f"(95% interval {low:.2f}-{high:.2f} over {ratio_ci['repeats']} paired repeats)"
     )
 

@@ -25,10 +25,25 @@ from profiling_agent.state import Best, Context, State
 def evaluate_held_out(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
     from profiling_agent.tools.device import measure_device
+    from profiling_agent.tools.evaluation.final_latency import final_latency
     from profiling_agent.tools.evaluation.held_out_eval import delivered_best, held_out_result
     from profiling_agent.tools.io import read_json
 
-    best, delivery = delivered_best(state.best, state.baseline_eval, state.baseline, state.objective, run_dir(state))
+    root = run_dir(state)
+    task = "final latency (every contender side by side)"
+    emit(runtime, kind="progress", task=task, done=0, total=2, label="")
+    images = (lambda: prepared(state)["eval_pixels"]) if state.data else None
+    final = final_latency(  # the final verdict: every contender timed again, kept for the report
+        state.candidates,
+        state.baseline,
+        state.baseline_eval,
+        context_of(runtime),
+        root=root,
+        images=images,
+        objective=state.objective,
+    )
+    emit(runtime, kind="progress", task=task, done=2, total=2, label="")
+    best, delivery = delivered_best(state.best, state.baseline_eval, state.baseline, state.objective, root, final)
     update: dict[str, Any] = {"best": best.model_dump()} if best is not None and best.iteration == 0 else {}
     if state.data is None or state.data.n_test == 0:
         return {

@@ -131,13 +131,14 @@ PLAIN_SMOKE = {
     "probe_speed": (["--tiny"], "fast / full (all groups, extrapolated)"),
     "backends": (["--tiny"], "| vit-digits | pruned:ort_dynamic"),
     "time_to_result": (["--tiny", "--models", "vit"], "total:"),
+    "contention": (["--tiny"], "target (busy runs agree within 10% or flag):"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PLAIN_SMOKE))
 def test_bench_smoke(name, bench_env, capsys, tmp_path):
     argv, marker = PLAIN_SMOKE[name]
-    if name == "time_to_result":
+    if name in ("time_to_result", "contention"):
         argv = [*argv, "--work", str(tmp_path)]
     out = smoke(name, argv, capsys)
     assert marker in out, out[-2000:]

@@ -123,6 +123,7 @@ def _steady_timings(model, example, *, warmup=2, repeats=5):
 
 def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, monkeypatch):
     import profiling_agent.tools.compression.pruning as pruning
+    import profiling_agent.tools.evaluation.contention as contention
     import profiling_agent.tools.evaluation.latency as evaluation
     import profiling_agent.tools.profiling.backend_profile as backend_profile
     import profiling_agent.tools.profiling.dynamic as profiling
@@ -151,6 +152,9 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
 
     monkeypatch.setattr(pruning, "prune_model", counting_prune)
     monkeypatch.setattr(evaluation, "measure_latency", flaky_latency)
+    # the reference workload around each timing block is steady too: on a busy machine a contended block is timed
+    # again, which would move the interruption to another round
+    monkeypatch.setattr(contention, "reference_samples", lambda n: [1.0] * n)
     inputs = _inputs(model_dir, dataset, iterations=3)
     with pytest.raises(KeyboardInterrupt):
         _run(tmp_path, inputs, thread="resumable", context=context)

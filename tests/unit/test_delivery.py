@@ -147,3 +147,81 @@ def test_the_note_never_calls_an_out_of_budget_form_fastest():
     note = delivery_note(chosen, False, [], "auto")
     assert "fastest" not in note and "no form of this candidate kept the accuracy budget" in note
     assert delivery_note(chosen, True, ["ov_int8: boom"], "auto").startswith("fastest measured form within")
+
+
+def test_the_final_verdict_picks_the_fastest_in_budget_unpruned_form_of_the_final_timing():
+    """Round 0 took ort_dynamic as the peer; timed side by side at the end, ov_fp32 is faster than the candidate."""
+    from profiling_agent.tools.evaluation.delivery import final_peer
+
+    objective = Objective(max_acc_drop=2.0, target="latency")
+    variants = [
+        *BASE_VARIANTS,
+        form("ov_fp32", accuracy=89.5, latency_ms=5.0, size_mb=4.0, path="baseline_forms/ov_fp32"),
+    ]
+    base = _baseline(objective).model_copy(update={"variants": variants})
+    assert (base.peer or {})["name"] == "ort_dynamic"  # the baseline's own measurement
+    best = _best(objective, accuracy=89.0, latency=2.0, peer_latency=4.0, reduction=0.4)
+    assert choose_delivery(best, base, BASE_REF, objective)[0].iteration == 1  # the round said 2x faster
+    latency = {
+        "baseline": {"latency_ms": 10.0, "latency_batch_ms": 50.0},
+        "iter_01": {"latency_ms": 1.6, "latency_batch_ms": 8.0},
+        "unpruned_ort_dynamic": {"latency_ms": 2.0, "latency_batch_ms": 9.0},
+        "unpruned_ov_fp32": {"latency_ms": 1.0, "latency_batch_ms": 6.0},
+        "unpruned_ov_int8": {"latency_ms": 0.5, "latency_batch_ms": 3.0},  # faster, but 5 pp lost: no peer
+    }
+    peer = final_peer(latency, base, objective)
+    assert peer is not None and peer["name"] == "ov_fp32" and peer["latency_ms"] == 1.0
+    assert peer["chosen_from"] == "final side-by-side timing"
+    picked, why = choose_delivery(best, base, BASE_REF, objective, (latency, {"final_peer": peer}))
+    assert picked is not None and picked.iteration == 0 and picked.within_budget
+    assert picked.delivered is not None and picked.delivered.path == "baseline_forms/ov_fp32"
+    assert "pruning added no speed: 0.62x" in why
+    assert picked.eval is not None
+    row = {**picked.eval.model_dump(), "iteration": 0}
+    summary = delivery_summary(row, base.model_dump(), objective, latency, {"final_peer": peer})
+    assert summary["quantization_only"]["name"] == "ov_fp32" and summary["vs_original_torch"] == 10.0
+    assert summary["quantization_only"]["chosen_from"] == "final side-by-side timing"
+    # timed faster than that peer at the end too: the candidate stays
+    faster = {**latency, "iter_01": {"latency_ms": 0.5, "latency_batch_ms": 3.0}}
+    assert choose_delivery(best, base, BASE_REF, objective, (faster, {"final_peer": peer}))[0].iteration == 1
+
+
+def test_a_speed_up_whose_paired_interval_holds_one_says_no_measurable_difference():
+    from profiling_agent.tools.reporting.speed import delivered_speed, speed_sentence
+
+    objective = Objective(max_acc_drop=2.0)
+    best = _best(objective, accuracy=89.0, latency=1.0, peer_latency=1.05, reduction=0.4)
+    assert best.eval is not None
+    final = {
+        "baseline": {"latency_ms": 10.0, "samples_ms": [10.0, 10.2, 9.9, 10.1, 10.0]},
+        "iter_01": {"latency_ms": 1.0, "samples_ms": [1.0, 1.2, 0.9, 1.1, 1.0]},
+        "unpruned_ort_dynamic": {"latency_ms": 1.05, "samples_ms": [1.1, 1.0, 1.2, 1.0, 1.05]},
+    }
+    summary = delivery_summary(
+        {**best.eval.model_dump(), "iteration": 1, "within_budget": True},
+        _baseline(objective).model_dump(),
+        objective,
+        final,
+        {},
+    )
+    quant = summary["vs_quantization_only_ci"]
+    assert summary["vs_quantization_only"] == 1.05 and quant["ci"][0] < 1.0 < quant["ci"][1]
+    assert summary["verdict"].startswith(
+        "no measurable difference from quantizing the unpruned model alone: 1.05x, paired"
+    )
+    assert "faster than quantizing" not in summary_line(summary) and "95% interval" in summary_line(summary)
+    assert summary["vs_original_torch_ci"]["ci"][0] > 1.0  # 10x the torch model: clearly measured
+    sentence = speed_sentence(delivered_speed({"best": {"speedup": 10.0}, "delivery": summary}))
+    assert "no measurable difference" in sentence and "faster than" not in sentence
+    contended = {"contended": True, "reference": {"slowdown": 1.4, "tolerance": 0.1}}
+    flagged = delivery_summary(
+        {**best.eval.model_dump(), "iteration": 1, "within_budget": True},
+        _baseline(objective).model_dump(),
+        objective,
+        final,
+        contended,
+    )
+    assert flagged["timings_flagged"] and "1.4x its quiet time" in summary_line(flagged)
+    assert "TIMINGS FLAGGED: a reference workload ran 1.4x" in speed_sentence(
+        delivered_speed({"best": {"speedup": 10.0}, "delivery": flagged})
+    )

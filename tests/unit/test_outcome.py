@@ -61,3 +61,15 @@ def test_the_report_names_the_profile_the_planners_read():
     assert "planners read ov_int8" in line and "ort_dynamic 2.00 ms" in line and "ov_fp32 failed" in line
     assert "latency table measured on ov_int8" in line
     assert "torch eager only" in backend_lines(None)[0]
+
+
+def test_a_latency_outcome_from_the_final_timing_carries_its_paired_interval():
+    best = {**_best(0.3, delivered="ort_dynamic", speedup=5.5, latency_ms=0.2), "iteration": 1}
+    final = {
+        "iter_01": {"latency_ms": 1.0, "latency_batch_ms": 8.0, "samples_ms": [1.0, 1.02, 0.98, 1.0, 1.01]},
+        "unpruned_ort_dynamic": {"latency_ms": 2.0, "latency_batch_ms": 16.0, "samples_ms": [2.0, 2.1, 1.9, 2.0, 2.0]},
+    }
+    out = target_outcome(best, BASE, {"target": "latency", "target_reduction": 0.4}, final)
+    low, high = out["measured_ci"]
+    assert out["measured"] == 0.5 and low <= 0.5 <= high and low > 0.4
+    assert "95% interval" in out["statement"] and "paired repeats" in out["statement"]

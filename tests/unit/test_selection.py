@@ -1,5 +1,3 @@
-from pathlib import Path
-
 from eval_records import candidate, evaluation
 
 from profiling_agent.graph.routing import after_analyze, after_iterate, after_prune, after_quantize
@@ -94,42 +92,63 @@ def test_result_reports_the_final_joint_latency_for_every_candidate():
     assert result["baseline"]["latency_ms"] == 4.0
 
 
-def test_a_lone_candidate_reports_its_rounds_side_by_side_timing_and_two_are_timed_again():
-    from profiling_agent.state import Candidate, EvalRecord
-    from profiling_agent.tools.evaluation.final_latency import final_latency, round_as_final
+def test_the_final_timing_times_every_unpruned_form_that_kept_the_budget_and_is_kept_for_the_report(tmp_path):
+    from profiling_agent.state import Candidate, EvalRecord, Objective, VariantRecord
+    from profiling_agent.tools.evaluation.final_latency import (
+        FINAL_FILE,
+        final_latency,
+        kept_final,
+        unpruned_contenders,
+    )
+    from profiling_agent.tools.io import write_json_atomic
 
-    peer = {"name": "ov_int8", "path": "baseline_forms/ov_int8", "latency_ms": 1.5, "latency_batch_ms": 20.0}
-    base = EvalRecord(name="baseline", accuracy=90.0, agreement=100.0, n_samples=8, latency_ms=9.0,
-                      latency_batch_ms=90.0, batch_size=16, baseline_latency_ms=9.0, speedup=1.0, memory_bytes=1,
-                      size_mb=1.0, params=10, macs=10, threads=1, peer=peer)  # fmt: skip
-    timing = {"busy": False, "wall_over_cpu": 1.01}
-    ev = base.model_copy(update={"name": "iter_01", "latency_ms": 1.0, "latency_batch_ms": 12.0, "speedup": 8.0,
-                                 "baseline_latency_ms": 8.0, "baseline_latency_batch_ms": 80.0, "timing": timing,
-                                 "peer": {**peer, "latency_ms": 1.6, "latency_batch_ms": 21.0}})  # fmt: skip
-    artifact = {"path": "iter_01/c", "sha256": "0", "size_bytes": 1, "params": 10}
-    one = Candidate(iteration=1, status="ok", artifact=artifact, eval=ev)
-    reused = round_as_final([one], base)
-    assert reused is not None
-    latency, facts = reused
-    assert latency == {
-        "baseline": {"latency_ms": 8.0, "latency_batch_ms": 80.0},
-        "iter_01": {"latency_ms": 1.0, "latency_batch_ms": 12.0},
-        "unpruned_ov_int8": {"latency_ms": 1.6, "latency_batch_ms": 21.0},
+    peer = {"name": "ort_dynamic", "path": "baseline_forms/ort_dynamic", "latency_ms": 1.5, "latency_batch_ms": 20.0}
+    forms = [
+        VariantRecord(name="torch_fp32", backend="torch", status="ok", accuracy=90.0, path="baseline"),
+        VariantRecord(name="ort_dynamic", backend="onnxruntime", status="ok", accuracy=89.5, path=peer["path"]),
+        VariantRecord(name="ov_bf16", backend="openvino", status="ok", accuracy=89.8, path="baseline_forms/ov_bf16"),
+        VariantRecord(name="ov_int8", backend="openvino", status="ok", accuracy=80.0, path="baseline_forms/ov_int8"),
+        VariantRecord(name="ort_static", backend="onnxruntime", status="failed", path="baseline_forms/x"),
+    ]
+    base = EvalRecord(
+        name="baseline",
+        accuracy=90.0,
+        agreement=100.0,
+        n_samples=8,
+        latency_ms=9.0,
+        latency_batch_ms=90.0,
+        batch_size=16,
+        baseline_latency_ms=9.0,
+        speedup=1.0,
+        memory_bytes=1,
+        size_mb=1.0,
+        params=10,
+        macs=10,
+        threads=1,
+        peer=peer,
+        variants=forms,
+    )
+    # ov_int8 lost 10 pp (outside a 1 pp budget), ort_static failed, torch_fp32 is the baseline itself
+    assert unpruned_contenders(base, Objective(max_acc_drop=1.0)) == {
+        "ort_dynamic": "baseline_forms/ort_dynamic",
+        "ov_bf16": "baseline_forms/ov_bf16",
     }
-    assert facts["busy"] is False and "round 1" in facts["reused"]
-    # final_latency returns it without loading a model (the paths do not exist)
-    assert final_latency([one], one.artifact, base, Context(), root=Path("/nonexistent"), images=lambda: None) == reused
-    # two finished candidates, a record without the batch median (older runs) or without the peer's: timed again
-    two = [one, one.model_copy(update={"iteration": 2})]
-    assert round_as_final(two, base) is None
-    assert round_as_final([one.model_copy(update={"eval": ev.model_copy(update={"baseline_latency_batch_ms": None})})],
-                          base) is None  # fmt: skip
-    assert round_as_final([one.model_copy(update={"eval": ev.model_copy(update={"peer": None})})], base) is None
+    assert unpruned_contenders(base, None) == {"ort_dynamic": "baseline_forms/ort_dynamic"}  # the recorded peer
+    artifact = {"path": "iter_01/c", "sha256": "0", "size_bytes": 1, "params": 10}
+    one = Candidate(iteration=1, status="ok", artifact=artifact, eval=base.model_copy(update={"name": "iter_01"}))
+    # nothing to time without images or a finished candidate
+    assert final_latency([one], one.artifact, base, Context(), root=tmp_path, images=None) == ({}, {})
+    kept = {"baseline": {"latency_ms": 9.0}, "iter_01": {"latency_ms": 1.0}, "unpruned_ov_bf16": {"latency_ms": 0.8}}
+    write_json_atomic(tmp_path / FINAL_FILE, {"candidates": ["iter_01"], "latency": kept, "timing": {"busy": False}})
+    assert kept_final(tmp_path, ["iter_01", "iter_02"]) is None  # timed other candidates: timed again
+    # the held-out step timed it; the report reads it back without loading a model (the paths do not exist)
+    again = final_latency([one], one.artifact, base, Context(), root=tmp_path, images=lambda: None)
+    assert again == (kept, {"busy": False})
 
 
 def test_a_delivered_form_other_than_the_peer_has_its_unpruned_twin_timed_at_the_end():
     from profiling_agent.state import Candidate, EvalRecord, VariantRecord
-    from profiling_agent.tools.evaluation.final_latency import round_as_final, same_form_paths
+    from profiling_agent.tools.evaluation.final_latency import same_form_paths
 
     peer = {"name": "ort_dynamic", "path": "baseline_forms/ort_dynamic", "latency_ms": 0.11, "latency_batch_ms": 0.8}
     forms = [
@@ -147,9 +166,8 @@ def test_a_delivered_form_other_than_the_peer_has_its_unpruned_twin_timed_at_the
     delivered = {**artifact, "path": "iter_01/variants/ort_fp32"}
     one = Candidate(iteration=1, status="ok", artifact=artifact, eval=ev, delivered=delivered)
     assert same_form_paths([one], base) == {"ort_fp32": "baseline_forms/ort_fp32"}
-    assert round_as_final([one], base) is None  # its round timed only the peer: timed again with its twin
     on_peer = one.model_copy(update={"eval": ev.model_copy(update={"delivered": "ort_dynamic"})})
-    assert same_form_paths([on_peer], base) == {} and round_as_final([on_peer], base) is not None
+    assert same_form_paths([on_peer], base) == {}
     failed_form = one.model_copy(update={"eval": ev.model_copy(update={"delivered": "ort_static"})})
     assert same_form_paths([failed_form], base) == {}  # the unpruned form never built: nothing to time
     torch_delivery = one.model_copy(

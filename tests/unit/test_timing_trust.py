@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from profiling_agent.state import Objective
-from profiling_agent.tools.evaluation import latency
+from profiling_agent.tools.evaluation import contention, latency
 from profiling_agent.tools.evaluation.form_eval import timing_notice
 from profiling_agent.tools.evaluation.records import EvalImages, MeasureSettings
 from profiling_agent.tools.evaluation.variants import measure_forms
@@ -71,8 +71,10 @@ def test_a_quiet_measurement_is_kept_and_not_flagged(monkeypatch):
         return {n: dict(row) for n in models}
 
     monkeypatch.setattr(latency, "measure_latency", fake)
-    lat, timing = latency.measure_latency_checked({"a": nn.Identity()}, torch.zeros(1, 3, 4, 4))
+    steady = contention.ReferenceCheck(lambda n: [2.0] * n)  # the reference workload ran at its quiet time
+    lat, timing = latency.measure_latency_checked({"a": nn.Identity()}, torch.zeros(1, 3, 4, 4), reference=steady)
     assert timing == {**timing, "busy": False, "remeasured": True, "attempts": [3.0, 1.0], "wall_over_cpu": 1.0}
+    assert timing["contended"] is False and timing["slowdown"] == 1.0
     assert "re-measured" in timing_notice(timing)
 
 

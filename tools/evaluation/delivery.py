@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, Best, EvalRecord, Objective, VariantRecord
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.evaluation.selection import LATENCY_TIE, choose_variant, reduction, within_budget
 
 PEER_PREFIX = "unpruned_"  # models named so in a round's timing are the peer (the unpruned model's fastest form)
@@ -51,6 +52,27 @@ def quantization_only_peer(
     return {k: getattr(chosen, k) for k in keys}
 
 
+def final_peer(
+    latency: Mapping[str, Mapping[str, Any]], baseline: EvalRecord, objective: Objective, backend: str = "auto"
+) -> dict[str, Any] | None:
+    """Return the quantization-only form chosen from the final side-by-side timing, or None.
+
+    The same rule as `quantization_only_peer` (the fastest unpruned form within the budget that `backend` may
+    deliver; ties within LATENCY_TIE go to the smaller file), on the latencies of the final timing: every form
+    that kept the budget was timed there ("unpruned_<form>"; the torch model is "baseline"). Forms the final
+    timing did not time are not chosen. None when it timed none.
+    """
+    timed = []
+    for form in baseline.variants:
+        key = "baseline" if form.name == BASELINE_TORCH else PEER_PREFIX + form.name
+        row = latency.get(key) or {}
+        if form.status == "ok" and row.get("latency_ms"):
+            update = {"latency_ms": row["latency_ms"], "latency_batch_ms": row.get("latency_batch_ms")}
+            timed.append(form.model_copy(update=update))
+    chosen = quantization_only_peer(timed, baseline, objective, backend) if timed else None
+    return {**chosen, "chosen_from": "final side-by-side timing"} if chosen else None
+
+
 def delivery_note(chosen: VariantRecord | None, within: bool, failed: Sequence[str], backend: str) -> str:
     """Say truthfully why a candidate's form was chosen: fastest within the budget, or none kept it."""
     if chosen is None:
@@ -75,15 +97,35 @@ def peer_ratio(peer_lat: float, lat: float) -> float | None:
     return round(peer_lat / lat, 4) if lat > 0 and peer_lat > 0 else None
 
 
-def pruning_verdict(best: Best | None, objective: Objective) -> tuple[bool, str]:
+def pruning_verdict(
+    best: Best | None, objective: Objective, final: Mapping[str, Mapping[str, Any]] | None = None
+) -> tuple[bool, str]:
     """Decide whether the best pruned candidate is delivered (True) or the quantization-only peer (False).
 
     The candidate is delivered when it keeps the budget and either runs faster than the peer (beyond the
-    LATENCY_TIE noise band) or, for a params/MACs/size target, reduces what the user asked to reduce.
+    LATENCY_TIE noise band) or, for a params/MACs/size target, reduces what the user asked to reduce. With the
+    final side-by-side timing (`final_latency`: its latencies, and the peer chosen from them under
+    "final_peer"), the speed over the peer is read there; else from the candidate's round.
     """
     if not best or not best.eval:
         return False, "no pruned candidate finished"
-    return verdict(best.within_budget, best.accuracy_drop, best.reduction, vs_peer(best.eval), objective)
+    ratio = final_ratio(best, final) if final else None
+    if ratio is None:
+        ratio = vs_peer(best.eval)
+    return verdict(best.within_budget, best.accuracy_drop, best.reduction, ratio, objective)
+
+
+def peer_key(name: str | None) -> str:
+    """Return the key of the unpruned model's form `name` in a side-by-side timing (its torch model: "baseline")."""
+    return "baseline" if name == BASELINE_TORCH else PEER_PREFIX + str(name)
+
+
+def final_ratio(best: Best, final: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """Return the final timing's peer latency over the best candidate's (None when either was not timed there)."""
+    peer = (final.get("final_peer") or {}) if isinstance(final.get("final_peer"), Mapping) else {}
+    mine = final.get(run_layout.iteration_name(best.iteration)) or {}
+    theirs = final.get(peer_key(peer.get("name"))) or {} if peer else {}
+    return peer_ratio(float(theirs.get("latency_ms") or 0.0), float(mine.get("latency_ms") or 0.0))
 
 
 def verdict(within: bool, drop: float, reduced: float, ratio: float | None, objective: Objective) -> tuple[bool, str]:
@@ -147,11 +189,21 @@ def choose_delivery(
     baseline_eval: EvalRecord | None,
     baseline_ref: ArtifactRef | None,
     objective: Objective,
+    final: tuple[Mapping[str, Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> tuple[Best | None, str]:
-    """Return what best/ holds (the pruned best, or the quantization-only peer as an iteration-0 Best) and why."""
-    keep, why = pruning_verdict(best, objective)
+    """Return what best/ holds (the pruned best, or the quantization-only peer as an iteration-0 Best) and why.
+
+    With the final side-by-side timing (`final_latency`'s latencies and timing facts), the peer is the one chosen
+    from it (`timing["final_peer"]`, the fastest unpruned form within the budget there) and the speed over it is
+    read there; the delivered thing keeps the budget either way.
+    """
+    latency, timing = final or ({}, {})
+    chosen_peer = timing.get("final_peer") if isinstance(timing.get("final_peer"), Mapping) else None
+    keep, why = pruning_verdict(best, objective, {**latency, "final_peer": chosen_peer} if chosen_peer else None)
     if keep or not baseline_eval or not baseline_ref:
         return best, why
+    if chosen_peer:
+        baseline_eval = baseline_eval.model_copy(update={"peer": dict(chosen_peer)})
     return peer_best(baseline_eval, baseline_ref, objective, why), why + "; the quantization-only form is delivered"
 
 
@@ -166,33 +218,44 @@ def delivery_summary(
 
     Args:
         best: result.json's best (iteration 0: the quantization-only form was delivered).
-        baseline: result.json's baseline (its `peer` is the quantization-only form).
+        baseline: result.json's baseline (its `peer` is the quantization-only form of the baseline's measurement).
         objective: Budget and target.
-        final_latency: The report's joint measurement (keys "baseline", "iter_NN", "unpruned_<form>").
-        timing: Its busy-machine facts.
+        final_latency: The final side-by-side timing (keys "baseline", "iter_NN", "unpruned_<form>"); its ratios
+            come with a paired 95% interval from the interleaved repeats (`latency.paired_ratio`).
+        timing: Its timing facts (busy and contended flags; "final_peer": the quantization-only form chosen there).
     """
+    from profiling_agent.tools.evaluation.contention import flag_reason, flagged
+    from profiling_agent.tools.evaluation.latency import paired_ratio
+
     if not best:
         return None
-    final = dict(final_latency or {})
-    peer = dict(baseline.get("peer") or {})
-    peer_key = PEER_PREFIX + str(peer.get("name")) if peer else None
+    final, facts = dict(final_latency or {}), dict(timing or {})
+    chosen = facts.get("final_peer") if isinstance(facts.get("final_peer"), Mapping) else None
+    peer = dict(chosen or baseline.get("peer") or {})
     quant_only = int(best.get("iteration") or 0) == 0
     base_lat = float((final.get("baseline") or {}).get("latency_ms") or baseline.get("latency_ms") or 0.0)
     lat = float(best.get("latency_ms") or 0.0)
-    if peer_key in final and not quant_only:
-        peer_lat = float(final[peer_key]["latency_ms"])
+    theirs = final.get(peer_key(peer.get("name"))) if peer else None
+    if theirs and theirs.get("latency_ms") and not quant_only:
+        peer_lat = float(theirs["latency_ms"])
     elif peer.get("name") == BASELINE_TORCH:
         peer_lat = base_lat
     else:
         peer_lat = float(((best.get("peer") or {}).get("latency_ms")) or peer.get("latency_ms") or 0.0)
+    mine = final.get(
+        peer_key(peer.get("name")) if quant_only else run_layout.iteration_name(int(best.get("iteration") or 0))
+    )
     vs_torch = round(base_lat / lat, 4) if lat > 0 else None
     vs_quant = 1.0 if quant_only else (round(peer_lat / lat, 4) if lat > 0 and peer_lat > 0 else None)
+    torch_ci = paired_ratio(final["baseline"], mine) if mine and final.get("baseline") else None
+    quant_ci = paired_ratio(theirs, mine) if mine and theirs and not quant_only else None
     if quant_only:
         why = str(best.get("delivery_note") or "quantization only")
     else:
         within, drop = bool(best.get("within_budget")), float(best.get("accuracy_drop", 0) or 0.0)
         why = verdict(within, drop, float(best.get("reduction") or 0.0), peer_ratio(peer_lat, lat), objective)[1]
-    flagged = bool((timing or {}).get("busy")) or bool((best.get("timing") or {}).get("busy"))
+        why = hedged(why, quant_ci, peer_ratio(peer_lat, lat))
+    is_flagged = flagged(facts) or flagged(best.get("timing"))
     return {
         "delivered": f"{best.get('delivered')} of the unpruned model"
         if quant_only
@@ -201,17 +264,39 @@ def delivery_summary(
         "verdict": why,
         "vs_original_torch": vs_torch,
         "vs_quantization_only": vs_quant,
+        # paired 95% intervals of those ratios, from the final timing's interleaved repeats (None: not timed there)
+        "vs_original_torch_ci": torch_ci,
+        "vs_quantization_only_ci": quant_ci,
         # its latency is the one the ratio above divides (the final joint timing's, when it timed the peer)
         "quantization_only": {
             "name": peer.get("name"),
             "accuracy": peer.get("accuracy"),
             "latency_ms": peer_lat or None,
+            "chosen_from": "final side-by-side timing" if chosen else "the baseline's measurement",
         }
         if peer
         else None,
-        "timing": dict(timing or {}),
-        "timings_flagged": flagged,
+        "timing": facts,
+        "timings_flagged": is_flagged,
+        "flag_reason": (flag_reason(facts) or flag_reason(best.get("timing"))) if is_flagged else "",
     }
+
+
+def hedged(why: str, ratio_ci: Mapping[str, Any] | None, point: float | None = None) -> str:
+    """Turn a "faster than quantizing alone" claim whose paired interval holds 1.0 into "no measurable difference".
+
+    `point` is the claim's ratio (of the two medians); the interval is that of the median per-repeat ratio.
+    """
+    from profiling_agent.tools.evaluation.latency import measurably_different
+
+    if ratio_ci is None or measurably_different(ratio_ci) is not False or "faster than quantizing" not in why:
+        return why
+    low, high = ratio_ci["ci"]
+    said = f"{point:.2f}x, paired median {ratio_ci['ratio']:.2f}x" if point else f"{ratio_ci['ratio']:.2f}x"
+    return (
+        f"no measurable difference from quantizing the unpruned model alone: {said} "
+        f"(95% interval {low:.2f}-{high:.2f} over {ratio_ci['repeats']} paired repeats)"
+    )
 
 
 def summary_line(summary: Mapping[str, Any] | None) -> str:
@@ -220,17 +305,26 @@ def summary_line(summary: Mapping[str, Any] | None) -> str:
         return ""
     line = f"delivered {summary['delivered']}"
     if summary.get("vs_original_torch"):
-        line += f": {summary['vs_original_torch']:.2f}x the original torch model"
+        line += f": {summary['vs_original_torch']:.2f}x the original torch model" + interval(
+            summary.get("vs_original_torch_ci")
+        )
     quant = summary.get("quantization_only") or {}
     if summary.get("vs_quantization_only") and quant:
         line += (
             f", {summary['vs_quantization_only']:.2f}x quantization only ({quant.get('name')} of the unpruned model)"
+            + interval(summary.get("vs_quantization_only_ci"))
         )
     line += f"; {summary['verdict']}"
     if summary.get("timings_flagged"):
-        timing = summary.get("timing") or {}
-        line += (
-            f"; TIMINGS FLAGGED: measured on a busy machine (wall {timing.get('wall_over_cpu')}x CPU time, "
-            f"threshold {timing.get('factor')})"
-        )
+        from profiling_agent.tools.evaluation.contention import flag_reason
+
+        line += f"; TIMINGS FLAGGED: {summary.get('flag_reason') or flag_reason(summary.get('timing'))}"
     return line
+
+
+def interval(ratio_ci: Mapping[str, Any] | None) -> str:
+    """Return " (95% interval LOW-HIGH)" for a paired ratio, "" when there is none."""
+    if not ratio_ci or not ratio_ci.get("ci"):
+        return ""
+    low, high = ratio_ci["ci"]
+    return f" (95% interval {float(low):.2f}-{float(high):.2f})"

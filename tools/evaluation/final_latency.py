@@ -1,4 +1,4 @@
-"""The final latency: the baseline, every finished candidate and the unpruned model's forms timed together."""
+"""The final verdict's timing: the baseline, every finished candidate and every contending unpruned form, together."""
 
 from __future__ import annotations
 
@@ -6,43 +6,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord
+from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord, Objective
 from profiling_agent.tools import run_layout
-
-
-def round_as_final(
-    candidates: Sequence[Candidate], base_eval: EvalRecord | None
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
-    """Return a lone finished candidate's round measurement in `final_latency`'s shape, or None.
-
-    With one finished candidate, its round already timed the baseline, its delivered form and the quantization-only
-    peer side by side, interleaved, with the same images and settings; timing them again would only repeat that
-    measurement (for a full-size ViT-B/16 about 80 CPU-s). None when the record lacks a number (older runs), so
-    the models are timed again.
-    """
-    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
-
-    ok = [c for c in candidates if c.status == "ok" and c.artifact]
-    record = ok[0].eval if len(ok) == 1 else None
-    if record is None or record.baseline_latency_batch_ms is None or record.timing is None:
-        return None
-    if same_form_paths(ok, base_eval):  # the unpruned model in the delivered form was not timed beside it
-        return None
-    latency: dict[str, dict[str, Any]] = {
-        "baseline": {"latency_ms": record.baseline_latency_ms, "latency_batch_ms": record.baseline_latency_batch_ms},
-        run_layout.iteration_name(ok[0].iteration): {
-            "latency_ms": record.latency_ms,
-            "latency_batch_ms": record.latency_batch_ms,
-        },
-    }
-    peer = base_eval.peer if base_eval else None
-    if peer and peer.get("path"):  # the peer was timed beside the round's forms
-        timed = record.peer or {}
-        if timed.get("latency_ms") is None or timed.get("latency_batch_ms") is None:
-            return None
-        latency[PEER_PREFIX + str(peer["name"])] = {k: timed[k] for k in ("latency_ms", "latency_batch_ms")}
-    note = f"round {ok[0].iteration}'s side-by-side measurement (the only finished candidate: not timed again)"
-    return latency, {**record.timing, "reused": note}
 
 
 def same_form_paths(candidates: Sequence[Candidate], base_eval: EvalRecord | None) -> dict[str, str]:
@@ -67,6 +32,49 @@ def same_form_paths(candidates: Sequence[Candidate], base_eval: EvalRecord | Non
     return out
 
 
+FINAL_FILE = "final_latency.json"  # the final side-by-side timing, in the run folder (the report reads it back)
+
+
+def unpruned_contenders(base_eval: EvalRecord | None, objective: Objective | None) -> dict[str, str]:
+    """Return {form: path} of every CPU form of the unpruned model that kept the budget (the torch one aside).
+
+    Each could be the quantization-only form: the final timing times them all beside the candidates, and the
+    peer is chosen from that measurement (`delivery.final_peer`), not from the baseline's measurement alone.
+    Without an objective, only the baseline's recorded peer.
+    """
+    from profiling_agent.tools.device import cpu_only
+    from profiling_agent.tools.evaluation.delivery import BASELINE_TORCH
+    from profiling_agent.tools.evaluation.selection import within_budget
+
+    if base_eval is None:
+        return {}
+    out: dict[str, str] = {}
+    peer = base_eval.peer or {}
+    if peer.get("path") and cpu_only([str(peer.get("name", ""))]):
+        out[str(peer["name"])] = str(peer["path"])
+    if objective is None:
+        return out
+    for form in base_eval.variants:
+        if form.status == "ok" and form.path and form.name != BASELINE_TORCH and cpu_only([form.name]):
+            if form.accuracy is not None and within_budget(form, base_eval, objective):
+                out[form.name] = str(form.path)
+    return out
+
+
+def kept_final(root: Path, keys: Sequence[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
+    """Return the run's final timing kept in `FINAL_FILE` when it timed exactly these candidates, else None."""
+    from profiling_agent.tools.io import read_json
+
+    path = root / FINAL_FILE
+    try:
+        data = read_json(path) if path.exists() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or sorted(data.get("candidates") or []) != sorted(keys):
+        return None
+    return dict(data["latency"]), dict(data["timing"])
+
+
 def final_latency(
     candidates: Sequence[Candidate],
     baseline: ArtifactRef | None,
@@ -75,56 +83,61 @@ def final_latency(
     *,
     root: Path,
     images: Callable[[], Any] | None,
+    objective: Objective | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Measure the baseline, the finished candidates and the unpruned model's forms together, interleaved.
+    """Time the baseline, the finished candidates and every contending unpruned form together, interleaved.
 
-    Each candidate is timed in its delivered form; beside them the peer and the unpruned model in every other
-    delivered form (`same_form_paths`).
-
-    A lone finished candidate's round measurement is that already (`round_as_final`) and is returned instead.
+    Each candidate is timed in its delivered form; beside them every form of the unpruned model that kept the
+    budget (`unpruned_contenders`; the recorded peer only, without an objective) and the unpruned model in every
+    other delivered form (`same_form_paths`). With an objective, the quantization-only form is chosen from this
+    measurement (`timing["final_peer"]`, `delivery.final_peer`). The result is kept in the run folder
+    (`FINAL_FILE`): the held-out step times, the report reads it back (as does a resumed run).
 
     Args:
         candidates: The run's candidates (only finished ones are timed).
         baseline: The baseline artifact.
-        base_eval: The baseline's record (its quantization-only peer is timed too).
-        ctx: Device, threads and latency settings.
+        base_eval: The baseline's record (its forms and quantization-only peer).
+        ctx: Device, threads, latency settings and the `--backend` choice.
         root: The run folder (artifact paths are relative to it).
         images: Opens the validation images (the first `ctx.latency_batch` are timed); None without data.
+        objective: The budget the contending forms kept (None: only the recorded peer is timed).
 
     Returns:
-        The latencies by key ("baseline", "iter_NN", "unpruned_<form>") and the timing facts (wall vs CPU time,
-        busy flag, re-measures); both empty without a finished candidate.
+        The latencies by key ("baseline", "iter_NN", "unpruned_<form>", each with its per-repeat samples) and the
+        timing facts (wall vs CPU time, busy and contended flags, re-measures, "contenders", "final_peer");
+        both empty without a finished candidate.
     """
-    from profiling_agent.tools.device import cpu_only, measure_device
-    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+    from profiling_agent.tools.device import measure_device
+    from profiling_agent.tools.evaluation.contention import use_run
+    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX, final_peer
     from profiling_agent.tools.evaluation.form_eval import eval_threads
     from profiling_agent.tools.evaluation.latency import RUN_BUDGET_S, measure_latency_checked
+    from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.models.artifact_load import load_artifact, load_run_form
     from profiling_agent.tools.runtimes.forms import load_form
 
     ok = [c for c in candidates if c.status == "ok" and c.artifact]
     if not ok or baseline is None or images is None:
         return {}, {}
-    reused = round_as_final(ok, base_eval)
-    if reused is not None:
-        return reused
+    keys = [run_layout.iteration_name(c.iteration) for c in ok]
+    kept = kept_final(root, keys)
+    if kept is not None:
+        return kept
+    use_run(root)
     with eval_threads(ctx.threads) as threads:
         models = {"baseline": load_artifact(root / baseline.path).model}
-        for cand in ok:  # each in its delivered form
+        for key, cand in zip(keys, ok, strict=True):  # each in its delivered form
             ref = cand.delivered or cand.artifact
             assert ref is not None
-            models[run_layout.iteration_name(cand.iteration)] = load_run_form(root / ref.path, threads)
+            models[key] = load_run_form(root / ref.path, threads)
         forms = [c.eval.delivered if c.eval else "torch" for c in ok]
         quantized = any(c.quantized and name != "torch_fp32" for c, name in zip(ok, forms, strict=True))
-        peer = base_eval.peer if base_eval else None
-        if peer and peer.get("path") and cpu_only([str(peer.get("name", ""))]):
-            models[PEER_PREFIX + str(peer["name"])] = load_form(root / str(peer["path"]), threads)
-            forms.append(str(peer["name"]))
-        for form, path in same_form_paths(ok, base_eval).items():
+        contenders = {**unpruned_contenders(base_eval, objective), **same_form_paths(ok, base_eval)}
+        for form, path in contenders.items():
             models[PEER_PREFIX + form] = load_form(root / path, threads)
             forms.append(form)
         device = measure_device(ctx.device, forms, quantized=quantized)
-        return measure_latency_checked(
+        latency, timing = measure_latency_checked(
             {k: m.to(device) for k, m in models.items()},
             images()[: ctx.latency_batch],
             batch_size=ctx.latency_batch,
@@ -133,3 +146,8 @@ def final_latency(
             device=device,
             budget_s=RUN_BUDGET_S,
         )
+    timing["contenders"] = sorted(contenders)
+    if objective is not None and base_eval is not None:
+        timing["final_peer"] = final_peer(latency, base_eval, objective, ctx.backend)
+    write_json_atomic(root / FINAL_FILE, {"candidates": keys, "latency": latency, "timing": timing})
+    return latency, timing

@@ -165,14 +165,15 @@ def timing_notice(timing: Mapping[str, Any] | None) -> str:
         return ""
     procs = timing.get("accuracy_procs")
     split = f"; validation pass on {procs} processes" if procs else ""
-    ratio, factor = timing.get("wall_over_cpu"), timing.get("factor")
-    if timing.get("busy"):
+    from profiling_agent.tools.evaluation.contention import flag_reason, flagged
+
+    ratio = timing.get("wall_over_cpu")
+    if flagged(timing):
         return split + (
-            f"; TIMINGS FLAGGED: the machine was busy (wall time {ratio:.2f}x the process CPU time, over {factor}; "
-            f"measured {len(timing.get('attempts') or [])} times)"
+            f"; TIMINGS FLAGGED: {flag_reason(timing)} (measured {len(timing.get('attempts') or [])} times)"
         )
     if timing.get("remeasured"):
-        return split + f"; timings re-measured (first attempt busy), kept at wall/CPU {ratio:.2f}"
+        return split + f"; timings re-measured (first attempt busy or contended), kept at wall/CPU {ratio:.2f}"
     return split
 
 
@@ -202,6 +203,9 @@ def evaluate_forms(models: dict[str, nn.Module], plan: FormsPlan, settings: Meas
     Returns:
         The rows, timing facts, VariantRecords (torch forms first), built forms, the peer's key and the summary.
     """
+    from profiling_agent.tools.evaluation.contention import use_run
+
+    use_run(plan.run)  # the run's quiet reference: calibrated at its first timing block, kept in its folder
     built = build_stage(models, plan, settings.threads)
     peer_name, time_only = open_peer(plan, settings.threads)
     options = measure_options(models, plan, settings, built, time_only)

@@ -9,17 +9,23 @@ from profiling_agent.state import ArtifactRef, Best, EvalRecord, Objective, Test
 
 
 def delivered_best(
-    best: Best | None, base_eval: EvalRecord | None, baseline: ArtifactRef | None, objective: Objective, root: Path
+    best: Best | None,
+    base_eval: EvalRecord | None,
+    baseline: ArtifactRef | None,
+    objective: Objective,
+    root: Path,
+    final: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> tuple[Best | None, str]:
     """Return what best/ holds and why, and say so in a phrase.
 
     The pruned best when it keeps the budget and pruning bought something, else the unpruned model's fastest form
-    within the budget (quantization only).
+    within the budget (quantization only). With the final side-by-side timing (`final_latency`), both the peer and
+    the speed over it are read there.
     """
     from profiling_agent.tools.evaluation.delivery import choose_delivery
     from profiling_agent.tools.io import sha256_path
 
-    chosen, why = choose_delivery(best, base_eval, baseline, objective)
+    chosen, why = choose_delivery(best, base_eval, baseline, objective, final)
     if chosen and chosen.delivered and not chosen.delivered.sha256:  # the peer's form on disk
         chosen.delivered.sha256 = sha256_path(root / chosen.delivered.path)
     delivery = (

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.device import resolve_device
+from profiling_agent.tools.evaluation import contention
 from profiling_agent.tools.runtimes.forward import native_call, timed_calls_ms
 
 # ---------------------------------------------------------------- latency
@@ -117,7 +118,7 @@ def measure_latency(
                 order = [name for name in order if not sits_out(clock.times, clock.wall, name, repeat, budget_s)]
             for kind in ("single", "batch"):
                 for name in order:
-                    clock.sample(name, kind, bound[name][kind], calls[name][kind], dev)
+                    clock.sample(name, kind, bound[name][kind], calls[name][kind], dev, repeat)
     threads = torch.get_num_threads()
     return {
         name: {
@@ -129,6 +130,9 @@ def measure_latency(
             "calls": calls[name]["single"],  # consecutive calls per batch-1 sample (`calls_per_sample`)
             "wall_s": round(clock.wall[name], 6),
             "cpu_s": round(clock.cpu[name], 6),
+            # each repeat's sample, ms (None: the model sat that repeat out): paired ratios between models
+            "samples_ms": clock.by_repeat(name, "single", repeats),
+            "samples_batch_ms": clock.by_repeat(name, "batch", repeats),
         }
         for name in names
     }
@@ -161,14 +165,21 @@ class _Clock:
         self.times: dict[str, dict[str, list[float]]] = {name: {"single": [], "batch": []} for name in names}
         self.cpu: dict[str, float] = {name: 0.0 for name in names}  # process CPU seconds of this model's timed calls
         self.wall: dict[str, float] = {name: 0.0 for name in names}
+        self.repeat_of: dict[tuple[str, str], dict[int, float]] = {}  # (name, kind) -> {repeat: sample ms}
 
-    def sample(self, name: str, kind: str, call: Callable[[], Any], n: int, dev: torch.device) -> None:
+    def sample(self, name: str, kind: str, call: Callable[[], Any], n: int, dev: torch.device, repeat: int) -> None:
         """Time `n` consecutive calls in one clock span; record their mean (ms) and the seconds they took."""
         c0 = time.process_time()
         ms = timed_calls_ms(call, n, dev)
         self.cpu[name] += time.process_time() - c0
         self.wall[name] += ms / 1e3
         self.times[name][kind].append(ms / n)
+        self.repeat_of.setdefault((name, kind), {})[repeat] = ms / n
+
+    def by_repeat(self, name: str, kind: str, repeats: int) -> list[float | None]:
+        """Return `name`'s sample of every repeat at `kind` (None where it sat the repeat out), ms."""
+        got = self.repeat_of.get((name, kind), {})
+        return [round(got[r], 6) if r in got else None for r in range(max(repeats, 1))]
 
 
 def sits_out(
@@ -197,6 +208,7 @@ def out_of_race(times: Mapping[str, Mapping[str, list[float]]], wall: Mapping[st
 
 
 # ---------------------------------------------------------------- busy machine
+# (and a contended one: `contention`)
 
 # A timed call is "busy" when its wall time exceeds the process CPU time it used by more than this factor: the
 # process then ran on less than 1/1.5 = 67% of one core while it was being timed (other processes had the rest).
@@ -216,32 +228,104 @@ def wall_over_cpu(lat: Mapping[str, Mapping[str, Any]]) -> float:
 def measure_latency_checked(
     models: Mapping[str, nn.Module],
     sample: torch.Tensor,
+    *,
+    reference: contention.ReferenceCheck | None = None,
     **kwargs: Any,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Run `measure_latency`, and again (up to REMEASURES times) while the machine looks busy; keep the quietest.
+    """Run `measure_latency`, and again (up to REMEASURES times) while its timings look unsafe; keep the safest.
 
-    Only CPU runs are judged (a GPU forward waits for the device, so its wall time exceeds CPU time by nature).
+    Two checks judge a CPU measurement (a GPU forward waits for the device, so its wall time exceeds CPU time by
+    nature, and neither applies): wall time over process CPU time (`busy`: the process was starved of its core),
+    and the run's reference workload timed before and after the block (`contended`: another process slowed it
+    through the core, caches or memory without starving it; `contention.judge`). The quiet reference is
+    calibrated at the run's first timing block.
+
+    Args:
+        models: Name -> model, timed side by side (`measure_latency`).
+        sample: The images the inputs are cut from.
+        reference: The reference check (None: the run's, `contention.current()`).
+        **kwargs: `measure_latency`'s settings.
 
     Returns:
         The latency result and the timing facts: {"wall_over_cpu", "busy", "remeasured", "factor", "threads",
-        "attempts"}; "busy" True means the kept measurement still ran on a starved CPU and its numbers are flagged.
+        "attempts", "contended", "slowdown", "reference"}; "busy" or "contended" True means the kept measurement
+        was still taken on a busy machine and its numbers are flagged.
     """
     cpu_run = not str(kwargs.get("device", "cpu")).startswith("cuda")
+    check = (reference or contention.current()) if cpu_run else None
+    quiet = check.reference() if check is not None else None  # calibrated before the run's first block
     attempts = []
     for attempt in range(REMEASURES + 1):
+        before = check.sample() if check is not None else 0.0
         lat = measure_latency(models, sample, **kwargs)
+        after = check.sample() if check is not None else 0.0
         ratio = wall_over_cpu(lat)
-        attempts.append((ratio, attempt, lat))
-        if not cpu_run or ratio <= BUSY_FACTOR:
+        judged = contention.judge(before, after, quiet) if check is not None and quiet is not None else None
+        unsafe = cpu_run and (ratio > BUSY_FACTOR or bool(judged and judged["contended"]))
+        attempts.append((unsafe, ratio, attempt, lat, judged))
+        if not unsafe:
             break
-    ratio, _, lat = min(attempts, key=lambda a: (a[0], a[1]))
-    busy = cpu_run and ratio > BUSY_FACTOR
-    timing = {
+    _, ratio, _, lat, judged = min(attempts, key=lambda a: (a[0], a[1], (a[4] or {}).get("slowdown", 1.0), a[2]))
+    timing: dict[str, Any] = {
         "wall_over_cpu": ratio,
-        "busy": busy,
+        "busy": cpu_run and ratio > BUSY_FACTOR,
         "remeasured": len(attempts) > 1,
-        "attempts": [a[0] for a in attempts],
+        "attempts": [a[1] for a in attempts],
         "factor": BUSY_FACTOR,
         "threads": torch.get_num_threads(),
     }
+    if judged is not None:
+        timing.update(contended=bool(judged["contended"]), slowdown=judged["slowdown"], reference=judged)
+        timing["slowdowns"] = [(a[4] or {}).get("slowdown") for a in attempts]
     return lat, timing
+
+
+# ---------------------------------------------------------------- paired speed ratios
+
+RATIO_RESAMPLES = 2000  # bootstrap resamples of a paired ratio's median
+RATIO_LEVEL = 0.95
+
+
+def paired_ratio(
+    numerator: Mapping[str, Any], denominator: Mapping[str, Any], key: str = "samples_ms", seed: int = 0
+) -> dict[str, Any] | None:
+    """Return how many times faster `denominator` ran than `numerator`, from their interleaved repeats.
+
+    Both were timed in the same `measure_latency` call, one sample each per repeat: each repeat where both ran
+    gives one ratio (numerator's sample over denominator's), so noise that hit the repeat hits both. The median
+    of those ratios is the estimate; a seeded bootstrap of the median gives its 95% interval.
+
+    Args:
+        numerator: The slower-reference model's latency record (with `key`), e.g. the quantization-only form.
+        denominator: The measured model's record, e.g. the delivered form.
+        key: "samples_ms" (batch 1) or "samples_batch_ms".
+        seed: Seed of the bootstrap.
+
+    Returns:
+        {"ratio", "ci": [low, high], "repeats", "level"}, or None with fewer than 3 paired repeats.
+    """
+    pairs = [
+        a / b
+        for a, b in zip(numerator.get(key) or [], denominator.get(key) or [], strict=False)
+        if a is not None and b is not None and a > 0 and b > 0
+    ]
+    if len(pairs) < 3:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(RATIO_RESAMPLES))
+    tail = (1.0 - RATIO_LEVEL) / 2
+    low, high = medians[int(tail * RATIO_RESAMPLES)], medians[int((1.0 - tail) * RATIO_RESAMPLES) - 1]
+    return {
+        "ratio": round(statistics.median(pairs), 4),
+        "ci": [round(low, 4), round(high, 4)],
+        "repeats": len(pairs),
+        "level": RATIO_LEVEL,
+    }
+
+
+def measurably_different(ratio: Mapping[str, Any] | None) -> bool | None:
+    """Return False when a paired ratio's interval holds 1.0 (no measurable difference), None when unknown."""
+    if not ratio or not ratio.get("ci"):
+        return None
+    low, high = ratio["ci"]
+    return not (float(low) <= 1.0 <= float(high))

@@ -43,6 +43,10 @@ def target_outcome(
             out["round_measured"], out["measured_batch"] = round(measured, 4), round(joint[1], 4)
             measured, out["against"] = joint[0], "timed beside it at the end of the run"
             larger = f"; at the larger batch {joint[1]:.1%}"
+            paired = _joint_interval(final or {}, best, str(out["form"]))
+            if paired is not None:
+                out["measured_ci"] = paired
+                larger = f" (95% interval {paired[0]:.1%} to {paired[1]:.1%}, paired repeats){larger}"
         where = f" on {out['form']} against the unpruned model's {out['form']} ({out['against']}){larger}"
     out["measured"], out["met"] = round(measured, 4), measured + 1e-9 >= requested
     out["missed_by"] = 0.0 if out["met"] else round(requested - measured, 4)
@@ -64,3 +68,16 @@ def _joint(final: dict[str, dict[str, Any]], best: dict[str, Any], form: str) ->
         return None
     one = 1.0 - float(mine["latency_ms"]) / float(peer["latency_ms"])
     return one, 1.0 - float(mine["latency_batch_ms"]) / float(peer["latency_batch_ms"])
+
+
+def _joint_interval(final: dict[str, dict[str, Any]], best: dict[str, Any], form: str) -> list[float] | None:
+    """Return the 95% interval of the batch-1 reduction from the joint timing's paired repeats, or None."""
+    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+    from profiling_agent.tools.evaluation.latency import paired_ratio
+
+    mine, peer = final.get(run_layout.iteration_name(int(best.get("iteration") or 0))), final.get(PEER_PREFIX + form)
+    ratio = paired_ratio(peer, mine) if mine and peer else None  # the unpruned form's time over the delivered's
+    if ratio is None:
+        return None
+    low, high = ratio["ci"]
+    return [round(1.0 - 1.0 / float(low), 4), round(1.0 - 1.0 / float(high), 4)]

@@ -19,8 +19,11 @@ class DeliveredSpeed:
         quant_delivered: True when that form itself was delivered (no pruning plan beat it).
         vs_torch: Its speed over the original torch FP32 model's, or None.
         verdict: What pruning added, in words ("" when unknown).
-        flagged: True when the timings were taken on a busy machine.
+        flagged: True when the timings were taken on a busy machine (a starved CPU or a contended reference).
         timing: The busy-machine facts of that measurement.
+        vs_quant_ci: The paired 95% interval of `vs_quant` ({"ratio", "ci", "repeats"}), None when unknown.
+        vs_torch_ci: The same for `vs_torch`.
+        reason: Why the timings were flagged ("" when they were not).
     """
 
     vs_quant: float | None
@@ -30,6 +33,9 @@ class DeliveredSpeed:
     verdict: str
     flagged: bool
     timing: Mapping[str, Any]
+    vs_quant_ci: Mapping[str, Any] | None = None
+    vs_torch_ci: Mapping[str, Any] | None = None
+    reason: str = ""
 
 
 def delivered_speed(result: Mapping[str, Any]) -> DeliveredSpeed | None:
@@ -48,26 +54,44 @@ def delivered_speed(result: Mapping[str, Any]) -> DeliveredSpeed | None:
         verdict=str(delivery.get("verdict") or ""),
         flagged=bool(delivery.get("timings_flagged")),
         timing=delivery.get("timing") or {},
+        vs_quant_ci=delivery.get("vs_quantization_only_ci") if quant else None,
+        vs_torch_ci=delivery.get("vs_original_torch_ci") if vs_torch is not None else None,
+        reason=str(delivery.get("flag_reason") or ""),
     )
 
 
 def speed_sentence(speed: DeliveredSpeed) -> str:
-    """Say the delivered model's speed in one sentence, against quantization alone first (no final full stop)."""
-    torch = f"{speed.vs_torch:.2f}x the original torch FP32 model" if speed.vs_torch is not None else ""
+    """Say the delivered model's speed in one sentence, against quantization alone first (no final full stop).
+
+    Each ratio carries its paired 95% interval when the final timing gave one; a ratio over quantization alone
+    whose interval holds 1.0 is said to be no measurable difference.
+    """
+    from profiling_agent.tools.evaluation.delivery import interval
+    from profiling_agent.tools.evaluation.latency import measurably_different
+
+    torch = (
+        f"{speed.vs_torch:.2f}x the original torch FP32 model" + interval(speed.vs_torch_ci)
+        if speed.vs_torch is not None
+        else ""
+    )
     if speed.quant_delivered:
         text = f"the quantization-only form ({speed.quant_name} of the unpruned model) was delivered" + (
             f": {torch}" if torch else ""
         )
     elif speed.vs_quant is not None:
         text = f"{speed.vs_quant:.2f}x the quantization-only form ({speed.quant_name} of the unpruned model)"
+        text += interval(speed.vs_quant_ci)
+        if measurably_different(speed.vs_quant_ci) is False:
+            text += ", no measurable difference"
         text += f" and {torch}" if torch else ""
     else:
         text = torch or "not measured"
     if speed.verdict and not speed.quant_delivered:
         text += f"; {speed.verdict}"
     if speed.flagged:
-        text += (
-            f"; TIMINGS FLAGGED: measured on a busy machine (wall {speed.timing.get('wall_over_cpu')}x CPU time, "
+        reason = speed.reason or (
+            f"measured on a busy machine (wall {speed.timing.get('wall_over_cpu')}x CPU time, "
             f"threshold {speed.timing.get('factor')})"
         )
+        text += f"; TIMINGS FLAGGED: {reason}"
     return text

@@ -101,3 +101,18 @@ def test_a_process_competing_for_the_same_core_slows_the_reference_and_flags_the
             competitor.wait()
         os.sched_setaffinity(0, before_affinity)
     assert judged["slowdown"] > 1.0 + contention.MAX_TOLERANCE and judged["contended"] is True, judged
+
+
+def test_a_run_that_starts_busy_is_judged_against_the_machines_floor(tmp_path):
+    """A calibration taken beside competitors is compared with the fastest one this machine ever took."""
+    floor_file = tmp_path / "floor.json"
+    quiet = contention.with_machine_floor(contention.calibrate(lambda n: [2.0] * n), floor_file)
+    assert quiet.machine_floor_ms is None and not quiet.started_busy  # first run: it becomes the floor
+    busy = contention.with_machine_floor(contention.calibrate(lambda n: [3.0] * n), floor_file)
+    assert busy.started_busy and busy.quiet_ms == 2.0 and busy.machine_floor_ms == 2.0
+    facts = contention.judge(3.0, 3.0, busy)  # a block as slow as the busy calibration is contended
+    assert facts["contended"] and facts["started_busy"] and facts["slowdown"] == 1.5
+    close = contention.with_machine_floor(contention.calibrate(lambda n: [2.1] * n), floor_file)
+    assert not close.started_busy and close.quiet_ms == 2.1  # within the tolerance: the run's own calibration
+    faster = contention.with_machine_floor(contention.calibrate(lambda n: [1.5] * n), floor_file)
+    assert faster.quiet_ms == 1.5 and contention.read_floor(floor_file) == 1.5  # the floor only moves down

@@ -6,10 +6,17 @@ single-thread workload (a 256x256 FP32 GEMM and a 16 MB copy: core and memory ba
 with its quiet calibration: the fastest of CALIBRATION_SAMPLES samples taken once per run, at its first timing
 block, kept in the run folder (`REFERENCE_FILE`) so a resumed run and every later round compare with the same
 reference. A block whose reference ran slower than that by more than its noise (`tolerance`) is *contended*.
+
+A run that starts beside its competitors would calibrate on an already slowed machine, so the real workload's
+calibration is also compared with this machine's floor: the fastest calibration any run on it has taken
+(`machine_floor`, kept in the cache per CPU model and torch version). The run's quiet reference is the faster of
+the two, and a calibration already past the floor's tolerance is said (`started_busy`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -31,7 +38,8 @@ COPY_FLOATS = 4 * 1024 * 1024  # 16 MB: past a core's L2, so a neighbour's cache
 RULE = (
     "contended when the reference workload (one thread: a {n}x{n} FP32 GEMM and a 16 MB copy) timed before or "
     "after the block ran more than max({tol:.0%}, {k:g} x its quiet spread, at most {cap:.0%}) slower than its "
-    "quiet calibration (the fastest of {n_cal} samples at the run's first timing block)"
+    "quiet calibration (the fastest of {n_cal} samples at the run's first timing block, or this machine's fastest "
+    "calibration when the run's own was already past that tolerance over it)"
 )
 
 Timer = Callable[[int], list[float]]  # samples -> reference times, ms
@@ -69,12 +77,17 @@ class QuietReference:
         spread: The calibration's relative noise: (median - fastest) / fastest.
         samples_ms: The calibration samples.
         path: Where it is kept (None: in this process only).
+        machine_floor_ms: This machine's fastest calibration before this run's (None: none kept, or a test timer).
+        started_busy: The run's own calibration ran past the tolerance over the machine's floor (the run began on a
+            busy machine; its quiet reference is the floor).
     """
 
     quiet_ms: float
     spread: float
     samples_ms: list[float] = field(default_factory=list)
     path: str | None = None
+    machine_floor_ms: float | None = None
+    started_busy: bool = False
 
     @property
     def tolerance(self) -> float:
@@ -91,6 +104,53 @@ def calibrate(timer: Timer = reference_samples, samples: int = CALIBRATION_SAMPL
         spread=round((statistics.median(times) - fastest) / fastest, 6) if fastest > 0 else 0.0,
         samples_ms=[round(t, 6) for t in times],
     )
+
+
+def machine_floor_path() -> Path:
+    """Return where this machine's fastest calibration of the reference workload is kept (per CPU and torch)."""
+    from profiling_agent.tools.models.embedded_data import cache_dir
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    key = hashlib.sha256(f"{cpu}|{torch.__version__}|{GEMM_SIZE}|{COPY_FLOATS}".encode()).hexdigest()[:16]
+    return cache_dir() / "latency" / f"timing-reference-{key}.json"
+
+
+def read_floor(floor_file: Path) -> float | None:
+    """Return the machine's floor kept in `floor_file`, ms (None: none, or unreadable)."""
+    from profiling_agent.tools.io import read_json
+
+    try:
+        return float(read_json(floor_file)["quiet_ms"]) if floor_file.exists() else None
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def with_machine_floor(run: QuietReference, floor_file: Path) -> QuietReference:
+    """Return the run's calibration against this machine's floor (the faster is the quiet reference); keep the floor.
+
+    The floor only moves down: a faster calibration replaces it. A cache that cannot be read or written leaves the
+    run's own calibration as it is.
+    """
+    from profiling_agent.tools.io import write_json_atomic
+
+    floor = read_floor(floor_file)
+    if floor is None or run.quiet_ms < floor:
+        try:
+            write_json_atomic(floor_file, {"quiet_ms": run.quiet_ms, "spread": run.spread})
+        except OSError:
+            pass  # the cache is a convenience: the run's own calibration still holds
+    if floor is None or floor <= 0:
+        return run
+    run.machine_floor_ms = round(floor, 6)
+    if run.quiet_ms > floor * (1 + run.tolerance):
+        run.started_busy = True
+        run.quiet_ms = round(floor, 6)
+    return run
 
 
 class ReferenceCheck:
@@ -112,12 +172,19 @@ class ReferenceCheck:
             try:
                 data = read_json(path)
                 self.quiet = QuietReference(
-                    float(data["quiet_ms"]), float(data["spread"]), list(data.get("samples_ms") or []), str(path)
+                    float(data["quiet_ms"]),
+                    float(data["spread"]),
+                    list(data.get("samples_ms") or []),
+                    str(path),
+                    data.get("machine_floor_ms"),
+                    bool(data.get("started_busy")),
                 )
                 return self.quiet
             except (KeyError, TypeError, ValueError):
                 pass  # unreadable: calibrated again below and written over
         self.quiet = calibrate(self.timer)
+        if self.timer is reference_samples:  # the real workload: compared with this machine's floor
+            self.quiet = with_machine_floor(self.quiet, machine_floor_path())
         if path is not None:
             self.quiet.path = str(path)
             write_json_atomic(path, asdict(self.quiet))
@@ -132,8 +199,8 @@ def judge(before_ms: float, after_ms: float, quiet: QuietReference) -> dict[str,
     """Return the contention facts of one block from its reference times before and after it.
 
     Returns:
-        {"before_ms", "after_ms", "quiet_ms", "spread", "slowdown", "tolerance", "contended", "rule"}; `slowdown`
-        is the slower of the two over the quiet reference.
+        {"before_ms", "after_ms", "quiet_ms", "spread", "slowdown", "tolerance", "contended", "machine_floor_ms",
+        "started_busy", "rule"}; `slowdown` is the slower of the two over the quiet reference.
     """
     slowdown = max(before_ms, after_ms) / quiet.quiet_ms if quiet.quiet_ms > 0 else 1.0
     tol = quiet.tolerance
@@ -145,6 +212,8 @@ def judge(before_ms: float, after_ms: float, quiet: QuietReference) -> dict[str,
         "slowdown": round(slowdown, 4),
         "tolerance": tol,
         "contended": slowdown > 1.0 + tol,
+        "machine_floor_ms": quiet.machine_floor_ms,
+        "started_busy": quiet.started_busy,
         "rule": RULE.format(
             n=GEMM_SIZE, tol=MIN_TOLERANCE, k=NOISE_FACTOR, cap=MAX_TOLERANCE, n_cal=CALIBRATION_SAMPLES
         ),

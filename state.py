@@ -414,7 +414,9 @@ class PlannerMeta(_Strict):
     baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
     ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
     backoff: BackoffRecord | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
-    predicted_drop: float | None = Field(default=None, description="Calibration trial's loss of this plan, pp.")
+    predicted_drop: float | None = Field(default=None, description="The plan's trial-slice loss, pp.")
+    predicted_interval: list[float] | None = Field(default=None, description="Its paired 95% interval [lo, hi], pp.")
+    correction: list[float] | None = Field(default=None, description="[additive pp, multiplicative] applied.")
     search: SearchRecord | None = Field(default=None, description="Searching round: interval, correction, trials.")
     block_trials: list[BlockTrial] | None = Field(default=None, description="Round 1's block sets tried.")
 
@@ -446,6 +448,8 @@ class RecoveryRecord(_Strict):
     calib_agreement_after: float | None = Field(default=None, description="Calibration agreement after, %.")
     curve: str | None = Field(default=None, description="JSON file of the recovery curve, relative to the run.")
     error: str | None = Field(default=None, description="Why recovery was abandoned (the pruned weights go on).")
+    stopped: str | None = Field(default=None, description="Why distillation stopped: plateau, cap, steps or time.")
+    trial_curve: list[list[float]] | None = Field(default=None, description="[step, trial-slice top-1 %] checks.")
 
 
 class RoundCheck(_Strict):

@@ -37,7 +37,9 @@ class DistillJob:
     dataset_ref: str
     emit: Callable[..., None]  # sends a progress event (nodes.common.emit bound to the runtime)
     macs: int | None = None  # the student's MACs per image (decides bf16 distillation on the CPU)
-    removed_blocks: int = 0  # whole blocks the plan removed (auto distills longer: `policy.auto_steps`)
+    removed_blocks: int = 0  # whole blocks the plan removed (auto's learning rate and batch: `policy.auto_recipe`)
+    # cap steps -> the early-stopping monitor of an automatic step count (`early_stop.plateau_monitor`), or None
+    monitor: Callable[[int], Any] | None = None
 
 
 def write_failed(exc: OSError | MachineFault, it: int, folder: Path) -> MachineFault:
@@ -57,12 +59,14 @@ def distill_student(
     from profiling_agent.tools.data.train_stream import TrainBatches
     from profiling_agent.tools.models.sizes import count_params
     from profiling_agent.tools.recovery.distill import DistillConfig, distill
-    from profiling_agent.tools.recovery.policy import auto_recipe, auto_steps, distill_precision
+    from profiling_agent.tools.recovery.policy import auto_cap_steps, auto_recipe, distill_precision
     from profiling_agent.tools.runtimes.forward import model_device
 
     params = count_params(student)
     lr, batch = auto_recipe(ctx.recover_lr, ctx.recover_batch, params, job.removed_blocks)
-    steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, params, job.removed_blocks)
+    # an explicit step count runs in full (only the time cap cuts it); the automatic one stops on a plateau
+    steps = ctx.recover_steps or auto_cap_steps(len(job.source.rows), batch, params)
+    monitor = job.monitor(steps) if job.monitor is not None and not ctx.recover_steps else None
     precision = distill_precision(str(model_device(student).type), job.macs)
     config = DistillConfig(steps=steps, lr=lr, seed=job.seed, minutes=ctx.recover_minutes, precision=precision)
     if (lr, batch) != (ctx.recover_lr, ctx.recover_batch):
@@ -112,7 +116,7 @@ def distill_student(
             attrs=attrs,
             progress=progress,
         )
-    return distill(
+    info = distill(
         student,
         teacher,
         batches,
@@ -120,7 +124,9 @@ def distill_student(
         checkpoint_dir=job.folder / "recovery_steps",
         fingerprint=fingerprint,
         progress=progress,
+        monitor=monitor,
     )
+    return {**info, "trial_curve": monitor.curve} if monitor is not None else info
 
 
 def cap_note(record: RecoveryRecord, ctx: Context) -> str:
@@ -165,6 +171,7 @@ def recover_student(
     """
     from profiling_agent.tools.compression.self_check import self_check
     from profiling_agent.tools.recovery.distributed_launch import DistributedJobError
+    from profiling_agent.tools.recovery.early_stop import stop_reason
     from profiling_agent.tools.text import one_line
 
     student = work.student
@@ -179,6 +186,7 @@ def recover_student(
             if info.get("capped"):  # an explicit --recover-steps too: say which setting cut it and how to lift it
                 record.note = f"{record.note}; {cap_note(record, ctx)}".lstrip("; ")
             record.resumed_from, record.loss = info["resumed_from"], info["loss"]
+            record.stopped, record.trial_curve = stop_reason(info, not ctx.recover_steps), info.get("trial_curve")
             curve["distill"] = info
         student = student.cpu().eval()
         self_check(student, work.example, int(student.config.num_labels))
@@ -285,6 +293,7 @@ def recovery_message(record: RecoveryRecord) -> str:
     if record.steps:
         resumed = f", resumed at step {record.resumed_from}" if record.resumed_from else ""
         message += f"; {record.steps}/{record.steps_planned} distillation steps{resumed}"
+        message += f" (stopped: {record.stopped})" if record.stopped else ""
     if record.note:
         message += f"; {record.note}"
     return message

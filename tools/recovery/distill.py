@@ -106,6 +106,7 @@ class Progress:
     curve: list[list[float]] = field(default_factory=list)  # [step, loss, agreement] per step
     step_seconds: list[float] = field(default_factory=list)  # wall seconds of every step, over all attempts
     attempts: list[dict[str, Any]] = field(default_factory=list)  # {"from": step, "threads": torch threads}
+    stopped: str = ""  # "plateau" when the monitor stopped the run before `total`
 
     @classmethod
     def from_json(cls, saved: dict[str, Any]) -> Progress:
@@ -220,6 +221,7 @@ def distill(
     fingerprint: dict[str, Any] | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     team: Team | None = None,
+    monitor: Callable[[int, nn.Module], str | None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `student` in place to match `teacher`'s logits (and the labels), resuming from saved steps.
 
@@ -244,10 +246,13 @@ def distill(
         fingerprint: Facts that must match for saved steps to be reused (e.g. the student's starting weights).
         progress: Called after each step with {"step", "total", "loss", "agreement"}.
         team: This process's part in a data-parallel job (None: the single process does it all).
+        monitor: Called as monitor(steps done, student) after each step of a single-process run (it checks every
+            K steps itself); "stop" ends the run there (saved; `stopped` "plateau"). The student is put back in
+            training mode after it.
 
     Returns:
         {"steps_planned", "steps_done", "resumed_from", "seconds", "loss", "agreement", "curve", "capped",
-        "step_seconds", "attempts"}.
+        "step_seconds", "attempts", "stopped"} (`capped`: the wall-clock cap cut it; `stopped`: "plateau" or "").
 
     Raises:
         tools.interrupt.Interrupted: A stop was requested (or the team's rank 0 halted the job); the last saved
@@ -280,6 +285,10 @@ def distill(
         state.done = step + 1
         deciding = budget_s > 0 and not state.decided and len(timings) == PROBE_STEPS
         halt = _after_step(state, team, config, (step, loss, agree, len(labels)), timings if deciding else None)
+        if monitor is not None and team.world == 1:
+            if monitor(state.done, student) == "stop" and state.done < state.total:
+                state.total, state.stopped = state.done, "plateau"
+            _train_mode(student)
         last = state.done >= state.total
         saving = state.done % every == 0 or last or deciding or halt
         if team.rank == 0 and checkpoint_dir is not None and saving:
@@ -354,7 +363,8 @@ def _summary(state: Progress, config: DistillConfig, resumed_from: int) -> dict[
         "loss": state.loss,
         "agreement": state.agreement,
         "curve": state.curve,
-        "capped": state.done < config.steps,
+        "capped": state.done < config.steps and not state.stopped,
+        "stopped": state.stopped,
         "step_seconds": state.step_seconds,
         "attempts": state.attempts,
     }

@@ -36,8 +36,8 @@ def test_other_splits_supply_test_and_calibration():
 def test_the_trial_slice_is_a_seeded_quarter_of_validation_within_bounds():
     from profiling_agent.tools.data.subsets import TRIAL_MAX, TRIAL_MIN, trial_rows, trial_size
 
-    assert trial_size(512) == 128 and trial_size(4096) == TRIAL_MAX and trial_size(64) == TRIAL_MIN
-    assert trial_size(20) == 20  # fewer validation images than the floor: all of them
+    assert trial_size(512) == 128 and trial_size(4096) == TRIAL_MAX and trial_size(180) == TRIAL_MIN == 128
+    assert trial_size(20) == 20 and trial_size(64) == 64  # fewer validation images than the floor: all of them
     drawn = draw_subsets(1000, val=512, test=200, calib=64, seed=3)
     trial = trial_rows(drawn.val, 3)
     assert len(trial) == 128 and set(trial) <= set(drawn.val) and list(trial) == sorted(trial)

@@ -84,7 +84,7 @@ def draw_subsets(
 
 TRIAL_MAX = 256  # the trial slice: at most this many validation images...
 TRIAL_FRACTION = 4  # ...and at most a quarter of them
-TRIAL_MIN = 32  # but at least this many (or every validation image when there are fewer)
+TRIAL_MIN = 128  # but at least this many (or every validation image when there are fewer): 0 +- 1.5 pp
 
 
 def trial_size(n_val: int) -> int:

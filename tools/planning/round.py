@@ -179,7 +179,9 @@ def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator) -> 
         lambda g: data.plan(goal=g, steer=Steering(reason="trial")).plan,
         lambda plan: evaluate(plan.model_dump()),
     )
-    if search is None:
+    if search is None:  # the planner's own goal stands: one trial records what it predicts (its refit is reused)
+        metrics = evaluate(out.result.plan.model_dump())
+        out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")
         return
     out.result, out.search = data.plan(goal=search.goal, steer=Steering(reason=search.why)), search
     out.predicted = predicted_loss(search.trials, search.goal, "predicted_pp")

@@ -296,7 +296,7 @@ def prediction_rows(result: Mapping[str, Any]) -> list[tuple[int, float, list[fl
     """
     rows = []
     for cand in result.get("candidates") or []:
-        meta = cand.get("planner_meta") or {}
+        meta = cand.get("prediction") or cand.get("planner_meta") or {}  # result.json's entry, or the state's
         if meta.get("predicted_drop") is None:
             continue
         measured = (cand.get("check") or {}).get("measured_drop_pp")

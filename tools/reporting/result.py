@@ -161,6 +161,7 @@ def _candidate_row(
         "quantized": len(c.get("quantized") or []),
         "recovery": c.get("recovery"),
         "check": c.get("check"),
+        "prediction": {k: meta.get(k) for k in ("predicted_drop", "predicted_interval", "correction")},
         "path": artifact.get("path"),
         "sha256": artifact.get("sha256"),
         "error": c.get("error"),

@@ -297,13 +297,15 @@ def prediction_rows(result: Mapping[str, Any]) -> list[tuple[int, float, list[fl
     rows = []
     for cand in result.get("candidates") or []:
         meta = cand.get("prediction") or cand.get("planner_meta") or {}  # result.json's entry, or the state's
-        if meta.get("predicted_drop") is None:
+        check = cand.get("check") or {}
+        predicted = meta.get("predicted_drop", check.get("predicted_drop_pp"))
+        if predicted is None:
             continue
-        measured = (cand.get("check") or {}).get("measured_drop_pp")
+        measured = check.get("measured_drop_pp")
         curve = (cand.get("recovery") or {}).get("trial_curve")
         if measured is None and cand.get("status") == "rejected" and curve:
             measured = curve[-1][2]
-        rows.append((int(cand["iteration"]), float(meta["predicted_drop"]), meta.get("predicted_interval"), measured))
+        rows.append((int(cand["iteration"]), float(predicted), meta.get("predicted_interval"), measured))
     return rows
 
 
@@ -331,6 +333,7 @@ def plot_predictions(result: Mapping[str, Any]) -> bytes | None:
     if budget is not None:
         ax.axhline(float(budget), color=_BASE_COLOR, linestyle="--", linewidth=1, label=f"budget {budget:g} pp")
     ax.set_xticks([r[0] for r in rows])
+    ax.set_xlim(rows[0][0] - 0.5, rows[-1][0] + 0.5)
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy loss, pp")
     ax.legend(fontsize=8)

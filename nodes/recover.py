@@ -35,6 +35,9 @@ def done_key(state: State, ctx: Context) -> dict[str, Any]:
     }
 
 
+REJECTED = "; rejected: "  # in the recover step's message, before the reason (a resume reads it back)
+
+
 class TrialSlice:
     """The trial slice the recover step judges by: its images, labels and the baseline's predictions there."""
 
@@ -159,6 +162,8 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     reused = candidate.finished_recovery(folder, run_dir(state), done_key(state, ctx))
     if reused is not None:
         current.recovered = reused[0]
+        if REJECTED in reused[2]:  # its recovered trial missed the budget: still not evaluated in full
+            current.status, current.error = "rejected", reused[2].split(REJECTED, 1)[1]
         return recovered(
             state, current, reused[1], f"{reused[2]} (finished before the interruption: reused, not redone)"
         )
@@ -179,12 +184,13 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if student is None:  # training failed: the one-shot pruned candidate stays as it was
         return recovered(state, current, record, str(record.error))
     reason = trial.judge(student, record, state.objective.max_acc_drop)
+    reason = "" if current.planner_meta.baseline else reason  # a uniform baseline is measured whatever it lost
     if reason:  # its whole interval misses the budget: not carried to a full evaluation as if it might pass
         current.status, current.error = "rejected", reason
     saved = candidate.save_recovered(student, loaded, record, curve, folder=folder, iteration=it, root=run_dir(state))
     record.seconds = round(time.perf_counter() - started, 2)
     current.recovered = ArtifactRef.model_validate(artifact_ref(state, saved))
-    message = candidate.recovery_message(record) + (f"; rejected: {reason}" if reason else "")
+    message = candidate.recovery_message(record) + (f"{REJECTED}{reason}" if reason else "")
     candidate.mark_done(folder, done_key(state, ctx), record, current.recovered, message)
     refit_cache.discard(folder)
     return recovered(state, current, record, message)

@@ -246,9 +246,7 @@ def distill(
         fingerprint: Facts that must match for saved steps to be reused (e.g. the student's starting weights).
         progress: Called after each step with {"step", "total", "loss", "agreement"}.
         team: This process's part in a data-parallel job (None: the single process does it all).
-        monitor: Called as monitor(steps done, student) after each step of a single-process run (it checks every
-            K steps itself); "stop" ends the run there (saved; `stopped` "plateau"). The student is put back in
-            training mode after it.
+        monitor: Called as monitor(steps done, student) after each step of one process; "stop" ends it there.
 
     Returns:
         {"steps_planned", "steps_done", "resumed_from", "seconds", "loss", "agreement", "curve", "capped",
@@ -285,10 +283,7 @@ def distill(
         state.done = step + 1
         deciding = budget_s > 0 and not state.decided and len(timings) == PROBE_STEPS
         halt = _after_step(state, team, config, (step, loss, agree, len(labels)), timings if deciding else None)
-        if monitor is not None and team.world == 1:
-            if monitor(state.done, student) == "stop" and state.done < state.total:
-                state.total, state.stopped = state.done, "plateau"
-            _train_mode(student)
+        _ask_monitor(monitor, state, student, team)
         last = state.done >= state.total
         saving = state.done % every == 0 or last or deciding or halt
         if team.rank == 0 and checkpoint_dir is not None and saving:
@@ -299,6 +294,21 @@ def distill(
             raise interrupt.Interrupted(f"rank 0 halted the job after step {state.done}")
     student.eval()
     return _summary(state, config, resumed_from)
+
+
+def _ask_monitor(
+    monitor: Callable[[int, nn.Module], str | None] | None, state: Progress, student: nn.Module, team: Team
+) -> None:
+    """Ask a single process's monitor after a step (it checks every K steps itself); "stop" makes this step the last.
+
+    The stop is saved with the step (`stopped` "plateau"), so a resume does not train on; the student goes back to
+    training mode after the monitor scored it.
+    """
+    if monitor is None or team.world != 1:
+        return
+    if monitor(state.done, student) == "stop" and state.done < state.total:
+        state.total, state.stopped = state.done, "plateau"
+    _train_mode(student)
 
 
 def _after_step(

@@ -35,7 +35,7 @@ def planner_history(
                 "passed": passed,
                 "rejected": reviewed,  # a reviewer's no (a recovered trial that missed the budget is a miss)
                 "drop": drop,  # validation accuracy loss after recovery, pp (a missed trial's: the trial slice's)
-                "predicted_drop": meta.predicted_drop,  # the plan's calibration trial, pp
+                "predicted_drop": meta.predicted_drop,  # the plan's trial on the trial slice, pp
                 "blocks": sorted(e.layer for e in cand.plan.pruning if e.type == "block"),  # removed blocks' patterns
                 "width": any(e.type != "block" for e in cand.plan.pruning),  # it pruned channels or heads too
                 "quant_speedup": ev.quant_speedup if ev else None,

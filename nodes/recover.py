@@ -35,6 +35,65 @@ def done_key(state: State, ctx: Context) -> dict[str, Any]:
     }
 
 
+REJECTED = "; rejected: "  # in the recover step's message, before the reason (a resume reads it back)
+
+
+class TrialSlice:
+    """The trial slice the recover step judges by: its images, labels and the baseline's predictions there."""
+
+    def __init__(self, state: State, teacher: Any, device: str) -> None:
+        """Open the slice (`subsets.open_trial_slice`) and predict it with the baseline once."""
+        from profiling_agent.tools.data.trial_slice import open_trial_slice
+        from profiling_agent.tools.evaluation.metrics import predict, top1
+        from profiling_agent.tools.models.artifact_load import load_processor
+
+        assert state.data is not None
+        processor = load_processor(absolute(state, state.baseline.path)) if state.baseline else None
+        self.pixels, self.labels = open_trial_slice(
+            run_dir(state),
+            seed=state.dataset.seed,
+            processor=processor,
+            data_file=state.data.path,
+            image_column=state.data.image_column,
+        )
+        self.ids = allowed_ids(state)
+        self.base = predict(teacher, self.pixels, allowed_ids=self.ids, device=device)
+        self.baseline = top1(self.base, self.labels)
+
+    def predict(self, model: Any) -> Any:
+        """Return the model's predictions on the slice, on its own device."""
+        from profiling_agent.tools.evaluation.metrics import predict
+        from profiling_agent.tools.runtimes.forward import model_device
+
+        return predict(model, self.pixels, allowed_ids=self.ids, device=str(model_device(model)))
+
+    def score(self, model: Any) -> float:
+        """Return the model's top-1 on the slice, %."""
+        from profiling_agent.tools.evaluation.metrics import top1
+
+        return top1(self.predict(model), self.labels)
+
+    def monitor(self, cap_steps: int) -> Any:
+        """Return the early-stopping monitor of a distillation of at most `cap_steps` steps."""
+        from profiling_agent.tools.recovery.early_stop import plateau_monitor
+
+        return plateau_monitor(self.score, len(self.labels), self.baseline, cap_steps)
+
+    def judge(self, student: Any, record: RecoveryRecord, budget: float) -> str:
+        """Score the recovered student, note its loss interval in `record`; return a rejection reason ('' or why)."""
+        from profiling_agent.tools.planning.error_model import beyond_budget, trial_interval
+
+        preds = self.predict(student)
+        loss, low, high = trial_interval(self.base, preds, self.labels)
+        curve = record.trial_curve = list(record.trial_curve or [])
+        if not curve or curve[-1][0] != record.steps:  # the recovered student's own point
+            acc = float((preds == self.labels).float().mean()) * 100
+            curve.append([record.steps, round(acc, 3), round(self.baseline - acc, 3)])
+        note = f"trial slice after recovery: {loss:.2f} pp lost ({low:.2f} to {high:.2f})"
+        record.note = f"{record.note}; {note}".lstrip("; ")
+        return beyond_budget(loss, low, high, budget)
+
+
 def distill_job(state: State, runtime: Runtime[Context], source: Any, processor: Any):
     """Describe this iteration's distillation for the recovery tools: data, folders and progress events."""
     from profiling_agent.tools.recovery.candidate import DistillJob
@@ -103,6 +162,8 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     reused = candidate.finished_recovery(folder, run_dir(state), done_key(state, ctx))
     if reused is not None:
         current.recovered = reused[0]
+        if REJECTED in reused[2]:  # its recovered trial missed the budget: still not evaluated in full
+            current.status, current.error = "rejected", reused[2].split(REJECTED, 1)[1]
         return recovered(
             state, current, reused[1], f"{reused[2]} (finished before the interruption: reused, not redone)"
         )
@@ -116,14 +177,20 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     device = "cpu" if "distill" not in steps else measure_device(ctx.device)
     work = recovery_work(state, loaded.model, applied, device)
     job = distill_job(state, runtime, source, loaded.processor)
+    trial = TrialSlice(state, work.teacher, device)  # judges early stopping and the recovered candidate
+    job.monitor = trial.monitor
     student, curve = candidate.recover_student(work, steps, record, job=job, ctx=ctx)
     record.seconds = round(time.perf_counter() - started, 2)
     if student is None:  # training failed: the one-shot pruned candidate stays as it was
         return recovered(state, current, record, str(record.error))
+    reason = trial.judge(student, record, state.objective.max_acc_drop)
+    reason = "" if current.planner_meta.baseline else reason  # a uniform baseline is measured whatever it lost
+    if reason:  # its whole interval misses the budget: not carried to a full evaluation as if it might pass
+        current.status, current.error = "rejected", reason
     saved = candidate.save_recovered(student, loaded, record, curve, folder=folder, iteration=it, root=run_dir(state))
     record.seconds = round(time.perf_counter() - started, 2)
     current.recovered = ArtifactRef.model_validate(artifact_ref(state, saved))
-    message = candidate.recovery_message(record)
+    message = candidate.recovery_message(record) + (f"{REJECTED}{reason}" if reason else "")
     candidate.mark_done(folder, done_key(state, ctx), record, current.recovered, message)
     refit_cache.discard(folder)
     return recovered(state, current, record, message)

@@ -185,7 +185,9 @@ class PlannerMeta(Strict):
     baseline: str | None = Field(default=None, description="The uniform baseline planner (l1, l2, random).")
     ratio: float | None = Field(default=None, description="The uniform baseline's ratio.")
     backoff: BackoffRecord | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
-    predicted_drop: float | None = Field(default=None, description="Calibration trial's loss of this plan, pp.")
+    predicted_drop: float | None = Field(default=None, description="The plan's trial-slice loss, pp.")
+    predicted_interval: list[float] | None = Field(default=None, description="Its paired 95% interval [lo, hi], pp.")
+    correction: list[float] | None = Field(default=None, description="[additive pp, multiplicative] applied.")
     search: SearchRecord | None = Field(default=None, description="Searching round: interval, correction, trials.")
     block_trials: list[BlockTrial] | None = Field(default=None, description="Round 1's block sets tried.")
 

@@ -243,6 +243,8 @@ class RecoveryRecord(Strict):
     calib_agreement_after: float | None = Field(default=None, description="Calibration agreement after, %.")
     curve: str | None = Field(default=None, description="JSON file of the recovery curve, relative to the run.")
     error: str | None = Field(default=None, description="Why recovery was abandoned (the pruned weights go on).")
+    stopped: str | None = Field(default=None, description="Why distillation stopped: plateau, cap, steps or time.")
+    trial_curve: list[list[float]] | None = Field(default=None, description="[step, trial-slice top-1 %] checks.")
 
 
 class RoundCheck(Strict):

@@ -224,10 +224,11 @@ def test_cli_report_rebuilds_from_files_deterministically(finished_run, tmp_path
     assert sorted(p.name for p in (copy_dir / "plots").iterdir()) == [
         "pareto_latency.png",
         "pareto_params.png",
+        "predicted_loss.png",  # from result.json's predicted and measured losses per round
         "recovery_curve.png",  # from result.json's distillation curves
         "stale.png",
     ]
-    assert len(_parse((copy_dir / "report.html").read_text()).images) == 3
+    assert len(_parse((copy_dir / "report.html").read_text()).images) == 4
 
 
 @pytest.mark.parametrize("case", ["missing", "no-result", "running", "not-json", "not-a-result", "bad-field"])
@@ -292,7 +293,7 @@ def test_pareto_points_front_and_extra_baselines(finished_run):
     assert len(page.tables["candidates"]) == 2 + len(result["candidates"])  # extra baselines stay out of it
     refs_table = {cells[0]: cells[1:] for _, cells in page.tables["baselines"][1:]}
     assert refs_table["uniform 40%"] == ["90.00", "-", "2.00", "1,000", "-"] and "broken" not in refs_table
-    assert len(_parse(render_html(result, images=render_plots(result, None))).images) == 2  # the Pareto plots
+    assert len(_parse(render_html(result, images=render_plots(result, None))).images) == 3  # Pareto plots, predictions
 
 
 def test_pareto_front_and_accuracy_floor_are_exact():

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from profiling_agent.state import BackoffRecord, BlockTrial, Candidate, PlannerMeta, ProposalDiff, SearchRecord
 from profiling_agent.tools.planning.backoff import Backoff
+from profiling_agent.tools.planning.error_model import Correction
 from profiling_agent.tools.planning.search import SearchStep
 
 # the planner_meta of a candidate as checkpoints and result.json hold it (written before the records were typed)
@@ -61,10 +62,14 @@ def test_an_old_planner_meta_loads_as_typed_records_and_writes_the_same_json():
     assert isinstance(meta.search, SearchRecord) and meta.search.trials[0].corrected_pp == 4.688
     assert isinstance(meta.vs_proposal, ProposalDiff) and meta.vs_proposal.label() == "edited (1 changes)"
     assert meta.block_trials is not None and all(isinstance(t, BlockTrial) for t in meta.block_trials)
-    assert meta.model_dump() == OLD_META  # the same keys: a failed trial has no calib_drop_pp, one that ran no error
-    assert json.loads(meta.model_dump_json()) == OLD_META
+    new_keys = {"predicted_interval": None, "correction": None}  # added since (issue 36), absent in old records
+    assert meta.model_dump() == {
+        **OLD_META,
+        **new_keys,
+    }  # the same keys: a failed trial has no calib_drop_pp, one that ran no error
+    assert json.loads(meta.model_dump_json()) == {**OLD_META, **new_keys}
     cand = Candidate.model_validate({"iteration": 1, "planner_meta": OLD_META})
-    assert cand.model_dump()["planner_meta"] == OLD_META
+    assert cand.model_dump()["planner_meta"] == {**OLD_META, **new_keys}
 
 
 def test_a_wrong_record_key_is_refused():
@@ -77,7 +82,7 @@ def test_backoff_and_search_records_round_trip_through_the_planner_types():
     backoff = Backoff.from_record(BackoffRecord.model_validate(OLD_META["backoff"]))
     assert backoff.goal == 0.25 and backoff.cap == 4.0 and backoff.backed_off
     assert backoff.to_record().model_dump() == OLD_META["backoff"]
-    step = SearchStep(goal=0.3125, low=0.25, high=0.5, correction=1.5, cap=1.0666, why="w")
+    step = SearchStep(goal=0.3125, low=0.25, high=0.5, correction=Correction(multiplicative=1.5), cap=1.0666, why="w")
     step.trials.append({"goal": 0.375, "predicted_pp": 3.125, "corrected_pp": 4.688})
     assert step.to_record().model_dump() == {
         "goal": 0.3125,

@@ -12,6 +12,7 @@ from profiling_agent.tools.data.labels import map_labels
 from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES, SubsetSpec, load_prepared, prepare_images
 from profiling_agent.tools.data.roles import check_classes, check_judgeable, role_sources, subsets_record, weak_reasons
 from profiling_agent.tools.data.sources import DataError, has_splits, load_split
+from profiling_agent.tools.data.subsets import trial_rows, trial_size
 from profiling_agent.tools.data.train_stream import find_train_source
 
 NAMES = ("cat", "dog", "bird")
@@ -106,6 +107,14 @@ def test_roles_are_disjoint_images_in_every_format(tmp_path, kind):
         assert len(trained) == 140 - 96 and train.split is None and "no splits" in train.note
     else:
         assert train.split == "train" and len(trained) == 100 - 16
+    # the trial slice judges every plan trial: validation rows only (so never a test, calibration or training image)
+    trial = record["trial"]
+    assert trial["split"] == record["validation"]["split"] and trial["of"] == "validation"
+    n_val = len(record["validation"]["indices"])  # 48, or what the 40-image split left
+    assert set(trial["indices"]) <= set(record["validation"]["indices"]) and len(trial["indices"]) == trial_size(n_val)
+    assert trial["indices"] == trial_rows(np.asarray(record["validation"]["indices"]), ref.seed).tolist()
+    judged = _pixels(str(path), trial["split"], trial["indices"])
+    assert judged <= images["validation"] and not judged & (images["test"] | images["calibration"] | trained)
 
 
 def test_named_splits_of_a_split_less_dataset_are_not_other_data(tmp_path):

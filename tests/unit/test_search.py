@@ -1,4 +1,4 @@
-"""The searching loop: round k+1 bisects inside the measured interval on calibration trials corrected by validation."""
+"""The searching loop: round k+1 bisects inside the measured interval on trials corrected by validation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from eval_records import candidate, evaluation, form
 
 from profiling_agent.state import CompressionPlan
-from profiling_agent.tools.planning.search import AIM, bracket, prediction_correction, search_step
+from profiling_agent.tools.planning.search import bracket, prediction_correction, search_step
 
 
 def _round(goal, passed, drop=None, predicted=None, **extra):
@@ -31,8 +31,8 @@ def test_bracket_is_the_largest_pass_and_the_smallest_failure_above_it():
     assert bracket(rounds) == (0.18, 0.3)
 
 
-def _synthetic(true_drop):
-    """A trial whose calibration loss is a known function of the goal the plan carries in its rationale."""
+def _synthetic(true_drop, half=0.0):
+    """A trial whose loss is a known function of the goal the plan carries in its rationale (interval +- `half`)."""
     calls = []
 
     def plan_at(goal):
@@ -41,33 +41,48 @@ def _synthetic(true_drop):
     def trial(plan):
         goal = float(plan.rationale)
         calls.append(goal)
-        return {"accuracy_drop_pp": true_drop(goal)}
+        drop = true_drop(goal)
+        return {"accuracy_drop_pp": drop, "interval_pp": [drop - half, drop + half]}
 
     return plan_at, trial, calls
 
 
-def test_search_lands_between_the_pass_and_the_failure_where_the_corrected_loss_fits_the_budget():
-    calib = lambda g: max(0.0, g - 0.25) * 30.0  # noqa: E731  calibration loss of a plan at goal g
-    # validation loses 3x what calibration predicts: round 1 at 37% predicted 3.6 pp and lost 10.8 pp
-    history = [_round(0.37, False, 3 * calib(0.37), calib(0.37))]
-    plan_at, trial, calls = _synthetic(calib)
+def test_search_keeps_the_largest_goal_whose_corrected_upper_end_fits_the_budget():
+    calib = lambda g: max(0.0, g - 0.25) * 30.0  # noqa: E731  trial loss of a plan at goal g
+    # two earlier rounds: validation lost 3x what the trial predicted -> multiplicative 3, additive 0
+    history = [_round(0.37, False, 3 * calib(0.37), calib(0.37)), _round(0.3, False, 3 * calib(0.3), calib(0.3))]
+    plan_at, trial, calls = _synthetic(calib, half=0.2)
     step = search_step(history, 2.0, plan_at, trial, steps=6)
-    assert step is not None and step.correction == pytest.approx(3.0)
-    assert step.cap == pytest.approx(AIM * 2.0 / 3.0)
-    assert 0.0 < step.goal < 0.37 and all(0.0 < g < 0.37 for g in calls)
-    # the chosen goal's corrected loss fits the budget, and it is close to the largest goal that does
-    assert 3 * calib(step.goal) <= AIM * 2.0 + 1e-9
-    largest = 0.25 + AIM * 2.0 / 3.0 / 30.0
-    assert largest - step.goal < 0.37 / 2**6 + 1e-9
-    assert step.goal > 0.37 / 2  # better than plain bisection, which would try 18.5%
+    assert step is not None and step.correction.multiplicative == pytest.approx(3.0)
+    assert step.correction.additive == pytest.approx(0.0, abs=1e-9)
+    assert step.cap == pytest.approx(2.0 / 3.0)  # the upper end a trial may show
+    assert 0.0 < step.goal < 0.3 and all(0.0 < g < 0.3 for g in calls)
+    # the chosen goal's corrected upper end fits the budget, and it is close to the largest goal that does
+    assert 3 * (calib(step.goal) + 0.2) <= 2.0 + 1e-9
+    largest = 0.25 + (2.0 / 3.0 - 0.2) / 30.0
+    assert largest - step.goal < 0.3 / 2**6 + 1e-9
+    assert step.intervals[round(step.goal, 4)] == pytest.approx([calib(step.goal) - 0.2, calib(step.goal) + 0.2])
     assert step.to_record().trials and "searching between" in step.why
 
 
-def test_no_search_without_a_failure_or_a_prediction():
+def test_one_earlier_round_corrects_by_the_additive_term_alone():
+    # predicted zero, validation lost 1.5 pp: a multiplicative term could not see it, the additive one does
+    history = [_round(0.37, False, 1.5, 0.0)]
+    plan_at, trial, calls = _synthetic(lambda g: 0.0, half=0.8)  # every trial predicts zero, upper end 0.8
+    step = search_step(history, 2.0, plan_at, trial, steps=3)
+    assert step is not None and step.correction.as_list() == [1.5, 1.0]
+    assert step.cap == pytest.approx(0.5)  # 0.8 + 1.5 > 2: nothing passes on a zero prediction
+    assert all(t["corrected_pp"] == pytest.approx(2.3) for t in step.to_record().model_dump()["trials"])
+    assert step.goal < min(calls)
+
+
+def test_no_search_without_a_failure():
     plan_at, trial, calls = _synthetic(lambda g: 0.0)
     assert search_step([_round(0.3, True, 0.5, 0.2)], 2.0, plan_at, trial) is None
-    assert search_step([_round(0.3, False, 5.0, None)], 2.0, plan_at, trial) is None
     assert calls == []
+    # a failure without a prediction: the trials are judged uncorrected
+    step = search_step([_round(0.3, False, 5.0, None)], 2.0, plan_at, trial, steps=2)
+    assert step is not None and step.correction.pairs == 0 and step.goal == pytest.approx(0.225)
 
 
 def test_when_no_trial_fits_the_goal_falls_below_the_smallest_failing_trial():

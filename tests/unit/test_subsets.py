@@ -31,3 +31,16 @@ def test_other_splits_supply_test_and_calibration():
     s = draw_subsets(100, val=80, test=50, calib=30, seed=0, test_rows=1000, calib_rows=500)
     assert s.val.size == 80 and s.test.size == 50 and s.calib.size == 30
     assert s.test.max() < 1000 and s.calib.max() < 500
+
+
+def test_the_trial_slice_is_a_seeded_quarter_of_validation_within_bounds():
+    from profiling_agent.tools.data.subsets import TRIAL_MAX, TRIAL_MIN, trial_rows, trial_size
+
+    assert trial_size(512) == 128 and trial_size(4096) == TRIAL_MAX and trial_size(180) == TRIAL_MIN == 128
+    assert trial_size(20) == 20 and trial_size(64) == 64  # fewer validation images than the floor: all of them
+    drawn = draw_subsets(1000, val=512, test=200, calib=64, seed=3)
+    trial = trial_rows(drawn.val, 3)
+    assert len(trial) == 128 and set(trial) <= set(drawn.val) and list(trial) == sorted(trial)
+    assert not set(trial) & (set(drawn.test) | set(drawn.calib))
+    assert trial.tolist() == trial_rows(drawn.val[::-1], 3).tolist()  # the same rows whatever their order
+    assert trial.tolist() != trial_rows(drawn.val, 4).tolist()

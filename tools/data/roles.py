@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from profiling_agent.tools.data.sources import DataError, has_splits, load_split
-from profiling_agent.tools.data.subsets import MIN_CALIBRATION
+from profiling_agent.tools.data.subsets import MIN_CALIBRATION, trial_rows
 
 MIN_EVAL = 8  # fewest validation (and test) images a protocol judges on: the floor DatasetRef puts on subsets
 MIN_CLASSES = 2  # one class: every prediction restricted to the dataset's classes is right, any model scores 100%
@@ -96,7 +96,10 @@ def role_sources(
 
 
 def subsets_record(ref: str, seed: int, sources: RoleSources, rows: Mapping[str, Any]) -> dict[str, Any]:
-    """Build subsets.json: the dataset, whether it has splits, and each role's split and sorted rows.
+    """Build subsets.json: the dataset, whether it has splits, each role's split and sorted rows, and the trial slice.
+
+    `trial` names the validation rows every plan trial is judged on (`subsets.trial_rows`): a seeded subset of the
+    validation rows, so disjoint from the calibration and test rows as validation is.
 
     Args:
         ref: The dataset reference.
@@ -112,6 +115,8 @@ def subsets_record(ref: str, seed: int, sources: RoleSources, rows: Mapping[str,
             shared = set(record[a]["indices"]) & set(record[b]["indices"])
             if record[a]["split"] == record[b]["split"] and shared:
                 raise RuntimeError(f"{a} and {b} images share {len(shared)} rows of {ref}: a bug, please report it")
+    trial = trial_rows(np.asarray(rows["validation"]), seed)  # judges every plan trial: a slice of validation
+    record["trial"] = {"split": sources.splits["validation"], "of": "validation", "indices": [int(i) for i in trial]}
     return record
 
 

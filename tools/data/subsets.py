@@ -80,3 +80,24 @@ def draw_subsets(
     if calib_rows is not None:
         calib_idx = np.random.default_rng(seed + 2).permutation(calib_rows)[: min(calib, calib_rows)]
     return Subsets(np.sort(val_idx), np.sort(test_idx), np.sort(calib_idx), "; ".join(notes))
+
+
+TRIAL_MAX = 256  # the trial slice: at most this many validation images...
+TRIAL_FRACTION = 4  # ...and at most a quarter of them
+TRIAL_MIN = 128  # but at least this many (or every validation image when there are fewer): 0 +- 1.5 pp
+
+
+def trial_size(n_val: int) -> int:
+    """Return the trial slice's size: min(TRIAL_MAX, a quarter of the validation rows), at least TRIAL_MIN (or all)."""
+    return min(n_val, max(TRIAL_MIN, min(TRIAL_MAX, n_val // TRIAL_FRACTION)))
+
+
+def trial_rows(val_rows: np.ndarray, seed: int) -> np.ndarray:
+    """Return the trial slice: a seeded subset of the validation rows (sorted), the images trials are judged on.
+
+    The slice is drawn from the validation rows alone (never training, calibration or test images), so a plan's
+    predicted loss comes from images the model never trained on, and the held-out test rows stay untouched.
+    """
+    val_rows = np.sort(np.asarray(val_rows))
+    pick = np.random.default_rng(seed + 3).permutation(len(val_rows))[: trial_size(len(val_rows))]
+    return val_rows[np.sort(pick)]

@@ -1,4 +1,4 @@
-"""Back off the first round's plan before it is applied when a trial on the calibration images predicts collapse."""
+"""Back off the first round's plan before it is applied when a trial on the trial slice predicts collapse."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 from profiling_agent.state import BackoffRecord, CompressionPlan
 
-FIRST_ROUND_CAP_PP = (3.0, 8.0)  # the allowed calibration drop: twice the budget, within these bounds
-BACKOFF_TRIALS = 4  # bisection steps after the first trial (each prunes a copy and scores the calibration images)
+FIRST_ROUND_CAP_PP = (3.0, 8.0)  # the allowed trial drop (upper end of its interval): twice the budget, within these
+BACKOFF_TRIALS = 4  # bisection steps after the first trial (each prunes a copy and scores the trial slice)
 
 
 @dataclass
@@ -18,13 +18,16 @@ class Backoff:
 
     Attributes:
         goal: The reduction goal to plan for (the planner's own goal when its plan passed the first trial).
-        cap: Largest calibration accuracy drop accepted, pp.
-        trials: One record per trial: goal, calibration accuracy drop, params reduction.
+        cap: Largest upper end of a trial's loss interval accepted, pp.
+        trials: One record per trial: goal, trial-slice accuracy drop (`calib_drop_pp`, the recorded name),
+            params reduction.
+        intervals: Goal (as recorded) -> the paired 95% interval [low, high] of its trial's loss, pp.
     """
 
     goal: float
     cap: float
     trials: list[dict[str, Any]] = field(default_factory=list)
+    intervals: dict[float, list[float]] = field(default_factory=dict)
 
     @property
     def backed_off(self) -> bool:
@@ -42,7 +45,11 @@ class Backoff:
 
 
 def drop_cap(max_acc_drop: float) -> float:
-    """Return the calibration drop a first plan may show: twice the accuracy budget, clamped to FIRST_ROUND_CAP_PP."""
+    """Return the trial drop a first plan may show: twice the accuracy budget, clamped to FIRST_ROUND_CAP_PP.
+
+    The first round's trials refit but do not distil, and no earlier round says how much recovery wins back, so the
+    cap is looser than the budget; it applies to the upper end of the trial's interval (`error_model`).
+    """
     low, high = FIRST_ROUND_CAP_PP
     return min(high, max(low, 2.0 * max_acc_drop))
 
@@ -54,18 +61,19 @@ def back_off(
     cap: float,
     steps: int = BACKOFF_TRIALS,
 ) -> Backoff:
-    """Find the largest goal up to `goal` whose plan loses at most `cap` pp on the calibration images.
+    """Find the largest goal up to `goal` whose plan's trial loss stays under `cap` pp at the upper end of its interval.
 
     The sensitivity probe prunes one group at a time, so it cannot see groups that fail together; one trial of
-    the whole plan on the same calibration images can. When the planner's plan passes, it is kept unchanged;
-    otherwise the goal is bisected below it, and the largest passing goal is kept (the smallest tried when none
-    passes).
+    the whole plan on the trial slice (validation images the model never trained on) can. The upper end of the
+    trial's paired interval is judged, so a small slice or a lucky draw cannot pass a plan on a zero. When the
+    planner's plan passes, it is kept unchanged; otherwise the goal is bisected below it, and the largest passing
+    goal is kept (the smallest tried when none passes).
 
     Args:
         goal: The planner's goal for round 1 (a fractional reduction of the target).
         plan_at: Returns the planner's plan for a goal.
-        trial: Prunes a fresh copy by a plan and returns its calibration metrics (`accuracy_drop_pp`, ...).
-        cap: Largest accepted calibration accuracy drop, pp.
+        trial: Prunes a fresh copy by a plan and returns its trial metrics (`accuracy_drop_pp`, `interval_pp`).
+        cap: Largest accepted upper end of a trial's loss interval, pp.
         steps: Bisection steps after the first trial.
     """
     out = Backoff(goal=goal, cap=cap)
@@ -73,10 +81,12 @@ def back_off(
     def run(g: float) -> bool:
         metrics = trial(plan_at(g))
         drop = float(metrics.get("accuracy_drop_pp", 0.0))
+        interval = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
         out.trials.append(
             {"goal": round(g, 4), "calib_drop_pp": round(drop, 3), "params_reduction": metrics.get("params_reduction")}
         )
-        return drop <= cap
+        out.intervals[round(g, 4)] = interval
+        return interval[1] <= cap
 
     if run(goal):
         return out

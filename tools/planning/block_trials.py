@@ -6,8 +6,9 @@ leaves: on the zoo ResNet the refit ranks stage 0's first block the most damagin
 distillation recovers worst (-1.75 pp held-out after 3,000 steps, where the identity block with stages 0 and 1 gained
 0.35 pp). Blocks fail together, too: each of the four alone lost at most 0.3 pp after 300 steps. So the first round
 tries the planner's set and the next cheapest sets of the same size, each pruned, refit and distilled TRIAL_STEPS
-steps on the training images, and keeps the one whose logits end closest to the baseline's on the calibration
-images (mean KL; the sets' order after 100 and 300 steps matched the order after 3,000 steps on held-out images).
+steps on the training images, and keeps the one whose logits end closest to the baseline's on the trial slice
+(validation images the model never trained on; mean KL; the sets' order after 100 and 300 steps matched the order
+after 3,000 steps on held-out images).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def choose_block_set(
     when its estimate reaches `target` (the objective's reduction), or the first set's (the planner's own) when that
     falls short of it, within ESTIMATE_SLACK: one short of it would win by removing less. The first `limit` such sets
     are tried, and none when fewer than two are (nothing to choose: no records). `trial` prunes, refits and briefly
-    distils a baseline copy by a plan and returns its calibration metrics (`kl_to_baseline`, `accuracy_drop_pp`); a
+    distils a baseline copy by a plan and returns its trial-slice metrics (`kl_to_baseline`, `accuracy_drop_pp`); a
     trial that raises is recorded with its error and never kept unless every one failed (then the planner's set
     is). Ties keep the earlier (cheaper by the probe) set.
     """

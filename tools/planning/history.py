@@ -22,15 +22,20 @@ def planner_history(
         ev = cand.eval
         passed = bool(cand.status == "ok" and ev and base and within_budget(ev, base, objective))
         drop = accuracy_drop(ev, base) if cand.status == "ok" and ev and base else None
+        curve = cand.recovery.trial_curve if cand.recovery is not None else None
+        missed = cand.status == "rejected" and bool(curve)  # its recovered trial missed the budget
+        reviewed = cand.status == "rejected" and not missed
+        if missed and curve:
+            drop = float(curve[-1][2])  # the trial slice's loss after recovery, pp
         rounds.append(
             {
                 "iteration": cand.iteration,
                 "goal": meta.goal,
                 "gamma": meta.gamma,
                 "passed": passed,
-                "rejected": cand.status == "rejected",
-                "drop": drop,  # validation accuracy loss after recovery, pp
-                "predicted_drop": meta.predicted_drop,  # the plan's calibration trial, pp
+                "rejected": reviewed,  # a reviewer's no (a recovered trial that missed the budget is a miss)
+                "drop": drop,  # validation accuracy loss after recovery, pp (a missed trial's: the trial slice's)
+                "predicted_drop": meta.predicted_drop,  # the plan's trial on the trial slice, pp
                 "blocks": sorted(e.layer for e in cand.plan.pruning if e.type == "block"),  # removed blocks' patterns
                 "width": any(e.type != "block" for e in cand.plan.pruning),  # it pruned channels or heads too
                 "quant_speedup": ev.quant_speedup if ev else None,

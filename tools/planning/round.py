@@ -28,7 +28,7 @@ from profiling_agent.tools.planning.trials import Evaluate
 if TYPE_CHECKING:
     from profiling_agent.tools.planning.llm_planner import LLMOutcome
 
-# builds evaluate_plan (a plan tried on a fresh baseline copy on the calibration images), at most `max_calls` times
+# builds evaluate_plan (a plan tried on a fresh baseline copy, judged on the trial slice), at most `max_calls` times
 Evaluator = Callable[[int | None], Evaluate]
 # builds the block-set trials' evaluator (refit, then a short distillation), or None where it cannot run
 BlockEvaluator = Callable[[int], Evaluate | None]
@@ -72,7 +72,8 @@ class DeterministicRound:
     result: PlanResult
     backoff: Backoff | None = None
     search: SearchStep | None = None
-    predicted: float | None = None  # the plan's calibration loss, pp (a trial of it)
+    predicted: float | None = None  # the plan's trial-slice loss, pp (a trial of it)
+    interval: list[float] | None = None  # its paired 95% interval [low, high], pp
     trials: list[dict[str, Any]] | None = None  # round 1's block-set trials
 
 
@@ -89,7 +90,7 @@ class Turn:
 
 
 def predicted_loss(trials: list[dict[str, Any]], goal: float, key: str) -> float | None:
-    """Return the calibration loss a trial measured at `goal` (rounded as the trials record it), or None."""
+    """Return the trial-slice loss a trial measured at `goal` (rounded as the trials record it), or None."""
     for t in trials:
         if abs(t["goal"] - round(goal, 4)) < 1e-9:
             return float(t[key])
@@ -151,7 +152,7 @@ def deterministic_plan(
 
 
 def backed_off(out: DeterministicRound, data: RoundData, candidates: Sequence[Candidate], evaluator: Evaluator) -> None:
-    """Back round 1's goal off until its plan's calibration trial stays under the cap (`backoff.py`), in `out`."""
+    """Back round 1's goal off until its plan's trial stays under the cap (`backoff.py`), in `out`."""
     from profiling_agent.tools.planning.backoff import BACKOFF_TRIALS, back_off, drop_cap
 
     backoff = earlier_backoff(candidates)
@@ -164,10 +165,11 @@ def backed_off(out: DeterministicRound, data: RoundData, candidates: Sequence[Ca
         out.result = data.plan(goal=backoff.goal)
     out.backoff = backoff
     out.predicted = predicted_loss(backoff.trials, backoff.goal, "calib_drop_pp")
+    out.interval = backoff.intervals.get(round(backoff.goal, 4))
 
 
 def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator) -> None:
-    """Search the measured interval by corrected calibration trials (`search.py`); the goal chosen goes in `out`."""
+    """Search the measured interval by corrected trials (`search.py`); the goal chosen goes in `out`."""
     from profiling_agent.tools.planning.search import SEARCH_TRIALS, search_step
 
     evaluate = evaluator(SEARCH_TRIALS + 1)
@@ -177,12 +179,16 @@ def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator) -> 
         lambda g: data.plan(goal=g, steer=Steering(reason="trial")).plan,
         lambda plan: evaluate(plan.model_dump()),
     )
-    if search is None:
+    if search is None:  # the planner's own goal stands: one trial records what it predicts (its refit is reused)
+        metrics = evaluate(out.result.plan.model_dump())
+        out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")
         return
     out.result, out.search = data.plan(goal=search.goal, steer=Steering(reason=search.why)), search
     out.predicted = predicted_loss(search.trials, search.goal, "predicted_pp")
+    out.interval = search.intervals.get(round(search.goal, 4))
     if out.predicted is None:  # the chosen goal was not one of the trials: measure the plan itself
-        out.predicted = float(evaluate(out.result.plan.model_dump())["accuracy_drop_pp"])
+        metrics = evaluate(out.result.plan.model_dump())
+        out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")
 
 
 def tried_block_sets(
@@ -221,7 +227,7 @@ def tried_block_sets(
     kept = planned[id(plans[best])]
     kept.plan.rationale += (
         f" Blocks chosen by trial: of {len(records)} sets of {len(chosen)} blocks, each refit and briefly "
-        f"distilled, {', '.join(records[best]['blocks'])} ended closest to the baseline on the calibration images "
+        f"distilled, {', '.join(records[best]['blocks'])} ended closest to the baseline on the trial slice "
         f"(KL {records[best]['kl']:.4f}; the probe's cheapest set {records[0]['kl']:.4f})."
     )
     return kept, records
@@ -261,8 +267,11 @@ def round_meta(det: DeterministicRound, turn: Turn, objective: Objective) -> Pla
     meta = PlannerMeta(goal=goal, gamma=result.gamma, converged=result.converged, llm=turn.llm, turn=turn.turn)
     if turn.planner == "deterministic" and det.predicted is not None:
         meta.predicted_drop = round(det.predicted, 3)
+        if det.interval is not None:
+            meta.predicted_interval = [round(float(x), 3) for x in det.interval]
     if det.search is not None:
         meta.search = det.search.to_record()
+        meta.correction = det.search.correction.as_list()
     if det.backoff is not None:
         meta.backoff = det.backoff.to_record()
     if det.trials:
@@ -284,7 +293,7 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
         first = backoff.trials[0]
         message += (
             f"; backed off from a {first['goal']:.1%} goal (its trial lost {first['calib_drop_pp']:.1f} pp on the "
-            f"calibration images) to {backoff.goal:.1%} (cap {backoff.cap:g} pp)"
+            f"trial slice) to {backoff.goal:.1%} (cap {backoff.cap:g} pp on the upper end of its interval)"
         )
     if det.search is not None:
         message += f"; {det.search.why}"
@@ -311,7 +320,7 @@ def planning_round(
         ctx: The run's settings (the LLM endpoint, the recovery).
         full_profile: profile.json (groups and costs).
         mode: "llm" when an LLM plans every other round (planner_mode), else the deterministic planner alone.
-        evaluator: Builds the calibration-trial evaluator, given how many calls it may take (None: its default).
+        evaluator: Builds the trial evaluator (on the trial slice), given how many calls it may take (None: default).
         blocks_evaluator: Builds round 1's block-set trial evaluator (`deterministic_plan`), or returns None.
 
     Returns:

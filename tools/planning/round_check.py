@@ -46,7 +46,7 @@ def check_message(check: RoundCheck | None) -> str:
     text = ""
     if check.predicted_drop_pp is not None and check.measured_drop_pp is not None:
         text += (
-            f"; its calibration trial predicted a {check.predicted_drop_pp:.2f} pp loss, validation showed "
+            f"; its trial predicted a {check.predicted_drop_pp:.2f} pp loss, validation showed "
             f"{check.measured_drop_pp:.2f} pp after recovery (correction x{check.correction or 1.0:.2f} carried to "
             "the next round)"
         )

@@ -1,4 +1,4 @@
-"""Calibration trials of whole plans: what they need (TrialSetup), the block trials' recipe, and the evaluators."""
+"""Trials of whole plans on the validation trial slice: what they need (TrialSetup), the recipe, and the evaluators."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from profiling_agent.state import ArtifactRef, DataRef, DatasetRef, InputShape, 
 from profiling_agent.tools import run_layout
 
 MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
-# a plan dict in, its calibration metrics out (`PlanEvaluator`)
+# a plan dict in, its trial-slice metrics out (`PlanEvaluator`)
 Evaluate = Callable[[dict[str, Any]], dict[str, Any]]
 # recover(pruned model, applied rows) and on_trial(plan, model, applied rows): `PlanEvaluator`'s hooks
 RecoverHook = Callable[[Any, list[Any]], None]
@@ -30,12 +30,12 @@ class RecipeSettings:
 
 @dataclass(frozen=True)
 class TrialSetup:
-    """What a calibration trial of a plan needs, read from the run by the analyze step.
+    """What a trial of a plan needs, read from the run by the analyze step.
 
     Attributes:
         run_path: The run folder (artifact and data paths are relative to it).
         baseline: The untouched baseline artifact (folder, sha256, parameters); None before acquire.
-        data: The prepared images (calibration rows); None before prepare_data (a trial then fails).
+        data: The prepared images (validation and calibration rows); None before prepare_data (a trial then fails).
         dataset: The dataset (seed, splits: where the training images come from).
         labels: Dataset labels -> model class ids (allowed ids, image and label columns).
         input_shape: The model's input shape (the training images' size).
@@ -102,6 +102,27 @@ def calibration(setup: TrialSetup) -> tuple[Any, Any]:
     return tensors["calib_pixels"], tensors["calib_labels"]
 
 
+def trial_slice(setup: TrialSetup) -> tuple[Any, Any]:
+    """Return the trial slice's images (N, C, H, W) and labels: the validation rows subsets.json names `trial`.
+
+    Every accuracy prediction that steers a plan is measured here, on images the model never trained on (the
+    calibration images may come from the training split); the rows are `subsets.trial_rows` of the validation rows.
+    """
+    from profiling_agent.tools.data.trial_slice import open_trial_slice
+    from profiling_agent.tools.models.artifact_load import load_processor
+
+    if setup.data is None:
+        raise RuntimeError("no prepared data: the prepare_data node has not run")
+    processor = load_processor(baseline_dir(setup)) if setup.baseline else None
+    return open_trial_slice(
+        setup.run_path,
+        seed=setup.seed,
+        processor=processor,
+        data_file=setup.data.path,
+        image_column=setup.data.image_column,
+    )
+
+
 def training_source(setup: TrialSetup) -> Any:
     """Find the images distillation may train on (never a validation, test or calibration image), or None."""
     from profiling_agent.tools.data.train_stream import find_train_source
@@ -135,14 +156,15 @@ def trial_recipe(setup: TrialSetup, params: int) -> tuple[float, int, int]:
 
 @dataclass
 class PlanEvaluator:
-    """evaluate_plan: apply a plan to a fresh copy of the baseline and measure it on the calibration images.
+    """evaluate_plan: apply a plan to a fresh copy of the baseline and measure it on the trial slice.
 
     Each call loads a fresh baseline, prunes it by the plan (self-checked), quantizes it as the plan says, and
-    measures top-1 and agreement on the calibration images (never the evaluation subset) and the parameter count.
+    measures top-1 and agreement on the trial slice (validation rows the model never trained on: `trial_slice`),
+    the paired 95% interval of its loss (`error_model.paired_interval`) and the parameter count.
 
     Attributes:
         load_baseline: Returns a fresh copy of the untouched baseline model.
-        pixels: Calibration images (N, C, H, W).
+        pixels: The trial slice's images (N, C, H, W).
         labels: Their labels (model label ids).
         allowed_ids: Label ids the argmax may choose from (None: all).
         importance: Channel/head importance for pruning.
@@ -153,7 +175,7 @@ class PlanEvaluator:
         on_trial: Called as on_trial(plan, model, applied rows) after that, before quantization (the analyze step
             keeps the refitted weights for the recover step: `tools/recovery/refit_cache.py`).
         with_kl: Also return `kl_to_baseline`, the mean KL divergence of the trial's logits from the baseline's on
-            the calibration images (`metrics.mean_kl`; the predictions then come from the same logits).
+            the trial slice (`metrics.mean_kl`; the predictions then come from the same logits).
     """
 
     load_baseline: Callable[[], Any]
@@ -170,7 +192,7 @@ class PlanEvaluator:
     _reference: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def predictions(self, model: Any) -> tuple[Any, Any]:
-        """Return the model's predictions on the calibration images, and its logits there when KL is asked for."""
+        """Return the model's predictions on the trial slice, and its logits there when KL is asked for."""
         import torch
 
         from profiling_agent.tools.evaluation.metrics import class_ids, predict
@@ -211,10 +233,15 @@ class PlanEvaluator:
         return model, report.applied
 
     def __call__(self, plan: dict[str, Any]) -> dict[str, Any]:
-        """Prune, recover and quantize a baseline copy by `plan`; return its calibration metrics."""
+        """Prune, recover and quantize a baseline copy by `plan`; return its trial-slice metrics.
+
+        The accuracy keys keep their names (`calib_accuracy`, ...) for the planners that read them; `judged_on`
+        says which images they are, and `interval_pp` is the loss's paired 95% interval.
+        """
         from profiling_agent.tools.compression.quantization import quantize_model
         from profiling_agent.tools.evaluation.metrics import agreement, mean_kl, top1
         from profiling_agent.tools.models.sizes import count_params
+        from profiling_agent.tools.planning.error_model import trial_interval
 
         if self.calls >= self.max_calls:
             raise RuntimeError(f"evaluation budget used up ({self.max_calls} per step); answer with your plan")
@@ -226,12 +253,15 @@ class PlanEvaluator:
         preds, logits = self.predictions(quantized)
         base_acc, acc = top1(ref["preds"], self.labels), top1(preds, self.labels)
         kl = {"kl_to_baseline": mean_kl(ref["logits"], logits, self.allowed_ids)} if self.with_kl else {}
+        _, low, high = trial_interval(ref["preds"], preds, self.labels)
         return {
             **kl,
             "images": int(len(self.labels)),
+            "judged_on": "trial slice of the validation images",
             "calib_accuracy": acc,
             "baseline_calib_accuracy": base_acc,
             "accuracy_drop_pp": base_acc - acc,
+            "interval_pp": [round(low, 3), round(high, 3)],
             "agreement": agreement(preds, ref["preds"]),
             "params": params,
             "params_reduction": 1 - params / max(ref["params"], 1),
@@ -280,14 +310,14 @@ class TrialRecovery:
 def plan_evaluator(
     setup: TrialSetup, max_calls: int | None = None, refits: Any = None, distill: tuple[Any, int, float] | None = None
 ) -> PlanEvaluator:
-    """Build evaluate_plan: a plan on a fresh baseline copy, reconstructed when recovery is on, on calibration images.
+    """Build evaluate_plan: a plan on a fresh baseline copy, refit on the calibration images, judged on the trial slice.
 
     `refits` (a `refit_cache.TrialRefits`) keeps the refitted weights of the last trials for the recover step. With
     `distill` ((training batches, steps, learning rate): `block_evaluator`) each trial is then distilled that many
     steps and also scored by its KL divergence from the baseline.
     """
-    pixels, labels = calibration(setup)
-    hooks = TrialRecovery(setup, pixels, refits, distill) if setup.recover != "none" else None
+    pixels, labels = trial_slice(setup)
+    hooks = TrialRecovery(setup, calibration(setup)[0], refits, distill) if setup.recover != "none" else None
     return PlanEvaluator(
         lambda: load_baseline(setup),
         pixels,

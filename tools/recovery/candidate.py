@@ -38,7 +38,9 @@ class DistillJob:
     dataset_ref: str
     emit: Callable[..., None]  # sends a progress event (nodes.common.emit bound to the runtime)
     macs: int | None = None  # the student's MACs per image (decides bf16 distillation on the CPU)
-    removed_blocks: int = 0  # whole blocks the plan removed (auto distills longer: `policy.auto_steps`)
+    removed_blocks: int = 0  # whole blocks the plan removed (auto's learning rate and batch: `policy.auto_recipe`)
+    # cap steps -> the early-stopping monitor of an automatic step count (`early_stop.plateau_monitor`), or None
+    monitor: Callable[[int], Any] | None = None
 
 
 def write_failed(exc: OSError | MachineFault, it: int, folder: Path) -> MachineFault:
@@ -57,13 +59,15 @@ def distill_student(
     """Run (or resume) the distillation of one candidate, in this process or a distributed job; return its summary."""
     from profiling_agent.tools.data.train_stream import TrainBatches
     from profiling_agent.tools.models.sizes import count_params
-    from profiling_agent.tools.recovery.distill import DistillConfig, distill
-    from profiling_agent.tools.recovery.policy import auto_recipe, auto_steps, distill_precision
+    from profiling_agent.tools.recovery.distill import DistillConfig, Team, distill
+    from profiling_agent.tools.recovery.policy import auto_cap_steps, auto_recipe, distill_precision
     from profiling_agent.tools.runtimes.forward import model_device
 
     params = count_params(student)
     lr, batch = auto_recipe(ctx.recover_lr, ctx.recover_batch, params, job.removed_blocks)
-    steps = ctx.recover_steps or auto_steps(len(job.source.rows), batch, params, job.removed_blocks)
+    # an explicit step count runs in full (only the time cap cuts it); the automatic one stops on a plateau
+    steps = ctx.recover_steps or auto_cap_steps(len(job.source.rows), batch, params)
+    monitor = job.monitor(steps) if job.monitor is not None and not ctx.recover_steps else None
     precision = distill_precision(str(model_device(student).type), job.macs)
     config = DistillConfig(steps=steps, lr=lr, seed=job.seed, minutes=ctx.recover_minutes, precision=precision)
     if (lr, batch) != (ctx.recover_lr, ctx.recover_batch):
@@ -111,7 +115,7 @@ def distill_student(
             ),
             progress=progress,
         )
-    return distill(
+    info = distill(
         student,
         teacher,
         batches,
@@ -119,7 +123,9 @@ def distill_student(
         checkpoint_dir=job.folder / run_layout.RECOVERY_STEPS,
         fingerprint=fingerprint,
         progress=progress,
+        team=Team(monitor=monitor) if monitor is not None else None,
     )
+    return {**info, "trial_curve": monitor.curve} if monitor is not None else info
 
 
 def cap_note(record: RecoveryRecord, ctx: Context) -> str:
@@ -164,6 +170,7 @@ def recover_student(
     """
     from profiling_agent.tools.compression.self_check import self_check
     from profiling_agent.tools.recovery.distributed_launch import DistributedJobError
+    from profiling_agent.tools.recovery.early_stop import stop_reason
     from profiling_agent.tools.text import one_line
 
     student = work.student
@@ -178,6 +185,7 @@ def recover_student(
             if info.get("capped"):  # an explicit --recover-steps too: say which setting cut it and how to lift it
                 record.note = f"{record.note}; {cap_note(record, ctx)}".lstrip("; ")
             record.resumed_from, record.loss = info["resumed_from"], info["loss"]
+            record.stopped, record.trial_curve = stop_reason(info, not ctx.recover_steps), info.get("trial_curve")
             curve["distill"] = info
         student = student.cpu().eval()
         self_check(student, work.example, int(student.config.num_labels))
@@ -284,6 +292,7 @@ def recovery_message(record: RecoveryRecord) -> str:
     if record.steps:
         resumed = f", resumed at step {record.resumed_from}" if record.resumed_from else ""
         message += f"; {record.steps}/{record.steps_planned} distillation steps{resumed}"
+        message += f" (stopped: {record.stopped})" if record.stopped else ""
     if record.note:
         message += f"; {record.note}"
     return message

@@ -106,6 +106,7 @@ class Progress:
     curve: list[list[float]] = field(default_factory=list)  # [step, loss, agreement] per step
     step_seconds: list[float] = field(default_factory=list)  # wall seconds of every step, over all attempts
     attempts: list[dict[str, Any]] = field(default_factory=list)  # {"from": step, "threads": torch threads}
+    stopped: str = ""  # "plateau" when the monitor stopped the run before `total`
 
     @classmethod
     def from_json(cls, saved: dict[str, Any]) -> Progress:
@@ -208,6 +209,8 @@ class Team:
     wrap: Callable[[nn.Module], nn.Module] | None = None
     scales: Callable[[torch.Tensor], tuple[float, float]] | None = None
     halt: Callable[[], bool] | None = None  # rank 0's check after a step: True saves it and stops every rank
+    # a single process's check after a step: monitor(steps done, student) -> "stop" ends the run there (plateau)
+    monitor: Callable[[int, nn.Module], str | None] | None = None
 
 
 def distill(
@@ -243,11 +246,12 @@ def distill(
         checkpoint_dir: Where steps are saved (None: not resumable).
         fingerprint: Facts that must match for saved steps to be reused (e.g. the student's starting weights).
         progress: Called after each step with {"step", "total", "loss", "agreement"}.
-        team: This process's part in a data-parallel job (None: the single process does it all).
+        team: This process's part in a data-parallel job, or a single process's `monitor` (None: the single
+            process does it all, unwatched).
 
     Returns:
         {"steps_planned", "steps_done", "resumed_from", "seconds", "loss", "agreement", "curve", "capped",
-        "step_seconds", "attempts"}.
+        "step_seconds", "attempts", "stopped"} (`capped`: the wall-clock cap cut it; `stopped`: "plateau" or "").
 
     Raises:
         tools.interrupt.Interrupted: A stop was requested (or the team's rank 0 halted the job); the last saved
@@ -280,6 +284,7 @@ def distill(
         state.done = step + 1
         deciding = budget_s > 0 and not state.decided and len(timings) == PROBE_STEPS
         halt = _after_step(state, team, config, (step, loss, agree, len(labels)), timings if deciding else None)
+        _ask_monitor(state, student, team)
         last = state.done >= state.total
         saving = state.done % every == 0 or last or deciding or halt
         if team.rank == 0 and checkpoint_dir is not None and saving:
@@ -290,6 +295,19 @@ def distill(
             raise interrupt.Interrupted(f"rank 0 halted the job after step {state.done}")
     student.eval()
     return _summary(state, config, resumed_from)
+
+
+def _ask_monitor(state: Progress, student: nn.Module, team: Team) -> None:
+    """Ask a single process's monitor after a step (it checks every K steps itself); "stop" makes this step the last.
+
+    The stop is saved with the step (`stopped` "plateau"), so a resume does not train on; the student goes back to
+    training mode after the monitor scored it.
+    """
+    if team.monitor is None or team.world != 1:
+        return
+    if team.monitor(state.done, student) == "stop" and state.done < state.total:
+        state.total, state.stopped = state.done, "plateau"
+    _train_mode(student)
 
 
 def _after_step(
@@ -354,7 +372,8 @@ def _summary(state: Progress, config: DistillConfig, resumed_from: int) -> dict[
         "loss": state.loss,
         "agreement": state.agreement,
         "curve": state.curve,
-        "capped": state.done < config.steps,
+        "capped": state.done < config.steps and not state.stopped,
+        "stopped": state.stopped,
         "step_seconds": state.step_seconds,
         "attempts": state.attempts,
     }

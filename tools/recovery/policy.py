@@ -62,6 +62,16 @@ def auto_steps(train_images: int, batch: int, params: int, removed_blocks: int =
     return max(MIN_STEPS, min(high, steps))
 
 
+def auto_cap_steps(train_images: int, batch: int, params: int) -> int:
+    """Return the automatic step cap of any plan kind, width or depth: early stopping ends it sooner.
+
+    Every plan gets the cap a plan that removed blocks gets (`auto_steps` with DEPTH_EPOCHS, up to DEPTH_MAX_STEPS;
+    MAX_STEPS / 2 above LARGE_MODEL parameters); the held-out trial slice decides when it has recovered enough
+    (`early_stop.PlateauMonitor`), and the wall-clock cap (`recover_minutes`) still bounds it.
+    """
+    return auto_steps(train_images, batch, params, removed_blocks=1)
+
+
 def auto_recipe(lr: float, batch: int, params: int, removed_blocks: int = 0) -> tuple[float, int]:
     """Return the distillation's (peak learning rate, batch): `lr` and `batch` where set (non-zero), else auto's.
 

@@ -223,6 +223,9 @@ def test_lines(result: Mapping[str, Any]) -> list[str]:
             + (f", 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
             + "). The validation numbers chose this model; the test numbers report it."
         )
+    trial = (result.get("protocol") or {}).get("trial")
+    if trial:
+        lines.append(f"Every plan trial was judged on {trial['images']} validation images ({trial['rows']}).")
     if best.get("before_recovery_note"):
         note = str(best["before_recovery_note"])
         lines.append(f"The best candidate's {note}.")

@@ -26,6 +26,7 @@ PLOT_FILES: dict[str, tuple[str, str]] = {
     "cost_by_group": ("cost_by_group.png", "Params, MACs and latency share of each prunable group"),
     "cost_by_type": ("cost_by_type.png", "Params and MACs of the baseline by layer type"),
     "recovery_curve": ("recovery_curve.png", "Recovery: distillation loss and agreement with the baseline per step"),
+    "predicted_loss": ("predicted_loss.png", "Accuracy loss per round: trial prediction (95% interval) vs measured"),
 }
 
 _BASE_COLOR, _CAND_COLOR, _BEST_COLOR, _REF_COLOR, _FRONT_COLOR = "#444444", "#4c78a8", "#e45756", "#9467bd", "#f58518"
@@ -288,6 +289,58 @@ def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None
     return png_bytes(fig)
 
 
+def prediction_rows(result: Mapping[str, Any]) -> list[tuple[int, float, list[float] | None, float | None]]:
+    """Return (iteration, predicted pp, [low, high] or None, measured pp or None) of every round that predicted.
+
+    Measured is the validation drop after recovery (`check.measured_drop_pp`), or for a candidate rejected by its
+    recovered trial, the trial slice's loss (the last point of `recovery.trial_curve`).
+    """
+    rows = []
+    for cand in result.get("candidates") or []:
+        meta = cand.get("prediction") or cand.get("planner_meta") or {}  # result.json's entry, or the state's
+        check = cand.get("check") or {}
+        predicted = meta.get("predicted_drop", check.get("predicted_drop_pp"))
+        if predicted is None:
+            continue
+        measured = check.get("measured_drop_pp")
+        curve = (cand.get("recovery") or {}).get("trial_curve")
+        if measured is None and cand.get("status") == "rejected" and curve:
+            measured = curve[-1][2]
+        rows.append((int(cand["iteration"]), float(predicted), meta.get("predicted_interval"), measured))
+    return rows
+
+
+def plot_predictions(result: Mapping[str, Any]) -> bytes | None:
+    """Plot each round's predicted loss with its 95% interval beside the measured loss and the budget (None: none)."""
+    rows = prediction_rows(result)
+    if not rows:
+        return None
+    fig = new_figure(6.0, 3.2)
+    ax = fig.add_subplot()
+    for it, predicted, interval, measured in rows:
+        low, high = interval or (predicted, predicted)
+        ax.errorbar(
+            [it - 0.08],
+            [predicted],
+            yerr=[[predicted - low], [high - predicted]],
+            fmt="o",
+            capsize=4,
+            color=_CAND_COLOR,
+            label="predicted (trial slice, 95% interval)" if it == rows[0][0] else None,
+        )
+        if measured is not None:
+            ax.plot([it + 0.08], [measured], "s", color=_BEST_COLOR, label="measured" if it == rows[0][0] else None)
+    budget = (result.get("objective") or {}).get("max_acc_drop")
+    if budget is not None:
+        ax.axhline(float(budget), color=_BASE_COLOR, linestyle="--", linewidth=1, label=f"budget {budget:g} pp")
+    ax.set_xticks([r[0] for r in rows])
+    ax.set_xlim(rows[0][0] - 0.5, rows[-1][0] + 0.5)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy loss, pp")
+    ax.legend(fontsize=8)
+    return png_bytes(fig)
+
+
 # ------------------------------------------------------------------------------------------- files
 
 
@@ -308,6 +361,7 @@ def render_plots(result: Mapping[str, Any], profile: Mapping[str, Any] | None) -
         "layer_latency": plot_layer_latency(profile),
         "cost_by_group": plot_cost_by_group(profile),
         "cost_by_type": plot_cost_by_type(profile),
+        "predicted_loss": plot_predictions(result),
     }
     return {key: image for key in PLOT_FILES if (image := made.get(key))}
 

@@ -99,6 +99,8 @@ def _test_fields(test: dict[str, Any], iteration: int) -> dict[str, Any]:
 
 def protocol(state: dict[str, Any]) -> dict[str, Any]:
     """Say which images did what: validation selects, test reports, calibration probes (all disjoint)."""
+    from profiling_agent.tools.data.subsets import trial_size
+
     data, test = state.get("data") or {}, state.get("test_eval") or {}
     split = (state.get("dataset") or {}).get("split")
     splits = data.get("splits") or {  # older runs: what prepare_data's flags said
@@ -122,7 +124,13 @@ def protocol(state: dict[str, Any]) -> dict[str, Any]:
         "calibration": {
             "split": splits["calibration"],
             "images": data.get("n_calib"),
-            "used_for": "the sensitivity probe and the LLM's evaluate_plan tool",
+            "used_for": "the sensitivity probe, the refits and int8 calibration",
+        },
+        "trial": {
+            "split": splits["validation"],
+            "images": trial_size(int(data["n_eval"])) if data.get("n_eval") else None,
+            "rows": "the trial slice of the validation rows, subsets.json `trial`",
+            "used_for": "every plan trial, distillation's early stopping and the recovered candidate's check",
         },
         "subsets": data.get("subsets"),
         "intervals": "paired bootstrap 95% intervals of accuracy changes against the baseline, same images",
@@ -164,6 +172,7 @@ def _candidate_row(
         "quantized": len(c.get("quantized") or []),
         "recovery": c.get("recovery"),
         "check": c.get("check"),
+        "prediction": {k: meta.get(k) for k in ("predicted_drop", "predicted_interval", "correction")},
         "path": artifact.get("path"),
         "sha256": artifact.get("sha256"),
         "error": c.get("error"),

@@ -1,0 +1,122 @@
+"""The error model of a predicted accuracy loss: a paired interval from the trial's images, corrected by earlier rounds.
+
+A plan's trial scores the same images with the baseline and with the trial model, so the loss is a paired
+difference: b images the baseline got right and the trial got wrong, c the other way round, n in all; the loss is
+(b - c) / n. Its 95% interval adds half an image to each discordant cell (n + 2 in all, Agresti and Min's adjustment
+of the paired difference), so a trial that changed no prediction still has an upper end above zero, wider on fewer
+images (64 images: 0 +- 3.0 pp; 256: 0 +- 0.8 pp). The next round keeps a goal whose trial's UPPER end, corrected
+by what earlier rounds measured, stays within the budget: corrected(x) = additive + multiplicative * x, fitted from
+the (predicted, measured) pairs of earlier rounds (one pair: the additive term alone; none: no correction).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Z95 = 1.959964  # two-sided 95% normal quantile
+MULTIPLIER_BOUNDS = (0.25, 20.0)  # the fitted multiplicative term, so two close rounds cannot swing it wildly
+
+
+def paired_interval(base_ok: Sequence[bool], trial_ok: Sequence[bool]) -> tuple[float, float, float]:
+    """Return (loss, low, high) in pp of a trial against the baseline, paired per image (95% interval).
+
+    Args:
+        base_ok: Whether the baseline got each image right.
+        trial_ok: Whether the trial model got the same image right.
+    """
+    n = len(base_ok)
+    if n == 0 or n != len(trial_ok):
+        raise ValueError(f"a paired interval needs the same images on both sides (got {n} and {len(trial_ok)})")
+    b = sum(1 for x, y in zip(base_ok, trial_ok, strict=True) if x and not y)
+    c = sum(1 for x, y in zip(base_ok, trial_ok, strict=True) if y and not x)
+    b2, c2, n2 = b + 0.5, c + 0.5, n + 2.0
+    centre = (b2 - c2) / n2
+    var = max(0.0, ((b2 + c2) / n2 - centre * centre) / n2)
+    half = Z95 * math.sqrt(var)
+    return 100.0 * (b - c) / n, 100.0 * (centre - half), 100.0 * (centre + half)
+
+
+def trial_interval(base_preds: Any, trial_preds: Any, labels: Any) -> tuple[float, float, float]:
+    """Return `paired_interval` of two prediction tensors on the same labelled images."""
+    base_ok = (base_preds == labels).tolist()
+    trial_ok = (trial_preds == labels).tolist()
+    return paired_interval(base_ok, trial_ok)
+
+
+@dataclass(frozen=True)
+class Correction:
+    """measured ~= additive + multiplicative * predicted, fitted from earlier rounds (pp)."""
+
+    additive: float = 0.0
+    multiplicative: float = 1.0
+    pairs: int = 0
+
+    def __call__(self, predicted: float) -> float:
+        """Return the corrected loss of a predicted one, pp."""
+        return self.additive + self.multiplicative * predicted
+
+    def cap(self, budget: float) -> float:
+        """Return the largest uncorrected loss whose corrected value stays within `budget`, pp."""
+        return (budget - self.additive) / self.multiplicative
+
+    def as_list(self) -> list[float]:
+        """Return [additive, multiplicative] as planner_meta.correction records them."""
+        return [round(self.additive, 3), round(self.multiplicative, 3)]
+
+    def describe(self) -> str:
+        """Say the correction in words."""
+        if not self.pairs:
+            return "no earlier round to correct by"
+        return f"corrected by {self.pairs} earlier round(s): {self.additive:+.2f} pp + {self.multiplicative:.2f}x"
+
+
+def fit_correction(pairs: Sequence[tuple[float, float]]) -> Correction:
+    """Fit the correction from (predicted, measured) losses of earlier rounds, pp.
+
+    None: no correction. One pair: the additive term alone (measured - predicted), so a prediction of zero is
+    still corrected. Two or more: least squares of measured on predicted, the slope within MULTIPLIER_BOUNDS (the
+    intercept refitted to it); predictions that do not differ fit the additive term alone.
+    """
+    if not pairs:
+        return Correction()
+    xs, ys = [float(p) for p, _ in pairs], [float(m) for _, m in pairs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if len(pairs) == 1 or sxx < 1e-9:
+        return Correction(my - mx, 1.0, len(pairs))
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    low, high = MULTIPLIER_BOUNDS
+    slope = min(high, max(low, slope))
+    return Correction(my - slope * mx, slope, len(pairs))
+
+
+def history_pairs(history: Sequence[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Return the (predicted, measured) losses of earlier rounds that have both (a reviewer's rejection has none)."""
+    pairs = []
+    for h in history:
+        predicted, measured = h.get("predicted_drop"), h.get("drop")
+        if predicted is not None and measured is not None and not h.get("rejected"):
+            pairs.append((float(predicted), float(measured)))
+    return pairs
+
+
+def within_budget(interval_high: float, correction: Correction, budget: float) -> bool:
+    """Return True when the corrected upper end of a trial's interval stays within the accuracy budget."""
+    return correction(interval_high) <= budget + 1e-9
+
+
+def beyond_budget(loss: float, low: float, high: float, budget: float) -> str:
+    """Return why a recovered trial rejects its candidate ('' when it might still pass the budget).
+
+    A candidate is rejected only when its whole interval lies beyond the budget: the full evaluation would not
+    find it within the budget, so it is not carried there as if it might pass.
+    """
+    if low <= budget:
+        return ""
+    return (
+        f"recovered trial lost {loss:.2f} pp on the trial slice (95% interval {low:.2f} to {high:.2f} pp), wholly "
+        f"beyond the {budget:g} pp budget: not evaluated in full"
+    )

@@ -327,13 +327,13 @@ class LLMStep(_Strict):
     tool_errors: list[dict[str, str]] = Field(default_factory=list, description="Tool calls refused or failed.")
     structured: dict[str, Any] = Field(default_factory=dict, description="Structured-output mode tried and found.")
     vs_proposal: str | None = Field(default=None, description="The applied plan against the proposal, in words.")
+    applied: str = Field(default="", description="applied, edited, copied or replaced (the LLM's plan), and why.")
 
 
 class ProposalDiff(_Strict):
     """What the LLM's applied plan changed relative to the closest proposal it was offered this step.
 
-    verdict: "copied" (no change), "edited" (at most one change per proposed group), "own" (more, or no proposal
-    was asked for: the plan is entirely the LLM's).
+    verdict: "copied" (no change), "edited" (at most one change per proposed group) or "own" (more, or no proposal).
     """
 
     verdict: Literal["copied", "edited", "own"] = Field(description="copied, edited or own.")

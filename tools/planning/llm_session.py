@@ -295,7 +295,9 @@ class Session:
                     self.finder.worked()  # the answer parsed: the server honoured the schema
                 if rej.stage == "parse" and mode != "off" and self.finder.give_up(f"ignored: {rej.reasons[0]}"):
                     self.transcript.write("structured", ignored=mode, next=self.finder.mode)
-                key = f"{mode} {answer_key(text)}"  # under another mode the request was not the same
+                # a plan the guard refused is the same plan under any mode; an unusable answer under another mode
+                # is the server ignoring that mode, which the finder steps past
+                key = answer_key(text) if rej.stage == "guard" else f"{mode} {answer_key(text)}"
                 if key in refused:  # the same plan again: a third refusal would teach the model nothing
                     self.transcript.write("repeated", reason=refused[key])
                     raise PlannerFailure(rej.stage, repeated_reason(refused[key]), rejected) from None

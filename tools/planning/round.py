@@ -289,7 +289,7 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
     if det.search is not None:
         message += f"; {det.search.why}"
     for f in turn.fallbacks:
-        message = f"LLM plan refused ({f.stage}: {f.reason[:160]}); {message}"
+        message = f"LLM plan refused ({f.stage}: {f.reason[:160]}); replaced by the {message}"
     if turn.llm is not None:
         message += " " + llm_console_note(turn.llm)
     message += f"; blocks chosen from {len(det.trials)} distilled trials" if det.trials else ""

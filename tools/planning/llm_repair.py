@@ -83,7 +83,7 @@ class Repair:
             reasons="\n".join(f"- {r}" for r in reasons),
             numbers=numbers,
             proposal_numbers=proposal_numbers,
-            proposal=json.dumps(plan, indent=1),
+            proposal=json.dumps(plan),  # one line: fewer tokens for a slow local server
             tools=TOOLS_LEFT if tools_left else "",
         )
 

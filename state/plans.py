@@ -98,6 +98,7 @@ class LLMStep(Strict):
         default_factory=StructuredFacts, description="Structured-output mode tried and found."
     )
     vs_proposal: str | None = Field(default=None, description="The applied plan against the proposal, in words.")
+    applied: str = Field(default="", description="applied, edited, copied or replaced (the LLM's plan), and why.")
 
 
 class ProposalDiff(Strict):

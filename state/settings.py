@@ -22,7 +22,9 @@ BackendChoice = Literal["torch", "onnxruntime", "openvino", "auto"]
 ImportanceChoice = Literal["l2", "l1", "random"]
 RecoverChoice = Literal["none", "reconstruct", "distill", "auto"]
 StructuredChoice = Literal["auto", "json_schema", "json_object", "off"]
-StructuredMode = Literal["json_schema", "json_object", "off"]  # what a request uses (auto resolved)
+# what a request uses (auto resolved): "json_object" carries the plan's schema (llama-cpp-python's grammar-constrained
+# mode); "json" is the plain json_object without one, tried only after the schema-carrying modes were refused
+StructuredMode = Literal["json_schema", "json_object", "json", "off"]
 
 
 def choices(kind: Any) -> list[str]:

@@ -134,7 +134,8 @@ def test_a_sensible_server_plans_every_round_beside_the_deterministic_sequence(t
     err = capsys.readouterr().err
     assert code == 0
     assert f"planner: LLM planner, fake-model at {base_url}" in err
-    assert "[analyze #1] llm plan" in err and "[analyze #3] llm plan" in err and "own vs the deterministic" in err
+    assert "[analyze #1] llm plan" in err and "[analyze #3] llm plan" in err
+    assert "(LLM plan applied: the LLM's own plan, accepted by the guard)" in err  # round 3, said plainly
     assert "[analyze #2] reference round" in err and "[analyze #4] reference round" in err
     # LLM turns apply the server's plans; each is followed by the deterministic planner's own next round
     cands = result["candidates"]
@@ -143,7 +144,10 @@ def test_a_sensible_server_plans_every_round_beside_the_deterministic_sequence(t
     assert [cands[0]["plan"], cands[2]["plan"]] == [
         CompressionPlan.model_validate(p).model_dump() for p in (PLAN_BIG, PLAN2)
     ]
-    assert [c["vs_proposal"]["verdict"] for c in cands[::2]] == ["own", "own"]
+    # round 1's repair turn showed the proposal: the answer after it is compared with it; round 3 asked for none
+    assert cands[0]["vs_proposal"]["proposals"] == 1 and cands[0]["vs_proposal"]["verdict"] in ("own", "edited")
+    assert cands[2]["vs_proposal"]["verdict"] == "own" and cands[2]["vs_proposal"]["proposals"] == 0
+    assert "after 1 answer(s) sent back" in cands[0]["llm"]["applied"]
     pruned = [{a["group"] for a in c["applied"] if a["units_after"] < a["units_before"]} for c in cands[::2]]
     assert pruned[1] == {"layers.2.mlp", "layers.3.mlp", "layers.3.heads"} and len(pruned[0]) == 8
     assert "iteration bound reached (2 rounds of each planner)" in result["stop_reason"]
@@ -161,11 +165,13 @@ def test_a_sensible_server_plans_every_round_beside_the_deterministic_sequence(t
     assert measured["images"] == 8 and measured["groups_pruned"] == 2 and 0 < measured["params_reduction"] < 0.2
     floor = requests[2]["body"]["messages"][-1]["content"]
     assert "predicted to remove" in floor and "less than 50% of the objective's 95%" in floor
+    assert "the guard accepts it:" in floor  # the repair turn carries the deterministic proposal inline
     events = [e["event"] for e in _transcript(run, 1)]
     assert events[:2] == ["prompt", "prompt"] and "tool_result" in events and events[-1] == "final"
     report = (run / "report.md").read_text()
     assert "- LLM: fake-model, 4 calls, 600 tokens" in report and "Planner fallbacks" not in report
-    assert "- Iteration 1: LLM plan own (no proposal asked for)" in report
+    assert "- Iteration 1: LLM plan " in report and "vs the proposal at goal" in report
+    assert "- Iteration 3: LLM plan own (no proposal asked for)" in report
     assert "- Iteration 2: reference round" in report
     # the state history (what Studio shows) carries the transcript and the usage
     from profiling_agent.graph.builder import build_graph

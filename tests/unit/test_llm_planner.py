@@ -151,11 +151,12 @@ def test_a_rejected_answer_can_be_fixed_on_retry(tmp_path):
 def test_guard_rejections_go_back_to_the_llm_then_fall_back(tmp_path, entry, fragment):
     outcome, model, fallback = run(tmp_path, [plan_json(entry)], repeat_last=True)
     record = assert_fallback(outcome, fallback, "guard")
-    assert len(model.calls) == 3
+    assert len(model.calls) == 2  # the same plan again after its repair turn: not sent back a third time
     assert all(fragment in " ".join(r["reasons"]) for r in record.rejected)
     assert fragment in model.calls[1][-1].content  # the reasons were sent back
+    assert record.reason.startswith("the answer repeated a plan already refused")
     verdicts = [e for e in events(tmp_path, outcome) if e["event"] == "guard"]
-    assert len(verdicts) == 3 and not any(v["ok"] for v in verdicts)
+    assert len(verdicts) == 2 and not any(v["ok"] for v in verdicts)
 
 
 def test_ninety_five_percent_everywhere_is_refused(tmp_path):

@@ -112,18 +112,20 @@ def test_a_server_ignoring_response_format_falls_back_with_the_reason(tmp_path):
     assert record.stage == "parse" and "no JSON object found" in record.reason
     assert formats(server) == [None, "json_schema", "json_object"]  # each mode tried once, then given up
     assert [r["structured"] for r in record.rejected] == ["off", "json_schema", "json_object"]
-    assert outcome.structured["mode"] == "off" and not outcome.structured["confirmed"]
+    # the plain json_object ("json") would have come next, had the step any retries left
+    assert outcome.structured["mode"] == "json" and not outcome.structured["confirmed"]
     assert [g["mode"] for g in outcome.structured["given_up"]] == ["json_schema", "json_object"]
 
 
-def test_a_no_op_plan_is_refused_and_retried_then_falls_back_with_the_reason(tmp_path):
+def test_a_no_op_plan_is_refused_then_its_repeat_falls_back_with_the_reason(tmp_path):
     no_op = json.dumps({"pruning": [], "quantization": [], "rationale": "nothing to do"})
     with ScriptedOpenAIServer([ignoring(no_op)] * 3) as server:
         outcome, _ = plan_with(server, tmp_path)
     assert outcome.planner == "deterministic"
     record = outcome.fallbacks[0]
-    assert record.stage == "guard" and len(record.rejected) == 3
+    assert record.stage == "guard" and len(record.rejected) == 2  # the same no-op twice: not sent back again
     assert "prunes nothing" in record.reason and "40% fewer parameters" in record.reason
+    assert record.reason.startswith("the answer repeated a plan already refused")
     assert outcome.structured["confirmed"]  # the JSON parsed under json_schema: that mode works on this server
 
 
@@ -152,7 +154,8 @@ def test_refusal_detection_and_mode_order():
     assert not refuses_format(401, "bad key") and not refuses_format(None, "connection refused")
     finder = ModeFinder()
     assert finder.mode == "json_schema" and finder.give_up("x") and finder.mode == "json_object"
-    assert finder.give_up("y") and finder.mode == "off" and not finder.give_up("z")
+    assert finder.give_up("y") and finder.mode == "json"  # plain json_object only after the schema-carrying ones
+    assert finder.give_up("z") and finder.mode == "off" and not finder.give_up("w")
     forced = ModeFinder("json_object")
     assert forced.mode == "json_object" and not forced.give_up("refused")  # a forced mode is never dropped
 

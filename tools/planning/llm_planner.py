@@ -28,6 +28,7 @@ from profiling_agent.tools.planning.llm_client import (
     empty_usage,
     message_text,
 )
+from profiling_agent.tools.planning.llm_repair import Repair
 from profiling_agent.tools.planning.llm_session import STEP_BUDGET_REQUESTS, Session
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig
@@ -67,6 +68,23 @@ class LLMOutcome:
     tool_errors: list[dict[str, str]] = field(default_factory=list)
     structured: StructuredFacts = field(default_factory=StructuredFacts)
     vs_proposal: ProposalDiff | None = None
+    sent_back: int = 0
+
+    def applied(self) -> str:
+        """Say plainly whether the LLM's plan was applied, edited or copied from the proposal, or replaced, and why."""
+        if self.planner != "llm":
+            why = f"{self.fallbacks[-1].stage}: {self.fallbacks[-1].reason}" if self.fallbacks else "no LLM plan"
+            return f"replaced: the deterministic plan was applied ({why})"
+        after = f" after {self.sent_back} answer(s) sent back" if self.sent_back else ""
+        diff = self.vs_proposal
+        goal = f" at goal {diff.goal:.0%}" if diff is not None and diff.goal is not None else ""
+        if diff is not None and diff.verdict == "edited":
+            return (
+                f"edited: the deterministic proposal{goal} with {diff.changes} change(s), accepted by the guard{after}"
+            )
+        if diff is not None and diff.verdict == "copied":
+            return f"copied: the deterministic proposal{goal} unchanged, accepted by the guard{after}"
+        return f"applied: the LLM's own plan, accepted by the guard{after}"
 
     def summary(self, model: str) -> LLMStep:
         """Return the facts about this step for the state history and result.json (never the API key)."""
@@ -78,6 +96,7 @@ class LLMOutcome:
             tool_errors=list(self.tool_errors),
             structured=self.structured,  # validated into a new dict
             vs_proposal=self.vs_proposal.label() if self.vs_proposal else None,
+            applied=self.applied(),
         )
 
 
@@ -196,6 +215,7 @@ def plan_with_llm(
             usage,
             tool_errors,
             finder,
+            Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target),
         )
         plan, estimate = session.run(messages)
     except PlannerFailure as failure:
@@ -206,11 +226,14 @@ def plan_with_llm(
         failed = _Failed("error", f"{type(exc).__name__}: {str(exc)[:300]}", [], usage, tool_errors)
         return _fall_back(transcript, fallback, ctx, failed, finder)
     diff = compare_to_proposals(session.ratios, plan, proposals)
+    outcome = LLMOutcome(plan, "llm", [], transcript.rel, estimate, usage, tool_errors, finder.record(), diff)
+    outcome.sent_back = session.sent_back
+    transcript.write("applied", text=outcome.applied())
     transcript.write("usage", **usage)
     transcript.write("structured", **finder.record())
     transcript.write("vs_proposal", label=diff.label(), **diff.model_dump())
     transcript.write("final", planner="llm", plan=plan.model_dump())
-    return LLMOutcome(plan, "llm", [], transcript.rel, estimate, usage, tool_errors, finder.record(), diff)
+    return outcome
 
 
 FIRST_PLAN_SHARE = 0.5  # the first LLM plan must be predicted to reach half of the objective's reduction
@@ -228,6 +251,15 @@ def llm_guard(objective: Objective, iteration: int) -> GuardConfig:
         refuse_example=True,
         min_share_of_target=FIRST_PLAN_SHARE if iteration <= 1 else 0.0,
     )
+
+
+def proposal_goal(fallback: PlanResult, objective: Objective) -> float:
+    """Return the goal of the proposal a repair turn shows: the deterministic planner's goal this round.
+
+    Its plan at that goal is the fallback's on the 0.05 ratio grid; without a usable goal, the objective's.
+    """
+    goal = fallback.target_estimate
+    return float(goal) if isinstance(goal, (int, float)) and 0 < goal < 1 else objective.target_reduction
 
 
 def _proposer(
@@ -269,6 +301,7 @@ def _fall_back(
         model=ctx.llm_model,
     )
     logger.warning("LLM planner fell back to the deterministic plan (%s): %s", failed.stage, failed.reason)
+    transcript.write("applied", text=f"replaced: the deterministic plan was applied ({failed.stage}: {failed.reason})")
     transcript.write("usage", **failed.usage)
     transcript.write("structured", **finder.record())
     transcript.write("fallback", **record.model_dump(exclude={"iteration"}))

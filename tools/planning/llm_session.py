@@ -21,6 +21,7 @@ from profiling_agent.tools.planning.llm_client import (
     record_reply,
     request_deadline,
 )
+from profiling_agent.tools.planning.llm_repair import Repair, answer_key, repeated_reason
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
 from profiling_agent.tools.planning.structured import ModeFinder, plan_schema, refuses_format, response_format
@@ -109,7 +110,9 @@ class Session:
 
     The model may call tools until it answers in text. A text answer that parses and passes the guard is the
     plan; otherwise the retry (and any answer forced after the tool budget) is requested with the server's
-    schema-constrained mode, which `finder` learns from the server's answers.
+    schema-constrained mode, which `finder` learns from the server's answers. With `repair`, a refused answer's
+    repair turn shows the deterministic proposal inline with the numbers of both plans; an answer that repeats a
+    refused plan ends the step. A model that called tools keeps them on its repair turns while tool rounds are left.
     """
 
     model: Any
@@ -123,6 +126,7 @@ class Session:
     usage: dict[str, int] = field(default_factory=empty_usage)
     tool_errors: list[dict[str, str]] = field(default_factory=list)
     finder: ModeFinder = field(default_factory=ModeFinder)
+    repair: Repair | None = None
 
     def __post_init__(self) -> None:
         self.by_name = {t.name: t for t in self.tools}
@@ -133,6 +137,8 @@ class Session:
         linears = [str(r["name"]) for r in self.profile.get("layers") or [] if "Linear" in str(r.get("type", ""))]
         self.schema = plan_schema(groups, self.guard.allowed_dtypes, caps, self.guard.min_ratio, linears)
         self.ratios: dict[str, float] = {}  # the accepted plan's ratio per group
+        self.refused_estimate: dict[str, float] = {}  # the last refused plan's predicted reduction
+        self.sent_back = 0  # answers refused before the accepted one
 
     def _bind(self) -> tuple[Any, Any, bool]:
         if not self.tools or self.ctx.llm_tool_rounds <= 0:
@@ -174,6 +180,7 @@ class Session:
         return out
 
     def _accept(self, text: str) -> tuple[CompressionPlan, dict[str, float]]:
+        self.refused_estimate = {}
         try:
             raw, notes = parse_plan_text(text)
         except ValueError as exc:
@@ -190,6 +197,7 @@ class Session:
         )
         self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
         if not verdict.ok or verdict.plan is None:
+            self.refused_estimate = dict(verdict.estimate)
             raise _Rejected("guard", verdict.reasons)
         self.ratios = dict(verdict.ratios)
         return verdict.plan, verdict.estimate
@@ -211,10 +219,21 @@ class Session:
                     raise
                 self.transcript.write("structured", refused=mode, reason=failure.reason[:300], next=self.finder.mode)
 
+    def _repair_text(self, rej: _Rejected, keep_tools: bool) -> str:
+        """Return the repair turn: the proposal inline when there is one, else the reasons alone."""
+        shown = None
+        if self.repair is not None:
+            shown = self.repair.message(rej.reasons, self.refused_estimate, keep_tools, parsed=rej.stage != "parse")
+        if shown is not None:
+            return shown
+        template = RETRY_PARSE if rej.stage == "parse" else RETRY_GUARD
+        return template.format(reasons="\n".join(f"- {r}" for r in rej.reasons))
+
     def run(self, messages: list[BaseMessage]) -> tuple[CompressionPlan, dict[str, float]]:
         """Talk to the model until it gives a plan the guard accepts (returned with its estimate), or raise."""
         rounds, forced = 0, False
         rejected: list[RejectedAnswer] = []
+        refused: dict[str, str] = {}  # answer_key -> the first reason it was refused for
         constrained = not self.has_tools  # without tools, every answer is the final one
         budget = STEP_BUDGET_REQUESTS * self.deadline
         stop_at = time.monotonic() + budget
@@ -276,17 +295,25 @@ class Session:
                     self.finder.worked()  # the answer parsed: the server honoured the schema
                 if rej.stage == "parse" and mode != "off" and self.finder.give_up(f"ignored: {rej.reasons[0]}"):
                     self.transcript.write("structured", ignored=mode, next=self.finder.mode)
+                # a plan the guard refused is the same plan under any mode; an unusable answer under another mode
+                # is the server ignoring that mode, which the finder steps past
+                key = answer_key(text) if rej.stage == "guard" else f"{mode} {answer_key(text)}"
+                if key in refused:  # the same plan again: a third refusal would teach the model nothing
+                    self.transcript.write("repeated", reason=refused[key])
+                    raise PlannerFailure(rej.stage, repeated_reason(refused[key]), rejected) from None
+                refused[key] = rej.reasons[0]
                 if len(rejected) > self.ctx.llm_retries:
                     raise PlannerFailure(
                         rej.stage, f"{len(rejected)} invalid answers; last: {rej.reasons[0]}", rejected
                     ) from None
                 messages[-1] = _shortened(reply, text)  # a rambling refused answer must not fill the context
-                template = RETRY_PARSE if rej.stage == "parse" else RETRY_GUARD
-                retry = template.format(reasons="\n".join(f"- {r}" for r in rej.reasons))
+                keep_tools = self.has_tools and not forced and 0 < rounds < self.ctx.llm_tool_rounds
+                retry = self._repair_text(rej, keep_tools)
                 messages.append(HumanMessage(content=retry))
                 self.transcript.write("prompt", role="human", content=retry)
-                constrained = True
+                constrained = not keep_tools
                 continue
             if mode != "off":
                 self.finder.worked()
+            self.sent_back = len(rejected)
             return plan

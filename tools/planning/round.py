@@ -287,8 +287,8 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
     message = f"{planner} plan: {len(plan.pruning)} pruning and {len(plan.quantization)} quantization entries"
     if turn.turn == "reference":
         message = f"reference round: the deterministic planner's own next plan, measured beside the LLM's; {message}"
-    elif planner == "llm" and outcome is not None and outcome.vs_proposal is not None:
-        message += f" ({outcome.vs_proposal.label()} vs the deterministic proposal)"
+    elif planner == "llm" and outcome is not None:
+        message += f" (LLM plan {outcome.applied()})"
     if backoff is not None and backoff.backed_off:
         first = backoff.trials[0]
         message += (
@@ -298,7 +298,7 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
     if det.search is not None:
         message += f"; {det.search.why}"
     for f in turn.fallbacks:
-        message = f"LLM plan refused ({f.stage}: {f.reason[:160]}); {message}"
+        message = f"LLM plan refused ({f.stage}: {f.reason[:160]}); replaced by the {message}"
     if turn.llm is not None:
         message += " " + llm_console_note(turn.llm)
     message += f"; blocks chosen from {len(det.trials)} distilled trials" if det.trials else ""

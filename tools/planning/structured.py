@@ -1,8 +1,9 @@
 """Schema-constrained answers: the plan's JSON schema and which `response_format` a server accepts.
 
 Servers differ: OpenAI, vLLM and llama.cpp's own server take `{"type": "json_schema", ...}`;
-llama-cpp-python's server refuses that type but constrains `{"type": "json_object", "schema": ...}`; others
-ignore `response_format` altogether. The mode is found from the server's answers, once per run.
+llama-cpp-python's server refuses that type (HTTP 500) but constrains `{"type": "json_object", "schema": ...}`
+with a grammar; some take only a plain `{"type": "json_object"}` (JSON, no schema); others ignore
+`response_format` altogether. The mode is found from the server's answers, once per run, in that order.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from profiling_agent.prompts.plan_format import answer_fields, entry_fields
 from profiling_agent.state import GivenUpMode, StructuredChoice, StructuredFacts, StructuredMode
 
-AUTO_ORDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "off")
+AUTO_ORDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "json", "off")
 _FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|schema|grammar", re.IGNORECASE)
 
 
@@ -110,6 +111,8 @@ def response_format(mode: StructuredMode, schema: dict[str, Any]) -> dict[str, A
         return {"type": "json_schema", "json_schema": {"name": "compression_plan", "schema": schema, "strict": False}}
     if mode == "json_object":
         return {"type": "json_object", "schema": schema}
+    if mode == "json":
+        return {"type": "json_object"}
     return None
 
 
@@ -131,7 +134,8 @@ class ModeFinder:
     """Which structured-output mode to use next, learnt from the server's answers (one per run).
 
     Attributes:
-        choice: What the user asked for (`--llm-structured`); "auto" tries json_schema, json_object, off.
+        choice: What the user asked for (`--llm-structured`); "auto" tries json_schema, json_object with the
+            schema, plain json_object ("json"), then off.
         known: A mode an earlier round of this run found working; tried first.
         tried: One record per mode given up: {"mode", "why"}.
     """

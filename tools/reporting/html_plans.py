@@ -29,7 +29,9 @@ def _plan_block(cand: Mapping[str, Any], best_it: Any) -> str:
         transcript = f"; transcript <code>{esc(llm['transcript'])}</code>" if llm.get("transcript") else ""
         parts.append(
             f'<p class="sub">LLM {esc(llm.get("model") or "")}: {esc(usage.get("calls", 0))} call(s), '
-            f"{esc(usage.get('total_tokens', 0))} tokens{transcript}</p>"
+            f"{esc(usage.get('total_tokens', 0))} tokens{transcript}"
+            + (f"; LLM plan {esc(llm['applied'])}" if llm.get("applied") else "")
+            + "</p>"
         )
     pruning = plan.get("pruning") or []
     if pruning:

@@ -173,6 +173,8 @@ def proposal_lines(candidates: list[dict[str, Any]]) -> list[str]:
             else:
                 label += " (no proposal asked for)"
             lines.append(f"- Iteration {c.get('iteration')}: LLM plan {md_text(label, 300)}")
+        elif c.get("turn") == "llm" and (c.get("llm") or {}).get("applied"):
+            lines.append(f"- Iteration {c.get('iteration')}: LLM plan {md_text(c['llm']['applied'], 300)}")
         elif c.get("turn") == "reference":
             lines.append(f"- Iteration {c.get('iteration')}: reference round (the deterministic planner's own plan)")
     return lines

@@ -1,0 +1,107 @@
+"""bench/llm_planners.py: its per-model summary, its fake small model, and its --quick smoke run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from fake_llm import vit_profile, vit_sensitivity
+
+from profiling_agent.nodes.analyze import round_inputs
+from profiling_agent.state import Context, Objective, State
+from profiling_agent.tools.planning.deterministic import plan_round
+from profiling_agent.tools.planning.llm_planner import plan_with_llm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import llm_planners  # noqa: E402
+from llm_fake_server import FakeSmallModel  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def local_only(monkeypatch):
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+def test_the_fake_small_model_is_driven_to_its_own_constrained_plan(tmp_path):
+    profile = vit_profile(n_layers=2)
+    sens = vit_sensitivity(profile)
+    state = State(run_path=str(tmp_path), family="vit", objective=Objective())
+    fallback = plan_round(profile["groups"], profile["group_costs"], sens, state.objective, [])
+    with FakeSmallModel() as fake:
+        ctx = Context(llm_base_url=fake.url, llm_timeout=10, llm_tool_rounds=2, llm_api_key_env="PA_BENCH_UNSET")
+        outcome = plan_with_llm(round_inputs(state, 1), ctx, profile, sens, fallback)
+    assert outcome.planner == "llm" and outcome.structured["mode"] == "json_object"
+    assert {e.layer for e in outcome.plan.pruning} == {r"^vit\.layers\.0\.mlp\.fc1$", r"^vit\.layers\.1\.mlp\.fc1$"}
+    events = [json.loads(line) for line in (tmp_path / outcome.transcript).read_text().splitlines()]
+    assert llm_planners.schema_answers(events) == (1, 1)  # the prose answer was unconstrained: not counted
+
+
+def _write(run: Path, iteration: int, events: list[dict]) -> None:
+    folder = run / f"iter_{iteration:02d}"
+    folder.mkdir(parents=True)
+    (folder / "llm_transcript.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_the_summary_counts_whose_plan_was_applied_refusals_by_reason_and_schema_validity(tmp_path):
+    floor = "the plan is predicted to remove {}% of the params: less than 50% of the objective's 40%"
+    _write(
+        tmp_path,
+        1,
+        [
+            {"event": "reply", "tool_calls": []},
+            {"event": "guard", "ok": False, "reasons": [floor.format("8.0")]},
+            {"event": "request", "structured": "json_object"},
+            {"event": "reply", "tool_calls": []},
+            {"event": "guard", "ok": True},
+        ],
+    )
+    _write(
+        tmp_path,
+        3,
+        [
+            {"event": "request", "structured": "json_object"},
+            {"event": "reply", "tool_calls": []},
+            {"event": "guard", "ok": False, "reasons": [floor.format("12.5")]},
+            {"event": "request", "structured": "json_object"},
+            {"event": "reply", "tool_calls": []},
+            {"event": "guard", "ok": False, "reasons": [floor.format("12.5")]},
+            {"event": "repeated", "reason": floor.format("12.5")},
+        ],
+    )
+
+    def cand(iteration, planner, turn, verdict=None, tokens=100):
+        llm = {"usage": {"calls": 2, "total_tokens": tokens}} if turn == "llm" else None
+        meta = {"turn": turn, "llm": llm, "vs_proposal": {"verdict": verdict} if verdict else None}
+        return {"iteration": iteration, "planner": planner, "planner_meta": meta}
+
+    state = {
+        "candidates": [
+            cand(1, "llm", "llm", "edited"),
+            cand(2, "deterministic", "reference"),
+            cand(3, "deterministic", "llm", tokens=50),
+        ]
+    }
+    summary = llm_planners.model_summary("smol", state, tmp_path)
+    assert summary["llm_turns"] == 2 and summary["llm_plans"] == 1
+    assert summary["verdicts"] == {"own": 0, "edited": 1, "copied": 0, "replaced": 1}
+    assert summary["schema_valid"] == [3, 3] and (summary["calls"], summary["tokens"]) == (4, 150)
+    assert summary["refusals"] == {"the plan is predicted to remove #% of the params": 3, "repeated a refused plan": 1}
+    row = llm_planners.summary_row(summary, "embedded", (200.0, 100.0), ({}, {}))
+    assert row[2] == "1/2 (50%)" and row[3] == "0 / 1" and row[7] == "200 s / 100 s (2.00x)"
+
+
+@pytest.mark.slow
+def test_the_quick_smoke_run_prints_the_summary_with_the_fake_model(tmp_path, capsys):
+    assert llm_planners.main(["--quick", "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    summary = out.split("\n\n")[1]
+    (row,) = [line for line in summary.splitlines() if line.startswith("| fake-small")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "embedded" and cells[2] == "1/1 (100%)"  # the fake model's own plan was applied
+    assert cells[4] == "1/1"  # its one constrained answer was schema-valid

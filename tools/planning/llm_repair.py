@@ -1,0 +1,114 @@
+"""Repair turns a small model can follow: the refused plan's numbers beside the deterministic proposal, inline."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiling_agent.tools.planning.plan_parse import parse_plan_text
+
+logger = logging.getLogger(__name__)
+
+REPAIR_PROPOSAL = (
+    "{header}\n{reasons}\n{numbers}\n"
+    "Here is the deterministic planner's plan for this model ({proposal_numbers}); the guard accepts it:\n"
+    "{proposal}\n"
+    "Answer with this plan as it is, or with an edit of it (change ratios, add or drop groups from this model's "
+    "table), as one JSON object only.{tools}"
+)
+TOOLS_LEFT = " You may still call the tools (estimate_plan, propose_plan) before answering."
+REPEATED = "the answer repeated a plan already refused ({reason}); the turn ended instead of sending it back again"
+
+
+def _pct(value: Any) -> str | None:
+    return f"{float(value):.1%}" if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass
+class Repair:
+    """What a repair turn shows: the deterministic proposal at the round's goal, asked for once per step.
+
+    Attributes:
+        propose: propose_plan's function (goal, emphasis) -> {"goal", "predicted_reduction", "plan", ...}; its
+            answers are recorded by the planner, so an applied copy or edit is compared with this proposal.
+        goal: The goal of the proposal: the deterministic planner's goal this round.
+        target: The objective's target (params, macs or latency): which predicted reduction is quoted.
+    """
+
+    propose: Callable[[float, str], dict[str, Any]]
+    goal: float
+    target: str
+    cached: dict[str, Any] | None = field(default=None, init=False)
+
+    def proposal(self) -> dict[str, Any]:
+        """Return propose_plan's answer at `goal` (empty when it failed); computed once per step."""
+        if self.cached is None:
+            try:
+                self.cached = self.propose(self.goal, "balanced")
+            except Exception:  # noqa: BLE001 - a repair without the proposal is still a repair
+                logger.debug("no proposal for the repair turn", exc_info=True)
+                self.cached = {}
+        return self.cached
+
+    def message(
+        self, reasons: list[str], estimate: dict[str, float], tools_left: bool, parsed: bool = True
+    ) -> str | None:
+        """Return the repair turn with the proposal inline, or None when there is no proposal to show.
+
+        Args:
+            reasons: The guard's (or the parser's) reasons for refusing the answer.
+            estimate: The refused plan's predicted reduction per metric (empty when it was refused before sizing).
+            tools_left: Whether the next request still offers the tools.
+            parsed: False when the answer was no plan at all (the parser refused it).
+        """
+        found = self.proposal()
+        plan = found.get("plan")
+        if not plan:
+            return None
+        mine = _pct(estimate.get(self.target))
+        numbers = (
+            f"Your plan is predicted to remove {mine} of the {self.target}."
+            if mine
+            else "Your plan was refused before it could be sized."
+            if parsed
+            else "It is not a plan in the required JSON format."
+        )
+        theirs = _pct((found.get("predicted_reduction") or {}).get(self.target))
+        proposal_numbers = f"predicted to remove {theirs} of the {self.target}" if theirs else "no estimate"
+        return REPAIR_PROPOSAL.format(
+            header="Your plan was refused:" if parsed else "Your answer could not be used:",
+            reasons="\n".join(f"- {r}" for r in reasons),
+            numbers=numbers,
+            proposal_numbers=proposal_numbers,
+            proposal=json.dumps(plan),  # one line: fewer tokens for a slow local server
+            tools=TOOLS_LEFT if tools_left else "",
+        )
+
+
+def answer_key(text: str) -> str:
+    """Return what makes two answers the same plan: entries' groups or layer, type, ratio, dtype (no prose).
+
+    An answer that does not parse is keyed by its whitespace-normalized text.
+    """
+    try:
+        raw, _ = parse_plan_text(text)
+    except ValueError:
+        return "text:" + " ".join(text.split())
+    keep = ("groups", "layer", "type", "ratio", "dtype")
+    entries = {
+        kind: sorted(
+            json.dumps({k: e.get(k) for k in keep if k in e}, sort_keys=True)
+            for e in raw.get(kind) or []
+            if isinstance(e, dict)
+        )
+        for kind in ("pruning", "quantization")
+    }
+    return "plan:" + json.dumps(entries, sort_keys=True)
+
+
+def repeated_reason(first_reason: str) -> str:
+    """Return the fallback reason of a turn ended because an answer repeated a refused plan."""
+    return REPEATED.format(reason=first_reason[:200])

@@ -64,6 +64,7 @@ def keep_float_patterns(ov_model: Any) -> list[str]:
     """Return NNCF ignored-scope patterns for the model's KEEP_FLOAT_SCOPE nodes (empty when it has none)."""
     if not any(KEEP_FLOAT_SCOPE in op.get_friendly_name() for op in ov_model.get_ordered_ops()):
         return []
+    logging.getLogger("nncf").setLevel(logging.WARNING)  # else NNCF logs one INFO line per node it leaves float
     return [f".*{KEEP_FLOAT_SCOPE}.*"]
 
 

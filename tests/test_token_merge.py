@@ -67,13 +67,13 @@ def test_merge_is_a_size_weighted_mean_and_keeps_protected_tokens_in_place():
     c, a0, b0, a1, b1 = (torch.tensor([v]) for v in ([9.0, 9.0], [1.0, 0.2], [0.0, 4.0], [0.0, 2.0], [3.0, 0.0]))
     hidden = torch.cat([c, a0, b0, a1, b1]).unsqueeze(0)
     size = torch.tensor([1.0, 1.0, 3.0, 1.0, 1.0]).view(1, 5, 1)
-    out, new_size = TokenMatch(r=1, protected=1)(hidden, hidden, size)  # the tokens are their own keys here
+    out, new_size = TokenMatch(r=1, protected=1, tokens=5)(hidden, hidden, size)  # the tokens are their own keys here
     assert out.shape == (1, 4, 2) and new_size.flatten().tolist()[0] == 1.0
     assert torch.equal(out[0, 0], c[0])  # CLS first, untouched
     assert sorted(new_size.flatten().tolist()) == [1.0, 1.0, 1.0, 4.0]  # a1 (size 1) joined b0 (size 3)
     joined = out[0][new_size[0, :, 0] == 4.0][0]
     assert torch.allclose(joined, (3 * b0[0] + a1[0]) / 4)  # a size-weighted mean, not a plain one
-    out2, size2 = TokenMatch(r=2, protected=1)(hidden, hidden, size)
+    out2, size2 = TokenMatch(r=2, protected=1, tokens=5)(hidden, hidden, size)
     assert out2.shape == (1, 3, 2) and size2.sum().item() == size.sum().item()  # sizes always add up
 
 

@@ -40,15 +40,21 @@ class _Sizes:
 
 
 class TokenMatch(nn.Module):
-    """Merge the `r` most similar tokens of a layer's output by bipartite soft matching (no parameters)."""
+    """Merge the `r` most similar tokens of a layer's output by bipartite soft matching (no parameters).
 
-    def __init__(self, r: int, protected: int) -> None:
+    The gathers and the scatter-add of the merge are products with one-hot matrices built from the matching's
+    indices (exact in float, about 1% of a ViT-B layer's MACs): exported, they are a few MatMuls with static shapes
+    where index gathers need Expand and shape arithmetic per call, which OpenVINO re-runs at every inference on a
+    dynamic batch.
+    """
+
+    def __init__(self, r: int, protected: int, tokens: int) -> None:
         super().__init__()
-        self.r, self.protected = int(r), int(protected)
+        self.r, self.protected, self.tokens = int(r), int(protected), int(tokens)
 
     def extra_repr(self) -> str:
-        """Show r and the protected token count in the model's repr."""
-        return f"r={self.r}, protected={self.protected}"
+        """Show r, the protected token count and the tokens the layer sees in the model's repr."""
+        return f"r={self.r}, protected={self.protected}, tokens={self.tokens}"
 
     def forward(
         self, hidden: torch.Tensor, metric: torch.Tensor, size: torch.Tensor | None
@@ -56,28 +62,32 @@ class TokenMatch(nn.Module):
         """Return the merged tokens (B, N - r, C) and their sizes (B, N - r, 1).
 
         Args:
-            hidden: The layer's tokens after attention and its residual (B, N, C).
+            hidden: The layer's tokens after attention and its residual (B, N, C); N must be `tokens`.
             metric: The keys' mean over heads (B, N, head_dim): the similarity the tokens are matched on.
             size: Each token's size (B, N, 1); None before any merge (every token is one patch).
         """
         p, r = self.protected, self.r
+        if not torch.jit.is_tracing() and hidden.shape[1] != self.tokens:
+            raise ValueError(f"this layer merges {r} of {self.tokens} tokens and got {hidden.shape[1]}")
         if size is None:
             size = torch.ones_like(hidden[..., :1])
+        count_a, count_b = (self.tokens - p + 1) // 2, (self.tokens - p) // 2  # python ints: constants when exported
         with torch.no_grad():
             keys = metric[:, p:]
             keys = keys / keys.norm(dim=-1, keepdim=True)
             scores = keys[:, ::2] @ keys[:, 1::2].transpose(-1, -2)  # A tokens x B tokens, cosine similarity
             best, partner = scores.max(dim=-1)  # each A token's closest B token
-            order = best.argsort(dim=-1, descending=True).unsqueeze(-1)  # A tokens, most similar first
+            order = best.argsort(dim=-1, descending=True)  # A tokens, most similar first
             merged, kept = order[:, :r], order[:, r:]
-            target = partner.unsqueeze(-1).gather(1, merged)  # the B token each merged A token joins
+            target = partner.gather(1, merged)  # the B token each merged A token joins
+            slots_a = torch.arange(count_a, device=hidden.device)
+            pick_kept = (kept.unsqueeze(-1) == slots_a).to(hidden.dtype)  # (B, A - r, A) one-hot rows
+            pick_merged = (merged.unsqueeze(-1) == slots_a).to(hidden.dtype)  # (B, r, A)
+            into = (target.unsqueeze(-1) == torch.arange(count_b, device=hidden.device)).to(hidden.dtype)
+            route = into.transpose(1, 2) @ pick_merged  # (B, B tokens, A): which A tokens join each B token
         weighted = torch.cat([hidden[:, p:] * size[:, p:], size[:, p:]], dim=-1)  # x * size and size, one tensor
-        width = weighted.shape[-1]
         side_a, side_b = weighted[:, ::2], weighted[:, 1::2]
-        moving = side_a.gather(1, merged.expand(-1, -1, width))
-        staying = side_a.gather(1, kept.expand(-1, -1, width))
-        joined = side_b.scatter_add(1, target.expand(-1, -1, width), moving)  # sums; the mean is sum / size below
-        rest = torch.cat([staying, joined], dim=1)
+        rest = torch.cat([pick_kept @ side_a, side_b + route @ side_a], dim=1)  # sums; the mean is sum / size
         new_size = rest[..., -1:]
         tokens = torch.cat([hidden[:, :p], rest[..., :-1] / new_size], dim=1)
         return tokens, torch.cat([size[:, :p], new_size], dim=1)
@@ -204,12 +214,13 @@ def install_token_merging(model: nn.Module, schedule: Sequence[int]) -> nn.Modul
     remove_token_merging(model)
     sizes = _Sizes()
     patched = [(i, layer) for i, layer in enumerate(layers) if hasattr(layer, "attention")]  # not replaced blocks
+    seen = [token_count(model) - sum(values[:i]) for i in range(len(values))]  # tokens each layer sees
     for k, (i, layer) in enumerate(patched):
         layer.__class__ = _merging_class(type(layer))
         merging: Any = layer
         merging.token_r, merging.token_sizes = values[i], sizes
         merging.token_first, merging.token_last = k == 0, k == len(patched) - 1
-        layer.add_module(MATCH_SCOPE, TokenMatch(values[i], PROTECTED[model_type]))
+        layer.add_module(MATCH_SCOPE, TokenMatch(values[i], PROTECTED[model_type], seen[i]))
     return model
 
 

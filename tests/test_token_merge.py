@@ -155,3 +155,17 @@ def test_a_recipe_with_an_invalid_schedule_is_refused_in_one_line(tmp_path, bad)
     with pytest.raises(ArtifactError, match="invalid token_schedule") as caught:
         load_artifact(tmp_path / "art")
     assert "\n" not in str(caught.value)
+
+
+def test_a_merged_model_quantizes_dynamically_and_reloads(tmp_path):
+    from profiling_agent.tools.compression.quantization import quantize_model
+
+    model = _vit(num_hidden_layers=3)
+    apply_token_merging(model, [4, 3, 2])
+    quantized, done = quantize_model(model, [{"layer": "all", "dtype": "qint8"}])
+    assert done and token_schedule(quantized) == [4, 3, 2]
+    x = _pixels(3, seed=5)
+    expected = _logits(quantized, x)
+    save_artifact(quantized, tmp_path / "q", quantized=done)
+    loaded = load_artifact(tmp_path / "q").model
+    assert token_schedule(loaded) == [4, 3, 2] and torch.equal(_logits(loaded, x), expected)

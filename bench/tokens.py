@@ -118,7 +118,8 @@ def measure(name: str, settings: dict[str, Any], work: Path) -> dict[str, Any]:
         )
         form = next(v for v in built if v.name == "ov_int8")
         if form.status != "ok":
-            raise RuntimeError(f"{name} {variant}: ov_int8 failed: {form.error}")
+            why = "; ".join(f"{v.name}: {v.error}" for v in built if v.error)  # ort_fp32 holds an export's reason
+            raise RuntimeError(f"{name} {variant}: ov_int8 failed: {why}")
         forms[variant] = form.model
         rows[variant] = {**facts, "fidelity_top1_pct": form.logit_agreement, "max_abs_diff": form.max_abs_diff}
     say(f"{name}: timing {len(forms)} forms side by side, batch 1 and {settings['batch']}")
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = measure(name, settings, Path(scratch))
             out["models"][name] = rows
             print_rows(name, rows, args.batch)
+            sys.stdout.flush()
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -28,6 +28,7 @@ from profiling_agent.tools.models.dynamic_quant import (
     dynamic_linear_type,
     quiet_ao_quantization,
 )
+from profiling_agent.tools.models.merged_tokens import TokenScheduleError, install_token_merging
 from profiling_agent.tools.models.shortcut import SHORTCUT, replace_with_shortcut
 from profiling_agent.tools.models.sizes import QSCALE, QWEIGHT, QZERO
 
@@ -108,6 +109,21 @@ def replace_blocks(model: nn.Module, replaced: Mapping[str, Any], path: Path) ->
             replace_with_shortcut(model, [name])
         except (AttributeError, ValueError) as err:
             raise ArtifactError(f"{path / RECIPE_FILE}: cannot replace block {name!r}: {first_line(err)}") from None
+
+
+def reinstall_token_merging(model: nn.Module, recipe: Mapping[str, Any], path: Path) -> None:
+    """Install the token schedule the recipe records (`merged_tokens`); nothing when it records none.
+
+    Raises:
+        ArtifactError: The recorded schedule is not a list of r per layer that fits the rebuilt model.
+    """
+    schedule = recipe.get("token_schedule")
+    if schedule is None:
+        return
+    try:
+        install_token_merging(model, schedule)
+    except TokenScheduleError as err:
+        raise ArtifactError(f"{path / RECIPE_FILE}: invalid token_schedule: {first_line(err)}") from None
 
 
 def _direct_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -310,6 +326,7 @@ def load_artifact(path: str | os.PathLike, device: str | torch.device = "cpu") -
     plain, packed = _split_weights(tensors, schemes)
     load_plain(model, plain, schemes)
     restore_quantized(model, packed, schemes)
+    reinstall_token_merging(model, recipe, path)
     model.eval()
     if schemes and torch.device(device).type != "cpu":
         logger.warning("artifact %s is dynamically quantized: keeping it on the CPU instead of %s", path, device)

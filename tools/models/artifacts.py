@@ -18,6 +18,7 @@ from profiling_agent.tools.io import atomic_dir, read_json, sha256_path, write_j
 from profiling_agent.tools.models.dynamic_quant import (
     dynamic_linear_type,
 )
+from profiling_agent.tools.models.merged_tokens import token_schedule
 from profiling_agent.tools.models.shortcut import SHORTCUT, replaced_blocks
 from profiling_agent.tools.models.sizes import count_params, dynamic_linears, quantized_tensors, state_bytes
 from profiling_agent.tools.versions import versions
@@ -25,7 +26,7 @@ from profiling_agent.tools.versions import versions
 logger = logging.getLogger(__name__)
 
 FORMAT = "profiling-agent-artifact"
-FORMAT_VERSION = 2  # 2: `replaced_blocks` (blocks replaced by their shortcut); written only when a model has them
+FORMAT_VERSION = 3  # 2: `replaced_blocks` (blocks replaced by their shortcut); 3: `token_schedule` (token merging)
 WEIGHTS_FILE = "model.safetensors"
 RECIPE_FILE = "recipe.json"
 CONFIG_FILE = "config.json"
@@ -135,9 +136,14 @@ def build_recipe(
     """Describe a model well enough to rebuild it: architecture, config, shapes, attrs and quantization."""
     config = model.config
     replaced = {name: SHORTCUT for name in replaced_blocks(model)}
-    return {
+    tokens = token_schedule(model)
+    recipe = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION if replaced else 1,  # a version-1 reader loads every other artifact
+        "format_version": 3
+        if tokens
+        else 2
+        if replaced
+        else 1,  # the lowest that reads it: older readers load the rest
         "architecture": architecture_of(model),
         "model_type": getattr(config, "model_type", ""),
         "attn_implementation": getattr(config, "_attn_implementation", None),
@@ -153,6 +159,9 @@ def build_recipe(
         "extra": dict(extra or {}),
         "versions": versions("safetensors"),
     }
+    if tokens:  # the layers merge tokens: the loader installs the schedule again (`merged_tokens`)
+        recipe["token_schedule"] = tokens
+    return recipe
 
 
 def _portable_config(config: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from profiling_agent.tools.runtimes.openvino_forms import (
     OV_FORMS,
     OpenVinoSettings,
     build_ov_forms,
+    keep_float_patterns,
     nncf_model_type,
     quantized_ops,
 )
@@ -259,6 +260,8 @@ def accuracy_controlled_int8(
     kwargs: dict[str, Any] = {}
     if nncf_model_type(model_type) == "transformer":
         kwargs["model_type"] = nncf.ModelType.TRANSFORMER
+    if patterns := keep_float_patterns(fp32):  # e.g. token matching: its int8 form would merge other tokens
+        kwargs["ignored_scope"] = nncf.IgnoredScope(patterns=patterns, validate=False)
     params = nncf.quantization.advanced_parameters.AdvancedAccuracyRestorerParameters(
         max_num_iterations=max_layers, ranking_subset_size=min(len(val), 300)
     )

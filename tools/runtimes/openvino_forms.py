@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 OvForm = Literal["fp32", "bf16", "int8"]
 OV_FORMS: tuple[OvForm, ...] = ("fp32", "bf16", "int8")
 TRANSFORMER_TYPES = ("vit", "deit", "swin")  # NNCF's ModelType.TRANSFORMER (mixed preset, SmoothQuant, no softmax)
+# IR nodes whose names hold this stay in float in every INT8 form: a torch model names a child module so when
+# quantizing its ops would change what the model computes (token merging's matching, `models.merged_tokens`)
+KEEP_FLOAT_SCOPE = "keep_float"
 
 
 @dataclass
@@ -56,6 +59,14 @@ class OpenVinoSettings:
 def nncf_model_type(model_type: str | None) -> str | None:
     """Return NNCF's model type for a transformers `model_type`: "transformer" for ViT, DeiT, Swin; else None."""
     return "transformer" if (model_type or "").lower() in TRANSFORMER_TYPES else None
+
+
+def keep_float_patterns(ov_model: Any) -> list[str]:
+    """Return NNCF ignored-scope patterns for the model's KEEP_FLOAT_SCOPE nodes (empty when it has none)."""
+    if not any(KEEP_FLOAT_SCOPE in op.get_friendly_name() for op in ov_model.get_ordered_ops()):
+        return []
+    logging.getLogger("nncf").setLevel(logging.WARNING)  # else NNCF logs one INFO line per node it leaves float
+    return [f".*{KEEP_FLOAT_SCOPE}.*"]
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -103,8 +114,9 @@ def quantize_int8(
     if model_type == "transformer":
         kwargs["model_type"] = nncf.ModelType.TRANSFORMER
     names = sorted(set(ignored) | set(settings.ignored_names))
-    if names:
-        kwargs["ignored_scope"] = nncf.IgnoredScope(names=names, validate=False)
+    patterns = keep_float_patterns(ov_model)
+    if names or patterns:
+        kwargs["ignored_scope"] = nncf.IgnoredScope(names=names, patterns=patterns, validate=False)
     with quiet():
         quantized = nncf.quantize(ov_model.clone(), nncf.Dataset(items), **kwargs)
     recipe = {
@@ -115,6 +127,7 @@ def quantize_int8(
         "calibration": {"samples": len(items), "batch": 1, "source": "the run's calibration images"},
         "fast_bias_correction": settings.fast_bias_correction,
         "ignored_scope": names,
+        **({"ignored_patterns": patterns} if patterns else {}),
         "rest_precision": "the CPU's best (OpenVINO's default inference precision)",
     }
     return quantized, recipe

@@ -1,0 +1,118 @@
+"""Token merging for ViT and DeiT: choose a schedule (one rate or r per layer), check it and install it.
+
+Width pruning shrinks the GEMMs' K and N; merging tokens (ToMe, Bolya et al., ICLR 2023) shrinks M, so the two
+compose, and both compose with INT8. `apply_token_merging(model, schedule)` installs the merging forward of
+`models.merged_tokens` on every layer: `schedule` is a list of r (tokens merged after each layer's attention) or one
+rate r for every layer (capped per layer as ToMe does, so at least the protected tokens + 1 remain). A plan entry
+`{"type": "tokens", "schedule": [...]}` or `{"type": "tokens", "rate": r}` names the same thing
+(`schedule_from_entry`). Apply merging after pruning: the pruning engine traces the unmerged model. Swin
+(windowed attention) and CNNs have no token axis and are refused with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from profiling_agent.tools.models.merged_tokens import (
+    PROTECTED,
+    TokenScheduleError,
+    check_schedule,
+    install_token_merging,
+    remove_token_merging,
+    token_count,
+    token_layers,
+    token_schedule,
+)
+
+__all__ = [
+    "TokenScheduleError",
+    "apply_token_merging",
+    "remove_token_merging",
+    "schedule_from_entry",
+    "schedule_from_rate",
+    "token_schedule",
+    "tokens_per_layer",
+]
+
+Schedule = int | Sequence[int]
+
+
+def schedule_from_rate(model: nn.Module, rate: int) -> list[int]:
+    """Return ToMe's constant schedule: `rate` tokens per layer, capped where a layer has fewer to merge.
+
+    Raises:
+        TokenScheduleError: `rate` is not a whole number >= 0, or the model has no token axis.
+    """
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+        raise TokenScheduleError(f"a token merging rate must be a whole number >= 0, got {rate!r}")
+    model_type, layers = token_layers(model)
+    tokens, protected = token_count(model), PROTECTED[model_type]
+    schedule = []
+    for layer in layers:
+        r = min(rate, (tokens - protected) // 2) if hasattr(layer, "attention") else 0
+        schedule.append(r)
+        tokens -= r
+    return schedule
+
+
+def resolve_schedule(model: nn.Module, schedule: Schedule) -> list[int]:
+    """Return the per-layer schedule a rate or a list stands for, checked against the model.
+
+    Raises:
+        TokenScheduleError: See `schedule_from_rate` and `models.merged_tokens.check_schedule`.
+    """
+    if isinstance(schedule, Sequence):
+        return check_schedule(model, schedule)
+    return schedule_from_rate(model, schedule)
+
+
+def apply_token_merging(model: nn.Module, schedule: Schedule) -> list[int]:
+    """Make `model` merge tokens after each layer's attention, in place; return the per-layer schedule installed.
+
+    The model stays an `nn.Module` with the same parameters (a saved artifact records the schedule and its loader
+    installs it again); it exports to ONNX with only the batch axis dynamic. A schedule of zeros leaves the logits
+    as they were. Installing again replaces the previous schedule.
+
+    Args:
+        model: A transformers ViTForImageClassification, DeiTForImageClassification or
+            DeiTForImageClassificationWithTeacher (pruned or not).
+        schedule: One r per layer, or one rate r for every layer (capped per layer).
+
+    Returns:
+        The installed schedule, one r per layer.
+
+    Raises:
+        TokenScheduleError: The model has no token axis (Swin, ResNet) or the schedule does not fit it.
+    """
+    values = resolve_schedule(model, schedule)
+    install_token_merging(model, values)
+    return values
+
+
+def schedule_from_entry(model: nn.Module, entry: Mapping[str, Any]) -> list[int]:
+    """Return the schedule a plan entry asks for: {"type": "tokens", "schedule": [...]} or {..., "rate": r}.
+
+    Raises:
+        TokenScheduleError: The entry is not a tokens entry, names neither or both, or does not fit the model.
+    """
+    if entry.get("type") != "tokens":
+        raise TokenScheduleError(f"not a tokens entry: type {entry.get('type')!r}")
+    has_schedule, has_rate = entry.get("schedule") is not None, entry.get("rate") is not None
+    if has_schedule == has_rate:
+        raise TokenScheduleError('a tokens entry needs exactly one of "schedule" (r per layer) and "rate" (one r)')
+    if has_rate:
+        return schedule_from_rate(model, entry["rate"])
+    return check_schedule(model, entry["schedule"])
+
+
+def tokens_per_layer(model: nn.Module, schedule: Schedule) -> list[int]:
+    """Return how many tokens each layer's MLP sees under `schedule` (the first layer's attention sees them all)."""
+    values = resolve_schedule(model, schedule)
+    tokens, out = token_count(model), []
+    for r in values:
+        tokens -= r
+        out.append(tokens)
+    return out

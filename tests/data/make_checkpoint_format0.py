@@ -3,7 +3,7 @@
 Run once with the code before the state package split (commit a274902, `state.py` one module), so the checkpoint
 names every model `profiling_agent.state.NAME` and has no `state_format` (format 0):
 `PYTHONPATH=<that checkout>/.typecheck python tests/data/make_checkpoint_format0.py OUT_DIR`.
-tests/test_state_schema.py reads it back with today's code.
+tests/unit/test_state_schema.py reads it back with today's code.
 """
 
 import sys

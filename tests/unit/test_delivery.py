@@ -225,3 +225,30 @@ def test_a_speed_up_whose_paired_interval_holds_one_says_no_measurable_differenc
     assert "TIMINGS FLAGGED: a reference workload ran 1.4x" in speed_sentence(
         delivered_speed({"best": {"speedup": 10.0}, "delivery": flagged})
     )
+
+
+def test_a_latency_target_delivers_the_peer_when_the_final_paired_interval_reaches_one():
+    """Under a latency target, a candidate only 1.05x the peer by the medians but not measurably faster is not
+    delivered: the same seed then delivers the same file whichever way the noise fell."""
+    from profiling_agent.tools.evaluation.delivery import final_peer
+
+    objective = Objective(max_acc_drop=2.0, target="latency")
+    base = _baseline(objective)
+    best = _best(objective, accuracy=89.0, latency=1.0, peer_latency=1.5, reduction=0.4)
+    noisy = {
+        "baseline": {"latency_ms": 10.0, "latency_batch_ms": 50.0, "samples_ms": [10.0, 10.2, 9.9, 10.1, 10.0]},
+        "iter_01": {"latency_ms": 1.0, "latency_batch_ms": 5.0, "samples_ms": [1.0, 1.3, 0.8, 1.2, 0.9]},
+        "unpruned_ort_dynamic": {
+            "latency_ms": 1.05,
+            "latency_batch_ms": 5.2,
+            "samples_ms": [1.2, 1.0, 1.0, 0.9, 1.1],
+        },
+    }
+    peer = final_peer(noisy, base, objective)
+    assert peer is not None and peer["name"] == "ort_dynamic"
+    picked, why = choose_delivery(best, base, BASE_REF, objective, (noisy, {"final_peer": peer}))
+    assert picked is not None and picked.iteration == 0 and "no measurable speed" in why
+    clear = {**noisy, "iter_01": {**noisy["iter_01"], "latency_ms": 0.5, "samples_ms": [0.5, 0.52, 0.49, 0.5, 0.51]}}
+    assert choose_delivery(best, base, BASE_REF, objective, (clear, {"final_peer": peer}))[0].iteration == 1
+    params = Objective(max_acc_drop=2.0, target="params", target_reduction=0.4)  # the rule is latency's only
+    assert choose_delivery(best, base, BASE_REF, params, (noisy, {"final_peer": peer}))[0].iteration == 1

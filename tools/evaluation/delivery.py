@@ -103,7 +103,10 @@ def pruning_verdict(
     """Decide whether the best pruned candidate is delivered (True) or the quantization-only peer (False).
 
     The candidate is delivered when it keeps the budget and either runs faster than the peer (beyond the
-    LATENCY_TIE noise band) or, for a params/MACs/size target, reduces what the user asked to reduce. With the
+    LATENCY_TIE noise band) or, for a params/MACs/size target, reduces what the user asked to reduce. Under a
+    latency target, a final timing whose paired 95% interval of that speed-up reaches down to 1.0 delivers the
+    peer: the pruned model is not measurably faster, so the unpruned model's accuracy is kept (and two runs of the
+    same seed do not flip between the two on timing noise). With the
     final side-by-side timing (`final_latency`: its latencies, and the peer chosen from them under
     "final_peer"), the speed over the peer is read there; else from the candidate's round.
     """
@@ -112,7 +115,25 @@ def pruning_verdict(
     ratio = final_ratio(best, final) if final else None
     if ratio is None:
         ratio = vs_peer(best.eval)
-    return verdict(best.within_budget, best.accuracy_drop, best.reduction, ratio, objective)
+    keep, why = verdict(best.within_budget, best.accuracy_drop, best.reduction, ratio, objective)
+    paired = final_paired(best, final) if final and keep and objective.target == "latency" else None
+    if paired is not None and paired["ci"][0] <= 1.0:  # a latency target asked for speed that noise cannot explain
+        low, high = paired["ci"]
+        return False, (
+            f"pruning added no measurable speed: {ratio:.2f}x quantizing the unpruned model alone, paired median "
+            f"{paired['ratio']:.2f}x (95% interval {low:.2f}-{high:.2f} over {paired['repeats']} repeats)"
+        )
+    return keep, why
+
+
+def final_paired(best: Best, final: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Return the best candidate's paired speed ratio over the final peer with its interval (None: not timed so)."""
+    from profiling_agent.tools.evaluation.latency import paired_ratio
+
+    peer = (final.get("final_peer") or {}) if isinstance(final.get("final_peer"), Mapping) else {}
+    mine = final.get(run_layout.iteration_name(best.iteration))
+    theirs = final.get(peer_key(peer.get("name"))) if peer else None
+    return paired_ratio(theirs, mine) if mine and theirs else None
 
 
 def peer_key(name: str | None) -> str:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import get_args
 
-METHODS = ("none", "reconstruct", "distill", "auto")
+from profiling_agent.state.settings import RecoverChoice
+
+METHODS: tuple[str, ...] = get_args(RecoverChoice)
 EPOCHS = 2.0  # auto: passes over the training images
 # auto after removing whole blocks: the blocks left must take over a removed block's work, not only re-align to the
 # teacher, and that takes many passes. The zoo ViT without its last two layers (ONNX Runtime dynamic QInt8, 512

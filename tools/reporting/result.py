@@ -232,7 +232,7 @@ def _planner_entry(state: dict[str, Any], objective: Mapping[str, Any]) -> dict[
 def build_result(
     state: dict[str, Any], thread_id: str, joint_timing: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """Assemble result.json from the final state (a dict of the State fields).
+    """Assemble result.json from the final state (a dict of the graph state's fields).
 
     `joint_timing` is the side-by-side latency measurement taken at the end of the run: "baseline", "iter_NN"
     and the unpruned model's forms ("unpruned_<form>"). When given, its numbers (and the speedups computed from

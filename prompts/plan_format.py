@@ -56,7 +56,8 @@ def _value(prop: dict[str, Any]) -> str:
         return " | ".join(f'"{v}"' for v in prop["enum"] if v not in HIDDEN_TYPES)
     if "const" in prop:
         return f'"{prop["const"]}"'
-    hint = f"<{str(prop.get('description', '')).rstrip('.')}>"
+    clauses = str(prop.get("description", "")).rstrip(".").split("; ")  # a clause on a hidden type waits too
+    hint = "<" + "; ".join(c for c in clauses if not any(t in c for t in HIDDEN_TYPES)) + ">"
     return hint if prop.get("type") == "number" else f'"{hint}"'
 
 

@@ -190,16 +190,7 @@ def current_candidate(state: State) -> Candidate:
 
 def training_source(state: State):
     """Find the images recovery may train on (never a validation, test or calibration image), or None."""
-    from profiling_agent.tools.data.train_stream import find_train_source
-    from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.data.train_stream import run_train_source
 
     assert state.labels is not None
-    subsets = read_json(run_dir(state) / (state.data.subsets if state.data else run_layout.SUBSETS))
-    return find_train_source(
-        state.dataset.ref,
-        state.dataset.split,
-        subsets,
-        image_column=state.labels.image_column,
-        label_column=state.labels.label_column,
-        train_split=state.dataset.train_split,
-    )
+    return run_train_source(run_dir(state), state.data, state.dataset, state.labels)

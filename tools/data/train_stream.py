@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from profiling_agent.state import DataRef, DatasetRef, LabelMap
+from profiling_agent.tools import run_layout
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.preprocess import preprocess_images
 from profiling_agent.tools.data.sources import label_indexer, label_names, load_split
@@ -63,6 +66,25 @@ def usable_rows(n: int, split: str | None, roles: Mapping[str, Mapping[str, Any]
             mask[idx] = False
             excluded[role] = int(len(idx))
     return np.flatnonzero(mask), excluded
+
+
+def run_train_source(run_path: str | Path, data: DataRef | None, dataset: DatasetRef, labels: LabelMap) -> Any:
+    """Find the images a run's distillation may train on (never a validation, test or calibration image), or None.
+
+    The subsets are read from the run's `subsets.json` (or the file `data` names); recovery and the planner's trials
+    both call this, so they train on the same rows.
+    """
+    from profiling_agent.tools.io import read_json
+
+    subsets = read_json(Path(run_path) / (data.subsets if data else run_layout.SUBSETS))
+    return find_train_source(
+        dataset.ref,
+        dataset.split,
+        subsets,
+        image_column=labels.image_column,
+        label_column=labels.label_column,
+        train_split=dataset.train_split,
+    )
 
 
 def find_train_source(

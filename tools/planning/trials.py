@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, DataRef, DatasetRef, InputShape, LabelMap
-from profiling_agent.tools import run_layout
 
 MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
 # a plan dict in, its trial-slice metrics out (`PlanEvaluator`)
@@ -125,19 +124,10 @@ def trial_slice(setup: TrialSetup) -> tuple[Any, Any]:
 
 def training_source(setup: TrialSetup) -> Any:
     """Find the images distillation may train on (never a validation, test or calibration image), or None."""
-    from profiling_agent.tools.data.train_stream import find_train_source
-    from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.data.train_stream import run_train_source
 
     assert setup.labels is not None
-    subsets = read_json(Path(setup.run_path) / (setup.data.subsets if setup.data else run_layout.SUBSETS))
-    return find_train_source(
-        setup.dataset.ref,
-        setup.dataset.split,
-        subsets,
-        image_column=setup.labels.image_column,
-        label_column=setup.labels.label_column,
-        train_split=setup.dataset.train_split,
-    )
+    return run_train_source(setup.run_path, setup.data, setup.dataset, setup.labels)
 
 
 def trial_recipe(setup: TrialSetup, params: int) -> tuple[float, int, int]:

@@ -134,7 +134,10 @@ class Round:
         ev = cand.get("eval") or {}
         self.iteration = cand["iteration"]
         self.predicted = (cand.get("planner_meta") or {}).get("goal")
-        self.measured = reduction(ev, base, objective.target) if ev else None
+        from profiling_agent.state import EvalRecord
+
+        typed = EvalRecord.model_validate(ev) if ev else None
+        self.measured = reduction(typed, EvalRecord.model_validate(base), objective.target) if typed else None
         self.val = ev.get("accuracy")
         self.test = test.get(self.iteration)
 
@@ -147,7 +150,7 @@ class Round:
 
 def test_accuracy(run_path: Path, state: dict[str, Any], dataset: str) -> dict[int, float]:
     """Evaluate every finished candidate on the run's held-out test images (the run itself tests only the best)."""
-    from profiling_agent.tools.evaluation.evaluate_model import evaluate_model
+    from profiling_agent.tools.evaluation.evaluate_model import EvalRequest, evaluate_model
 
     subsets = json.loads((run_path / run_layout.SUBSETS).read_text())
     split, rows = subsets["test"]["split"], [int(i) for i in subsets["test"]["indices"]]
@@ -157,9 +160,10 @@ def test_accuracy(run_path: Path, state: dict[str, Any], dataset: str) -> dict[i
         if cand.get("status") != "ok" or not artifact:
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            metrics = evaluate_model(
-                str(run_path / artifact), dataset, split=split, rows=rows, work_dir=Path(tmp), warmup=0, repeats=1
+            request = EvalRequest(
+                str(run_path / artifact), dataset, Path(tmp), split=split, rows=rows, warmup=0, repeats=1
             )
+            metrics = evaluate_model(request)
         out[cand["iteration"]] = float(metrics["accuracy"])
     return out
 
@@ -401,10 +405,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     parser.add_argument("--work", default=None, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--tiny", action="store_true", help="smoke test against the given server: 1 round, 64 images")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.iterations, args.subset, args.zoo_model, args.timeout = 1, 64, "embedded", 30.0
     if args.tiny:
         args.iterations, args.subset, args.tool_rounds = 1, 64, 1
+    if args.quick:
+        args.iterations, args.subset, args.zoo_model, args.timeout = 1, 64, "embedded", 30.0
     elif not args.model or not args.base_url:
         parser.error("--model and --base-url are required (or --quick)")
     return parser, args

@@ -130,9 +130,7 @@ def final_paired(best: Best, final: Mapping[str, Mapping[str, Any]]) -> dict[str
     """Return the best candidate's paired speed ratio over the final peer with its interval (None: not timed so)."""
     from profiling_agent.tools.evaluation.latency import paired_ratio
 
-    peer = (final.get("final_peer") or {}) if isinstance(final.get("final_peer"), Mapping) else {}
-    mine = final.get(run_layout.iteration_name(best.iteration))
-    theirs = final.get(peer_key(peer.get("name"))) if peer else None
+    theirs, mine = final_rows(best, final)
     return paired_ratio(theirs, mine) if mine and theirs else None
 
 
@@ -141,11 +139,17 @@ def peer_key(name: str | None) -> str:
     return "baseline" if name == BASELINE_TORCH else PEER_PREFIX + str(name)
 
 
-def final_ratio(best: Best, final: Mapping[str, Mapping[str, Any]]) -> float | None:
-    """Return the final timing's peer latency over the best candidate's (None when either was not timed there)."""
+def final_rows(best: Best, final: Mapping[str, Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """Return the final timing's rows of the chosen peer and of the best candidate ({} where one was not timed)."""
     peer = (final.get("final_peer") or {}) if isinstance(final.get("final_peer"), Mapping) else {}
     mine = final.get(run_layout.iteration_name(best.iteration)) or {}
     theirs = final.get(peer_key(peer.get("name"))) or {} if peer else {}
+    return theirs, mine
+
+
+def final_ratio(best: Best, final: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """Return the final timing's peer latency over the best candidate's (None when either was not timed there)."""
+    theirs, mine = final_rows(best, final)
     return peer_ratio(float(theirs.get("latency_ms") or 0.0), float(mine.get("latency_ms") or 0.0))
 
 

@@ -56,8 +56,14 @@ def test_two_iterations_end_to_end(digits_run):
         assert key in result
     assert result["planner"]["requested"] == "deterministic" and result["planner"]["used"] == ["deterministic"]
     for cand in result["candidates"]:
-        for key in ("accuracy", "latency_ms", "size_mb", "params", "macs", "iteration", "plan", "path"):
+        assert cand["status"] in ("ok", "rejected"), cand["error"]
+        for key in ("iteration", "plan", "path"):
             assert cand[key] is not None, key
+        measured = [cand[key] for key in ("accuracy", "latency_ms", "size_mb", "params", "macs")]
+        if cand["status"] == "ok":  # evaluated in full
+            assert None not in measured, measured
+        else:  # its recovered trial's whole interval missed the budget: stated, and never evaluated as if it passed
+            assert measured == [None] * 5 and cand["error"] and cand["recovery"]["trial_curve"]
     best = result["best"]
     delivery = result["delivery"]  # the delivered model against the original torch model and quantization alone
     assert delivery["vs_original_torch"] > 0 and delivery["vs_quantization_only"] > 0 and delivery["verdict"]

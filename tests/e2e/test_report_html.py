@@ -118,6 +118,9 @@ def test_html_tables_hold_the_numbers_of_result_json(finished_run):
     )
     for (cls, cells), cand in zip(rows[1:], result["candidates"], strict=True):
         assert cells[0] == f"iter {cand['iteration']}"
+        if cand["status"] == "rejected":  # rejected on its trial slice: no full evaluation, shown as such
+            assert cls == "failed" and cells[-1] == "rejected" and set(cells[1:9]) == {"-"}
+            continue
         assert cells[1] == f"{cand['accuracy']:.2f}" and cells[2] == f"{cand['agreement']:.2f}"
         assert cells[3] == f"{cand['latency_ms']:.2f}" and cells[4] == f"{cand['latency_batch_ms']:.2f}"
         assert cells[5] == f"{cand['speedup']:.2f}x"
@@ -272,7 +275,8 @@ def test_pareto_points_front_and_extra_baselines(finished_run):
     assert [p["kind"] for p in points].count("baseline") == 1 and [p["kind"] for p in points].count("best") == 1
     assert points[0]["latency_rel"] == 1.0
     rounds = [p for p in points if p["kind"] in ("candidate", "best") and p["label"].startswith("iter ")]
-    for p, cand in zip(rounds, result["candidates"], strict=True):
+    evaluated = [cand for cand in result["candidates"] if cand["status"] == "ok"]  # a rejected one has no point
+    for p, cand in zip(rounds, evaluated, strict=True):
         assert p["params"] == cand["params"] and p["latency_rel"] == pytest.approx(1 / cand["speedup"])
     best = result["best"]  # the best's other backend forms are drawn too, each at its own measured speed
     others = [v for v in best["variants"] if v["status"] == "ok" and v["name"] != best["delivered"]]

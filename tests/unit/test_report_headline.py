@@ -113,3 +113,27 @@ def test_pareto_labels_do_not_overlap_and_every_point_is_named(cost):
     expected = ["baseline", *(f"iter {i}" for i in range(1, 6)), "uniform 40%"]
     expected += [f"iter 5 {name}" for name in ("torch_fp32", "ort_dynamic", "torch_qint8", "ov_fp32", "ov_int8")]
     assert sorted(named) == sorted(expected)
+
+
+def test_a_candidate_rejected_on_its_trial_slice_is_listed_without_numbers():
+    from profiling_agent.tools.reporting.markdown import comparison_rows
+    from profiling_agent.tools.reporting.pareto import pareto_points
+    from profiling_agent.tools.reporting.plots import render_plots
+    from profiling_agent.tools.reporting.result import METRIC_KEYS
+
+    result = _result(DELIVERY, n_candidates=1)
+    rejected = {
+        "iteration": 2,
+        "status": "rejected",
+        **dict.fromkeys(METRIC_KEYS),  # result.json keeps every key, null where nothing was measured
+        "plan": {"pruning": [], "quantization": []},
+        "error": "trial slice after recovery: 25.00 pp lost, wholly beyond the 2 pp budget",
+        "recovery": {"trial_curve": [[300, 75.0, 25.0]]},
+        "prediction": {"predicted_drop": 3.0, "predicted_interval": [1.0, 5.0]},
+    }
+    result["candidates"].append(rejected)
+    rows = comparison_rows(result)
+    assert rows[-1][0] == "iter 2" and set(rows[-1][1:9]) == {"-"} and rows[-1][-1] == "rejected"
+    assert [p["label"] for p in pareto_points(result) if p["label"].startswith("iter 2")] == []
+    page = render_html(result, images=render_plots(result, None))
+    assert '<tr class="failed"><td>iter 2</td>' in page and "predicted_loss" in "".join(render_plots(result, None))

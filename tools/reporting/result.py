@@ -40,12 +40,13 @@ METRIC_KEYS = (
 
 
 def _metrics(record: dict[str, Any] | None) -> dict[str, Any]:
-    return {k: record.get(k) for k in METRIC_KEYS} if record else {}
+    """Return every metric key, None where not measured (a candidate rejected on its trial slice has no record)."""
+    return {k: (record or {}).get(k) for k in METRIC_KEYS}
 
 
 def _with_final_latency(metrics: dict[str, Any], final: dict[str, Any] | None, base: dict[str, Any] | None):
     """Replace per-round latency by the final joint measurement, keeping the round's numbers beside it."""
-    if not final or not base or not metrics:
+    if not final or not base or metrics.get("latency_ms") is None:
         return metrics
     out = {**metrics, "round_latency_ms": metrics.get("latency_ms"), "round_speedup": metrics.get("speedup")}
     out["latency_ms"], out["latency_batch_ms"] = final["latency_ms"], final["latency_batch_ms"]

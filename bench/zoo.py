@@ -227,11 +227,12 @@ def load_fashion(split: str) -> tuple[np.ndarray, np.ndarray]:
     return read_idx(images), read_idx(labels).astype(np.int64)
 
 
-def _as_dataset(images: np.ndarray, labels: np.ndarray) -> Any:
+def as_dataset(images: np.ndarray, labels: np.ndarray, names: list[str] | None = None) -> Any:
+    """Return uint8 images (N, 28, 28) and their labels as a datasets.Dataset ("image", "label"; class `names`)."""
     from datasets import ClassLabel, Dataset, Features, Image
     from PIL import Image as PILImage
 
-    features = Features({"image": Image(), "label": ClassLabel(names=LABELS)})
+    features = Features({"image": Image(), "label": ClassLabel(names=names or LABELS)})
     pil = [PILImage.fromarray(img, mode="L") for img in images]
     return Dataset.from_dict({"image": pil, "label": labels.tolist()}, features=features)
 
@@ -250,7 +251,7 @@ def save_dataset(out: Path, calibration: np.ndarray, seed: int = 0, name: str = 
     test_x, test_y = load_fashion("test")
     train_x, train_y = load_fashion("train")
     dd = DatasetDict(
-        {"test": _as_dataset(test_x, test_y), "train": _as_dataset(train_x[calibration], train_y[calibration])}
+        {"test": as_dataset(test_x, test_y), "train": as_dataset(train_x[calibration], train_y[calibration])}
     )
     with atomic_dir(target) as tmp:
         dd.save_to_disk(str(tmp))

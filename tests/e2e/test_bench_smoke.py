@@ -97,7 +97,10 @@ def table_rows(text: str) -> list[str]:
 
 def test_every_script_has_a_smoke_test():
     tested = (
-        {"zoo"} | set(ZOO_SMOKE) | set(PLAIN_SMOKE) | {"streaming", "llm_planners", "distributed", "resume_distill"}
+        {"zoo"}
+        | set(ZOO_SMOKE)
+        | set(PLAIN_SMOKE)
+        | {"streaming", "llm_planners", "distributed", "resume_distill", "generalization"}
     ) | {"tokens"}  # bench/tokens.py --quick: tests/e2e/test_bench_tokens.py (slow: four NNCF INT8 forms)
     assert set(SCRIPTS) - LIBRARIES == tested
     for name in LIBRARIES:  # libraries: imported without error, used by the matched-budget smoke tests
@@ -176,3 +179,16 @@ def test_distributed_smoke(tiny_zoo, bench_env, capsys):
 def test_resume_distill_smoke(bench_env, capsys, tmp_path):
     out = smoke("resume_distill", ["--tiny", "--work", str(tmp_path)], capsys)
     assert "largest weight difference, resumed vs uninterrupted" in out
+
+
+def test_generalization_smoke(bench_env, capsys, tmp_path):
+    """One tiny model: trained, the agent's CLI run, one oracle level of each ranking; then the cached rerun."""
+    argv = ["--tiny", "--threads", "1", "--out", str(tmp_path), "--json", str(tmp_path / "rows.json")]
+    out = smoke("generalization", argv, capsys)
+    (row,) = [r for r in table_rows(out) if r.startswith("| resnet-basic-digits-tiny |")]
+    assert "Targets on the report half:" in out and "failed runs: 0" in out, out[-2000:]
+    (first,) = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert [p["level"] for pts in first["oracle"]["points"].values() for p in pts] == [0.1, 0.1]
+    assert first["agent"]["rounds"] and first["agent"]["rounds"][0]["predicted"] is not None
+    again = smoke("generalization", argv, capsys)  # models, oracle and agent all cached: the same table, no run
+    assert row in table_rows(again)

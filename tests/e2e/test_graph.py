@@ -75,7 +75,12 @@ def test_two_iterations_end_to_end(digits_run):
         assert (
             not delivery["pruning_added"] and best["within_budget"] and best["params"] == result["baseline"]["params"]
         )
-        assert best["delivered"] == result["baseline"]["peer"]["name"]
+        # the fastest in-budget unpruned form as the final side-by-side timing found it (it may differ from the one
+        # the baseline's own measurement found fastest, which is then what the report says it was chosen from)
+        quant_only = delivery["quantization_only"]
+        assert best["delivered"] == quant_only["name"]
+        if quant_only["chosen_from"] == "the baseline's measurement":
+            assert best["delivered"] == result["baseline"]["peer"]["name"]
     # every recorded artifact is what is on disk
     from profiling_agent.tools.io import sha256_path
 

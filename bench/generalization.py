@@ -128,6 +128,15 @@ class Settings:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
+@dataclass(frozen=True)
+class Mode:
+    """What a call may do: sweep the oracle, re-run a cached agent, or run nothing and print what is cached."""
+
+    oracle: bool = True
+    fresh: bool = False
+    cached: bool = False  # run nothing: the agent and oracle points from the cache (a sweep stops at a gap)
+
+
 TINY_SETTINGS = Settings(
     iterations=1,
     extra=("--val-subset", "120", "--test-subset", "120", "--recover-minutes", "0.2", "--backend", "torch"),
@@ -294,13 +303,15 @@ def round_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def agent_row(root: Path, case: Case, settings: Settings, fresh: bool) -> dict[str, Any]:
-    """The agent's run on the case (cached per model and settings unless `fresh`)."""
+def agent_row(root: Path, case: Case, settings: Settings, mode: Mode) -> dict[str, Any]:
+    """The agent's run on the case (cached per model and settings unless `mode.fresh`)."""
     from profiling_agent.tools.io import write_json_atomic
 
     path = root / "agent" / f"{case.name}-{fingerprint(case)}-{settings.key()}.json"
-    if path.exists() and not fresh:
+    if path.exists() and not mode.fresh:
         return {**json.loads(path.read_text()), "reused": True}
+    if mode.cached:
+        raise RuntimeError(f"{case.name}: no cached agent run with these settings")
     flags = ["--iterations", str(settings.iterations), "--planner", "deterministic"]
     flags += ["--target-reduction", str(TARGET), "--max-acc-drop", str(BUDGET_PP)]
     ran = cli_run(root, case, "agent", flags, settings)
@@ -350,13 +361,20 @@ class UniformSolver:
         return round(solve_knob(removed, level, 1e-3, 0.95).knob, 4)
 
 
-def oracle_point(root: Path, case: Case, ranking: str, level: float, settings: Settings, solver) -> dict[str, Any]:
-    """One oracle level of one ranking: reduction reached and validation drop after the agent's recovery."""
+def oracle_point(
+    root: Path, case: Case, ranking: str, level: float, settings: Settings, solver
+) -> dict[str, Any] | None:
+    """One oracle level of one ranking: reduction reached and validation drop after the agent's recovery.
+
+    `solver` returns the case's UniformSolver; None instead: run nothing (the cached point, or None when missing).
+    """
     from profiling_agent.tools.io import write_json_atomic
 
     path = root / "oracle" / f"{case.name}-{fingerprint(case)}-{settings.key()}" / f"{ranking}-{level:.3f}.json"
     if path.exists():
         return json.loads(path.read_text())
+    if solver is None:
+        return None
     flags = ["--iterations", "1", "--quantize", "none", "--backend", "torch", "--max-acc-drop", "100"]
     if ranking == "uniform":
         flags += ["--planner", "l2", "--ratio", str(solver().ratio(level))]
@@ -379,16 +397,22 @@ def oracle_point(root: Path, case: Case, ranking: str, level: float, settings: S
     return point
 
 
-def sweep(root: Path, case: Case, ranking: str, settings: Settings, solver) -> list[dict[str, Any]]:
-    """Walk the grid coarse to fine; return every measured point (ascending levels)."""
+def sweep(root: Path, case: Case, ranking: str, settings: Settings, solver) -> tuple[list[dict[str, Any]], bool]:
+    """Walk the grid coarse to fine; return every measured point (ascending levels) and whether the sweep ended.
+
+    With `solver` None only cached points are read, and the sweep stops, unfinished, at the first level not cached.
+    """
 
     def grid(lo: float, hi: float, step: float) -> list[float]:
         count = round((hi - lo) / step)
         return [round(lo + step * k, 4) for k in range(1, count + 1)]
 
-    points, last_pass, first_miss = [], 0.0, None
+    points: list[dict[str, Any]] = []
+    last_pass, first_miss = 0.0, None
     for level in grid(0.0, settings.max_level, settings.coarse):
         p = oracle_point(root, case, ranking, level, settings, solver)
+        if p is None:
+            return sorted(points, key=lambda q: q["level"]), False
         points.append(p)
         if not p["passed"]:
             first_miss = level
@@ -397,14 +421,16 @@ def sweep(root: Path, case: Case, ranking: str, settings: Settings, solver) -> l
     if first_miss is not None:
         for level in grid(last_pass, first_miss - settings.fine / 2, settings.fine):
             p = oracle_point(root, case, ranking, level, settings, solver)
+            if p is None:
+                return sorted(points, key=lambda q: q["level"]), False
             points.append(p)
             if not p["passed"]:
                 break
-    return sorted(points, key=lambda p: p["level"])
+    return sorted(points, key=lambda q: q["level"]), True
 
 
-def oracle(root: Path, case: Case, settings: Settings) -> dict[str, Any]:
-    """Both rankings' sweeps and the best passing reduction of each and of either."""
+def oracle(root: Path, case: Case, settings: Settings, cached_only: bool = False) -> dict[str, Any]:
+    """Both rankings' sweeps and the best passing reduction of each and of either (`complete`: both sweeps ended)."""
     cached: list[UniformSolver] = []
 
     def solver() -> UniformSolver:
@@ -412,10 +438,10 @@ def oracle(root: Path, case: Case, settings: Settings) -> dict[str, Any]:
             cached.append(UniformSolver(model_dir(root, case)))
         return cached[0]
 
-    out: dict[str, Any] = {"points": {}}
+    out: dict[str, Any] = {"points": {}, "complete": True}
     for ranking in RANKINGS:
-        points = sweep(root, case, ranking, settings, solver)
-        out["points"][ranking] = points
+        points, ended = sweep(root, case, ranking, settings, None if cached_only else solver)
+        out["points"][ranking], out["complete"] = points, out["complete"] and ended
         out[ranking] = max((p["reduction"] for p in points if p["passed"]), default=0.0)
     out["best"] = max(out[r] for r in RANKINGS)
     out["seconds"] = round(sum(p["seconds"] for pts in out["points"].values() for p in pts), 1)
@@ -425,13 +451,15 @@ def oracle(root: Path, case: Case, settings: Settings) -> dict[str, Any]:
 # ---------------------------------------------------------------- the table
 
 
-def measure(root: Path, case: Case, settings: Settings, *, run_oracle: bool, fresh: bool) -> dict[str, Any]:
+def measure(root: Path, case: Case, settings: Settings, mode: Mode) -> dict[str, Any]:
+    if mode.cached and not (root / "models" / case.name / "training.json").exists():
+        return {"case": case.name, "half": case.half, "params": 0, "error": "not built yet"}
     record = ensure_case(case, root)
     row: dict[str, Any] = {"case": case.name, "half": case.half, "params": record["params"]}
     row["test_accuracy"] = record["test_accuracy"]
     try:
-        row["agent"] = agent_row(root, case, settings, fresh)
-        row["oracle"] = oracle(root, case, settings) if run_oracle else None
+        row["agent"] = agent_row(root, case, settings, mode)
+        row["oracle"] = oracle(root, case, settings, mode.cached) if mode.oracle else None
     except RuntimeError as exc:
         row["error"] = str(exc)
     return row
@@ -466,12 +494,15 @@ def table(rows: list[dict[str, Any]], half: str) -> str:
         a, o = row["agent"], row.get("oracle")
         ci = a.get("test_interval")
         test = _pp(a["test_drop"]) + (f" [{-ci[1]:.2f}, {-ci[0]:.2f}]" if ci else "")
-        share = f"{a['reduction'] / o['best']:.0%}" if o and o["best"] > 0 else "-"
-        share += f" ({a['reduction'] / min(o['best'], TARGET):.0%})" if o and o["best"] > 0 else ""
+        partial = "" if not o or o["complete"] else " (sweep unfinished)"
+        share = "-"
+        if o and o["best"] > 0:  # an unfinished sweep's best is a lower bound: the share an upper bound
+            share = f"{'' if o['complete'] else '<= '}{a['reduction'] / o['best']:.0%}"
+            share += f" ({a['reduction'] / min(o['best'], TARGET):.0%})"
         within = "" if a.get("within_budget") else " (over)"
         lines.append(
             f"| {row['case']} | {row['params']:,} | {a['reduction']:.1%}{within} | {_pp(a['val_drop'])} | {test} | "
-            + (f"{o['uniform']:.1%} | {o['planner']:.1%} | " if o else "- | - | ")
+            + (f"{o['uniform']:.1%} | {o['planner']:.1%}{partial} | " if o else "- | - | ")
             + f"{share} | {_rounds_cell(a['rounds'])} | {a['seconds']:.0f} | "
             + (f"{o['seconds']:.0f} |" if o else "- |")
         )
@@ -485,7 +516,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         return "No model finished."
     within = sum(bool(r["agent"].get("within_budget")) for r in done)
     beyond = [r["case"] for r in done if _test_beyond(r["agent"])]
-    with_oracle = [r for r in done if r.get("oracle") and r["oracle"]["best"] > 0]
+    with_oracle = [r for r in done if r.get("oracle") and r["oracle"]["complete"] and r["oracle"]["best"] > 0]
     share = sum(r["agent"]["reduction"] >= 0.75 * r["oracle"]["best"] for r in with_oracle)
     capped = sum(r["agent"]["reduction"] >= 0.75 * min(r["oracle"]["best"], TARGET) for r in with_oracle)
     errors = [
@@ -518,13 +549,13 @@ def _test_beyond(agent: dict[str, Any]) -> bool:
     return low_loss > BUDGET_PP
 
 
-def run(names: list[str], halves: tuple[str, ...], settings: Settings, root: Path, *, run_oracle: bool, fresh: bool):
+def run(names: list[str], halves: tuple[str, ...], settings: Settings, root: Path, mode: Mode) -> dict[str, Any]:
     cases = [c for c in (TINY_CASES if zoo_lib.is_tiny() else CASES) if c.half in halves]
     cases = [c for c in cases if not names or c.name in names]
     start = time.perf_counter()
     rows = []
     for case in cases:
-        row = measure(root, case, settings, run_oracle=run_oracle, fresh=fresh)
+        row = measure(root, case, settings, mode)
         rows.append(row)
         agent = row.get("agent") or {}
         say(
@@ -552,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--half", choices=(*HALVES, "both"), default="both")
     parser.add_argument("--no-oracle", action="store_true", help="the agent alone (no oracle sweeps)")
     parser.add_argument("--fresh-agent", action="store_true", help="re-run the agent even where a result is cached")
+    parser.add_argument("--cached", action="store_true", help="run nothing: print the cached runs and oracle points")
     parser.add_argument("--list", action="store_true", help="print the models and their halves; run nothing")
     parser.add_argument("--tiny", action="store_true", help="smoke test: one tiny model, short runs")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of every run")
@@ -574,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = replace(TINY_SETTINGS if args.tiny else Settings(), threads=args.threads)
     halves = HALVES if args.half == "both" else (args.half,)
     try:
-        report = run(list(args.names), halves, settings, root, run_oracle=not args.no_oracle, fresh=args.fresh_agent)
+        mode = Mode(oracle=not args.no_oracle, fresh=args.fresh_agent, cached=args.cached)
+        report = run(list(args.names), halves, settings, root, mode)
     except zoo_lib.ZooError as exc:
         print(f"bench/generalization.py: {exc}", file=sys.stderr)
         return 2

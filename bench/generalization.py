@@ -244,8 +244,8 @@ def cli_run(root: Path, case: Case, thread: str, flags: list[str], settings: Set
     """Run `profiling-agent run` on the case (fresh thread folder); return its result.json and wall seconds."""
     import shutil
 
-    runs = root / "runs" / case.name
-    shutil.rmtree(runs / thread, ignore_errors=True)
+    runs = root / "runs" / case.name / thread  # its own run folder: a fresh checkpoint store each time
+    shutil.rmtree(runs, ignore_errors=True)
     cmd = [
         sys.executable,
         "-m",

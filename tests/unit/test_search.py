@@ -65,15 +65,32 @@ def test_search_keeps_the_largest_goal_whose_corrected_upper_end_fits_the_budget
     assert step.to_record().trials and "searching between" in step.why
 
 
-def test_one_earlier_round_corrects_by_the_additive_term_alone():
+def test_one_earlier_round_corrects_by_the_additive_term_alone_scaled_by_the_goal():
     # predicted zero, validation lost 1.5 pp: a multiplicative term could not see it, the additive one does
     history = [_round(0.37, False, 1.5, 0.0)]
     plan_at, trial, calls = _synthetic(lambda g: 0.0, half=0.8)  # every trial predicts zero, upper end 0.8
     step = search_step(history, 2.0, plan_at, trial, steps=3)
-    assert step is not None and step.correction.as_list() == [1.5, 1.0]
-    assert step.cap == pytest.approx(0.5)  # 0.8 + 1.5 > 2: nothing passes on a zero prediction
-    assert all(t["corrected_pp"] == pytest.approx(2.3) for t in step.to_record().model_dump()["trials"])
-    assert step.goal < min(calls)
+    assert step is not None and step.correction.as_list() == [1.5, 1.0] and step.correction.at_goal == 0.37
+    assert step.correction(0.8, 0.37) == pytest.approx(2.3)  # at the missed goal: 0.8 + 1.5, nothing passes there
+    assert step.correction(0.8, 0.185) == pytest.approx(1.55)  # half the goal, half the additive term: it fits
+    corrected = [t["corrected_pp"] for t in step.to_record().model_dump()["trials"]]
+    assert calls == pytest.approx([0.185, 0.2775, 0.32375]) and corrected == pytest.approx([1.55, 1.925, 2.1125], abs=1e-3)
+    assert step.goal == pytest.approx(0.2775) and step.cap == pytest.approx(2.0 - 1.5 * 0.75)
+
+
+def test_a_narrow_miss_is_not_charged_in_full_to_every_smaller_plan():
+    # the tune half's bottleneck ResNet: round 1 at 35% predicted 0.00 on 128 trial images (upper end 1.5 pp with no
+    # changed prediction) and validation lost 2.15 pp. Charging 2.15 pp to every smaller plan failed every trial on
+    # doubt and the search fell to a tenth of the goal; the line through the measured loss aims at 0.8 x budget.
+    history = [_round(0.35, False, 2.15, 0.0)]
+    plan_at, trial, calls = _synthetic(lambda g: 0.0, half=1.5)
+    step = search_step(history, 2.0, plan_at, trial, steps=4)
+    assert step is not None and step.goal == pytest.approx(0.35 * 1.6 / 2.15)
+    assert "line through the losses validation measured" in step.why
+    # a trial below the line whose corrected loss itself misses the budget keeps the goal under it
+    plan_at, trial, calls = _synthetic(lambda g: 3.0 if g > 0.1 else 0.0, half=1.5)
+    step = search_step(history, 2.0, plan_at, trial, steps=4)
+    assert step is not None and step.goal < min(g for g in calls if g > 0.1)
 
 
 def test_no_search_without_a_failure():

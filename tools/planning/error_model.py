@@ -6,7 +6,10 @@ difference: b images the baseline got right and the trial got wrong, c the other
 of the paired difference), so a trial that changed no prediction still has an upper end above zero, wider on fewer
 images (64 images: 0 +- 3.0 pp; 256: 0 +- 0.8 pp). The next round keeps a goal whose trial's UPPER end, corrected
 by what earlier rounds measured, stays within the budget: corrected(x) = additive + multiplicative * x, fitted from
-the (predicted, measured) pairs of earlier rounds (one pair: the additive term alone; none: no correction).
+the (predicted, measured) pairs of earlier rounds (one pair: the additive term alone; none: no correction). No
+pruning loses nothing, so below the goals it was measured at the additive term shrinks in proportion to the goal: a
+round that lost 2.15 pp more than its trial said at 35% does not charge 2.15 pp to every smaller plan (a rule that
+did made every trial of a search fail after a narrow miss, and the search fell to a tenth of the goal).
 """
 
 from __future__ import annotations
@@ -53,14 +56,21 @@ class Correction:
     additive: float = 0.0
     multiplicative: float = 1.0
     pairs: int = 0
+    at_goal: float | None = None  # the (mean) goal of the rounds it was fitted on: the additive term scales below it
 
-    def __call__(self, predicted: float) -> float:
-        """Return the corrected loss of a predicted one, pp."""
-        return self.additive + self.multiplicative * predicted
+    def scale(self, goal: float | None) -> float:
+        """Return the share of the additive term that applies at `goal` (1 at or above `at_goal`, or without goals)."""
+        if goal is None or not self.at_goal or self.at_goal <= 0:
+            return 1.0
+        return min(1.0, max(0.0, float(goal) / self.at_goal))
 
-    def cap(self, budget: float) -> float:
-        """Return the largest uncorrected loss whose corrected value stays within `budget`, pp."""
-        return (budget - self.additive) / self.multiplicative
+    def __call__(self, predicted: float, goal: float | None = None) -> float:
+        """Return the corrected loss of a loss predicted for a plan at `goal` (None: the additive term whole), pp."""
+        return self.additive * self.scale(goal) + self.multiplicative * predicted
+
+    def cap(self, budget: float, goal: float | None = None) -> float:
+        """Return the largest uncorrected loss at `goal` whose corrected value stays within `budget`, pp."""
+        return (budget - self.additive * self.scale(goal)) / self.multiplicative
 
     def as_list(self) -> list[float]:
         """Return [additive, multiplicative] as planner_meta.correction records them."""
@@ -70,42 +80,58 @@ class Correction:
         """Say the correction in words."""
         if not self.pairs:
             return "no earlier round to correct by"
-        return f"corrected by {self.pairs} earlier round(s): {self.additive:+.2f} pp + {self.multiplicative:.2f}x"
+        scaled = f" (scaled by the goal below {self.at_goal:.1%})" if self.at_goal else ""
+        return (
+            f"corrected by {self.pairs} earlier round(s): {self.additive:+.2f} pp{scaled} + {self.multiplicative:.2f}x"
+        )
 
 
-def fit_correction(pairs: Sequence[tuple[float, float]]) -> Correction:
+def fit_correction(pairs: Sequence[tuple[float, float]], goals: Sequence[float] | None = None) -> Correction:
     """Fit the correction from (predicted, measured) losses of earlier rounds, pp.
 
     None: no correction. One pair: the additive term alone (measured - predicted), so a prediction of zero is
     still corrected. Two or more: least squares of measured on predicted, the slope within MULTIPLIER_BOUNDS (the
-    intercept refitted to it); predictions that do not differ fit the additive term alone.
+    intercept refitted to it); predictions that do not differ fit the additive term alone. `goals` (the rounds'
+    goals, one per pair) set `at_goal`, their mean, below which the additive term shrinks with the goal.
     """
     if not pairs:
         return Correction()
+    at_goal = sum(goals) / len(goals) if goals else None
     xs, ys = [float(p) for p, _ in pairs], [float(m) for _, m in pairs]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     if len(pairs) == 1 or sxx < 1e-9:
-        return Correction(my - mx, 1.0, len(pairs))
+        return Correction(my - mx, 1.0, len(pairs), at_goal)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
     low, high = MULTIPLIER_BOUNDS
     slope = min(high, max(low, slope))
-    return Correction(my - slope * mx, slope, len(pairs))
+    return Correction(my - slope * mx, slope, len(pairs), at_goal)
 
 
 def history_pairs(history: Sequence[dict[str, Any]]) -> list[tuple[float, float]]:
     """Return the (predicted, measured) losses of earlier rounds that have both (a reviewer's rejection has none)."""
-    pairs = []
+    return [(p, m) for p, m, _ in _fitted_rounds(history)]
+
+
+def history_correction(history: Sequence[dict[str, Any]]) -> Correction:
+    """Fit the correction from earlier rounds (`history_pairs`), its additive term scaled below their goals."""
+    rounds = _fitted_rounds(history)
+    goals = [g for _, _, g in rounds]
+    return fit_correction([(p, m) for p, m, _ in rounds], goals if all(g > 0 for g in goals) else None)
+
+
+def _fitted_rounds(history: Sequence[dict[str, Any]]) -> list[tuple[float, float, float]]:
+    rounds = []
     for h in history:
         predicted, measured = h.get("predicted_drop"), h.get("drop")
         if predicted is not None and measured is not None and not h.get("rejected"):
-            pairs.append((float(predicted), float(measured)))
-    return pairs
+            rounds.append((float(predicted), float(measured), float(h.get("goal") or 0.0)))
+    return rounds
 
 
-def within_budget(interval_high: float, correction: Correction, budget: float) -> bool:
-    """Return True when the corrected upper end of a trial's interval stays within the accuracy budget."""
-    return correction(interval_high) <= budget + 1e-9
+def within_budget(interval_high: float, correction: Correction, budget: float, goal: float | None = None) -> bool:
+    """Return True when the corrected upper end of a trial's interval (a plan at `goal`) stays within the budget."""
+    return correction(interval_high, goal) <= budget + 1e-9
 
 
 def beyond_budget(loss: float, low: float, high: float, budget: float) -> str:

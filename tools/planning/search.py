@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiling_agent.state import CompressionPlan, SearchRecord
-from profiling_agent.tools.planning.error_model import Correction, fit_correction, history_pairs, within_budget
+from profiling_agent.tools.planning.error_model import Correction, history_correction, within_budget
 
 AIM = 0.8  # depth_plan's linear extrapolation aims at this fraction of the budget
 MIN_PREDICTED_PP = 0.5  # round_check's ratio: a predicted loss below this is too coarse to divide by
@@ -92,6 +92,42 @@ def bracket(history: list[dict[str, Any]]) -> tuple[float, float] | None:
     return (lo, min(above)) if above else None
 
 
+def secant_goal(history: list[dict[str, Any]], lo: float, hi: float, max_acc_drop: float) -> float | None:
+    """Return the goal where the line through the bracket's measured losses reaches AIM x budget (None: no line).
+
+    The ends are the largest goal that kept the budget (0 pp at 0 when none did) and the smallest that missed it,
+    each at what validation measured after recovery. Accuracy loss grows faster than linearly with the reduction,
+    so the line errs low (`depth_plan.depth_secant` does the same for block plans).
+    """
+    drops = {float(h["goal"]): h.get("drop") for h in history if h.get("drop") is not None}
+    m_lo, m_hi = (0.0 if lo == 0 else drops.get(lo)), drops.get(hi)
+    aim = AIM * max_acc_drop
+    if m_lo is None or m_hi is None or float(m_hi) <= max(aim, float(m_lo)):
+        return None
+    return lo + (hi - lo) * max(0.0, aim - float(m_lo)) / (float(m_hi) - float(m_lo))
+
+
+def chosen_goal(
+    out: SearchStep, history: list[dict[str, Any]], max_acc_drop: float, best: float | None, missed: float
+) -> float:
+    """Return the larger of the trials' goal and the secant through the bracket, kept below any outright miss.
+
+    A trial fails the rule on doubt (its interval's upper end over the budget: a small trial slice is wide) or on
+    evidence (its corrected loss itself over the budget). Doubt alone does not overrule the line through what
+    validation measured after recovery on many more images; evidence does: the line is then kept below that trial.
+    The trials' goal is the largest that passed, or when none did the bisection's, below the last trial.
+    """
+    lo, hi = out.low, out.high
+    trials = best if best is not None else (lo + hi) / 2 if not out.trials else lo + (out.trials[-1]["goal"] - lo) / 2
+    secant = secant_goal(history, lo, hi, max_acc_drop)
+    if secant is None or secant <= trials:
+        return trials
+    if secant >= missed:  # a trial below the line already lost more than the budget: stay under it
+        secant = max(trials, lo + (missed - lo) / 2)
+    out.why = f"the line through the losses validation measured aims at {secant:.1%}"
+    return secant
+
+
 def search_step(
     history: list[dict[str, Any]],
     max_acc_drop: float,
@@ -119,10 +155,10 @@ def search_step(
     interval = bracket(history)
     if interval is None or interval[1] - interval[0] < tolerance:
         return None
-    correction = fit_correction(history_pairs(history))
+    correction = history_correction(history)
     lo, hi = interval
-    out = SearchStep(goal=lo, low=lo, high=hi, correction=correction, cap=correction.cap(max_acc_drop))
-    low, high, best = lo, hi, None
+    out = SearchStep(goal=lo, low=lo, high=hi, correction=correction, cap=correction.cap(max_acc_drop, hi))
+    low, high, best, missed = lo, hi, None, hi
     for _ in range(steps):
         if high - low < tolerance:
             break
@@ -131,19 +167,20 @@ def search_step(
         drop = float(metrics.get("accuracy_drop_pp", 0.0))
         upper = float((metrics.get("interval_pp") or (drop, drop))[1])
         out.trials.append(
-            {"goal": round(mid, 4), "predicted_pp": round(drop, 3), "corrected_pp": round(correction(upper), 3)}
+            {"goal": round(mid, 4), "predicted_pp": round(drop, 3), "corrected_pp": round(correction(upper, mid), 3)}
         )
         out.intervals[round(mid, 4)] = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
-        if within_budget(upper, correction, max_acc_drop):
+        if within_budget(upper, correction, max_acc_drop, mid):
             low, best = mid, mid
         else:
             high = mid
-    if best is None:  # nothing inside passed: the bisection midpoint of the interval, as before
-        out.goal = (lo + hi) / 2 if not out.trials else lo + (out.trials[-1]["goal"] - lo) / 2
-    else:
-        out.goal = best
+            if correction(drop, mid) > max_acc_drop:  # its corrected loss itself misses: evidence, not doubt
+                missed = min(missed, mid)
+    out.goal = chosen_goal(out, history, max_acc_drop, best, missed)
+    out.cap = correction.cap(max_acc_drop, out.goal)
     out.why = (
         f"searching between {lo:.1%} (kept the budget) and {hi:.1%} (missed it): {correction.describe()}, so a "
-        f"trial's interval may reach at most {out.cap:.2f} pp; {len(out.trials)} trials chose {out.goal:.1%}"
+        f"trial's interval may reach at most {out.cap:.2f} pp there; {len(out.trials)} trials chose {out.goal:.1%}"
+        + (f" ({out.why})" if out.why else "")
     )
     return out

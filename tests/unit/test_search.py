@@ -74,7 +74,9 @@ def test_one_earlier_round_corrects_by_the_additive_term_alone_scaled_by_the_goa
     assert step.correction(0.8, 0.37) == pytest.approx(2.3)  # at the missed goal: 0.8 + 1.5, nothing passes there
     assert step.correction(0.8, 0.185) == pytest.approx(1.55)  # half the goal, half the additive term: it fits
     corrected = [t["corrected_pp"] for t in step.to_record().model_dump()["trials"]]
-    assert calls == pytest.approx([0.185, 0.2775, 0.32375]) and corrected == pytest.approx([1.55, 1.925, 2.1125], abs=1e-3)
+    assert calls == pytest.approx([0.185, 0.2775, 0.32375]) and corrected == pytest.approx(
+        [1.55, 1.925, 2.1125], abs=1e-3
+    )
     assert step.goal == pytest.approx(0.2775) and step.cap == pytest.approx(2.0 - 1.5 * 0.75)
 
 

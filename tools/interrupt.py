@@ -110,7 +110,7 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
     `Interrupted` here within moments.
 
     Raises:
-        Interrupted: A stop was requested before or while the child ran.
+        Interrupted: A stop was requested before or while the child ran, or a stop signal ended the child.
         ChildProcessError: The child ended without an answer (killed, or crashed).
     """
     import multiprocessing
@@ -133,6 +133,10 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
         except EOFError:  # the child ended without answering: stopped by a signal, or crashed
             child.join(5)
             check()
+            if child.exitcode is not None and -child.exitcode in STOP_SIGNALS:
+                # Ctrl-C or SIGTERM reached the child before the main thread's handler recorded the stop: the
+                # same stop, seen here first (the handler still raises it in the main thread)
+                raise Interrupted(f"the child process was stopped by {signal.Signals(-child.exitcode).name}") from None
             raise ChildProcessError(f"the child process ended without an answer (exit code {child.exitcode})") from None
     finally:
         if child.is_alive():

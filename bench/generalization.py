@@ -438,11 +438,13 @@ def oracle(root: Path, case: Case, settings: Settings, cached_only: bool = False
             cached.append(UniformSolver(model_dir(root, case)))
         return cached[0]
 
-    out: dict[str, Any] = {"points": {}, "complete": True}
+    out: dict[str, Any] = {"points": {}, "ended": {}}
     for ranking in RANKINGS:
         points, ended = sweep(root, case, ranking, settings, None if cached_only else solver)
-        out["points"][ranking], out["complete"] = points, out["complete"] and ended
+        out["points"][ranking], out["ended"][ranking] = points, ended
+        out.setdefault("no_miss", {})[ranking] = ended and all(p["passed"] for p in points)  # the grid's end
         out[ranking] = max((p["reduction"] for p in points if p["passed"]), default=0.0)
+    out["complete"] = all(out["ended"].values())
     out["best"] = max(out[r] for r in RANKINGS)
     out["seconds"] = round(sum(p["seconds"] for pts in out["points"].values() for p in pts), 1)
     return out
@@ -494,19 +496,30 @@ def table(rows: list[dict[str, Any]], half: str) -> str:
         a, o = row["agent"], row.get("oracle")
         ci = a.get("test_interval")
         test = _pp(a["test_drop"]) + (f" [{-ci[1]:.2f}, {-ci[0]:.2f}]" if ci else "")
-        partial = "" if not o or o["complete"] else " (sweep unfinished)"
         share = "-"
-        if o and o["best"] > 0:  # an unfinished sweep's best is a lower bound: the share an upper bound
-            share = f"{'' if o['complete'] else '<= '}{a['reduction'] / o['best']:.0%}"
+        if o and o["best"] > 0:  # an unfinished or never-missing sweep's best is a lower bound: the share an upper one
+            # the oracle's best is a lower bound when a sweep stopped early or the best came from one that never missed
+            bound = not o["complete"] or any(o["no_miss"][r] and o[r] >= o["best"] for r in RANKINGS)
+            share = f"{'<= ' if bound else ''}{a['reduction'] / o['best']:.0%}"
             share += f" ({a['reduction'] / min(o['best'], TARGET):.0%})"
         within = "" if a.get("within_budget") else " (over)"
         lines.append(
             f"| {row['case']} | {row['params']:,} | {a['reduction']:.1%}{within} | {_pp(a['val_drop'])} | {test} | "
-            + (f"{o['uniform']:.1%} | {o['planner']:.1%}{partial} | " if o else "- | - | ")
+            + ("".join(_oracle_cell(o, ranking) for ranking in RANKINGS) if o else "- | - | ")
             + f"{share} | {_rounds_cell(a['rounds'])} | {a['seconds']:.0f} | "
             + (f"{o['seconds']:.0f} |" if o else "- |")
         )
     return "\n".join(lines)
+
+
+def _oracle_cell(oracle: dict[str, Any], ranking: str) -> str:
+    """One ranking's best passing reduction; ">=" when its sweep stopped before a miss (unfinished, or no miss up to
+    the grid's end)."""
+    if oracle["ended"][ranking]:
+        return f">= {oracle[ranking]:.1%} (no miss) | " if oracle["no_miss"][ranking] else f"{oracle[ranking]:.1%} | "
+    if not oracle["points"][ranking]:
+        return "not run | "
+    return f">= {oracle[ranking]:.1%} (unfinished) | "
 
 
 def summary(rows: list[dict[str, Any]]) -> str:

@@ -9,7 +9,7 @@ from profiling_agent.tools.planning.backoff import back_off
 from profiling_agent.tools.planning.error_model import (
     beyond_budget,
     fit_correction,
-    history_pairs,
+    history_correction,
     paired_interval,
     within_budget,
 )
@@ -55,7 +55,8 @@ def test_the_correction_from_none_one_and_two_earlier_rounds():
         {"predicted_drop": None, "drop": 4.0},
         {"predicted_drop": 0.0, "drop": 1.0, "rejected": True},  # a reviewer's no measured nothing
     ]
-    assert history_pairs(rounds) == [(1.56, 15.33)]
+    counted = history_correction(rounds)  # only the first round has both losses and no reviewer's no
+    assert counted.pairs == 1 and counted.as_list() == [round(15.33 - 1.56, 3), 1.0] and counted.at_goal is None
 
 
 def test_the_first_round_backs_off_when_the_upper_end_exceeds_the_cap():

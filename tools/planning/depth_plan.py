@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from profiling_agent.tools.compression.depth import block_limits, limit_key
-from profiling_agent.tools.planning.search import AIM
+from profiling_agent.tools.planning.search import AIM, line_goal
 
 
 def depth_first(
@@ -174,4 +174,4 @@ def depth_secant(history: Sequence[dict[str, Any]], max_acc_drop: float) -> floa
     low = min(failed, key=lambda h: float(h["goal"]))
     if not low.get("blocks") or float(low["drop"]) <= max_acc_drop:
         return None
-    return float(low["goal"]) * AIM * max_acc_drop / float(low["drop"])
+    return line_goal((0.0, 0.0), (float(low["goal"]), float(low["drop"])), AIM * max_acc_drop)

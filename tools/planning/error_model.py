@@ -108,25 +108,19 @@ def fit_correction(pairs: Sequence[tuple[float, float]], goals: Sequence[float] 
     return Correction(my - slope * mx, slope, len(pairs), at_goal)
 
 
-def history_pairs(history: Sequence[dict[str, Any]]) -> list[tuple[float, float]]:
-    """Return the (predicted, measured) losses of earlier rounds that have both (a reviewer's rejection has none)."""
-    return [(p, m) for p, m, _ in _fitted_rounds(history)]
-
-
 def history_correction(history: Sequence[dict[str, Any]]) -> Correction:
-    """Fit the correction from earlier rounds (`history_pairs`), its additive term scaled below their goals."""
-    rounds = _fitted_rounds(history)
-    goals = [g for _, _, g in rounds]
-    return fit_correction([(p, m) for p, m, _ in rounds], goals if all(g > 0 for g in goals) else None)
+    """Fit the correction from earlier rounds, its additive term scaled below their goals.
 
-
-def _fitted_rounds(history: Sequence[dict[str, Any]]) -> list[tuple[float, float, float]]:
-    rounds = []
+    Only rounds with a predicted and a measured loss count (a reviewer's rejection has none); the additive term is
+    left unscaled when a counted round has no goal.
+    """
+    pairs, goals = [], []
     for h in history:
         predicted, measured = h.get("predicted_drop"), h.get("drop")
         if predicted is not None and measured is not None and not h.get("rejected"):
-            rounds.append((float(predicted), float(measured), float(h.get("goal") or 0.0)))
-    return rounds
+            pairs.append((float(predicted), float(measured)))
+            goals.append(float(h.get("goal") or 0.0))
+    return fit_correction(pairs, goals if all(g > 0 for g in goals) else None)
 
 
 def within_budget(interval_high: float, correction: Correction, budget: float, goal: float | None = None) -> bool:

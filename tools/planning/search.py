@@ -65,7 +65,7 @@ class SearchStep:
 def prediction_correction(history: list[dict[str, Any]]) -> float | None:
     """Return measured / predicted accuracy loss, from the latest round that has both (None when none has).
 
-    Kept for round_check's record (the search itself uses `error_model.fit_correction`). A round's
+    Kept for round_check's record (the search itself uses `error_model.history_correction`). A round's
     `predicted_drop` is its plan's trial; its `drop` is what validation showed after
     recovery. Losses below MIN_PREDICTED_PP count as MIN_PREDICTED_PP (two losses too small to tell apart give 1),
     and the ratio is clamped to
@@ -104,7 +104,13 @@ def secant_goal(history: list[dict[str, Any]], lo: float, hi: float, max_acc_dro
     aim = AIM * max_acc_drop
     if m_lo is None or m_hi is None or float(m_hi) <= max(aim, float(m_lo)):
         return None
-    return lo + (hi - lo) * max(0.0, aim - float(m_lo)) / (float(m_hi) - float(m_lo))
+    return line_goal((lo, float(m_lo)), (hi, float(m_hi)), aim)
+
+
+def line_goal(low: tuple[float, float], high: tuple[float, float], aim: float) -> float:
+    """Return the goal where the line through (goal, measured loss) points `low` and `high` reaches `aim` pp."""
+    (g_lo, m_lo), (g_hi, m_hi) = low, high
+    return g_lo + (g_hi - g_lo) * max(0.0, aim - m_lo) / (m_hi - m_lo)
 
 
 def chosen_goal(
@@ -118,7 +124,12 @@ def chosen_goal(
     The trials' goal is the largest that passed, or when none did the bisection's, below the last trial.
     """
     lo, hi = out.low, out.high
-    trials = best if best is not None else (lo + hi) / 2 if not out.trials else lo + (out.trials[-1]["goal"] - lo) / 2
+    if best is not None:
+        trials = best
+    elif out.trials:  # none passed: below the last (smallest) trial
+        trials = lo + (out.trials[-1]["goal"] - lo) / 2
+    else:
+        trials = (lo + hi) / 2
     secant = secant_goal(history, lo, hi, max_acc_drop)
     if secant is None or secant <= trials:
         return trials

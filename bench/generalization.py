@@ -192,8 +192,9 @@ def ensure_case(case: Case, root: Path) -> dict[str, Any]:
 
     folder, key = root / "models" / case.name, fingerprint(case)
     record_path = folder / "training.json"
-    if record_path.exists() and json.loads(record_path.read_text()).get("fingerprint") == key:
-        return json.loads(record_path.read_text())
+    cached = json.loads(record_path.read_text()) if record_path.exists() else {}
+    if cached.get("fingerprint") == key:
+        return cached
     disable_progress_bars()
     start = time.perf_counter()
     images = source_images(case.data, case.seed)
@@ -282,21 +283,19 @@ def val_drop(result: dict[str, Any], cand: dict[str, Any]) -> float | None:
 
 
 def round_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per round: the planned reduction, the predicted loss with its interval, and the measured validation loss."""
+    """Per round: the predicted loss with its interval, the measured loss (`plots.measured_loss`) and the drop."""
+    from profiling_agent.tools.reporting.plots import measured_loss
+
     rows = []
     for cand in result.get("candidates") or []:
-        prediction, check = cand.get("prediction") or {}, cand.get("check") or {}
-        measured = check.get("measured_drop_pp")
-        curve = (cand.get("recovery") or {}).get("trial_curve")
-        if measured is None and cand.get("status") == "rejected" and curve:  # the trial slice's loss
-            measured = curve[-1][2]
+        prediction = cand.get("prediction") or {}
         rows.append(
             {
                 "iteration": cand["iteration"],
                 "status": cand["status"],
                 "predicted": prediction.get("predicted_drop"),
                 "interval": prediction.get("predicted_interval"),
-                "measured": measured,
+                "measured": measured_loss(cand),
                 "val_drop": val_drop(result, cand),
             }
         )

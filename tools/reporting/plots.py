@@ -302,12 +302,21 @@ def prediction_rows(result: Mapping[str, Any]) -> list[tuple[int, float, list[fl
         predicted = meta.get("predicted_drop", check.get("predicted_drop_pp"))
         if predicted is None:
             continue
-        measured = check.get("measured_drop_pp")
-        curve = (cand.get("recovery") or {}).get("trial_curve")
-        if measured is None and cand.get("status") == "rejected" and curve:
-            measured = curve[-1][2]
-        rows.append((int(cand["iteration"]), float(predicted), meta.get("predicted_interval"), measured))
+        rows.append((int(cand["iteration"]), float(predicted), meta.get("predicted_interval"), measured_loss(cand)))
     return rows
+
+
+def measured_loss(cand: Mapping[str, Any]) -> float | None:
+    """Return a round's measured loss, pp (None when none was measured).
+
+    Validation's loss after recovery, or for a candidate rejected by its recovered trial the trial slice's (the last
+    point of `recovery.trial_curve`).
+    """
+    measured = (cand.get("check") or {}).get("measured_drop_pp")
+    curve = (cand.get("recovery") or {}).get("trial_curve")
+    if measured is None and cand.get("status") == "rejected" and curve:
+        measured = curve[-1][2]
+    return measured
 
 
 def plot_predictions(result: Mapping[str, Any]) -> bytes | None:

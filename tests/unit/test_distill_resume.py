@@ -90,6 +90,42 @@ def test_time_spent_before_the_decision_counts_toward_the_budget(pruned, tmp_pat
     assert info["steps_done"] == 3 + PROBE_STEPS + 8 == decide_total(40, 8, 13.0, 2.0, 30.0)
 
 
+def test_a_monitored_run_trains_the_same_numbers_however_fast_its_steps_are(pruned, tmp_path, monkeypatch):
+    """Automatic recovery (budget_stops): the schedule spans the cap; the budget only stops the run when it runs out.
+
+    A schedule fitted to the timed steps made two runs of the same pruned weights on a machine busy to different
+    degrees train different numbers, so their plateau stopped at 400 and 1,000 steps.
+    """
+    teacher, start = pruned
+    fitted = DistillConfig(steps=40, lr=1e-3, save_every=4, seed=1, minutes=0.5)
+    stops = DistillConfig(steps=40, lr=1e-3, save_every=4, seed=1, minutes=0.5, budget_stops=True)
+    runs = {}
+    cases = [("fitted", fitted, "quiet", 0.1), ("fitted", fitted, "busy", 1.5)]
+    cases += [("stops", stops, "quiet", 0.1), ("stops", stops, "busy", 1.5)]
+    for name, config, machine, step_s in cases:
+        monkeypatch.setattr(distill_module, "time", _Clock(step_s))
+        student = copy.deepcopy(start)
+        with pytest.raises(_Stop):  # compare the first 12 steps (the busy budget stops the run at 20)
+            distill(
+                student, teacher, _synthetic, config, checkpoint_dir=tmp_path / name / machine, progress=_die_after(12)
+            )
+        runs[name, machine] = student
+    # 1.5 s a step fits 20 in 30 s: the fitted schedule spans 40 steps on the quiet machine, 20 on the busy one
+    assert _gap(runs["fitted", "quiet"], runs["fitted", "busy"]) > 0
+    assert _gap(runs["stops", "quiet"], runs["stops", "busy"]) == 0  # the same 12 steps, the same numbers
+    assert "budget_stops" in stops.fingerprint() and "budget_stops" not in fitted.fingerprint()
+
+
+def test_a_monitored_run_stops_at_the_step_that_exhausts_its_budget(pruned, tmp_path, monkeypatch):
+    teacher, start = pruned
+    config = DistillConfig(steps=40, lr=1e-3, save_every=4, seed=1, minutes=0.1, budget_stops=True)  # 6 s
+    monkeypatch.setattr(distill_module, "time", _Clock(1.0))
+    info = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path)
+    assert info["steps_done"] == 6 and info["capped"] and not info["stopped"]
+    again = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path)
+    assert again["resumed_from"] == again["steps_done"] == 6  # the stop was saved: a resume does not train on
+
+
 def test_a_finished_distillation_is_not_redone(pruned, tmp_path):
     teacher, start = pruned
     config = DistillConfig(steps=6, lr=1e-3, save_every=2, seed=2)

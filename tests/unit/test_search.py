@@ -119,7 +119,7 @@ def test_each_round_says_how_its_prediction_compared_with_validation():
     cand = candidate(1, evaluation(accuracy=88.4, speedup=2.0), planner_meta={"predicted_drop": 3.1, "goal": 0.4})
     check = round_check(cand, base, "params")
     text = check_message(check)
-    assert "predicted a 3.10 pp loss" in text and "showed 10.60 pp" in text and "x3.42" in text
+    assert "predicted a 3.10 pp loss" in text and "showed 10.60 pp" in text and "+7.50 pp off" in text
     assert check is not None and check.correction == pytest.approx(10.6 / 3.1, abs=0.01)
     assert check.predicted_latency_reduction is None and "latency" not in text
     assert round_check(candidate(1, cand.eval), base, "params") is None

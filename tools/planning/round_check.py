@@ -47,8 +47,8 @@ def check_message(check: RoundCheck | None) -> str:
     if check.predicted_drop_pp is not None and check.measured_drop_pp is not None:
         text += (
             f"; its trial predicted a {check.predicted_drop_pp:.2f} pp loss, validation showed "
-            f"{check.measured_drop_pp:.2f} pp after recovery (correction x{check.correction or 1.0:.2f} carried to "
-            "the next round)"
+            f"{check.measured_drop_pp:.2f} pp after recovery ({check.measured_drop_pp - check.predicted_drop_pp:+.2f} "
+            "pp off: later rounds correct their trials by what every round measured)"
         )
     if check.predicted_latency_reduction is not None and check.measured_latency_reduction is not None:
         text += (

@@ -69,7 +69,15 @@ def distill_student(
     steps = ctx.recover_steps or auto_cap_steps(len(job.source.rows), batch, params)
     monitor = job.monitor(steps) if job.monitor is not None and not ctx.recover_steps else None
     precision = distill_precision(str(model_device(student).type), job.macs)
-    config = DistillConfig(steps=steps, lr=lr, seed=job.seed, minutes=ctx.recover_minutes, precision=precision)
+    # a monitored (automatic) run's schedule spans its cap whatever the machine's speed; the time cap only stops it
+    config = DistillConfig(
+        steps=steps,
+        lr=lr,
+        seed=job.seed,
+        minutes=ctx.recover_minutes,
+        precision=precision,
+        budget_stops=monitor is not None and ctx.recover_procs <= 1,
+    )
     if (lr, batch) != (ctx.recover_lr, ctx.recover_batch):
         record.note = f"{record.note}; lr {lr:g}, batch {batch} (auto)".lstrip("; ")
     if precision == "bf16":

@@ -38,11 +38,17 @@ class DistillConfig:
     minutes: float = 0.0  # wall-clock budget over all attempts (0: none): fixes the step count once, see distill
     save_every: int = 0  # steps between checkpoints (0: about 20 per run)
     precision: str = "auto"  # the student's forward: bf16 autocast ("bf16"), or "auto" (bf16 on CUDA, else fp32)
+    budget_stops: bool = False  # True: the budget only stops the run; the schedule keeps `steps` (see distill)
 
     def fingerprint(self) -> dict[str, Any]:
         """Return what must match for a saved step to be resumed (the cap and save cadence may change)."""
         skip = ("minutes", "save_every") + (("precision",) if self.precision == "auto" else ())  # as before it was
+        skip += () if self.budget_stops else ("budget_stops",)
         return {k: v for k, v in asdict(self).items() if k not in skip}
+
+    def schedule_steps(self, total: int) -> int:
+        """Return the length of the learning-rate schedule of a run that does `total` steps."""
+        return self.steps if self.budget_stops else total
 
 
 def distill_loss(
@@ -234,9 +240,12 @@ def distill(
     would have (up to floating-point nondeterminism of the device). `config.minutes` is a budget applied once:
     after PROBE_STEPS timed steps the step count is fixed to what fits (time already spent counts) and never
     changes again, so neither a slower resumed attempt nor a busier machine cuts the run at another step; the
-    run may overrun the budget when its steps get slower. A stop request (`tools.interrupt`) is honoured
-    between steps. The student's forward runs in bfloat16 autocast on CUDA, and on the CPU when
-    `config.precision` is "bf16" (the teacher's stays fp32). The student is left in eval mode.
+    run may overrun the budget when its steps get slower. With `config.budget_stops` (automatic recovery, whose
+    plateau monitor decides the end) the budget only stops the run at the step that exhausts it, and the schedule
+    always spans `config.steps`: a run the budget does not cut trains the same numbers however busy the machine
+    is (a schedule fitted to the timed steps made two runs of the same pruned weights diverge). A stop request
+    (`tools.interrupt`) is honoured between steps. The student's forward runs in bfloat16 autocast on CUDA, and on
+    the CPU when `config.precision` is "bf16" (the teacher's stays fp32). The student is left in eval mode.
 
     Args:
         student: The pruned model; trained in place.
@@ -273,7 +282,7 @@ def distill(
         step, tick = state.done, time.perf_counter()
         torch.manual_seed(config.seed * 1_000_003 + step)
         pixels, labels = batches(step)
-        lr = warmup_cosine_lr(step, state.total, config.lr, config.warmup)
+        lr = warmup_cosine_lr(step, config.schedule_steps(state.total), config.lr, config.warmup)
         scales = team.scales(labels) if team.scales is not None else (1.0, 1.0)
         pixels, labels = pixels.to(device), labels.to(device)
         loss, agree = train_step(student, teacher, optimizer, (pixels, labels), config, lr, model=model, scales=scales)
@@ -282,9 +291,11 @@ def distill(
         state.step_seconds.append(round(seconds, 4))
         state.spent += seconds
         state.done = step + 1
-        deciding = budget_s > 0 and not state.decided and len(timings) == PROBE_STEPS
+        deciding = budget_s > 0 and not config.budget_stops and not state.decided and len(timings) == PROBE_STEPS
         halt = _after_step(state, team, config, (step, loss, agree, len(labels)), timings if deciding else None)
         _ask_monitor(state, student, team)
+        if config.budget_stops and 0 < budget_s <= state.spent and state.done < state.total:
+            state.total = state.done  # the budget ran out: this step is the last (`capped` in the summary)
         last = state.done >= state.total
         saving = state.done % every == 0 or last or deciding or halt
         if team.rank == 0 and checkpoint_dir is not None and saving:

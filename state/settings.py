@@ -64,7 +64,11 @@ class Context:
         "auto", "Recovery after pruning: none, reconstruct, distill or auto (both when it can)."
     )
     recover_steps: int = _ctx(0, "Distillation steps (0: scaled to the training images and the model size).")
-    recover_minutes: float = _ctx(2.0, "Wall-clock cap of one candidate's distillation, minutes (0: none).")
+    recover_minutes: float = _ctx(
+        2.0,
+        "Cap of one candidate's distillation, minutes (0: none): wall-clock with --recover-steps; automatic "
+        "recovery counts CPU time per torch thread, so waiting for a shared core does not cut it.",
+    )
     recover_lr: float = _ctx(0.0, "Peak AdamW learning rate of distillation (0: 3e-4, 1e-3 after removing blocks).")
     recover_batch: int = _ctx(0, "Images per distillation step (0: 32, 64 after removing blocks).")
     recover_augment: bool = _ctx(True, "Augment training images (random resized crop; flips for RGB images).")

@@ -20,14 +20,19 @@ def _synthetic(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _Clock:
-    """A perf_counter that advances `step_s` per call: distill reads it before and after each step."""
+    """A perf_counter (and process_time) advancing `step_s` (`cpu_s`) per call: distill reads them around each step."""
 
-    def __init__(self, step_s: float) -> None:
-        self.now, self.step_s = 1000.0, step_s
+    def __init__(self, step_s: float, cpu_s: float | None = None) -> None:
+        self.now, self.cpu, self.step_s = 1000.0, 10.0, step_s
+        self.cpu_s = step_s if cpu_s is None else cpu_s
 
     def perf_counter(self) -> float:
         self.now += self.step_s
         return self.now
+
+    def process_time(self) -> float:
+        self.cpu += self.cpu_s
+        return self.cpu
 
 
 class _Stop(Exception):
@@ -100,10 +105,11 @@ def test_a_monitored_run_trains_the_same_numbers_however_fast_its_steps_are(prun
     fitted = DistillConfig(steps=40, lr=1e-3, save_every=4, seed=1, minutes=0.5)
     stops = DistillConfig(steps=40, lr=1e-3, save_every=4, seed=1, minutes=0.5, budget_stops=True)
     runs = {}
+    # a busy machine: a step waits for a core (1.5 s of wall time) but takes the same 0.1 s of CPU
     cases = [("fitted", fitted, "quiet", 0.1), ("fitted", fitted, "busy", 1.5)]
     cases += [("stops", stops, "quiet", 0.1), ("stops", stops, "busy", 1.5)]
     for name, config, machine, step_s in cases:
-        monkeypatch.setattr(distill_module, "time", _Clock(step_s))
+        monkeypatch.setattr(distill_module, "time", _Clock(step_s, cpu_s=0.1))
         student = copy.deepcopy(start)
         with pytest.raises(_Stop):  # compare the first 12 steps (the busy budget stops the run at 20)
             distill(
@@ -119,9 +125,9 @@ def test_a_monitored_run_trains_the_same_numbers_however_fast_its_steps_are(prun
 def test_a_monitored_run_stops_at_the_step_that_exhausts_its_budget(pruned, tmp_path, monkeypatch):
     teacher, start = pruned
     config = DistillConfig(steps=40, lr=1e-3, save_every=4, seed=1, minutes=0.1, budget_stops=True)  # 6 s
-    monkeypatch.setattr(distill_module, "time", _Clock(1.0))
+    monkeypatch.setattr(distill_module, "time", _Clock(5.0, cpu_s=1.0))  # waits 4 s a step for a core
     info = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path)
-    assert info["steps_done"] == 6 and info["capped"] and not info["stopped"]
+    assert info["steps_done"] == 6 and info["capped"] and not info["stopped"]  # 6 CPU-s, not 6 wall seconds
     again = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path)
     assert again["resumed_from"] == again["steps_done"] == 6  # the stop was saved: a resume does not train on
 

@@ -137,10 +137,11 @@ def distill_student(
 
 
 def cap_note(record: RecoveryRecord, ctx: Context) -> str:
-    """Say that the wall-clock cap cut distillation short, which setting it is and how to lift it."""
+    """Say that the time cap (wall-clock, or CPU per thread for auto) cut distillation short, and how to lift it."""
     asked = f"--recover-steps {ctx.recover_steps}" if ctx.recover_steps else "the automatic step count"
+    clock = "" if ctx.recover_steps else " (CPU time per thread)"
     return (
-        f"the {ctx.recover_minutes:g}-minute cap per candidate (--recover-minutes) cut distillation to "
+        f"the {ctx.recover_minutes:g}-minute cap per candidate{clock} (--recover-minutes) cut distillation to "
         f"{record.steps} of {record.steps_planned} steps ({asked}); run them all with --recover-minutes 0 (no cap) "
         "or a larger value"
     )

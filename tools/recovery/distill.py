@@ -104,6 +104,7 @@ class Progress:
     total: int  # steps this run does (config.steps until the budget decides)
     done: int = 0  # steps finished (the next step to run)
     spent: float = 0.0  # seconds spent in steps, over all attempts
+    cpu_spent: float = 0.0  # CPU seconds per torch thread spent in steps (what `budget_stops` counts), all attempts
     decided: bool = False  # whether the budget has fixed `total`
     budget_minutes: float = 0.0  # the budget that fixed `total` (a different one on resume decides again)
     probe_seconds: float = 0.0  # median seconds of the timed steps that decided `total`
@@ -241,9 +242,10 @@ def distill(
     after PROBE_STEPS timed steps the step count is fixed to what fits (time already spent counts) and never
     changes again, so neither a slower resumed attempt nor a busier machine cuts the run at another step; the
     run may overrun the budget when its steps get slower. With `config.budget_stops` (automatic recovery, whose
-    plateau monitor decides the end) the budget only stops the run at the step that exhausts it, and the schedule
-    always spans `config.steps`: a run the budget does not cut trains the same numbers however busy the machine
-    is (a schedule fitted to the timed steps made two runs of the same pruned weights diverge). A stop request
+    plateau monitor decides the end) the budget only stops the run, at the step that exhausts it counted in CPU
+    seconds per torch thread (time waiting for a core shared with other processes does not count), and the
+    schedule always spans `config.steps`: a run the budget does not cut trains the same numbers however busy the
+    machine is (a schedule fitted to the timed steps made two runs of the same pruned weights diverge). A stop request
     (`tools.interrupt`) is honoured between steps. The student's forward runs in bfloat16 autocast on CUDA, and on
     the CPU when `config.precision` is "bf16" (the teacher's stays fp32). The student is left in eval mode.
 
@@ -279,7 +281,7 @@ def distill(
     _train_mode(student)
     while state.done < state.total:
         interrupt.check()
-        step, tick = state.done, time.perf_counter()
+        step, tick, cpu_tick = state.done, time.perf_counter(), time.process_time()
         torch.manual_seed(config.seed * 1_000_003 + step)
         pixels, labels = batches(step)
         lr = warmup_cosine_lr(step, config.schedule_steps(state.total), config.lr, config.warmup)
@@ -290,11 +292,12 @@ def distill(
         timings.append(seconds)
         state.step_seconds.append(round(seconds, 4))
         state.spent += seconds
+        state.cpu_spent += (time.process_time() - cpu_tick) / max(1, torch.get_num_threads())
         state.done = step + 1
         deciding = budget_s > 0 and not config.budget_stops and not state.decided and len(timings) == PROBE_STEPS
         halt = _after_step(state, team, config, (step, loss, agree, len(labels)), timings if deciding else None)
         _ask_monitor(state, student, team)
-        if config.budget_stops and 0 < budget_s <= state.spent and state.done < state.total:
+        if config.budget_stops and 0 < budget_s <= state.cpu_spent and state.done < state.total:
             state.total = state.done  # the budget ran out: this step is the last (`capped` in the summary)
         last = state.done >= state.total
         saving = state.done % every == 0 or last or deciding or halt

@@ -244,6 +244,10 @@ class RecoveryRecord(Strict):
     curve: str | None = Field(default=None, description="JSON file of the recovery curve, relative to the run.")
     error: str | None = Field(default=None, description="Why recovery was abandoned (the pruned weights go on).")
     stopped: str | None = Field(default=None, description="Why distillation stopped: plateau, cap, steps or time.")
+    kept_step: int | None = Field(
+        default=None,
+        description="The checked step whose weights were kept (0: before distillation), when not the last.",
+    )
     trial_curve: list[list[float]] | None = Field(default=None, description="[step, trial-slice top-1 %] checks.")
 
 

@@ -99,3 +99,59 @@ def test_a_recovered_trial_beyond_the_budget_is_rejected_before_the_full_evaluat
 
     rounds = planner_history([cand], evaluation(accuracy=90.0), Objective(max_acc_drop=2.0))
     assert rounds[0]["rejected"] is False and rounds[0]["passed"] is False and rounds[0]["drop"] == 25.0
+
+
+def _snapshots(scores: list[float], taken: list[dict[str, torch.Tensor]]):
+    """A scripted score that also keeps the weights it was shown (the student at each check)."""
+    it = iter(scores)
+
+    def score(model: torch.nn.Module) -> float:
+        taken.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        model.eval()
+        return next(it)
+
+    return score
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_best_checked_student_is_kept_when_the_last_step_is_worse_and_a_resume_keeps_it(tiny_vit, tmp_path):
+    taken: list[dict[str, torch.Tensor]] = []
+    # before distillation 70; checks at 5, 10, ...: 72 at step 10 is the best, then three checks without a gain
+    monitor = PlateauMonitor(
+        _snapshots([70, 60, 72, 65, 64, 63], taken), every=5, min_gain=1.0, min_steps=10, folder=tmp_path
+    )
+    student = copy.deepcopy(tiny_vit)
+    monitor.start(student)
+    info = distill(
+        student, tiny_vit, _synthetic, DistillConfig(steps=100), checkpoint_dir=tmp_path, team=Team(monitor=monitor)
+    )
+    assert info["steps_done"] == 25 and monitor.best_step == 10
+    killed_here = copy.deepcopy(student)  # a run killed before it kept the best: the last step's weights
+    assert monitor.finish(student, 25) == (10, 72.0, 63.0)
+    assert _same(student.state_dict(), taken[2]) and not _same(student.state_dict(), taken[5])
+    # a resumed run: distill has nothing left to do; the best kept on disk is restored all the same
+    resumed = PlateauMonitor(_snapshots([70, 63], []), every=5, min_gain=1.0, min_steps=10, folder=tmp_path)
+    again = copy.deepcopy(tiny_vit)
+    resumed.start(again)
+    distill(again, tiny_vit, _synthetic, DistillConfig(steps=100), checkpoint_dir=tmp_path, team=Team(monitor=resumed))
+    assert _same(again.state_dict(), killed_here.state_dict())  # distill restored the last saved step
+    assert resumed.finish(again, 25) == (10, 72.0, 63.0) and _same(again.state_dict(), taken[2])
+
+
+def test_a_distillation_that_only_hurts_keeps_the_student_it_started_from(tiny_vit):
+    taken: list[dict[str, torch.Tensor]] = []
+    monitor = PlateauMonitor(_snapshots([80, 70, 71, 72], taken), every=5, min_gain=1.0, min_steps=10)
+    student = copy.deepcopy(tiny_vit)
+    monitor.start(student)
+    info = distill(student, tiny_vit, _synthetic, DistillConfig(steps=100), team=Team(monitor=monitor))
+    assert info["steps_done"] == 15 and info["stopped"] == "plateau"  # the start counts as the best to beat
+    assert monitor.finish(student, 15) == (0, 80.0, 72.0) and _same(student.state_dict(), taken[0])
+    # a last step as good as the best (within one image) stays: the more trained student is kept
+    level = PlateauMonitor(_snapshots([80, 79.5, 79.5, 79.5], []), every=5, min_gain=1.0, min_steps=10)
+    other = copy.deepcopy(tiny_vit)
+    level.start(other)
+    distill(other, tiny_vit, _synthetic, DistillConfig(steps=100), team=Team(monitor=level))
+    assert level.finish(other, 15) is None

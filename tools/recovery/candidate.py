@@ -123,6 +123,9 @@ def distill_student(
             ),
             progress=progress,
         )
+    if monitor is not None:  # the student before distillation is the first point, and may be the one kept
+        monitor.folder = job.folder / run_layout.RECOVERY_STEPS
+        monitor.start(student)
     info = distill(
         student,
         teacher,
@@ -133,7 +136,11 @@ def distill_student(
         progress=progress,
         team=Team(monitor=monitor) if monitor is not None else None,
     )
-    return {**info, "trial_curve": monitor.curve} if monitor is not None else info
+    if monitor is None:
+        return info
+    kept = monitor.finish(student, info["steps_done"])
+    student.eval()
+    return {**info, "trial_curve": monitor.curve, "kept": kept}
 
 
 def cap_note(record: RecoveryRecord, ctx: Context) -> str:
@@ -145,6 +152,13 @@ def cap_note(record: RecoveryRecord, ctx: Context) -> str:
         f"{record.steps} of {record.steps_planned} steps ({asked}); run them all with --recover-minutes 0 (no cap) "
         "or a larger value"
     )
+
+
+def kept_note(kept: tuple[int, float, float], steps: int) -> str:
+    """Say which checked student was kept instead of the last step's, and why."""
+    step, best, last = kept
+    when = "before distillation" if step == 0 else f"of step {step}"
+    return f"kept the student {when}: trial slice top-1 {best:.2f}% against {last:.2f}% after the last step ({steps})"
 
 
 def pruned_groups(recipe: dict[str, Any]) -> list[PrunedGroup]:
@@ -195,6 +209,9 @@ def recover_student(
                 record.note = f"{record.note}; {cap_note(record, ctx)}".lstrip("; ")
             record.resumed_from, record.loss = info["resumed_from"], info["loss"]
             record.stopped, record.trial_curve = stop_reason(info, not ctx.recover_steps), info.get("trial_curve")
+            if info.get("kept"):
+                record.kept_step = int(info["kept"][0])
+                record.note = f"{record.note}; {kept_note(info['kept'], record.steps)}".lstrip("; ")
             curve["distill"] = info
         student = student.cpu().eval()
         self_check(student, work.example, int(student.config.num_labels))

@@ -27,7 +27,7 @@ DEFAULT_BOUNDS: dict[str, Any] = {
 }
 
 # Placeholders: {min_ratio}, {max_structured}, {max_head}, {max_reduction} (GuardConfig bounds),
-# {max_regex_len}, {tool_rounds} (Context.llm_tool_rounds), {schema} (PLAN_SCHEMA), {example} (the format
+# {max_regex_len}, {tools} (TOOLS_PARAGRAPH or NO_TOOLS), {schema} (PLAN_SCHEMA), {example} (the format
 # example: a made-up model's groups, prompts/plan_example.py).
 ANALYSIS_SYSTEM = """You are the Analysis Agent of ProfilingAgent. It compresses a Hugging Face image \
 classifier by structured pruning and post-training dynamic quantization. You read a profile (parameters, MACs \
@@ -53,11 +53,7 @@ parameter reduction must stay at or below {max_reduction:.0%}.
 - No nested quantifiers like (a+)+, no backreferences, at most {max_regex_len} characters per regex.
 - Prune groups with a large cost share and a low probe damage harder; spare the most sensitive groups.
 
-You may call the tools (at most {tool_rounds} rounds): propose_plan(goal, emphasis) returns the deterministic \
-planner's plan at a goal as a starting point that you may accept, edit (ratios, groups, quantization) or \
-replace; estimate_plan and match_layers check a plan before you answer. The run records what you changed \
-relative to the proposal. Your final message must be exactly one JSON object in this format, with no code and \
-no comments:
+{tools}Your final message must be exactly one JSON object in this format, with no code and no comments:
 {schema}
 
 The format on a DIFFERENT, made-up model (its group names do not exist in this model; a copy is refused):
@@ -71,11 +67,20 @@ ANALYSIS_USER = """{profile_block}
 
 {task}"""
 
+# {tool_rounds}: Context.llm_tool_rounds (the tools paragraph is left out when it is 0: no tool is bound then)
+TOOLS_PARAGRAPH = (
+    "You may call the tools (at most {tool_rounds} rounds): propose_plan(goal, emphasis) returns the deterministic "
+    "planner's plan at a goal as a starting point that you may accept, edit (ratios, groups, quantization) or "
+    "replace; estimate_plan and match_layers check a plan before you answer. The run records what you changed "
+    "relative to the proposal. "
+)
+NO_TOOLS = "No tools are offered in this run: answer from the tables. "
+
 ANALYSIS_TASK = (
     "Propose the first plan. Aim straight at the target reduction (a plan predicted to remove less than half of it "
-    "is sent back), concentrating pruning where cost is high and damage is low. For a starting point call "
-    "propose_plan with the objective's reduction as goal. Answer with the JSON plan only."
+    "is sent back), concentrating pruning where cost is high and damage is low. {start}Answer with the JSON plan only."
 )
+START_WITH_PROPOSAL = "For a starting point call propose_plan with the objective's reduction as goal. "
 
 MAX_GROUP_ROWS = 64  # groups listed in the prompt; the match_layers tool covers the rest
 TOP_LAYERS = 10  # most expensive layers listed
@@ -317,7 +322,7 @@ def system_prompt(bounds: dict[str, Any] | None, tool_rounds: int) -> str:
         max_head=b["max_ratio_head"],
         max_reduction=b["max_predicted_param_reduction"],
         max_regex_len=b["max_regex_len"],
-        tool_rounds=tool_rounds,
+        tools=TOOLS_PARAGRAPH.format(tool_rounds=tool_rounds) if tool_rounds > 0 else NO_TOOLS,
         schema=PLAN_SCHEMA,
         example=example_plan_json(),
     )
@@ -345,6 +350,6 @@ def render_analysis(
     user = ANALYSIS_USER.format(
         profile_block=profile_block(profile, sensitivity, model_info or {}),
         objective_block=objective_block(objective),
-        task=ANALYSIS_TASK,
+        task=ANALYSIS_TASK.format(start=START_WITH_PROPOSAL if tool_rounds > 0 else ""),
     )
     return [SystemMessage(content=system_prompt(bounds, tool_rounds)), HumanMessage(content=user)]

@@ -81,6 +81,16 @@ def test_the_prompts_format_example_names_no_group_of_this_model():
     assert DEFAULT_BOUNDS == {k: v for k, v in dataclasses.asdict(GuardConfig()).items() if k in DEFAULT_BOUNDS}
 
 
+def test_a_run_without_tools_is_not_told_to_call_them():
+    """--llm-tool-rounds 0 binds no tool: the prompt must not ask a small model for a call it cannot make."""
+    system, user = (m.content for m in render_analysis(PROFILE, SENS, Objective(), tool_rounds=0))
+    assert "propose_plan" not in system + user and "at most 0 rounds" not in system
+    assert "No tools are offered in this run" in system and user.rstrip().endswith("Answer with the JSON plan only.")
+    with_tools, user_tools = (m.content for m in render_analysis(PROFILE, SENS, Objective(), tool_rounds=2))
+    assert "at most 2 rounds" in with_tools and "call propose_plan" in user_tools
+    assert len(system) < len(with_tools)
+
+
 def test_a_copied_example_and_its_translation_are_refused_then_an_own_plan_is_applied(tmp_path):
     translated = {  # the example mapped onto this model position by position
         "pruning": [

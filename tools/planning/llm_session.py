@@ -27,9 +27,9 @@ from profiling_agent.tools.planning.plan_parse import parse_plan_text
 from profiling_agent.tools.planning.structured import ModeFinder, plan_schema, refuses_format, response_format
 
 RETRY_GUARD = (
-    "Your plan was rejected:\n{reasons}\nFix every problem (call the tools if that helps) and answer with the "
-    "corrected JSON plan only."
+    "Your plan was rejected:\n{reasons}\nFix every problem{tools} and answer with the corrected JSON plan only."
 )
+TOOLS_HELP = " (call the tools if that helps)"
 RETRY_PARSE = (
     "Your answer could not be used: {reasons}\nAnswer with exactly one JSON object in the required plan format: no "
     "code, no comments."
@@ -226,8 +226,10 @@ class Session:
             shown = self.repair.message(rej.reasons, self.refused_estimate, keep_tools, parsed=rej.stage != "parse")
         if shown is not None:
             return shown
-        template = RETRY_PARSE if rej.stage == "parse" else RETRY_GUARD
-        return template.format(reasons="\n".join(f"- {r}" for r in rej.reasons))
+        reasons = "\n".join(f"- {r}" for r in rej.reasons)
+        if rej.stage == "parse":
+            return RETRY_PARSE.format(reasons=reasons)
+        return RETRY_GUARD.format(reasons=reasons, tools=TOOLS_HELP if keep_tools else "")
 
     def run(self, messages: list[BaseMessage]) -> tuple[CompressionPlan, dict[str, float]]:
         """Talk to the model until it gives a plan the guard accepts (returned with its estimate), or raise."""

@@ -57,6 +57,7 @@ from profiling_agent.state.plans import (
     SearchRecord,
     SearchTrial,
     StructuredFacts,
+    TokenEntry,
 )
 from profiling_agent.state.records import (
     AppliedGroup,
@@ -150,6 +151,7 @@ __all__ = [
     "ProfileEnv",
     "ProfileSummary",
     "ProposalDiff",
+    "TokenEntry",
     "PruneEntry",
     "PruneType",
     "QuantDtype",

@@ -287,6 +287,7 @@ class Candidate(Strict):
     macs: int | None = Field(default=None, description="MACs of one image after pruning.")
     params_before: int | None = Field(default=None, description="Parameters before pruning.")
     params_after: int | None = Field(default=None, description="Parameters after pruning.")
+    token_schedule: list[int] | None = Field(default=None, description="Tokens merged after each layer (None: none).")
     recovery: RecoveryRecord | None = Field(default=None, description="What the recover step did.")
     recovered: ArtifactRef | None = Field(default=None, description="The pruned model after recovery (fp32).")
     quantized: list[str] = Field(default_factory=list, description="Modules dynamically quantized.")

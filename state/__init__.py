@@ -80,6 +80,8 @@ from profiling_agent.state.records import (
     ReportRef,
     RoundCheck,
     TestEval,
+    TokenAxis,
+    TokenRate,
     VariantRecord,
 )
 from profiling_agent.state.settings import (
@@ -177,6 +179,8 @@ __all__ = [
     "StructuredMode",
     "TargetMetric",
     "TestEval",
+    "TokenAxis",
+    "TokenRate",
     "VariantRecord",
     "choices",
     "pending",

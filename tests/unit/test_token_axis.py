@@ -101,3 +101,65 @@ def test_a_merging_pruned_student_is_refitted_unmerged_and_merges_again_after():
     assert token_schedule(student) == [3, 3]  # merging again after the refit
     with torch.inference_mode():
         assert torch.isfinite(student(pixel_values=calib[:2]).logits).all()
+
+
+def _timed_form(ms_by_tokens):
+    """A BackendForm that 'builds' a merged model and times it by the tokens its last layer sees (steady timings)."""
+    from profiling_agent.tools.compression.token_merge import tokens_per_layer
+    from profiling_agent.tools.profiling.backend_profile import BackendForm
+
+    built = {}
+
+    def build(model, example, folder):
+        schedule = token_schedule(model) or [0] * len(model.vit.layers)
+        built[str(folder)] = tokens_per_layer(model, schedule)[-1]
+        return folder
+
+    def time_nodes(path, pixels, warmup, repeats):
+        return {"/model/vit/MatMul": ms_by_tokens(built[str(path)]), "/model/Gather": 0.1}
+
+    return BackendForm("ov_int8", "openvino", build, time_nodes)
+
+
+def test_the_token_latency_table_drops_a_rate_that_does_not_pay_and_says_why(tmp_path):
+    from profiling_agent.tools.profiling.token_latency import max_rate, measure_token_latency, token_rates
+
+    model = _vit(image_size=32)  # 64 patches + CLS over 2 layers
+    assert max_rate(model) == 32 and token_rates(model) == [11, 21, 32]
+    # faster with fewer tokens, except that merging 11 costs more in small ops than it saves
+    form = _timed_form(lambda left: 1.0 if left == 65 else (1.05 if left > 40 else 0.2 + left / 50))
+    table = measure_token_latency(model, _pixels(1, 32), form, tmp_path)
+    assert table["form"] == "ov_int8" and table["batch"] == 1 and table["base_ms"] == pytest.approx(1.1)
+    rows = {r["rate"]: r for r in table["rates"]}
+    assert list(rows) == [0, 11, 21, 32] and rows[0]["dropped"] is None and rows[0]["saved_share"] == 0
+    assert "does not pay on ov_int8 at batch 1" in rows[11]["dropped"] and rows[11]["saved_share"] < 0
+    assert rows[21]["dropped"] is None and rows[21]["saved_share"] > 0.3 and rows[21]["schedule"] == [21, 21]
+    assert rows[32]["tokens_left"] == 65 - 32 - 16
+    resnet = measure_token_latency(
+        seeded(__import__("transformers").ResNetForImageClassification, resnet_config()), _pixels(1), None, tmp_path
+    )
+    assert "no token axis" in resnet["error"]
+
+
+def test_the_token_axis_adds_each_paying_rates_trial_slice_damage_and_the_planning_record_keeps_the_table(tmp_path):
+    from profiling_agent.tools.profiling.planning_latency import record_from_profile, record_key
+    from profiling_agent.tools.profiling.token_latency import measure_token_latency, token_axis
+
+    model = _vit(image_size=32)
+    table = measure_token_latency(model, _pixels(1, 32), None, tmp_path, rates=[8, 32])  # eager torch, timed
+    table["rates"][1]["dropped"], table["rates"][2]["dropped"] = "rate 8 does not pay", None  # whatever was timed
+    labels = torch.arange(12) % 10
+    axis = token_axis(model, table, _pixels(12, 32), labels, None)
+    assert axis is not None and axis.form == "torch" and axis.images == 12
+    assert (
+        axis.at(8).drop_pp is None
+        and axis.at(32).drop_pp is not None
+        and axis.at(32).kl >= 0
+        and axis.at(32).agreement < 100
+    )
+    assert [r.rate for r in axis.paying()] == [32]
+    assert token_axis(model, None, _pixels(2, 32), labels[:2]) is None
+    profile = {"group_costs": {"g": {"latency_share": 0.5}}, "totals": {"latency_ms": 1.0}, "token_latency": table}
+    assert record_from_profile(profile)["tokens"] == table
+    assert "tokens" not in record_from_profile({**profile, "token_latency": None})
+    assert record_key("d", "torch", 1, [3, 16, 16], True) != record_key("d", "torch", 1, [3, 16, 16], True, tokens=True)

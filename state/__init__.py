@@ -57,6 +57,7 @@ from profiling_agent.state.plans import (
     SearchRecord,
     SearchTrial,
     StructuredFacts,
+    TokenChoice,
     TokenEntry,
 )
 from profiling_agent.state.records import (
@@ -153,6 +154,7 @@ __all__ = [
     "ProfileEnv",
     "ProfileSummary",
     "ProposalDiff",
+    "TokenChoice",
     "TokenEntry",
     "PruneEntry",
     "PruneType",

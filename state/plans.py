@@ -209,6 +209,18 @@ class BlockTrial(Strict):
         return {k: v for k, v in handler(self).items() if v is not None or k not in ("calib_drop_pp", "error")}
 
 
+class TokenChoice(Strict):
+    """Round 1's weighing of token merging against pruning alone (`planning/token_plan.py`), on the trial slice."""
+
+    rate: int = Field(description="The merging rate weighed.")
+    saved_share: float = Field(description="Share of the planned form's latency the rate saved, measured.")
+    drop_pp: float = Field(description="The merged baseline's trial-slice loss, pp.")
+    with_pp: float | None = Field(default=None, description="The plan with merging: trial-slice loss, pp.")
+    without_pp: float | None = Field(default=None, description="The plan pruning alone: trial-slice loss, pp.")
+    chosen: bool = Field(description="The plan merges tokens.")
+    why: str = Field(default="", description="In words.")
+
+
 class PlannerMeta(Strict):
     """What the planner aimed at in a round (later rounds learn from it)."""
 
@@ -226,6 +238,7 @@ class PlannerMeta(Strict):
     correction: list[float] | None = Field(default=None, description="[additive pp, multiplicative] applied.")
     search: SearchRecord | None = Field(default=None, description="Searching round: interval, correction, trials.")
     block_trials: list[BlockTrial] | None = Field(default=None, description="Round 1's block sets tried.")
+    tokens: TokenChoice | None = Field(default=None, description="Token merging weighed against pruning alone.")
 
 
 class Review(Strict):

@@ -1,0 +1,98 @@
+"""The deterministic planner's token axis: which measured rate it weighs, how merging composes with pruning."""
+
+from __future__ import annotations
+
+import pytest
+
+from profiling_agent.state import Candidate, CompressionPlan, Objective, TokenAxis, TokenEntry
+from profiling_agent.tools.planning.round import RoundData, weighed_tokens
+from profiling_agent.tools.planning.token_plan import (
+    TokenOption,
+    run_option,
+    to_pruning,
+    to_total,
+    token_option,
+)
+
+GROUPS = [
+    {"name": "layers.0.mlp", "kind": "structured", "module": "vit.layers.0.mlp.fc1", "units": 128, "min_units": 1},
+    {"name": "layers.0.heads", "kind": "head", "module": "vit.layers.0.attention", "units": 4, "min_units": 1},
+    {"name": "layers.1.mlp", "kind": "structured", "module": "vit.layers.1.mlp.fc1", "units": 128, "min_units": 1},
+    {"name": "layers.1.heads", "kind": "head", "module": "vit.layers.1.attention", "units": 4, "min_units": 1},
+]
+COSTS = {g["name"]: {"params_share": 0.2, "macs_share": 0.2, "latency_share": 0.2} for g in GROUPS}
+SENS = {g["name"]: {"damage": 0.1 + i / 10} for i, g in enumerate(GROUPS)}
+LATENCY = Objective(target="latency", target_reduction=0.5, max_acc_drop=2.0)
+
+
+def _axis(*rows) -> TokenAxis:
+    """rows: (rate, saved share, trial-slice loss pp, dropped)."""
+    base = {"rate": 0, "schedule": [0, 0], "tokens_left": 65, "latency_ms": 1.0, "saved_share": 0.0}
+    rates = [base] + [
+        {
+            "rate": r,
+            "schedule": [r, r],
+            "tokens_left": 65 - 2 * r,
+            "latency_ms": 1 - s,
+            "saved_share": s,
+            "dropped": d,
+            "drop_pp": None if d else pp,
+        }
+        for r, s, pp, d in rows
+    ]
+    return TokenAxis(form="ov_int8", batch=1, base_ms=1.0, rates=rates, images=100)
+
+
+def test_the_rate_weighed_saves_the_most_latency_per_point_lost_and_only_under_a_latency_target():
+    axis = _axis(
+        (4, 0.10, 0.0, None), (8, 0.25, 0.5, None), (12, 0.3, 0.5, "rate 12 does not pay"), (16, 0.4, 1.5, None)
+    )
+    option = token_option(axis, LATENCY)
+    assert option == TokenOption(rate=8, saved=0.25, drop_pp=0.5, form="ov_int8")  # 0.25/0.5 beats 0.1/1 (the floor)
+    assert token_option(axis, LATENCY.model_copy(update={"target": "params"})) is None
+    assert token_option(None, LATENCY) is None  # no token axis (ResNet, Swin) or no latency target measured
+    assert token_option(_axis((8, 0.02, 0.0, "rate 8 does not pay")), LATENCY) is None  # nothing pays
+    assert token_option(_axis((8, 0.3, 1.5, None)), LATENCY) is None  # loses over half the budget on its own
+    assert token_option(_axis((8, 0.6, 0.0, None)), LATENCY) is None  # would meet the target alone
+
+
+def test_merging_and_pruning_compose_multiplicatively_and_the_plan_states_the_total():
+    assert to_total(to_pruning(0.5, 0.25), 0.25) == pytest.approx(0.5)
+    assert to_pruning(0.5, 0.25) == pytest.approx(1 / 3)
+    option = TokenOption(rate=8, saved=0.25, drop_pp=0.5, form="ov_int8")
+    alone = RoundData(GROUPS, COSTS, SENS, LATENCY, []).plan()
+    merged = RoundData(GROUPS, COSTS, SENS, LATENCY, [], option).plan()
+    assert alone.plan.tokens is None and merged.plan.tokens == TokenEntry(rate=8, justification=option.justification())
+    assert "rate 8" in merged.plan.rationale and "in all" in merged.plan.rationale
+    pruned_alone = sum(e.ratio for e in alone.plan.pruning)
+    pruned_merged = sum(e.ratio for e in merged.plan.pruning)
+    assert pruned_merged < pruned_alone  # merging takes a share of the goal, pruning the rest
+    assert merged.target_estimate == pytest.approx(alone.target_estimate, abs=0.06)  # both aim at the same total
+    # a later round's goal (total terms) maps through to the pruning
+    later = RoundData(GROUPS, COSTS, SENS, LATENCY, [{"goal": 0.55, "gamma": 1.0, "passed": True}], option).plan()
+    assert later.plan.tokens is not None and later.target_estimate > merged.target_estimate
+
+
+def test_round_one_keeps_merging_only_when_its_trial_loses_no_more_than_pruning_alone():
+    option = TokenOption(rate=8, saved=0.25, drop_pp=0.5, form="ov_int8")
+    data = RoundData(GROUPS, COSTS, SENS, LATENCY, [], option)
+
+    def evaluator(losses):
+        def build(calls):
+            assert calls == 2
+            return lambda plan: {"accuracy_drop_pp": losses["tokens" in plan]}
+
+        return build
+
+    kept, choice = weighed_tokens(data, evaluator({True: 0.5, False: 1.0}))
+    assert kept is data and choice.chosen and choice.with_pp == 0.5 and choice.without_pp == 1.0
+    kept, choice = weighed_tokens(data, evaluator({True: 1.5, False: 1.0}))
+    assert kept.tokens is None and not choice.chosen and "pruning alone kept" in choice.why
+
+
+def test_later_rounds_keep_the_rate_round_one_chose():
+    axis = _axis((8, 0.25, 0.5, None))
+    merged = Candidate(iteration=1, plan=CompressionPlan(tokens=TokenEntry(rate=8)))
+    assert run_option(axis, [merged]) == TokenOption(rate=8, saved=0.25, drop_pp=0.5, form="ov_int8")
+    assert run_option(axis, [Candidate(iteration=1)]) is None
+    assert run_option(None, [merged]) is None

@@ -96,3 +96,26 @@ def test_later_rounds_keep_the_rate_round_one_chose():
     assert run_option(axis, [merged]) == TokenOption(rate=8, saved=0.25, drop_pp=0.5, form="ov_int8")
     assert run_option(axis, [Candidate(iteration=1)]) is None
     assert run_option(None, [merged]) is None
+
+
+def test_result_json_and_the_report_show_the_schedule_and_the_latency_it_bought():
+    from profiling_agent.tools.reporting.markdown import token_axis_lines, token_lines
+    from profiling_agent.tools.reporting.result import token_facts
+
+    axis = _axis((8, 0.25, 0.5, None), (2, 0.01, 0.0, "rate 2 does not pay on ov_int8 at batch 1")).model_dump()
+    weighed = {"rate": 8, "saved_share": 0.25, "drop_pp": 0.5, "chosen": True, "why": "merging kept"}
+    merged = {
+        "plan": {"tokens": {"type": "tokens", "rate": 8, "justification": "measured"}},
+        "token_schedule": [8, 8],
+        "planner_meta": {"tokens": weighed},
+    }
+    facts = token_facts(merged, axis)
+    assert facts is not None and facts["schedule"] == [8, 8] and facts["weighed"] == weighed
+    assert facts["bought"] == {"form": "ov_int8", "batch": 1, "base_ms": 1.0, "latency_ms": 0.75, "saved_share": 0.25}
+    assert token_facts({"plan": {}, "planner_meta": {}}, axis) is None  # nothing to say: the row keeps its keys
+    lines = token_lines(facts)
+    assert "schedule [8, 8]" in lines[0] and "bought 25.0% of ov_int8's latency at batch 1" in lines[0]
+    assert lines[1] == "- token merging weighed: merging kept"
+    (line,) = token_axis_lines(axis)
+    assert "r=8 0.750 ms (+25.0%, 0.50 pp lost)" in line and "Dropped: rate 2 does not pay" in line
+    assert token_axis_lines(None) == []

@@ -96,7 +96,8 @@ def with_tokens(plan: CompressionPlan, option: TokenOption, pruning_estimate: fl
     plan.tokens = TokenEntry(rate=option.rate, justification=option.justification())
     plan.rationale += (
         f" Token merging at rate {option.rate} ({option.saved:.1%} of the latency measured on {option.form}) composes "
-        f"with pruning's {pruning_estimate:.1%}: {total:.1%} in all."
+        f"with pruning's {pruning_estimate:.1%}: {total:.1%} in all (the pruning's goals above are what merging "
+        "leaves of the run's)."
     )
     return total
 

@@ -183,6 +183,7 @@ class TokenAxis(Strict):
     base_ms: float = Field(description="The unmerged model's latency in that form, ms.")
     rates: list[TokenRate] = Field(default_factory=list, description="Rate 0 first, then the rates measured.")
     images: int = Field(default=0, description="Trial-slice images the damage was measured on.")
+    protected: int = Field(default=1, description="Leading tokens never merged (CLS; DeiT's distillation token too).")
 
     def paying(self) -> list[TokenRate]:
         """Return the rates the planners may use: faster than rate 0, with their damage measured."""

@@ -119,3 +119,58 @@ def test_result_json_and_the_report_show_the_schedule_and_the_latency_it_bought(
     (line,) = token_axis_lines(axis)
     assert "r=8 0.750 ms (+25.0%, 0.50 pp lost)" in line and "Dropped: rate 2 does not pay" in line
     assert token_axis_lines(None) == []
+
+
+def test_the_guard_checks_a_token_entry_against_the_measured_axis_and_composes_its_saving():
+    from fake_llm import vit_profile
+
+    from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
+    from profiling_agent.tools.planning.plan_parse import normalize_plan
+    from profiling_agent.tools.planning.token_guard import predicted_saving
+
+    profile = vit_profile(n_layers=2)
+    axis = _axis((8, 0.25, 0.5, None), (2, 0.01, 0.0, "rate 2 does not pay"))
+    raw = {
+        "pruning": [{"layer": r"^vit\.layers\.0\.mlp\.fc1$", "type": "structured", "ratio": 0.5}],
+        "quantization": [],
+        "rationale": "r",
+    }
+
+    def check(tokens, config_axis=axis):
+        plan, _ = normalize_plan({**raw, "tokens": tokens})
+        config = GuardConfig(target="latency", target_reduction=0.5, tokens=config_axis)
+        return check_plan(plan, profile["groups"], profile["protected"], profile["group_costs"], config)
+
+    alone = check(None)
+    assert alone.ok and alone.plan is not None and alone.plan.tokens is None and "tokens" not in alone.estimate
+    merged = check({"type": "tokens", "rate": 8})
+    assert merged.ok and merged.plan is not None and merged.plan.tokens == TokenEntry(rate=8)
+    assert merged.estimate["tokens"] == pytest.approx(0.25)
+    assert merged.estimate["latency"] == pytest.approx(to_total(alone.estimate["latency"], 0.25))
+    refused = check({"type": "tokens", "rate": 2})
+    assert not refused.ok and "predicted to save +1.0% of ov_int8's latency" in refused.reasons[0]
+    assert "one r per layer (2 layers), got 3" in check({"type": "tokens", "schedule": [1, 1, 1]}).reasons[0]
+    assert "can merge at most 32, not 40" in check({"type": "tokens", "schedule": [40, 0]}).reasons[0]
+    assert "no token axis" in check({"type": "tokens", "rate": 8}, config_axis=None).reasons[0]
+    assert predicted_saving(_axis((8, 0.25, 0.5, None)), [4, 4]) == pytest.approx(0.125)  # between rates 0 and 8
+    assert predicted_saving(axis, [4, 4]) == pytest.approx(0.01 + 0.24 / 3)  # between rates 2 and 8, measured
+
+
+def test_the_llm_sees_the_token_axis_only_when_the_run_has_one():
+    from fake_llm import vit_profile
+
+    from profiling_agent.prompts.analysis import profile_block, system_prompt
+    from profiling_agent.tools.planning.llm_tools import make_planning_tools
+    from profiling_agent.tools.planning.plan_guard import GuardConfig
+
+    axis = _axis((8, 0.25, 0.5, None))
+    profile = vit_profile(n_layers=2)
+    assert '"tokens"' not in system_prompt(None, 4) and "Tokens:" not in profile_block(profile, {}, {})
+    assert '"tokens": null OR' in system_prompt({"tokens": axis.model_dump()}, 4)
+    note = profile_block({**profile, "token_axis": axis.model_dump()}, {}, {})
+    assert 'Tokens: a "tokens" entry' in note and "r=8: +25.0% latency, 0.50 pp lost alone" in note
+    names = [t.name for t in make_planning_tools(profile, {}, guard=GuardConfig())]
+    assert "token_table" not in names
+    tools = {t.name: t for t in make_planning_tools(profile, {}, guard=GuardConfig(tokens=axis))}
+    table = tools["token_table"].invoke({})
+    assert '"form":"ov_int8"' in table and '"saved_share":0.25' in table and '"drop_pp":0.5' in table

@@ -274,6 +274,8 @@ def llm_turn(
 
     shipped = {**full_profile, "groups": data.groups, "group_costs": data.costs}  # the delivered form's shares too
     shipped["block_limits"] = block_limits(data.groups, GuardConfig().max_block_fraction)  # the guard's rule
+    if inputs.token_axis is not None:  # the prompt's token note (the guard and the token_table tool read it too)
+        shipped["token_axis"] = inputs.token_axis.model_dump()
     outcome = plan_with_llm(inputs, ctx, shipped, data.sensitivity, fallback=fallback, evaluate_fn=evaluate)
     turn = Turn(outcome.plan, outcome.planner, "llm", outcome, outcome.summary(ctx.llm_model), outcome.fallbacks)
     if inputs.objective.planner == "llm" and outcome.planner != "llm" and not outcome.usage["calls"]:

@@ -29,6 +29,7 @@ from profiling_agent.tools.compression.token_merge import (
     schedule_from_rate,
     tokens_per_layer,
 )
+from profiling_agent.tools.models.merged_tokens import PROTECTED, token_layers
 from profiling_agent.tools.profiling.backend_profile import BackendForm
 
 MIN_SAVING = 0.05  # a rate must save at least 5% of rate 0's time: the timing precision of the planned latency
@@ -38,7 +39,7 @@ BATCH = 1  # the batch a latency target is judged at (`latency_ms`)
 
 def max_rate(model: nn.Module) -> int:
     """Return ToMe's largest useful rate: the one that merges every layer evenly down to the protected tokens."""
-    from profiling_agent.tools.models.merged_tokens import PROTECTED, token_count, token_layers
+    from profiling_agent.tools.models.merged_tokens import token_count
 
     model_type, layers = token_layers(model)
     return max(1, (token_count(model) - PROTECTED[model_type]) // max(1, len(layers)))
@@ -132,7 +133,8 @@ def measure_token_latency(
                 "dropped": dropped,
             }
         )
-    return {"form": name, "batch": BATCH, "base_ms": round(ms[0], 5), "rates": rows}
+    protected = PROTECTED[token_layers(model)[0]]
+    return {"form": name, "batch": BATCH, "base_ms": round(ms[0], 5), "rates": rows, "protected": protected}
 
 
 def token_damage(
@@ -203,4 +205,5 @@ def token_axis(
         base_ms=table["base_ms"],
         rates=[TokenRate.model_validate(r) for r in rows],
         images=int(len(labels)),
+        protected=int(table.get("protected", 1)),
     )

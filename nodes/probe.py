@@ -67,7 +67,11 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     axis = token_axis_of(state, loaded.model)
     if axis is not None:
         update["token_axis"] = axis.model_dump()
-        message += f"; token merging: {len(axis.paying())} of {len(axis.rates) - 1} rates pay, damage measured"
+        paying = axis.paying()
+        message += (
+            f"; token merging: {len(paying)} of {len(axis.rates) - 1} rates pay on {axis.form} at batch {axis.batch}"
+            + (f", their damage measured on {axis.images} trial-slice images" if paying else "")
+        )
     return {**update, "history": event("probe_sensitivity", message)}
 
 

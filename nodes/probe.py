@@ -64,7 +64,10 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     rounded, message = probe_record(result, ctx.probe_ratio, cpu, seconds, refit=ctx.recover != "none")
     sensitivity = {name: row.model_dump(exclude_unset=True) for name, row in rounded.items()}
     update: dict[str, Any] = {"sensitivity": sensitivity}
-    axis = token_axis_of(state, loaded.model)
+    try:
+        axis = token_axis_of(state, loaded.model)
+    except Exception as exc:  # noqa: BLE001 - the planners then leave tokens alone; the run goes on
+        axis, message = None, f"{message}; token merging's damage could not be measured ({type(exc).__name__}: {exc})"
     if axis is not None:
         update["token_axis"] = axis.model_dump()
         paying = axis.paying()

@@ -275,6 +275,13 @@ def depth_note(
     )
 
 
+def pays(axis: dict[str, Any] | None) -> bool:
+    """Return True when the run's token axis has a rate the plan may use (it pays, its damage was measured)."""
+    return any(
+        r["rate"] and not r.get("dropped") and r.get("drop_pp") is not None for r in (axis or {}).get("rates", [])
+    )
+
+
 def token_note(axis: dict[str, Any] | None) -> str:
     """Explain the "tokens" entry and list its measured rates when the run has a token axis (ViT, DeiT); else ""."""
     if not axis:
@@ -336,7 +343,7 @@ def system_prompt(bounds: dict[str, Any] | None, tool_rounds: int) -> str:
         max_reduction=b["max_predicted_param_reduction"],
         max_regex_len=b["max_regex_len"],
         tool_rounds=tool_rounds,
-        schema=format_text(tokens=True) if b.get("tokens") else PLAN_SCHEMA,  # the token field: only with an axis
+        schema=format_text(tokens=True) if pays(b.get("tokens")) else PLAN_SCHEMA,  # the token field: a rate pays
         example=example_plan_json(),
     )
 

@@ -167,6 +167,8 @@ def test_the_llm_sees_the_token_axis_only_when_the_run_has_one():
     profile = vit_profile(n_layers=2)
     assert '"tokens"' not in system_prompt(None, 4) and "Tokens:" not in profile_block(profile, {}, {})
     assert '"tokens": null OR' in system_prompt({"tokens": axis.model_dump()}, 4)
+    losing = _axis((8, 0.02, 0.0, "rate 8 does not pay")).model_dump()
+    assert '"tokens"' not in system_prompt({"tokens": losing}, 4)  # no rate pays: no field to fill
     note = profile_block({**profile, "token_axis": axis.model_dump()}, {}, {})
     assert 'Tokens: a "tokens" entry' in note and "r=8: +25.0% latency, 0.50 pp lost alone" in note
     names = [t.name for t in make_planning_tools(profile, {}, guard=GuardConfig())]

@@ -176,3 +176,18 @@ def test_the_llm_sees_the_token_axis_only_when_the_run_has_one():
     tools = {t.name: t for t in make_planning_tools(profile, {}, guard=GuardConfig(tokens=axis))}
     table = tools["token_table"].invoke({})
     assert '"form":"ov_int8"' in table and '"saved_share":0.25' in table and '"drop_pp":0.5' in table
+
+
+def test_a_reviewer_sees_and_may_edit_a_token_entry_checked_against_the_runs_axis():
+    from fake_llm import vit_profile
+
+    from profiling_agent.tools.planning.review import parse_answer, review_plan
+
+    profile = vit_profile(n_layers=2)
+    plan = {"pruning": [], "quantization": [], "rationale": "", "tokens": {"type": "tokens", "rate": 8}}
+    assert "no token axis" in review_plan(plan, profile, time_budget=0.0).reasons[0]
+    with_axis = {**profile, "token_axis": _axis((8, 0.25, 0.5, None)).model_dump()}
+    verdict = review_plan(plan, with_axis, time_budget=0.0)
+    assert verdict.ok and verdict.estimate["tokens"] == pytest.approx(0.25)
+    decision, edited, _, error = parse_answer({"decision": "edit", "plan": plan}, with_axis)
+    assert (decision, error) == ("edit", "") and edited is not None and edited["tokens"]["rate"] == 8

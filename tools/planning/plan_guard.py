@@ -301,7 +301,7 @@ class _Checker:
                 f"the plan would remove about {estimate['params']:.0%} of the parameters "
                 f"(at most {limit:.0%}); lower the ratios"
             )
-        if not self.plan.pruning and not self.plan.quantization:
+        if not self.plan.pruning and not self.plan.quantization and self.plan.tokens is None:
             self.reasons.append("the plan is empty: add pruning or quantization entries")
         return estimate
 

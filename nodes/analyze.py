@@ -28,6 +28,7 @@ def round_inputs(state: State, iteration: int) -> RoundInputs:
         run_path=state.run_path,
         model_ref=state.model.ref,
         family=state.family,
+        token_axis=state.token_axis,
     )
 
 

@@ -53,6 +53,8 @@ def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 
     it = state.iteration
     profile = read_json(run_dir(state) / run_layout.PROFILE)
+    if state.token_axis is not None:  # a plan's token entry is checked against what the run measured
+        profile["token_axis"] = state.token_axis.model_dump()
     proposed = review_plan(
         state.plan.model_dump() if state.plan else {}, profile, time_budget=0.0
     )  # the estimate; planners' plans are trusted

@@ -2,7 +2,8 @@
 
 Each group is pruned alone at the context's probe ratio (a block is removed whole) and the damage is measured on
 the first calibration images (`FastProbeConfig.eval_images`); when the run recovers, after the least-squares
-refit the recover step will do.
+refit the recover step will do. For a ViT or DeiT under a latency target, each token-merging rate the profile found
+to pay (`planning_latency.tokens`) is also judged on the trial slice: the run's `token_axis`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from profiling_agent.nodes.common import (
     progress_callback,
     run_dir,
 )
-from profiling_agent.state import Context, State
+from profiling_agent.state import Context, State, TokenAxis
 from profiling_agent.tools import run_layout
 
 
@@ -62,4 +63,37 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     cpu, seconds = time.process_time() - started, time.perf_counter() - wall
     rounded, message = probe_record(result, ctx.probe_ratio, cpu, seconds, refit=ctx.recover != "none")
     sensitivity = {name: row.model_dump(exclude_unset=True) for name, row in rounded.items()}
-    return {"sensitivity": sensitivity, "history": event("probe_sensitivity", message)}
+    update: dict[str, Any] = {"sensitivity": sensitivity}
+    try:
+        axis = token_axis_of(state, loaded.model)
+    except Exception as exc:  # noqa: BLE001 - the planners then leave tokens alone; the run goes on
+        axis, message = None, f"{message}; token merging's damage could not be measured ({type(exc).__name__}: {exc})"
+    if axis is not None:
+        update["token_axis"] = axis.model_dump()
+        paying = axis.paying()
+        message += (
+            f"; token merging: {len(paying)} of {len(axis.rates) - 1} rates pay on {axis.form} at batch {axis.batch}"
+            + (f", their damage measured on {axis.images} trial-slice images" if paying else "")
+        )
+    return {**update, "history": event("probe_sensitivity", message)}
+
+
+def token_axis_of(state: State, model: Any) -> TokenAxis | None:
+    """Return the token axis: the profile's token latency with each paying rate's damage on the trial slice."""
+    from profiling_agent.tools.data.trial_slice import open_trial_slice
+    from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.models.artifact_load import load_processor
+    from profiling_agent.tools.profiling.token_latency import token_axis
+
+    path = run_dir(state) / run_layout.PROFILE
+    table = (read_json(path).get("planning_latency") or {}).get("tokens") if path.exists() else None
+    if not table or state.data is None or state.baseline is None:
+        return None
+    pixels, labels = open_trial_slice(
+        run_dir(state),
+        seed=state.dataset.seed,
+        processor=load_processor(run_dir(state) / state.baseline.path),
+        data_file=state.data.path,
+        image_column=state.data.image_column,
+    )
+    return token_axis(model, table, pixels, labels, allowed_ids(state))

@@ -1,4 +1,4 @@
-"""Pruning agent: apply the plan's pruning entries to a fresh copy of the baseline and self-check it."""
+"""Pruning agent: apply the plan's pruning entries (then its token merging) to a fresh baseline copy; self-check it."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.compression.self_check import self_check
+    from profiling_agent.tools.compression.token_merge import merge_planned
     from profiling_agent.tools.compression.units import as_importance
     from profiling_agent.tools.models.artifacts import save_artifact
     from profiling_agent.tools.profiling.static import static_profile
@@ -43,6 +44,7 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     try:
         importance = as_importance(chosen)
         report = prune_model(model, plan.pruning, example, importance=importance, seed=state.dataset.seed)
+        schedule = merge_planned(model, plan.tokens)  # prune first, then merge (the engine traced the unmerged model)
         self_check(model, example, int(model.config.num_labels))
     except Exception as exc:  # a plan the engine cannot apply is a failed candidate, not a failed run
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
@@ -56,15 +58,22 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         processor=loaded.processor,
         attrs=report.attrs,
         extra={"role": "pruned", "iteration": it, "applied": [a.model_dump() for a in report.applied], "macs": macs},
-    )
+    )  # a merging model's recipe records its token_schedule: every later load installs it again
     applied = [a.applied() for a in report.applied]
     current.status, current.applied, current.macs = "ok", applied, macs
+    current.token_schedule = schedule
     current.pruned = ArtifactRef.model_validate(artifact_ref(state, saved))
     current.params_before, current.params_after = report.params_before, report.params_after
     emit(runtime, kind="progress", task=f"iteration {it}: pruning", done=1, total=1, label="")
-    removed = report.params_before - report.params_after
+    message = prune_message(report.params_before, report.params_after, applied, schedule)
+    return {"current": current.model_dump(), "history": event("prune", message, it)}
+
+
+def prune_message(before: int, after: int, applied: list[Any], schedule: list[int] | None) -> str:
+    """Say in one line what pruning (and token merging) did."""
+    removed = before - after
     message = (
         f"pruned {sum(a.units_before != a.units_after for a in applied)} groups: "
-        f"{removed:,} params removed ({removed / max(report.params_before, 1):.1%}); self-check passed"
+        f"{removed:,} params removed ({removed / max(before, 1):.1%}); self-check passed"
     )
-    return {"current": current.model_dump(), "history": event("prune", message, it)}
+    return message + (f"; merging {sum(schedule)} tokens (schedule {schedule})" if schedule is not None else "")

@@ -280,6 +280,31 @@ def depth_note(
     )
 
 
+def pays(axis: dict[str, Any] | None) -> bool:
+    """Return True when the run's token axis has a rate the plan may use (it pays, its damage was measured)."""
+    return any(
+        r["rate"] and not r.get("dropped") and r.get("drop_pp") is not None for r in (axis or {}).get("rates", [])
+    )
+
+
+def token_note(axis: dict[str, Any] | None) -> str:
+    """Explain the "tokens" entry and list its measured rates when the run has a token axis (ViT, DeiT); else ""."""
+    if not axis:
+        return ""
+    rows = []
+    for r in axis["rates"][1:]:
+        damage = f", {r['drop_pp']:.2f} pp lost alone" if r.get("drop_pp") is not None else ""
+        rows.append(
+            f"r={r['rate']}: {r['saved_share']:+.1%} latency{damage}" + (" (dropped)" if r.get("dropped") else "")
+        )
+    return (
+        '\nTokens: a "tokens" entry ({"type": "tokens", "rate": r}) merges r tokens after every transformer layer\'s '
+        "attention (ToMe, training-free), installed after pruning; merging and pruning compose (their latency "
+        f"savings multiply). Measured on {axis['form']} at batch {axis['batch']}: " + "; ".join(rows) + ". Use only a "
+        "rate that pays (not dropped); set tokens to null otherwise (the token_table tool shows the measurements)."
+    )
+
+
 def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_info: dict[str, Any]) -> str:
     """Render the profile part shared by the analysis and iterative prompts."""
     groups = list(profile.get("groups") or [])
@@ -293,7 +318,7 @@ def profile_block(profile: dict[str, Any], sensitivity: dict[str, Any], model_in
             f"Most expensive layers by self latency:\n{top_layers_table(profile.get('layers') or [])}",
             f"Prunable groups ({len(groups)}). {_probe_note(sensitivity)}{_latency_note(profile)}\n"
             f"{group_table(groups, profile.get('group_costs') or {}, sensitivity)}"
-            f"{depth_note(groups, profile.get('block_limits'))}",
+            f"{depth_note(groups, profile.get('block_limits'))}{token_note(profile.get('token_axis'))}",
             f"Regexes that select whole families of groups:\n{regex_help(groups, protected)}",
             protected_line(protected),
         ]
@@ -323,7 +348,7 @@ def system_prompt(bounds: dict[str, Any] | None, tool_rounds: int) -> str:
         max_reduction=b["max_predicted_param_reduction"],
         max_regex_len=b["max_regex_len"],
         tools=TOOLS_PARAGRAPH.format(tool_rounds=tool_rounds) if tool_rounds > 0 else NO_TOOLS,
-        schema=PLAN_SCHEMA,
+        schema=format_text(tokens=True) if pays(b.get("tokens")) else PLAN_SCHEMA,  # the token field: a rate pays
         example=example_plan_json(),
     )
 

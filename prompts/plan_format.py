@@ -3,7 +3,8 @@
 The prompt's format text (`format_text`), the field lists the constrained answer's schema requires
 (`tools.planning.structured.plan_schema`) and the guard's model all come from `state.CompressionPlan`, so a field
 added there shows up in all three. An answer may name exact groups (`GROUPS`) instead of a `layer` regex: the
-guard translates them.
+guard translates them. The optional `TOKENS` field (token merging) is shown only for a model with a token axis
+(`format_text(tokens=True)`); a plan without it reads as before.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from profiling_agent.state import CompressionPlan
 
 GROUPS = "groups"  # exact group names from the profile's table: an answer's alternative to a `layer` regex
+TOKENS = "tokens"  # the plan's optional token-merging entry (ViT, DeiT only)
 HIDDEN_TYPES = ("block",)  # pruning types the format text leaves to the depth note (shown when depth is on)
 _WIDTH = 110  # characters per line of the format text
 
@@ -34,13 +36,20 @@ def plan_json_schema() -> dict[str, Any]:
     return inline(schema)
 
 
+def _object_of(prop: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the object schema of an optional object field (`anyOf` [object, null]), or None."""
+    return next((p for p in prop.get("anyOf", []) if p.get("type") == "object"), None)
+
+
 def entry_fields() -> dict[str, tuple[str, ...]]:
-    """Return the plan's top-level fields ("plan") and each list field's entry fields, in declaration order."""
+    """Return the plan's top-level fields ("plan") and each entry field's fields (lists and `tokens`), in order."""
     schema = plan_json_schema()
     fields = {"plan": tuple(schema["properties"])}
     for name, prop in schema["properties"].items():
         if prop.get("type") == "array":
             fields[name] = tuple(prop["items"]["properties"])
+        elif _object_of(prop) is not None:
+            fields[name] = tuple(_object_of(prop)["properties"])  # type: ignore[index]
     return fields
 
 
@@ -58,7 +67,10 @@ def _value(prop: dict[str, Any]) -> str:
         return f'"{prop["const"]}"'
     clauses = str(prop.get("description", "")).rstrip(".").split("; ")  # a clause on a hidden type waits too
     hint = "<" + "; ".join(c for c in clauses if not any(t in c for t in HIDDEN_TYPES)) + ">"
-    return hint if prop.get("type") == "number" else f'"{hint}"'
+    kind = prop.get("type") or next((p.get("type") for p in prop.get("anyOf", []) if p.get("type") != "null"), None)
+    if kind == "array":
+        return f"[{hint}, ...]"
+    return hint if kind in ("number", "integer") else f'"{hint}"'
 
 
 def _entry(name: str, props: dict[str, Any]) -> list[str]:
@@ -80,15 +92,22 @@ def _entry(name: str, props: dict[str, Any]) -> list[str]:
     return [*lines, line]
 
 
-def format_text() -> str:
-    """Return the plan format shown to the LLM: CompressionPlan's fields with their choices or descriptions."""
+def format_text(tokens: bool = False) -> str:
+    """Return the plan format shown to the LLM: CompressionPlan's fields with their choices or descriptions.
+
+    `tokens`: show the token-merging entry too (a model with a token axis); left out, the plan has no such field.
+    """
     schema = plan_json_schema()
-    props = schema["properties"]
+    props = {k: v for k, v in schema["properties"].items() if tokens or k != TOKENS}
     lines = ["{"]
     for i, (name, prop) in enumerate(props.items()):
         comma = "," if i < len(props) - 1 else ""
+        obj = _object_of(prop)
         if prop.get("type") == "array":
             lines += [f'  "{name}": [', *_entry(name, prop["items"]["properties"]), f"  ]{comma}"]
+        elif obj is not None:  # an optional entry: one object, or null
+            entry = _entry(name, obj["properties"])
+            lines += [f'  "{name}": null OR', *[line[2:] for line in entry[:-1]], entry[-1][2:] + comma]
         else:
             lines.append(f'  "{name}": {_value(prop)}{comma}')
     return "\n".join([*lines, "}"])

@@ -57,6 +57,8 @@ from profiling_agent.state.plans import (
     SearchRecord,
     SearchTrial,
     StructuredFacts,
+    TokenChoice,
+    TokenEntry,
 )
 from profiling_agent.state.records import (
     AppliedGroup,
@@ -79,6 +81,8 @@ from profiling_agent.state.records import (
     ReportRef,
     RoundCheck,
     TestEval,
+    TokenAxis,
+    TokenRate,
     VariantRecord,
 )
 from profiling_agent.state.settings import (
@@ -150,6 +154,8 @@ __all__ = [
     "ProfileEnv",
     "ProfileSummary",
     "ProposalDiff",
+    "TokenChoice",
+    "TokenEntry",
     "PruneEntry",
     "PruneType",
     "QuantDtype",
@@ -175,6 +181,8 @@ __all__ = [
     "StructuredMode",
     "TargetMetric",
     "TestEval",
+    "TokenAxis",
+    "TokenRate",
     "VariantRecord",
     "choices",
     "pending",

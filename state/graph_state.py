@@ -23,6 +23,7 @@ from profiling_agent.state.records import (
     ProfileSummary,
     ReportRef,
     TestEval,
+    TokenAxis,
 )
 
 
@@ -81,6 +82,7 @@ class State(BaseModel):
     input_shape: InputShape | None = Field(default=None, description="channels/height/width and source.")
     profile: ProfileSummary | None = Field(default=None, description="Compact profile summary.")
     sensitivity: dict[str, GroupSensitivity] | None = Field(default=None, description="Probe result per group.")
+    token_axis: TokenAxis | None = Field(default=None, description="Token merging's latency and damage (ViT, DeiT).")
     baseline_eval: EvalRecord | None = Field(default=None, description="The baseline's measurements (validation).")
     test_eval: TestEval | None = Field(default=None, description="Baseline and best on the held-out test images.")
 

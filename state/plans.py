@@ -47,12 +47,47 @@ class QuantEntry(Strict):
     justification: str = Field(default="", description="Why, grounded in the profile.")
 
 
+class TokenEntry(Strict):
+    """Merge tokens (ToMe) after each transformer layer's attention: one `rate` for every layer or a `schedule`.
+
+    Only ViT and DeiT have a token axis (`tools/compression/token_merge.py`); the merge is installed after pruning.
+    """
+
+    type: Literal["tokens"] = Field(default="tokens", description="Token merging (ViT, DeiT).")
+    rate: int | None = Field(default=None, ge=0, description="Tokens merged after every layer (capped per layer).")
+    schedule: list[int] | None = Field(default=None, description="Tokens merged after each layer, one r per layer.")
+    justification: str = Field(default="", description="Why, grounded in the measured latency and damage.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenEntry:
+        if (self.rate is None) == (self.schedule is None):
+            raise ValueError('a tokens entry needs exactly one of "rate" (one r) and "schedule" (r per layer)')
+        if self.schedule is not None and any(r < 0 for r in self.schedule):
+            raise ValueError(f"every r of a token schedule must be >= 0, got {self.schedule}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: Any) -> dict[str, Any]:
+        """Leave out the form the entry does not use (rate or schedule)."""
+        return {k: v for k, v in handler(self).items() if v is not None or k not in ("rate", "schedule")}
+
+    def label(self) -> str:
+        """Return the entry in a few words: "rate 4" or "schedule [8, 8, 4, 0]"."""
+        return f"rate {self.rate}" if self.rate is not None else f"schedule {self.schedule}"
+
+
 class CompressionPlan(Strict):
     """A layer-wise compression plan, as in the paper's Figure 4."""
 
     pruning: list[PruneEntry] = Field(default_factory=list, description="Later entries override earlier ones.")
     quantization: list[QuantEntry] = Field(default_factory=list, description="Applied after pruning.")
     rationale: str = Field(default="", description="One paragraph on the plan as a whole.")
+    tokens: TokenEntry | None = Field(default=None, description="Token merging, installed after pruning (ViT, DeiT).")
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: Any) -> dict[str, Any]:
+        """Leave `tokens` out of a plan without it, so plans that merge nothing read as they always did."""
+        return {k: v for k, v in handler(self).items() if k != "tokens" or v is not None}
 
 
 # ---------------------------------------------------------------- what the planners record
@@ -174,6 +209,18 @@ class BlockTrial(Strict):
         return {k: v for k, v in handler(self).items() if v is not None or k not in ("calib_drop_pp", "error")}
 
 
+class TokenChoice(Strict):
+    """Round 1's weighing of token merging against pruning alone (`planning/token_plan.py`), on the trial slice."""
+
+    rate: int = Field(description="The merging rate weighed.")
+    saved_share: float = Field(description="Share of the planned form's latency the rate saved, measured.")
+    drop_pp: float = Field(description="The merged baseline's trial-slice loss, pp.")
+    with_pp: float | None = Field(default=None, description="The plan with merging: trial-slice loss, pp.")
+    without_pp: float | None = Field(default=None, description="The plan pruning alone: trial-slice loss, pp.")
+    chosen: bool = Field(description="The plan merges tokens.")
+    why: str = Field(default="", description="In words.")
+
+
 class PlannerMeta(Strict):
     """What the planner aimed at in a round (later rounds learn from it)."""
 
@@ -191,6 +238,7 @@ class PlannerMeta(Strict):
     correction: list[float] | None = Field(default=None, description="[additive pp, multiplicative] applied.")
     search: SearchRecord | None = Field(default=None, description="Searching round: interval, correction, trials.")
     block_trials: list[BlockTrial] | None = Field(default=None, description="Round 1's block sets tried.")
+    tokens: TokenChoice | None = Field(default=None, description="Token merging weighed against pruning alone.")
 
 
 class Review(Strict):

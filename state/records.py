@@ -161,6 +161,39 @@ class GroupSensitivity(Strict):
     error: str | None = Field(default=None, description="Why the probe could not prune it: an unprunable group.")
 
 
+class TokenRate(Strict):
+    """One token-merging rate of the run's token axis: its latency in the planned form and its trial-slice damage."""
+
+    rate: int = Field(description="Tokens merged after every layer (capped per layer); 0: unmerged.")
+    schedule: list[int] = Field(description="The per-layer schedule the rate stands for.")
+    tokens_left: int = Field(description="Tokens the last layer's MLP sees.")
+    latency_ms: float = Field(description="The planned form's latency at the run's batch, ms.")
+    saved_share: float = Field(description="Share of the unmerged latency saved (negative: slower).")
+    dropped: str | None = Field(default=None, description="Why the planners may not use it (it does not pay).")
+    drop_pp: float | None = Field(default=None, description="Top-1 points lost on the trial slice (merged baseline).")
+    agreement: float | None = Field(default=None, description="Percent of trial-slice predictions unchanged.")
+    kl: float | None = Field(default=None, description="Mean KL of its logits from the unmerged model's.")
+
+
+class TokenAxis(Strict):
+    """The run's token axis (ViT, DeiT): the planned form's latency and the damage at a few merging rates."""
+
+    form: str = Field(description="The form timed (the planned backend form, or torch).")
+    batch: int = Field(description="Images per timed run (the batch a latency target is judged at).")
+    base_ms: float = Field(description="The unmerged model's latency in that form, ms.")
+    rates: list[TokenRate] = Field(default_factory=list, description="Rate 0 first, then the rates measured.")
+    images: int = Field(default=0, description="Trial-slice images the damage was measured on.")
+    protected: int = Field(default=1, description="Leading tokens never merged (CLS; DeiT's distillation token too).")
+
+    def paying(self) -> list[TokenRate]:
+        """Return the rates the planners may use: faster than rate 0, with their damage measured."""
+        return [r for r in self.rates if r.rate > 0 and r.dropped is None and r.drop_pp is not None]
+
+    def at(self, rate: int) -> TokenRate | None:
+        """Return the row of `rate`, or None when it was not measured."""
+        return next((r for r in self.rates if r.rate == rate), None)
+
+
 class VariantRecord(Strict):
     """One deployable form of a candidate (a backend and quantization method), measured beside the baseline."""
 
@@ -291,6 +324,7 @@ class Candidate(Strict):
     macs: int | None = Field(default=None, description="MACs of one image after pruning.")
     params_before: int | None = Field(default=None, description="Parameters before pruning.")
     params_after: int | None = Field(default=None, description="Parameters after pruning.")
+    token_schedule: list[int] | None = Field(default=None, description="Tokens merged after each layer (None: none).")
     recovery: RecoveryRecord | None = Field(default=None, description="What the recover step did.")
     recovered: ArtifactRef | None = Field(default=None, description="The pruned model after recovery (fp32).")
     quantized: list[str] = Field(default_factory=list, description="Modules dynamically quantized.")

@@ -136,8 +136,8 @@ def test_one_folder_loader_opens_and_refuses_both_kinds_alike(tmp_path):
 
 def test_the_plan_format_text_and_the_answer_schema_name_exactly_compression_plans_fields():
     from profiling_agent.prompts.analysis import PLAN_SCHEMA
-    from profiling_agent.prompts.plan_format import GROUPS, entry_fields, format_text
-    from profiling_agent.state import CompressionPlan, PruneEntry, QuantEntry
+    from profiling_agent.prompts.plan_format import GROUPS, TOKENS, entry_fields, format_text
+    from profiling_agent.state import CompressionPlan, PruneEntry, QuantEntry, TokenEntry
     from profiling_agent.tools.planning.structured import plan_schema
 
     fields = entry_fields()
@@ -145,15 +145,22 @@ def test_the_plan_format_text_and_the_answer_schema_name_exactly_compression_pla
         "plan": tuple(CompressionPlan.model_fields),
         "pruning": tuple(PruneEntry.model_fields),
         "quantization": tuple(QuantEntry.model_fields),
+        TOKENS: tuple(TokenEntry.model_fields),
     }
-    assert PLAN_SCHEMA == format_text()
+    assert PLAN_SCHEMA == format_text()  # a model without a token axis: the plan format has no tokens field
     keys = set(re.findall(r'"(\w+)":', PLAN_SCHEMA))
-    assert keys == {f for names in fields.values() for f in names} | {GROUPS}
+    assert keys == {f for name, names in fields.items() if name != TOKENS for f in names} - {TOKENS} | {GROUPS}
+    with_tokens = set(re.findall(r'"(\w+)":', format_text(tokens=True)))
+    assert with_tokens == {f for names in fields.values() for f in names} | {GROUPS}
     for value in ("structured", "head", "dynamic", "qint8", "float16"):  # the Literals' choices, from the model
         assert f'"{value}"' in PLAN_SCHEMA
     groups = [{"name": "layers.0.mlp", "kind": "structured"}, {"name": "layers.0.heads", "kind": "head"}]
     schema = plan_schema(groups, ("qint8",), {"structured": 0.8, "head": 0.75}, 0.05)
-    assert set(schema["properties"]) == set(fields["plan"]) == set(schema["required"])
+    assert set(schema["properties"]) == set(fields["plan"]) - {TOKENS} == set(schema["required"])
+    merging = plan_schema(groups, ("qint8",), {"structured": 0.8, "head": 0.75}, 0.05, token_rates=[2, 4])
+    assert set(merging["properties"]) == set(fields["plan"]) == set(merging["required"])
+    token = merging["properties"][TOKENS]["anyOf"][1]
+    assert set(token["properties"]) <= set(fields[TOKENS]) and token["properties"]["rate"]["enum"] == [2, 4]
     quant = schema["properties"]["quantization"]["items"]
     assert set(quant["properties"]) == set(fields["quantization"]) == set(quant["required"])
     for shape in schema["properties"]["pruning"]["items"]["anyOf"]:  # the layer regex becomes exact group names

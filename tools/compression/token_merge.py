@@ -11,7 +11,8 @@ rate r for every layer (capped per layer as ToMe does, so at least the protected
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -30,11 +31,14 @@ from profiling_agent.tools.models.merged_tokens import (
 __all__ = [
     "TokenScheduleError",
     "apply_token_merging",
+    "has_token_axis",
+    "merge_planned",
     "remove_token_merging",
     "schedule_from_entry",
     "schedule_from_rate",
     "token_schedule",
     "tokens_per_layer",
+    "tokens_unmerged",
 ]
 
 Schedule = int | Sequence[int]
@@ -116,3 +120,45 @@ def tokens_per_layer(model: nn.Module, schedule: Schedule) -> list[int]:
         tokens -= r
         out.append(tokens)
     return out
+
+
+def has_token_axis(model: nn.Module) -> str | None:
+    """Return None when the model can merge tokens, else the one-line reason it cannot (Swin, CNNs)."""
+    try:
+        token_layers(model)
+    except TokenScheduleError as err:
+        return str(err)
+    return None
+
+
+def merge_planned(model: nn.Module, entry: Mapping[str, Any] | Any | None) -> list[int] | None:
+    """Install a plan's token entry on the (pruned) model, in place; return the schedule, or None without an entry.
+
+    `entry` is a `state.TokenEntry` or its JSON. Prune first, then merge: the pruning engine traces the unmerged model.
+
+    Raises:
+        TokenScheduleError: The model has no token axis, or the entry does not fit it (one line).
+    """
+    if entry is None:
+        return None
+    data = entry if isinstance(entry, Mapping) else entry.model_dump()
+    schedule = schedule_from_entry(model, data)
+    install_token_merging(model, schedule)
+    return schedule
+
+
+@contextlib.contextmanager
+def tokens_unmerged(model: nn.Module) -> Iterator[list[int] | None]:
+    """Run the block with the model's token merging removed (every token kept), then install it again.
+
+    For work that pairs the model's activations token by token with an unmerged model's (the least-squares refit of
+    the pruned layers): merging has no parameters, so what is fitted unmerged holds merged. Yields the schedule.
+    """
+    schedule = token_schedule(model)
+    if schedule is not None:
+        remove_token_merging(model)
+    try:
+        yield schedule
+    finally:
+        if schedule is not None:
+            install_token_merging(model, schedule)

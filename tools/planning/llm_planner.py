@@ -188,7 +188,7 @@ def plan_with_llm(
     """
     iteration = llm_round(inputs)
     transcript = Transcript.open(inputs.run_path, iteration)
-    guard = llm_guard(inputs.objective, iteration)
+    guard = dataclasses.replace(llm_guard(inputs.objective, iteration), tokens=inputs.token_axis)
     usage = empty_usage()
     tool_errors: list[dict[str, str]] = []
     finder = ModeFinder(ctx.llm_structured, known_structured_mode(inputs))

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, tool
 
+from profiling_agent.state import TokenAxis
 from profiling_agent.tools.planning.plan_guard import GuardConfig, GuardVerdict, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
 from profiling_agent.tools.planning.regex_safety import regex_problem
@@ -243,6 +244,8 @@ def make_planning_tools(
         )
 
     tools: list[BaseTool] = [match_layers, layer_profile, estimate_plan, group_sensitivity, model_overview]
+    if data.guard_config.tokens is not None:
+        tools.append(_token_tool(data.guard_config.tokens))
     if propose_fn is not None:
         tools.insert(0, _propose_tool(propose_fn))
     if evaluate_fn is not None:
@@ -333,3 +336,26 @@ def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], d
             return f"error: evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
 
     return evaluate_plan
+
+
+def _token_tool(axis: TokenAxis) -> BaseTool:
+    @tool(parse_docstring=True)
+    def token_table() -> str:
+        """Show token merging's measured latency and damage: the delivered form's latency at each merging rate.
+
+        A "tokens" entry ({"type": "tokens", "rate": r}) merges r tokens after every layer's attention (capped per
+        layer); merging and pruning compose (their latency savings multiply). Rates marked dropped do not pay.
+        """
+        return dump(
+            {
+                "form": axis.form,
+                "batch": axis.batch,
+                "unmerged_ms": axis.base_ms,
+                "trial_images": axis.images,
+                "rates": [
+                    {k: v for k, v in r.model_dump().items() if v is not None and k != "schedule"} for r in axis.rates
+                ],
+            }
+        )
+
+    return token_table

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from profiling_agent.prompts.plan_example import example_copy_reasons
-from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan
+from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan, TokenAxis
 from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.ratio_solver import (
     RatioCaps,
@@ -21,6 +21,8 @@ from profiling_agent.tools.planning.ratio_solver import (
     removed_blocks,
 )
 from profiling_agent.tools.planning.regex_safety import regex_problem, slow_patterns
+from profiling_agent.tools.planning.token_guard import token_reasons
+from profiling_agent.tools.planning.token_plan import to_total
 
 
 @dataclass
@@ -37,6 +39,7 @@ class GuardConfig(RatioCaps):
     target_reduction: float = 0.0  # the objective's reduction of `target` (for the refusal's message)
     min_share_of_target: float = 0.0  # a params/macs plan predicted below this share of the target is sent back
     refuse_example: bool = False  # refuse the prompt's format example (LLM plans; a human never saw it)
+    tokens: TokenAxis | None = None  # the run's measured token axis: a plan's "tokens" entry is checked against it
 
 
 @dataclass
@@ -49,7 +52,8 @@ class GuardVerdict:
         reasons: Why the plan was rejected, one short sentence each (sent back to the LLM).
         warnings: Non-fatal remarks (e.g. a ratio too small to remove one unit).
         ratios: Requested ratio per targeted group (later entries override earlier ones).
-        estimate: Predicted fractional reduction of params, macs and latency from pruning alone.
+        estimate: Predicted fractional reduction of params, macs and latency from pruning; with a token entry, the
+            latency composes merging's predicted saving (`tokens`, `token_guard.predicted_saving`).
     """
 
     ok: bool
@@ -297,7 +301,7 @@ class _Checker:
                 f"the plan would remove about {estimate['params']:.0%} of the parameters "
                 f"(at most {limit:.0%}); lower the ratios"
             )
-        if not self.plan.pruning and not self.plan.quantization:
+        if not self.plan.pruning and not self.plan.quantization and self.plan.tokens is None:
             self.reasons.append("the plan is empty: add pruning or quantization entries")
         return estimate
 
@@ -400,6 +404,17 @@ def _under_target(estimate: dict[str, float], config: GuardConfig) -> list[str]:
     ]
 
 
+def _token_estimate(
+    plan: CompressionPlan, config: GuardConfig, reasons: list[str], estimate: dict[str, float]
+) -> dict[str, float]:
+    """Check the plan's token entry (refusals go to `reasons`); return the estimate with merging composed in."""
+    why, saved = token_reasons(plan.tokens, config.tokens)
+    reasons += why
+    if plan.tokens is None or not estimate or why:
+        return estimate
+    return {**estimate, "latency": to_total(estimate.get("latency", 0.0), saved), "tokens": saved}
+
+
 def check_plan(
     plan: dict[str, Any] | CompressionPlan,
     groups: list[dict[str, Any]],
@@ -450,6 +465,7 @@ def check_plan(
     ratios = checker.check_pruning()
     checker.check_quantization()
     estimate = checker.check_size(ratios)
+    estimate = _token_estimate(parsed, config, checker.reasons, estimate)
     if not checker.reasons:
         checker.reasons += _needs_pruning(parsed, config.target, config.target_reduction)
     if not checker.reasons:

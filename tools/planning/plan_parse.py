@@ -7,7 +7,7 @@ from typing import Any
 from profiling_agent.state import CompressionPlan
 from profiling_agent.tools.planning.json_extract import find_object
 
-PLAN_KEYS = ("pruning", "quantization", "rationale")
+PLAN_KEYS = ("pruning", "quantization", "rationale", "tokens")
 PRUNE_KEYS = ("layer", "groups", "type", "ratio", "justification")
 QUANT_KEYS = ("layer", "type", "dtype", "justification")
 WRAPPER_KEYS = ("plan", "compression_plan", "CompressionPlan")
@@ -109,6 +109,8 @@ def normalize_plan(value: Any) -> tuple[dict[str, Any], list[str]]:
         "quantization": _clean_entries(value.get("quantization"), QUANT_KEYS, "quantization", notes),
         "rationale": value.get("rationale") if isinstance(value.get("rationale"), str) else "",
     }
+    if value.get("tokens") is not None:  # token merging (a null one is no entry); the guard checks it
+        plan["tokens"] = value["tokens"]
     return plan, notes
 
 

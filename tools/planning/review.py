@@ -19,20 +19,23 @@ def review_plan(plan: Any, profile: dict[str, Any], time_budget: float = 1.0):
 
     Args:
         plan: The plan (a dict, a CompressionPlan, or a plan.json document holding one).
-        profile: The run's profile.json (groups, protected modules, group costs, layers).
+        profile: The run's profile.json (groups, protected modules, group costs, layers), and the run's
+            `token_axis` (its JSON) when it has one: a token entry is checked against it.
         time_budget: Seconds allowed for all regex searches in a child process (0 skips that check).
 
     Returns:
         The plan guard's GuardVerdict (`ok`, `plan`, `reasons`, `warnings`, `estimate`).
     """
+    from profiling_agent.state import TokenAxis
     from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 
+    axis = TokenAxis.model_validate(profile["token_axis"]) if profile.get("token_axis") else None
     return check_plan(
         unwrap_plan(plan),
         profile.get("groups") or [],
         profile.get("protected") or [],
         profile.get("group_costs") or {},
-        GuardConfig(match_time_budget=time_budget),
+        GuardConfig(match_time_budget=time_budget, tokens=axis),
         layers=profile.get("layers"),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from profiling_agent.state import (
     Objective,
     PlannerMeta,
     PlannerMode,
+    TokenChoice,
 )
 from profiling_agent.tools.planning.backoff import Backoff
 from profiling_agent.tools.planning.deterministic import PlanResult, Steering, plan_round
@@ -23,6 +25,7 @@ from profiling_agent.tools.planning.llm_client import llm_console_note, never_re
 from profiling_agent.tools.planning.paired import deterministic_sequence, reference_due
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.search import SearchStep
+from profiling_agent.tools.planning.token_plan import TokenOption, pruning_problem, with_tokens
 from profiling_agent.tools.planning.trials import Evaluate
 
 if TYPE_CHECKING:
@@ -57,12 +60,20 @@ class RoundData:
     sensitivity: dict[str, dict[str, Any]]
     objective: Objective
     history: list[dict[str, Any]]
+    tokens: TokenOption | None = None  # the merging rate the plan adds (`token_plan`); goals stay in total terms
 
     def plan(self, goal: float | None = None, steer: Steering | None = None) -> PlanResult:
         """Return the deterministic planner's plan of this round (at `goal`, steered as given)."""
-        return plan_round(
-            self.groups, self.costs, self.sensitivity, self.objective, self.history, goal=goal, steer=steer
+        if self.tokens is None:
+            return plan_round(
+                self.groups, self.costs, self.sensitivity, self.objective, self.history, goal=goal, steer=steer
+            )
+        objective, history, pruning_goal = pruning_problem(self.tokens, self.objective, self.history, goal)
+        result = plan_round(
+            self.groups, self.costs, self.sensitivity, objective, history, goal=pruning_goal, steer=steer
         )
+        result.target_estimate = with_tokens(result.plan, self.tokens, result.target_estimate)
+        return result
 
 
 @dataclass
@@ -75,6 +86,7 @@ class DeterministicRound:
     predicted: float | None = None  # the plan's trial-slice loss, pp (a trial of it)
     interval: list[float] | None = None  # its paired 95% interval [low, high], pp
     trials: list[dict[str, Any]] | None = None  # round 1's block-set trials
+    tokens: TokenChoice | None = None  # round 1's weighing of merging against pruning alone
 
 
 @dataclass
@@ -108,6 +120,7 @@ def earlier_backoff(candidates: Sequence[Candidate]) -> Backoff | None:
 def round_data(inputs: RoundInputs, full_profile: dict[str, Any], mode: str) -> RoundData:
     """Return the groups the planner may prune (probed, depth only when on), their costs, and its own history."""
     from profiling_agent.tools.planning.history import planner_history
+    from profiling_agent.tools.planning.token_plan import run_option, token_option
     from profiling_agent.tools.profiling.backend_profile import planning_costs
 
     sensitivity = inputs.sensitivity_data()
@@ -118,7 +131,20 @@ def round_data(inputs: RoundInputs, full_profile: dict[str, Any], mode: str) -> 
     groups = [g for g in groups if not (sensitivity.get(g["name"]) or {}).get("error")]  # the probe could not prune
     depth = inputs.objective.prunes_depth()  # block groups only with depth pruning on, and only once probed
     groups = [g for g in groups if g["kind"] != "block" or (depth and g["name"] in sensitivity)]
-    return RoundData(groups, costs, sensitivity, inputs.objective, history)
+    axis = inputs.token_axis
+    # the first round weighs the best paying rate; later rounds keep what it chose
+    option = run_option(axis, own) if history else token_option(axis, inputs.objective)
+    return RoundData(groups, costs, sensitivity, inputs.objective, history, option)
+
+
+def weighed_tokens(data: RoundData, evaluator: Evaluator) -> tuple[RoundData, TokenChoice]:
+    """Try round 1's plan with merging and without at the same goal; return the data that plans the kept one."""
+    from profiling_agent.tools.planning.token_plan import weigh
+
+    assert data.tokens is not None
+    unmerged = dataclasses.replace(data, tokens=None)
+    choice = weigh(data.tokens, data.plan().plan, unmerged.plan().plan, evaluator(2))
+    return (data if choice.chosen else unmerged), choice
 
 
 def deterministic_plan(
@@ -248,6 +274,8 @@ def llm_turn(
 
     shipped = {**full_profile, "groups": data.groups, "group_costs": data.costs}  # the delivered form's shares too
     shipped["block_limits"] = block_limits(data.groups, GuardConfig().max_block_fraction)  # the guard's rule
+    if inputs.token_axis is not None:  # the prompt's token note (the guard and the token_table tool read it too)
+        shipped["token_axis"] = inputs.token_axis.model_dump()
     outcome = plan_with_llm(inputs, ctx, shipped, data.sensitivity, fallback=fallback, evaluate_fn=evaluate)
     turn = Turn(outcome.plan, outcome.planner, "llm", outcome, outcome.summary(ctx.llm_model), outcome.fallbacks)
     if inputs.objective.planner == "llm" and outcome.planner != "llm" and not outcome.usage["calls"]:
@@ -276,6 +304,8 @@ def round_meta(det: DeterministicRound, turn: Turn, objective: Objective) -> Pla
         meta.backoff = det.backoff.to_record()
     if det.trials:
         meta.block_trials = [BlockTrial.model_validate(t) for t in det.trials]
+    if det.tokens is not None:
+        meta.tokens = det.tokens
     if turn.planner == "llm" and outcome is not None and outcome.vs_proposal is not None:
         meta.vs_proposal = outcome.vs_proposal
     return meta
@@ -302,6 +332,7 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
     if turn.llm is not None:
         message += " " + llm_console_note(turn.llm)
     message += f"; blocks chosen from {len(det.trials)} distilled trials" if det.trials else ""
+    message += f"; tokens: {det.tokens.why}" if det.tokens is not None else ""
     return message + "".join(f"; {n}" for n in det.result.notes if "cannot be reached" in n)
 
 
@@ -327,7 +358,11 @@ def planning_round(
         The round's plan, planner, recorded facts and message; the stop reason when the planner converged.
     """
     data = round_data(inputs, full_profile, mode)
+    choice = None
+    if data.tokens is not None and not data.history:  # round 1: merging weighed against pruning alone, by trial
+        data, choice = weighed_tokens(data, evaluator)
     det = deterministic_plan(data, inputs.candidates, evaluator, blocks_evaluator, ctx.recover in ("auto", "distill"))
+    det.tokens = choice
     result = det.result
     turn = Turn(result.plan, result.planner)
     if mode == "llm":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from profiling_agent.state import Candidate, EvalRecord, Fallback, GroupSensitivity, Objective
+from profiling_agent.state import Candidate, EvalRecord, Fallback, GroupSensitivity, Objective, TokenAxis
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class RoundInputs:
         run_path: The run folder (the LLM's transcript goes there); "" for none.
         model_ref: The model's hub id or path (shown to the LLM).
         family: The model family adapter in use (vit, resnet, ...).
+        token_axis: Token merging's measured latency and damage (ViT, DeiT under a latency target), or None.
     """
 
     objective: Objective
@@ -32,6 +33,7 @@ class RoundInputs:
     run_path: str = ""
     model_ref: str = ""
     family: str = ""
+    token_axis: TokenAxis | None = None
 
     def sensitivity_data(self) -> dict[str, dict]:
         """Return the probe's results as the planners read them (group name -> JSON-ready record)."""

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.prompts.plan_format import answer_fields, entry_fields
+from profiling_agent.prompts.plan_format import TOKENS, answer_fields, entry_fields
 from profiling_agent.state import GivenUpMode, StructuredChoice, StructuredFacts, StructuredMode
 
 AUTO_ORDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "json", "off")
@@ -43,6 +43,7 @@ def plan_schema(
     caps: dict[str, float],
     min_ratio: float,
     linears: list[str] | None = None,
+    token_rates: list[int] | None = None,
 ) -> dict[str, Any]:
     """Return the JSON schema of a plan for this model, the one the server constrains decoding to.
 
@@ -93,14 +94,31 @@ def plan_schema(
         "required": list(answer_fields("quantization")),
         "additionalProperties": False,
     }
+    props: dict[str, Any] = {
+        "pruning": {"type": "array", "items": prune_entry, "maxItems": max(1, len(groups))},
+        "quantization": {"type": "array", "items": quant_entry},
+        "rationale": {"type": "string", "maxLength": MAX_RATIONALE},
+    }
+    if token_rates:
+        props[TOKENS] = {"anyOf": [{"type": "null"}, token_schema(token_rates)]}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": [f for f in entry_fields()["plan"] if f in props],
+        "additionalProperties": False,
+    }
+
+
+def token_schema(rates: list[int]) -> dict[str, Any]:
+    """Return a constrained token entry's schema: one of the measured `rates` for every layer."""
     return {
         "type": "object",
         "properties": {
-            "pruning": {"type": "array", "items": prune_entry, "maxItems": max(1, len(groups))},
-            "quantization": {"type": "array", "items": quant_entry},
-            "rationale": {"type": "string", "maxLength": MAX_RATIONALE},
+            "type": {"type": "string", "enum": [TOKENS]},
+            "rate": {"type": "integer", "enum": sorted(set(rates))},
+            "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
         },
-        "required": list(entry_fields()["plan"]),
+        "required": ["type", "rate", "justification"],
         "additionalProperties": False,
     }
 

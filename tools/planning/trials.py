@@ -205,9 +205,10 @@ class PlanEvaluator:
         return self._reference
 
     def pruned(self, plan: dict[str, Any]) -> tuple[Any, list[Any]]:
-        """Return a fresh baseline pruned by `plan` (and recovered), self-checked, and the applied rows."""
+        """Return a fresh baseline pruned by `plan` (and recovered, then merging its tokens), and the applied rows."""
         from profiling_agent.tools.compression.pruning import prune_model
         from profiling_agent.tools.compression.self_check import self_check
+        from profiling_agent.tools.compression.token_merge import merge_planned
         from profiling_agent.tools.compression.units import as_importance
 
         model = self.load_baseline()
@@ -220,6 +221,8 @@ class PlanEvaluator:
             self_check(model, example, int(model.config.num_labels))
             if self.on_trial is not None:
                 self.on_trial(plan, model, report.applied)
+        if merge_planned(model, plan.get("tokens")) is not None:  # after the refit, as the recover step sees it
+            self_check(model, example, int(model.config.num_labels))
         return model, report.applied
 
     def __call__(self, plan: dict[str, Any]) -> dict[str, Any]:

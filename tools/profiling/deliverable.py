@@ -106,7 +106,26 @@ def profile_deliverable(
     note = f"; backend profile: {times}"
     if kept is None and latency_target:
         note += latency_table_of(model, example, out, forms)
+        note += token_latency_of(model, example, out, forms)
     return out, note
+
+
+def token_latency_of(
+    model: nn.Module, example: torch.Tensor, backend: dict[str, Any], forms: Sequence[BackendForm]
+) -> str:
+    """Measure the planned form's latency at a few token-merging rates into `backend` (ViT, DeiT); one-line note."""
+    from profiling_agent.tools.compression.token_merge import has_token_axis
+    from profiling_agent.tools.profiling.token_latency import measure_token_latency, token_note
+
+    form = next((f for f in forms if f.name == backend.get("planned_on")), None)
+    if form is None or has_token_axis(model) is not None:
+        return ""
+    try:
+        with tempfile.TemporaryDirectory(prefix="token-latency-") as scratch:
+            backend["token_latency"] = measure_token_latency(model, example, form, Path(scratch))
+    except Exception as exc:  # noqa: BLE001 - the planners then leave tokens alone
+        return f"; token latency on {form.name} failed ({type(exc).__name__}: {str(exc)[:120]})"
+    return token_note(backend["token_latency"])
 
 
 def planned_repeats(

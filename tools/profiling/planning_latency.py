@@ -110,9 +110,16 @@ def records_dir() -> Path:
     return cache_dir() / "latency"
 
 
-def record_key(digest: str, backend: str, threads: int, shape: Sequence[int], latency_target: bool) -> str:
-    """Return the cache key of a planning record: what the same measurement on this machine would depend on."""
-    text = json.dumps([SCHEMA, digest, backend, threads, list(shape), latency_target])
+def record_key(
+    digest: str, backend: str, threads: int, shape: Sequence[int], latency_target: bool, tokens: bool = False
+) -> str:
+    """Return the cache key of a planning record: what the same measurement on this machine would depend on.
+
+    `tokens`: the record holds the token axis's latency too (a ViT or DeiT under a latency target); the keys of
+    other records are as they were.
+    """
+    key = [SCHEMA, digest, backend, threads, list(shape), latency_target] + (["tokens"] if tokens else [])
+    text = json.dumps(key)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -164,11 +171,13 @@ def record_from_profile(profile: Mapping[str, Any]) -> dict[str, Any]:
 
     torch_shares = {name: float(c.get("latency_share", 0.0)) for name, c in profile["group_costs"].items()}
     backend = profile.get("backend_profile") or {}
+    tokens = backend.get("token_latency") or profile.get("token_latency")
+    extra = {"tokens": tokens} if tokens and "error" not in tokens else {}  # the token axis (`token_latency`)
     form = str(backend.get("planned_on", "torch"))
     repeats = backend.get("planned_repeats") or {}
     if form == "torch" or not repeats:
         measured = {"forms_ms": {"torch": profile.get("totals", {}).get("latency_ms")}, "repeats": 1, "spread": None}
-        return planning_record("torch", torch_shares, torch_shares, None, measured)
+        return planning_record("torch", torch_shares, torch_shares, None, {**measured, **extra})
     curves = {}
     table = backend.get("latency_table")
     if table and table.get("form") == form:
@@ -178,6 +187,6 @@ def record_from_profile(profile: Mapping[str, Any]) -> dict[str, Any]:
             for name, times in table["groups"].items()
         }
     forms_ms = {name: row.get("total_ms") for name, row in backend.get("forms", {}).items() if "total_ms" in row}
-    measured = {"forms_ms": forms_ms, "repeats": repeats["repeats"], "spread": repeats["spread"]}
+    measured = {"forms_ms": forms_ms, "repeats": repeats["repeats"], "spread": repeats["spread"], **extra}
     shares = {name: float(repeats["shares"].get(name, 0.0)) for name in torch_shares}
     return planning_record(form, shares, torch_shares, curves, measured)

@@ -33,6 +33,7 @@ def profile_baseline(
     Raises:
         ValueError: A MACs target on a model whose MACs cannot be counted (bad input: the run cannot judge it).
     """
+    from profiling_agent.tools.compression.token_merge import has_token_axis
     from profiling_agent.tools.io import write_json_atomic
     from profiling_agent.tools.profiling.deliverable import profile_deliverable
     from profiling_agent.tools.profiling.latency_model import model_digest
@@ -53,7 +54,8 @@ def profile_baseline(
     on_backend = backend != "torch" and device.type == "cpu"
     digest = f"{model_digest(model)}-{','.join(g['name'] for g in groups)}"  # the groups the shares are of
     where = backend if on_backend else f"torch-{device.type}"
-    key = record_key(digest, where, torch.get_num_threads(), shape, target == "latency")
+    tokens = target == "latency" and has_token_axis(model) is None  # the planners weigh token merging too
+    key = record_key(digest, where, torch.get_num_threads(), shape, target == "latency", tokens=tokens)
     kept = cached_record(records_dir(), key)
     backend_note = ""
     if on_backend:
@@ -61,6 +63,8 @@ def profile_baseline(
         full["backend_profile"], backend_note = profile_deliverable(
             model, shape, groups, backend, torch_ms, target == "latency", kept
         )
+    elif tokens and kept is None:  # eager torch is the delivered form: its latency at a few rates
+        backend_note = torch_token_latency(model, shape, device, full)
     full["planning_latency"] = kept or record_from_profile(full)
     if kept is None:
         keep_record(records_dir(), key, full["planning_latency"])
@@ -75,3 +79,18 @@ def profile_baseline(
         f"{totals.get('latency_ms', 0):.2f} ms batch-1 on {device}; {len(groups)} prunable groups"
     )
     return ProfileSummary.model_validate(summary), message + backend_note
+
+
+def torch_token_latency(model: nn.Module, shape: Sequence[int], device: torch.device, full: dict) -> str:
+    """Measure eager torch's latency at a few token-merging rates into profile.json's `token_latency`; a note."""
+    import tempfile
+
+    from profiling_agent.tools.profiling.token_latency import measure_token_latency, token_note
+
+    example = torch.randn((1, *shape), generator=torch.Generator().manual_seed(0)).to(device)
+    try:
+        with tempfile.TemporaryDirectory(prefix="token-latency-") as scratch:
+            full["token_latency"] = measure_token_latency(model.to(device), example, None, Path(scratch))
+    except Exception as exc:  # noqa: BLE001 - the planners then leave tokens alone
+        return f"; token latency on torch failed ({type(exc).__name__}: {str(exc)[:120]})"
+    return token_note(full["token_latency"])

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiling_agent.tools.compression.families import adapter_for
+from profiling_agent.tools.compression.token_merge import tokens_unmerged
 from profiling_agent.tools.compression.units import PrunedGroup, channels_of
 from profiling_agent.tools.recovery.ridge import RIDGE, ridge_refit
 from profiling_agent.tools.runtimes.blocks import Stop, replays, started_at
@@ -453,15 +454,18 @@ def reconstruct(
     consumers = find_consumers(baseline, pruned, [row for row in rows if row.kind != "block"])
     layout = block_layout(baseline, consumers) if by_blocks and consumers else None
     fits = None
-    if layout is not None:
-        fits = _refit_by_blocks(baseline, pruned, consumers, pixels, layout, refit=refit, seed=seed, progress=progress)
-    replayed = fits is not None
-    if fits is None:
-        fits = []
-        for i, consumer in enumerate(consumers):
-            fits.append(_fit_one(baseline, pruned, consumer, pixels, refit=refit, seed=seed + i))
-            if progress is not None:
-                progress(i + 1, len(consumers), consumer.name)
+    with tokens_unmerged(pruned):  # a merging student is refitted token by token against the baseline, unmerged
+        if layout is not None:
+            fits = _refit_by_blocks(
+                baseline, pruned, consumers, pixels, layout, refit=refit, seed=seed, progress=progress
+            )
+        replayed = fits is not None
+        if fits is None:
+            fits = []
+            for i, consumer in enumerate(consumers):
+                fits.append(_fit_one(baseline, pruned, consumer, pixels, refit=refit, seed=seed + i))
+                if progress is not None:
+                    progress(i + 1, len(consumers), consumer.name)
     return {
         "consumers": [asdict(f) for f in fits],
         "seconds": round(time.perf_counter() - started, 3),

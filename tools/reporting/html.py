@@ -8,7 +8,7 @@ from typing import Any
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.reporting.html_parts import REPORT_CSS, data_uri, esc, html_card, html_facts, html_table
 from profiling_agent.tools.reporting.html_plans import fallbacks_section, plans_section, profile_section
-from profiling_agent.tools.reporting.markdown import backend_lines, test_lines
+from profiling_agent.tools.reporting.markdown import backend_lines, test_lines, token_axis_lines
 from profiling_agent.tools.reporting.plots import PLOT_FILES
 from profiling_agent.tools.reporting.speed import DeliveredSpeed, delivered_speed, speed_sentence
 from profiling_agent.tools.text import as_number, number, percent
@@ -78,6 +78,10 @@ def _summary(result: Mapping[str, Any]) -> str:
         *([("LLM", _llm_text(planner["llm"]))] if isinstance(planner.get("llm"), Mapping) else []),
         ("Stopped", esc(result.get("stop_reason") or "-")),
         ("Profile", esc(backend_lines(result.get("backend_profile"))[0].removeprefix("- Profile: "))),
+        *[
+            ("Tokens", esc(line.removeprefix("- Token merging ")))
+            for line in token_axis_lines(result.get("token_axis"))
+        ],
         *([("Target", esc(result["outcome"]["statement"]))] if result.get("outcome") else []),
         (
             "Latency",

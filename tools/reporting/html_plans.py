@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from profiling_agent.tools.reporting.html_parts import esc, html_facts, html_table
+from profiling_agent.tools.reporting.markdown import token_lines
 from profiling_agent.tools.text import as_number, percent
 
 _REJECTED_CHARS = 4000  # a rejected LLM answer is shown up to this many characters
@@ -72,6 +73,10 @@ def _plan_block(cand: Mapping[str, Any], best_it: Any) -> str:
             f"<h3>Quantization entries</h3>\n<ul>{items}</ul>"
             f'<p class="sub">{esc(cand.get("quantized", 0))} Linear layer(s) quantized.</p>'
         )
+    tokens = token_lines(cand.get("tokens"))
+    if tokens:
+        items = "".join(f"<li>{esc(line.removeprefix('- '))}</li>" for line in tokens)
+        parts.append(f"<h3>Token merging</h3>\n<ul>{items}</ul>")
     parts.append("</details>")
     return "\n".join(parts)
 

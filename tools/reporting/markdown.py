@@ -329,6 +329,42 @@ def backend_lines(backend: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def token_axis_lines(axis: Mapping[str, Any] | None) -> list[str]:
+    """Say what merging tokens saved in the planned form at each rate measured, its damage, and what was dropped."""
+    if not axis:
+        return []
+    rows = []
+    for r in axis["rates"][1:]:
+        damage = f", {r['drop_pp']:.2f} pp lost" if r.get("drop_pp") is not None else ""
+        rows.append(f"r={r['rate']} {r['latency_ms']:.3f} ms ({r['saved_share']:+.1%}{damage})")
+    dropped = [r["dropped"] for r in axis["rates"] if r.get("dropped")]
+    return [
+        f"- Token merging on {axis['form']} at batch {axis['batch']}: unmerged {axis['base_ms']:.3f} ms; "
+        + "; ".join(rows)
+        + (f". Dropped: {'; '.join(dropped)}" if dropped else "")
+    ]
+
+
+def token_lines(tokens: Mapping[str, Any] | None) -> list[str]:
+    """Say what a round's token merging was: its schedule, the latency it bought, and round 1's weighing."""
+    if not tokens:
+        return []
+    lines = []
+    entry, bought = tokens.get("entry"), tokens.get("bought")
+    if entry:
+        what = f"rate {entry['rate']}" if entry.get("rate") is not None else "a schedule"
+        line = f"- merge tokens at {what}: schedule {tokens.get('schedule')}"
+        if bought:
+            line += (
+                f"; bought {bought['saved_share']:.1%} of {bought['form']}'s latency at batch {bought['batch']} "
+                f"({bought['base_ms']:.3f} -> {bought['latency_ms']:.3f} ms)"
+            )
+        lines.append(line + (f": {entry['justification']}" if entry.get("justification") else ""))
+    if tokens.get("weighed"):
+        lines.append(f"- token merging weighed: {tokens['weighed'].get('why')}")
+    return lines
+
+
 def _devices_line(result: dict[str, Any]) -> str:
     """Say which device each number comes from (accuracy passes and latency of a record share its device)."""
     base = (result.get("baseline") or {}).get("device") or "-"
@@ -361,6 +397,7 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
         *proposal_lines(result.get("candidates") or []),
         f"- Stopped: {result.get('stop_reason') or '-'}",
         *backend_lines(result.get("backend_profile")),
+        *token_axis_lines(result.get("token_axis")),
         "",
         "## Outcome",
         "",
@@ -401,6 +438,7 @@ def render_markdown(result: dict[str, Any], profile_summary: dict[str, Any] | No
             lines.append("")
         for q in plan.get("quantization", []):
             lines += [f"- quantize `{q['layer']}` {q['type']} {q['dtype']}: {q.get('justification', '')}"]
+        lines += token_lines(c.get("tokens"))
         lines.append("")
     lines += fallback_lines(result["planner"].get("fallbacks") or [])
     if profile_summary:

@@ -151,12 +151,40 @@ def joint_latency(latency: Mapping[str, Any], best: Mapping[str, Any] | None) ->
     return joint
 
 
+def token_facts(c: Mapping[str, Any], axis: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Return a round's token merging: its entry, schedule, the latency its rate bought, and round 1's weighing.
+
+    The latency bought is the profiled form's at that rate (measured at the profile step). None when the round
+    neither merged nor weighed merging.
+    """
+    entry = (c.get("plan") or {}).get("tokens")
+    weighed = (c.get("planner_meta") or {}).get("tokens")
+    if entry is None and weighed is None:
+        return None
+    facts: dict[str, Any] = {"entry": entry, "schedule": c.get("token_schedule"), "weighed": weighed}
+    rate = (entry or {}).get("rate")
+    row = next((r for r in (axis or {}).get("rates", []) if rate is not None and r["rate"] == rate), None)
+    if row is not None and axis is not None:
+        facts["bought"] = {
+            "form": axis["form"],
+            "batch": axis["batch"],
+            "base_ms": axis["base_ms"],
+            "latency_ms": row["latency_ms"],
+            "saved_share": row["saved_share"],
+        }
+    return facts
+
+
 def _candidate_row(
-    c: dict[str, Any], final_latency: Mapping[str, Any], base_final: dict[str, Any] | None
+    c: dict[str, Any],
+    final_latency: Mapping[str, Any],
+    base_final: dict[str, Any] | None,
+    axis: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return one candidate's entry of result.json (its round's metrics, or the final joint latency when taken)."""
     meta = c.get("planner_meta") or {}
     artifact = c.get("delivered") or c.get("artifact") or {}
+    tokens = token_facts(c, axis)
     return {
         "iteration": c["iteration"],
         "status": c["status"],
@@ -177,6 +205,7 @@ def _candidate_row(
         "path": artifact.get("path"),
         "sha256": artifact.get("sha256"),
         "error": c.get("error"),
+        **({"tokens": tokens} if tokens is not None else {}),  # only a round that merged or weighed merging
     }
 
 
@@ -266,7 +295,10 @@ def build_result(
         "best": _best_row(best, test, final_latency, base_final),
         "outcome": target_outcome(best, baseline_eval, objective, joint_timing),
         "backend_profile": (state.get("profile") or {}).get("backend"),
-        "candidates": [_candidate_row(c, final_latency, base_final) for c in state.get("candidates", [])],
+        "candidates": [
+            _candidate_row(c, final_latency, base_final, state.get("token_axis")) for c in state.get("candidates", [])
+        ],
+        **({"token_axis": state["token_axis"]} if state.get("token_axis") else {}),  # ViT/DeiT, latency target
         "latency_method": (
             "final: baseline and all candidates measured together, interleaved, median of repeats"
             if final_latency

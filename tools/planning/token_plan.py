@@ -1,0 +1,128 @@
+"""Token merging in the deterministic plan: which measured rate to weigh, and how it composes with pruning.
+
+The run's token axis (`state.TokenAxis`) holds the planned form's latency at a few merging rates and each paying
+rate's trial-slice loss. Under a latency target the planner weighs the rate that saves the most latency per point
+lost (`token_option`) against pruning alone: round 1 tries both plans at the same goal on the trial slice and keeps
+the one that loses less (`weigh`). Merging shrinks every transformer layer's tokens and pruning their widths, so the
+two compose roughly multiplicatively: a plan that merges at a rate saving `s` of the latency reaches a total goal `g`
+by pruning for `1 - (1 - g) / (1 - s)` (`to_pruning`), and the planner's goals, history and estimate stay in total
+terms. Later rounds keep round 1's choice (`run_option`), so the search moves the pruning alone. Without a token axis
+or a latency target nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from profiling_agent.state import Candidate, CompressionPlan, Objective, TokenAxis, TokenChoice, TokenEntry
+
+TOKEN_BUDGET_SHARE = 0.5  # a rate whose merged baseline alone loses more than half the accuracy budget is not weighed
+
+
+@dataclass(frozen=True)
+class TokenOption:
+    """A measured merging rate the planner may add to its plan."""
+
+    rate: int
+    saved: float  # share of the planned form's latency it saved at the run's batch
+    drop_pp: float  # the merged baseline's trial-slice loss, pp
+    form: str  # the form it was timed on
+
+    def justification(self) -> str:
+        """Say why the entry is in the plan, from the measurements."""
+        return (
+            f"rate {self.rate} saved {self.saved:.1%} of {self.form}'s latency at batch 1 and lost "
+            f"{self.drop_pp:.2f} pp on the trial slice before pruning"
+        )
+
+
+def to_pruning(goal: float, saved: float) -> float:
+    """Return the reduction pruning must reach so that, with merging saving `saved`, the total is `goal`."""
+    return max(0.0, 1.0 - (1.0 - goal) / (1.0 - saved))
+
+
+def to_total(pruning: float, saved: float) -> float:
+    """Return the total reduction of pruning by `pruning` on top of merging that saves `saved`."""
+    return 1.0 - (1.0 - saved) * (1.0 - pruning)
+
+
+def token_option(axis: TokenAxis | None, objective: Objective) -> TokenOption | None:
+    """Return the rate to weigh against pruning: the paying one that saves the most latency per point lost.
+
+    Only under a latency target, among the rates that pay on the planned form (`TokenAxis.paying`), save less than
+    the target (pruning still has a share), and lose at most `TOKEN_BUDGET_SHARE` of the accuracy budget alone. A
+    loss is counted as at least one image of the trial slice (its resolution). None when no rate qualifies.
+    """
+    if axis is None or objective.target != "latency":
+        return None
+    budget = TOKEN_BUDGET_SHARE * objective.max_acc_drop
+    rows = [
+        r for r in axis.paying() if 0 < r.saved_share < objective.target_reduction and float(r.drop_pp or 0.0) <= budget
+    ]
+    if not rows:
+        return None
+    floor = 100.0 / max(1, axis.images)
+    best = max(rows, key=lambda r: (r.saved_share / max(float(r.drop_pp or 0.0), floor), r.saved_share))
+    return TokenOption(best.rate, best.saved_share, float(best.drop_pp or 0.0), axis.form)
+
+
+def run_option(axis: TokenAxis | None, own: Sequence[Candidate]) -> TokenOption | None:
+    """Return the rate the deterministic sequence's first round chose (later rounds keep it), or None."""
+    entry = own[0].plan.tokens if own else None
+    if entry is None or entry.rate is None or axis is None:
+        return None
+    row = axis.at(entry.rate)
+    if row is None:
+        return None
+    return TokenOption(row.rate, row.saved_share, float(row.drop_pp or 0.0), axis.form)
+
+
+def pruning_problem(
+    option: TokenOption, objective: Objective, history: list[dict[str, Any]], goal: float | None
+) -> tuple[Objective, list[dict[str, Any]], float | None]:
+    """Return the objective, history and goal of the pruning that completes a merging plan (in pruning terms)."""
+    s = option.saved
+    target = to_pruning(objective.target_reduction, s)
+    pruning_objective = objective.model_copy(update={"target_reduction": min(max(target, 1e-3), 0.99)})
+    moved = [{**h, "goal": to_pruning(float(h["goal"]), s)} for h in history]
+    return pruning_objective, moved, None if goal is None else to_pruning(goal, s)
+
+
+def with_tokens(plan: CompressionPlan, option: TokenOption, pruning_estimate: float) -> float:
+    """Add the token entry to `plan` (in place) and say so in its rationale; return the plan's total estimate."""
+    total = to_total(pruning_estimate, option.saved)
+    plan.tokens = TokenEntry(rate=option.rate, justification=option.justification())
+    plan.rationale += (
+        f" Token merging at rate {option.rate} ({option.saved:.1%} of the latency measured on {option.form}) composes "
+        f"with pruning's {pruning_estimate:.1%}: {total:.1%} in all (the pruning's goals above are what merging "
+        "leaves of the run's)."
+    )
+    return total
+
+
+def weigh(
+    option: TokenOption, merged: CompressionPlan, unmerged: CompressionPlan, evaluate: Callable[[dict], dict]
+) -> TokenChoice:
+    """Try both round-1 plans (with and without merging, same total goal) on the trial slice; say which to keep.
+
+    The merging plan is kept when it loses no more than the plan that prunes alone (a tie goes to merging: its
+    latency was measured to pay, pruning's is the model's estimate).
+    """
+    with_pp = float(evaluate(merged.model_dump())["accuracy_drop_pp"])
+    without_pp = float(evaluate(unmerged.model_dump())["accuracy_drop_pp"])
+    chosen = with_pp <= without_pp
+    why = (
+        f"merging at rate {option.rate} and pruning less lost {with_pp:.2f} pp on the trial slice, pruning alone "
+        f"{without_pp:.2f} pp: {'merging' if chosen else 'pruning alone'} kept"
+    )
+    return TokenChoice(
+        rate=option.rate,
+        saved_share=option.saved,
+        drop_pp=option.drop_pp,
+        with_pp=round(with_pp, 3),
+        without_pp=round(without_pp, 3),
+        chosen=chosen,
+        why=why,
+    )

@@ -1,0 +1,209 @@
+"""The token axis, measured: the delivered form's latency at a few token-merging rates, and their trial-slice damage.
+
+Merging tokens (`compression.token_merge`) shrinks every later layer's GEMMs along M, but adds a few small ops per
+layer, which at batch 1 can cost as much as the smaller GEMMs save (docs/tokens.md). So the profile step measures
+the planned form's whole-model latency at rate 0 and at `token_rates` (up to ToMe's maximum), at batch 1 (the batch
+a latency target is judged at), timed twice in opposite orders with each form's faster median kept, as the
+per-group latency table is. A rate that is not faster than rate 0 by `MIN_SAVING` is dropped with the reason. The
+probe step then measures each kept rate's accuracy loss on the trial slice (`token_damage`); both go to the run's
+`TokenAxis` record, which the planners weigh against pruning.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiling_agent.state import TokenAxis, TokenRate
+from profiling_agent.tools.compression.token_merge import (
+    apply_token_merging,
+    has_token_axis,
+    schedule_from_rate,
+    tokens_per_layer,
+)
+from profiling_agent.tools.models.merged_tokens import PROTECTED, token_layers
+from profiling_agent.tools.profiling.backend_profile import BackendForm
+
+MIN_SAVING = 0.05  # a rate must save at least 5% of rate 0's time: the timing precision of the planned latency
+RATE_STEPS = 3  # rates measured beside 0: evenly up to ToMe's maximum
+BATCH = 1  # the batch a latency target is judged at (`latency_ms`)
+
+
+def max_rate(model: nn.Module) -> int:
+    """Return ToMe's largest useful rate: the one that merges every layer evenly down to the protected tokens."""
+    from profiling_agent.tools.models.merged_tokens import token_count
+
+    model_type, layers = token_layers(model)
+    return max(1, (token_count(model) - PROTECTED[model_type]) // max(1, len(layers)))
+
+
+def token_rates(model: nn.Module, steps: int = RATE_STEPS) -> list[int]:
+    """Return the rates the profile measures beside 0: `steps` rates spread evenly up to `max_rate` (distinct)."""
+    top = max_rate(model)
+    return sorted({max(1, round(top * k / steps)) for k in range(1, steps + 1)})
+
+
+def _time_torch(model: nn.Module, example: torch.Tensor, repeats: int) -> float:
+    """Return the median wall time of one eager forward, in ms (after two warm-up runs)."""
+    sync = torch.cuda.synchronize if example.device.type == "cuda" else (lambda: None)
+    with torch.inference_mode():
+        for _ in range(2):
+            model(pixel_values=example)
+        times = []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            model(pixel_values=example)
+            sync()
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _timers(
+    models: list[nn.Module], example: torch.Tensor, form: BackendForm | None, folder: Path, repeats: int
+) -> list[Callable[[], float]]:
+    """Return one timer per model: the form's summed node times (its profile), or eager torch's wall time."""
+    if form is None:
+        return [functools.partial(_time_torch, m, example, repeats) for m in models]
+    paths = [form.build(m, example, folder / f"tokens{i}") for i, m in enumerate(models)]
+    return [functools.partial(_time_form, form, p, example, repeats) for p in paths]
+
+
+def _time_form(form: BackendForm, path: Path, example: torch.Tensor, repeats: int) -> float:
+    """Return the form's summed node times of one run (its node profile), in ms."""
+    return float(sum(form.time_nodes(path, example, 2, repeats).values()))
+
+
+def measure_token_latency(
+    model: nn.Module,
+    example: torch.Tensor,
+    form: BackendForm | None,
+    folder: Path,
+    *,
+    rates: Sequence[int] | None = None,
+    repeats: int = 5,
+) -> dict[str, Any]:
+    """Measure the model's latency in `form` (None: eager torch) at rate 0 and at each rate; drop those that lose.
+
+    Returns:
+        {"form", "batch", "base_ms", "rates": [{"rate", "schedule", "tokens_left", "latency_ms", "saved_share",
+        "dropped" (None, or why the planners may not use it)}]} (rate 0 first), or {"error"} for a model without a
+        token axis.
+    """
+    reason = has_token_axis(model)
+    if reason is not None:
+        return {"error": reason}
+    rates = [0, *[r for r in (rates if rates is not None else token_rates(model)) if r > 0]]
+    models = []
+    for r in rates:
+        merged = copy.deepcopy(model).eval()
+        apply_token_merging(merged, r)
+        models.append(merged)
+    timers = _timers(models, example[:BATCH], form, folder, repeats)
+    ms = [float("inf")] * len(rates)
+    for order in (range(len(rates)), reversed(range(len(rates)))):  # opposite orders, the faster median kept
+        for i in order:
+            ms[i] = min(ms[i], timers[i]())
+    name = form.name if form is not None else "torch"
+    rows = []
+    for r, t in zip(rates, ms, strict=True):
+        saved = 1.0 - t / ms[0] if ms[0] > 0 else 0.0
+        dropped = None
+        if r and saved < MIN_SAVING:
+            dropped = (
+                f"rate {r} does not pay on {name} at batch {BATCH}: {t:.3f} ms against {ms[0]:.3f} ms unmerged "
+                f"({saved:+.1%}; at least {MIN_SAVING:.0%} must be saved)"
+            )
+        schedule = schedule_from_rate(model, r)
+        rows.append(
+            {
+                "rate": r,
+                "schedule": schedule,
+                "tokens_left": tokens_per_layer(model, schedule)[-1],
+                "latency_ms": round(t, 5),
+                "saved_share": round(saved, 4),
+                "dropped": dropped,
+            }
+        )
+    protected = PROTECTED[token_layers(model)[0]]
+    return {"form": name, "batch": BATCH, "base_ms": round(ms[0], 5), "rates": rows, "protected": protected}
+
+
+def token_damage(
+    model: nn.Module,
+    rows: Sequence[dict[str, Any]],
+    pixels: torch.Tensor,
+    labels: torch.Tensor,
+    allowed_ids: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """Return the rows with each kept rate's trial-slice damage added (`drop_pp`, `agreement`, `kl`, as the probe's).
+
+    Rate 0 and dropped rates are returned as they were. Merging is training-free, so this is the merged baseline's
+    loss; pruning on top adds its own.
+    """
+    from profiling_agent.tools.profiling.sensitivity import compare_logits, restrict_logits
+    from profiling_agent.tools.runtimes.forward import batched_logits
+
+    with torch.inference_mode():
+        reference = restrict_logits(batched_logits(model, pixels), allowed_ids)
+    out = []
+    for row in rows:
+        if not row["rate"] or row.get("dropped"):
+            out.append(dict(row))
+            continue
+        merged = copy.deepcopy(model).eval()
+        apply_token_merging(merged, list(row["schedule"]))
+        with torch.inference_mode():
+            logits = restrict_logits(batched_logits(merged, pixels), allowed_ids)
+        stats = compare_logits(reference, logits, labels)
+        out.append(
+            {
+                **row,
+                "drop_pp": round(stats["acc_drop"], 3),
+                "agreement": round(stats["agreement"], 3),
+                "kl": round(stats["kl"], 5),
+            }
+        )
+    return out
+
+
+def token_note(table: dict[str, Any]) -> str:
+    """Say in one console clause what merging tokens saves in the timed form, and which rates were dropped."""
+    if "error" in table:
+        return ""
+    rates = table["rates"][1:]
+    saved = ", ".join(f"r={r['rate']} {r['saved_share']:+.0%}" for r in rates)
+    dropped = sum(r["dropped"] is not None for r in rates)
+    return f"; token merging on {table['form']} at batch {table['batch']}: {saved} ({dropped} dropped: no gain)"
+
+
+def token_axis(
+    model: nn.Module,
+    table: dict[str, Any] | None,
+    pixels: torch.Tensor,
+    labels: torch.Tensor,
+    allowed_ids: list[int] | None = None,
+) -> TokenAxis | None:
+    """Return the run's token axis: the profile's latency `table` with each kept rate's trial-slice damage.
+
+    None without a table (no token axis, or no latency target).
+    """
+    if not table or "error" in table:
+        return None
+    rows = token_damage(model, table["rates"], pixels, labels, allowed_ids)
+    return TokenAxis(
+        form=table["form"],
+        batch=table["batch"],
+        base_ms=table["base_ms"],
+        rates=[TokenRate.model_validate(r) for r in rows],
+        images=int(len(labels)),
+        protected=int(table.get("protected", 1)),
+    )

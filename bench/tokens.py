@@ -22,9 +22,10 @@ tokens (bench/zoo.py's vit-tokens, built when missing), so merging is judged on 
     python bench/tokens.py --zoo                                   # ov_int8 and ort_dynamic, r 16/32, 30%/50%
     python bench/tokens.py --zoo --rates 24 --prunes 0.3 --distill-steps 150 --backends ov_int8
 
-Variants: unpruned; merged alone (each `--rates` r); every MLP's intermediate channels pruned (each `--prunes`)
-and recovered as the agent recovers (`recovery.reconstruct`, then `--distill-steps` of `recovery.distill` from the
-unpruned model when > 0); and each pruned model merged at each rate. Every variant is built as each INT8 form of
+Variants: unpruned; merged alone (each `--rates` r, or a per-layer schedule such as 64,32,0,0); every MLP's
+intermediate channels pruned (each `--prunes`) and recovered as the agent recovers (`recovery.reconstruct`, then
+`--distill-steps` of `recovery.distill` from the unpruned model when > 0); and each pruned model merged at each
+rate. Every variant is built as each INT8 form of
 `--backends` (`build_forms`), scored on held-out Fashion-MNIST test images (never used to train or calibrate;
 calibration images are training images the zoo model never saw) and timed side by side in one process at batch 1
 and `--batch`, 1 thread. Ratios are against the best pruning-only form: the fastest at batch 1 of the pruning-only
@@ -219,6 +220,17 @@ def print_rows(name: str, rows: dict[str, Any], batch: int) -> None:
 # ---------------------------------------------------------------- zoo mode: the trained 196-token ViT
 
 
+def rate_arg(text: str) -> int | list[int]:
+    """Parse a `--rates` entry: one r for every layer ("16") or one r per layer ("64,32,0,0")."""
+    values = [int(v) for v in text.split(",")]
+    return values[0] if len(values) == 1 else values
+
+
+def rate_name(rate: int | list[int]) -> str:
+    """A rate's name in the table: r=16, or the schedule (64,32,0,0)."""
+    return f"r={rate}" if isinstance(rate, int) else f"({','.join(str(v) for v in rate)})"
+
+
 def zoo_variants(baseline: torch.nn.Module, data: dict[str, torch.Tensor], settings: dict[str, Any]) -> dict:
     """Return {variant: (torch model, facts)}: unpruned, merged per rate, pruned per ratio (recovered), both."""
     import copy
@@ -227,7 +239,10 @@ def zoo_variants(baseline: torch.nn.Module, data: dict[str, torch.Tensor], setti
     for rate in settings["rates"]:
         merged = copy.deepcopy(baseline)
         schedule = apply_token_merging(merged, rate)
-        out[f"merged r={rate}"] = (merged, {"kind": "merged", "tokens_per_layer": tokens_per_layer(merged, schedule)})
+        out[f"merged {rate_name(rate)}"] = (
+            merged,
+            {"kind": "merged", "tokens_per_layer": tokens_per_layer(merged, schedule)},
+        )
     for ratio in settings["prunes"]:
         pruned = copy.deepcopy(baseline)
         report = prune_model(pruned, [{"layer": "mlp", "type": "structured", "ratio": ratio}], data["calib_x"][:1])
@@ -245,7 +260,7 @@ def zoo_variants(baseline: torch.nn.Module, data: dict[str, torch.Tensor], setti
             both = copy.deepcopy(pruned)
             schedule = apply_token_merging(both, rate)
             facts = {"kind": "both", "mlp_widths": widths, "tokens_per_layer": tokens_per_layer(both, schedule)}
-            out[f"{name} + merged r={rate}"] = (both, facts)
+            out[f"{name} + merged {rate_name(rate)}"] = (both, facts)
     return out
 
 
@@ -261,7 +276,7 @@ def zoo_measure(path: Path, data: dict[str, torch.Tensor], settings: dict[str, A
     baseline = AutoModelForImageClassification.from_pretrained(path).eval()
     test_x, test_y = data["test_x"], data["test_y"]
     forms, rows, failed = {}, {}, {}
-    for variant, (model, facts) in zoo_variants(baseline, data, settings).items():
+    for index, (variant, (model, facts)) in enumerate(zoo_variants(baseline, data, settings).items()):
         fp32 = top1(model, test_x, test_y)
         say(f"vit-tokens: {variant}: FP32 top-1 {fp32:.2f}%; building {', '.join(settings['backends'])}")
         calib = data["calib_x"]
@@ -269,7 +284,7 @@ def zoo_measure(path: Path, data: dict[str, torch.Tensor], settings: dict[str, A
             model,
             calib,
             calib[: settings["check"]],
-            work / variant.replace(" ", "_"),
+            work / f"variant-{index}",
             forms=settings["backends"],
             threads=settings["threads"],
         )
@@ -392,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     zoo = parser.add_argument_group("zoo mode (the trained 196-token ViT, bench/zoo.py's vit-tokens)")
     zoo.add_argument("--zoo", nargs="?", const="", default=None, help="run it, on this zoo folder (default: the zoo)")
     zoo.add_argument("--tiny", action="store_true", help="zoo mode on the tiny zoo: a smoke test")
-    zoo.add_argument("--rates", nargs="+", type=int, default=None, help="merging rates r (default 16 32)")
+    zoo.add_argument(
+        "--rates", nargs="+", type=rate_arg, default=None, help="merging rates r, or per-layer schedules a,b,c,d"
+    )
     zoo.add_argument("--prunes", nargs="+", type=float, default=None, help="MLP pruning ratios (default 0.3 0.5)")
     zoo.add_argument("--backends", nargs="+", choices=ZOO_BACKENDS, default=list(ZOO_BACKENDS))
     zoo.add_argument("--held-out", type=int, default=None, help="held-out test images (default 3000)")

@@ -4,6 +4,7 @@ Usage:
     python bench/tokens.py --quick                 # tiny ViT and DeiT configs, seconds: the smoke test
     python bench/tokens.py                         # full-size ViT-B/16 and DeiT-B/16 (random weights), minutes
     python bench/tokens.py --models vit-b16 --rate 13 --prune 0.3 --json out.json
+    python bench/tokens.py --models vit-b16 --rate 32,32,32,0,0,0,0,0,0,0,0,0   # three merge sites, not twelve
 
 Per model (built from its transformers config with random weights: speed only, no accuracy exists) the unpruned
 model, the model with token merging (ToMe's constant rate r per layer, `--rate`), the model with `--prune` of every
@@ -226,6 +227,10 @@ def rate_arg(text: str) -> int | list[int]:
     return values[0] if len(values) == 1 else values
 
 
+def _as_list(rate: int | list[int]) -> list[int]:
+    return [rate] if isinstance(rate, int) else rate
+
+
 def rate_name(rate: int | list[int]) -> str:
     """A rate's name in the table: r=16, or the schedule (64,32,0,0)."""
     return f"r={rate}" if isinstance(rate, int) else f"({','.join(str(v) for v in rate)})"
@@ -398,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny configs: a smoke run in seconds")
     parser.add_argument("--models", nargs="+", choices=FULL, default=list(FULL))
-    parser.add_argument("--rate", type=int, default=None, help="tokens merged per layer (ToMe's r; capped per layer)")
+    parser.add_argument(
+        "--rate", type=rate_arg, default=None, help="tokens merged per layer (ToMe's r; capped), or a,b,c,... per layer"
+    )
     parser.add_argument("--prune", type=float, default=0.3, help="fraction of every MLP's channels removed")
     parser.add_argument("--batch", type=int, default=16, help="the larger batch size")
     parser.add_argument("--repeats", type=int, default=None)
@@ -432,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         "threads": args.threads,
     }
-    if not 0.0 < args.prune < 1.0 or settings["rate"] < 0 or args.batch < 1 or args.threads < 1:
+    if not 0.0 < args.prune < 1.0 or min(_as_list(settings["rate"])) < 0 or args.batch < 1 or args.threads < 1:
         print("tokens.py: --prune must be in (0, 1), --rate >= 0, --batch and --threads >= 1", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)

@@ -57,9 +57,12 @@ def accuracy(model, x, y, batch: int = 500) -> float:
     return 100.0 * correct / len(x)
 
 
-def zoo_data(held_out: int, calib: int, train: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Held-out test images, and calibration and distillation images from training images the zoo never used."""
-    proc = zoo_lib.processor()
+def zoo_data(held_out: int, calib: int, train: int, seed: int = 0, model: str | None = None) -> dict[str, torch.Tensor]:
+    """Held-out test images, and calibration and distillation images from training images the zoo never used.
+
+    `model` names the zoo model whose processor prepares them (None: the 32x32 models').
+    """
+    proc = zoo_lib.processor(model)
     test_x, test_y = zoo_lib.load_fashion("test")
     train_x, train_y = zoo_lib.load_fashion("train")
     sizes = zoo_lib.scale()

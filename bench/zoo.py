@@ -6,6 +6,7 @@ Usage:
     python bench/zoo.py --out /tmp/zoo --train 6000
     python bench/zoo.py --train-split 40000     # a dataset whose train split holds 40,000 unseen training images
     python bench/zoo.py --tiny --out /tmp/zoo   # smoke test: the four architectures, one epoch on a digits stand-in
+    python bench/zoo.py vit-tokens              # the ViT with 196 patch tokens (56x56 inputs), for token merging
 
 The images come from Debian's `dataset-fashion-mnist` (/usr/share/datasets/fashion-mnist, idx files; installed
 with apt-get when missing and running as root). Everything lands under $PROFILING_AGENT_CACHE/zoo (or --out):
@@ -15,7 +16,9 @@ with apt-get when missing and running as root). Everything lands under $PROFILIN
     models/NAME/                save_pretrained model + image processor + training.json
 
 Models take 32x32 grayscale inputs (28x28 images resized by their processor, mean/std 0.5), so every
-family's patch and window sizes divide the input.
+family's patch and window sizes divide the input. `vit-tokens` (built only when named) is a ViT for token merging
+(docs/tokens.md): its processor upscales the same images to 56x56, cut into 4x4 patches, so it sees 196 patch tokens
+and its CLS token (the 32x32 models see 16 or 64). The dataset folder is shared: each model's processor resizes.
 
 `--tiny` (or PROFILING_AGENT_ZOO_TINY=1, which every bench's `--tiny` sets) swaps Fashion-MNIST for a stand-in in
 the same format (scikit-learn's bundled 8x8 digits resized to 28x28: 1,437 train and 360 test images), trains on 256
@@ -49,7 +52,9 @@ FASHION_PACKAGE = "dataset-fashion-mnist"
 LABELS = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 IMAGE_SIZE = 32
 CALIBRATION_TRAIN = 2000  # training images saved as the dataset's "train" split (calibration for the agent)
-FAMILIES = ("resnet", "vit", "deit", "swin")
+FAMILIES = ("resnet", "vit", "deit", "swin")  # built by default; SPECS also holds vit-tokens
+TOKENS_MODEL = "vit-tokens"
+TOKENS_SIZE = 56  # vit-tokens' input: 28x28 images upscaled 2x, 4x4 patches -> 14x14 = 196 patch tokens
 EXIT_BAD_INPUT = 2
 TINY_ENV = "PROFILING_AGENT_ZOO_TINY"
 
@@ -147,6 +152,15 @@ SPECS: dict[str, ModelSpec] = {
         },
         epochs=5,
         lr=1e-3,
+    ),
+    # 196 patch tokens + CLS, hidden 96 (3 heads), MLP 384, 4 layers: 12.5 min on one thread of a busy 2-core machine
+    TOKENS_MODEL: ModelSpec(
+        "vit",
+        {**_TRANSFORMER, "image_size": TOKENS_SIZE, "patch_size": 4, "hidden_size": 96, "num_attention_heads": 3}
+        | {"intermediate_size": 384},
+        epochs=4,
+        lr=1.5e-3,
+        batch_size=64,
     ),
 }
 
@@ -261,13 +275,26 @@ def save_dataset(out: Path, calibration: np.ndarray, seed: int = 0, name: str = 
 # ---------------------------------------------------------------- models
 
 
-def processor():
-    """Return the image processor every zoo model uses: the embedded models' (32x32, one channel, mean/std 0.5)."""
+def image_size(name: str) -> int:
+    """The input size of zoo model `name` (32, or 56 for vit-tokens)."""
+    return int(SPECS[name].config.get("image_size", IMAGE_SIZE))
+
+
+def processor(name: str | None = None):
+    """Return zoo model `name`'s image processor (None: the 32x32 models').
+
+    The 32x32 models use the embedded models' processor (one channel, mean/std 0.5); a model with another input
+    size gets the same processor resizing to its size.
+    """
     from profiling_agent.tools.models.embedded import digits_processor
     from profiling_agent.tools.models.embedded_data import IMAGE_SIZE as EMBEDDED_SIZE
 
     assert EMBEDDED_SIZE == IMAGE_SIZE
-    return digits_processor()
+    proc = digits_processor()
+    size = image_size(name) if name else IMAGE_SIZE
+    if size != IMAGE_SIZE:
+        proc.size = {"height": size, "width": size}
+    return proc
 
 
 def spec_of(name: str) -> ModelSpec:
@@ -296,7 +323,7 @@ def build_architecture(name: str) -> torch.nn.Module:
 
 
 def pixels(images: np.ndarray, proc: Any, chunk: int = 2000) -> torch.Tensor:
-    """Preprocess uint8 images (N, 28, 28) with the model's processor into (N, 1, 32, 32) floats."""
+    """Preprocess uint8 images (N, 28, 28) with the model's processor into (N, 1, S, S) floats (S its size)."""
     from PIL import Image
 
     out = []
@@ -336,6 +363,7 @@ def build_model(name: str, out: Path, data: dict[str, torch.Tensor], seed: int =
     record = {
         "name": name,
         "family": spec_of(name).family,
+        "image_size": image_size(name),
         "architecture": type(model).__name__,
         "params": sum(p.numel() for p in model.parameters()),
         "test_accuracy": round(acc, 2),
@@ -352,7 +380,7 @@ def build_model(name: str, out: Path, data: dict[str, torch.Tensor], seed: int =
     }
     with atomic_dir(out / "models" / name) as tmp:
         model.save_pretrained(tmp)
-        processor().save_pretrained(tmp)
+        processor(name).save_pretrained(tmp)
         write_json_atomic(tmp / "training.json", record)
     return record
 
@@ -430,29 +458,34 @@ def _build(out: Path, names: tuple[str, ...], train_images: int, seed: int, forc
     zoo_path = out / "zoo.json"
     zoo = json.loads(zoo_path.read_text()) if zoo_path.exists() else {}
     models = dict(zoo.get("models", {}))
-    data: dict[str, torch.Tensor] | None = None
+    data: dict[int, dict[str, torch.Tensor]] = {}  # per input size
     for name in names:
         record = None if force else _cached(out, name, spec_hash(name, train_images, seed))
         if record is None:
-            if data is None:
+            size = image_size(name)
+            if size not in data:
                 prep = time.perf_counter()
-                proc = processor()
+                proc = processor(name)
                 train_x, train_y = load_fashion("train")
                 test_x, test_y = load_fashion("test")
-                data = {
+                data[size] = {
                     "x_train": pixels(train_x[train_idx], proc),
                     "y_train": torch.from_numpy(train_y[train_idx]),
                     "x_test": pixels(test_x, proc),
                     "y_test": torch.from_numpy(test_y),
                 }
                 seconds = time.perf_counter() - prep
-                log(f"preprocessed {train_images:,} train + {len(test_y):,} test images in {seconds:.1f}s")
-            record = build_model(name, out, data, seed)
+                log(
+                    f"preprocessed {train_images:,} train + {len(test_y):,} test images"
+                    f" ({size}x{size}) in {seconds:.1f}s"
+                )
+            record = build_model(name, out, data[size], seed)
             status = "built"
         else:
             status = "cached"
         models[name] = {
             "path": str(out / "models" / name),
+            "image_size": record.get("image_size", image_size(name)),
             **{
                 k: record[k]
                 for k in (

@@ -101,7 +101,7 @@ def test_every_script_has_a_smoke_test():
         | set(ZOO_SMOKE)
         | set(PLAIN_SMOKE)
         | {"streaming", "llm_planners", "distributed", "resume_distill", "generalization"}
-    ) | {"tokens"}  # bench/tokens.py --quick: tests/e2e/test_bench_tokens.py (slow: four NNCF INT8 forms)
+    )  # bench/tokens.py --quick (four NNCF INT8 forms, slow) is also run by tests/e2e/test_bench_tokens.py
     assert set(SCRIPTS) - LIBRARIES == tested
     for name in LIBRARIES:  # libraries: imported without error, used by the matched-budget smoke tests
         assert not hasattr(bench_module(name), "main")
@@ -114,6 +114,7 @@ ZOO_SMOKE = {
     "paper_tables": ([], "## Table 4"),
     "latency_floor": ([], "| ort_dynamic ("),
     "resnet_depth": ([], "| unpruned |"),
+    "tokens": (["--backends", "ort_dynamic"], "| ort_dynamic | pruned 30% + merged r=8 |"),  # zoo mode, vit-tokens
 }
 
 

@@ -145,6 +145,11 @@ def test_ov_classifier_runs_any_batch(tmp_path):
     single, batch = ov.native_call(_pixels(1, size)), ov.native_call(_pixels(5, size))
     for _ in range(2):  # timed in turns, as measure_latency does: each input keeps its own request
         assert next(iter(single().values())).shape == (1, 10) and next(iter(batch().values())).shape == (5, 10)
+    # what is timed runs the IR compiled for the input's static shape; forward keeps the dynamic batch
+    assert set(ov.static) == {(3, 3, size, size), (1, 3, size, size), (5, 3, size, size)}
+    assert all(c is not ov.compiled for c in ov.static.values())
+    assert not ov.static[(1, 3, size, size)].inputs[0].get_partial_shape().is_dynamic
+    assert ov.compiled.inputs[0].get_partial_shape().is_dynamic
 
 
 def test_without_openvino_its_forms_fail_with_the_reason_and_rounds_skip_them(tmp_path, monkeypatch):

@@ -100,14 +100,16 @@ def time_ov_nodes(
     """Run an OpenVINO IR with PERF_COUNT on; return each executed node's median real time per run, in ms.
 
     `repeats` timed runs, or more for a fast form (`timed_runs`), after `warmup` untimed ones (at least one).
+    Compiled for the pixels' static shape, as the side-by-side measurements run it (`OvClassifier.compiled_for`).
     One thread, one stream, no pinning (as the side-by-side latency measurements); `precision` is the
     inference precision hint ("f32", or "default": the CPU's best, as the delivered int8 form runs).
     """
-    from profiling_agent.tools.runtimes.openvino_model import compile_config, shared_core
+    from profiling_agent.tools.runtimes.openvino_model import compile_config, shared_core, static_model
 
     core = shared_core()
     config = {**compile_config(precision, 1), "PERF_COUNT": "YES"}
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+    model = core.read_model(str(path))
+    compiled = core.compile_model(static_model(model, tuple(pixels.shape)) or model, "CPU", config)
     request = compiled.create_infer_request()
     feed = {0: pixels.detach().cpu().numpy()}
     repeats = timed_runs(warm_run_s(lambda: request.infer(feed), warmup), repeats)

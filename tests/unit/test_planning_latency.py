@@ -12,6 +12,7 @@ from profiling_agent.tools.profiling.planning_latency import (
     GRID,
     MAX_REPEATS,
     MIN_REPEATS,
+    SCHEMA,
     cached_record,
     keep_record,
     record_from_profile,
@@ -88,7 +89,7 @@ def test_a_machine_keeps_the_first_record_of_a_model(tmp_path):
     key = record_key("digest", "auto", 1, (1, 32, 32), True)
     assert key != record_key("digest", "auto", 2, (1, 32, 32), True)  # threads change the measurement
     assert cached_record(tmp_path, key) is None
-    first = {"schema": 1, "form": "ort_dynamic", "shares": {"g": 0.5}, "spread": 0.3}  # noisy, kept anyway
+    first = {"schema": SCHEMA, "form": "ort_dynamic", "shares": {"g": 0.5}, "spread": 0.3}  # noisy, kept anyway
     assert keep_record(tmp_path, key, first)
     assert not keep_record(tmp_path, key, {**first, "shares": {"g": 0.25}, "spread": 0.01})
     assert cached_record(tmp_path, key) == {**first, "source": "cache"}

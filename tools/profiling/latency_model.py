@@ -93,7 +93,7 @@ def cached_table(
     """Return the table of (model, form) from `cache`, measuring and writing it on a miss."""
     from profiling_agent.tools.io import write_json_atomic
 
-    path = cache / f"latency-v2-{model_digest(model)}-{form.name}.json"  # v2: timed twice, opposite orders
+    path = cache / f"latency-v3-{model_digest(model)}-{form.name}.json"  # v2: timed twice; v3: OpenVINO static shape
     if path.exists():
         return json.loads(path.read_text())
     table = measure_table(model, example, form, folder=cache / "forms", **kwargs)

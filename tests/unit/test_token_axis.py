@@ -103,9 +103,10 @@ def test_a_merging_pruned_student_is_refitted_unmerged_and_merges_again_after():
         assert torch.isfinite(student(pixel_values=calib[:2]).logits).all()
 
 
-def _timed_form(ms_by_tokens):
-    """A BackendForm that 'builds' a merged model and times it by the tokens its last layer sees (steady timings)."""
+def _timed_form(ms_by_tokens, monkeypatch):
+    """A BackendForm that 'builds' a merged model, timed by the tokens its last layer sees (steady timings)."""
     from profiling_agent.tools.compression.token_merge import tokens_per_layer
+    from profiling_agent.tools.profiling import token_latency
     from profiling_agent.tools.profiling.backend_profile import BackendForm
 
     built = {}
@@ -115,19 +116,20 @@ def _timed_form(ms_by_tokens):
         built[str(folder)] = tokens_per_layer(model, schedule)[-1]
         return folder
 
-    def time_nodes(path, pixels, warmup, repeats):
-        return {"/model/vit/MatMul": ms_by_tokens(built[str(path)]), "/model/Gather": 0.1}
+    def never(path, pixels, warmup, repeats):
+        raise AssertionError("the token axis times whole runs, not the node profile")
 
-    return BackendForm("ov_int8", "openvino", build, time_nodes)
+    monkeypatch.setattr(token_latency, "time_built_form", lambda f, path, x, r: ms_by_tokens(built[str(path)]) + 0.1)
+    return BackendForm("ov_int8", "openvino", build, never)
 
 
-def test_the_token_latency_table_drops_a_rate_that_does_not_pay_and_says_why(tmp_path):
+def test_the_token_latency_table_drops_a_rate_that_does_not_pay_and_says_why(tmp_path, monkeypatch):
     from profiling_agent.tools.profiling.token_latency import max_rate, measure_token_latency, token_rates
 
     model = _vit(image_size=32)  # 64 patches + CLS over 2 layers
     assert max_rate(model) == 32 and token_rates(model) == [11, 21, 32]
     # faster with fewer tokens, except that merging 11 costs more in small ops than it saves
-    form = _timed_form(lambda left: 1.0 if left == 65 else (1.05 if left > 40 else 0.2 + left / 50))
+    form = _timed_form(lambda left: 1.0 if left == 65 else (1.05 if left > 40 else 0.2 + left / 50), monkeypatch)
     table = measure_token_latency(model, _pixels(1, 32), form, tmp_path)
     assert table["form"] == "ov_int8" and table["batch"] == 1 and table["base_ms"] == pytest.approx(1.1)
     rows = {r["rate"]: r for r in table["rates"]}
@@ -163,3 +165,15 @@ def test_the_token_axis_adds_each_paying_rates_trial_slice_damage_and_the_planni
     assert record_from_profile(profile)["tokens"] == table
     assert "tokens" not in record_from_profile({**profile, "token_latency": None})
     assert record_key("d", "torch", 1, [3, 16, 16], True) != record_key("d", "torch", 1, [3, 16, 16], True, tokens=True)
+
+
+def test_a_built_form_is_timed_as_a_whole_run(tmp_path):
+    """The token axis times the built file's whole run through its runtime (not the node profile's sum)."""
+    from profiling_agent.tools.profiling.backend_profile import ORT_FORMS
+    from profiling_agent.tools.profiling.token_latency import time_built_form
+
+    model = _vit(image_size=32)
+    form = next(f for f in ORT_FORMS if f.name == "ort_dynamic")
+    path = form.build(model, _pixels(1, 32), tmp_path / "form")
+    ms = time_built_form(form, path, _pixels(1, 32), 3)
+    assert 0 < ms < 1000

@@ -126,7 +126,9 @@ def test_two_runs_with_the_same_seed_plan_alike_though_timings_change_after_the_
     form_a, iter_a, files_a = _delivered(first_root)
     form_b, iter_b, files_b = _delivered(second_root)
     if (form_a, iter_a) == (form_b, iter_b):  # the delivered form is chosen by final timings (not this test's)
-        if form_a == "ov_int8":  # NNCF quantizes again in each run, and its bytes differ (see test_graph.py)
+        # an OpenVINO IR is converted again in each run and its bytes are not stable (NNCF's INT8, and a full run
+        # once wrote differing ov_fp32 XML from the same weights, checked equal above); the other files must match
+        if form_a.startswith("ov_"):
             files_a, files_b = (
                 {k: v for k, v in f.items() if not k.endswith((".xml", ".bin"))} for f in (files_a, files_b)
             )

@@ -145,11 +145,25 @@ def test_ov_classifier_runs_any_batch(tmp_path):
     single, batch = ov.native_call(_pixels(1, size)), ov.native_call(_pixels(5, size))
     for _ in range(2):  # timed in turns, as measure_latency does: each input keeps its own request
         assert next(iter(single().values())).shape == (1, 10) and next(iter(batch().values())).shape == (5, 10)
-    # what is timed runs the IR compiled for the input's static shape; forward keeps the dynamic batch
+    # an IR without shape-dependent ops is timed on its dynamic compilation (a static one runs alike)
     assert set(ov.static) == {(3, 3, size, size), (1, 3, size, size), (5, 3, size, size)}
-    assert all(c is not ov.compiled for c in ov.static.values())
+    assert all(c is ov.compiled for c in ov.static.values())
+
+
+def test_a_merged_ir_is_timed_compiled_for_the_static_shape(tmp_path):
+    from profiling_agent.tools.compression.token_merge import apply_token_merging
+
+    model, size = _model("deit")
+    apply_token_merging(model, 2)
+    x = _pixels(4, size)
+    (fp32,) = [
+        v for v in build_forms(model, x[:2], x[2:], tmp_path, forms=["ov_fp32"], threads=1) if v.name == "ov_fp32"
+    ]
+    ov = OvClassifier(Path(fp32.path) / "openvino_model.xml", "f32", threads=1)
+    native = next(iter(ov.native_call(x[:1])().values()))  # what is timed: the IR compiled for batch 1
     assert not ov.static[(1, 3, size, size)].inputs[0].get_partial_shape().is_dynamic
-    assert ov.compiled.inputs[0].get_partial_shape().is_dynamic
+    assert ov.compiled.inputs[0].get_partial_shape().is_dynamic  # forward keeps the dynamic batch
+    assert torch.allclose(torch.from_numpy(native.copy()), ov(pixel_values=x[:1]).logits, atol=1e-4)
 
 
 def test_without_openvino_its_forms_fail_with_the_reason_and_rounds_skip_them(tmp_path, monkeypatch):

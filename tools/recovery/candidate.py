@@ -138,8 +138,7 @@ def distill_student(
     )
     if monitor is None:
         return info
-    kept = monitor.finish(student, info["steps_done"])
-    student.eval()
+    kept = monitor.finish(student, info["steps_done"])  # the student stays in eval mode, as distill left it
     return {**info, "trial_curve": monitor.curve, "kept": kept}
 
 

@@ -148,7 +148,7 @@ class PlateauMonitor:
 
 
 def plateau_monitor(
-    score: Callable[[nn.Module], float], images: int, baseline: float, cap_steps: int, folder: Path | None = None
+    score: Callable[[nn.Module], float], images: int, baseline: float, cap_steps: int
 ) -> PlateauMonitor:
     """Return the monitor of one auto distillation of at most `cap_steps` steps, judged on a slice of `images`.
 
@@ -157,9 +157,8 @@ def plateau_monitor(
         images: Images of the slice (one of them is the gain that counts).
         baseline: The baseline's top-1 on the same slice, %.
         cap_steps: The distillation's step cap (sets how often it is checked).
-        folder: The distillation's checkpoint folder, where the best checked student is kept.
     """
-    return PlateauMonitor(score, check_every(cap_steps), 100.0 / max(1, images), baseline=baseline, folder=folder)
+    return PlateauMonitor(score, check_every(cap_steps), 100.0 / max(1, images), baseline=baseline)
 
 
 def stop_reason(info: dict[str, Any], auto: bool) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -176,4 +177,4 @@ def test_a_built_form_is_timed_as_a_whole_run(tmp_path):
     form = next(f for f in ORT_FORMS if f.name == "ort_dynamic")
     path = form.build(model, _pixels(1, 32), tmp_path / "form")
     ms = time_built_form(form, path, _pixels(1, 32), 3)
-    assert 0 < ms < 1000
+    assert ms > 0 and math.isfinite(ms)  # a timing, not a bound on it (speed targets live in bench/)

@@ -79,6 +79,7 @@ def test_cli_approval_flow(tmp_path, capfd, digits_vit):
     run = ["run", "--model", str(model), "--dataset", str(dataset), "--planner", "deterministic", "--iterations", "3",
            "--target-reduction", "0.9", "--max-acc-drop", "0.5", "--subset", "96", "--calibration", "16",
            "--repeats", "2", "--threads", "1", "--backend", "torch", "--approve", "--thread-id", "t",
+           "--recover", "reconstruct",  # the approval flow is under test, not distillation
            *base]  # fmt: skip
     assert main(run) == 0
     out, err = capfd.readouterr()

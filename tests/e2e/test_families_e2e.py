@@ -17,6 +17,10 @@ pytestmark = pytest.mark.slow
 SUBSET = "128"
 # ONNX Runtime delivers (its export of each family is under test); OpenVINO's forms per family: test_openvino_forms
 RUN_FLAGS = [
+    "--recover-steps",  # each family's distillation runs, briefly: the artifact round trip is under test,
+    "8",
+    "--max-acc-drop",  # so a pruned candidate is delivered after so short a recovery
+    "10",
     "--subset",
     SUBSET,
     "--calibration",

@@ -233,6 +233,8 @@ def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
         "1",
         "--backend",  # the ONNX export is under test; every form's build: test_two_iterations_end_to_end
         "onnxruntime",
+        "--recover-steps",  # export and evaluate are under test; automatic recovery: test_two_iterations_end_to_end
+        "8",
     ]
     assert main(args) == 0
     out = capsys.readouterr().out

@@ -78,9 +78,12 @@ def _run(tmp_path, assets, *extra):
         str(tmp_path / "runs"),
         "--thread-id",
         "t",
-        # the planner, not the runtimes, is under test: torch forms only (every form is exercised in test_graph)
+        # the planner, not the runtimes or recovery, is under test: torch forms only (every form is exercised in
+        # test_graph) and the least-squares refit without distillation (tests/e2e/test_recover_node.py has that)
         "--backend",
         "torch",
+        "--recover",
+        "reconstruct",
         *extra,
     ]
     code = main(argv)
@@ -185,19 +188,13 @@ def test_a_sensible_server_plans_every_round_beside_the_deterministic_sequence(t
     analyzed = [e for e in history if e["node"] == "analyze" and e.get("llm")]
     assert [e["llm"]["transcript"] for e in analyzed] == planner["llm"]["transcripts"]
     assert analyzed[0]["llm"]["usage"]["total_tokens"] == 450
-    # never worse than the fallback: the reference rounds are the deterministic run's rounds, and the best is
-    # chosen over both sequences
-    code, _, alone = _run(tmp_path / "det", assets, "--planner", "deterministic", "--iterations", "2")
-    assert code == 0 and [c["planner"] for c in alone["candidates"]] == ["deterministic"] * 2
-    # a separate run profiles latency anew, and latency shares weigh the ratios: same entries, ratios within noise
-    for ref, det in zip(cands[1::2], alone["candidates"], strict=True):
-        mine, theirs = ref["plan"]["pruning"], det["plan"]["pruning"]
-        assert [(e["layer"], e["type"]) for e in mine] == [(e["layer"], e["type"]) for e in theirs]
-        assert all(abs(a["ratio"] - b["ratio"]) <= 0.05 for a, b in zip(mine, theirs, strict=True))
-    best, det_best = result["best"], alone["best"]
-    assert best["within_budget"] >= det_best["within_budget"]
-    if det_best["within_budget"]:
-        assert best["reduction"] >= det_best["reduction"]
+    # never worse than the fallback: the best is chosen over both sequences (the deterministic sequence's plans
+    # repeat with the same seed: tests/e2e/test_same_plan.py)
+    best = result["best"]
+    assert best["iteration"] in [c["iteration"] for c in cands]
+    if best["within_budget"]:  # no candidate of either sequence is as accurate and smaller
+        scored = [c for c in cands if c["accuracy"] is not None and c["params"] is not None]
+        assert all(c["params"] >= best["params"] for c in scored if c["accuracy"] >= best["accuracy"])
 
 
 def test_explicit_llm_that_is_never_reached_stops_with_one_line(tmp_path, assets, capsys):

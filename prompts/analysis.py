@@ -283,7 +283,8 @@ def depth_note(
 def pays(axis: dict[str, Any] | None) -> bool:
     """Return True when the run's token axis has a rate the plan may use (it pays, its damage was measured)."""
     return any(
-        r["rate"] and not r.get("dropped") and r.get("drop_pp") is not None for r in (axis or {}).get("rates", [])
+        any(r["schedule"]) and not r.get("dropped") and r.get("drop_pp") is not None
+        for r in (axis or {}).get("rates", [])
     )
 
 
@@ -294,14 +295,14 @@ def token_note(axis: dict[str, Any] | None) -> str:
     rows = []
     for r in axis["rates"][1:]:
         damage = f", {r['drop_pp']:.2f} pp lost alone" if r.get("drop_pp") is not None else ""
-        rows.append(
-            f"r={r['rate']}: {r['saved_share']:+.1%} latency{damage}" + (" (dropped)" if r.get("dropped") else "")
-        )
+        what = f"r={r['rate']}" if r.get("rate") is not None else f"schedule {r['schedule']}"
+        rows.append(f"{what}: {r['saved_share']:+.1%} latency{damage}" + (" (dropped)" if r.get("dropped") else ""))
     return (
         '\nTokens: a "tokens" entry ({"type": "tokens", "rate": r}) merges r tokens after every transformer layer\'s '
-        "attention (ToMe, training-free), installed after pruning; merging and pruning compose (their latency "
-        f"savings multiply). Measured on {axis['form']} at batch {axis['batch']}: " + "; ".join(rows) + ". Use only a "
-        "rate that pays (not dropped); set tokens to null otherwise (the token_table tool shows the measurements)."
+        'attention (ToMe, training-free), installed after pruning; {"type": "tokens", "schedule": [...]} merges r per '
+        "layer as a measured schedule lists; merging and pruning compose (their latency savings multiply). Measured "
+        f"on {axis['form']} at batch {axis['batch']}: " + "; ".join(rows) + ". Use only a rate or schedule that pays "
+        "(not dropped); set tokens to null otherwise (the token_table tool shows the measurements)."
     )
 
 

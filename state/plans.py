@@ -212,8 +212,9 @@ class BlockTrial(Strict):
 class TokenChoice(Strict):
     """Round 1's weighing of token merging against pruning alone (`planning/token_plan.py`), on the trial slice."""
 
-    rate: int = Field(description="The merging rate weighed.")
-    saved_share: float = Field(description="Share of the planned form's latency the rate saved, measured.")
+    rate: int | None = Field(description="The merging rate weighed (None: the front-loaded schedule below).")
+    schedule: list[int] | None = Field(default=None, description="The front-loaded schedule weighed, when no rate.")
+    saved_share: float = Field(description="Share of the planned form's latency it saved, measured.")
     drop_pp: float = Field(description="The merged baseline's trial-slice loss, pp.")
     with_pp: float | None = Field(default=None, description="The plan with merging: trial-slice loss, pp.")
     without_pp: float | None = Field(default=None, description="The plan pruning alone: trial-slice loss, pp.")

@@ -6,6 +6,7 @@ the State validates it back into these models, so every field that flows is decl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, with_config
@@ -162,10 +163,16 @@ class GroupSensitivity(Strict):
 
 
 class TokenRate(Strict):
-    """One token-merging rate of the run's token axis: its latency in the planned form and its trial-slice damage."""
+    """One token-merging rate or schedule of the run's token axis: its latency in the planned form and its damage.
 
-    rate: int = Field(description="Tokens merged after every layer (capped per layer); 0: unmerged.")
-    schedule: list[int] = Field(description="The per-layer schedule the rate stands for.")
+    A uniform rate (`rate`, capped per layer as ToMe does) or a front-loaded schedule (`rate` None: merges in the
+    first few layers only, which pays better at batch 1 than merging a little in every layer).
+    """
+
+    rate: int | None = Field(
+        description="Tokens merged after every layer (capped per layer); 0: unmerged; None: a front-loaded schedule."
+    )
+    schedule: list[int] = Field(description="The per-layer schedule the row stands for.")
     tokens_left: int = Field(description="Tokens the last layer's MLP sees.")
     latency_ms: float = Field(description="The planned form's latency at the run's batch, ms.")
     saved_share: float = Field(description="Share of the unmerged latency saved (negative: slower).")
@@ -174,6 +181,14 @@ class TokenRate(Strict):
     agreement: float | None = Field(default=None, description="Percent of trial-slice predictions unchanged.")
     kl: float | None = Field(default=None, description="Mean KL of its logits from the unmerged model's.")
 
+    def merges(self) -> bool:
+        """Return True unless this is the unmerged row (rate 0)."""
+        return any(self.schedule)
+
+    def label(self) -> str:
+        """Return the row in a few words: "r=8" or "schedule [16, 8, 0, 0]"."""
+        return f"r={self.rate}" if self.rate is not None else f"schedule {self.schedule}"
+
 
 class TokenAxis(Strict):
     """The run's token axis (ViT, DeiT): the planned form's latency and the damage at a few merging rates."""
@@ -181,17 +196,26 @@ class TokenAxis(Strict):
     form: str = Field(description="The form timed (the planned backend form, or torch).")
     batch: int = Field(description="Images per timed run (the batch a latency target is judged at).")
     base_ms: float = Field(description="The unmerged model's latency in that form, ms.")
-    rates: list[TokenRate] = Field(default_factory=list, description="Rate 0 first, then the rates measured.")
+    rates: list[TokenRate] = Field(
+        default_factory=list, description="Rate 0 first, then the uniform rates and front-loaded schedules measured."
+    )
     images: int = Field(default=0, description="Trial-slice images the damage was measured on.")
     protected: int = Field(default=1, description="Leading tokens never merged (CLS; DeiT's distillation token too).")
 
     def paying(self) -> list[TokenRate]:
-        """Return the rates the planners may use: faster than rate 0, with their damage measured."""
-        return [r for r in self.rates if r.rate > 0 and r.dropped is None and r.drop_pp is not None]
+        """Return the rows the planners may use: merging, faster than rate 0, with their damage measured."""
+        return [r for r in self.rates if r.merges() and r.dropped is None and r.drop_pp is not None]
 
     def at(self, rate: int) -> TokenRate | None:
-        """Return the row of `rate`, or None when it was not measured."""
+        """Return the row of uniform `rate`, or None when it was not measured."""
         return next((r for r in self.rates if r.rate == rate), None)
+
+    def row_for(self, rate: int | None, schedule: Sequence[int] | None) -> TokenRate | None:
+        """Return the measured row a plan entry names (its uniform rate, or exactly its schedule), or None."""
+        if rate is not None:
+            return self.at(rate)
+        wanted = list(schedule or [])
+        return next((r for r in self.rates if r.rate is None and r.schedule == wanted), None)
 
 
 class VariantRecord(Strict):

@@ -191,3 +191,60 @@ def test_a_reviewer_sees_and_may_edit_a_token_entry_checked_against_the_runs_axi
     assert verdict.ok and verdict.estimate["tokens"] == pytest.approx(0.25)
     decision, edited, _, error = parse_answer({"decision": "edit", "plan": plan}, with_axis)
     assert (decision, error) == ("edit", "") and edited is not None and edited["tokens"]["rate"] == 8
+
+
+def _front_axis() -> TokenAxis:
+    """Uniform rate 8 pays little per point; the front-loaded [16, 0] saves more for less (fewer merge sites)."""
+    axis = _axis((8, 0.10, 0.5, None)).model_dump()
+    front = {"rate": None, "schedule": [16, 0], "tokens_left": 49, "latency_ms": 0.7, "saved_share": 0.3}
+    return TokenAxis.model_validate({**axis, "rates": [*axis["rates"], {**front, "drop_pp": 0.25}]})
+
+
+def test_a_front_loaded_schedule_is_weighed_planned_kept_and_checked_like_a_rate():
+    from fake_llm import vit_profile
+
+    from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
+    from profiling_agent.tools.planning.plan_parse import normalize_plan
+    from profiling_agent.tools.planning.structured import plan_schema
+    from profiling_agent.tools.planning.token_guard import predicted_saving
+    from profiling_agent.tools.reporting.markdown import token_axis_lines
+    from profiling_agent.tools.reporting.result import token_facts
+
+    axis = _front_axis()
+    option = token_option(axis, LATENCY)
+    assert option == TokenOption(rate=None, saved=0.3, drop_pp=0.25, form="ov_int8", schedule=(16, 0))
+    merged = RoundData(GROUPS, COSTS, SENS, LATENCY, [], option).plan()
+    assert merged.plan.tokens == TokenEntry(schedule=[16, 0], justification=option.justification())
+    assert "schedule [16, 0]" in merged.plan.rationale
+    assert run_option(axis, [Candidate(iteration=1, plan=merged.plan)]) == option  # later rounds keep it
+    # the guard takes the measured schedule's own saving, not the uniform rates' interpolation
+    assert predicted_saving(axis, [16, 0]) == pytest.approx(0.3)
+    assert predicted_saving(axis, [4, 4]) == pytest.approx(0.05)  # between rates 0 and 8 only
+    profile = vit_profile(n_layers=2)
+    plan, _ = normalize_plan(
+        {"pruning": [], "quantization": [], "rationale": "r", "tokens": {"type": "tokens", "schedule": [16, 0]}}
+    )
+    verdict = check_plan(
+        plan,
+        profile["groups"],
+        profile["protected"],
+        profile["group_costs"],
+        GuardConfig(target="latency", target_reduction=0.5, tokens=axis),
+    )
+    assert verdict.ok and verdict.estimate["tokens"] == pytest.approx(0.3)
+    # a constrained answer may name the rate or the schedule measured, nothing else
+    schema = plan_schema(
+        profile["groups"],
+        ("qint8",),
+        {"structured": 0.8, "head": 0.75},
+        0.05,
+        token_rates=[8],
+        token_schedules=[[16, 0]],
+    )
+    shapes = schema["properties"]["tokens"]["anyOf"]
+    assert shapes[1]["properties"]["rate"]["enum"] == [8] and shapes[2]["properties"]["schedule"]["enum"] == [[16, 0]]
+    facts = token_facts(
+        {"plan": {"tokens": merged.plan.tokens.model_dump()}, "token_schedule": [16, 0]}, axis.model_dump()
+    )
+    assert facts is not None and facts["bought"]["saved_share"] == 0.3
+    assert "schedule [16, 0] 0.700 ms (+30.0%, 0.25 pp lost)" in token_axis_lines(axis.model_dump())[0]

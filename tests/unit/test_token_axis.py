@@ -124,6 +124,16 @@ def _timed_form(ms_by_tokens, monkeypatch):
     return BackendForm("ov_int8", "openvino", build, never)
 
 
+def test_front_loaded_schedules_merge_in_the_first_layers_only_up_to_each_layers_cap():
+    from profiling_agent.tools.profiling.token_latency import front_schedules
+
+    # 64 patches + CLS over 2 layers: both layers are front layers; [32, 16] is uniform rate 32's, so not repeated
+    assert front_schedules(_vit(image_size=32)) == [[16, 12]]
+    # ViT-B/16's 196 patches over 12 layers: the first three merge half or all they may, the rest none
+    wide = _vit(image_size=224, patch_size=16, num_hidden_layers=12)
+    assert front_schedules(wide) == [[49, 36, 27] + [0] * 9, [98, 49, 24] + [0] * 9]
+
+
 def test_the_token_latency_table_drops_a_rate_that_does_not_pay_and_says_why(tmp_path, monkeypatch):
     from profiling_agent.tools.profiling.token_latency import max_rate, measure_token_latency, token_rates
 
@@ -134,7 +144,9 @@ def test_the_token_latency_table_drops_a_rate_that_does_not_pay_and_says_why(tmp
     table = measure_token_latency(model, _pixels(1, 32), form, tmp_path)
     assert table["form"] == "ov_int8" and table["batch"] == 1 and table["base_ms"] == pytest.approx(1.1)
     rows = {r["rate"]: r for r in table["rates"]}
-    assert list(rows) == [0, 11, 21, 32] and rows[0]["dropped"] is None and rows[0]["saved_share"] == 0
+    assert list(rows) == [0, 11, 21, 32, None] and rows[0]["dropped"] is None and rows[0]["saved_share"] == 0
+    # the front-loaded schedule is timed beside the rates: 65 - 16 - 12 = 37 tokens left, so it pays here
+    assert rows[None]["schedule"] == [16, 12] and rows[None]["tokens_left"] == 37 and rows[None]["dropped"] is None
     assert "does not pay on ov_int8 at batch 1" in rows[11]["dropped"] and rows[11]["saved_share"] < 0
     assert rows[21]["dropped"] is None and rows[21]["saved_share"] > 0.3 and rows[21]["schedule"] == [21, 21]
     assert rows[32]["tokens_left"] == 65 - 32 - 16

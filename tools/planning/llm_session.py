@@ -135,8 +135,16 @@ class Session:
         caps = {"structured": self.guard.max_ratio_structured, "head": self.guard.max_ratio_head, "block": 1.0}
         groups = self.profile.get("groups") or []
         linears = [str(r["name"]) for r in self.profile.get("layers") or [] if "Linear" in str(r.get("type", ""))]
-        rates = [r.rate for r in self.guard.tokens.paying()] if self.guard.tokens is not None else None
-        self.schema = plan_schema(groups, self.guard.allowed_dtypes, caps, self.guard.min_ratio, linears, rates)
+        paying = self.guard.tokens.paying() if self.guard.tokens is not None else []
+        self.schema = plan_schema(
+            groups,
+            self.guard.allowed_dtypes,
+            caps,
+            self.guard.min_ratio,
+            linears,
+            [r.rate for r in paying if r.rate is not None],
+            [r.schedule for r in paying if r.rate is None],
+        )
         self.ratios: dict[str, float] = {}  # the accepted plan's ratio per group
         self.refused_estimate: dict[str, float] = {}  # the last refused plan's predicted reduction
         self.sent_back = 0  # answers refused before the accepted one

@@ -341,10 +341,11 @@ def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], d
 def _token_tool(axis: TokenAxis) -> BaseTool:
     @tool(parse_docstring=True)
     def token_table() -> str:
-        """Show token merging's measured latency and damage: the delivered form's latency at each merging rate.
+        """Show token merging's measured latency and damage: the delivered form's latency at each rate and schedule.
 
         A "tokens" entry ({"type": "tokens", "rate": r}) merges r tokens after every layer's attention (capped per
-        layer); merging and pruning compose (their latency savings multiply). Rates marked dropped do not pay.
+        layer); {"type": "tokens", "schedule": [...]} merges a measured front-loaded schedule (r per layer); merging
+        and pruning compose (their latency savings multiply). Rows marked dropped do not pay.
         """
         return dump(
             {
@@ -353,7 +354,8 @@ def _token_tool(axis: TokenAxis) -> BaseTool:
                 "unmerged_ms": axis.base_ms,
                 "trial_images": axis.images,
                 "rates": [
-                    {k: v for k, v in r.model_dump().items() if v is not None and k != "schedule"} for r in axis.rates
+                    {k: v for k, v in r.model_dump().items() if v is not None and (k != "schedule" or r.rate is None)}
+                    for r in axis.rates
                 ],
             }
         )

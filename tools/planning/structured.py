@@ -44,6 +44,7 @@ def plan_schema(
     min_ratio: float,
     linears: list[str] | None = None,
     token_rates: list[int] | None = None,
+    token_schedules: list[list[int]] | None = None,
 ) -> dict[str, Any]:
     """Return the JSON schema of a plan for this model, the one the server constrains decoding to.
 
@@ -53,7 +54,7 @@ def plan_schema(
     "structured" for head groups). The guard checks this form and, for unconstrained answers, also the `layer`
     regex form. Ratios come from a grid, and quantization entries name "all" or one exact Linear layer. A "block"
     entry (present only when the groups include block groups, i.e. depth pruning is on) removes whole blocks: its
-    only ratio is 1.0.
+    only ratio is 1.0. A "tokens" entry (only when a merging rate or schedule pays) names one that was measured.
     """
     kinds = sorted({str(g["kind"]) for g in groups}) or ["structured", "head"]
 
@@ -99,8 +100,8 @@ def plan_schema(
         "quantization": {"type": "array", "items": quant_entry},
         "rationale": {"type": "string", "maxLength": MAX_RATIONALE},
     }
-    if token_rates:
-        props[TOKENS] = {"anyOf": [{"type": "null"}, token_schema(token_rates)]}
+    if token_rates or token_schedules:
+        props[TOKENS] = {"anyOf": [{"type": "null"}, *token_schema(token_rates or [], token_schedules or [])]}
     return {
         "type": "object",
         "properties": props,
@@ -109,18 +110,25 @@ def plan_schema(
     }
 
 
-def token_schema(rates: list[int]) -> dict[str, Any]:
-    """Return a constrained token entry's schema: one of the measured `rates` for every layer."""
-    return {
-        "type": "object",
-        "properties": {
-            "type": {"type": "string", "enum": [TOKENS]},
-            "rate": {"type": "integer", "enum": sorted(set(rates))},
-            "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
-        },
-        "required": ["type", "rate", "justification"],
-        "additionalProperties": False,
-    }
+def token_schema(rates: list[int], schedules: list[list[int]]) -> list[dict[str, Any]]:
+    """Return a constrained token entry's shapes: one of the measured `rates` for every layer, or one `schedules`."""
+
+    def shape(key: str, values: list[Any], kind: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string", "enum": [TOKENS]},
+                key: {**kind, "enum": values},
+                "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
+            },
+            "required": ["type", key, "justification"],
+            "additionalProperties": False,
+        }
+
+    shapes = [shape("rate", sorted(set(rates)), {"type": "integer"})] if rates else []
+    if schedules:
+        shapes.append(shape("schedule", [list(s) for s in schedules], {"type": "array", "items": {"type": "integer"}}))
+    return shapes
 
 
 def response_format(mode: StructuredMode, schema: dict[str, Any]) -> dict[str, Any] | None:

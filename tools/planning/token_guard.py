@@ -4,8 +4,8 @@ The guard never sees the model, only what the profile and the probe measured (`s
 protected ones, the layers (a schedule's length) and the planned form's latency at a few rates. A token entry is
 refused when the run has no token axis (a CNN, Swin, or a target other than latency, where nothing was measured),
 when its schedule does not fit (length, whole r >= 0, at most half a layer's unprotected tokens), or when its
-predicted saving (`predicted_saving`: interpolated on the mean tokens the layers see) does not pay, as the profile
-drops a rate that does not.
+predicted saving (`predicted_saving`: the measured one for a measured rate or schedule, else interpolated on the mean
+tokens the layers see between the uniform rates) does not pay, as the profile drops a row that does not.
 """
 
 from __future__ import annotations
@@ -41,10 +41,17 @@ def schedule_of(axis: TokenAxis, entry: TokenEntry) -> list[int]:
 def predicted_saving(axis: TokenAxis, schedule: Sequence[int]) -> float:
     """Return the share of the planned form's latency `schedule` is predicted to save.
 
-    Interpolated linearly on the mean tokens the layers see between the measured rates (beyond them, the nearest).
+    A measured schedule's measured saving; otherwise interpolated linearly on the mean tokens the layers see between
+    the uniform rates (beyond them, the nearest). A front-loaded schedule saves more per token than uniform rates
+    (fewer merge sites), so the uniform rates alone are the interpolation's points.
     """
+    measured = next((r for r in axis.rates if r.schedule == list(schedule)), None)
+    if measured is not None:
+        return measured.saved_share
     points = sorted(
-        (sum(layer_tokens(axis, r.schedule)) / len(r.schedule), r.saved_share) for r in axis.rates if r.schedule
+        (sum(layer_tokens(axis, r.schedule)) / len(r.schedule), r.saved_share)
+        for r in axis.rates
+        if r.schedule and r.rate is not None
     )
     x = sum(layer_tokens(axis, schedule)) / max(1, len(schedule))
     if x <= points[0][0]:
@@ -77,7 +84,7 @@ def token_reasons(entry: TokenEntry | None, axis: TokenAxis | None) -> tuple[lis
             ], 0.0
     saved = predicted_saving(axis, schedule)
     if saved < MIN_SAVING:
-        measured = "; ".join(f"r={r.rate} {r.saved_share:+.1%}" for r in axis.rates[1:])
+        measured = "; ".join(f"{r.label()} {r.saved_share:+.1%}" for r in axis.rates[1:])
         return [
             f"token merging {entry.label()} is predicted to save {saved:+.1%} of {axis.form}'s latency at batch "
             f"{axis.batch}, under the {MIN_SAVING:.0%} that pays (measured: {measured}): drop it or merge more"

@@ -16,24 +16,49 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from profiling_agent.state import Candidate, CompressionPlan, Objective, TokenAxis, TokenChoice, TokenEntry
+from profiling_agent.state import (
+    Candidate,
+    CompressionPlan,
+    Objective,
+    TokenAxis,
+    TokenChoice,
+    TokenEntry,
+    TokenRate,
+)
 
 TOKEN_BUDGET_SHARE = 0.5  # a rate whose merged baseline alone loses more than half the accuracy budget is not weighed
 
 
 @dataclass(frozen=True)
 class TokenOption:
-    """A measured merging rate the planner may add to its plan."""
+    """A measured merging row the planner may add to its plan: a uniform rate or a front-loaded schedule."""
 
-    rate: int
+    rate: int | None  # None: the schedule below (a front-loaded row)
     saved: float  # share of the planned form's latency it saved at the run's batch
     drop_pp: float  # the merged baseline's trial-slice loss, pp
     form: str  # the form it was timed on
+    schedule: tuple[int, ...] = ()  # a front-loaded row's r per layer (empty for a uniform rate)
+
+    @classmethod
+    def of(cls, row: TokenRate, form: str) -> TokenOption:
+        """Return the option of a measured row of the token axis."""
+        schedule = tuple(row.schedule) if row.rate is None else ()
+        return cls(row.rate, row.saved_share, float(row.drop_pp or 0.0), form, schedule)
+
+    def entry(self) -> TokenEntry:
+        """Return the plan entry that installs this option: its rate, or its schedule."""
+        if self.rate is not None:
+            return TokenEntry(rate=self.rate, justification=self.justification())
+        return TokenEntry(schedule=list(self.schedule), justification=self.justification())
+
+    def label(self) -> str:
+        """Return the option in a few words: "rate 8" or "schedule [16, 8, 0, 0]"."""
+        return f"rate {self.rate}" if self.rate is not None else f"schedule {list(self.schedule)}"
 
     def justification(self) -> str:
         """Say why the entry is in the plan, from the measurements."""
         return (
-            f"rate {self.rate} saved {self.saved:.1%} of {self.form}'s latency at batch 1 and lost "
+            f"{self.label()} saved {self.saved:.1%} of {self.form}'s latency at batch 1 and lost "
             f"{self.drop_pp:.2f} pp on the trial slice before pruning"
         )
 
@@ -49,11 +74,12 @@ def to_total(pruning: float, saved: float) -> float:
 
 
 def token_option(axis: TokenAxis | None, objective: Objective) -> TokenOption | None:
-    """Return the rate to weigh against pruning: the paying one that saves the most latency per point lost.
+    """Return the row to weigh against pruning: the paying one that saves the most latency per point lost.
 
-    Only under a latency target, among the rates that pay on the planned form (`TokenAxis.paying`), save less than
-    the target (pruning still has a share), and lose at most `TOKEN_BUDGET_SHARE` of the accuracy budget alone. A
-    loss is counted as at least one image of the trial slice (its resolution). None when no rate qualifies.
+    Uniform rates and front-loaded schedules alike. Only under a latency target, among the rows that pay on the
+    planned form (`TokenAxis.paying`), save less than the target (pruning still has a share), and lose at most
+    `TOKEN_BUDGET_SHARE` of the accuracy budget alone. A loss is counted as at least one image of the trial slice
+    (its resolution). None when no row qualifies.
     """
     if axis is None or objective.target != "latency":
         return None
@@ -65,18 +91,16 @@ def token_option(axis: TokenAxis | None, objective: Objective) -> TokenOption | 
         return None
     floor = 100.0 / max(1, axis.images)
     best = max(rows, key=lambda r: (r.saved_share / max(float(r.drop_pp or 0.0), floor), r.saved_share))
-    return TokenOption(best.rate, best.saved_share, float(best.drop_pp or 0.0), axis.form)
+    return TokenOption.of(best, axis.form)
 
 
 def run_option(axis: TokenAxis | None, own: Sequence[Candidate]) -> TokenOption | None:
-    """Return the rate the deterministic sequence's first round chose (later rounds keep it), or None."""
+    """Return the row the deterministic sequence's first round chose (later rounds keep it), or None."""
     entry = own[0].plan.tokens if own else None
-    if entry is None or entry.rate is None or axis is None:
+    if entry is None or axis is None:
         return None
-    row = axis.at(entry.rate)
-    if row is None:
-        return None
-    return TokenOption(row.rate, row.saved_share, float(row.drop_pp or 0.0), axis.form)
+    row = axis.row_for(entry.rate, entry.schedule)
+    return None if row is None else TokenOption.of(row, axis.form)
 
 
 def pruning_problem(
@@ -93,9 +117,9 @@ def pruning_problem(
 def with_tokens(plan: CompressionPlan, option: TokenOption, pruning_estimate: float) -> float:
     """Add the token entry to `plan` (in place) and say so in its rationale; return the plan's total estimate."""
     total = to_total(pruning_estimate, option.saved)
-    plan.tokens = TokenEntry(rate=option.rate, justification=option.justification())
+    plan.tokens = option.entry()
     plan.rationale += (
-        f" Token merging at rate {option.rate} ({option.saved:.1%} of the latency measured on {option.form}) composes "
+        f" Token merging at {option.label()} ({option.saved:.1%} of the latency measured on {option.form}) composes "
         f"with pruning's {pruning_estimate:.1%}: {total:.1%} in all (the pruning's goals above are what merging "
         "leaves of the run's)."
     )
@@ -114,11 +138,12 @@ def weigh(
     without_pp = float(evaluate(unmerged.model_dump())["accuracy_drop_pp"])
     chosen = with_pp <= without_pp
     why = (
-        f"merging at rate {option.rate} and pruning less lost {with_pp:.2f} pp on the trial slice, pruning alone "
+        f"merging at {option.label()} and pruning less lost {with_pp:.2f} pp on the trial slice, pruning alone "
         f"{without_pp:.2f} pp: {'merging' if chosen else 'pruning alone'} kept"
     )
     return TokenChoice(
         rate=option.rate,
+        schedule=None if option.rate is not None else list(option.schedule),
         saved_share=option.saved,
         drop_pp=option.drop_pp,
         with_pp=round(with_pp, 3),

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 2  # 2: OpenVINO forms timed compiled for the static input shape
+SCHEMA = 3  # 2: OpenVINO forms timed compiled for the static input shape; 3: front-loaded token schedules
 GRID = 1.1  # shares snap to the nearest power of 1.1: steps of 10%, above the repeats' noise (docs/facts.md)
 PRECISION = 0.05  # repeat until each group's share spreads (max - min) by at most 5% of its median
 SHARE_FLOOR = 0.01  # a group below 1% of the time is judged by an absolute spread of 5% of 1%

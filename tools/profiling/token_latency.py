@@ -2,11 +2,13 @@
 
 Merging tokens (`compression.token_merge`) shrinks every later layer's GEMMs along M, but adds a few small ops per
 layer, which at batch 1 can cost as much as the smaller GEMMs save (docs/tokens.md). So the profile step measures
-the planned form's whole-model latency at rate 0 and at `token_rates` (up to ToMe's maximum), at batch 1 (the batch
-a latency target is judged at), timed twice in opposite orders with each form's faster median kept, as the
-per-group latency table is. A rate that is not faster than rate 0 by `MIN_SAVING` is dropped with the reason. The
-probe step then measures each kept rate's accuracy loss on the trial slice (`token_damage`); both go to the run's
-`TokenAxis` record, which the planners weigh against pruning.
+the planned form's whole-model latency at rate 0, at `token_rates` (uniform, up to ToMe's maximum) and at
+`front_schedules` (merging in the first few layers only: at batch 1 a merge's cost is per merge site, so few sites
+with a large r pay where a small r in every layer does not), at batch 1 (the batch a latency target is judged at),
+timed twice in opposite orders with each form's faster median kept, as the per-group latency table is. A row that is
+not faster than rate 0 by `MIN_SAVING` is dropped with the reason. The probe step then measures each kept row's
+accuracy loss on the trial slice (`token_damage`); both go to the run's `TokenAxis` record, which the planners weigh
+against pruning.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from profiling_agent.state import TokenAxis, TokenRate
 from profiling_agent.tools.compression.token_merge import (
     apply_token_merging,
     has_token_axis,
+    resolve_schedule,
     schedule_from_rate,
     tokens_per_layer,
 )
@@ -34,6 +37,8 @@ from profiling_agent.tools.profiling.backend_profile import BackendForm
 
 MIN_SAVING = 0.05  # a rate must save at least 5% of rate 0's time: the timing precision of the planned latency
 RATE_STEPS = 3  # rates measured beside 0: evenly up to ToMe's maximum
+FRONT_STEPS = 2  # front-loaded schedules measured: merging half and all of what each front layer may merge
+FRONT_SHARE = 4  # a front-loaded schedule merges in the first quarter of the layers (at least two, at most all)
 BATCH = 1  # the batch a latency target is judged at (`latency_ms`)
 
 
@@ -49,6 +54,30 @@ def token_rates(model: nn.Module, steps: int = RATE_STEPS) -> list[int]:
     """Return the rates the profile measures beside 0: `steps` rates spread evenly up to `max_rate` (distinct)."""
     top = max_rate(model)
     return sorted({max(1, round(top * k / steps)) for k in range(1, steps + 1)})
+
+
+def front_schedules(model: nn.Module, steps: int = FRONT_STEPS) -> list[list[int]]:
+    """Return the front-loaded schedules the profile measures: merging in the first few layers only.
+
+    The first `max(2, layers // FRONT_SHARE)` layers (all of them in a model that small) each merge `k / steps` of
+    what they may (half their unprotected tokens, ToMe's cap), for k = 1..steps; later layers merge none. A
+    12-layer ViT-B/16: [33, 27, 22, 0, ...] and [98, 49, 24, 0, ...]. Distinct from the uniform rates.
+    """
+    from profiling_agent.tools.models.merged_tokens import token_count
+
+    model_type, layers = token_layers(model)
+    protected, sites = PROTECTED[model_type], min(len(layers), max(2, len(layers) // FRONT_SHARE))
+    uniform = [schedule_from_rate(model, r) for r in token_rates(model)]
+    out: list[list[int]] = []
+    for k in range(1, steps + 1):
+        tokens, schedule = token_count(model), []
+        for i in range(len(layers)):
+            r = (tokens - protected) // 2 * k // steps if i < sites else 0
+            schedule.append(r)
+            tokens -= r
+        if any(schedule) and schedule not in uniform and schedule not in out:
+            out.append(schedule)
+    return out
 
 
 def _time_torch(model: nn.Module, example: torch.Tensor, repeats: int) -> float:
@@ -119,40 +148,47 @@ def measure_token_latency(
     folder: Path,
     *,
     rates: Sequence[int] | None = None,
+    schedules: Sequence[Sequence[int]] | None = None,
     repeats: int = 5,
 ) -> dict[str, Any]:
-    """Measure the model's latency in `form` (None: eager torch) at rate 0 and at each rate; drop those that lose.
+    """Measure the model's latency in `form` (None: eager torch) at rate 0, each rate and each front-loaded schedule.
+
+    Rows that do not save `MIN_SAVING` are dropped with the reason. `rates` and `schedules` default to `token_rates`
+    and `front_schedules`.
 
     Returns:
-        {"form", "batch", "base_ms", "rates": [{"rate", "schedule", "tokens_left", "latency_ms", "saved_share",
-        "dropped" (None, or why the planners may not use it)}]} (rate 0 first), or {"error"} for a model without a
-        token axis.
+        {"form", "batch", "base_ms", "rates": [{"rate" (None for a schedule), "schedule", "tokens_left",
+        "latency_ms", "saved_share", "dropped" (None, or why the planners may not use it)}]} (rate 0 first), or
+        {"error"} for a model without a token axis.
     """
     reason = has_token_axis(model)
     if reason is not None:
         return {"error": reason}
-    rates = [0, *[r for r in (rates if rates is not None else token_rates(model)) if r > 0]]
+    uniform = [0, *[r for r in (rates if rates is not None else token_rates(model)) if r > 0]]
+    fronts = [list(s) for s in (schedules if schedules is not None else front_schedules(model))]
+    keys: list[int | None] = [*uniform, *[None] * len(fronts)]
+    plans = [schedule_from_rate(model, r) for r in uniform] + [resolve_schedule(model, s) for s in fronts]
     models = []
-    for r in rates:
+    for schedule in plans:
         merged = copy.deepcopy(model).eval()
-        apply_token_merging(merged, r)
+        apply_token_merging(merged, schedule)
         models.append(merged)
     timers = _timers(models, example[:BATCH], form, folder, repeats)
-    ms = [float("inf")] * len(rates)
-    for order in (range(len(rates)), reversed(range(len(rates)))):  # opposite orders, the faster median kept
+    ms = [float("inf")] * len(plans)
+    for order in (range(len(plans)), reversed(range(len(plans)))):  # opposite orders, the faster median kept
         for i in order:
             ms[i] = min(ms[i], timers[i]())
     name = form.name if form is not None else "torch"
     rows = []
-    for r, t in zip(rates, ms, strict=True):
+    for r, schedule, t in zip(keys, plans, ms, strict=True):
         saved = 1.0 - t / ms[0] if ms[0] > 0 else 0.0
         dropped = None
-        if r and saved < MIN_SAVING:
+        if any(schedule) and saved < MIN_SAVING:
+            what = f"rate {r}" if r is not None else f"schedule {schedule}"
             dropped = (
-                f"rate {r} does not pay on {name} at batch {BATCH}: {t:.3f} ms against {ms[0]:.3f} ms unmerged "
+                f"{what} does not pay on {name} at batch {BATCH}: {t:.3f} ms against {ms[0]:.3f} ms unmerged "
                 f"({saved:+.1%}; at least {MIN_SAVING:.0%} must be saved)"
             )
-        schedule = schedule_from_rate(model, r)
         rows.append(
             {
                 "rate": r,
@@ -174,9 +210,9 @@ def token_damage(
     labels: torch.Tensor,
     allowed_ids: list[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Return the rows with each kept rate's trial-slice damage added (`drop_pp`, `agreement`, `kl`, as the probe's).
+    """Return the rows with each kept row's trial-slice damage added (`drop_pp`, `agreement`, `kl`, as the probe's).
 
-    Rate 0 and dropped rates are returned as they were. Merging is training-free, so this is the merged baseline's
+    Rate 0 and dropped rows are returned as they were. Merging is training-free, so this is the merged baseline's
     loss; pruning on top adds its own.
     """
     from profiling_agent.tools.profiling.sensitivity import compare_logits, restrict_logits
@@ -186,7 +222,7 @@ def token_damage(
         reference = restrict_logits(batched_logits(model, pixels), allowed_ids)
     out = []
     for row in rows:
-        if not row["rate"] or row.get("dropped"):
+        if not any(row["schedule"]) or row.get("dropped"):
             out.append(dict(row))
             continue
         merged = copy.deepcopy(model).eval()
@@ -206,13 +242,18 @@ def token_damage(
 
 
 def token_note(table: dict[str, Any]) -> str:
-    """Say in one console clause what merging tokens saves in the timed form, and which rates were dropped."""
+    """Say in one console clause what merging tokens saves in the timed form, and which rows were dropped."""
     if "error" in table:
         return ""
     rates = table["rates"][1:]
-    saved = ", ".join(f"r={r['rate']} {r['saved_share']:+.0%}" for r in rates)
+    saved = ", ".join(f"{row_label(r)} {r['saved_share']:+.0%}" for r in rates)
     dropped = sum(r["dropped"] is not None for r in rates)
     return f"; token merging on {table['form']} at batch {table['batch']}: {saved} ({dropped} dropped: no gain)"
+
+
+def row_label(row: dict[str, Any]) -> str:
+    """Return a measured row in a few words: "r=8" or "schedule [16, 8, 0, 0]" (as `TokenRate.label`)."""
+    return TokenRate.model_validate(row).label()
 
 
 def token_axis(

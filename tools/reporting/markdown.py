@@ -336,7 +336,8 @@ def token_axis_lines(axis: Mapping[str, Any] | None) -> list[str]:
     rows = []
     for r in axis["rates"][1:]:
         damage = f", {r['drop_pp']:.2f} pp lost" if r.get("drop_pp") is not None else ""
-        rows.append(f"r={r['rate']} {r['latency_ms']:.3f} ms ({r['saved_share']:+.1%}{damage})")
+        what = f"r={r['rate']}" if r.get("rate") is not None else f"schedule {r['schedule']}"
+        rows.append(f"{what} {r['latency_ms']:.3f} ms ({r['saved_share']:+.1%}{damage})")
     dropped = [r["dropped"] for r in axis["rates"] if r.get("dropped")]
     return [
         f"- Token merging on {axis['form']} at batch {axis['batch']}: unmerged {axis['base_ms']:.3f} ms; "

@@ -162,8 +162,15 @@ def token_facts(c: Mapping[str, Any], axis: Mapping[str, Any] | None) -> dict[st
     if entry is None and weighed is None:
         return None
     facts: dict[str, Any] = {"entry": entry, "schedule": c.get("token_schedule"), "weighed": weighed}
-    rate = (entry or {}).get("rate")
-    row = next((r for r in (axis or {}).get("rates", []) if rate is not None and r["rate"] == rate), None)
+    rate, schedule = (entry or {}).get("rate"), (entry or {}).get("schedule")
+    row = next(
+        (
+            r
+            for r in (axis or {}).get("rates", [])
+            if entry and ((rate is not None and r["rate"] == rate) or (rate is None and r["schedule"] == schedule))
+        ),
+        None,
+    )
     if row is not None and axis is not None:
         facts["bought"] = {
             "form": axis["form"],

@@ -248,3 +248,27 @@ def test_a_front_loaded_schedule_is_weighed_planned_kept_and_checked_like_a_rate
     )
     assert facts is not None and facts["bought"]["saved_share"] == 0.3
     assert "schedule [16, 0] 0.700 ms (+30.0%, 0.25 pp lost)" in token_axis_lines(axis.model_dump())[0]
+
+
+def test_a_proposal_merges_as_the_deterministic_round_chose_and_prunes_the_rest_of_the_goal():
+    from fake_llm import vit_profile, vit_sensitivity
+
+    from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
+    from profiling_agent.tools.planning.proposal import propose
+    from profiling_agent.tools.planning.token_plan import fallback_option
+
+    profile = vit_profile(n_layers=2)
+    groups, costs, sens = profile["groups"], profile["group_costs"], vit_sensitivity(profile)
+    axis = _front_axis()
+    option = fallback_option(axis, TokenEntry(schedule=[16, 0]))
+    assert option is not None and option.schedule == (16, 0) and fallback_option(axis, None) is None
+    assert fallback_option(axis, TokenEntry(schedule=[8, 8])) is None  # not a measured row
+    alone, _ = propose(groups, costs, sens, LATENCY, 0.5, "balanced", [])
+    merged, record = propose(groups, costs, sens, LATENCY, 0.5, "balanced", [], option)
+    assert "tokens" not in alone and merged["tokens"]["schedule"] == [16, 0]
+    assert sum(e["ratio"] for e in merged["pruning"]) < sum(e["ratio"] for e in alone["pruning"])
+    guard = GuardConfig(target="latency", target_reduction=0.5, tokens=axis)
+    verdict = check_plan(merged, groups, profile["protected"], costs, guard)
+    assert verdict.ok, verdict.reasons
+    assert verdict.plan is not None and verdict.plan.tokens is not None and verdict.plan.tokens.schedule == [16, 0]
+    assert record.estimate["latency"] == pytest.approx(verdict.estimate["latency"], abs=0.01)

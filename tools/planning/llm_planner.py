@@ -35,6 +35,7 @@ from profiling_agent.tools.planning.plan_guard import GuardConfig
 from profiling_agent.tools.planning.proposal import Proposal, ProposalDiff, compare_to_proposals, propose
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, StructuredMode
+from profiling_agent.tools.planning.token_plan import TokenOption, fallback_option
 
 logger = logging.getLogger(__name__)
 __all__ = ["STEP_BUDGET_REQUESTS", "LLMOutcome", "llm_round", "plan_with_llm", "render_messages"]
@@ -196,7 +197,8 @@ def plan_with_llm(
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         info = {"model": inputs.model_ref, "family": inputs.family}
-        propose_fn = _proposer(inputs.objective, profile, sensitivity, fallback, proposals)
+        merging = fallback_option(inputs.token_axis, fallback.plan.tokens)
+        propose_fn = _proposer(inputs.objective, profile, sensitivity, fallback, proposals, merging)
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
         tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
@@ -268,13 +270,17 @@ def _proposer(
     sensitivity: dict[str, Any],
     fallback: PlanResult,
     out: list[Proposal],
+    merging: TokenOption | None = None,
 ) -> Callable[[float, str], dict[str, Any]]:
-    """Build propose_plan's function: the deterministic plan at a goal, recorded in `out` for the comparison."""
+    """Build propose_plan's function: the deterministic plan at a goal, recorded in `out` for the comparison.
+
+    When the deterministic round merges tokens (`merging`), so does every proposal, at the same measured row.
+    """
 
     def propose_fn(goal: float, emphasis: str) -> dict[str, Any]:
         groups, costs = profile.get("groups") or [], profile.get("group_costs") or {}
         quant = list(fallback.plan.quantization) if objective.quantize != "none" else []
-        plan, record = propose(groups, costs, sensitivity, objective, goal, emphasis, quant)
+        plan, record = propose(groups, costs, sensitivity, objective, goal, emphasis, quant, merging)
         out.append(record)
         return {"goal": record.goal, "emphasis": emphasis, "predicted_reduction": record.estimate, "plan": plan}
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from profiling_agent.state import CompressionPlan, Objective, ProposalDiff, QuantEntry
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.ratio_solver import PlannerConfig, estimate_reduction, ratio_cap
+from profiling_agent.tools.planning.token_plan import TokenOption, pruning_problem, to_total
 
 Emphasis = Literal["balanced", "cost", "sensitivity"]
 # the deterministic planner's sensitivity exponent per emphasis: ratios follow cost share / damage**gamma
@@ -41,17 +42,23 @@ def propose(
     goal: float,
     emphasis: str,
     quantization: list[QuantEntry],
+    merging: TokenOption | None = None,
 ) -> tuple[dict[str, Any], Proposal]:
     """Return the deterministic planner's plan at `goal` in the exact-groups form a small model can edit.
 
     Ratios are rounded to the GRID (what a schema-constrained answer may write); groups sharing a ratio share an
-    entry. The estimate is that of the rounded plan.
+    entry. The estimate is that of the rounded plan. With `merging` (a measured token row the deterministic round
+    chose) the plan merges as it does and prunes what merging leaves of the goal (`token_plan.to_pruning`); the
+    latency estimate is the total.
 
     Returns:
         (the plan as JSON-ready data, the Proposal record kept for the comparison).
     """
     config = PlannerConfig(gamma_start=EMPHASIS_GAMMA.get(emphasis, 1.0))
-    result = plan_round(groups, costs, sensitivity, objective, [], config=config, goal=goal)
+    pruning_objective, _, pruning_goal = (
+        pruning_problem(merging, objective, [], goal) if merging is not None else (objective, [], goal)
+    )
+    result = plan_round(groups, costs, sensitivity, pruning_objective, [], config=config, goal=pruning_goal)
     by_module = {f"^{re.escape(g['module'])}$": g for g in groups}
     ratios: dict[str, float] = {}
     for entry in result.plan.pruning:
@@ -72,6 +79,10 @@ def propose(
     quant = [q.model_dump() for q in quantization]
     estimate = {k: round(estimate_reduction(ratios, groups, costs, k), 4) for k in ("params", "macs", "latency")}
     plan = {"pruning": pruning, "quantization": quant, "rationale": f"Deterministic proposal at goal {goal:.0%}."}
+    if merging is not None:
+        estimate["latency"] = round(to_total(estimate["latency"], merging.saved), 4)
+        plan["tokens"] = merging.entry().model_dump()
+        plan["rationale"] += f" Token merging at {merging.label()}; pruning takes the rest of the goal."
     record = Proposal(
         goal=round(goal, 4), emphasis=emphasis, ratios=ratios, quantization=_quant_keys(quant), estimate=estimate
     )

@@ -96,7 +96,11 @@ def token_option(axis: TokenAxis | None, objective: Objective) -> TokenOption | 
 
 def run_option(axis: TokenAxis | None, own: Sequence[Candidate]) -> TokenOption | None:
     """Return the row the deterministic sequence's first round chose (later rounds keep it), or None."""
-    entry = own[0].plan.tokens if own else None
+    return fallback_option(axis, own[0].plan.tokens if own else None)
+
+
+def fallback_option(axis: TokenAxis | None, entry: TokenEntry | None) -> TokenOption | None:
+    """Return the measured row a plan's token entry names (the deterministic round's choice), or None."""
     if entry is None or axis is None:
         return None
     row = axis.row_for(entry.rate, entry.schedule)

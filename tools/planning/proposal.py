@@ -78,11 +78,12 @@ def propose(
     ]
     quant = [q.model_dump() for q in quantization]
     estimate = {k: round(estimate_reduction(ratios, groups, costs, k), 4) for k in ("params", "macs", "latency")}
-    plan = {"pruning": pruning, "quantization": quant, "rationale": f"Deterministic proposal at goal {goal:.0%}."}
+    rationale = f"Deterministic proposal at goal {goal:.0%}."
+    plan: dict[str, Any] = {"pruning": pruning, "quantization": quant, "rationale": rationale}
     if merging is not None:
         estimate["latency"] = round(to_total(estimate["latency"], merging.saved), 4)
         plan["tokens"] = merging.entry().model_dump()
-        plan["rationale"] += f" Token merging at {merging.label()}; pruning takes the rest of the goal."
+        plan["rationale"] = f"{rationale} Token merging at {merging.label()}; pruning takes the rest of the goal."
     record = Proposal(
         goal=round(goal, 4), emphasis=emphasis, ratios=ratios, quantization=_quant_keys(quant), estimate=estimate
     )

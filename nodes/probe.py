@@ -72,8 +72,8 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         update["token_axis"] = axis.model_dump()
         paying = axis.paying()
         message += (
-            f"; token merging: {len(paying)} of {len(axis.rates) - 1} rates pay on {axis.form} at batch {axis.batch}"
-            + (f", their damage measured on {axis.images} trial-slice images" if paying else "")
+            f"; token merging: {len(paying)} of {len(axis.rates) - 1} rates and schedules pay on {axis.form} at batch "
+            f"{axis.batch}" + (f", their damage measured on {axis.images} trial-slice images" if paying else "")
         )
     return {**update, "history": event("probe_sensitivity", message)}
 

@@ -53,6 +53,10 @@ def test_the_rate_weighed_saves_the_most_latency_per_point_lost_and_only_under_a
     assert token_option(None, LATENCY) is None  # no token axis (ResNet, Swin) or no latency target measured
     assert token_option(_axis((8, 0.02, 0.0, "rate 8 does not pay")), LATENCY) is None  # nothing pays
     assert token_option(_axis((8, 0.3, 1.5, None)), LATENCY) is None  # loses over half the budget on its own
+    # under a 1 pp budget, one image of 100 (1 pp) is the slice's resolution: weighed; two images are not
+    tight = LATENCY.model_copy(update={"max_acc_drop": 1.0})
+    assert token_option(_axis((8, 0.3, 1.0, None)), tight) is not None
+    assert token_option(_axis((8, 0.3, 2.0, None)), tight) is None
     assert token_option(_axis((8, 0.6, 0.0, None)), LATENCY) is None  # would meet the target alone
 
 

@@ -78,18 +78,20 @@ def token_option(axis: TokenAxis | None, objective: Objective) -> TokenOption | 
 
     Uniform rates and front-loaded schedules alike. Only under a latency target, among the rows that pay on the
     planned form (`TokenAxis.paying`), save less than the target (pruning still has a share), and lose at most
-    `TOKEN_BUDGET_SHARE` of the accuracy budget alone. A loss is counted as at least one image of the trial slice
-    (its resolution). None when no row qualifies.
+    `TOKEN_BUDGET_SHARE` of the accuracy budget alone, or one image of the trial slice where that is more (its
+    resolution: under a 1 pp budget half of it is less than one image of 128, so a row losing one image would be
+    refused as if it had lost many; round 1's weighing trial is what keeps or drops it). A loss is counted as at
+    least one image, too. None when no row qualifies.
     """
     if axis is None or objective.target != "latency":
         return None
-    budget = TOKEN_BUDGET_SHARE * objective.max_acc_drop
+    floor = 100.0 / max(1, axis.images)
+    budget = max(TOKEN_BUDGET_SHARE * objective.max_acc_drop, floor)
     rows = [
         r for r in axis.paying() if 0 < r.saved_share < objective.target_reduction and float(r.drop_pp or 0.0) <= budget
     ]
     if not rows:
         return None
-    floor = 100.0 / max(1, axis.images)
     best = max(rows, key=lambda r: (r.saved_share / max(float(r.drop_pp or 0.0), floor), r.saved_share))
     return TokenOption.of(best, axis.form)
 

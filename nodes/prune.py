@@ -26,7 +26,7 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.compression.self_check import self_check
-    from profiling_agent.tools.compression.token_merge import merge_planned
+    from profiling_agent.tools.compression.token_merge import layer_count, merge_planned
     from profiling_agent.tools.compression.units import as_importance
     from profiling_agent.tools.models.artifacts import save_artifact
     from profiling_agent.tools.profiling.static import static_profile
@@ -43,8 +43,9 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     chosen = state.objective.planner if is_baseline(state.objective.planner) else ctx.importance
     try:
         importance = as_importance(chosen)
+        layers = layer_count(model)  # a token schedule names the unpruned layers; a removed block drops its r
         report = prune_model(model, plan.pruning, example, importance=importance, seed=state.dataset.seed)
-        schedule = merge_planned(model, plan.tokens)  # prune first, then merge (the engine traced the unmerged model)
+        schedule = merge_planned(model, plan.tokens, layers)  # prune first, then merge (the engine traced it unmerged)
         self_check(model, example, int(model.config.num_labels))
     except Exception as exc:  # a plan the engine cannot apply is a failed candidate, not a failed run
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]

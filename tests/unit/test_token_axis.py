@@ -70,6 +70,22 @@ def test_a_plan_merges_after_pruning_and_the_schedule_is_checked_against_the_pru
         merge_planned(model, TokenEntry(schedule=[1, 1, 1]))
 
 
+def test_a_schedule_written_for_the_unpruned_layers_keeps_its_first_rs_when_the_plan_removes_blocks():
+    from profiling_agent.tools.compression.token_merge import layer_count
+
+    model, x = _vit(num_hidden_layers=4, image_size=32), _pixels(2, 32)  # 64 patches + CLS
+    layers = layer_count(model)
+    prune_model(model, [{"layer": "layers\\.1$", "type": "block", "ratio": 1.0}], x[:1])
+    assert layers == 4 and layer_count(model) == 3
+    assert merge_planned(model, TokenEntry(schedule=[40, 12, 0, 0]), layers) == [32, 12, 0] == token_schedule(model)
+    with torch.inference_mode():
+        assert model(pixel_values=x).logits.shape == (2, 10)
+    with pytest.raises(TokenScheduleError, match="one r per layer"):  # not the unpruned model's length: refused
+        merge_planned(model, TokenEntry(schedule=[1, 1, 1, 1, 1]), layers)
+    with pytest.raises(TokenScheduleError, match="one r per layer"):  # no count before pruning: nothing to fit
+        merge_planned(model, TokenEntry(schedule=[1, 1, 1, 1]))
+
+
 @pytest.mark.parametrize("kind", ["resnet", "swin"])
 def test_a_model_without_a_token_axis_refuses_a_token_entry_in_one_line(kind):
     import transformers as tf

@@ -31,7 +31,9 @@ from profiling_agent.tools.models.merged_tokens import (
 __all__ = [
     "TokenScheduleError",
     "apply_token_merging",
+    "fit_schedule",
     "has_token_axis",
+    "layer_count",
     "merge_planned",
     "remove_token_merging",
     "schedule_from_entry",
@@ -131,10 +133,39 @@ def has_token_axis(model: nn.Module) -> str | None:
     return None
 
 
-def merge_planned(model: nn.Module, entry: Mapping[str, Any] | Any | None) -> list[int] | None:
+def fit_schedule(model: nn.Module, schedule: Sequence[int]) -> list[int]:
+    """Return `schedule` fitted to a model with fewer layers (its plan removed blocks).
+
+    Its first r's in order, each capped at half the layer's unprotected tokens as ToMe caps a rate. A schedule no
+    longer than the model's layers is returned as it is (`check_schedule` judges it).
+    """
+    model_type, layers = token_layers(model)
+    values = list(schedule)
+    if len(values) <= len(layers) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return values
+    tokens, out = token_count(model), []
+    for r in values[: len(layers)]:
+        r = max(0, min(r, (tokens - PROTECTED[model_type]) // 2))
+        out.append(r)
+        tokens -= r
+    return out
+
+
+def layer_count(model: nn.Module) -> int:
+    """Return the model's transformer layers a schedule names (0 for a model without a token axis)."""
+    return 0 if has_token_axis(model) is not None else len(token_layers(model)[1])
+
+
+def merge_planned(
+    model: nn.Module, entry: Mapping[str, Any] | Any | None, layers_before: int | None = None
+) -> list[int] | None:
     """Install a plan's token entry on the (pruned) model, in place; return the schedule, or None without an entry.
 
     `entry` is a `state.TokenEntry` or its JSON. Prune first, then merge: the pruning engine traces the unmerged model.
+    A schedule is written for the unpruned model's layers (the token axis measured it there): when the plan removed
+    blocks (`layers_before`, the model's `layer_count` before pruning, is the schedule's length and more than the
+    layers left) it keeps its first r's in order on the layers left, each capped as a rate is (`fit_schedule`), so a
+    front-loaded schedule still merges in the first layers. Any other length is refused.
 
     Raises:
         TokenScheduleError: The model has no token axis, or the entry does not fit it (one line).
@@ -142,6 +173,9 @@ def merge_planned(model: nn.Module, entry: Mapping[str, Any] | Any | None) -> li
     if entry is None:
         return None
     data = entry if isinstance(entry, Mapping) else entry.model_dump()
+    written = data.get("schedule") if data.get("type") == "tokens" and data.get("rate") is None else None
+    if isinstance(written, (list, tuple)) and layers_before and len(written) == layers_before > layer_count(model):
+        data = {**data, "schedule": fit_schedule(model, written)}
     schedule = schedule_from_entry(model, data)
     install_token_merging(model, schedule)
     return schedule

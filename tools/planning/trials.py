@@ -208,12 +208,13 @@ class PlanEvaluator:
         """Return a fresh baseline pruned by `plan` (and recovered, then merging its tokens), and the applied rows."""
         from profiling_agent.tools.compression.pruning import prune_model
         from profiling_agent.tools.compression.self_check import self_check
-        from profiling_agent.tools.compression.token_merge import merge_planned
+        from profiling_agent.tools.compression.token_merge import layer_count, merge_planned
         from profiling_agent.tools.compression.units import as_importance
 
         model = self.load_baseline()
         example = self.pixels[:1].clone()
         importance = as_importance(self.importance)
+        layers = layer_count(model)  # a token schedule names the unpruned layers
         report = prune_model(model, plan.get("pruning") or [], example, importance=importance, seed=self.seed)
         self_check(model, example, int(model.config.num_labels))
         if self.recover is not None:
@@ -221,7 +222,7 @@ class PlanEvaluator:
             self_check(model, example, int(model.config.num_labels))
             if self.on_trial is not None:
                 self.on_trial(plan, model, report.applied)
-        if merge_planned(model, plan.get("tokens")) is not None:  # after the refit, as the recover step sees it
+        if merge_planned(model, plan.get("tokens"), layers) is not None:  # after the refit, as the recover step sees it
             self_check(model, example, int(model.config.num_labels))
         return model, report.applied
 

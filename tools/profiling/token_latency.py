@@ -61,7 +61,7 @@ def front_schedules(model: nn.Module, steps: int = FRONT_STEPS) -> list[list[int
 
     The first `max(2, layers // FRONT_SHARE)` layers (all of them in a model that small) each merge `k / steps` of
     what they may (half their unprotected tokens, ToMe's cap), for k = 1..steps; later layers merge none. A
-    12-layer ViT-B/16: [33, 27, 22, 0, ...] and [98, 49, 24, 0, ...]. Distinct from the uniform rates.
+    12-layer ViT-B/16: [49, 36, 27, 0, ...] and [98, 49, 24, 0, ...]. Distinct from the uniform rates.
     """
     from profiling_agent.tools.models.merged_tokens import token_count
 

@@ -106,11 +106,8 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
 
     The calling thread holds SIGINT and SIGTERM back while the child starts (a spawned child inherits the mask), so
     a Ctrl-C while its interpreter starts cannot print a traceback; `child_signals` then gives them their default
-    actions, so a Ctrl-C ends the child quietly. A calling thread other than the main one keeps holding them back
-    until the child is done: a process-directed signal then goes to a thread that does not hold it back (the main
-    thread), whose wait it interrupts at once (taken by this worker thread, it would set Python's flag without waking
-    the main thread from a blocking wait: a Ctrl-C the moment the child started once waited out a 60-second sleep).
-    A stop request (`request_stop`) ends the child and raises `Interrupted` here within moments.
+    actions, so a Ctrl-C ends the child quietly. A stop request (`request_stop`) ends the child and raises
+    `Interrupted` here within moments.
 
     Raises:
         Interrupted: A stop was requested before or while the child ran, or a stop signal ended the child.
@@ -123,16 +120,12 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
     answer, sender = context.Pipe(duplex=False)
     child = context.Process(target=_child_main, args=(sender, fn, args))  # not daemonic: it may start its own
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    worker = threading.current_thread() is not threading.main_thread()
     try:
         child.start()
-    except BaseException:
+    finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        raise
-    if not worker:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    sender.close()
     try:
-        sender.close()
         while not answer.poll(0.2):
             check()
         try:
@@ -150,8 +143,6 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
             child.terminate()
         child.join(5)
         answer.close()
-        if worker:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
     if not ok:
         raise value
     return value

@@ -9,7 +9,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from profiling_agent.prompts.plan_example import example_plan_json
 from profiling_agent.prompts.plan_format import format_text
-from profiling_agent.state import MAX_REGEX_LEN, Objective
+from profiling_agent.state import MAX_REGEX_LEN, Objective, TokenRate
 from profiling_agent.tools.text import as_number, human, number
 
 # The plan format of the paper's Figure 4 (plus a whole-plan rationale and exact group names as an alternative
@@ -295,7 +295,7 @@ def token_note(axis: dict[str, Any] | None) -> str:
     rows = []
     for r in axis["rates"][1:]:
         damage = f", {r['drop_pp']:.2f} pp lost alone" if r.get("drop_pp") is not None else ""
-        what = f"r={r['rate']}" if r.get("rate") is not None else f"schedule {r['schedule']}"
+        what = TokenRate.model_validate(r).label()
         rows.append(f"{what}: {r['saved_share']:+.1%} latency{damage}" + (" (dropped)" if r.get("dropped") else ""))
     return (
         '\nTokens: a "tokens" entry ({"type": "tokens", "rate": r}) merges r tokens after every transformer layer\'s '

@@ -54,11 +54,16 @@ def schedule_from_rate(model: nn.Module, rate: int) -> list[int]:
     """
     if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
         raise TokenScheduleError(f"a token merging rate must be a whole number >= 0, got {rate!r}")
+    return _capped(model, [rate] * len(token_layers(model)[1]))
+
+
+def _capped(model: nn.Module, wanted: Sequence[int]) -> list[int]:
+    """Return `wanted` (one r per layer) with each r capped at half its layer's unprotected tokens, as ToMe caps."""
     model_type, layers = token_layers(model)
     tokens, protected = token_count(model), PROTECTED[model_type]
     schedule = []
-    for layer in layers:
-        r = min(rate, (tokens - protected) // 2) if hasattr(layer, "attention") else 0
+    for layer, want in zip(layers, wanted, strict=True):
+        r = min(want, (tokens - protected) // 2) if hasattr(layer, "attention") else 0
         schedule.append(r)
         tokens -= r
     return schedule
@@ -139,16 +144,11 @@ def fit_schedule(model: nn.Module, schedule: Sequence[int]) -> list[int]:
     Its first r's in order, each capped at half the layer's unprotected tokens as ToMe caps a rate. A schedule no
     longer than the model's layers is returned as it is (`check_schedule` judges it).
     """
-    model_type, layers = token_layers(model)
+    layers = len(token_layers(model)[1])
     values = list(schedule)
-    if len(values) <= len(layers) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if len(values) <= layers or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return values
-    tokens, out = token_count(model), []
-    for r in values[: len(layers)]:
-        r = max(0, min(r, (tokens - PROTECTED[model_type]) // 2))
-        out.append(r)
-        tokens -= r
-    return out
+    return _capped(model, values[:layers])
 
 
 def layer_count(model: nn.Module) -> int:

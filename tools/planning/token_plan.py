@@ -46,14 +46,15 @@ class TokenOption:
         return cls(row.rate, row.saved_share, float(row.drop_pp or 0.0), form, schedule)
 
     def entry(self) -> TokenEntry:
-        """Return the plan entry that installs this option: its rate, or its schedule."""
-        if self.rate is not None:
-            return TokenEntry(rate=self.rate, justification=self.justification())
-        return TokenEntry(schedule=list(self.schedule), justification=self.justification())
+        """Return the plan entry that installs this option: its rate, or its schedule, with the justification."""
+        return self._bare().model_copy(update={"justification": self.justification()})
 
     def label(self) -> str:
-        """Return the option in a few words: "rate 8" or "schedule [16, 8, 0, 0]"."""
-        return f"rate {self.rate}" if self.rate is not None else f"schedule {list(self.schedule)}"
+        """Return the option in a few words, as its plan entry says it: "rate 8" or "schedule [16, 8, 0, 0]"."""
+        return self._bare().label()
+
+    def _bare(self) -> TokenEntry:
+        return TokenEntry(rate=self.rate) if self.rate is not None else TokenEntry(schedule=list(self.schedule))
 
     def justification(self) -> str:
         """Say why the entry is in the plan, from the measurements."""

@@ -246,14 +246,9 @@ def token_note(table: dict[str, Any]) -> str:
     if "error" in table:
         return ""
     rates = table["rates"][1:]
-    saved = ", ".join(f"{row_label(r)} {r['saved_share']:+.0%}" for r in rates)
+    saved = ", ".join(f"{TokenRate.model_validate(r).label()} {r['saved_share']:+.0%}" for r in rates)
     dropped = sum(r["dropped"] is not None for r in rates)
     return f"; token merging on {table['form']} at batch {table['batch']}: {saved} ({dropped} dropped: no gain)"
-
-
-def row_label(row: dict[str, Any]) -> str:
-    """Return a measured row in a few words: "r=8" or "schedule [16, 8, 0, 0]" (as `TokenRate.label`)."""
-    return TokenRate.model_validate(row).label()
 
 
 def token_axis(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from profiling_agent.state import TokenRate
 from profiling_agent.tools.reporting.speed import delivered_speed, speed_sentence
 from profiling_agent.tools.text import number
 
@@ -336,7 +337,7 @@ def token_axis_lines(axis: Mapping[str, Any] | None) -> list[str]:
     rows = []
     for r in axis["rates"][1:]:
         damage = f", {r['drop_pp']:.2f} pp lost" if r.get("drop_pp") is not None else ""
-        what = f"r={r['rate']}" if r.get("rate") is not None else f"schedule {r['schedule']}"
+        what = TokenRate.model_validate(r).label()
         rows.append(f"{what} {r['latency_ms']:.3f} ms ({r['saved_share']:+.1%}{damage})")
     dropped = [r["dropped"] for r in axis["rates"] if r.get("dropped")]
     return [

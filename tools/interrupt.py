@@ -6,7 +6,8 @@ raise `Interrupted`, so training, probing, distillation, evaluation and export s
 (or at an explicit `check()` between steps) with nothing half-written: the step is re-run by a resume.
 
 A child process never takes part: a forked one gets the default SIGINT/SIGTERM actions back at once
-(`os.register_at_fork`), and a spawned one is started by `run_in_child`, so a Ctrl-C, which
+(`os.register_at_fork`; the stop signals are held back across the fork, so one that arrives before that still
+ends it), and a spawned one is started by `run_in_child`, so a Ctrl-C, which
 reaches the whole process group, ends a child quietly and only the run prints its one line.
 """
 
@@ -148,13 +149,29 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
     return value
 
 
+_fork_mask: list[set[signal.Signals]] = []  # the forking thread's signal mask while a fork is under way
+
+
+def _before_fork() -> None:
+    # held back across the fork: a Ctrl-C that reaches the new child before its handlers are reset stays pending
+    # there (with our handler still installed it would only set Python's flag, and SIG_DFL would then drop it)
+    if _handling:
+        _fork_mask.append(signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS))
+
+
+def _after_fork_in_parent() -> None:
+    if _fork_mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _fork_mask.pop())
+
+
 def _after_fork_in_child() -> None:
+    _fork_mask.clear()
     if _handling:
         _handling.clear()
-        child_signals()
+        child_signals()  # default actions, then unblocked: a signal held back during the fork ends the child now
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 @contextmanager

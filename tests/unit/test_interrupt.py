@@ -114,3 +114,39 @@ def test_a_child_ended_by_a_stop_signal_is_a_stop_and_one_killed_otherwise_is_no
         interrupt.run_in_child(_ends_by, signal.SIGTERM)
     with pytest.raises(ChildProcessError, match="exit code -9"):
         interrupt.run_in_child(_ends_by, signal.SIGKILL)
+
+
+FORK_RACE = """
+import multiprocessing, os, signal, sys, time
+
+# registered before interrupt's own hook, so it runs first in the child: a Ctrl-C that reaches the child before
+# its handlers are reset (what a loaded machine does when the child is slow to be scheduled)
+os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))
+
+from profiling_agent.tools import interrupt
+
+
+def sleeper():
+    time.sleep(30)
+
+
+if __name__ == "__main__":
+    with interrupt.stop_on_signals():
+        child = multiprocessing.get_context("fork").Process(target=sleeper)
+        child.start()
+        child.join(20)
+        print(child.exitcode, flush=True)
+        if child.is_alive():
+            child.kill()
+"""
+
+
+def test_a_ctrl_c_that_reaches_a_forked_child_before_its_handlers_are_reset_still_ends_it(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork_race.py"
+    script.write_text(FORK_RACE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(-signal.SIGINT), done.stderr  # pending across the fork, then the default action

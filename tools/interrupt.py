@@ -149,7 +149,7 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
     return value
 
 
-_fork_mask: list[set[signal.Signals]] = []  # the forking thread's signal mask while a fork is under way
+_fork_mask: list[set[int | signal.Signals]] = []  # the forking thread's signal mask while a fork is under way
 
 
 def _before_fork() -> None:

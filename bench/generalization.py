@@ -303,8 +303,14 @@ def noise_floor(rounds: list[dict[str, Any]]) -> float | None:
     return statistics.median(spreads) if spreads else None
 
 
+def first_set(*values: Any) -> Any:
+    """The first value that is not None (None when all are)."""
+    return next((v for v in values if v is not None), None)
+
+
 def round_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per round: the predicted loss with its interval, the measured loss (`plots.measured_loss`) and the drop."""
+    """Per round: the predicted loss with its interval (expected after recovery; the trial's beside it), the
+    measured loss (`plots.measured_loss`) and the drop."""
     from profiling_agent.tools.reporting.plots import measured_loss
 
     rows = []
@@ -314,8 +320,12 @@ def round_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "iteration": cand["iteration"],
                 "status": cand["status"],
-                "predicted": prediction.get("predicted_drop"),
-                "interval": prediction.get("predicted_interval"),
+                # the loss expected after recovery (the trial corrected as the round chose its goal); a run from
+                # before the expected loss was recorded: the trial's own
+                "predicted": first_set(prediction.get("expected_drop"), prediction.get("predicted_drop")),
+                "interval": prediction.get("expected_interval") or prediction.get("predicted_interval"),
+                "trial": prediction.get("predicted_drop"),
+                "trial_interval": prediction.get("predicted_interval"),
                 "measured": measured_loss(cand),
                 "measured_interval": loss_interval(cand.get("acc_delta_ci")),
                 "val_drop": val_drop(result, cand),
@@ -497,7 +507,8 @@ def _rounds_cell(rounds: list[dict[str, Any]]) -> str:
     for r in rounds:
         interval = r.get("interval")
         span = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
-        cells.append(f"{_pp(r['predicted'])}{span} vs {_pp(r['measured'])}")
+        trial = f" (trial {_pp(r['trial'])})" if r.get("trial") is not None and r["trial"] != r["predicted"] else ""
+        cells.append(f"{_pp(r['predicted'])}{span}{trial} vs {_pp(r['measured'])}")
     return "; ".join(cells) or "-"
 
 
@@ -506,7 +517,7 @@ def table(rows: list[dict[str, Any]], half: str) -> str:
         f"**{half} half**: params target {TARGET:.0%}, budget {BUDGET_PP:g} pp, recovery auto",
         "",
         "| model | params | agent reduction | val drop pp | test drop pp [interval] | oracle uniform | oracle planner"
-        " | agent / oracle (/ min(oracle, target)) | rounds: predicted [interval] vs measured pp"
+        " | agent / oracle (/ min(oracle, target)) | rounds: expected [interval] (trial) vs measured pp"
         " | agent s | oracle s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]

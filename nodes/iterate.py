@@ -40,15 +40,14 @@ def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     # an LLM run stops when the deterministic sequence would (tools/planning/paired.py)
     paired = paired_stop(candidates, base, objective)[0] if is_paired(candidates) else None
     stop, note = stop_reason(best, candidates, base, objective, state.iteration, paired)
-    if note:
-        message = f"candidate {state.iteration} recorded; {note}"
-    elif cand.status == "ok":
+    if cand.status == "ok":
         message = f"candidate {state.iteration} recorded; best is iteration {best.iteration if best else '-'}"
         message += check_message(check)
     elif cand.status == "rejected":
         message = f"candidate {state.iteration} skipped: {cand.error}"
     else:
         message = f"candidate {state.iteration} failed: {cand.error}"
+    message += f"; {note}" if note else ""
     return {
         "candidates": [cand.model_dump()],
         "best": best.model_dump() if best else None,

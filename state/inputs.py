@@ -64,6 +64,13 @@ class Objective(Strict):
         "reduction of `target` among candidates within max_acc_drop.",
     )
     iterations: int = Field(default=5, ge=1, le=50, description="Upper bound on pruning iterations.")
+    beyond_target: int = Field(
+        default=1,
+        ge=0,
+        le=49,
+        description="Rounds that may push past a met target while the best model left half the accuracy budget "
+        "unused (0: stop at the target).",
+    )
     quantize: QuantizeChoice = Field(default="qint8", description="Dynamic quantization added to each plan.")
     planner: PlannerChoice = Field(default="auto", description="deterministic, llm, auto, or l1/l2/random + ratio.")
     ratio: float | None = Field(

@@ -236,6 +236,12 @@ class PlannerMeta(Strict):
     backoff: BackoffRecord | None = Field(default=None, description="Round 1's trials (goal, drop) and their cap.")
     predicted_drop: float | None = Field(default=None, description="The plan's trial-slice loss, pp.")
     predicted_interval: list[float] | None = Field(default=None, description="Its paired 95% interval [lo, hi], pp.")
+    expected_drop: float | None = Field(
+        default=None,
+        description="Validation's loss expected after recovery: the trial corrected by earlier rounds (or, in round 1, "
+        "by the recovery prior when recovery distills), pp.",
+    )
+    expected_interval: list[float] | None = Field(default=None, description="The trial's interval so corrected, pp.")
     correction: list[float] | None = Field(default=None, description="[additive pp, multiplicative] applied.")
     search: SearchRecord | None = Field(default=None, description="Searching round: interval, correction, trials.")
     block_trials: list[BlockTrial] | None = Field(default=None, description="Round 1's block sets tried.")

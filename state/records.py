@@ -313,6 +313,7 @@ class RoundCheck(Strict):
 
     predicted_drop_pp: float | None = None  # the calibration trial's accuracy loss, pp
     measured_drop_pp: float | None = None  # validation's loss after recovery, pp
+    expected_drop_pp: float | None = None  # the trial corrected as the round chose its goal (PlannerMeta.expected_drop)
     correction: float | None = None  # measured over predicted loss (later rounds fit error_model's correction)
     latency_form: str | None = None  # the delivered form the latency reduction was measured on
     predicted_latency_reduction: float | None = None  # the plan's estimate on the planned form

@@ -185,6 +185,13 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--iterations", type=int, default=None, help="pruning iterations (default 5)")
     run.add_argument(
+        "--beyond-target",
+        type=int,
+        default=None,
+        help="rounds that may push past a met target while the best model left half the budget unused (default 1; "
+        "0 stops at the target)",
+    )
+    run.add_argument(
         "--planner",
         choices=choices(PlannerChoice),
         default=None,
@@ -321,8 +328,9 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(dataset, "ref", args.dataset)
     _set(dataset, "subset", subset_size(args.subset))
     objective: dict[str, Any] = {}
-    for key in ("iterations", "planner", "ratio", "quantize", "select", "max_acc_drop", "target", "target_reduction"):
-        _set(objective, key, getattr(args, key))
+    keys = ("iterations", "beyond_target", "planner", "ratio", "quantize", "select", "max_acc_drop", "target")
+    for key in (*keys, "target_reduction"):
+        _set(objective, key, getattr(args, key, None))
     _set(objective, "depth", getattr(args, "depth", None))
     if getattr(args, "allow_weak_eval", False):
         dataset["allow_weak_eval"] = True

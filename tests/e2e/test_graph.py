@@ -46,15 +46,21 @@ def _run(tmp_path, inputs, thread="t1", context=FAST_CONTEXT, **kw):
 
 def test_two_iterations_end_to_end(digits_run):
     from profiling_agent.tools.models.loading import load_model
+    from profiling_agent.tools.planning.error_model import RECOVERY_PRIOR
 
     out, run = digits_run.out, digits_run.run  # the session's shared two-round run (thread "t1")
     assert out["status"] == "done"
-    assert [c["iteration"] for c in out["candidates"]] == [1, 2]
+    assert [c["iteration"] for c in out["candidates"]] == [1, 2], out["stop_reason"]
     assert out["stop_reason"].startswith("iteration bound")
     result = json.loads((run / "result.json").read_text())
     for key in ("thread_id", "status", "planner", "baseline", "best", "candidates"):
         assert key in result
     assert result["planner"]["requested"] == "deterministic" and result["planner"]["used"] == ["deterministic"]
+    first = result["candidates"][0]["prediction"]  # round 1: the trial times the recovery prior (recovery distils)
+    assert first["expected_drop"] == pytest.approx(RECOVERY_PRIOR * first["predicted_drop"], abs=2e-3)
+    for cand in result["candidates"]:  # every round: the loss expected after recovery, inside its interval
+        expected, (low, high) = cand["prediction"]["expected_drop"], cand["prediction"]["expected_interval"]
+        assert low - 1e-3 <= expected <= high + 1e-3
     for cand in result["candidates"]:
         assert cand["status"] in ("ok", "rejected"), cand["error"]
         for key in ("iteration", "plan", "path"):

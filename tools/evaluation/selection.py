@@ -208,6 +208,53 @@ def torch_quantized_delivery(name: str | None) -> bool:
     return not name or name == "torch" or (name.startswith("torch_") and name != "torch_fp32")
 
 
+PUSH_HEADROOM = 0.5  # a met target is pushed past only while the best model lost at most this share of the budget
+
+
+def met_at(candidates: Sequence[Candidate], baseline: EvalRecord, objective: Objective) -> int | None:
+    """Return the first round whose candidate kept the budget and reached the target, or None."""
+    for cand, ev in _ok(candidates):
+        if within_budget(ev, baseline, objective) and reduction(ev, baseline, objective.target) >= (
+            objective.target_reduction
+        ):
+            return cand.iteration
+    return None
+
+
+def push_due(
+    best: Best | None,
+    candidates: Sequence[Candidate],
+    baseline: EvalRecord | None,
+    objective: Objective,
+    iteration: int,
+) -> str:
+    """Say why one more round pushes past the met target ('' to stop at it).
+
+    A run may go on past a met target for `objective.beyond_target` rounds, within its iteration bound, while the
+    best model lost at most PUSH_HEADROOM of the budget on validation (the budget is the user's, the target a floor);
+    a push that missed the budget ends it. The deterministic planner then searches above the best goal by corrected
+    trials (`planning.search.push_step`).
+    """
+    if best is None or baseline is None or objective.select != "budget" or iteration >= objective.iterations:
+        return ""
+    first = met_at(candidates, baseline, objective)
+    if first is None:
+        return ""
+    pushed = [c for c in candidates if c.iteration > first]
+    if len(pushed) >= objective.beyond_target:
+        return ""
+    last = pushed[-1] if pushed else None
+    if last is not None and not (last.status == "ok" and last.eval and within_budget(last.eval, baseline, objective)):
+        return ""
+    if best.accuracy_drop > PUSH_HEADROOM * objective.max_acc_drop:
+        return ""
+    return (
+        f"objective met at iteration {best.iteration} ({best.reduction:.1%} {objective.target} reduction with "
+        f"{best.accuracy_drop:.2f} pp of the {objective.max_acc_drop:g} pp budget): pushing past the target "
+        f"(round {len(pushed) + 1} of {objective.beyond_target} allowed; --beyond-target 0 stops at the target)"
+    )
+
+
 def stop_reason(
     best: Best | None,
     candidates: Sequence[Candidate],
@@ -228,7 +275,7 @@ def stop_reason(
 
     Returns:
         (stop reason, note): the note says why a met objective does not stop the run (dynamic quantization made
-        the best model slower: one more round without it).
+        the best model slower: one more round without it; or the budget left room to push past the target).
     """
     if paired is not None:
         return paired, ""
@@ -239,6 +286,8 @@ def stop_reason(
             "objective met, but dynamic quantization made the best model slower than the baseline "
             f"({best.eval.speedup if best.eval else 0.0:.2f}x): one more round without it"
         )
+    if met and (push := push_due(best, candidates, baseline, objective, iteration)):
+        return "", push
     if met:
         assert best is not None
         return (

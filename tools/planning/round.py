@@ -21,6 +21,7 @@ from profiling_agent.state import (
 )
 from profiling_agent.tools.planning.backoff import Backoff
 from profiling_agent.tools.planning.deterministic import PlanResult, Steering, plan_round
+from profiling_agent.tools.planning.error_model import RECOVERY_PRIOR, Correction, fit_correction, history_correction
 from profiling_agent.tools.planning.llm_client import llm_console_note, never_reached
 from profiling_agent.tools.planning.paired import deterministic_sequence, reference_due
 from profiling_agent.tools.planning.round_inputs import RoundInputs
@@ -87,6 +88,15 @@ class DeterministicRound:
     interval: list[float] | None = None  # its paired 95% interval [low, high], pp
     trials: list[dict[str, Any]] | None = None  # round 1's block-set trials
     tokens: TokenChoice | None = None  # round 1's weighing of merging against pruning alone
+    expected: list[float] | None = None  # validation's loss expected after recovery [point, low, high], pp
+
+    def expect(self, correction: Correction) -> None:
+        """Set `expected`: the trial's loss and interval corrected as the round's goal was chosen (`error_model`)."""
+        if self.predicted is None:
+            return
+        goal = self.result.target_estimate
+        ends = self.interval or [self.predicted, self.predicted]
+        self.expected = [correction(float(x), goal) for x in (self.predicted, *ends)]
 
 
 @dataclass
@@ -171,13 +181,15 @@ def deterministic_plan(
             "distillation recovers; validation after recovery decides."
         )
     elif not history and result.plan.pruning and not result.converged:  # never a collapsing plan
-        backed_off(out, data, candidates, evaluator)
+        backed_off(out, data, candidates, evaluator, distills)
     elif history and result.plan.pruning and not result.converged:  # later rounds: search what was measured
-        searched(out, data, evaluator)
+        searched(out, data, evaluator, distills)
     return out
 
 
-def backed_off(out: DeterministicRound, data: RoundData, candidates: Sequence[Candidate], evaluator: Evaluator) -> None:
+def backed_off(
+    out: DeterministicRound, data: RoundData, candidates: Sequence[Candidate], evaluator: Evaluator, distills: bool
+) -> None:
     """Back round 1's goal off until its plan's trial stays under the cap (`backoff.py`), in `out`."""
     from profiling_agent.tools.planning.backoff import BACKOFF_TRIALS, back_off, drop_cap
 
@@ -192,29 +204,47 @@ def backed_off(out: DeterministicRound, data: RoundData, candidates: Sequence[Ca
     out.backoff = backoff
     out.predicted = predicted_loss(backoff.trials, backoff.goal, "calib_drop_pp")
     out.interval = backoff.intervals.get(round(backoff.goal, 4))
+    out.expect(fit_correction([], prior_slope=recovery_prior(distills)))
 
 
-def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator) -> None:
-    """Search the measured interval by corrected trials (`search.py`); the goal chosen goes in `out`."""
-    from profiling_agent.tools.planning.search import SEARCH_TRIALS, search_step
+def recovery_prior(distills: bool) -> float:
+    """Return the slope a trial's loss is corrected by before two rounds differ: the recovery prior when distilling."""
+    return RECOVERY_PRIOR if distills else 1.0
+
+
+def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator, distills: bool = False) -> None:
+    """Search the measured interval by corrected trials (`search.py`), or push above it; the goal goes in `out`.
+
+    After a miss the search's correction keeps the slope 1 until two rounds differ; a push past rounds that all
+    kept the budget corrects with the recovery prior when recovery distills (`push_step`).
+    """
+    from profiling_agent.tools.planning.search import SEARCH_TRIALS, push_step, search_step
 
     evaluate = evaluator(SEARCH_TRIALS + 1)
-    search = search_step(
-        data.history,
-        data.objective.max_acc_drop,
-        lambda g: data.plan(goal=g, steer=Steering(reason="trial")).plan,
-        lambda plan: evaluate(plan.model_dump()),
-    )
+    budget, prior = data.objective.max_acc_drop, recovery_prior(distills)
+    plan_at = lambda g: data.plan(goal=g, steer=Steering(reason="trial")).plan  # noqa: E731
+    trial = lambda plan: evaluate(plan.model_dump())  # noqa: E731
+    search = search_step(data.history, budget, plan_at, trial)
+    if search is None:
+        feasible = data.plan(goal=1.0, steer=Steering(reason="trial")).target_estimate
+        search = push_step(data.history, budget, feasible, plan_at, trial, prior, data.objective.target_reduction)
     if search is None:  # the planner's own goal stands: one trial records what it predicts (its refit is reused)
         metrics = evaluate(out.result.plan.model_dump())
         out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")
+        out.expect(history_correction(data.history, prior))
         return
-    out.result, out.search = data.plan(goal=search.goal, steer=Steering(reason=search.why)), search
+    out.search = search
+    if search.goal <= search.low + 1e-9:  # a push whose trials all failed: nothing above is predicted to pass
+        out.result.converged = True
+        out.result.notes.insert(0, f"no goal above {search.low:.1%} is predicted to keep the budget ({search.why})")
+        return
+    out.result = data.plan(goal=search.goal, steer=Steering(reason=search.why))
     out.predicted = predicted_loss(search.trials, search.goal, "predicted_pp")
     out.interval = search.intervals.get(round(search.goal, 4))
     if out.predicted is None:  # the chosen goal was not one of the trials: measure the plan itself
         metrics = evaluate(out.result.plan.model_dump())
         out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")
+    out.expect(search.correction)
 
 
 def tried_block_sets(
@@ -297,6 +327,9 @@ def round_meta(det: DeterministicRound, turn: Turn, objective: Objective) -> Pla
         meta.predicted_drop = round(det.predicted, 3)
         if det.interval is not None:
             meta.predicted_interval = [round(float(x), 3) for x in det.interval]
+        if det.expected is not None:
+            meta.expected_drop = round(det.expected[0], 3)
+            meta.expected_interval = [round(x, 3) for x in det.expected[1:]]
     if det.search is not None:
         meta.search = det.search.to_record()
         meta.correction = det.search.correction.as_list()

@@ -30,6 +30,7 @@ def round_check(cand: Candidate, base: EvalRecord | None, target: str) -> RoundC
         measured = accuracy_drop(cand.eval, base)
         check.predicted_drop_pp, check.measured_drop_pp = float(predicted), round(measured, 4)
         check.correction = prediction_correction([{"drop": measured, "predicted_drop": predicted}])
+        check.expected_drop_pp = meta.expected_drop
     goal = meta.goal
     if target == "latency" and goal is not None:
         measured, form, against = same_form_latency(cand.eval, base)
@@ -46,9 +47,15 @@ def check_message(check: RoundCheck | None) -> str:
     text = ""
     if check.predicted_drop_pp is not None and check.measured_drop_pp is not None:
         text += (
-            f"; its trial predicted a {check.predicted_drop_pp:.2f} pp loss, validation showed "
-            f"{check.measured_drop_pp:.2f} pp after recovery ({check.measured_drop_pp - check.predicted_drop_pp:+.2f} "
-            "pp off: later rounds correct their trials by what every round measured)"
+            f"; its trial predicted a {check.predicted_drop_pp:.2f} pp loss"
+            + (
+                f" ({check.expected_drop_pp:.2f} pp expected after recovery)"
+                if check.expected_drop_pp is not None
+                else ""
+            )
+            + f", validation showed {check.measured_drop_pp:.2f} pp after recovery "
+            f"({check.measured_drop_pp - check.predicted_drop_pp:+.2f} pp off the trial: later rounds correct their "
+            "trials by what every round measured)"
         )
     if check.predicted_latency_reduction is not None and check.measured_latency_reduction is not None:
         text += (

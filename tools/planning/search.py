@@ -195,3 +195,87 @@ def search_step(
         + (f" ({out.why})" if out.why else "")
     )
     return out
+
+
+def push_step(
+    history: list[dict[str, Any]],
+    max_acc_drop: float,
+    feasible: float,
+    plan_at: Callable[[float], CompressionPlan],
+    trial: Callable[[CompressionPlan], dict[str, Any]],
+    prior_slope: float = 1.0,
+    target: float = 0.0,
+    steps: int = SEARCH_TRIALS,
+    tolerance: float = 0.01,
+) -> SearchStep | None:
+    """Push above the largest goal that kept the budget, when no round missed it: the largest goal by trial.
+
+    The trials run from the top down: the largest feasible goal first (taken when it passes), then bisection between
+    the largest goal that kept the budget and the smallest trial that failed. A trial passes when the upper end of
+    its paired interval, corrected by the earlier rounds with `prior_slope` as the slope until two rounds differ
+    (`error_model.fit_correction`), stays within the budget: after distillation a refit-only trial overstates what
+    validation shows (the recovery prior, `error_model.RECOVERY_PRIOR`), and the additive term carries what the
+    earlier rounds measured beyond it.
+
+    When no trial passes, the push takes the largest trial that failed on doubt alone (its corrected loss within
+    the budget, its interval's upper end not: a slice too small to rule it in or out, and validation, on many more
+    images, judges it); when every trial failed on evidence, a run below its `target` still steps halfway to the
+    smallest trial (as `search_step` does), and past a met target the push ends there.
+
+    Returns:
+        The step (its goal the low end when no trial passed past the target: nothing above it is predicted to keep
+        the budget), or None when a round missed the budget (`search_step` searches then), none kept it, or nothing
+        is left above.
+    """
+    if bracket(history) is not None:
+        return None
+    rejected = [h["goal"] for h in history if h.get("rejected")]
+    passes = [h["goal"] for h in history if h["passed"] and h["goal"] < min(rejected, default=float("inf"))]
+    if not passes or feasible - max(passes) < tolerance:
+        return None
+    correction = history_correction(history, prior_slope)
+    lo = max(passes)
+    out = SearchStep(goal=lo, low=lo, high=feasible, correction=correction, cap=correction.cap(max_acc_drop, feasible))
+    low, high, best, doubted = lo, feasible, None, []
+    for i in range(steps):
+        if i and high - low < tolerance:
+            break
+        goal = feasible if i == 0 else (low + high) / 2
+        metrics = trial(plan_at(goal))
+        drop = float(metrics.get("accuracy_drop_pp", 0.0))
+        interval = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
+        out.trials.append(
+            {
+                "goal": round(goal, 4),
+                "predicted_pp": round(drop, 3),
+                "corrected_pp": round(correction(interval[1], goal), 3),
+            }
+        )
+        out.intervals[round(goal, 4)] = interval
+        if within_budget(interval[1], correction, max_acc_drop, goal):
+            low, best = goal, goal
+            if i == 0:
+                break
+        else:
+            high = goal
+            if correction(drop, goal) <= max_acc_drop + 1e-9:  # doubt, not evidence
+                doubted.append(goal)
+    if best is not None:
+        out.goal, found = best, f"{len(out.trials)} trials chose {best:.1%}"
+    elif doubted:
+        out.goal = max(doubted)
+        found = (
+            f"no trial's upper end fitted; {out.goal:.1%} is the largest whose corrected loss itself fits (doubt on "
+            "the trial slice, not evidence: validation judges it)"
+        )
+    elif lo < target and high - lo >= 2 * tolerance:  # below the target: a step halfway to the smallest trial
+        out.goal = lo + (high - lo) / 2
+        found = f"no trial passed; below the target, halfway to the smallest trial: {out.goal:.1%}"
+    else:
+        found = "no trial above it passed"
+    out.cap = correction.cap(max_acc_drop, out.goal)
+    out.why = (
+        f"pushing above {lo:.1%} (every round kept the budget) up to the largest feasible {feasible:.1%}: "
+        f"{correction.describe()}, so a trial's interval may reach at most {out.cap:.2f} pp there; {found}"
+    )
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -289,12 +290,24 @@ def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None
     return png_bytes(fig)
 
 
-def prediction_rows(result: Mapping[str, Any]) -> list[tuple[int, float, list[float] | None, float | None]]:
-    """Return (iteration, predicted pp, [low, high] or None, measured pp or None) of every round that predicted.
+@dataclass(frozen=True)
+class PredictionRow:
+    """One round's predicted loss (the trial's, and the one expected after recovery) beside the measured one, pp.
 
     Measured is the validation drop after recovery (`check.measured_drop_pp`), or for a candidate rejected by its
     recovered trial, the trial slice's loss (the last point of `recovery.trial_curve`).
     """
+
+    iteration: int
+    predicted: float  # the trial's loss on the trial slice (refit, before distillation)
+    interval: list[float] | None
+    measured: float | None
+    expected: float | None = None  # the trial corrected as the round chose its goal
+    expected_interval: list[float] | None = None
+
+
+def prediction_rows(result: Mapping[str, Any]) -> list[PredictionRow]:
+    """Return the `PredictionRow` of every round that predicted."""
     rows = []
     for cand in result.get("candidates") or []:
         meta = cand.get("prediction") or cand.get("planner_meta") or {}  # result.json's entry, or the state's
@@ -302,7 +315,17 @@ def prediction_rows(result: Mapping[str, Any]) -> list[tuple[int, float, list[fl
         predicted = meta.get("predicted_drop", check.get("predicted_drop_pp"))
         if predicted is None:
             continue
-        rows.append((int(cand["iteration"]), float(predicted), meta.get("predicted_interval"), measured_loss(cand)))
+        expected = meta.get("expected_drop")
+        rows.append(
+            PredictionRow(
+                int(cand["iteration"]),
+                float(predicted),
+                meta.get("predicted_interval"),
+                measured_loss(cand),
+                None if expected is None else float(expected),
+                meta.get("expected_interval"),
+            )
+        )
     return rows
 
 
@@ -326,24 +349,36 @@ def plot_predictions(result: Mapping[str, Any]) -> bytes | None:
         return None
     fig = new_figure(6.0, 3.2)
     ax = fig.add_subplot()
-    for it, predicted, interval, measured in rows:
-        low, high = interval or (predicted, predicted)
-        ax.errorbar(
-            [it - 0.08],
-            [predicted],
-            yerr=[[predicted - low], [high - predicted]],
-            fmt="o",
-            capsize=4,
-            color=_CAND_COLOR,
-            label="predicted (trial slice, 95% interval)" if it == rows[0][0] else None,
-        )
-        if measured is not None:
-            ax.plot([it + 0.08], [measured], "s", color=_BEST_COLOR, label="measured" if it == rows[0][0] else None)
+    first = rows[0].iteration
+    for r in rows:
+        points = [(r.iteration - 0.12, r.predicted, r.interval, "o", _CAND_COLOR, "trial (trial slice, 95% interval)")]
+        if r.expected is not None:
+            what = "expected after recovery (corrected trial)"
+            points.append((r.iteration, r.expected, r.expected_interval, "D", _BASE_COLOR, what))
+        for x, y, interval, marker, color, label in points:
+            low, high = interval or (y, y)
+            ax.errorbar(
+                [x],
+                [y],
+                yerr=[[y - low], [high - y]],
+                fmt=marker,
+                capsize=4,
+                color=color,
+                label=label if r.iteration == first else None,
+            )
+        if r.measured is not None:
+            ax.plot(
+                [r.iteration + 0.12],
+                [r.measured],
+                "s",
+                color=_BEST_COLOR,
+                label="measured" if r.iteration == first else None,
+            )
     budget = (result.get("objective") or {}).get("max_acc_drop")
     if budget is not None:
         ax.axhline(float(budget), color=_BASE_COLOR, linestyle="--", linewidth=1, label=f"budget {budget:g} pp")
-    ax.set_xticks([r[0] for r in rows])
-    ax.set_xlim(rows[0][0] - 0.5, rows[-1][0] + 0.5)
+    ax.set_xticks([r.iteration for r in rows])
+    ax.set_xlim(first - 0.5, rows[-1].iteration + 0.5)
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy loss, pp")
     ax.legend(fontsize=8)

@@ -208,7 +208,10 @@ def _candidate_row(
         "quantized": len(c.get("quantized") or []),
         "recovery": c.get("recovery"),
         "check": c.get("check"),
-        "prediction": {k: meta.get(k) for k in ("predicted_drop", "predicted_interval", "correction")},
+        "prediction": {
+            k: meta.get(k)
+            for k in ("predicted_drop", "predicted_interval", "expected_drop", "expected_interval", "correction")
+        },
         "path": artifact.get("path"),
         "sha256": artifact.get("sha256"),
         "error": c.get("error"),

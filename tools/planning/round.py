@@ -218,7 +218,7 @@ def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator, dis
     After a miss the search's correction keeps the slope 1 until two rounds differ; a push past rounds that all
     kept the budget corrects with the recovery prior when recovery distills (`push_step`).
     """
-    from profiling_agent.tools.planning.search import SEARCH_TRIALS, push_step, search_step
+    from profiling_agent.tools.planning.search import SEARCH_TRIALS, PushBounds, push_step, search_step
 
     evaluate = evaluator(SEARCH_TRIALS + 1)
     budget, prior = data.objective.max_acc_drop, recovery_prior(distills)
@@ -227,7 +227,8 @@ def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator, dis
     search = search_step(data.history, budget, plan_at, trial)
     if search is None:
         feasible = data.plan(goal=1.0, steer=Steering(reason="trial")).target_estimate
-        search = push_step(data.history, budget, feasible, plan_at, trial, prior, data.objective.target_reduction)
+        bounds = PushBounds(budget, feasible, data.objective.target_reduction, prior)
+        search = push_step(data.history, bounds, plan_at, trial)
     if search is None:  # the planner's own goal stands: one trial records what it predicts (its refit is reused)
         metrics = evaluate(out.result.plan.model_dump())
         out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")

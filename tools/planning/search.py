@@ -197,14 +197,21 @@ def search_step(
     return out
 
 
+@dataclass(frozen=True)
+class PushBounds:
+    """What a push may reach: the budget, the largest feasible goal, the run's target and the trials' prior slope."""
+
+    budget: float  # pp
+    feasible: float  # the largest goal the ratio caps allow
+    target: float = 0.0  # the run's target reduction: below it a push never ends for want of a passing trial
+    prior_slope: float = 1.0  # the correction's slope until two rounds differ (`error_model.RECOVERY_PRIOR`)
+
+
 def push_step(
     history: list[dict[str, Any]],
-    max_acc_drop: float,
-    feasible: float,
+    bounds: PushBounds,
     plan_at: Callable[[float], CompressionPlan],
     trial: Callable[[CompressionPlan], dict[str, Any]],
-    prior_slope: float = 1.0,
-    target: float = 0.0,
     steps: int = SEARCH_TRIALS,
     tolerance: float = 0.01,
 ) -> SearchStep | None:
@@ -212,30 +219,25 @@ def push_step(
 
     The trials run from the top down: the largest feasible goal first (taken when it passes), then bisection between
     the largest goal that kept the budget and the smallest trial that failed. A trial passes when the upper end of
-    its paired interval, corrected by the earlier rounds with `prior_slope` as the slope until two rounds differ
+    its paired interval, corrected by the earlier rounds with the prior slope until two rounds differ
     (`error_model.fit_correction`), stays within the budget: after distillation a refit-only trial overstates what
     validation shows (the recovery prior, `error_model.RECOVERY_PRIOR`), and the additive term carries what the
-    earlier rounds measured beyond it.
-
-    When no trial passes, the push takes the largest trial that failed on doubt alone (its corrected loss within
-    the budget, its interval's upper end not: a slice too small to rule it in or out, and validation, on many more
-    images, judges it); when every trial failed on evidence, a run below its `target` still steps halfway to the
-    smallest trial (as `search_step` does), and past a met target the push ends there.
+    earlier rounds measured beyond it. When no trial passes: `fallback_goal`.
 
     Returns:
-        The step (its goal the low end when no trial passed past the target: nothing above it is predicted to keep
-        the budget), or None when a round missed the budget (`search_step` searches then), none kept it, or nothing
-        is left above.
+        The step (its goal the low end when nothing above it is predicted to keep the budget), or None when a round
+        missed the budget (`search_step` searches then), none kept it, or nothing is left above.
     """
     if bracket(history) is not None:
         return None
     rejected = [h["goal"] for h in history if h.get("rejected")]
     passes = [h["goal"] for h in history if h["passed"] and h["goal"] < min(rejected, default=float("inf"))]
+    feasible, budget = bounds.feasible, bounds.budget
     if not passes or feasible - max(passes) < tolerance:
         return None
-    correction = history_correction(history, prior_slope)
+    correction = history_correction(history, bounds.prior_slope)
     lo = max(passes)
-    out = SearchStep(goal=lo, low=lo, high=feasible, correction=correction, cap=correction.cap(max_acc_drop, feasible))
+    out = SearchStep(goal=lo, low=lo, high=feasible, correction=correction, cap=correction.cap(budget, feasible))
     low, high, best, doubted = lo, feasible, None, []
     for i in range(steps):
         if i and high - low < tolerance:
@@ -244,38 +246,43 @@ def push_step(
         metrics = trial(plan_at(goal))
         drop = float(metrics.get("accuracy_drop_pp", 0.0))
         interval = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
-        out.trials.append(
-            {
-                "goal": round(goal, 4),
-                "predicted_pp": round(drop, 3),
-                "corrected_pp": round(correction(interval[1], goal), 3),
-            }
-        )
+        corrected = round(correction(interval[1], goal), 3)
+        out.trials.append({"goal": round(goal, 4), "predicted_pp": round(drop, 3), "corrected_pp": corrected})
         out.intervals[round(goal, 4)] = interval
-        if within_budget(interval[1], correction, max_acc_drop, goal):
+        if within_budget(interval[1], correction, budget, goal):
             low, best = goal, goal
             if i == 0:
                 break
         else:
             high = goal
-            if correction(drop, goal) <= max_acc_drop + 1e-9:  # doubt, not evidence
+            if correction(drop, goal) <= budget + 1e-9:  # doubt, not evidence
                 doubted.append(goal)
-    if best is not None:
-        out.goal, found = best, f"{len(out.trials)} trials chose {best:.1%}"
-    elif doubted:
-        out.goal = max(doubted)
-        found = (
-            f"no trial's upper end fitted; {out.goal:.1%} is the largest whose corrected loss itself fits (doubt on "
-            "the trial slice, not evidence: validation judges it)"
-        )
-    elif lo < target and high - lo >= 2 * tolerance:  # below the target: a step halfway to the smallest trial
-        out.goal = lo + (high - lo) / 2
-        found = f"no trial passed; below the target, halfway to the smallest trial: {out.goal:.1%}"
-    else:
-        found = "no trial above it passed"
-    out.cap = correction.cap(max_acc_drop, out.goal)
+    out.goal, found = (best, f"{len(out.trials)} trials chose {best:.1%}") if best is not None else (lo, "")
+    if best is None:
+        out.goal, found = fallback_goal(lo, high, doubted, bounds.target, tolerance)
+    out.cap = correction.cap(budget, out.goal)
     out.why = (
         f"pushing above {lo:.1%} (every round kept the budget) up to the largest feasible {feasible:.1%}: "
         f"{correction.describe()}, so a trial's interval may reach at most {out.cap:.2f} pp there; {found}"
     )
     return out
+
+
+def fallback_goal(lo: float, high: float, doubted: list[float], target: float, tolerance: float) -> tuple[float, str]:
+    """Return a push's goal when no trial passed, and why.
+
+    The largest trial that failed on doubt alone (its corrected loss within the budget, its interval's upper end
+    not: a slice too small to rule it in or out, and validation, on many more images, judges it); when every trial
+    failed on evidence, below the run's `target` a step halfway to the smallest trial `high` (as `search_step`
+    does), and past a met target `lo`: the push ends there.
+    """
+    if doubted:
+        goal = max(doubted)
+        return goal, (
+            f"no trial's upper end fitted; {goal:.1%} is the largest whose corrected loss itself fits (doubt on the "
+            "trial slice, not evidence: validation judges it)"
+        )
+    if lo < target and high - lo >= 2 * tolerance:
+        goal = lo + (high - lo) / 2
+        return goal, f"no trial passed; below the target, halfway to the smallest trial: {goal:.1%}"
+    return lo, "no trial above it passed"

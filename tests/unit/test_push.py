@@ -4,33 +4,15 @@ from __future__ import annotations
 
 import pytest
 from eval_records import candidate, evaluation
+from search_trials import history_round as _round
+from search_trials import synthetic as _synthetic
 
-from profiling_agent.state import CompressionPlan, Objective
+from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation.selection import push_due, select_best, stop_reason
 from profiling_agent.tools.planning.error_model import RECOVERY_PRIOR, fit_correction, history_correction
 from profiling_agent.tools.planning.search import PushBounds, push_step
 
 BASE = evaluation(accuracy=90.0, params=1000)
-
-
-def _round(goal, passed, drop=None, predicted=None, **extra):
-    return {"goal": goal, "passed": passed, "drop": drop, "predicted_drop": predicted, **extra}
-
-
-def _synthetic(true_drop, half=1.0):
-    """A trial whose loss is a known function of the goal the plan carries in its rationale (interval +- `half`)."""
-    calls = []
-
-    def plan_at(goal):
-        return CompressionPlan(rationale=str(goal))
-
-    def trial(plan):
-        goal = float(plan.rationale)
-        calls.append(round(goal, 4))
-        drop = true_drop(goal)
-        return {"accuracy_drop_pp": drop, "interval_pp": [drop - half, drop + half]}
-
-    return plan_at, trial, calls
 
 
 def test_the_prior_slope_stands_until_two_rounds_differ():
@@ -46,9 +28,9 @@ def test_the_prior_slope_stands_until_two_rounds_differ():
 
 def test_a_push_takes_the_largest_feasible_goal_when_its_corrected_trial_fits():
     history = [_round(0.37, True, -2.9, 0.0)]  # round 1 gained 2.9 pp where its trial said 0
-    plan_at, trial, calls = _synthetic(lambda g: 20.0 * g)  # 12.6 pp before recovery at 63%
+    plan_at, trial, calls = _synthetic(lambda g: 20.0 * g, half=1.0)  # 12.6 pp before recovery at 63%
     step = push_step(history, PushBounds(2.0, 0.63, prior_slope=RECOVERY_PRIOR), plan_at, trial)
-    assert step is not None and calls == [0.63] and step.goal == pytest.approx(0.63)
+    assert step is not None and calls == pytest.approx([0.63]) and step.goal == pytest.approx(0.63)
     assert step.trials[0]["corrected_pp"] == pytest.approx(-2.9 + RECOVERY_PRIOR * 13.6)
     assert "pushing above 37.0%" in step.why and "up to the largest feasible 63.0%" in step.why
 
@@ -58,21 +40,21 @@ def test_a_push_bisects_down_from_the_feasible_goal_and_keeps_the_largest_that_f
     plan_at, trial, calls = _synthetic(lambda g: max(0.0, g - 0.5) * 20.0, half=0.5)
     step = push_step(history, PushBounds(2.0, 0.8), plan_at, trial)
     # a trial passes when 0.5 - 0.5 + loss + 0.5 <= 2: loss <= 1.5 pp, goals up to 57.5%
-    assert calls == [0.8, 0.6, 0.5, 0.55]
+    assert calls == pytest.approx([0.8, 0.6, 0.5, 0.55])
     assert step is not None and step.goal == pytest.approx(0.55)
     assert all(t["corrected_pp"] <= 2.0 for t in step.trials if t["goal"] <= step.goal)
 
 
 def test_a_push_whose_trials_all_fail_stays_at_the_goal_that_kept_the_budget():
-    plan_at, trial, _ = _synthetic(lambda g: 50.0)
+    plan_at, trial, _ = _synthetic(lambda g: 50.0, half=1.0)
     step = push_step([_round(0.35, True, 0.0, 0.0)], PushBounds(2.0, 0.7, prior_slope=RECOVERY_PRIOR), plan_at, trial)
     assert step is not None and step.goal == pytest.approx(0.35) and "no trial above it passed" in step.why
 
 
 def test_below_the_target_a_push_whose_trials_all_fail_steps_halfway_to_the_smallest_trial():
-    plan_at, trial, calls = _synthetic(lambda g: 50.0)
+    plan_at, trial, calls = _synthetic(lambda g: 50.0, half=1.0)
     step = push_step([_round(0.35, True, 0.0, 0.0)], PushBounds(2.0, 0.75, target=0.6), plan_at, trial)
-    assert calls == [0.75, 0.55, 0.45, 0.4]
+    assert calls == pytest.approx([0.75, 0.55, 0.45, 0.4])
     assert step is not None and step.goal == pytest.approx(0.375) and "halfway to the smallest trial" in step.why
 
 
@@ -80,14 +62,19 @@ def test_when_every_trial_fails_on_doubt_alone_the_largest_whose_corrected_loss_
     # a 0.5 pp budget on a small slice: a trial that lost nothing still has an upper end of 3 pp (x0.2: 0.6 pp)
     plan_at, trial, calls = _synthetic(lambda g: 0.0 if g < 0.7 else 10.0, half=3.0)
     step = push_step([_round(0.6, True, 0.0, 0.0)], PushBounds(0.5, 0.8, prior_slope=RECOVERY_PRIOR), plan_at, trial)
-    assert calls == [0.8, 0.7, 0.65, 0.625]  # 0.8 fails on evidence (2 pp corrected), the rest on doubt
+    assert calls == pytest.approx([0.8, 0.7, 0.65, 0.625])  # 0.8 fails on evidence (2 pp corrected), the rest on doubt
     assert step is not None and step.goal == pytest.approx(0.65) and "doubt" in step.why
 
 
 def test_no_push_after_a_miss_without_a_pass_or_at_the_feasible_goal():
-    plan_at, trial, calls = _synthetic(lambda g: 0.0)
+    plan_at, trial, calls = _synthetic(lambda g: 0.0, half=1.0)
     assert (
-        push_step([_round(0.4, True, 0.0, 0.0), _round(0.55, False, 3.0, 1.0)], PushBounds(2.0, 0.7), plan_at, trial)
+        push_step(
+            [_round(0.4, True, 0.0, 0.0), _round(0.55, False, 3.0, 1.0)],
+            PushBounds(2.0, 0.7),
+            plan_at,
+            trial,
+        )
         is None
     )
     assert push_step([_round(0.4, False, 3.0, 1.0)], PushBounds(2.0, 0.7), plan_at, trial) is None

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 from eval_records import candidate, evaluation, form
+from search_trials import history_round as _round
+from search_trials import synthetic as _synthetic
 
-from profiling_agent.state import CompressionPlan
 from profiling_agent.tools.planning.search import bracket, prediction_correction, search_step
-
-
-def _round(goal, passed, drop=None, predicted=None, **extra):
-    return {"goal": goal, "passed": passed, "drop": drop, "predicted_drop": predicted, **extra}
 
 
 def test_correction_is_measured_over_predicted_loss_of_the_latest_round():
@@ -27,30 +24,22 @@ def test_correction_is_measured_over_predicted_loss_of_the_latest_round():
 def test_bracket_is_the_largest_pass_and_the_smallest_failure_above_it():
     assert bracket([_round(0.2, True)]) is None
     assert bracket([_round(0.37, False)]) == (0.0, 0.37)
-    rounds = [_round(0.37, False), _round(0.18, True), _round(0.3, False), _round(0.1, True)]
+    rounds = [
+        _round(0.37, False),
+        _round(0.18, True),
+        _round(0.3, False),
+        _round(0.1, True),
+    ]
     assert bracket(rounds) == (0.18, 0.3)
-
-
-def _synthetic(true_drop, half=0.0):
-    """A trial whose loss is a known function of the goal the plan carries in its rationale (interval +- `half`)."""
-    calls = []
-
-    def plan_at(goal):
-        return CompressionPlan(rationale=str(goal))
-
-    def trial(plan):
-        goal = float(plan.rationale)
-        calls.append(goal)
-        drop = true_drop(goal)
-        return {"accuracy_drop_pp": drop, "interval_pp": [drop - half, drop + half]}
-
-    return plan_at, trial, calls
 
 
 def test_search_keeps_the_largest_goal_whose_corrected_upper_end_fits_the_budget():
     calib = lambda g: max(0.0, g - 0.25) * 30.0  # noqa: E731  trial loss of a plan at goal g
     # two earlier rounds: validation lost 3x what the trial predicted -> multiplicative 3, additive 0
-    history = [_round(0.37, False, 3 * calib(0.37), calib(0.37)), _round(0.3, False, 3 * calib(0.3), calib(0.3))]
+    history = [
+        _round(0.37, False, 3 * calib(0.37), calib(0.37)),
+        _round(0.3, False, 3 * calib(0.3), calib(0.3)),
+    ]
     plan_at, trial, calls = _synthetic(calib, half=0.2)
     step = search_step(history, 2.0, plan_at, trial, steps=6)
     assert step is not None and step.correction.multiplicative == pytest.approx(3.0)

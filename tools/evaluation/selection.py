@@ -128,8 +128,13 @@ def objective_met(best: Best | None, baseline: EvalRecord | None, objective: Obj
     """Return True when the best candidate is within budget and reaches the target reduction."""
     if not best or not baseline or not best.eval:
         return False
-    return within_budget(best.eval, baseline, objective) and (
-        reduction(best.eval, baseline, objective.target) >= objective.target_reduction
+    return meets_objective(best.eval, baseline, objective)
+
+
+def meets_objective(record: EvalRecord, baseline: EvalRecord, objective: Objective) -> bool:
+    """Return True when an evaluation record is within the budget and reaches the target reduction."""
+    return within_budget(record, baseline, objective) and (
+        reduction(record, baseline, objective.target) >= objective.target_reduction
     )
 
 
@@ -213,12 +218,7 @@ PUSH_HEADROOM = 0.5  # a met target is pushed past only while the best model los
 
 def met_at(candidates: Sequence[Candidate], baseline: EvalRecord, objective: Objective) -> int | None:
     """Return the first round whose candidate kept the budget and reached the target, or None."""
-    for cand, ev in _ok(candidates):
-        if within_budget(ev, baseline, objective) and reduction(ev, baseline, objective.target) >= (
-            objective.target_reduction
-        ):
-            return cand.iteration
-    return None
+    return next((cand.iteration for cand, ev in _ok(candidates) if meets_objective(ev, baseline, objective)), None)
 
 
 def push_due(

@@ -49,6 +49,15 @@ class SearchStep:
     intervals: dict[float, list[float]] = field(default_factory=dict)
     why: str = ""
 
+    def record(self, goal: float, metrics: dict[str, Any]) -> tuple[float, float]:
+        """Record a trial at `goal` (its loss, its interval, its corrected upper end); return (loss, upper end), pp."""
+        drop = float(metrics.get("accuracy_drop_pp", 0.0))
+        interval = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
+        corrected = round(self.correction(interval[1], goal), 3)
+        self.trials.append({"goal": round(goal, 4), "predicted_pp": round(drop, 3), "corrected_pp": corrected})
+        self.intervals[round(goal, 4)] = interval
+        return drop, interval[1]
+
     def to_record(self) -> SearchRecord:
         """Return the step as planner_meta.search records it."""
         data = {
@@ -81,13 +90,15 @@ def prediction_correction(history: list[dict[str, Any]]) -> float | None:
     return None
 
 
+def kept_goals(history: list[dict[str, Any]]) -> list[float]:
+    """Return the goals that kept the budget below any a reviewer rejected (a "no" caps the search)."""
+    rejected = [h["goal"] for h in history if h.get("rejected")]
+    return [h["goal"] for h in history if h["passed"] and h["goal"] < min(rejected, default=float("inf"))]
+
+
 def bracket(history: list[dict[str, Any]]) -> tuple[float, float] | None:
     """Return (largest passing goal, smallest failing goal above it), or None when no round missed the budget."""
-    passes = [h["goal"] for h in history if h["passed"]]
-    rejected = [h["goal"] for h in history if h.get("rejected")]
-    if rejected:
-        passes = [p for p in passes if p < min(rejected)]
-    lo = max(passes, default=0.0)
+    lo = max(kept_goals(history), default=0.0)
     above = [h["goal"] for h in history if not h["passed"] and not h.get("rejected") and h["goal"] > lo]
     return (lo, min(above)) if above else None
 
@@ -174,13 +185,7 @@ def search_step(
         if high - low < tolerance:
             break
         mid = (low + high) / 2
-        metrics = trial(plan_at(mid))
-        drop = float(metrics.get("accuracy_drop_pp", 0.0))
-        upper = float((metrics.get("interval_pp") or (drop, drop))[1])
-        out.trials.append(
-            {"goal": round(mid, 4), "predicted_pp": round(drop, 3), "corrected_pp": round(correction(upper, mid), 3)}
-        )
-        out.intervals[round(mid, 4)] = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
+        drop, upper = out.record(mid, trial(plan_at(mid)))
         if within_budget(upper, correction, max_acc_drop, mid):
             low, best = mid, mid
         else:
@@ -230,8 +235,7 @@ def push_step(
     """
     if bracket(history) is not None:
         return None
-    rejected = [h["goal"] for h in history if h.get("rejected")]
-    passes = [h["goal"] for h in history if h["passed"] and h["goal"] < min(rejected, default=float("inf"))]
+    passes = kept_goals(history)
     feasible, budget = bounds.feasible, bounds.budget
     if not passes or feasible - max(passes) < tolerance:
         return None
@@ -243,13 +247,8 @@ def push_step(
         if i and high - low < tolerance:
             break
         goal = feasible if i == 0 else (low + high) / 2
-        metrics = trial(plan_at(goal))
-        drop = float(metrics.get("accuracy_drop_pp", 0.0))
-        interval = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
-        corrected = round(correction(interval[1], goal), 3)
-        out.trials.append({"goal": round(goal, 4), "predicted_pp": round(drop, 3), "corrected_pp": corrected})
-        out.intervals[round(goal, 4)] = interval
-        if within_budget(interval[1], correction, budget, goal):
+        drop, upper = out.record(goal, trial(plan_at(goal)))
+        if within_budget(upper, correction, budget, goal):
             low, best = goal, goal
             if i == 0:
                 break
@@ -257,8 +256,9 @@ def push_step(
             high = goal
             if correction(drop, goal) <= budget + 1e-9:  # doubt, not evidence
                 doubted.append(goal)
-    out.goal, found = (best, f"{len(out.trials)} trials chose {best:.1%}") if best is not None else (lo, "")
-    if best is None:
+    if best is not None:
+        out.goal, found = best, f"{len(out.trials)} trials chose {best:.1%}"
+    else:
         out.goal, found = fallback_goal(lo, high, doubted, bounds.target, tolerance)
     out.cap = correction.cap(budget, out.goal)
     out.why = (

@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 # mypy sees the repository root as the package profiling_agent through this link (the editable install's
 # import hook is invisible to it)
 TYPECHECK_ROOT = .typecheck
-PACKAGES = state graph nodes tools prompts
+PACKAGES = state schemas graph nodes tools prompts
 
 install: $(VENV)/.installed
 

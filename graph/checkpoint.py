@@ -13,8 +13,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from profiling_agent.graph.serde import state_serializer
-from profiling_agent.state.migrations import RENAMED_NODES
-from profiling_agent.state.migrations import pending as pending_migrations
+from profiling_agent.schemas.migrations import RENAMED_NODES
+from profiling_agent.schemas.migrations import pending as pending_migrations
 
 DB_NAME = "checkpoints.sqlite"
 CHECKPOINT_URL_ENV = "PROFILING_AGENT_CHECKPOINT_URL"
@@ -182,7 +182,7 @@ def follow_renamed_node(graph: Any, saver: BaseCheckpointSaver, config: dict[str
 
     The checkpoint's pending trigger names the old node, which the graph no longer has: re-running the router of
     the node before it (with no new values) triggers the node under its new name, so `resume` continues there.
-    The renames are `state/migrations.py`'s `RENAMED_NODES`.
+    The renames are `schemas/migrations.py`'s `RENAMED_NODES`.
     """
     for old, before in RENAMED_NODES.items():
         if _waits_for(saver, config, old):

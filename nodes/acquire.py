@@ -55,7 +55,7 @@ def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "objective": state.objective.model_dump(),
         "run_path": str(run_path),
         "status": "running",
-        "state_format": STATE_FORMAT,  # the checkpoint's shape version (state/migrations.py)
+        "state_format": STATE_FORMAT,  # the checkpoint's shape version (schemas/migrations.py)
         "family": adapter.name,
         "baseline": artifact_ref(here, saved),
         "labels": labels,

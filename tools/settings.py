@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from profiling_agent.state.settings import BackendChoice
+from profiling_agent.schemas.settings import BackendChoice
 
 Runtime = Literal["torch", "onnxruntime", "openvino"]  # a runtime that executes a delivered form
 Backend = BackendChoice  # `--backend`: one runtime's forms, or all (auto)

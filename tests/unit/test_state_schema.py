@@ -150,7 +150,7 @@ print("plain", plain.loads_typed(plain.dumps_typed(value)) == value, flush=True)
 
 
 def test_checkpoints_rebuild_the_state_models_without_langgraphs_unregistered_type_warning(tmp_path):
-    """Our checkpointers name the state package's models: they read back as themselves, without the warning a plain
+    """Our checkpointers name the state's models: they read back as themselves, without the warning a plain
     serializer logs (once per type and process, hence a fresh process)."""
     import subprocess
     import sys
@@ -162,7 +162,7 @@ def test_checkpoints_rebuild_the_state_models_without_langgraphs_unregistered_ty
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     ours, plain = lines.index("ours Objective"), lines.index("plain True")
-    warned = [line for line in lines if "unregistered type profiling_agent.state." in line]
+    warned = [line for line in lines if "unregistered type profiling_agent." in line]
     assert warned and all(lines.index(line) > ours for line in warned), lines  # only the plain serializer warned
     assert plain > ours
 
@@ -180,8 +180,9 @@ def _format0_writer():
 
 
 def test_a_checkpoint_written_before_the_state_package_split_resumes(tmp_path, caplog):
-    """A checkpoint of `state.py` days names its models `profiling_agent.state.NAME`: they rebuild as today's classes
-    (not left as dicts by LangGraph's allow-list), its legacy history key upgrades, and the thread runs on."""
+    """A checkpoint of the first `state.py` (before the `state/` package) names its models
+    `profiling_agent.state.NAME`: they rebuild as today's classes (not left as dicts by LangGraph's allow-list), its
+    legacy history key upgrades, and the thread runs on."""
     import shutil
 
     from profiling_agent.graph.checkpoint import close_checkpointer, migrate_checkpoint, open_checkpointer, saved_format

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import get_args
 
-from profiling_agent.state.settings import RecoverChoice
+from profiling_agent.schemas.settings import RecoverChoice
 
 METHODS: tuple[str, ...] = get_args(RecoverChoice)
 EPOCHS = 2.0  # auto: passes over the training images

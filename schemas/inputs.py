@@ -6,8 +6,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, model_validator
 
-from profiling_agent.state.base import Ref, Strict
-from profiling_agent.state.settings import (
+from profiling_agent.schemas.base import Ref, Strict
+from profiling_agent.schemas.settings import (
     BASELINE_PLANNERS,
     EMBEDDED_DATASET,
     EMBEDDED_MODEL,

@@ -12,9 +12,9 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
-from profiling_agent.state.base import Strict
-from profiling_agent.state.plans import CompressionPlan, PlannerMeta, Review
-from profiling_agent.state.settings import PruneType
+from profiling_agent.schemas.base import Strict
+from profiling_agent.schemas.plans import CompressionPlan, PlannerMeta, Review
+from profiling_agent.schemas.settings import PruneType
 
 
 class ArtifactRef(Strict):

@@ -1,4 +1,12 @@
-"""The graph's shared state (`State`), what a caller provides (`InputState`), and the node history it keeps."""
+"""The graph's shared state (`State`), its input (`InputState`) and its node history.
+
+What flows is declared here: the fields, their reducers (`operator.add` appends a node's `candidates`, `fallbacks`
+and `history` to the ones before). The schemas the fields hold live in `schemas/`, by
+meaning: `settings` (each choice a `Literal` defined once), `base` (the strict base models), `inputs` (model,
+dataset, objective), `plans` (plans and what planners record), `records` (what flows between nodes) and
+`migrations` (older checkpoints' shapes, keyed by `STATE_FORMAT`). Every one of their names is importable from
+`profiling_agent.state` as well.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +15,92 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from profiling_agent.state.base import Strict
-from profiling_agent.state.inputs import DatasetRef, ModelRef, Objective
-from profiling_agent.state.migrations import upgrade_history_event
-from profiling_agent.state.plans import CompressionPlan, Fallback, LLMStep, PlannerMode
-from profiling_agent.state.records import (
+from profiling_agent.schemas.base import (
+    Ref,
+    Strict,
+)
+from profiling_agent.schemas.inputs import (
+    DatasetRef,
+    ModelRef,
+    Objective,
+)
+from profiling_agent.schemas.migrations import (
+    LEGACY_HISTORY_KEYS,
+    MIGRATIONS,
+    RENAMED_NODES,
+    STATE_FORMAT,
+    Migration,
+    pending,
+    upgrade_history_event,
+)
+from profiling_agent.schemas.plans import (
+    MAX_REGEX_LEN,
+    BackoffRecord,
+    BackoffTrial,
+    BlockTrial,
+    CompressionPlan,
+    Fallback,
+    GivenUpMode,
+    LayerPattern,
+    LLMStep,
+    PlannerMeta,
+    PlannerMode,
+    ProposalDiff,
+    PruneEntry,
+    QuantEntry,
+    RejectedAnswer,
+    Review,
+    SearchRecord,
+    SearchTrial,
+    StructuredFacts,
+    TokenChoice,
+    TokenEntry,
+)
+from profiling_agent.schemas.records import (
+    AppliedGroup,
     ArtifactRef,
+    BackendSummary,
     Best,
     Candidate,
     DataRef,
     EvalRecord,
+    GroupCosts,
     GroupSensitivity,
     InputShape,
     LabelMap,
+    LatencyRow,
+    MacsRow,
+    OperatorRow,
+    ProfileEnv,
     ProfileSummary,
+    RecoveryRecord,
     ReportRef,
+    RoundCheck,
     TestEval,
     TokenAxis,
+    TokenRate,
+    VariantRecord,
+)
+from profiling_agent.schemas.settings import (
+    BASELINE_PLANNERS,
+    CONTEXT_CHOICES,
+    EMBEDDED_DATASET,
+    EMBEDDED_MODEL,
+    BackendChoice,
+    BaselinePlanner,
+    Context,
+    DeviceChoice,
+    ImportanceChoice,
+    PlannerChoice,
+    PruneType,
+    QuantDtype,
+    QuantizeChoice,
+    RecoverChoice,
+    SelectRule,
+    StructuredChoice,
+    StructuredMode,
+    TargetMetric,
+    choices,
 )
 
 
@@ -98,7 +175,7 @@ class State(BaseModel):
     history: Annotated[list[HistoryEvent], operator.add] = Field(default_factory=list, description="Node steps.")
     state_format: int = Field(
         default=0,
-        description="Format of the saved state (state/migrations.py); 0: written before formats were numbered.",
+        description="Format of the saved state (schemas/migrations.py); 0: written before formats were numbered.",
     )
 
 
@@ -108,3 +185,86 @@ class InputState(BaseModel):
     model: ModelRef = Field(default_factory=ModelRef, description="Model to compress.")
     dataset: DatasetRef = Field(default_factory=DatasetRef, description="Evaluation data.")
     objective: Objective = Field(default_factory=Objective, description="Goal, bounds and selection rule.")
+
+
+__all__ = [
+    "AppliedGroup",
+    "ArtifactRef",
+    "BASELINE_PLANNERS",
+    "BackendChoice",
+    "BackendSummary",
+    "BackoffRecord",
+    "BackoffTrial",
+    "BaselinePlanner",
+    "Best",
+    "BlockTrial",
+    "CONTEXT_CHOICES",
+    "Candidate",
+    "CompressionPlan",
+    "Context",
+    "DataRef",
+    "DatasetRef",
+    "DeviceChoice",
+    "EMBEDDED_DATASET",
+    "EMBEDDED_MODEL",
+    "EvalRecord",
+    "Fallback",
+    "GivenUpMode",
+    "GroupCosts",
+    "GroupSensitivity",
+    "HistoryEvent",
+    "ImportanceChoice",
+    "InputShape",
+    "InputState",
+    "LEGACY_HISTORY_KEYS",
+    "LLMStep",
+    "LabelMap",
+    "LatencyRow",
+    "LayerPattern",
+    "MAX_REGEX_LEN",
+    "MIGRATIONS",
+    "MacsRow",
+    "Migration",
+    "ModelRef",
+    "Objective",
+    "OperatorRow",
+    "PlannerChoice",
+    "PlannerMeta",
+    "PlannerMode",
+    "ProfileEnv",
+    "ProfileSummary",
+    "ProposalDiff",
+    "TokenChoice",
+    "TokenEntry",
+    "PruneEntry",
+    "PruneType",
+    "QuantDtype",
+    "QuantEntry",
+    "QuantizeChoice",
+    "RENAMED_NODES",
+    "RecoverChoice",
+    "RecoveryRecord",
+    "Ref",
+    "RejectedAnswer",
+    "ReportRef",
+    "Review",
+    "RoundCheck",
+    "STATE_FORMAT",
+    "SearchRecord",
+    "SearchTrial",
+    "SelectRule",
+    "State",
+    "StateSchemaError",
+    "Strict",
+    "StructuredChoice",
+    "StructuredFacts",
+    "StructuredMode",
+    "TargetMetric",
+    "TestEval",
+    "TokenAxis",
+    "TokenRate",
+    "VariantRecord",
+    "choices",
+    "pending",
+    "upgrade_history_event",
+]

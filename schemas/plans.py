@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, ConfigDict, Field, model_serializer, model_validator, with_config
 from typing_extensions import TypedDict
 
-from profiling_agent.state.base import Strict
-from profiling_agent.state.settings import PruneType, QuantDtype, StructuredChoice, StructuredMode
+from profiling_agent.schemas.base import Strict
+from profiling_agent.schemas.settings import PruneType, QuantDtype, StructuredChoice, StructuredMode
 
 MAX_REGEX_LEN = 200
 

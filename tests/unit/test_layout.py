@@ -274,7 +274,7 @@ def test_the_shape_rules_are_linted_and_their_allowance_only_shrinks():
 
 
 def test_the_state_is_one_top_level_module_over_schemas_that_never_import_it():
-    """state.py holds the graph's state and input; schemas/ holds what it holds and imports only itself."""
+    """state.py holds the graph's state, input and context; schemas/ holds what it holds and imports only itself."""
     assert (ROOT / "state.py").is_file() and not (ROOT / "state").exists()
     graph = _graph()
     schemas = {m for m in graph if m.startswith(f"{PACKAGE}.schemas.")}
@@ -283,4 +283,4 @@ def test_the_state_is_one_top_level_module_over_schemas_that_never_import_it():
     wrong = {m: sorted(graph[m] - schemas) for m in schemas if graph[m] - schemas}
     assert not wrong, wrong
     defined = {n.name for n in ast.parse((ROOT / "state.py").read_text()).body if isinstance(n, ast.ClassDef)}
-    assert defined == {"State", "InputState", "HistoryEvent", "StateSchemaError"}, defined
+    assert defined == {"State", "InputState", "HistoryEvent", "StateSchemaError", "Context"}, defined

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from profiling_agent.nodes.report import run_records
 from profiling_agent.state import State
 from profiling_agent.tools.evaluation.final_latency import kept_final
 from profiling_agent.tools.reporting import result as result_module
@@ -26,11 +27,10 @@ def rebuilt(tmp_path_factory):
     state = State.model_validate_json((STORED / "state.json").read_text())
     kept = kept_final(root, ["iter_01"])
     assert kept is not None
-    final = {**state.model_dump(), "status": "done"}
     with pytest.MonkeyPatch.context() as patch:
         # the library versions are read from the environment at report time, not from the run's records
         patch.setattr(result_module, "versions", lambda: stored["versions"])
-        _, files, trouble = write_run_report(root, final, "ref1", state.objective, *kept)
+        _, files, trouble = write_run_report(root, run_records(state, "ref1"), *kept)
     assert trouble == "" and files["html"] == "report.html"
     return stored, json.loads((root / "result.json").read_text()), root
 

@@ -10,6 +10,32 @@ from langgraph.runtime import Runtime
 from profiling_agent.nodes.common import absolute, context_of, delivered_ref, emit, event, prepared, run_dir
 from profiling_agent.state import Context, State
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.reporting.records import RunRecords
+
+
+def run_records(state: State, thread_id: str) -> RunRecords:
+    """Return the records of the finished run the report is built from (status done)."""
+    return RunRecords(
+        thread_id=thread_id,
+        status="done",
+        stop_reason=state.stop_reason,
+        model=state.model,
+        dataset=state.dataset,
+        objective=state.objective,
+        family=state.family,
+        input_shape=state.input_shape,
+        labels=state.labels,
+        data=state.data,
+        profile=state.profile,
+        token_axis=state.token_axis,
+        baseline=state.baseline,
+        baseline_eval=state.baseline_eval,
+        test_eval=state.test_eval,
+        candidates=state.candidates,
+        best=state.best,
+        fallbacks=state.fallbacks,
+        history=state.history,
+    )
 
 
 def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -32,8 +58,7 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         with atomic_dir(root / run_layout.BEST) as tmp:
             shutil.copytree(absolute(state, delivered.path), tmp, dirs_exist_ok=True)
     thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None) or root.name  # forks: RUN/T/forks/
-    final = {**state.model_dump(), "status": "done"}
-    result, files, trouble = write_run_report(root, final, str(thread), state.objective, latency, timing)
+    result, files, trouble = write_run_report(root, run_records(state, str(thread)), latency, timing)
     best = result.get("best")
     message = (
         f"best: iteration {best['iteration']}, top-1 {best['accuracy']:.2f}%, {best['params']:,} params"

@@ -48,6 +48,19 @@ window.addEventListener("load", () => {
 </script>"""
 
 
+# the same, for the computed style of the elements a list of CSS selectors names, into <body data-styles>
+_STYLES = """<script>
+window.addEventListener("load", () => {
+  const pick = (el) => {
+    const s = getComputedStyle(el);
+    return {cls: el.className, text: el.textContent, color: s.color, background: s.backgroundColor};
+  };
+  document.body.dataset.styles = JSON.stringify(
+    Object.fromEntries(SELECTORS.map((sel) => [sel, [...document.querySelectorAll(sel)].map(pick)])));
+});
+</script>"""
+
+
 def find_browser() -> str | None:
     """Return the path of a Chromium on PATH, or None."""
     return next((path for name in BROWSER_NAMES if (path := shutil.which(name))), None)
@@ -82,6 +95,21 @@ def chart_layout(browser: str, page: Path, work: Path) -> dict:
     dom = _run(browser, f"--window-size={WIDTH},1000", "--dump-dom", probe.as_uri()).stdout
     found = re.search(r'data-boxes="([^"]*)"', dom)
     assert found, f"the measuring script did not run; the DOM starts {dom[:300]!r}"
+    return json.loads(html.unescape(found.group(1)))
+
+
+def element_styles(browser: str, page: Path, work: Path, selectors: list[str]) -> dict[str, list[dict]]:
+    """Lay `page` out and return, per CSS selector, its elements' class, text and computed colour and background.
+
+    Like `chart_layout`, a copy of the page with a script is opened (--dump-dom); colours are the browser's
+    computed values ("rgb(r, g, b)").
+    """
+    probe = work / f"styles-{page.name}"
+    script = _STYLES.replace("SELECTORS", json.dumps(selectors))
+    probe.write_text(page.read_text().replace("</body>", script + "</body>"))
+    dom = _run(browser, f"--window-size={WIDTH},1000", "--dump-dom", probe.as_uri()).stdout
+    found = re.search(r'data-styles="([^"]*)"', dom)
+    assert found, f"the style script did not run; the DOM starts {dom[:300]!r}"
     return json.loads(html.unescape(found.group(1)))
 
 

@@ -375,3 +375,33 @@ def test_headline_speed_of_the_run_leads_with_quantization_only(finished_run):
     assert sentence in page
     speed_line = next(line for line in (run / "report.md").read_text().splitlines() if line.startswith("**Speed:**"))
     assert speed_line.index("the quantization-only form") < speed_line.index("the original torch FP32 model")
+
+
+def test_notes_are_drawn_neutral_and_warnings_in_the_warning_style_in_chromium(finished_run, tmp_path):
+    """A note (the trial slice) is grey on the page's light background; a warning is red on the warning pink."""
+    from browser import element_styles, require_browser
+
+    browser = require_browser()
+    run, _ = finished_run
+    result = _result(run)  # the run's own result, with the outcome's warnings added: interval, weak data, timings
+    result["best"] |= {"ci_crosses_budget": True}
+    result["protocol"]["test"]["images"] = 5
+    result["delivery"] = {**result["delivery"], "timings_flagged": True, "flag_reason": "a reference workload ran 2x"}
+    page = tmp_path / "report.html"
+    page.write_text(render_html(result))
+    styles = element_styles(browser, page, tmp_path, ["p.note", ".badge.warn"])
+    notes, warnings = styles["p.note"], styles[".badge.warn"]
+    trial = next(n for n in notes if n["text"].startswith("Every plan trial was judged on"))
+    assert trial["cls"] == "note" and trial["color"] == "rgb(89, 99, 110)"  # --muted
+    assert trial["background"] == "rgb(246, 248, 250)"  # --bg, the page's neutral grey
+    texts = [w["text"] for w in warnings]
+    assert any(t.startswith("Caution: the accuracy change") for t in texts)
+    assert "Timings flagged: a reference workload ran 2x." in texts
+    assert any(t.startswith("Accuracy results mean little: 5 test images") for t in texts)
+    for warning in warnings:
+        assert warning["color"] == "rgb(180, 35, 24)" and warning["background"] == "rgb(255, 235, 233)"  # --bad
+    assert not any(w["text"].startswith("Every plan trial") for w in warnings)
+    # the graph's own report.html: its notes are notes too, never in a warning badge
+    own = element_styles(browser, run / "report.html", tmp_path, ["p.note", ".badge.warn"])
+    assert any(n["text"].startswith("Every plan trial was judged on") for n in own["p.note"])
+    assert not any("plan trial" in w["text"] for w in own[".badge.warn"])

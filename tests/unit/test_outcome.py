@@ -5,44 +5,48 @@ from __future__ import annotations
 import pytest
 from eval_records import evaluation, form
 
-from profiling_agent.state import Objective
+from profiling_agent.state import Best, Objective
 from profiling_agent.tools.planning.deterministic import PlannerConfig, next_goal
 from profiling_agent.tools.reporting.markdown import backend_lines
 from profiling_agent.tools.reporting.outcome import target_outcome
 
-BASE = evaluation(accuracy=95.0, params=1000, variants=[form("ort_dynamic", speedup=3.0)]).model_dump()
+BASE = evaluation(accuracy=95.0, params=1000, variants=[form("ort_dynamic", speedup=3.0)])
+LATENCY, PARAMS = Objective(target="latency", target_reduction=0.4), Objective(target="params", target_reduction=0.4)
 
 
-def _best(reduction, **ev):
-    return {"reduction": reduction, "within_budget": True, "eval": evaluation(accuracy=94.5, **ev).model_dump()}
+def _best(reduction, iteration=1, **ev):
+    record = evaluation(accuracy=94.5, **ev)
+    return Best(
+        iteration=iteration, rule="budget", within_budget=True, reduction=reduction, accuracy_drop=0.5, eval=record
+    )
 
 
 def test_a_latency_target_missed_says_by_how_much_and_on_which_form():
     best = _best(0.115, delivered="ort_dynamic", speedup=3.39, latency_ms=0.5)
-    out = target_outcome(best, BASE, {"target": "latency", "target_reduction": 0.4})
+    out = target_outcome(best, BASE, LATENCY)
     assert out["met"] is False and out["missed_by"] == pytest.approx(0.285)
     assert out["form"] == "ort_dynamic" and out["against"] == "the baseline's forms"
     assert "missed by 28.5%" in out["statement"] and "unpruned model's ort_dynamic" in out["statement"]
 
 
 def test_a_latency_outcome_is_stated_from_the_final_joint_timing_when_it_has_both_models():
-    best = {**_best(0.278, delivered="ort_dynamic", speedup=5.5, latency_ms=0.2), "iteration": 3}
+    best = _best(0.278, iteration=3, delivered="ort_dynamic", speedup=5.5, latency_ms=0.2)
     final = {
         "iter_03": {"latency_ms": 0.15, "latency_batch_ms": 0.8},
         "unpruned_ort_dynamic": {"latency_ms": 0.25, "latency_batch_ms": 1.6},
     }
-    out = target_outcome(best, BASE, {"target": "latency", "target_reduction": 0.4}, final)
+    out = target_outcome(best, BASE, LATENCY, final)
     assert out["measured"] == pytest.approx(0.4) and out["met"] is True and out["round_measured"] == 0.278
     assert out["measured_batch"] == pytest.approx(0.5) and "at the end of the run" in out["statement"]
     other = {"iter_03": final["iter_03"], "unpruned_ort_fp32": final["unpruned_ort_dynamic"]}  # not the same form
-    kept = target_outcome(best, BASE, {"target": "latency", "target_reduction": 0.4}, other)
+    kept = target_outcome(best, BASE, LATENCY, other)
     assert kept["measured"] == 0.278 and "round_measured" not in kept
 
 
 def test_a_met_target_and_no_candidate():
-    out = target_outcome(_best(0.42), BASE, {"target": "params", "target_reduction": 0.4})
+    out = target_outcome(_best(0.42), BASE, PARAMS)
     assert out["met"] is True and out["missed_by"] == 0.0 and "target met" in out["statement"]
-    none = target_outcome(None, BASE, {"target": "params", "target_reduction": 0.4})
+    none = target_outcome(None, BASE, PARAMS)
     assert none["met"] is False and none["measured"] is None and "no candidate" in none["statement"]
 
 
@@ -64,12 +68,12 @@ def test_the_report_names_the_profile_the_planners_read():
 
 
 def test_a_latency_outcome_from_the_final_timing_carries_its_paired_interval():
-    best = {**_best(0.3, delivered="ort_dynamic", speedup=5.5, latency_ms=0.2), "iteration": 1}
+    best = _best(0.3, delivered="ort_dynamic", speedup=5.5, latency_ms=0.2)
     final = {
         "iter_01": {"latency_ms": 1.0, "latency_batch_ms": 8.0, "samples_ms": [1.0, 1.02, 0.98, 1.0, 1.01]},
         "unpruned_ort_dynamic": {"latency_ms": 2.0, "latency_batch_ms": 16.0, "samples_ms": [2.0, 2.1, 1.9, 2.0, 2.0]},
     }
-    out = target_outcome(best, BASE, {"target": "latency", "target_reduction": 0.4}, final)
+    out = target_outcome(best, BASE, LATENCY, final)
     low, high = out["measured_ci"]
     assert out["measured"] == 0.5 and low <= 0.5 <= high and low > 0.4
     assert "95% interval" in out["statement"] and "paired repeats" in out["statement"]

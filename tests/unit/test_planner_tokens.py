@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from profiling_agent.state import Candidate, CompressionPlan, Objective, TokenAxis, TokenEntry
+from profiling_agent.state import (
+    Candidate,
+    CompressionPlan,
+    Objective,
+    PlannerMeta,
+    TokenAxis,
+    TokenChoice,
+    TokenEntry,
+)
 from profiling_agent.tools.planning.round import RoundData, weighed_tokens
 from profiling_agent.tools.planning.token_plan import (
     TokenOption,
@@ -106,21 +114,22 @@ def test_result_json_and_the_report_show_the_schedule_and_the_latency_it_bought(
     from profiling_agent.tools.reporting.markdown import token_axis_lines, token_lines
     from profiling_agent.tools.reporting.result import token_facts
 
-    axis = _axis((8, 0.25, 0.5, None), (2, 0.01, 0.0, "rate 2 does not pay on ov_int8 at batch 1")).model_dump()
-    weighed = {"rate": 8, "saved_share": 0.25, "drop_pp": 0.5, "chosen": True, "why": "merging kept"}
-    merged = {
-        "plan": {"tokens": {"type": "tokens", "rate": 8, "justification": "measured"}},
-        "token_schedule": [8, 8],
-        "planner_meta": {"tokens": weighed},
-    }
+    axis = _axis((8, 0.25, 0.5, None), (2, 0.01, 0.0, "rate 2 does not pay on ov_int8 at batch 1"))
+    weighed = TokenChoice(rate=8, saved_share=0.25, drop_pp=0.5, chosen=True, why="merging kept")
+    merged = Candidate(
+        iteration=1,
+        plan=CompressionPlan(tokens=TokenEntry(rate=8, justification="measured")),
+        token_schedule=[8, 8],
+        planner_meta=PlannerMeta(tokens=weighed),
+    )
     facts = token_facts(merged, axis)
-    assert facts is not None and facts["schedule"] == [8, 8] and facts["weighed"] == weighed
+    assert facts is not None and facts["schedule"] == [8, 8] and facts["weighed"] == weighed.model_dump()
     assert facts["bought"] == {"form": "ov_int8", "batch": 1, "base_ms": 1.0, "latency_ms": 0.75, "saved_share": 0.25}
-    assert token_facts({"plan": {}, "planner_meta": {}}, axis) is None  # nothing to say: the row keeps its keys
+    assert token_facts(Candidate(iteration=1), axis) is None  # nothing to say: the row keeps its keys
     lines = token_lines(facts)
     assert "schedule [8, 8]" in lines[0] and "bought 25.0% of ov_int8's latency at batch 1" in lines[0]
     assert lines[1] == "- token merging weighed: merging kept"
-    (line,) = token_axis_lines(axis)
+    (line,) = token_axis_lines(axis.model_dump())
     assert "r=8 0.750 ms (+25.0%, 0.50 pp lost)" in line and "Dropped: rate 2 does not pay" in line
     assert token_axis_lines(None) == []
 
@@ -247,9 +256,7 @@ def test_a_front_loaded_schedule_is_weighed_planned_kept_and_checked_like_a_rate
     )
     shapes = schema["properties"]["tokens"]["anyOf"]
     assert shapes[1]["properties"]["rate"]["enum"] == [8] and shapes[2]["properties"]["schedule"]["enum"] == [[16, 0]]
-    facts = token_facts(
-        {"plan": {"tokens": merged.plan.tokens.model_dump()}, "token_schedule": [16, 0]}, axis.model_dump()
-    )
+    facts = token_facts(Candidate(iteration=1, plan=merged.plan, token_schedule=[16, 0]), axis)
     assert facts is not None and facts["bought"]["saved_share"] == 0.3
     assert "schedule [16, 0] 0.700 ms (+30.0%, 0.25 pp lost)" in token_axis_lines(axis.model_dump())[0]
 

@@ -61,35 +61,31 @@ def test_routing_enforces_the_iteration_bound():
 
 
 def test_result_reports_the_final_joint_latency_for_every_candidate():
+    from profiling_agent.state import ArtifactRef, Best, DatasetRef, ModelRef
+    from profiling_agent.tools.reporting.records import RunRecords
     from profiling_agent.tools.reporting.result import build_result
 
-    ev = {
-        "accuracy": 90.0,
-        "agreement": 99.0,
-        "latency_ms": 5.0,
-        "latency_batch_ms": 9.0,
-        "speedup": 0.5,
-        "size_mb": 1.0,
-        "memory_bytes": 10,
-        "params": 100,
-        "macs": 1000,
-        "batch_size": 16,
-        "threads": 1,
-    }
-    state = {
-        "baseline_eval": {**ev, "latency_ms": 2.5, "speedup": 1.0},
-        "candidates": [{"iteration": 1, "status": "ok", "eval": ev, "plan": {}, "artifact": {"path": "iter_01/c"}}],
-        "best": {"iteration": 1, "eval": ev, "plan": {}, "artifact": {"path": "iter_01/c"}},
-        "objective": {"planner": "deterministic"},
-    }
+    ev = evaluation(latency_ms=5.0, latency_batch_ms=9.0, speedup=0.5, size_mb=1.0, memory_bytes=10, params=100)
+    artifact = ArtifactRef(path="iter_01/c", sha256="0", size_bytes=1, params=100)
+    records = RunRecords(
+        thread_id="t",
+        model=ModelRef(),
+        dataset=DatasetRef(),
+        objective=Objective(planner="deterministic"),
+        baseline_eval=ev.model_copy(update={"latency_ms": 2.5, "speedup": 1.0}),
+        candidates=[candidate(1, ev, artifact=artifact)],
+        best=Best(
+            iteration=1, eval=ev, artifact=artifact, rule="paper", within_budget=True, reduction=0.5, accuracy_drop=0
+        ),
+    )
     final = {
         "baseline": {"latency_ms": 4.0, "latency_batch_ms": 8.0},
         "iter_01": {"latency_ms": 2.0, "latency_batch_ms": 6.0},
     }
-    result = build_result(state, "t", final)
+    result = build_result(records, final)
     for row in (result["candidates"][0], result["best"]):
         assert row["latency_ms"] == 2.0 and row["speedup"] == 2.0 and row["round_latency_ms"] == 5.0
-    assert result["baseline"]["latency_ms"] == 4.0
+    assert result["baseline"]["latency_ms"] == 4.0 and result["thread_id"] == "t"
 
 
 def test_the_final_timing_times_every_unpruned_form_that_kept_the_budget_and_is_kept_for_the_report(tmp_path):

@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.state import Objective
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.reporting.records import RunRecords
 
 
 def write_run_report(
     root: Path,
-    final: dict[str, Any],
-    thread: str,
-    objective: Objective,
-    latency: dict[str, Any],
-    timing: dict[str, Any],
+    records: RunRecords,
+    latency: Mapping[str, Mapping[str, Any]],
+    timing: Mapping[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
     """Write result.json, then report.md, report.html and plots (a chart that fails keeps report.md).
 
     Args:
         root: The run folder.
-        final: The finished run's state (status "done").
-        thread: The thread id recorded in result.json.
-        objective: The run's objective (the delivery summary).
+        records: The finished run's records.
         latency: The final joint latencies (`final_latency`).
         timing: Their timing facts.
 
@@ -37,16 +34,16 @@ def write_run_report(
     from profiling_agent.tools.reporting.plot_recovery import attach_curves
     from profiling_agent.tools.reporting.result import build_result
 
-    result = build_result(final, thread, latency)
-    result["final_latency_timing"] = timing or None
-    if (timing or {}).get("reused"):
+    result = build_result(records, latency)
+    result["final_latency_timing"] = dict(timing) or None
+    if timing.get("reused"):
         result["latency_method"] = f"final: {timing['reused']}"
-    result["delivery"] = delivery_summary(result.get("best"), result["baseline"], objective, latency, timing)
+    result["delivery"] = delivery_summary(result.get("best"), result["baseline"], records.objective, latency, timing)
     result = attach_curves(result, root)  # the report rebuilds from result.json
     write_json_atomic(root / run_layout.RESULT, result)
     profile_path = root / run_layout.PROFILE
     profile = read_json(profile_path) if profile_path.exists() else None
-    summary = final.get("profile")
+    summary = records.profile.model_dump() if records.profile else None
     try:
         return result, write_report_files(root, result, profile, summary), ""
     except Exception as exc:  # noqa: BLE001 - charts and HTML must not fail a finished run: keep report.md

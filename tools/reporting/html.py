@@ -8,7 +8,8 @@ from typing import Any
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.reporting.html_parts import REPORT_CSS, data_uri, esc, html_card, html_facts, html_table
 from profiling_agent.tools.reporting.html_plans import fallbacks_section, plans_section, profile_section
-from profiling_agent.tools.reporting.markdown import backend_lines, test_lines, token_axis_lines
+from profiling_agent.tools.reporting.markdown import backend_lines, token_axis_lines
+from profiling_agent.tools.reporting.notes import evaluation_notes, outcome_warnings
 from profiling_agent.tools.reporting.plots import PLOT_FILES
 from profiling_agent.tools.reporting.speed import DeliveredSpeed, delivered_speed, speed_sentence
 from profiling_agent.tools.text import as_number, number, percent
@@ -137,13 +138,15 @@ def _outcome(result: Mapping[str, Any]) -> str:
         f"{esc(percent(best.get('reduction')))} {esc(target)} reduction, saved in <code>best/</code>. {badge}"
     )
     if speed is not None:
-        text += f"<br>Batch-1 speed: {esc(speed_sentence(speed))}."
-    caution = "".join(f'<p><span class="badge warn">{esc(line)}</span></p>' for line in test_lines(result)[1:] if line)
+        text += f"<br>Batch-1 speed: {esc(speed_sentence(speed, with_flag=False))}."
+    warnings = "".join(f'<p><span class="badge warn">{esc(line)}</span></p>' for line in outcome_warnings(result))
+    notes = "".join(f'<p class="note">{esc(line)}</p>' for line in evaluation_notes(result))
     return (
         "<h2>Outcome</h2>\n<p>"
         + text
         + "</p>\n"
-        + caution
+        + warnings
+        + notes
         + '<div class="cards">'
         + "".join(c for c in cards if c)
         + "</div>"

@@ -27,6 +27,7 @@ pre { background: var(--bg); padding: 10px; border-radius: 6px; overflow-x: auto
          background: var(--bg); border: 1px solid var(--line); vertical-align: middle; }
 .badge.ok { color: var(--good); border-color: #aceebb; background: #dafbe1; }
 .badge.warn { color: var(--bad); border-color: #ffcecb; background: #ffebe9; }
+p.note { color: var(--muted); background: var(--bg); border-left: 3px solid var(--line); padding: 3px 10px; }
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 16px; margin: 8px 0; }
 dl.facts dt { color: var(--muted); }
 dl.facts dd { margin: 0; }

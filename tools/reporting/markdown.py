@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from profiling_agent.state import TokenRate
+from profiling_agent.tools.reporting.notes import evaluation_notes, evaluation_warnings, test_headline
 from profiling_agent.tools.reporting.speed import delivered_speed, speed_sentence
 from profiling_agent.tools.text import number
 
@@ -214,35 +215,8 @@ def fallback_lines(fallbacks: list[dict[str, Any]]) -> list[str]:
 
 
 def test_lines(result: Mapping[str, Any]) -> list[str]:
-    """Say what the held-out test images report and whether the validation interval reaches past the budget."""
-    best, base = result.get("best") or {}, result.get("baseline") or {}
-    lines = []
-    if best.get("test_accuracy") is not None and base.get("test_accuracy") is not None:
-        ci = best.get("test_delta_ci")
-        lines.append(
-            f"On the held-out test images ({(result.get('protocol') or {}).get('test', {}).get('images')} images no "
-            f"plan, probe or selection saw): top-1 {best['test_accuracy']:.2f}% vs {base['test_accuracy']:.2f}% "
-            f"({best['test_delta']:+.2f} pp"
-            + (f", 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
-            + "). The validation numbers chose this model; the test numbers report it."
-        )
-    trial = (result.get("protocol") or {}).get("trial")
-    if trial:
-        lines.append(f"Every plan trial was judged on {trial['images']} validation images ({trial['rows']}).")
-    if best.get("before_recovery_note"):
-        note = str(best["before_recovery_note"])
-        lines.append(f"The best candidate's {note}.")
-    if base.get("predicted_by"):
-        lines.append(
-            f"The baseline's accuracy passes ran on its {base['predicted_by']} form: the same weights, faster than "
-            "torch here, its logits checked against torch's on the check images within the FP32 tolerance."
-        )
-    if best.get("ci_crosses_budget"):
-        budget = (result.get("objective") or {}).get("max_acc_drop")
-        lines.append(
-            f"Caution: the accuracy change is within the {budget} pp budget on the validation point estimate, "
-            "but its 95% interval reaches past the budget."
-        )
+    """Say what the held-out test images report, how the numbers were taken, and what puts them in doubt."""
+    lines = [*test_headline(result), *evaluation_notes(result), *evaluation_warnings(result)]
     return [*lines, ""] if lines else []
 
 

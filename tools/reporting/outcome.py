@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from profiling_agent.state import EvalRecord
+from profiling_agent.state import Best, EvalRecord, Objective
 from profiling_agent.tools import run_layout
 
 NAMES = {"params": "parameter", "macs": "MAC", "size": "size", "latency": "latency"}
+Timing = Mapping[str, Mapping[str, Any]]  # the report's joint timing by key ("iter_NN", "unpruned_<form>")
 
 
 def target_outcome(
-    best: dict[str, Any] | None,
-    baseline: dict[str, Any] | None,
-    objective: dict[str, Any],
-    final: dict[str, dict[str, Any]] | None = None,
-):
+    best: Best | None,
+    baseline: EvalRecord | None,
+    objective: Objective,
+    final: Timing | None = None,
+) -> dict[str, Any]:
     """Return {"target", "requested", "measured", "met", "missed_by", "form", "against", "statement"}.
 
     `best` is the state's Best (its `reduction` was measured by the selection rule: with a latency target, on the
@@ -26,17 +28,15 @@ def target_outcome(
     """
     from profiling_agent.tools.evaluation.selection import same_form_latency
 
-    target = str(objective.get("target") or "params")
-    requested = float(objective.get("target_reduction") or 0.0)
+    target, requested = objective.target, float(objective.target_reduction)
     out: dict[str, Any] = {"target": target, "requested": requested, "measured": None, "met": False}
-    if not best or not best.get("eval") or not baseline:
+    if best is None or best.eval is None or baseline is None:
         out["statement"] = f"no candidate was kept: the {requested:.0%} {NAMES[target]} reduction was not reached"
         return out
-    measured = float(best.get("reduction") or 0.0)
+    measured = float(best.reduction)
     where = ""
     if target == "latency":
-        record, base = EvalRecord.model_validate(best["eval"]), EvalRecord.model_validate(baseline)
-        _, out["form"], out["against"] = same_form_latency(record, base)
+        _, out["form"], out["against"] = same_form_latency(best.eval, baseline)
         joint = _joint(final or {}, best, str(out["form"]))
         larger = ""
         if joint is not None:
@@ -51,7 +51,7 @@ def target_outcome(
     out["measured"], out["met"] = round(measured, 4), measured + 1e-9 >= requested
     out["missed_by"] = 0.0 if out["met"] else round(requested - measured, 4)
     verdict = "met" if out["met"] else f"missed by {out['missed_by']:.1%}"
-    within = "within" if best.get("within_budget") else "outside"
+    within = "within" if best.within_budget else "outside"
     out["statement"] = (
         f"{NAMES[target]} reduction {measured:.1%}{where}: the {requested:.0%} target {verdict}, "
         f"{within} the accuracy budget"
@@ -59,23 +59,23 @@ def target_outcome(
     return out
 
 
-def _joint(final: dict[str, dict[str, Any]], best: dict[str, Any], form: str) -> tuple[float, float] | None:
+def _joint(final: Timing, best: Best, form: str) -> tuple[float, float] | None:
     """Return (batch-1, larger-batch) latency reductions of `best` against the unpruned `form` in the joint timing."""
     from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
 
-    mine, peer = final.get(run_layout.iteration_name(best.get("iteration") or 0)), final.get(PEER_PREFIX + form)
+    mine, peer = final.get(run_layout.iteration_name(best.iteration)), final.get(PEER_PREFIX + form)
     if not mine or not peer or not peer.get("latency_ms") or not peer.get("latency_batch_ms"):
         return None
     one = 1.0 - float(mine["latency_ms"]) / float(peer["latency_ms"])
     return one, 1.0 - float(mine["latency_batch_ms"]) / float(peer["latency_batch_ms"])
 
 
-def _joint_interval(final: dict[str, dict[str, Any]], best: dict[str, Any], form: str) -> list[float] | None:
+def _joint_interval(final: Timing, best: Best, form: str) -> list[float] | None:
     """Return the 95% interval of the batch-1 reduction from the joint timing's paired repeats, or None."""
     from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
     from profiling_agent.tools.evaluation.latency import paired_ratio
 
-    mine, peer = final.get(run_layout.iteration_name(int(best.get("iteration") or 0))), final.get(PEER_PREFIX + form)
+    mine, peer = final.get(run_layout.iteration_name(best.iteration)), final.get(PEER_PREFIX + form)
     ratio = paired_ratio(peer, mine) if mine and peer else None  # the unpruned form's time over the delivered's
     if ratio is None:
         return None

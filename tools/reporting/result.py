@@ -1,13 +1,16 @@
-"""result.json from a finished run's state: the numbers a user decides by."""
+"""result.json from a finished run's records: the numbers a user decides by."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profiling_agent.state import HistoryEvent, LLMStep, PlannerMode
+from pydantic import BaseModel
+
+from profiling_agent.state import Best, Candidate, EvalRecord, HistoryEvent, LLMStep, PlannerMode, TestEval, TokenAxis
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.reporting.outcome import target_outcome
+from profiling_agent.tools.reporting.records import RunRecords
 from profiling_agent.tools.versions import versions
 
 METRIC_KEYS = (
@@ -37,14 +40,22 @@ METRIC_KEYS = (
     "peer",
     "timing",
 )
+Row = dict[str, Any]  # one JSON object of result.json
+Timing = Mapping[str, Mapping[str, Any]]  # the final joint timing by key ("baseline", "iter_NN", "unpruned_<form>")
 
 
-def _metrics(record: dict[str, Any] | None) -> dict[str, Any]:
+def _json(record: BaseModel | None) -> Row | None:
+    """Return a record as result.json holds it (None stays None)."""
+    return record.model_dump() if record is not None else None
+
+
+def _metrics(record: EvalRecord | None) -> Row:
     """Return every metric key, None where not measured (a candidate rejected on its trial slice has no record)."""
-    return {k: (record or {}).get(k) for k in METRIC_KEYS}
+    dumped = _json(record) or {}
+    return {k: dumped.get(k) for k in METRIC_KEYS}
 
 
-def _with_final_latency(metrics: dict[str, Any], final: dict[str, Any] | None, base: dict[str, Any] | None):
+def _with_final_latency(metrics: Row, final: Mapping[str, Any] | None, base: Mapping[str, Any] | None) -> Row:
     """Replace per-round latency by the final joint measurement, keeping the round's numbers beside it."""
     if not final or not base or metrics.get("latency_ms") is None:
         return metrics
@@ -55,7 +66,7 @@ def _with_final_latency(metrics: dict[str, Any], final: dict[str, Any] | None, b
     return out
 
 
-def planner_facts(history: Sequence[HistoryEvent | Mapping[str, Any]]) -> dict[str, Any]:
+def planner_facts(history: Sequence[HistoryEvent | Mapping[str, Any]]) -> Row:
     """Return how the planner choice resolved ("mode", "mode_note") and the LLM's transcripts and token usage.
 
     Read from the analyze events of the state history (checkpointed JSON is validated, old keys mapped); the last
@@ -86,229 +97,219 @@ def planner_facts(history: Sequence[HistoryEvent | Mapping[str, Any]]) -> dict[s
     return {"mode": choice.mode, "mode_note": choice.note, "llm": llm}
 
 
-def _test_fields(test: dict[str, Any], iteration: int) -> dict[str, Any]:
+def _test_fields(test: TestEval | None, iteration: int) -> Row:
     """Return the held-out test numbers of the delivered candidate (None when it was not measured there)."""
-    if not test or test.get("best_iteration") != iteration:
+    if test is None or test.best_iteration != iteration:
         return {"test_accuracy": None, "test_delta": None, "test_delta_ci": None, "test_agreement": None}
     return {
-        "test_accuracy": test.get("best_accuracy"),
-        "test_delta": test.get("delta"),
-        "test_delta_ci": test.get("delta_ci"),
-        "test_agreement": test.get("agreement"),
+        "test_accuracy": test.best_accuracy,
+        "test_delta": test.delta,
+        "test_delta_ci": test.delta_ci,
+        "test_agreement": test.agreement,
     }
 
 
-def protocol(state: dict[str, Any]) -> dict[str, Any]:
+def protocol(records: RunRecords) -> Row:
     """Say which images did what: validation selects, test reports, calibration probes (all disjoint)."""
     from profiling_agent.tools.data.subsets import trial_size
 
-    data, test = state.get("data") or {}, state.get("test_eval") or {}
-    split = (state.get("dataset") or {}).get("split")
-    splits = data.get("splits") or {  # older runs: what prepare_data's flags said
+    data, test = records.data, records.test_eval
+    split = records.dataset.split
+    splits = (data.splits if data else None) or {  # older runs: what prepare_data's flags said
         "validation": split,
-        "test": test.get("split") or split,
-        "calibration": "train" if data.get("calib_other_split") else split,
+        "test": (test.split if test else None) or split,
+        "calibration": "train" if data and data.calib_other_split else split,
     }
+    n_eval = data.n_eval if data else None
     return {
         "has_splits": splits.get("validation") is not None,
-        "validation": {
-            "split": splits["validation"],
-            "images": data.get("n_eval"),
-            "used_for": "planning and selection",
-        },
+        "validation": {"split": splits["validation"], "images": n_eval, "used_for": "planning and selection"},
         "test": {
             "split": splits["test"],
-            "images": data.get("n_test"),
-            "device": test.get("device"),
+            "images": data.n_test if data else None,
+            "device": test.device if test else None,
             "used_for": "reporting the baseline and the delivered model only",
         },
         "calibration": {
             "split": splits["calibration"],
-            "images": data.get("n_calib"),
+            "images": data.n_calib if data else None,
             "used_for": "the sensitivity probe, the refits and int8 calibration",
         },
         "trial": {
             "split": splits["validation"],
-            "images": trial_size(int(data["n_eval"])) if data.get("n_eval") else None,
+            "images": trial_size(n_eval) if n_eval else None,
             "rows": "the trial slice of the validation rows, subsets.json `trial`",
             "used_for": "every plan trial, distillation's early stopping and the recovered candidate's check",
         },
-        "subsets": data.get("subsets"),
+        "subsets": data.subsets if data else None,
         "intervals": "paired bootstrap 95% intervals of accuracy changes against the baseline, same images",
-        "baseline_predicted_by": (state.get("baseline_eval") or {}).get("predicted_by"),
+        "baseline_predicted_by": records.baseline_eval.predicted_by if records.baseline_eval else None,
     }
 
 
-def joint_latency(latency: Mapping[str, Any], best: Mapping[str, Any] | None) -> dict[str, Any]:
+def joint_latency(latency: Timing, best: Best | None) -> dict[str, Mapping[str, Any]]:
     """Return the final latencies result.json reports per candidate (quantization only: the peer's joint numbers)."""
     from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
 
     joint = {k: v for k, v in latency.items() if not k.startswith(PEER_PREFIX)}
-    if best and best.get("iteration") == 0 and best.get("eval"):
-        key = PEER_PREFIX + str(best["eval"]["delivered"])
+    if best is not None and best.iteration == 0 and best.eval is not None:
+        key = PEER_PREFIX + str(best.eval.delivered)
         if key in latency or "baseline" in latency:
             joint["iter_00"] = latency.get(key) or latency["baseline"]
     return joint
 
 
-def token_facts(c: Mapping[str, Any], axis: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def token_facts(c: Candidate, axis: TokenAxis | None) -> Row | None:
     """Return a round's token merging: its entry, schedule, the latency its rate bought, and round 1's weighing.
 
     The latency bought is the profiled form's at that rate (measured at the profile step). None when the round
     neither merged nor weighed merging.
     """
-    entry = (c.get("plan") or {}).get("tokens")
-    weighed = (c.get("planner_meta") or {}).get("tokens")
+    entry, weighed = c.plan.tokens, c.planner_meta.tokens
     if entry is None and weighed is None:
         return None
-    facts: dict[str, Any] = {"entry": entry, "schedule": c.get("token_schedule"), "weighed": weighed}
-    rate, schedule = (entry or {}).get("rate"), (entry or {}).get("schedule")
+    facts: Row = {"entry": _json(entry), "schedule": c.token_schedule, "weighed": _json(weighed)}
+    if entry is None or axis is None:
+        return facts
+    rate, schedule = entry.rate, entry.schedule
     row = next(
-        (
-            r
-            for r in (axis or {}).get("rates", [])
-            if entry and ((rate is not None and r["rate"] == rate) or (rate is None and r["schedule"] == schedule))
-        ),
+        (r for r in axis.rates if (r.rate == rate if rate is not None else r.schedule == schedule)),
         None,
     )
-    if row is not None and axis is not None:
+    if row is not None:
         facts["bought"] = {
-            "form": axis["form"],
-            "batch": axis["batch"],
-            "base_ms": axis["base_ms"],
-            "latency_ms": row["latency_ms"],
-            "saved_share": row["saved_share"],
+            "form": axis.form,
+            "batch": axis.batch,
+            "base_ms": axis.base_ms,
+            "latency_ms": row.latency_ms,
+            "saved_share": row.saved_share,
         }
     return facts
 
 
+def _path_and_sha(c: Candidate) -> tuple[str | None, str | None]:
+    """Return the folder and sha256 of the candidate's delivered form (the torch artifact when that is it)."""
+    artifact = c.delivered or c.artifact
+    return (artifact.path, artifact.sha256) if artifact is not None else (None, None)
+
+
 def _candidate_row(
-    c: dict[str, Any],
-    final_latency: Mapping[str, Any],
-    base_final: dict[str, Any] | None,
-    axis: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    c: Candidate, final_latency: Timing, base_final: Mapping[str, Any] | None, axis: TokenAxis | None = None
+) -> Row:
     """Return one candidate's entry of result.json (its round's metrics, or the final joint latency when taken)."""
-    meta = c.get("planner_meta") or {}
-    artifact = c.get("delivered") or c.get("artifact") or {}
+    meta = c.planner_meta
+    path, sha256 = _path_and_sha(c)
     tokens = token_facts(c, axis)
+    final = final_latency.get(run_layout.iteration_name(c.iteration))
     return {
-        "iteration": c["iteration"],
-        "status": c["status"],
-        **_with_final_latency(
-            _metrics(c.get("eval")), final_latency.get(run_layout.iteration_name(c["iteration"])), base_final
-        ),
-        "plan": c.get("plan"),
-        "planner": c.get("planner"),
-        "llm": meta.get("llm"),
-        "turn": meta.get("turn"),
-        "vs_proposal": meta.get("vs_proposal"),
-        "block_trials": meta.get("block_trials"),
-        "applied": c.get("applied"),
-        "quantized": len(c.get("quantized") or []),
-        "recovery": c.get("recovery"),
-        "check": c.get("check"),
+        "iteration": c.iteration,
+        "status": c.status,
+        **_with_final_latency(_metrics(c.eval), final, base_final),
+        "plan": c.plan.model_dump(),
+        "planner": c.planner,
+        "llm": _json(meta.llm),
+        "turn": meta.turn,
+        "vs_proposal": _json(meta.vs_proposal),
+        "block_trials": [b.model_dump() for b in meta.block_trials] if meta.block_trials is not None else None,
+        "applied": [a.model_dump() for a in c.applied],
+        "quantized": len(c.quantized),
+        "recovery": _json(c.recovery),
+        "check": _json(c.check),
         "prediction": {
-            k: meta.get(k)
-            for k in ("predicted_drop", "predicted_interval", "expected_drop", "expected_interval", "correction")
+            "predicted_drop": meta.predicted_drop,
+            "predicted_interval": meta.predicted_interval,
+            "expected_drop": meta.expected_drop,
+            "expected_interval": meta.expected_interval,
+            "correction": meta.correction,
         },
-        "path": artifact.get("path"),
-        "sha256": artifact.get("sha256"),
-        "error": c.get("error"),
+        "path": path,
+        "sha256": sha256,
+        "error": c.error,
         **({"tokens": tokens} if tokens is not None else {}),  # only a round that merged or weighed merging
     }
 
 
 def _best_row(
-    best: dict[str, Any] | None,
-    test: dict[str, Any],
-    final_latency: Mapping[str, Any],
-    base_final: dict[str, Any] | None,
-) -> dict[str, Any] | None:
+    best: Best | None, test: TestEval | None, final_latency: Timing, base_final: Mapping[str, Any] | None
+) -> Row | None:
     """Return result.json's "best" entry: the delivered candidate's metrics, selection facts and test numbers."""
-    if not best:
+    if best is None:
         return None
+    final = final_latency.get(run_layout.iteration_name(best.iteration))
+    fp32 = best.recovered or best.pruned  # after recovery
     return {
-        "iteration": best["iteration"],
-        **_with_final_latency(
-            _metrics(best.get("eval")), final_latency.get(run_layout.iteration_name(best["iteration"])), base_final
-        ),
-        "rule": best.get("rule"),
-        "within_budget": best.get("within_budget"),
-        "reduction": best.get("reduction"),
-        "accuracy_drop": best.get("accuracy_drop"),
-        "ci_crosses_budget": best.get("ci_crosses_budget", False),
-        **_test_fields(test, best["iteration"]),
-        "plan": best.get("plan"),
+        "iteration": best.iteration,
+        **_with_final_latency(_metrics(best.eval), final, base_final),
+        "rule": best.rule,
+        "within_budget": best.within_budget,
+        "reduction": best.reduction,
+        "accuracy_drop": best.accuracy_drop,
+        "ci_crosses_budget": best.ci_crosses_budget,
+        **_test_fields(test, best.iteration),
+        "plan": best.plan.model_dump(),
         "path": "best",
-        "source_path": (best.get("delivered") or best.get("artifact") or {}).get("path"),
-        "pruned_path": (best.get("recovered") or best.get("pruned") or {}).get("path"),  # fp32, after recovery
+        "source_path": _path_and_sha(best)[0],
+        "pruned_path": fp32.path if fp32 is not None else None,
     }
 
 
-def _baseline_eval(state: dict[str, Any], base_final: dict[str, Any] | None) -> dict[str, Any] | None:
+def _baseline_eval(records: RunRecords, base_final: Mapping[str, Any] | None) -> EvalRecord | None:
     """Return the baseline's evaluation with the final joint latency in place of its round's, when one was taken."""
-    baseline_eval = state.get("baseline_eval")
-    if not baseline_eval or not base_final:
+    baseline_eval = records.baseline_eval
+    if baseline_eval is None or not base_final:
         return baseline_eval
-    return {
-        **baseline_eval,
-        "latency_ms": base_final["latency_ms"],
-        "latency_batch_ms": base_final["latency_batch_ms"],
-        "speedup": 1.0,
-    }
+    update = {"latency_ms": base_final["latency_ms"], "latency_batch_ms": base_final["latency_batch_ms"]}
+    return baseline_eval.model_copy(update={**update, "speedup": 1.0})
 
 
-def _planner_entry(state: dict[str, Any], objective: Mapping[str, Any]) -> dict[str, Any]:
+def _planner_entry(records: RunRecords) -> Row:
     """Return result.json's "planner" entry: what was asked, what planned each round, fallbacks, LLM facts."""
     return {
-        "requested": objective.get("planner"),
-        "used": sorted({c.get("planner") for c in state.get("candidates", []) if c.get("planner")}),
-        "fallbacks": state.get("fallbacks", []),
-        **planner_facts(state.get("history") or []),
+        "requested": records.objective.planner,
+        "used": sorted({c.planner for c in records.candidates if c.planner}),
+        "fallbacks": [f.model_dump() for f in records.fallbacks],
+        **planner_facts(records.history),
     }
 
 
-def build_result(
-    state: dict[str, Any], thread_id: str, joint_timing: dict[str, dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """Assemble result.json from the final state (a dict of the graph state's fields).
+def build_result(records: RunRecords, joint_timing: Timing | None = None) -> Row:
+    """Assemble result.json from the finished run's records.
 
     `joint_timing` is the side-by-side latency measurement taken at the end of the run: "baseline", "iter_NN"
     and the unpruned model's forms ("unpruned_<form>"). When given, its numbers (and the speedups computed from
     them) are the ones reported per candidate (`joint_latency`), and a latency target's outcome is measured in it
     (`outcome.target_outcome`).
     """
-    final_latency = joint_latency(joint_timing or {}, state.get("best"))
+    final_latency = joint_latency(joint_timing or {}, records.best)
     base_final = final_latency.get("baseline")
-    test = state.get("test_eval") or {}
-    baseline_eval = _baseline_eval(state, base_final)
-    best = state.get("best")
-    objective = state.get("objective") or {}
+    baseline_eval = _baseline_eval(records, base_final)
+    best, labels, profile = records.best, records.labels, records.profile
     return {
-        "thread_id": thread_id,
-        "status": state.get("status"),
-        "stop_reason": state.get("stop_reason"),
-        "model": state.get("model"),
-        "dataset": state.get("dataset"),
-        "objective": objective,
-        "family": state.get("family"),
-        "input_shape": state.get("input_shape"),
-        "labels": {k: (state.get("labels") or {}).get(k) for k in ("method", "restricted", "allowed_ids")},
-        "planner": _planner_entry(state, objective),
-        "protocol": protocol(state),
+        "thread_id": records.thread_id,
+        "status": records.status,
+        "stop_reason": records.stop_reason,
+        "model": records.model.model_dump(),
+        "dataset": records.dataset.model_dump(),
+        "objective": records.objective.model_dump(),
+        "family": records.family,
+        "input_shape": _json(records.input_shape),
+        "labels": {
+            "method": labels.method if labels else None,
+            "restricted": labels.restricted if labels else None,
+            "allowed_ids": labels.allowed_ids if labels else None,
+        },
+        "planner": _planner_entry(records),
+        "protocol": protocol(records),
         "baseline": {
             **_metrics(baseline_eval),
-            "test_accuracy": test.get("baseline_accuracy"),
-            "path": (state.get("baseline") or {}).get("path"),
+            "test_accuracy": records.test_eval.baseline_accuracy if records.test_eval else None,
+            "path": records.baseline.path if records.baseline else None,
         },
-        "best": _best_row(best, test, final_latency, base_final),
-        "outcome": target_outcome(best, baseline_eval, objective, joint_timing),
-        "backend_profile": (state.get("profile") or {}).get("backend"),
-        "candidates": [
-            _candidate_row(c, final_latency, base_final, state.get("token_axis")) for c in state.get("candidates", [])
-        ],
-        **({"token_axis": state["token_axis"]} if state.get("token_axis") else {}),  # ViT/DeiT, latency target
+        "best": _best_row(best, records.test_eval, final_latency, base_final),
+        "outcome": target_outcome(best, baseline_eval, records.objective, joint_timing),
+        "backend_profile": _json(profile.backend) if profile else None,
+        "candidates": [_candidate_row(c, final_latency, base_final, records.token_axis) for c in records.candidates],
+        **({"token_axis": records.token_axis.model_dump()} if records.token_axis else {}),  # ViT/DeiT, latency target
         "latency_method": (
             "final: baseline and all candidates measured together, interleaved, median of repeats"
             if final_latency

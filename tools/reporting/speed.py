@@ -60,11 +60,12 @@ def delivered_speed(result: Mapping[str, Any]) -> DeliveredSpeed | None:
     )
 
 
-def speed_sentence(speed: DeliveredSpeed) -> str:
+def speed_sentence(speed: DeliveredSpeed, with_flag: bool = True) -> str:
     """Say the delivered model's speed in one sentence, against quantization alone first (no final full stop).
 
     Each ratio carries its paired 95% interval when the final timing gave one; a ratio over quantization alone
-    whose interval holds 1.0 is said to be no measurable difference.
+    whose interval holds 1.0 is said to be no measurable difference. With `with_flag`, flagged timings are said at
+    its end (report.html shows them apart, as a warning).
     """
     from profiling_agent.tools.evaluation.delivery import interval
     from profiling_agent.tools.evaluation.latency import measurably_different
@@ -88,10 +89,16 @@ def speed_sentence(speed: DeliveredSpeed) -> str:
         text = torch or "not measured"
     if speed.verdict and not speed.quant_delivered:
         text += f"; {speed.verdict}"
-    if speed.flagged:
-        reason = speed.reason or (
-            f"measured on a busy machine (wall {speed.timing.get('wall_over_cpu')}x CPU time, "
-            f"threshold {speed.timing.get('factor')})"
-        )
-        text += f"; TIMINGS FLAGGED: {reason}"
+    if with_flag and speed.flagged:
+        text += f"; TIMINGS FLAGGED: {timing_flag(speed)}"
     return text
+
+
+def timing_flag(speed: DeliveredSpeed) -> str:
+    """Say why the delivered model's timings are in doubt ('' when they were not flagged)."""
+    if not speed.flagged:
+        return ""
+    return speed.reason or (
+        f"measured on a busy machine (wall {speed.timing.get('wall_over_cpu')}x CPU time, "
+        f"threshold {speed.timing.get('factor')})"
+    )

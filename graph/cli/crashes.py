@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,20 @@ def leftover_line(run_path: Path, thread_id: str, step: str, resume: str) -> str
         return None
     record = next((r for r in found if r.how), found[0])
     return crash_line(thread_id, record, step, resume)
+
+
+def set_aside_line(run_path: Path, thread_id: str, step: str, resume: str) -> str | None:
+    """Set a run's fault records aside (`set_aside`) and return the line for the newest, naming its new place.
+
+    Returns None when the run left none. A resume says it once: the next `runs` lists the thread as usual.
+    """
+    found = leftovers(run_path)
+    if not found:
+        return None
+    record = next((r for r in found if r.how), found[0])
+    set_aside(run_path)
+    moved = interrupt.crash_dir(run_path) / EARLIER_DIR / record.path.name
+    return crash_line(thread_id, replace(record, path=moved) if record.how else record, step, resume)
 
 
 def step_crashed(graph: Any, config: dict[str, Any], exc: interrupt.ChildCrashed) -> StepCrashed:

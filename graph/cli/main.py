@@ -36,7 +36,7 @@ from profiling_agent.graph.cli.console import (
     say,
     stopped_line,
 )
-from profiling_agent.graph.cli.crashes import StepCrashed, leftover_line, set_aside
+from profiling_agent.graph.cli.crashes import StepCrashed, set_aside_line
 from profiling_agent.graph.cli.listing import cmd_runs
 from profiling_agent.graph.cli.store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
 from profiling_agent.graph.review import (
@@ -241,10 +241,9 @@ def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
         raise BadInput(f"thread {args.thread_id} has nothing to resume")
     where = ", ".join(pending_nodes(snapshot))
     resume = resume_hint(args, args.thread_id)
-    line = leftover_line(root / args.thread_id, args.thread_id, where, resume)
-    if line is not None:  # the process that ran it last died by a signal: say so once, keep its stacks aside
+    line = set_aside_line(root / args.thread_id, args.thread_id, where, resume)
+    if line is not None:  # the process that ran it last died by a signal: said once, its stacks kept aside
         say(line)
-        set_aside(root / args.thread_id)
     say(f"resuming {args.thread_id} at {where} (iteration {snapshot.values.get('iteration', 0)})")
     with interrupt.fault_log(root / args.thread_id):
         drive_graph(graph, payload, config, Context.of(ctx))

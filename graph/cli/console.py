@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.graph.cli.args import EXIT_FAILED, EXIT_INTERRUPTED
+from profiling_agent.graph.cli.crashes import step_crashed
 from profiling_agent.graph.cli.store import resume_hint
-from profiling_agent.tools import run_layout
+from profiling_agent.tools import interrupt, run_layout
 
 
 def say(message: str) -> None:
@@ -56,7 +57,11 @@ class _Progress:
 def drive_graph(
     graph: Any, payload: Any, config: dict[str, Any], context: Any, banner: list[str] | None = None
 ) -> None:
-    """Stream the graph to the console; `banner` is printed once the first node succeeds (bad input stays one line)."""
+    """Stream the graph to the console; `banner` is printed once the first node succeeds (bad input stays one line).
+
+    Raises:
+        StepCrashed: A child process of a step died by a signal (the step and its fault file named).
+    """
     progress = _Progress()
     banner = list(banner or [])
     try:
@@ -70,6 +75,8 @@ def drive_graph(
                     say(banner.pop(0))
                 for node, values in chunk.items():
                     progress.update(node, values if isinstance(values, dict) else None)
+    except interrupt.ChildCrashed as exc:
+        raise step_crashed(graph, config, exc) from None
     finally:
         progress.close()
 
@@ -116,6 +123,7 @@ def force_exit(args: argparse.Namespace) -> Any:
 
     def force(how: str) -> None:
         say(stopped_line(args, how) + " (stopped at once)")
+        interrupt.disable_fault_file()  # no fault: the fault file goes (one left behind would read as a killed run)
         os._exit(EXIT_INTERRUPTED)
 
     return force

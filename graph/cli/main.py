@@ -36,6 +36,8 @@ from profiling_agent.graph.cli.console import (
     say,
     stopped_line,
 )
+from profiling_agent.graph.cli.crashes import StepCrashed, set_aside_line
+from profiling_agent.graph.cli.listing import cmd_runs
 from profiling_agent.graph.cli.store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
 from profiling_agent.graph.review import (
     decision_hint,
@@ -44,7 +46,7 @@ from profiling_agent.graph.review import (
     pending_nodes,
     read_plan_file,
 )
-from profiling_agent.tools import run_layout
+from profiling_agent.tools import interrupt, run_layout
 from profiling_agent.tools.hub import looks_like_path
 
 
@@ -124,7 +126,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         graph = build_graph(checkpointer=saver)
         config = {"configurable": {"thread_id": thread_id}}
         try:
-            drive_graph(graph, payload, config, Context.of(ctx), banner)
+            with interrupt.fault_log(root / thread_id):  # a native fault leaves every thread's stack there
+                drive_graph(graph, payload, config, Context.of(ctx), banner)
         except _expected_errors():
             if pending_nodes(graph.get_state(config)) == ("acquire",):  # bad model/dataset: leave no half-made thread
                 saver.delete_thread(thread_id)
@@ -237,45 +240,16 @@ def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
             return EXIT_OK
         raise BadInput(f"thread {args.thread_id} has nothing to resume")
     where = ", ".join(pending_nodes(snapshot))
+    resume = resume_hint(args, args.thread_id)
+    line = set_aside_line(root / args.thread_id, args.thread_id, where, resume)
+    if line is not None:  # the process that ran it last died by a signal: said once, its stacks kept aside
+        say(line)
     say(f"resuming {args.thread_id} at {where} (iteration {snapshot.values.get('iteration', 0)})")
-    drive_graph(graph, payload, config, Context.of(ctx))
+    with interrupt.fault_log(root / args.thread_id):
+        drive_graph(graph, payload, config, Context.of(ctx))
     if _paused(graph, config, root, args):
         return EXIT_OK
     print(final_table(root / args.thread_id))
-    return EXIT_OK
-
-
-def cmd_runs(args: argparse.Namespace) -> int:
-    """List the threads under a run folder."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids, thread_summary
-    from profiling_agent.graph.thread_lock import thread_holder
-    from profiling_agent.tools.reporting.markdown import format_table
-
-    root = Path(args.run_dir).resolve()
-    url = checkpoint_url(args)
-    if not has_checkpoints(root, url):
-        say(f"no runs in {root}")
-        return EXIT_OK
-    with checkpoints(root, url, read_only=True) as saver:
-        graph = build_graph(checkpointer=saver)
-        summaries = [thread_summary(graph, tid, thread_holder(saver, root, tid)) for tid in thread_ids(saver)]
-    rows = [["thread", "status", "iteration", "next", "best", "top-1 %", "model", "updated"]]
-    for s in summaries:
-        acc = s["best_accuracy"]
-        rows.append(
-            [
-                s["thread_id"],
-                s["status"],
-                f"{s['iteration']}/{s['iterations'] or '-'}",
-                ",".join(s["next"]) or "-",
-                str(s["best_iteration"] or "-"),
-                f"{acc:.2f}" if acc is not None else "-",
-                str(s["model"]),
-                s["updated"],
-            ]
-        )
-    print(format_table(rows))
     return EXIT_OK
 
 
@@ -418,7 +392,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except CheckpointDatabaseError as exc:  # no resume command: the database that would resume is the broken file
         say(f"profiling-agent: error: {exc}; {damaged_advice(args)}")
         return EXIT_FAILED
-    except MachineFault as exc:  # a full disk, a full quota, a failing disk: the file named (tools.io)
+    except (MachineFault, StepCrashed, interrupt.ChildCrashed) as exc:  # a full disk (tools.io), a child's crash: named
         return fault(args, str(exc))
     except _expected_errors() as exc:
         say(f"profiling-agent: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
@@ -452,7 +426,6 @@ def main(argv: list[str] | None = None) -> int:
     stopping (library code that never reaches a check), stops the process at once: every file is written
     atomically, so that is as safe as a SIGKILL.
     """
-    from profiling_agent.tools import interrupt
     from profiling_agent.tools.runtimes.telemetry import disable_telemetry
 
     disable_telemetry()  # before anything imports openvino or nncf; children import the package and do the same

@@ -131,6 +131,8 @@ def run_job(
     except BaseException:
         stop_job(proc)
         raise
+    finally:
+        interrupt.sweep_child_fault_files()  # the ranks' empty fault files; a rank's native fault stays on record
     if code != 0:
         raise DistributedJobError(f"the {what} failed: {failure_reason(job_dir, code, list(tail))}")
     return list(tail)
@@ -175,7 +177,8 @@ def failure_reason(job_dir: Path, code: int, tail: Sequence[str]) -> str:
             fields.setdefault(name.strip(), value.strip().split()[0])
     rank, exit_code = fields.get("rank"), fields.get("exitcode", "")
     if exit_code.lstrip("-").isdigit() and int(exit_code) < 0:
-        return f"rank {rank} was killed by {_signal_name(-int(exit_code))}"
+        stack = _rank_fault_file(job_dir, rank)
+        return f"rank {rank} was killed by {_signal_name(-int(exit_code))}" + (f" (stack in {stack})" if stack else "")
     if rank in errors and errors[rank]:
         return f"rank {rank}: {errors[rank].splitlines()[0][:300]}"
     for name, text in errors.items():
@@ -185,6 +188,15 @@ def failure_reason(job_dir: Path, code: int, tail: Sequence[str]) -> str:
         return f"the launcher was killed by {_signal_name(-code)}"
     last = next((t for t in reversed(tail) if "error" in t.lower()), tail[-1] if tail else "")
     return f"exit status {code}" + (f": {last.strip()[:300]}" if last else "")
+
+
+def _rank_fault_file(job_dir: Path, rank: str | None) -> str:
+    """Return the fault file a rank left (its pid read from rank<R>.pid), or ""."""
+    try:
+        pid = int((job_dir / f"rank{rank}.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return ""
+    return interrupt.child_fault_file(pid)
 
 
 def _signal_name(number: int) -> str:
@@ -214,6 +226,7 @@ def init_group(device: str, job_dir: Path) -> Rank:
     import torch.distributed as dist
 
     _env_from_slurm()
+    interrupt.fault_file_from_env()  # a native fault leaves this rank's stacks in the run's crash folder
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device("cpu")
@@ -270,3 +283,4 @@ def close_group() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    interrupt.disable_fault_file(interrupt.CHILD_ROLE)

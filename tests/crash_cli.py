@@ -1,0 +1,43 @@
+"""The CLI with one step ended by a real SIGSEGV, for the tests of native crash reports.
+
+`python crash_cli.py FUNCTION WHERE CLI-ARGS...` runs the CLI with the node function FUNCTION (its name in
+graph/builder.py: `profile`, `probe` ...) replaced by one that calls `faulthandler._sigsegv()`, in the CLI's own
+process (WHERE "run") or in a child process it starts with `run_in_child` (WHERE "child").
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+from typing import Any
+
+
+def segfault_in_step() -> None:
+    """Die by a real SIGSEGV (faulthandler's own test hook): the stack on record names this function."""
+    faulthandler._sigsegv()
+
+
+def crashing_node(where: str):
+    """Return a node that dies by SIGSEGV here ("run") or in a child process started by `run_in_child` ("child")."""
+    from profiling_agent.tools.interrupt import run_in_child
+
+    def crashing_step(state: Any) -> dict[str, Any]:
+        if where == "child":
+            run_in_child(segfault_in_step)
+        else:
+            segfault_in_step()
+        return {}
+
+    return crashing_step
+
+
+if __name__ == "__main__":
+    from profiling_agent.graph import builder
+    from profiling_agent.graph.cli.main import entry
+
+    step, where, *argv = sys.argv[1:]
+    if not hasattr(builder, step):
+        raise SystemExit(f"no node function {step} in graph/builder.py")
+    setattr(builder, step, crashing_node(where))
+    sys.argv = [sys.argv[0], *argv]
+    entry()

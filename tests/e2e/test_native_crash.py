@@ -1,0 +1,84 @@
+"""A run whose process (or its child) dies by a real SIGSEGV in a step: the step, its stack and the resume, named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from crash_helpers import THREAD, cli
+
+pytestmark = pytest.mark.slow
+
+CRASH_CLI = str(Path(__file__).resolve().parents[1] / "crash_cli.py")
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    """A tiny random ViT saved with its processor, an offline environment, and the `run` flags of a short run."""
+    from tiny import digit_labels, seeded, vit_config
+    from transformers import ViTForImageClassification
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    model = tmp_path / "model"
+    seeded(ViTForImageClassification, vit_config(**digit_labels())).save_pretrained(model)
+    ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5]).save_pretrained(model)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    env.update(PROFILING_AGENT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
+    runs = tmp_path / "runs"
+    flags = [
+        "--model", str(model), "--dataset", "embedded:digits", "--subset", "32", "--calibration", "8",
+        "--iterations", "1", "--planner", "deterministic", "--threads", "1", "--repeats", "2",
+        "--run-dir", str(runs), "--thread-id", THREAD,
+    ]  # fmt: skip
+    return runs, env, flags
+
+
+def _crashing(function: str, where: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    command = [sys.executable, CRASH_CLI, function, where, *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _runs(runs: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(cli("runs", "--run-dir", str(runs)), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_native_crash_names_its_step_stack_and_resume(tiny_run):
+    runs, env, flags = tiny_run
+    resume = f"profiling-agent resume {THREAD} --run-dir {runs}"
+    folder = runs / THREAD / "crash"
+
+    # 1. the run's own process dies by SIGSEGV in the profile step: its stack is on record
+    died = _crashing("profile", "run", "run", *flags, env=env)
+    assert died.returncode == -11, died.stderr[-3000:]
+    [fault] = list(folder.glob("faulthandler-run-*.log"))
+    stack = fault.read_text()
+    assert stack.startswith("Fatal Python error: Segmentation fault")
+    assert "in segfault_in_step" in stack and "in crashing_step" in stack  # the Python stack names the functions
+
+    # 2. `runs` says which step it died in, where its stack is and how to resume
+    first = f"run {THREAD} died by SIGSEGV in step profile: stack in {fault}; resume with `{resume}`"
+    listing = _runs(runs, env)
+    assert listing.strip().splitlines()[-1] == first
+    assert f"{THREAD}     died" in listing
+
+    # 3. `resume` says it once, sets the record aside and goes on; a child process of the next step dies by SIGSEGV:
+    #    the run says so in one line and exits 1, without a traceback
+    resumed = _crashing("probe", "child", "resume", THREAD, "--run-dir", str(runs), env=env)
+    err = resumed.stderr
+    assert resumed.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert err.splitlines()[0] == first.replace(str(fault), str(folder / "earlier" / fault.name))
+    [child] = list(folder.glob("faulthandler-child-*.log"))
+    assert err.strip().splitlines()[-1] == (
+        f"profiling-agent: error: run {THREAD}: a child process of step probe_sensitivity died by SIGSEGV: "
+        f"stack in {child} (then resume with `{resume}`)"
+    )
+    assert "in segfault_in_step" in child.read_text()
+    assert not list(folder.glob("faulthandler-run-*.log"))  # the resumed run ended without a fault of its own
+
+    # 4. the next `runs` names the child's crash, not the one already reported
+    second = f"run {THREAD}: a child process died by SIGSEGV in step probe_sensitivity: stack in {child}; "
+    assert _runs(runs, env).strip().splitlines()[-1] == second + f"resume with `{resume}`"

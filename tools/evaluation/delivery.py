@@ -13,25 +13,32 @@ from typing import Any
 
 from profiling_agent.state import ArtifactRef, Best, EvalRecord, Objective, VariantRecord
 from profiling_agent.tools import run_layout
-from profiling_agent.tools.evaluation.selection import LATENCY_TIE, choose_variant, reduction, within_budget
+from profiling_agent.tools.evaluation.selection import LATENCY_TIE, choose_form, reduction, within_budget
+from profiling_agent.tools.evaluation.ties import Samples
 
 PEER_PREFIX = "unpruned_"  # models named so in a round's timing are the peer (the unpruned model's fastest form)
 BASELINE_TORCH = "torch_fp32"  # the untouched torch model among the baseline's forms
 
 
 def quantization_only_peer(
-    variants: Sequence[VariantRecord], baseline: EvalRecord, objective: Objective, backend: str = "auto"
+    variants: Sequence[VariantRecord],
+    baseline: EvalRecord,
+    objective: Objective,
+    backend: str = "auto",
+    samples: Samples | None = None,
 ) -> dict[str, Any] | None:
     """Return the unpruned model's fastest form within the budget that `backend` may deliver, or None.
 
     The peer is what the user could deploy instead with the same `--backend` choice (its torch model counts):
-    under `--backend openvino` an ONNX Runtime form, built only as OpenVINO's source, is not one.
+    under `--backend openvino` an ONNX Runtime form, built only as OpenVINO's source, is not one. Forms within
+    noise of the fastest are ranked by the fixed order (`ties.fastest_form`); its "tie" says when that decided.
 
     Args:
         variants: The baseline's forms (torch_fp32 and the ONNX Runtime / OpenVINO forms).
         baseline: The baseline's EvalRecord (its accuracy is the budget's reference).
         objective: Budget and target.
         backend: The run's `--backend` choice.
+        samples: Form name -> its per-repeat batch-1 samples of the timing `variants` come from (None: medians).
     """
     from profiling_agent.tools.runtimes.forms import eligible_forms
 
@@ -45,11 +52,11 @@ def quantization_only_peer(
     ]
     if not fitting:
         return None
-    chosen = choose_variant(fitting, baseline, objective.model_copy(update={"target": "latency"}))
-    if chosen is None:
+    choice = choose_form(fitting, baseline, objective.model_copy(update={"target": "latency"}), samples=samples)
+    if choice is None:
         return None
     keys = ("name", "backend", "path", "accuracy", "latency_ms", "latency_batch_ms", "speedup", "size_mb")
-    return {k: getattr(chosen, k) for k in keys}
+    return {**{k: getattr(choice.chosen, k) for k in keys}, **({"tie": choice.note()} if choice.tie_decided else {})}
 
 
 def final_peer(
@@ -58,23 +65,25 @@ def final_peer(
     """Return the quantization-only form chosen from the final side-by-side timing, or None.
 
     The same rule as `quantization_only_peer` (the fastest unpruned form within the budget that `backend` may
-    deliver; ties within LATENCY_TIE go to the smaller file), on the latencies of the final timing: every form
-    that kept the budget was timed there ("unpruned_<form>"; the torch model is "baseline"). Forms the final
-    timing did not time are not chosen. None when it timed none.
+    deliver; forms within noise of it ranked by the fixed order, judged on the final timing's paired repeats), on
+    the latencies of the final timing: every form that kept the budget was timed there ("unpruned_<form>"; the
+    torch model is "baseline"). Forms the final timing did not time are not chosen. None when it timed none.
     """
-    timed = []
+    timed, samples = [], {}
     for form in baseline.variants:
-        key = "baseline" if form.name == BASELINE_TORCH else PEER_PREFIX + form.name
-        row = latency.get(key) or {}
+        row = latency.get(peer_key(form.name)) or {}
         if form.status == "ok" and row.get("latency_ms"):
             update = {"latency_ms": row["latency_ms"], "latency_batch_ms": row.get("latency_batch_ms")}
             timed.append(form.model_copy(update=update))
-    chosen = quantization_only_peer(timed, baseline, objective, backend) if timed else None
+            samples[form.name] = list(row.get("samples_ms") or [])
+    chosen = quantization_only_peer(timed, baseline, objective, backend, samples) if timed else None
     return {**chosen, "chosen_from": "final side-by-side timing"} if chosen else None
 
 
-def delivery_note(chosen: VariantRecord | None, within: bool, failed: Sequence[str], backend: str) -> str:
-    """Say truthfully why a candidate's form was chosen: fastest within the budget, or none kept it."""
+def delivery_note(
+    chosen: VariantRecord | None, within: bool, failed: Sequence[str], backend: str, tie: str = ""
+) -> str:
+    """Say truthfully why a candidate's form was chosen: fastest within the budget (or a tie), or none kept it."""
     if chosen is None:
         return "no measured form of this candidate works; the plan's torch model is recorded"
     if not within:
@@ -84,7 +93,7 @@ def delivery_note(chosen: VariantRecord | None, within: bool, failed: Sequence[s
         )
     else:
         why = f"fastest measured form within the accuracy budget ({backend})"
-    return why + (f"; failed: {'; '.join(failed)}" if failed else "")
+    return why + (f"; {tie}" if tie else "") + (f"; failed: {'; '.join(failed)}" if failed else "")
 
 
 def vs_peer(record: EvalRecord) -> float | None:
@@ -187,7 +196,8 @@ def peer_best(baseline_eval: EvalRecord, baseline_ref: ArtifactRef, objective: O
             "size_mb": size_mb,
             "delivered": name,
             "delivery_note": "quantization only: the unpruned model's fastest form within the budget"
-            + (f" ({why})" if why else ""),
+            + (f" ({why})" if why else "")
+            + (f"; {peer['tie']}" if peer.get("tie") else ""),
             "peer": {**peer, "vs_peer": 1.0},
         },
         deep=True,

@@ -287,7 +287,11 @@ RATIO_LEVEL = 0.95
 
 
 def paired_ratio(
-    numerator: Mapping[str, Any], denominator: Mapping[str, Any], key: str = "samples_ms", seed: int = 0
+    numerator: Mapping[str, Any],
+    denominator: Mapping[str, Any],
+    key: str = "samples_ms",
+    seed: int = 0,
+    level: float = RATIO_LEVEL,
 ) -> dict[str, Any] | None:
     """Return how many times faster `denominator` ran than `numerator`, from their interleaved repeats.
 
@@ -304,6 +308,7 @@ def paired_ratio(
         denominator: The measured model's record, e.g. the delivered form.
         key: "samples_ms" (batch 1) or "samples_batch_ms".
         seed: Seed of the bootstrap.
+        level: Coverage of the interval.
 
     Returns:
         {"ratio", "ci": [low, high], "repeats", "level"}, or None with fewer than 3 paired repeats.
@@ -317,7 +322,7 @@ def paired_ratio(
         return None
     rng = random.Random(seed)
     medians = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(RATIO_RESAMPLES))
-    tail = (1.0 - RATIO_LEVEL) / 2
+    tail = (1.0 - level) / 2
     point = statistics.median(pairs)
     low = min(point, medians[int(tail * RATIO_RESAMPLES)])
     high = max(point, medians[int((1.0 - tail) * RATIO_RESAMPLES) - 1])
@@ -325,7 +330,7 @@ def paired_ratio(
         "ratio": round(point, 4),
         "ci": [round(low, 4), round(high, 4)],  # rounding is monotone: the rounded point stays inside
         "repeats": len(pairs),
-        "level": RATIO_LEVEL,
+        "level": level,
     }
 
 

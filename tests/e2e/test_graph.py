@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from intervals import ratios_outside_intervals
 from quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.builder import build_graph
@@ -73,6 +74,7 @@ def test_two_iterations_end_to_end(digits_run):
     best = result["best"]
     delivery = result["delivery"]  # the delivered model against the original torch model and quantization alone
     assert delivery["vs_original_torch"] > 0 and delivery["vs_quantization_only"] > 0 and delivery["verdict"]
+    assert ratios_outside_intervals(result) == []  # every stated figure lies inside the interval stored beside it
     if best["iteration"]:  # a pruned candidate that kept the budget and bought speed or the target
         assert best["within_budget"] and delivery["pruning_added"]
         assert best["params"] < result["baseline"]["params"]

@@ -1,4 +1,4 @@
-"""The delivered form of a candidate: fastest within the accuracy budget (ties: smaller), and what planners read."""
+"""The delivered form of a candidate: fastest within the accuracy budget (ties: fixed order), and what planners read."""
 
 from __future__ import annotations
 
@@ -39,11 +39,13 @@ def test_fastest_within_budget_is_delivered():
     assert name_of(wider) == "ort_static"
 
 
-def test_ties_in_speed_go_to_the_smaller_file():
-    tied = [v("ort_fp32", 90.0, 1.00, 2.0), v("ort_dynamic", 90.0, 1.01, 0.6), v("torch_fp32", 90.0, 1.5, 0.5)]
-    assert name_of(choose_variant(tied, BASE, Objective())) == "ort_dynamic"  # within 2% of the fastest
-    apart = [v("ort_fp32", 90.0, 1.00, 2.0), v("ort_dynamic", 90.0, 1.10, 0.6)]
-    assert name_of(choose_variant(apart, BASE, Objective())) == "ort_fp32"
+def test_ties_in_speed_follow_the_fixed_order_without_samples():
+    tied = [v("ort_dynamic", 90.0, 1.00, 0.6), v("ort_fp32", 90.0, 1.01, 2.0), v("torch_fp32", 90.0, 1.5, 0.5)]
+    assert name_of(choose_variant(tied, BASE, Objective())) == "ort_fp32"  # within 2%: the simpler precision
+    more_accurate = [v("ort_fp32", 90.0, 1.00, 2.0), v("ov_int8", 90.2, 1.01, 0.6)]
+    assert name_of(choose_variant(more_accurate, BASE, Objective())) == "ov_int8"  # validation accuracy first
+    apart = [v("ort_fp32", 90.0, 1.10, 2.0), v("ort_dynamic", 90.0, 1.00, 0.6)]
+    assert name_of(choose_variant(apart, BASE, Objective())) == "ort_dynamic"
 
 
 def test_size_target_prefers_the_smallest_within_budget():

@@ -207,7 +207,7 @@ def test_a_speed_up_whose_paired_interval_holds_one_says_no_measurable_differenc
     quant = summary["vs_quantization_only_ci"]
     assert summary["vs_quantization_only"] == 1.05 and quant["ci"][0] < 1.0 < quant["ci"][1]
     assert summary["verdict"].startswith(
-        "no measurable difference from quantizing the unpruned model alone: 1.05x, paired"
+        "no measurable difference from quantizing the unpruned model alone: 1.05x, the median of 5 paired repeats"
     )
     assert "faster than quantizing" not in summary_line(summary) and "95% interval" in summary_line(summary)
     assert summary["vs_original_torch_ci"]["ci"][0] > 1.0  # 10x the torch model: clearly measured

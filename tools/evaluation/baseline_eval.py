@@ -131,7 +131,7 @@ def measure_unpruned(
         save_baseline_predictions(root, out.measured["baseline"]["preds"], labels, device)
         report(2, 2, "")
     record = baseline_record(baseline, out, model, settings, macs)
-    record.peer = quantization_only_peer(out.variants, record, objective, ctx.backend)
+    record.peer = quantization_only_peer(out.variants, record, objective, ctx.backend, out.samples)
     return record, baseline_message(record, out, forms)
 
 

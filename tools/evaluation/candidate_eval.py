@@ -84,15 +84,16 @@ def pick_delivered(
 ) -> tuple[VariantRecord, str]:
     """Choose the delivered form among the measured variants and say why (the delivery policy)."""
     from profiling_agent.tools.evaluation.delivery import delivery_note
-    from profiling_agent.tools.evaluation.selection import choose_variant, within_budget
+    from profiling_agent.tools.evaluation.selection import choose_form, within_budget
     from profiling_agent.tools.runtimes.forms import eligible_forms
 
     variants, built = out.variants, out.built
     eligible = eligible_forms(backend, [v.name for v in built], torch_name)
-    chosen = choose_variant(variants, base_eval, objective, eligible)
+    choice = choose_form(variants, base_eval, objective, eligible, out.samples)
+    chosen = choice.chosen if choice is not None else None
     failed = [f"{v.name}: {v.error}" for v in built if v.status == "failed"]
     within = chosen is not None and within_budget(chosen, base_eval, objective)
-    note = delivery_note(chosen, within, failed, backend)
+    note = delivery_note(chosen, within, failed, backend, choice.note() if choice is not None else "")
     if chosen is None:  # a runtime asked for but none of its forms works: the plan's torch model
         chosen = next(v for v in variants if v.name == torch_name)
         note = f"no {backend} form works; the plan's torch model is recorded" + (

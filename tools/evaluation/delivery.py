@@ -13,25 +13,32 @@ from typing import Any
 
 from profiling_agent.state import ArtifactRef, Best, EvalRecord, Objective, VariantRecord
 from profiling_agent.tools import run_layout
-from profiling_agent.tools.evaluation.selection import LATENCY_TIE, choose_variant, reduction, within_budget
+from profiling_agent.tools.evaluation.selection import LATENCY_TIE, choose_form, reduction, within_budget
+from profiling_agent.tools.evaluation.ties import Samples
 
 PEER_PREFIX = "unpruned_"  # models named so in a round's timing are the peer (the unpruned model's fastest form)
 BASELINE_TORCH = "torch_fp32"  # the untouched torch model among the baseline's forms
 
 
 def quantization_only_peer(
-    variants: Sequence[VariantRecord], baseline: EvalRecord, objective: Objective, backend: str = "auto"
+    variants: Sequence[VariantRecord],
+    baseline: EvalRecord,
+    objective: Objective,
+    backend: str = "auto",
+    samples: Samples | None = None,
 ) -> dict[str, Any] | None:
     """Return the unpruned model's fastest form within the budget that `backend` may deliver, or None.
 
     The peer is what the user could deploy instead with the same `--backend` choice (its torch model counts):
-    under `--backend openvino` an ONNX Runtime form, built only as OpenVINO's source, is not one.
+    under `--backend openvino` an ONNX Runtime form, built only as OpenVINO's source, is not one. Forms within
+    noise of the fastest are ranked by the fixed order (`ties.fastest_form`); its "tie" says when that decided.
 
     Args:
         variants: The baseline's forms (torch_fp32 and the ONNX Runtime / OpenVINO forms).
         baseline: The baseline's EvalRecord (its accuracy is the budget's reference).
         objective: Budget and target.
         backend: The run's `--backend` choice.
+        samples: Form name -> its per-repeat batch-1 samples of the timing `variants` come from (None: medians).
     """
     from profiling_agent.tools.runtimes.forms import eligible_forms
 
@@ -45,11 +52,11 @@ def quantization_only_peer(
     ]
     if not fitting:
         return None
-    chosen = choose_variant(fitting, baseline, objective.model_copy(update={"target": "latency"}))
-    if chosen is None:
+    choice = choose_form(fitting, baseline, objective.model_copy(update={"target": "latency"}), samples=samples)
+    if choice is None:
         return None
     keys = ("name", "backend", "path", "accuracy", "latency_ms", "latency_batch_ms", "speedup", "size_mb")
-    return {k: getattr(chosen, k) for k in keys}
+    return {**{k: getattr(choice.chosen, k) for k in keys}, **({"tie": choice.note()} if choice.tie_decided else {})}
 
 
 def final_peer(
@@ -58,23 +65,25 @@ def final_peer(
     """Return the quantization-only form chosen from the final side-by-side timing, or None.
 
     The same rule as `quantization_only_peer` (the fastest unpruned form within the budget that `backend` may
-    deliver; ties within LATENCY_TIE go to the smaller file), on the latencies of the final timing: every form
-    that kept the budget was timed there ("unpruned_<form>"; the torch model is "baseline"). Forms the final
-    timing did not time are not chosen. None when it timed none.
+    deliver; forms within noise of it ranked by the fixed order, judged on the final timing's paired repeats), on
+    the latencies of the final timing: every form that kept the budget was timed there ("unpruned_<form>"; the
+    torch model is "baseline"). Forms the final timing did not time are not chosen. None when it timed none.
     """
-    timed = []
+    timed, samples = [], {}
     for form in baseline.variants:
-        key = "baseline" if form.name == BASELINE_TORCH else PEER_PREFIX + form.name
-        row = latency.get(key) or {}
+        row = latency.get(peer_key(form.name)) or {}
         if form.status == "ok" and row.get("latency_ms"):
             update = {"latency_ms": row["latency_ms"], "latency_batch_ms": row.get("latency_batch_ms")}
             timed.append(form.model_copy(update=update))
-    chosen = quantization_only_peer(timed, baseline, objective, backend) if timed else None
+            samples[form.name] = list(row.get("samples_ms") or [])
+    chosen = quantization_only_peer(timed, baseline, objective, backend, samples) if timed else None
     return {**chosen, "chosen_from": "final side-by-side timing"} if chosen else None
 
 
-def delivery_note(chosen: VariantRecord | None, within: bool, failed: Sequence[str], backend: str) -> str:
-    """Say truthfully why a candidate's form was chosen: fastest within the budget, or none kept it."""
+def delivery_note(
+    chosen: VariantRecord | None, within: bool, failed: Sequence[str], backend: str, tie: str = ""
+) -> str:
+    """Say truthfully why a candidate's form was chosen: fastest within the budget (or a tie), or none kept it."""
     if chosen is None:
         return "no measured form of this candidate works; the plan's torch model is recorded"
     if not within:
@@ -84,7 +93,7 @@ def delivery_note(chosen: VariantRecord | None, within: bool, failed: Sequence[s
         )
     else:
         why = f"fastest measured form within the accuracy budget ({backend})"
-    return why + (f"; failed: {'; '.join(failed)}" if failed else "")
+    return why + (f"; {tie}" if tie else "") + (f"; failed: {'; '.join(failed)}" if failed else "")
 
 
 def vs_peer(record: EvalRecord) -> float | None:
@@ -108,20 +117,21 @@ def pruning_verdict(
     peer: the pruned model is not measurably faster, so the unpruned model's accuracy is kept (and two runs of the
     same seed do not flip between the two on timing noise). With the
     final side-by-side timing (`final_latency`: its latencies, and the peer chosen from them under
-    "final_peer"), the speed over the peer is read there; else from the candidate's round.
+    "final_peer"), the speed over the peer is read there (the paired median, `latency.paired_ratio`, the figure
+    whose interval decides; the ratio of the two medians without paired repeats); else from the candidate's round.
     """
     if not best or not best.eval:
         return False, "no pruned candidate finished"
-    ratio = final_ratio(best, final) if final else None
+    paired = final_paired(best, final) if final else None
+    ratio = paired["ratio"] if paired else final_ratio(best, final) if final else None
     if ratio is None:
         ratio = vs_peer(best.eval)
     keep, why = verdict(best.within_budget, best.accuracy_drop, best.reduction, ratio, objective)
-    paired = final_paired(best, final) if final and keep and objective.target == "latency" else None
-    if paired is not None and paired["ci"][0] <= 1.0:  # a latency target asked for speed that noise cannot explain
-        low, high = paired["ci"]
+    if keep and objective.target == "latency" and paired is not None and paired["ci"][0] <= 1.0:
+        low, high = paired["ci"]  # a latency target asked for speed that noise cannot explain
         return False, (
-            f"pruning added no measurable speed: {ratio:.2f}x quantizing the unpruned model alone, paired median "
-            f"{paired['ratio']:.2f}x (95% interval {low:.2f}-{high:.2f} over {paired['repeats']} repeats)"
+            f"pruning added no measurable speed: {ratio:.2f}x quantizing the unpruned model alone, the median of "
+            f"{paired['repeats']} paired repeats (95% interval {low:.2f}-{high:.2f})"
         )
     return keep, why
 
@@ -186,7 +196,8 @@ def peer_best(baseline_eval: EvalRecord, baseline_ref: ArtifactRef, objective: O
             "size_mb": size_mb,
             "delivered": name,
             "delivery_note": "quantization only: the unpruned model's fastest form within the budget"
-            + (f" ({why})" if why else ""),
+            + (f" ({why})" if why else "")
+            + (f"; {peer['tie']}" if peer.get("tie") else ""),
             "peer": {**peer, "vs_peer": 1.0},
         },
         deep=True,
@@ -246,7 +257,8 @@ def delivery_summary(
         baseline: result.json's baseline (its `peer` is the quantization-only form of the baseline's measurement).
         objective: Budget and target.
         final_latency: The final side-by-side timing (keys "baseline", "iter_NN", "unpruned_<form>"); its ratios
-            come with a paired 95% interval from the interleaved repeats (`latency.paired_ratio`).
+            are the medians of the interleaved repeats' paired ratios, stored beside their 95% interval from the
+            same repeats (`latency.paired_ratio`), so each lies inside its own interval.
         timing: Its timing facts (busy and contended flags; "final_peer": the quantization-only form chosen there).
     """
     from profiling_agent.tools.evaluation.contention import flag_reason, flagged
@@ -270,16 +282,16 @@ def delivery_summary(
     mine = final.get(
         peer_key(peer.get("name")) if quant_only else run_layout.iteration_name(int(best.get("iteration") or 0))
     )
-    vs_torch = round(base_lat / lat, 4) if lat > 0 else None
-    vs_quant = 1.0 if quant_only else (round(peer_lat / lat, 4) if lat > 0 and peer_lat > 0 else None)
     torch_ci = paired_ratio(final["baseline"], mine) if mine and final.get("baseline") else None
     quant_ci = paired_ratio(theirs, mine) if mine and theirs and not quant_only else None
+    # one measurement per claim: with paired repeats the stated ratio is their median, the one its interval is of
+    vs_torch = torch_ci["ratio"] if torch_ci else (round(base_lat / lat, 4) if lat > 0 else None)
+    vs_quant = 1.0 if quant_only else quant_ci["ratio"] if quant_ci else peer_ratio(peer_lat, lat)
     if quant_only:
         why = str(best.get("delivery_note") or "quantization only")
     else:
         within, drop = bool(best.get("within_budget")), float(best.get("accuracy_drop", 0) or 0.0)
-        why = verdict(within, drop, float(best.get("reduction") or 0.0), peer_ratio(peer_lat, lat), objective)[1]
-        why = hedged(why, quant_ci, peer_ratio(peer_lat, lat))
+        why = hedged(verdict(within, drop, float(best.get("reduction") or 0.0), vs_quant, objective)[1], quant_ci)
     is_flagged = flagged(facts) or flagged(best.get("timing"))
     return {
         "delivered": f"{best.get('delivered')} of the unpruned model"
@@ -307,20 +319,19 @@ def delivery_summary(
     }
 
 
-def hedged(why: str, ratio_ci: Mapping[str, Any] | None, point: float | None = None) -> str:
+def hedged(why: str, ratio_ci: Mapping[str, Any] | None) -> str:
     """Turn a "faster than quantizing alone" claim whose paired interval holds 1.0 into "no measurable difference".
 
-    `point` is the claim's ratio (of the two medians); the interval is that of the median per-repeat ratio.
+    The figure stated is the paired median (`latency.paired_ratio`), the one the interval is of.
     """
     from profiling_agent.tools.evaluation.latency import measurably_different
 
     if ratio_ci is None or measurably_different(ratio_ci) is not False or "faster than quantizing" not in why:
         return why
     low, high = ratio_ci["ci"]
-    said = f"{point:.2f}x, paired median {ratio_ci['ratio']:.2f}x" if point else f"{ratio_ci['ratio']:.2f}x"
     return (
-        f"no measurable difference from quantizing the unpruned model alone: {said} "
-        f"(95% interval {low:.2f}-{high:.2f} over {ratio_ci['repeats']} paired repeats)"
+        f"no measurable difference from quantizing the unpruned model alone: {ratio_ci['ratio']:.2f}x, the median "
+        f"of {ratio_ci['repeats']} paired repeats (95% interval {low:.2f}-{high:.2f})"
     )
 
 

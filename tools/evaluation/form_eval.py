@@ -223,7 +223,17 @@ def evaluate_forms(models: dict[str, nn.Module], plan: FormsPlan, settings: Meas
         peer_key=peer_name,
         line=forms_line(variants),
         notice=timing_notice(timing),
+        samples=form_samples(plan, measured, variants),
     )
+
+
+def form_samples(
+    plan: FormsPlan, measured: Mapping[str, Mapping[str, Any]], variants: Sequence[VariantRecord]
+) -> dict[str, list[float | None]]:
+    """Return form name -> its per-repeat batch-1 samples (a torch form's under its model key, e.g. "baseline")."""
+    keys = {name: key for name, (key, _, _) in plan.torch_forms.items()}
+    rows = {v.name: measured.get(keys.get(v.name, v.name)) or {} for v in variants}
+    return {name: list(row["samples_ms"]) for name, row in rows.items() if row.get("samples_ms")}
 
 
 def build_stage(models: dict[str, nn.Module], plan: FormsPlan, threads: int) -> list[Variant]:

@@ -161,6 +161,7 @@ class FormsMeasurement:
         peer_key: The peer's key in `measured` ("unpruned_<form>"), None when it was not timed.
         line: One line: each form's speed-up and accuracy.
         notice: What the timing facts say (split pass, busy machine, re-measured), "" when nothing.
+        samples: Form name -> its per-repeat batch-1 samples of this timing, ms (`ties.fastest_form`'s tie rule).
     """
 
     measured: dict[str, dict[str, Any]]
@@ -170,6 +171,7 @@ class FormsMeasurement:
     peer_key: str | None
     line: str
     notice: str
+    samples: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

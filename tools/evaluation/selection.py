@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from profiling_agent.state import Best, Candidate, EvalRecord, Objective, VariantRecord
+from profiling_agent.tools.evaluation.ties import LATENCY_TIE, Fastest, Samples, fastest_form
 
 
 def same_form_latency(record: EvalRecord, baseline: EvalRecord) -> tuple[float, str, str]:
@@ -168,29 +169,43 @@ def quantization_cost_speed(best: Candidate | None, candidates: Sequence[Candida
     return slowed and all(c.quantized for c in candidates if c.status == "ok")
 
 
-LATENCY_TIE = 0.02  # variants within 2% of the fastest batch-1 latency count as equally fast (ties: smaller)
-
-
 def choose_variant(
     variants: Sequence[VariantRecord],
     baseline: EvalRecord,
     objective: Objective,
     eligible: Collection[str] | None = None,
+    samples: Samples | None = None,
 ) -> VariantRecord | None:
-    """Pick the form of a candidate to deliver: the fastest variant within the accuracy budget (ties: smaller).
+    """Pick the form of a candidate to deliver: the fastest variant within the accuracy budget (`choose_form`)."""
+    choice = choose_form(variants, baseline, objective, eligible, samples)
+    return choice.chosen if choice is not None else None
 
-    Batch-1 latency decides; variants within LATENCY_TIE of the fastest are tied and the smallest file wins.
-    When the objective's target is size, the smallest within budget wins (ties: faster). When no variant keeps
-    the budget, the most accurate one (ties: faster) is delivered, so the candidate is still comparable.
+
+def choose_form(
+    variants: Sequence[VariantRecord],
+    baseline: EvalRecord,
+    objective: Objective,
+    eligible: Collection[str] | None = None,
+    samples: Samples | None = None,
+) -> Fastest | None:
+    """Pick the form of a candidate to deliver, ties resolved by a fixed order (`ties.fastest_form`).
+
+    The fastest variant within the accuracy budget at batch 1; forms within noise of the fastest (their paired
+    interval reaches within LATENCY_TIE of it, or without samples their medians within LATENCY_TIE) are ranked by
+    validation accuracy, then the simpler runtime, then the name, so timing noise cannot swap the delivered file.
+    When the objective's target is size, the smallest within budget wins (sizes within LATENCY_TIE of the smallest
+    tie, and the same speed rule decides between them). When no variant keeps the budget, the most accurate one is
+    delivered (equally accurate ones: the same speed rule), so the candidate is still comparable.
 
     Args:
         variants: The measured forms (status, accuracy, latency_ms, size_mb, name).
         baseline: The baseline's EvalRecord (its accuracy is the budget's reference).
         objective: Budget (max_acc_drop) and target.
         eligible: Names that may be delivered (None: all).
+        samples: Form name -> its per-repeat batch-1 samples of the timing the latencies come from (None: medians).
 
     Returns:
-        The chosen variant, or None when no eligible variant was measured.
+        The choice (`.chosen`, `.note()` when a tie decided), or None when no eligible variant was measured.
     """
     pool = [
         v
@@ -201,11 +216,12 @@ def choose_variant(
         return None
     fitting = [v for v in pool if within_budget(v, baseline, objective)]
     if not fitting:
-        return min(pool, key=lambda v: (-float(v.accuracy or 0.0), float(v.latency_ms or 0.0)))
-    primary, secondary = ("size_mb", "latency_ms") if objective.target == "size" else ("latency_ms", "size_mb")
-    best = min(float(getattr(v, primary) or 0.0) for v in fitting)
-    tied = [v for v in fitting if float(getattr(v, primary) or 0.0) <= best * (1 + LATENCY_TIE)]
-    return min(tied, key=lambda v: (float(getattr(v, secondary) or 0.0), float(getattr(v, primary) or 0.0)))
+        top = max(float(v.accuracy or 0.0) for v in pool)
+        return fastest_form([v for v in pool if float(v.accuracy or 0.0) == top], samples)
+    if objective.target == "size":
+        smallest = min(float(v.size_mb or 0.0) for v in fitting)
+        fitting = [v for v in fitting if float(v.size_mb or 0.0) <= smallest * (1 + LATENCY_TIE)]
+    return fastest_form(fitting, samples)
 
 
 def torch_quantized_delivery(name: str | None) -> bool:

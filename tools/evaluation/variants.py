@@ -44,9 +44,9 @@ def measure_forms(
 
     Returns:
         ({name: {"preds", "accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch",
-        "wall_over_cpu"}}, timing facts), ratios against the baseline measured in the same run (latency fields
-        absent for untimed models, prediction fields for models left out). The timing facts' "unscored" maps each
-        model left out to why.
+        "wall_over_cpu", "samples_ms"}}, timing facts), ratios against the baseline measured in the same run
+        (latency fields absent for untimed models, prediction fields for models left out). The timing facts'
+        "unscored" maps each model left out to why.
     """
     if BASELINE not in models:
         raise ValueError("measure_forms needs a 'baseline' model")
@@ -190,6 +190,7 @@ class _FormsPass:
                     speedup=ratio(base["latency_ms"], lat[name]["latency_ms"]),
                     speedup_batch=ratio(base["latency_batch_ms"], lat[name]["latency_batch_ms"]),
                     wall_over_cpu=latency.wall_over_cpu({name: lat[name]}),
+                    samples_ms=lat[name].get("samples_ms"),  # per repeat: the tie rule's paired intervals
                 )
             out[name] = row
         return out

@@ -24,7 +24,8 @@ def target_outcome(
     delivered form against the unpruned model in that same form). None when no candidate was kept. `final` is the
     report's joint timing ("iter_NN", "unpruned_<form>"): when it timed the delivered model and the unpruned model
     in the same form, a latency outcome is measured there (the round's figure is kept as `round_measured`, and the
-    larger batch's reduction is given as `measured_batch`), so result.json states one latency, not two.
+    larger batch's reduction is given as `measured_batch`), so result.json states one latency, not two; with paired
+    repeats it is the paired median's reduction, inside its `measured_ci` (`latency.paired_reduction`).
     """
     from profiling_agent.tools.evaluation.selection import same_form_latency
 
@@ -44,9 +45,9 @@ def target_outcome(
             measured, out["against"] = joint[0], "timed beside it at the end of the run"
             larger = f"; at the larger batch {joint[1]:.1%}"
             paired = _joint_interval(final or {}, best, str(out["form"]))
-            if paired is not None:
-                out["measured_ci"] = paired
-                larger = f" (95% interval {paired[0]:.1%} to {paired[1]:.1%}, paired repeats){larger}"
+            if paired is not None:  # the paired median's reduction, stated beside its own interval
+                measured, out["measured_ci"] = paired
+                larger = f" (95% interval {paired[1][0]:.1%} to {paired[1][1]:.1%}, paired repeats){larger}"
         where = f" on {out['form']} against the unpruned model's {out['form']} ({out['against']}){larger}"
     out["measured"], out["met"] = round(measured, 4), measured + 1e-9 >= requested
     out["missed_by"] = 0.0 if out["met"] else round(requested - measured, 4)
@@ -70,14 +71,11 @@ def _joint(final: Timing, best: Best, form: str) -> tuple[float, float] | None:
     return one, 1.0 - float(mine["latency_batch_ms"]) / float(peer["latency_batch_ms"])
 
 
-def _joint_interval(final: Timing, best: Best, form: str) -> list[float] | None:
-    """Return the 95% interval of the batch-1 reduction from the joint timing's paired repeats, or None."""
+def _joint_interval(final: Timing, best: Best, form: str) -> tuple[float, list[float]] | None:
+    """Return the batch-1 reduction of the joint timing's paired repeats and its 95% interval, or None."""
     from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
-    from profiling_agent.tools.evaluation.latency import paired_ratio
+    from profiling_agent.tools.evaluation.latency import paired_ratio, paired_reduction
 
     mine, peer = final.get(run_layout.iteration_name(best.iteration)), final.get(PEER_PREFIX + form)
     ratio = paired_ratio(peer, mine) if mine and peer else None  # the unpruned form's time over the delivered's
-    if ratio is None:
-        return None
-    low, high = ratio["ci"]
-    return [round(1.0 - 1.0 / float(low), 4), round(1.0 - 1.0 / float(high), 4)]
+    return paired_reduction(ratio) if ratio is not None else None

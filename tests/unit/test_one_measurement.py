@@ -10,7 +10,7 @@ import pytest
 from eval_records import evaluation, form
 from intervals import ratios_outside_intervals
 
-from profiling_agent.state import EvalRecord, Objective
+from profiling_agent.state import Best, EvalRecord, Objective
 from profiling_agent.tools.evaluation.bootstrap import paired_delta_ci
 from profiling_agent.tools.evaluation.delivery import delivery_summary, summary_line
 from profiling_agent.tools.evaluation.latency import paired_ratio, paired_reduction
@@ -47,7 +47,7 @@ def _records():
 def _outcome(objective, base, best, final):
     """`target_outcome` of the state's Best behind result.json's `best` row."""
     state_best = {"eval": evaluation(**{k: v for k, v in best.items() if k in EVAL_KEYS}).model_dump(), **best}
-    return target_outcome(state_best, base.model_dump(), objective.model_dump(), final)
+    return target_outcome(Best.model_validate(state_best), base, objective, final)
 
 
 def test_the_ratio_of_medians_can_lie_outside_the_paired_interval():

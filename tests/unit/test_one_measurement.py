@@ -46,8 +46,10 @@ def _records():
 
 def _outcome(objective, base, best, final):
     """`target_outcome` of the state's Best behind result.json's `best` row."""
-    state_best = {"eval": evaluation(**{k: v for k, v in best.items() if k in EVAL_KEYS}).model_dump(), **best}
-    return target_outcome(Best.model_validate(state_best), base, objective, final)
+    record = evaluation(**{k: v for k, v in best.items() if k in EVAL_KEYS})
+    keep = ("iteration", "within_budget", "accuracy_drop", "reduction")
+    state_best = Best(rule="budget", eval=record, **{k: best[k] for k in keep})
+    return target_outcome(state_best, base, objective, final)
 
 
 def test_the_ratio_of_medians_can_lie_outside_the_paired_interval():

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import context_of, event, iteration_dir, run_dir
+from profiling_agent.nodes.common import context_of, event, run_dir
 from profiling_agent.state import Context, State
+from profiling_agent.tools import run_layout
 
 if TYPE_CHECKING:
     from profiling_agent.tools.planning.round_inputs import RoundInputs
@@ -57,7 +58,7 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = context_of(runtime)
     inputs = round_inputs(state, state.iteration + 1)
     iteration = inputs.iteration
-    out = plan_next(inputs, trial_setup(state, ctx), ctx, iteration_dir(state, iteration))
+    out = plan_next(inputs, trial_setup(state, ctx), ctx, run_layout.iteration_dir(run_dir(state), iteration))
     baseline = out.meta.baseline is not None  # a uniform baseline: one round, its meta the baseline and ratio
     if baseline and out.stop_reason:
         return {"stop_reason": out.stop_reason, "history": event("analyze", out.message, state.iteration)}

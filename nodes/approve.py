@@ -8,7 +8,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from pydantic import BaseModel, Field
 
-from profiling_agent.nodes.common import current_candidate, event, iteration_dir, run_dir, thread_id_of
+from profiling_agent.nodes.common import current_candidate, event, run_dir, thread_id_of
 from profiling_agent.state import CompressionPlan, Context, Review, State
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.review import parse_answer, review_plan
@@ -76,7 +76,7 @@ def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if decision == "approve":
         return {"current": current.model_dump(), "history": event("approve", "plan approved by the reviewer", it)}
     assert plan is not None, "parse_answer returns the edited plan with decision 'edit'"
-    folder = iteration_dir(state, it)
+    folder = run_layout.iteration_dir(run_dir(state), it)
     proposed_doc = {
         "iteration": it,
         "planner": state.planner_used,

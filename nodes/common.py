@@ -9,7 +9,6 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from profiling_agent.state import ArtifactRef, Candidate, Context, HistoryEvent, State
-from profiling_agent.tools import run_layout
 
 
 def read_context(runtime: Runtime[Context] | None) -> Context:
@@ -66,11 +65,6 @@ def rel(state: State, path: str | Path) -> str:
 def absolute(state: State, path: str) -> Path:
     """Resolve a run-relative artifact path."""
     return run_dir(state) / path
-
-
-def iteration_dir(state: State, iteration: int) -> Path:
-    """Return the folder of one iteration's files (derived from thread and iteration, so re-runs overwrite)."""
-    return run_layout.iteration_dir(run_dir(state), iteration)
 
 
 def event(node: str, message: str, iteration: int = 0, **facts: Any) -> list[dict[str, Any]]:

@@ -16,13 +16,13 @@ from profiling_agent.nodes.common import (
     emit,
     event,
     example_input,
-    iteration_dir,
     load_artifact_model,
     prepared,
     run_dir,
     training_source,
 )
 from profiling_agent.state import ArtifactRef, Candidate, Context, RecoveryRecord, State
+from profiling_agent.tools import run_layout
 
 
 def done_key(state: State, ctx: Context) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
         labels=state.labels.model_dump(),
         seed=state.dataset.seed,
         iteration=state.iteration,
-        folder=iteration_dir(state, state.iteration),
+        folder=run_layout.iteration_dir(run_dir(state), state.iteration),
         pruned=pruned,
         pruned_path=absolute(state, pruned.path if pruned else "."),
         baseline_path=absolute(state, base.path if base else "."),
@@ -124,7 +124,7 @@ def recovery_work(state: State, student: Any, applied: list[Any], device: str) -
     from profiling_agent.tools.recovery import candidate, refit_cache
 
     teacher = load_artifact_model(state, state.baseline, device=device).model
-    calib, folder = prepared(state)["calib_pixels"], iteration_dir(state, state.iteration)
+    calib, folder = prepared(state)["calib_pixels"], run_layout.iteration_dir(run_dir(state), state.iteration)
     base_sha = state.baseline.sha256 if state.baseline else ""
     return candidate.Recovery(
         teacher,
@@ -157,7 +157,8 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     from profiling_agent.tools.recovery import candidate, refit_cache
 
     ctx = context_of(runtime)  # applies the thread count: a resumed process starts here, with torch's default
-    it, started, folder = state.iteration, time.perf_counter(), iteration_dir(state, state.iteration)
+    it, started = state.iteration, time.perf_counter()
+    folder = run_layout.iteration_dir(run_dir(state), it)
     current = current_candidate(state)
     reused = candidate.finished_recovery(folder, run_dir(state), done_key(state, ctx))
     if reused is not None:

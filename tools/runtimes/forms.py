@@ -21,6 +21,7 @@ from torch import nn
 
 from profiling_agent.tools import interrupt
 from profiling_agent.tools.io import failed_file, machine_fault
+from profiling_agent.tools.runtimes.form_folder import is_form_folder
 from profiling_agent.tools.runtimes.forward import forward_logits
 from profiling_agent.tools.runtimes.onnx_forms import (
     ORT_METHODS,
@@ -30,7 +31,7 @@ from profiling_agent.tools.runtimes.onnx_forms import (
     build_ort_variants,
     failure_reason,
 )
-from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, is_onnx_folder, load_onnx_folder
+from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, ONNX_FOLDER, load_onnx_folder
 from profiling_agent.tools.runtimes.openvino_forms import (
     OV_FORMS,
     OpenVinoSettings,
@@ -39,7 +40,7 @@ from profiling_agent.tools.runtimes.openvino_forms import (
     nncf_model_type,
     quantized_ops,
 )
-from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
+from profiling_agent.tools.runtimes.openvino_model import OV_FOLDER, load_openvino_folder
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +54,9 @@ FP32_REFERENCES = ("ov_fp32", "ort_fp32", "torch_fp32", "baseline")  # an int8 f
 
 def form_source(path: str | os.PathLike) -> FormSource | None:
     """Return which kind of form folder `path` is ("onnx", "openvino"), or None when it is neither."""
-    if is_onnx_folder(path):
+    if is_form_folder(path, ONNX_FOLDER):
         return "onnx"
-    if is_openvino_folder(path):
+    if is_form_folder(path, OV_FOLDER):
         return "openvino"
     return None
 

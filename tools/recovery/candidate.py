@@ -168,15 +168,8 @@ def _progress_events(job: DistillJob, task: str) -> Callable[[dict[str, Any]], N
 
     def progress(p: dict[str, Any]) -> None:
         label = f"loss {p['loss']:.3f}, agreement {p['agreement']:.0f}%"
-        job.emit(
-            kind="progress",
-            task=task,
-            done=p["step"],
-            total=p["total"],
-            label=label,
-            loss=p["loss"],
-            agreement=p["agreement"],
-        )
+        figures = {"loss": p["loss"], "agreement": p["agreement"]}
+        job.emit(kind="progress", task=task, done=p["step"], total=p["total"], label=label, **figures)
 
     return progress
 

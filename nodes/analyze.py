@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import context_of, event, run_dir
 from profiling_agent.state import Context, State
 from profiling_agent.tools import run_layout
-
-if TYPE_CHECKING:
-    from profiling_agent.tools.planning.round_inputs import RoundInputs
-    from profiling_agent.tools.planning.trials import TrialSetup
+from profiling_agent.tools.planning.round_inputs import RoundInputs
+from profiling_agent.tools.planning.trials import RecipeSettings, TrialSetup
 
 
 def round_inputs(state: State, iteration: int) -> RoundInputs:
     """Return what planning round `iteration` reads from the run (the planners never see the whole state)."""
-    from profiling_agent.tools.planning.round_inputs import RoundInputs
-
     return RoundInputs(
         objective=state.objective,
         iteration=iteration,
@@ -35,8 +31,6 @@ def round_inputs(state: State, iteration: int) -> RoundInputs:
 
 def trial_setup(state: State, ctx: Context) -> TrialSetup:
     """Return what the round's calibration trials need: the baseline, the images, the pruning and recovery settings."""
-    from profiling_agent.tools.planning.trials import RecipeSettings, TrialSetup
-
     recipe = RecipeSettings(ctx.recover_lr, ctx.recover_batch, ctx.recover_steps, ctx.recover_augment)
     return TrialSetup(
         run_path=run_dir(state),
@@ -53,6 +47,7 @@ def trial_setup(state: State, ctx: Context) -> TrialSetup:
 
 def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Plan this iteration: probe sensitivity once, then ask the planner for a plan from profile and feedback."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.planning.plan_step import plan_next
 
     ctx = context_of(runtime)

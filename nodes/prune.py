@@ -23,6 +23,7 @@ from profiling_agent.tools import run_layout
 
 def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Prune, check the pruned model with a forward pass, and save it; a failure marks the candidate failed."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.compression.self_check import self_check

@@ -97,7 +97,7 @@ def open_folder(
         raise kind.error(f"{kind.opens} {file}: {first}") from None
     model.recipe = recipe
     if (path / "config.json").is_file():
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # loaded on first use: transformers takes seconds to import
 
         model.config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     return model.eval()

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import context_of, event, iteration_dir, run_dir
+from profiling_agent.nodes.common import context_of, event, run_dir
 from profiling_agent.state import Context, State
-
-if TYPE_CHECKING:
-    from profiling_agent.tools.planning.round_inputs import RoundInputs
-    from profiling_agent.tools.planning.trials import TrialSetup
+from profiling_agent.tools import run_layout
+from profiling_agent.tools.planning.round_inputs import RoundInputs
+from profiling_agent.tools.planning.trials import RecipeSettings, TrialSetup
 
 
 def round_inputs(state: State, iteration: int) -> RoundInputs:
     """Return what planning round `iteration` reads from the run (the planners never see the whole state)."""
-    from profiling_agent.tools.planning.round_inputs import RoundInputs
-
     return RoundInputs(
         objective=state.objective,
         iteration=iteration,
@@ -34,8 +31,6 @@ def round_inputs(state: State, iteration: int) -> RoundInputs:
 
 def trial_setup(state: State, ctx: Context) -> TrialSetup:
     """Return what the round's calibration trials need: the baseline, the images, the pruning and recovery settings."""
-    from profiling_agent.tools.planning.trials import RecipeSettings, TrialSetup
-
     recipe = RecipeSettings(ctx.recover_lr, ctx.recover_batch, ctx.recover_steps, ctx.recover_augment)
     return TrialSetup(
         run_path=run_dir(state),
@@ -52,12 +47,13 @@ def trial_setup(state: State, ctx: Context) -> TrialSetup:
 
 def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Plan this iteration: probe sensitivity once, then ask the planner for a plan from profile and feedback."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.planning.plan_step import plan_next
 
     ctx = context_of(runtime)
     inputs = round_inputs(state, state.iteration + 1)
     iteration = inputs.iteration
-    out = plan_next(inputs, trial_setup(state, ctx), ctx, iteration_dir(state, iteration))
+    out = plan_next(inputs, trial_setup(state, ctx), ctx, run_layout.iteration_dir(run_dir(state), iteration))
     baseline = out.meta.baseline is not None  # a uniform baseline: one round, its meta the baseline and ratio
     if baseline and out.stop_reason:
         return {"stop_reason": out.stop_reason, "history": event("analyze", out.message, state.iteration)}

@@ -8,9 +8,10 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from pydantic import BaseModel, Field
 
-from profiling_agent.nodes.common import current_candidate, event, iteration_dir, run_dir, thread_id_of
+from profiling_agent.nodes.common import current_candidate, event, run_dir, thread_id_of
 from profiling_agent.state import CompressionPlan, Context, Review, State
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.io import read_json, write_json_atomic
 from profiling_agent.tools.planning.review import parse_answer, review_plan
 
 REJECTED = "plan rejected by the reviewer"
@@ -48,7 +49,7 @@ def approval_request(state: State, thread_id: str, estimate: dict[str, float], n
 
 def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Pause for a human decision on this iteration's plan; record it and apply it (the node re-runs on resume)."""
-    from profiling_agent.tools.io import read_json, write_json_atomic
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.planning.ratio_solver import estimate_key
 
     it = state.iteration
@@ -76,7 +77,7 @@ def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if decision == "approve":
         return {"current": current.model_dump(), "history": event("approve", "plan approved by the reviewer", it)}
     assert plan is not None, "parse_answer returns the edited plan with decision 'edit'"
-    folder = iteration_dir(state, it)
+    folder = run_layout.iteration_dir(run_dir(state), it)
     proposed_doc = {
         "iteration": it,
         "planner": state.planner_used,

@@ -9,7 +9,8 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from profiling_agent.state import ArtifactRef, Candidate, Context, HistoryEvent, State
-from profiling_agent.tools import run_layout
+from profiling_agent.tools import interrupt
+from profiling_agent.tools.io import check_thread_id
 
 
 def read_context(runtime: Runtime[Context] | None) -> Context:
@@ -27,6 +28,7 @@ def apply_threads(ctx: Context) -> Context:
     OpenMP thread count whatever another thread sets: each node applies `threads` on the thread it runs on, so a
     resumed process (whose first node may run on a fresh thread) computes with the same count as the first one.
     """
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.device import set_threads
 
     set_threads(ctx.threads)
@@ -44,8 +46,6 @@ def context_of(runtime: Runtime[Context] | None) -> Context:
 
 def thread_id_of(runtime: Runtime[Context] | None) -> str:
     """Return the LangGraph thread id, or a time-based id when the graph runs without a checkpointer."""
-    from profiling_agent.tools.io import check_thread_id
-
     info = getattr(runtime, "execution_info", None)
     thread = getattr(info, "thread_id", None)
     return check_thread_id(str(thread)) if thread else time.strftime("run-%Y%m%d-%H%M%S")
@@ -68,11 +68,6 @@ def absolute(state: State, path: str) -> Path:
     return run_dir(state) / path
 
 
-def iteration_dir(state: State, iteration: int) -> Path:
-    """Return the folder of one iteration's files (derived from thread and iteration, so re-runs overwrite)."""
-    return run_layout.iteration_dir(run_dir(state), iteration)
-
-
 def event(node: str, message: str, iteration: int = 0, **facts: Any) -> list[dict[str, Any]]:
     """Build a one-element history update; `facts` are HistoryEvent's optional fields (checked here)."""
     record = HistoryEvent(node=node, iteration=iteration, time=round(time.time(), 3), message=message, **facts)
@@ -84,8 +79,6 @@ def emit(runtime: Runtime[Context] | None, **payload: Any) -> None:
 
     Progress is reported between the steps of long loops, so it is also where a requested stop (Ctrl-C) is raised.
     """
-    from profiling_agent.tools import interrupt
-
     interrupt.check()
     writer = getattr(runtime, "stream_writer", None)
     if writer is None:
@@ -107,6 +100,7 @@ def progress_callback(runtime: Runtime[Context] | None, task: str):
 
 def load_artifact_model(state: State, ref: ArtifactRef | None, device: str = "cpu"):
     """Load a run artifact (baseline or candidate) by its reference."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.models.artifact_load import load_artifact
 
     if ref is None:
@@ -123,6 +117,7 @@ def delivered_ref(cand: Candidate | None) -> ArtifactRef | None:
 
 def load_delivered(state: State, cand: Candidate, threads: int | None = None):
     """Load a candidate in its delivered form: an ONNX Runtime session, an OpenVINO model or the torch model."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.models.artifact_load import load_run_form
 
     ref = delivered_ref(cand)
@@ -133,6 +128,7 @@ def load_delivered(state: State, cand: Candidate, threads: int | None = None):
 
 def runs_on_cpu_only(cand: Candidate | None) -> bool:
     """Return True when a candidate's delivered form runs on the CPU only (torch dynamic quantization, ORT)."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.device import cpu_only
 
     if cand is None:
@@ -156,6 +152,7 @@ def input_chw(state: State) -> tuple[int, int, int]:
 
 def example_input(state: State, batch: int = 1):
     """Return a zero batch at the resolved input shape."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     import torch
 
     return torch.zeros(batch, *input_chw(state))
@@ -163,6 +160,7 @@ def example_input(state: State, batch: int = 1):
 
 def prepared(state: State, parts: tuple[str, ...] = ("eval", "calib")) -> dict[str, Any]:
     """Open the run's images and labels: validation and test streamed batch by batch, calibration as a tensor."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.data.stream import open_run_data
     from profiling_agent.tools.models.artifact_load import load_processor
 
@@ -190,6 +188,7 @@ def current_candidate(state: State) -> Candidate:
 
 def training_source(state: State):
     """Find the images recovery may train on (never a validation, test or calibration image), or None."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.data.train_stream import run_train_source
 
     assert state.labels is not None

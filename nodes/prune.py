@@ -14,8 +14,8 @@ from profiling_agent.nodes.common import (
     event,
     example_input,
     input_chw,
-    iteration_dir,
     load_artifact_model,
+    run_dir,
 )
 from profiling_agent.state import ArtifactRef, CompressionPlan, Context, State
 from profiling_agent.tools import run_layout
@@ -23,6 +23,7 @@ from profiling_agent.tools import run_layout
 
 def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Prune, check the pruned model with a forward pass, and save it; a failure marks the candidate failed."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.compression.baselines import is_baseline
     from profiling_agent.tools.compression.pruning import prune_model
     from profiling_agent.tools.compression.self_check import self_check
@@ -55,7 +56,7 @@ def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     macs = None if counted is None else int(counted)  # None: MACs unknown (the counter cannot count this model)
     saved = save_artifact(
         model,
-        iteration_dir(state, it) / run_layout.PRUNED,
+        run_layout.iteration_dir(run_dir(state), it) / run_layout.PRUNED,
         processor=loaded.processor,
         attrs=report.attrs,
         extra={"role": "pruned", "iteration": it, "applied": [a.model_dump() for a in report.applied], "macs": macs},

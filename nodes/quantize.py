@@ -6,12 +6,14 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import artifact_ref, current_candidate, event, iteration_dir, load_artifact_model
+from profiling_agent.nodes.common import artifact_ref, current_candidate, event, load_artifact_model, run_dir
 from profiling_agent.state import ArtifactRef, CompressionPlan, Context, State
+from profiling_agent.tools import run_layout
 
 
 def quantize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Quantize the pruned model as the plan says and save the candidate artifact."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.compression.quantization import quantize_model
     from profiling_agent.tools.models.artifacts import save_artifact
 
@@ -29,7 +31,7 @@ def quantize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     recipe = loaded.recipe
     saved = save_artifact(
         model,
-        iteration_dir(state, it) / "candidate",
+        run_layout.iteration_dir(run_dir(state), it) / "candidate",
         processor=loaded.processor,
         quantized=quantized,
         attrs=recipe.get("attrs"),

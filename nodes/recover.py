@@ -16,13 +16,14 @@ from profiling_agent.nodes.common import (
     emit,
     event,
     example_input,
-    iteration_dir,
     load_artifact_model,
     prepared,
     run_dir,
     training_source,
 )
 from profiling_agent.state import ArtifactRef, Candidate, Context, RecoveryRecord, State
+from profiling_agent.tools import run_layout
+from profiling_agent.tools.planning.error_model import beyond_budget, trial_interval
 
 
 def done_key(state: State, ctx: Context) -> dict[str, Any]:
@@ -43,6 +44,7 @@ class TrialSlice:
 
     def __init__(self, state: State, teacher: Any, device: str) -> None:
         """Open the slice (`subsets.open_trial_slice`) and predict it with the baseline once."""
+        # lazy: these load torch, which the graph and the CLI import nodes without
         from profiling_agent.tools.data.trial_slice import open_trial_slice
         from profiling_agent.tools.evaluation.metrics import predict, top1
         from profiling_agent.tools.models.artifact_load import load_processor
@@ -62,6 +64,7 @@ class TrialSlice:
 
     def predict(self, model: Any) -> Any:
         """Return the model's predictions on the slice, on its own device."""
+        # lazy: these load torch, which the graph and the CLI import nodes without
         from profiling_agent.tools.evaluation.metrics import predict
         from profiling_agent.tools.runtimes.forward import model_device
 
@@ -69,20 +72,20 @@ class TrialSlice:
 
     def score(self, model: Any) -> float:
         """Return the model's top-1 on the slice, %."""
+        # lazy: these load torch, which the graph and the CLI import nodes without
         from profiling_agent.tools.evaluation.metrics import top1
 
         return top1(self.predict(model), self.labels)
 
     def monitor(self, cap_steps: int) -> Any:
         """Return the early-stopping monitor of a distillation of at most `cap_steps` steps."""
+        # lazy: these load torch, which the graph and the CLI import nodes without
         from profiling_agent.tools.recovery.early_stop import plateau_monitor
 
         return plateau_monitor(self.score, len(self.labels), self.baseline, cap_steps)
 
     def judge(self, student: Any, record: RecoveryRecord, budget: float) -> str:
         """Score the recovered student, note its loss interval in `record`; return a rejection reason ('' or why)."""
-        from profiling_agent.tools.planning.error_model import beyond_budget, trial_interval
-
         preds = self.predict(student)
         loss, low, high = trial_interval(self.base, preds, self.labels)
         curve = record.trial_curve = list(record.trial_curve or [])
@@ -96,6 +99,7 @@ class TrialSlice:
 
 def distill_job(state: State, runtime: Runtime[Context], source: Any, processor: Any):
     """Describe this iteration's distillation for the recovery tools: data, folders and progress events."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.recovery.candidate import DistillJob
 
     assert state.input_shape is not None and state.labels is not None and state.current is not None
@@ -107,7 +111,7 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
         labels=state.labels.model_dump(),
         seed=state.dataset.seed,
         iteration=state.iteration,
-        folder=iteration_dir(state, state.iteration),
+        folder=run_layout.iteration_dir(run_dir(state), state.iteration),
         pruned=pruned,
         pruned_path=absolute(state, pruned.path if pruned else "."),
         baseline_path=absolute(state, base.path if base else "."),
@@ -120,11 +124,12 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
 
 def recovery_work(state: State, student: Any, applied: list[Any], device: str) -> Any:
     """Return the `Recovery` of the current candidate: the baseline as teacher, calibration images and probes."""
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.evaluation.metrics import agreement_probe
     from profiling_agent.tools.recovery import candidate, refit_cache
 
     teacher = load_artifact_model(state, state.baseline, device=device).model
-    calib, folder = prepared(state)["calib_pixels"], iteration_dir(state, state.iteration)
+    calib, folder = prepared(state)["calib_pixels"], run_layout.iteration_dir(run_dir(state), state.iteration)
     base_sha = state.baseline.sha256 if state.baseline else ""
     return candidate.Recovery(
         teacher,
@@ -153,11 +158,13 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     (a full disk) stops the run (a MachineFault naming the file), so a resume redoes it; one finished before an
     interruption is reused.
     """
+    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.device import measure_device
     from profiling_agent.tools.recovery import candidate, refit_cache
 
     ctx = context_of(runtime)  # applies the thread count: a resumed process starts here, with torch's default
-    it, started, folder = state.iteration, time.perf_counter(), iteration_dir(state, state.iteration)
+    it, started = state.iteration, time.perf_counter()
+    folder = run_layout.iteration_dir(run_dir(state), it)
     current = current_candidate(state)
     reused = candidate.finished_recovery(folder, run_dir(state), done_key(state, ctx))
     if reused is not None:

@@ -76,7 +76,7 @@ def test_a_slow_pass_of_the_one_shot_weights_is_left_out_and_says_why(tmp_path, 
 
 def test_a_recovery_finished_before_an_interruption_is_reused_not_redone(tmp_path, quick_resnet, monkeypatch):
     """The recover step ran to the end but its checkpoint was lost (a double Ctrl-C): the re-run reuses its result."""
-    from profiling_agent.tools.recovery import distill as distill_module
+    from profiling_agent.tools.recovery import candidate
 
     model, dataset, _ = quick_resnet
     inputs = {
@@ -94,7 +94,7 @@ def test_a_recovery_finished_before_an_interruption_is_reused_not_redone(tmp_pat
     def never(*args, **kwargs):
         raise AssertionError("distillation ran again")
 
-    monkeypatch.setattr(distill_module, "distill", never)
+    monkeypatch.setattr(candidate, "distill", never)
     graph.invoke(None, before.config, context=context, durability="sync", interrupt_after=["recover"])
     values = graph.get_state(config).values
     again = values["current"]

@@ -19,8 +19,9 @@ pytest.importorskip("onnx")
 
 from profiling_agent.tools.io import read_json  # noqa: E402
 from profiling_agent.tools.runtimes import onnx_forms  # noqa: E402
+from profiling_agent.tools.runtimes.forms import form_source  # noqa: E402
 from profiling_agent.tools.runtimes.onnx_forms import BackendSettings, FormFiles, build_ort_variants  # noqa: E402
-from profiling_agent.tools.runtimes.onnx_model import is_onnx_folder, load_onnx_folder  # noqa: E402
+from profiling_agent.tools.runtimes.onnx_model import load_onnx_folder  # noqa: E402
 
 
 def _model(family: str) -> tuple[nn.Module, int]:
@@ -59,7 +60,7 @@ def test_round_trip_per_family(tmp_path, family, monkeypatch):
         ref = model(pixel_values=fresh).logits
     scale = ref.abs().max().item()
     for v in variants:
-        assert is_onnx_folder(v.path)
+        assert form_source(v.path) == "onnx"
         loaded = load_onnx_folder(v.path, threads=1)
         got = loaded(pixel_values=fresh).logits
         assert got.shape == ref.shape

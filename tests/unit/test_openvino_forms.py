@@ -22,11 +22,10 @@ from test_backends import _model, _pixels  # noqa: E402
 
 from profiling_agent.tools.io import read_json  # noqa: E402
 from profiling_agent.tools.runtimes import openvino_forms  # noqa: E402
-from profiling_agent.tools.runtimes.forms import build_forms, round_forms  # noqa: E402
+from profiling_agent.tools.runtimes.forms import build_forms, form_source, round_forms  # noqa: E402
 from profiling_agent.tools.runtimes.openvino_model import (  # noqa: E402
     OvClassifier,
     compile_config,
-    is_openvino_folder,
     load_openvino_folder,
 )
 
@@ -89,7 +88,7 @@ def test_the_ir_folder_runs_with_openvino_alone(tmp_path):
     (int8,) = [
         v for v in build_forms(model, x[:8], x[8:], tmp_path, forms=["ov_int8"], threads=1) if v.name == "ov_int8"
     ]
-    assert is_openvino_folder(int8.path)
+    assert form_source(int8.path) == "openvino"
     expected = load_openvino_folder(int8.path, threads=1)(pixel_values=x[:3]).logits
     import numpy as np
 

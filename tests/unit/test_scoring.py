@@ -9,7 +9,7 @@ from torch import nn
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation import latency
 from profiling_agent.tools.evaluation.records import EvalImages, FormsPlan, MeasureOptions, MeasureSettings
-from profiling_agent.tools.evaluation.scoring import ScoringRule, passes_needed
+from profiling_agent.tools.evaluation.scoring import Scores, ScoringRule, passes_needed
 from profiling_agent.tools.evaluation.variants import measure_forms
 
 N = 100  # images: with the fake latencies below, a pass of a form slower than 50 ms is estimated over 5 s
@@ -132,10 +132,10 @@ def test_the_fastest_fp32_form_predicts_for_its_slower_torch_model_and_a_slower_
 def test_passes_needed_orders_by_latency_and_stops_at_the_tie():
     rule = ScoringRule(optional=frozenset(FORMS), budget=1.0)
     lat = {n: {"latency_ms": ms, "latency_batch_ms": ms * 4, "batch_size": 4} for n, ms in MS.items()}
-    assert passes_needed(rule, {}, 100.0, lat, N, list(MS)) == list(FORMS)
-    assert passes_needed(rule, {"ov_int8": 100.0, "ov_bf16": 99.5}, 100.0, lat, N, list(MS)) == []
+    assert passes_needed(rule, Scores({}, 100.0, lat, N), list(MS)) == list(FORMS)
+    assert passes_needed(rule, Scores({"ov_int8": 100.0, "ov_bf16": 99.5}, 100.0, lat, N), list(MS)) == []
     loose = ScoringRule(optional=frozenset(FORMS), budget=1.0, tie=2.5)  # 115 and 180 ms are within 2.5 x 50 ms
-    assert passes_needed(loose, {"ov_int8": 100.0, "ov_bf16": 99.5}, 100.0, lat, N, list(MS)) == ["ort_dynamic"]
+    assert passes_needed(loose, Scores({"ov_int8": 100.0, "ov_bf16": 99.5}, 100.0, lat, N), list(MS)) == ["ort_dynamic"]
 
 
 def test_an_int8_form_within_the_budget_does_not_score_its_slow_fp32_form_for_a_retry():

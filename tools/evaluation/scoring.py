@@ -47,40 +47,47 @@ def pass_seconds(latency: Mapping[str, Any], images: int) -> float:
     return float(batch_ms) / float(batch) * images / 1e3
 
 
-def _within(
-    rule: ScoringRule, accuracies: Mapping[str, float], reference: float, latency: Mapping[str, Mapping[str, Any]]
-) -> list[str]:
-    """Return the scored models that count toward `keep` and are within the budget, fastest first."""
-    counted = rule.eligible if rule.eligible is not None else rule.optional
-    return sorted(
-        (n for n, acc in accuracies.items() if n in counted and n in latency and acc >= reference - rule.budget - 1e-9),
-        key=lambda n: float(latency[n]["latency_ms"]),
-    )
+@dataclass(frozen=True)
+class Scores:
+    """What a round has measured so far, which the scoring rule reads.
 
-
-def passes_needed(
-    rule: ScoringRule,
-    accuracies: Mapping[str, float],
-    reference: float,
-    latency: Mapping[str, Mapping[str, Any]],
-    images: int,
-    candidates: Collection[str],
-) -> list[str]:
-    """Return the optional models still to be scored, fastest first (empty: the rest may be left out).
-
-    Args:
-        rule: The scoring rule.
+    Attributes:
         accuracies: Top-1 of the models scored so far.
         reference: The baseline's top-1 on the same images (the budget's reference).
         latency: `measure_latency` rows of the timed models.
         images: Images in one pass.
+    """
+
+    accuracies: Mapping[str, float]
+    reference: float
+    latency: Mapping[str, Mapping[str, Any]]
+    images: int
+
+
+def _within(rule: ScoringRule, scores: Scores) -> list[str]:
+    """Return the scored models that count toward `keep` and are within the budget, fastest first."""
+    counted = rule.eligible if rule.eligible is not None else rule.optional
+    accuracies, latency, floor = scores.accuracies, scores.latency, scores.reference - rule.budget - 1e-9
+    return sorted(
+        (n for n, acc in accuracies.items() if n in counted and n in latency and acc >= floor),
+        key=lambda n: float(latency[n]["latency_ms"]),
+    )
+
+
+def passes_needed(rule: ScoringRule, scores: Scores, candidates: Collection[str]) -> list[str]:
+    """Return the optional models still to be scored, fastest first (empty: the rest may be left out).
+
+    Args:
+        rule: The scoring rule.
+        scores: What the round measured so far.
         candidates: The models of the round (optional ones among them are considered).
     """
+    latency = scores.latency
     pending = sorted(
-        (n for n in candidates if n in rule.optional and n not in accuracies),
+        (n for n in candidates if n in rule.optional and n not in scores.accuracies),
         key=lambda n: float(latency.get(n, {}).get("latency_ms") or float("inf")),
     )
-    within = _within(rule, accuracies, reference, latency)
+    within = _within(rule, scores)
     if len(within) < rule.keep:
         return pending
     limit = float(latency[within[0]]["latency_ms"]) * rule.tie
@@ -89,24 +96,17 @@ def passes_needed(
         for n in pending
         if n not in latency
         or float(latency[n]["latency_ms"]) <= limit
-        or pass_seconds(latency[n], images) < rule.min_seconds
+        or pass_seconds(latency[n], scores.images) < rule.min_seconds
     ]
 
 
-def left_out_reason(
-    rule: ScoringRule,
-    accuracies: Mapping[str, float],
-    reference: float,
-    latency: Mapping[str, Mapping[str, Any]],
-    images: int,
-    name: str,
-) -> str:
+def left_out_reason(rule: ScoringRule, scores: Scores, name: str) -> str:
     """Say why `name`'s accuracy was not measured: the faster forms within the budget, and the pass it saved."""
-    within = _within(rule, accuracies, reference, latency)
+    within = _within(rule, scores)
     if not within:
         return "accuracy not measured"
     return (
         f"accuracy not measured: {' and '.join(within[: rule.keep])} are within the budget and this form is over "
         f"{rule.tie:g}x slower than {within[0]}, so it cannot be delivered (a pass of about "
-        f"{pass_seconds(latency[name], images):.0f} s left out)"
+        f"{pass_seconds(scores.latency[name], scores.images):.0f} s left out)"
     )

@@ -12,7 +12,7 @@ from profiling_agent.state import VariantRecord
 from profiling_agent.tools.evaluation import latency
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict_many, top1
 from profiling_agent.tools.evaluation.records import EvalImages, MeasureOptions, MeasureSettings
-from profiling_agent.tools.evaluation.scoring import left_out_reason, passes_needed
+from profiling_agent.tools.evaluation.scoring import Scores, left_out_reason, passes_needed
 
 BASELINE = "baseline"
 ROW_KEYS = ("accuracy", "agreement", "latency_ms", "latency_batch_ms", "speedup", "speedup_batch", "wall_over_cpu")
@@ -121,7 +121,8 @@ class _FormsPass:
         tried: set[str] = set()  # a model whose pass gave no predictions is not asked again
         while scoring is not None:
             reference = top1(self.preds[BASELINE], self.labels)
-            needed = passes_needed(scoring, self.accuracies(), reference, self.lat, len(self.labels), self.models)
+            scores = Scores(self.accuracies(), reference, self.lat, len(self.labels))
+            needed = passes_needed(scoring, scores, self.models)
             need = [n for n in needed if n not in tried]
             if not need:
                 return
@@ -138,7 +139,8 @@ class _FormsPass:
         optional = scoring.optional if scoring is not None else frozenset()
         required = [n for n in models if n not in self.preds and n not in optional]
         spare = max(0, options.parallel - len(required))  # the fastest optional forms share the first pass's slots
-        fastest = passes_needed(scoring, {}, 0.0, self.lat, len(self.labels), models)[:spare] if scoring else []
+        unscored = Scores({}, 0.0, self.lat, len(self.labels))
+        fastest = passes_needed(scoring, unscored, models)[:spare] if scoring else []
         self.score(required + fastest)
         self.score_optional()
 
@@ -158,11 +160,9 @@ class _FormsPass:
         """Add to the timing facts: the passes left out and why, the stand-ins used, wall and CPU seconds."""
         scoring, preds, lat = self.options.scoring, self.preds, self.lat
         if scoring is not None:
-            reference = top1(preds[BASELINE], self.labels)
+            scores = Scores(self.accuracies(), top1(preds[BASELINE], self.labels), lat, len(self.labels))
             self.timing["unscored"] = {
-                n: left_out_reason(scoring, self.accuracies(), reference, lat, len(self.labels), n)
-                for n in self.models
-                if n not in preds and n in scoring.optional
+                n: left_out_reason(scoring, scores, n) for n in self.models if n not in preds and n in scoring.optional
             }
         used = {n: f for n, f in self.standing.items() if n in preds and f in preds and preds[n] is preds[f]}
         if used:

@@ -130,14 +130,20 @@ class Steering:
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One round's planning problem: the groups, their costs and damage, the objective and the earlier rounds."""
+class RoundProblem:
+    """What every planner of a round reads: the groups, their costs and damage, the objective and earlier rounds."""
 
     groups: list[dict[str, Any]]
     costs: dict[str, dict[str, Any]]
     sensitivity: dict[str, dict[str, Any]]
     objective: Objective
     history: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Problem(RoundProblem):
+    """One round's planning problem as `plan_round` solves it: the round's facts and the planner's bounds."""
+
     config: PlannerConfig
 
 

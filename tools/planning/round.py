@@ -20,7 +20,7 @@ from profiling_agent.state import (
     TokenChoice,
 )
 from profiling_agent.tools.planning.backoff import Backoff
-from profiling_agent.tools.planning.deterministic import PlanResult, Steering, plan_round
+from profiling_agent.tools.planning.deterministic import PlanResult, RoundProblem, Steering, plan_round
 from profiling_agent.tools.planning.error_model import RECOVERY_PRIOR, Correction, fit_correction, history_correction
 from profiling_agent.tools.planning.llm_client import llm_console_note, never_reached
 from profiling_agent.tools.planning.paired import deterministic_sequence, reference_due
@@ -53,14 +53,9 @@ class RoundOutcome:
 
 
 @dataclass(frozen=True)
-class RoundData:
+class RoundData(RoundProblem):
     """The deterministic planner's view of a round: the groups it may prune, their costs and damage, earlier rounds."""
 
-    groups: list[dict[str, Any]]
-    costs: dict[str, dict[str, Any]]
-    sensitivity: dict[str, dict[str, Any]]
-    objective: Objective
-    history: list[dict[str, Any]]
     tokens: TokenOption | None = None  # the merging rate the plan adds (`token_plan`); goals stay in total terms
 
     def plan(self, goal: float | None = None, steer: Steering | None = None) -> PlanResult:

@@ -40,13 +40,12 @@ from profiling_agent.tools.profiling.sensitivity import (
     probe_ratio,
     restrict_logits,
 )
-from profiling_agent.tools.recovery.ridge import ridge_refit
+from profiling_agent.tools.recovery.ridge import Layer, bias_sink, ridge_refit, weight_columns
 from profiling_agent.tools.runtimes.blocks import REPLAY_TOLERANCE, PassBlock, Stop, started_at
 from profiling_agent.tools.runtimes.forward import forward_logits
 
 log = logging.getLogger(__name__)
 
-Layer = nn.Linear | nn.Conv2d
 SKIP_TOLERANCE = REPLAY_TOLERANCE  # largest |logit gap| / (1 + max |logit|) when earlier blocks are skipped
 
 
@@ -133,26 +132,6 @@ class GramStats:
         self.n += rows.shape[0]
 
 
-def _columns(module: nn.Module, channels: list[int]) -> list[int]:
-    per = 1 if isinstance(module, nn.Linear) else int(module.kernel_size[0] * module.kernel_size[1])  # type: ignore[index]
-    return [c * per + j for c in channels for j in range(per)]
-
-
-def _bias_sink(block: nn.Module, rel: str, module: nn.Module) -> tuple[str, nn.Module | None]:
-    if getattr(module, "bias", None) is not None:
-        return "bias", module
-    parent_name, _, _ = rel.rpartition(".")
-    parent = block.get_submodule(parent_name) if parent_name else block
-    norms = [
-        m
-        for m in parent.children()
-        if isinstance(m, nn.BatchNorm2d)
-        and m.num_features == cast(Layer, module).weight.shape[0]
-        and m.running_mean is not None
-    ]
-    return ("batchnorm", norms[0]) if len(norms) == 1 else ("none", None)
-
-
 def refit_masked(block: nn.Module, rel: str, stats: GramStats, removed: list[int]) -> tuple[float, float]:
     """Mask `removed` input channels of consumer `rel` in `block` and refit it; return (error before, after).
 
@@ -165,9 +144,9 @@ def refit_masked(block: nn.Module, rel: str, stats: GramStats, removed: list[int
     weight = module.weight
     w_full = weight.detach().reshape(weight.shape[0], -1).double()
     n_cols = w_full.shape[1]
-    gone = set(_columns(module, removed))
+    gone = set(weight_columns(module, removed))
     kept = [c for c in range(n_cols) if c not in gone]
-    sink, sink_mod = _bias_sink(block, rel, module)
+    sink, sink_mod = bias_sink(block, rel, module)
     with_bias = sink != "none"
     index = torch.tensor(kept + ([n_cols] if with_bias else []))
     gram = stats.gram[index][:, index]

@@ -14,8 +14,27 @@ from torch import nn
 
 from profiling_agent.state import ArtifactRef, Context, RecoveryRecord
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.compression.self_check import self_check
 from profiling_agent.tools.compression.units import PrunedGroup
-from profiling_agent.tools.io import MachineFault, failed_file, machine_fault
+from profiling_agent.tools.data.train_stream import TrainBatches, describe
+from profiling_agent.tools.io import MachineFault, failed_file, machine_fault, read_json, sha256_path, write_json_atomic
+from profiling_agent.tools.models.artifacts import read_recipe, save_artifact
+from profiling_agent.tools.models.sizes import count_params
+from profiling_agent.tools.recovery import distill_state
+from profiling_agent.tools.recovery.distill import DistillConfig, Team, distill
+from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLaunch, distill_in_job
+from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER, DistributedJobError
+from profiling_agent.tools.recovery.early_stop import stop_reason
+from profiling_agent.tools.recovery.policy import (
+    auto_cap_steps,
+    auto_recipe,
+    distill_precision,
+    method_name,
+    recovery_steps,
+)
+from profiling_agent.tools.recovery.reconstruct import reconstruct
+from profiling_agent.tools.runtimes.forward import model_device
+from profiling_agent.tools.text import one_line
 
 WRITE_FAILED = "iteration {}'s recovery could not write its files"  # a MachineFault's `what`
 DONE = "recovery_done.json"  # in the iteration folder: a finished recovery, so a re-run of the node reuses it
@@ -53,16 +72,18 @@ def write_failed(exc: OSError | MachineFault, it: int, folder: Path) -> MachineF
     return MachineFault(code, reason, failed_file(exc, folder), WRITE_FAILED.format(it))
 
 
-def distill_student(
-    student: nn.Module, teacher: nn.Module, job: DistillJob, ctx: Context, record: RecoveryRecord
-) -> dict[str, Any]:
-    """Run (or resume) the distillation of one candidate, in this process or a distributed job; return its summary."""
-    from profiling_agent.tools.data.train_stream import TrainBatches
-    from profiling_agent.tools.models.sizes import count_params
-    from profiling_agent.tools.recovery.distill import DistillConfig, Team, distill
-    from profiling_agent.tools.recovery.policy import auto_cap_steps, auto_recipe, distill_precision
-    from profiling_agent.tools.runtimes.forward import model_device
+@dataclass(frozen=True)
+class DistillSetup:
+    """A candidate's distillation as the recipe chose it: the loop's config, its batches and its resume key."""
 
+    config: DistillConfig
+    batches: TrainBatches
+    fingerprint: dict[str, Any]  # what saved steps must match to be resumed (the pruned weights, the batch ...)
+    monitor: Any | None  # the early-stopping monitor of an automatic step count (`early_stop.PlateauMonitor`)
+
+
+def distill_setup(student: nn.Module, job: DistillJob, ctx: Context, record: RecoveryRecord) -> DistillSetup:
+    """Choose the recipe (learning rate, batch, steps, precision) and note its automatic choices in `record`."""
     params = count_params(student)
     lr, batch = auto_recipe(ctx.recover_lr, ctx.recover_batch, params, job.removed_blocks)
     # an explicit step count runs in full (only the time cap cuts it); the automatic one stops on a plateau
@@ -85,61 +106,72 @@ def distill_student(
     batches = TrainBatches(
         job.source, job.processor, job.shape, job.labels, batch=batch, seed=job.seed, augmentation=ctx.recover_augment
     )
-    task = f"iteration {job.iteration}: distilling"
-
-    def progress(p: dict[str, Any]) -> None:
-        label = f"loss {p['loss']:.3f}, agreement {p['agreement']:.0f}%"
-        job.emit(
-            kind="progress",
-            task=task,
-            done=p["step"],
-            total=p["total"],
-            label=label,
-            loss=p["loss"],
-            agreement=p["agreement"],
-        )
-
     fingerprint = {"pruned": job.pruned.sha256 if job.pruned else "", "record": record.method, "batch": batch}
-    if ctx.recover_procs > 1:  # a torch.distributed job; same steps, same checkpoints (docs/distributed.md)
-        from profiling_agent.tools.models.artifacts import read_recipe
-        from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLaunch, distill_in_job
-        from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER
+    return DistillSetup(config, batches, fingerprint, monitor)
 
-        attrs = read_recipe(job.pruned_path).get("attrs")
-        task = f"iteration {job.iteration}: distilling on {ctx.recover_procs} processes"
+
+def distill_student(
+    student: nn.Module, teacher: nn.Module, job: DistillJob, ctx: Context, record: RecoveryRecord
+) -> dict[str, Any]:
+    """Run (or resume) the distillation of one candidate, in this process or a distributed job; return its summary.
+
+    Both run the one loop, `distill.distill` (here, or on every rank of the job, `distributed.distill_ranked`),
+    with the config `distill_setup` chose.
+    """
+    setup = distill_setup(student, job, ctx, record)
+    if ctx.recover_procs > 1:  # a torch.distributed job; same steps, same checkpoints (docs/distributed.md)
         record.note = f"{record.note}; {ctx.recover_procs} processes distilled".lstrip("; ")
-        return distill_in_job(
-            student,
-            job.baseline_path,
-            batches,
-            config,
-            data=JobData(job.dataset_ref, job.labels, attrs),
-            files=JobFiles(job.folder / run_layout.RECOVERY_JOB, job.folder / run_layout.RECOVERY_STEPS, fingerprint),
-            launch=JobLaunch(
-                ctx.recover_procs,
-                ctx.launcher or DEFAULT_LAUNCHER,
-                device=str(model_device(student).type),
-                threads=max(1, ctx.threads),
-            ),
-            progress=progress,
-        )
+        return _distill_in_job(student, job, ctx, setup)
+    monitor = setup.monitor
     if monitor is not None:  # the student before distillation is the first point, and may be the one kept
         monitor.folder = job.folder / run_layout.RECOVERY_STEPS
         monitor.start(student)
     info = distill(
         student,
         teacher,
-        batches,
-        config,
+        setup.batches,
+        setup.config,
         checkpoint_dir=job.folder / run_layout.RECOVERY_STEPS,
-        fingerprint=fingerprint,
-        progress=progress,
+        fingerprint=setup.fingerprint,
+        progress=_progress_events(job, f"iteration {job.iteration}: distilling"),
         team=Team(monitor=monitor) if monitor is not None else None,
     )
     if monitor is None:
         return info
     kept = monitor.finish(student, info["steps_done"])  # the student stays in eval mode, as distill left it
     return {**info, "trial_curve": monitor.curve, "kept": kept}
+
+
+def _distill_in_job(student: nn.Module, job: DistillJob, ctx: Context, setup: DistillSetup) -> dict[str, Any]:
+    """Run the distillation as a torch.distributed job of `ctx.recover_procs` processes; return its summary."""
+    attrs = read_recipe(job.pruned_path).get("attrs")
+    task = f"iteration {job.iteration}: distilling on {ctx.recover_procs} processes"
+    return distill_in_job(
+        student,
+        job.baseline_path,
+        setup.batches,
+        setup.config,
+        data=JobData(job.dataset_ref, job.labels, attrs),
+        files=JobFiles(job.folder / run_layout.RECOVERY_JOB, job.folder / run_layout.RECOVERY_STEPS, setup.fingerprint),
+        launch=JobLaunch(
+            ctx.recover_procs,
+            ctx.launcher or DEFAULT_LAUNCHER,
+            device=str(model_device(student).type),
+            threads=max(1, ctx.threads),
+        ),
+        progress=_progress_events(job, task),
+    )
+
+
+def _progress_events(job: DistillJob, task: str) -> Callable[[dict[str, Any]], None]:
+    """Return the loop's progress callback: a "progress" event of `task` per step, with its loss and agreement."""
+
+    def progress(p: dict[str, Any]) -> None:
+        label = f"loss {p['loss']:.3f}, agreement {p['agreement']:.0f}%"
+        figures = {"loss": p["loss"], "agreement": p["agreement"]}
+        job.emit(kind="progress", task=task, done=p["step"], total=p["total"], label=label, **figures)
+
+    return progress
 
 
 def cap_note(record: RecoveryRecord, ctx: Context) -> str:
@@ -190,11 +222,6 @@ def recover_student(
     A recovery that fails to train returns None (the one-shot weights are kept, `record.error` says why); one that
     cannot write its files raises `MachineFault` and a failed distributed job raises, so that a resume redoes them.
     """
-    from profiling_agent.tools.compression.self_check import self_check
-    from profiling_agent.tools.recovery.distributed_launch import DistributedJobError
-    from profiling_agent.tools.recovery.early_stop import stop_reason
-    from profiling_agent.tools.text import one_line
-
     student = work.student
     record.calib_agreement_before = work.agree(student, work.device)
     curve: dict[str, Any] = {}
@@ -228,8 +255,6 @@ def recover_student(
 
 def _reconstruct_step(work: Recovery, job: DistillJob, record: RecoveryRecord) -> dict[str, Any]:
     """Refit the consumers of the pruned channels (or reuse the planning trial's refit); record the fit errors."""
-    from profiling_agent.tools.recovery.reconstruct import reconstruct
-
     task = f"iteration {job.iteration}: reconstructing"
     info = work.trial_refit(work.student) if work.trial_refit is not None else None
     if info is not None:
@@ -261,9 +286,6 @@ def save_recovered(
     root: Path,
 ) -> dict[str, Any]:
     """Write recovery.json and the recovered artifact (`record.curve` set); return save_artifact's result."""
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.models.artifacts import save_artifact
-
     try:
         write_json_atomic(folder / run_layout.RECOVERY, {"iteration": iteration, "method": record.method, **curve})
         record.curve = str((folder / run_layout.RECOVERY).resolve().relative_to(root.resolve()))
@@ -280,9 +302,6 @@ def save_recovered(
 
 def mark_done(folder: Path, key: dict[str, Any], record: RecoveryRecord, recovered: ArtifactRef, message: str) -> None:
     """Record a finished recovery (so a re-run reuses it) and drop its step checkpoints and job files."""
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.recovery import distill_state
-
     done = {"key": key, "record": record.model_dump(), "recovered": recovered.model_dump()}
     write_json_atomic(folder / DONE, {**done, "message": message})
     distill_state.clear(folder / run_layout.RECOVERY_STEPS)  # the artifact (and DONE) now hold the result
@@ -291,8 +310,6 @@ def mark_done(folder: Path, key: dict[str, Any], record: RecoveryRecord, recover
 
 def finished_recovery(folder: Path, root: Path, key: dict[str, Any]) -> tuple[ArtifactRef, RecoveryRecord, str] | None:
     """Return the recovery this iteration already finished with the same weights and settings, else None."""
-    from profiling_agent.tools.io import read_json, sha256_path
-
     path = folder / DONE
     if not path.is_file():
         return None
@@ -325,13 +342,9 @@ def recovery_message(record: RecoveryRecord) -> str:
 
 def recovery_plan(requested: str, source: Any) -> tuple[list[str], RecoveryRecord]:
     """Return the recovery steps to run (reconstruct, distill) and the record they start from."""
-    from profiling_agent.tools.recovery.policy import method_name, recovery_steps
-
     record = RecoveryRecord(requested=requested)
     steps, record.note = recovery_steps(requested, source is not None)
     record.method = method_name(steps)
     if source is not None and "distill" in steps:
-        from profiling_agent.tools.data.train_stream import describe
-
         record.train_images, record.note = len(source.rows), f"distilled on {describe(source)}"
     return steps, record

@@ -269,46 +269,88 @@ def distill(
             step is where a resume continues.
         OSError: A checkpoint could not be written (e.g. a full disk); nothing half-written is left.
     """
-    device = model_device(student)
     teacher.eval()
     key = {"config": config.fingerprint(), **(fingerprint or {})}
     team = team or Team()
     optimizer, state = _start(student, config, checkpoint_dir, key, team)
     resumed_from = state.done
     model = team.wrap(student) if team.wrap is not None else None
-    every, budget_s = config.save_every or max(1, config.steps // 20), config.minutes * 60.0
+    run = _Run(student, teacher, batches, config, optimizer, team, model, model_device(student))
+    saving = _Saving(checkpoint_dir, key, config.save_every or max(1, config.steps // 20), progress)
     timings: list[float] = []
     _train_mode(student)
     while state.done < state.total:
         interrupt.check()
-        step, tick, cpu_tick = state.done, time.perf_counter(), time.process_time()
-        torch.manual_seed(config.seed * 1_000_003 + step)
-        pixels, labels = batches(step)
-        lr = warmup_cosine_lr(step, config.schedule_steps(state.total), config.lr, config.warmup)
-        scales = team.scales(labels) if team.scales is not None else (1.0, 1.0)
-        pixels, labels = pixels.to(device), labels.to(device)
-        loss, agree = train_step(student, teacher, optimizer, (pixels, labels), config, lr, model=model, scales=scales)
-        seconds = time.perf_counter() - tick
-        timings.append(seconds)
-        state.step_seconds.append(round(seconds, 4))
-        state.spent += seconds
-        state.cpu_spent += (time.process_time() - cpu_tick) / max(1, torch.get_num_threads())
-        state.done = step + 1
-        deciding = budget_s > 0 and not config.budget_stops and not state.decided and len(timings) == PROBE_STEPS
-        halt = _after_step(state, team, config, (step, loss, agree, len(labels)), timings if deciding else None)
+        step = state.done
+        loss, agree, images = _train_one(run, state, timings)
+        deciding = run.budget_s > 0 and not config.budget_stops and not state.decided and len(timings) == PROBE_STEPS
+        halt = _after_step(state, team, config, (step, loss, agree, images), timings if deciding else None)
         _ask_monitor(state, student, team)
-        if config.budget_stops and 0 < budget_s <= state.cpu_spent and state.done < state.total:
+        if config.budget_stops and 0 < run.budget_s <= state.cpu_spent and state.done < state.total:
             state.total = state.done  # the budget ran out: this step is the last (`capped` in the summary)
-        last = state.done >= state.total
-        saving = state.done % every == 0 or last or deciding or halt
-        if team.rank == 0 and checkpoint_dir is not None and saving:
-            distill_state.save_step(checkpoint_dir, step, student, optimizer, {**asdict(state), "key": key})
-        if progress is not None:
-            progress({"step": state.done, "total": state.total, "loss": state.loss, "agreement": state.agreement})
+        _save_and_report(run, saving, state, step, force=deciding or halt)
         if halt:
             raise interrupt.Interrupted(f"rank 0 halted the job after step {state.done}")
     student.eval()
     return _summary(state, config, resumed_from)
+
+
+@dataclass
+class _Run:
+    """What every step of one `distill` call trains with (fixed for the call)."""
+
+    student: nn.Module
+    teacher: nn.Module
+    batches: Batches
+    config: DistillConfig
+    optimizer: torch.optim.Optimizer
+    team: Team
+    model: nn.Module | None  # the student as the team wrapped it (DistributedDataParallel), else None
+    device: torch.device  # the student's
+
+    @property
+    def budget_s(self) -> float:
+        """The wall-clock (or, with `budget_stops`, CPU per thread) budget in seconds; 0: none."""
+        return self.config.minutes * 60.0
+
+
+@dataclass(frozen=True)
+class _Saving:
+    """Where and how often `distill` saves its steps, and whom it tells after each."""
+
+    folder: Path | None  # None: not resumable
+    key: dict[str, Any]  # the resume key saved with every step
+    every: int  # steps between checkpoints
+    progress: Callable[[dict[str, Any]], None] | None
+
+
+def _train_one(run: _Run, state: Progress, timings: list[float]) -> tuple[float, float, int]:
+    """Run the next step (`state.done`), time it and count it; return (loss, agreement %, images) of this rank."""
+    config, team = run.config, run.team
+    step, tick, cpu_tick = state.done, time.perf_counter(), time.process_time()
+    torch.manual_seed(config.seed * 1_000_003 + step)
+    pixels, labels = run.batches(step)
+    lr = warmup_cosine_lr(step, config.schedule_steps(state.total), config.lr, config.warmup)
+    scales = team.scales(labels) if team.scales is not None else (1.0, 1.0)
+    batch = (pixels.to(run.device), labels.to(run.device))
+    loss, agree = train_step(run.student, run.teacher, run.optimizer, batch, config, lr, model=run.model, scales=scales)
+    seconds = time.perf_counter() - tick
+    timings.append(seconds)
+    state.step_seconds.append(round(seconds, 4))
+    state.spent += seconds
+    state.cpu_spent += (time.process_time() - cpu_tick) / max(1, torch.get_num_threads())
+    state.done = step + 1
+    return loss, agree, len(labels)
+
+
+def _save_and_report(run: _Run, saving: _Saving, state: Progress, step: int, *, force: bool) -> None:
+    """Save the step on rank 0 (every `saving.every` steps, at the last one, or when `force`d); report progress."""
+    last = state.done >= state.total
+    due = state.done % saving.every == 0 or last or force
+    if run.team.rank == 0 and saving.folder is not None and due:
+        distill_state.save_step(saving.folder, step, run.student, run.optimizer, {**asdict(state), "key": saving.key})
+    if saving.progress is not None:
+        saving.progress({"step": state.done, "total": state.total, "loss": state.loss, "agreement": state.agreement})
 
 
 def _ask_monitor(state: Progress, student: nn.Module, team: Team) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save
 from torch import nn
 
 from profiling_agent.tools.io import read_json, write_bytes_atomic, write_json_atomic
@@ -36,8 +37,6 @@ def save_step(
     Raises:
         OSError: A file could not be written; the previous step stays the latest.
     """
-    from safetensors.torch import save
-
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"step_{step:06d}"
     if target.exists():
@@ -74,8 +73,6 @@ def peek(folder: Path) -> dict[str, Any] | None:
 
 def load_latest(folder: Path, student: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
     """Restore the last saved step into `student` and `optimizer`; return its JSON, or None when there is none."""
-    from safetensors.torch import load_file
-
     pointer = folder / LATEST
     if not pointer.is_file():
         return None

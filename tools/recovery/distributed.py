@@ -12,6 +12,8 @@ run continues the other's steps. BatchNorm statistics stay frozen, as in `distil
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -20,10 +22,18 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from profiling_agent.tools import interrupt
+from profiling_agent.tools.data.preprocess import preprocess_images
+from profiling_agent.tools.data.sources import load_split
 from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource, augment
+from profiling_agent.tools.io import read_json, write_bytes_atomic, write_json_atomic
+from profiling_agent.tools.models.artifact_load import load_artifact
+from profiling_agent.tools.models.artifacts import save_artifact
 from profiling_agent.tools.recovery import distill_state
 from profiling_agent.tools.recovery.distill import DistillConfig, Team, distill
 from profiling_agent.tools.recovery.distributed_launch import (
@@ -71,7 +81,6 @@ class ShardBatches(TrainBatches):
         self.counts = (len(every), int((every >= 0).sum()))
         labels = every[lo:hi].tolist()
         images = self.source.ds.select(rows[lo:hi].tolist())[self.source.image_column]
-        from profiling_agent.tools.data.preprocess import preprocess_images
 
         pixels = preprocess_images(images, self.processor, self.shape)
         if self.augmentation:
@@ -82,8 +91,6 @@ class ShardBatches(TrainBatches):
 
 def _sum(values: list[float]) -> list[float]:
     """All-reduce (sum) a few floats across the job's ranks."""
-    import torch.distributed as dist
-
     tensor = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(tensor)
     return [float(v) for v in tensor.tolist()]
@@ -129,8 +136,6 @@ def distill_ranked(
     student.to(device)
 
     def wrap(model: nn.Module) -> nn.Module:
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
@@ -169,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     SIGTERM or SIGINT (the parent stopping the job) raises `Interrupted` in the running step; like any failure it
     ends the rank with status 1 and a one-line reason in the job folder, and the last saved step stays for a resume.
     """
-    from profiling_agent.tools.io import read_json
-
     spec_path = Path((argv if argv is not None else sys.argv[1:])[0])
     spec = read_json(spec_path)
     job_dir = spec_path.parent
@@ -189,10 +192,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_rank(spec: dict[str, Any], job_dir: Path, rank: Rank) -> None:
     """Distill this rank's part of the job in `spec`; rank 0 then writes the student and result.json."""
-    from profiling_agent.tools.data.sources import load_split
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.models.artifact_load import load_artifact
-
     loaded = load_artifact(spec["student"])
     teacher = load_artifact(spec["teacher"]).model
     data = spec["data"]
@@ -221,10 +220,6 @@ def _run_rank(spec: dict[str, Any], job_dir: Path, rank: Rank) -> None:
         lead=Lead(report_progress, lambda: parent_alive(spec.get("watch"))),
     )
     if rank.rank == 0:
-        from safetensors.torch import save
-
-        from profiling_agent.tools.io import write_bytes_atomic
-
         weights = {k: v.detach().cpu().contiguous() for k, v in loaded.model.state_dict().items()}
         write_bytes_atomic(job_dir / "student.safetensors", save(weights))
         write_json_atomic(job_dir / "result.json", info)
@@ -295,11 +290,6 @@ def distill_in_job(
     Raises:
         DistributedJobError: The job failed or was killed (one line; the saved steps stay for a resume).
     """
-    import os
-    import socket
-
-    from profiling_agent.tools.io import write_json_atomic
-
     job_dir, checkpoint_dir, procs = files.job_dir, files.checkpoint_dir, launch.procs
     _stage(job_dir, student, batches, data.attrs)
     spec = {
@@ -332,8 +322,6 @@ def distill_in_job(
 
 def _stage(job_dir: Path, student: nn.Module, batches: TrainBatches, attrs: Mapping[str, Any] | None) -> None:
     """Clear the job folder's old result and save the starting student and the training rows into it."""
-    from profiling_agent.tools.models.artifacts import save_artifact
-
     job_dir.mkdir(parents=True, exist_ok=True)
     for old in ("result.json", "student.safetensors"):
         (job_dir / old).unlink(missing_ok=True)
@@ -353,10 +341,6 @@ def _data_spec(batches: TrainBatches, dataset_ref: str) -> dict[str, Any]:
 
 def _job_result(job_dir: Path, student: nn.Module, what: str) -> dict[str, Any]:
     """Load rank 0's distilled weights into `student` and return its summary (raises when the job wrote none)."""
-    from safetensors.torch import load_file
-
-    from profiling_agent.tools.io import read_json
-
     if not (job_dir / "result.json").is_file():
         raise DistributedJobError(f"{what} ended without writing {job_dir / 'result.json'}")
     student.load_state_dict(load_file(str(job_dir / "student.safetensors")))

@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
+
+from profiling_agent.tools.io import atomic_dir, read_json, write_json_atomic
 
 PATIENCE = 3  # checks in a row without a gain of one image before a plateau stops distillation
 CHECKS = 20  # about this many checks over the cap's steps...
@@ -115,9 +118,6 @@ class PlateauMonitor:
         """Keep the best checked student on disk, for a resumed run to compare against and restore."""
         if self.folder is None:
             return
-        from safetensors.torch import save_file
-
-        from profiling_agent.tools.io import atomic_dir, write_json_atomic
 
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         with atomic_dir(self.folder / BEST) as tmp:
@@ -128,7 +128,6 @@ class PlateauMonitor:
         """Return the kept weights of the best checked student, or None."""
         if self.folder is None or not (self.folder / BEST / "weights.safetensors").exists():
             return None
-        from safetensors.torch import load_file
 
         return load_file(str(self.folder / BEST / "weights.safetensors"))
 
@@ -137,7 +136,6 @@ class PlateauMonitor:
         if self._synced or self.folder is None:
             return
         self._synced = True
-        from profiling_agent.tools.io import read_json
 
         try:
             kept = read_json(self.folder / BEST / "best.json")

@@ -16,11 +16,9 @@ from torch import nn
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.token_merge import tokens_unmerged
 from profiling_agent.tools.compression.units import PrunedGroup, channels_of
-from profiling_agent.tools.recovery.ridge import RIDGE, ridge_refit
+from profiling_agent.tools.recovery.ridge import RIDGE, Layer, bias_sink, ridge_refit, weight_columns
 from profiling_agent.tools.runtimes.blocks import Stop, replays, started_at
 from profiling_agent.tools.runtimes.forward import forward_logits
-
-Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
 
 MAX_ROWS_PER_BATCH = 4096  # activation rows (tokens or pixel positions) sampled per batch and consumer
 
@@ -155,26 +153,6 @@ def _targets(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
     return y.flatten(2).transpose(1, 2).reshape(-1, y.shape[1])
 
 
-def _columns(module: Layer, channels: Iterable[int]) -> list[int]:
-    """Expand input channels into the weight columns (flattened kernels) they own."""
-    per = 1 if isinstance(module, nn.Linear) else int(module.kernel_size[0] * module.kernel_size[1])
-    return [c * per + j for c in channels for j in range(per)]
-
-
-def _bias_sink(model: nn.Module, name: str, module: Layer) -> tuple[str, nn.BatchNorm2d | Layer | None]:
-    """Find where a fitted bias goes: the layer's own bias, else the BatchNorm right after it (its running mean)."""
-    if module.bias is not None:
-        return "bias", module
-    parent_name, _, _ = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    norms = [
-        m
-        for m in parent.children()
-        if isinstance(m, nn.BatchNorm2d) and m.num_features == module.weight.shape[0] and m.running_mean is not None
-    ]
-    return ("batchnorm", norms[0]) if len(norms) == 1 else ("none", None)
-
-
 def _sample(rows: int, cap: int, generator: torch.Generator) -> torch.Tensor | None:
     return None if rows <= cap else torch.randperm(rows, generator=generator)[:cap]
 
@@ -197,12 +175,12 @@ def _fit_one(
     base_mod = cast(Layer, baseline.get_submodule(consumer.name))
     mod = cast(Layer, pruned.get_submodule(consumer.name))
     batch_size, max_rows = refit.batch_size, refit.max_rows
-    sink, sink_mod = _bias_sink(pruned, consumer.name, mod)
+    sink, sink_mod = bias_sink(pruned, consumer.name, mod)
     with_bias = sink != "none"
     w_full = base_mod.weight.detach().reshape(base_mod.weight.shape[0], -1).double().cpu()
     outs = list(consumer.outputs) if consumer.outputs is not None else list(range(w_full.shape[0]))
     w_full = w_full[outs]
-    kept_cols, removed_cols = _columns(base_mod, consumer.kept), _columns(base_mod, consumer.removed)
+    kept_cols, removed_cols = weight_columns(base_mod, consumer.kept), weight_columns(base_mod, consumer.removed)
     d = len(kept_cols) + int(with_bias)
     gram = torch.zeros(d, d, dtype=torch.float64)
     cross = torch.zeros(d, w_full.shape[0], dtype=torch.float64)

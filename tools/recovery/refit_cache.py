@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from profiling_agent.state import PruneEntry
 from profiling_agent.tools.compression.units import PrunedGroup
+from profiling_agent.tools.io import atomic_dir, read_json, write_json_atomic
 
 FOLDER = "trial_refit"  # in the round's folder: weights.safetensors + refit.json
 KEEP = 2  # trials whose refitted weights are held in memory (the chosen plan is almost always one of the last)
@@ -39,8 +43,6 @@ def refit_key(applied: Sequence[PrunedGroup], calib: torch.Tensor, seed: int, ba
 
 def plan_key(pruning: Sequence[Any]) -> str:
     """Return a plan's pruning entries as canonical JSON (how a trial is found again once the plan is chosen)."""
-    from profiling_agent.state import PruneEntry
-
     rows = []
     for row in pruning:
         try:  # a raw plan's entry and the validated plan's are the same entry
@@ -67,10 +69,6 @@ class TrialRefits:
 
     def save(self, pruning: Sequence[Any], folder: Path) -> bool:
         """Write the trial of plan `pruning` to `folder`/FOLDER, replacing an older one; False when none is held."""
-        from safetensors.torch import save_file
-
-        from profiling_agent.tools.io import atomic_dir, write_json_atomic
-
         held = self._held.get(plan_key(pruning))
         if held is None:
             return False
@@ -83,10 +81,6 @@ class TrialRefits:
 
 def load(folder: Path, key: str, model: nn.Module) -> dict[str, Any] | None:
     """Load the saved trial refit into `model` when its key is `key`; return its refit facts, or None (refit)."""
-    from safetensors.torch import load_file
-
-    from profiling_agent.tools.io import read_json
-
     saved = folder / FOLDER
     try:
         meta = read_json(saved / "refit.json")
@@ -104,6 +98,4 @@ def load(folder: Path, key: str, model: nn.Module) -> dict[str, Any] | None:
 
 def discard(folder: Path) -> None:
     """Remove the saved trial refit (the recovered weights are saved; it would only take disk space)."""
-    import shutil
-
     shutil.rmtree(folder / FOLDER, ignore_errors=True)

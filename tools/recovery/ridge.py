@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Iterable
 
+import torch
+from torch import nn
+
+Layer = nn.Linear | nn.Conv2d  # the consumers a refit can rewrite
 RIDGE = 1e-2  # ridge strength relative to the mean diagonal of the kept activations' Gram matrix
 
 
@@ -44,3 +48,32 @@ def ridge_refit(
     if not torch.isfinite(solved).all() or after > before:
         return untouched, before, before
     return solved, before, after
+
+
+def weight_columns(module: Layer, channels: Iterable[int]) -> list[int]:
+    """Expand input channels into the weight columns (flattened kernels) they own."""
+    per = 1 if isinstance(module, nn.Linear) else int(module.kernel_size[0] * module.kernel_size[1])
+    return [c * per + j for c in channels for j in range(per)]
+
+
+def bias_sink(model: nn.Module, name: str, module: Layer) -> tuple[str, nn.BatchNorm2d | Layer | None]:
+    """Find where a fitted bias goes: the layer's own bias, else the BatchNorm right after it (its running mean).
+
+    Args:
+        model: The model (or block) holding the layer.
+        name: The layer's name in `model`.
+        module: The layer.
+
+    Returns:
+        ("bias", the layer), ("batchnorm", the one BatchNorm2d beside it of its width), or ("none", None).
+    """
+    if module.bias is not None:
+        return "bias", module
+    parent_name, _, _ = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    norms = [
+        m
+        for m in parent.children()
+        if isinstance(m, nn.BatchNorm2d) and m.num_features == module.weight.shape[0] and m.running_mean is not None
+    ]
+    return ("batchnorm", norms[0]) if len(norms) == 1 else ("none", None)

@@ -42,8 +42,8 @@ class FolderFormat:
     opens: str  # "ONNX Runtime cannot open": the start of the message when the runtime refuses the file
 
 
-def read_recipe(path: str | os.PathLike, kind: FolderFormat) -> dict[str, Any] | None:
-    """Return a folder's recipe, or None when `path` is not a folder of `kind`."""
+def folder_recipe(path: str | os.PathLike, kind: FolderFormat) -> dict[str, Any] | None:
+    """Return a form folder's recipe, or None when `path` is not a folder of `kind`."""
     path = Path(path)
     if not (path.is_dir() and (path / kind.model_file).is_file() and (path / kind.recipe_file).is_file()):
         return None
@@ -52,6 +52,11 @@ def read_recipe(path: str | os.PathLike, kind: FolderFormat) -> dict[str, Any] |
     except (OSError, ValueError):
         return None
     return recipe if isinstance(recipe, dict) and recipe.get("format") == kind.format else None
+
+
+def is_form_folder(path: str | os.PathLike, kind: FolderFormat) -> bool:
+    """Return True when `path` holds the model file of `kind` and a recipe.json of its format."""
+    return folder_recipe(path, kind) is not None
 
 
 def open_folder(
@@ -72,7 +77,7 @@ def open_folder(
         kind.error: Not a folder of the kind, a newer format version, the runtime missing, or the file unreadable.
     """
     path = Path(path)
-    recipe = read_recipe(path, kind)
+    recipe = folder_recipe(path, kind)
     file = path / kind.model_file
     if recipe is None:
         raise kind.error(
@@ -92,7 +97,7 @@ def open_folder(
         raise kind.error(f"{kind.opens} {file}: {first}") from None
     model.recipe = recipe
     if (path / "config.json").is_file():
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # loaded on first use: transformers takes seconds to import
 
         model.config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     return model.eval()

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
 from profiling_agent.tools import interrupt
-from profiling_agent.tools.io import failed_file, machine_fault
+from profiling_agent.tools.io import failed_file, machine_fault, write_json_atomic
+from profiling_agent.tools.runtimes.form_folder import is_form_folder
 from profiling_agent.tools.runtimes.forward import forward_logits
 from profiling_agent.tools.runtimes.onnx_forms import (
     ORT_METHODS,
@@ -30,7 +32,8 @@ from profiling_agent.tools.runtimes.onnx_forms import (
     build_ort_variants,
     failure_reason,
 )
-from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, is_onnx_folder, load_onnx_folder
+from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE, ONNX_FOLDER, load_onnx_folder
+from profiling_agent.tools.runtimes.onnx_runtime import quiet
 from profiling_agent.tools.runtimes.openvino_forms import (
     OV_FORMS,
     OpenVinoSettings,
@@ -39,7 +42,15 @@ from profiling_agent.tools.runtimes.openvino_forms import (
     nncf_model_type,
     quantized_ops,
 )
-from profiling_agent.tools.runtimes.openvino_model import is_openvino_folder, load_openvino_folder
+from profiling_agent.tools.runtimes.openvino_model import (
+    OV_FILE,
+    OV_FOLDER,
+    OV_RECIPE,
+    OV_WEIGHTS,
+    OvClassifier,
+    load_openvino_folder,
+    shared_core,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +64,9 @@ FP32_REFERENCES = ("ov_fp32", "ort_fp32", "torch_fp32", "baseline")  # an int8 f
 
 def form_source(path: str | os.PathLike) -> FormSource | None:
     """Return which kind of form folder `path` is ("onnx", "openvino"), or None when it is neither."""
-    if is_onnx_folder(path):
+    if is_form_folder(path, ONNX_FOLDER):
         return "onnx"
-    if is_openvino_folder(path):
+    if is_form_folder(path, OV_FOLDER):
         return "openvino"
     return None
 
@@ -198,8 +209,6 @@ def fp32_reference(accuracies: Mapping[str, float]) -> str | None:
 
 
 def _validation_fn(allowed: torch.Tensor | None):
-    import numpy as np
-
     def validate(compiled: Any, data: Any) -> float:
         hits, total = 0, 0
         for pixels, label in data:
@@ -245,10 +254,7 @@ def accuracy_controlled_int8(
     Returns:
         The quantized `openvino.Model` and the facts: kept layers (names), their count, images, NNCF settings.
     """
-    import nncf
-
-    from profiling_agent.tools.runtimes.onnx_runtime import quiet
-    from profiling_agent.tools.runtimes.openvino_model import shared_core
+    import nncf  # loaded on first use: NNCF takes seconds to import and only INT8 accuracy control needs it
 
     core = shared_core()
     fp32 = core.read_model(str(fp32_ir))
@@ -291,7 +297,7 @@ def accuracy_controlled_int8(
 
 def accuracy_control_job(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> dict[str, Any]:
     """Run `accuracy_controlled_int8` and save its IR to job["out"] (the body of the child process)."""
-    import openvino as ov
+    import openvino as ov  # loaded on first use: only the child process that runs accuracy control needs it
 
     calib, val, labels = (torch.from_numpy(a) for a in arrays)
     quantized, facts = accuracy_controlled_int8(
@@ -342,9 +348,6 @@ def rebuild_int8(
     it (new files: the old compiled model keeps its mapped weights). A failure leaves the form as it was, with the
     reason in its recipe.
     """
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.runtimes.openvino_model import OV_FILE, OV_RECIPE, OV_WEIGHTS, OvClassifier
-
     assert variant.path is not None
     folder = Path(variant.path)
     val_pixels, val_labels = validation

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiling_agent.tools.runtimes.form_folder import FolderFormat, open_folder, read_recipe
+from profiling_agent.tools.runtimes.form_folder import FolderFormat, open_folder
 
 ONNX_FORMAT = "profiling-agent-onnx"
 ONNX_FORMAT_VERSION = 1
@@ -24,6 +24,7 @@ ONNX_FILE = "model.onnx"
 ONNX_RECIPE = "recipe.json"
 
 __all__ = [
+    "ONNX_FOLDER",
     "ONNX_FILE",
     "ONNX_FORMAT",
     "ONNX_FORMAT_VERSION",
@@ -31,7 +32,6 @@ __all__ = [
     "OnnxFolderError",
     "OrtClassifier",
     "OrtOutput",
-    "is_onnx_folder",
     "load_onnx_folder",
     "onnxruntime_missing",
     "ort_session",
@@ -116,16 +116,6 @@ class OrtClassifier(nn.Module):
     def size_bytes(self) -> int:
         """Bytes of the .onnx file this session runs."""
         return Path(self.path).stat().st_size
-
-
-def read_onnx_recipe(path: str | os.PathLike) -> dict[str, Any] | None:
-    """Return an ONNX folder's recipe, or None when `path` is not an ONNX folder."""
-    return read_recipe(path, ONNX_FOLDER)
-
-
-def is_onnx_folder(path: str | os.PathLike) -> bool:
-    """Return True when `path` holds model.onnx and a `profiling-agent-onnx` recipe.json."""
-    return read_onnx_recipe(path) is not None
 
 
 def load_onnx_folder(path: str | os.PathLike, threads: int | None = None) -> OrtClassifier:

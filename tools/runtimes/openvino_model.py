@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from profiling_agent.tools.device import native_bf16_cpu
-from profiling_agent.tools.runtimes.form_folder import FolderFormat, open_folder, read_recipe
+from profiling_agent.tools.runtimes.form_folder import FolderFormat, open_folder
 
 OV_FORMAT = "profiling-agent-openvino"
 OV_FORMAT_VERSION = 1
@@ -35,6 +35,7 @@ OV_RECIPE = "recipe.json"
 Precision = Literal["f32", "bf16", "default"]
 
 __all__ = [
+    "OV_FOLDER",
     "OV_FILE",
     "OV_FORMAT",
     "OV_FORMAT_VERSION",
@@ -44,11 +45,9 @@ __all__ = [
     "OvClassifier",
     "bf16_unsupported",
     "compile_config",
-    "is_openvino_folder",
     "load_openvino_folder",
     "nncf_missing",
     "openvino_missing",
-    "read_openvino_recipe",
     "static_model",
 ]
 
@@ -236,16 +235,6 @@ class OvClassifier(nn.Module):
             return 0
         weights = Path(self.path).with_suffix(".bin")
         return weights.stat().st_size if weights.is_file() else 0
-
-
-def read_openvino_recipe(path: str | os.PathLike) -> dict[str, Any] | None:
-    """Return an OpenVINO folder's recipe, or None when `path` is not an OpenVINO folder."""
-    return read_recipe(path, OV_FOLDER)
-
-
-def is_openvino_folder(path: str | os.PathLike) -> bool:
-    """Return True when `path` holds openvino_model.xml and a `profiling-agent-openvino` recipe.json."""
-    return read_openvino_recipe(path) is not None
 
 
 def load_openvino_folder(path: str | os.PathLike, threads: int | None = None) -> OvClassifier:

@@ -178,6 +178,19 @@ class ModeFinder:
             first = [self.known] if self.known in AUTO_ORDER else []
             self.order = list(dict.fromkeys([*first, *AUTO_ORDER]))
 
+    @classmethod
+    def restored(
+        cls, choice: StructuredChoice, known: StructuredMode | None, record: dict[str, Any] | None
+    ) -> ModeFinder:
+        """Return the finder as `record` (an earlier `record()` of this step, or None) left it."""
+        finder = cls(choice, known)
+        for given in (record or {}).get("given_up") or []:
+            if finder.order and finder.order[0] == given.get("mode"):
+                finder.tried.append(given)
+                finder.order.pop(0)
+        finder.confirmed = bool((record or {}).get("confirmed"))
+        return finder
+
     @property
     def mode(self) -> StructuredMode:
         """The mode the next constrained request uses ("off" once every mode was given up)."""

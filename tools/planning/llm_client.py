@@ -14,7 +14,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessage, BaseMessage
 
 from profiling_agent.state import Context, Fallback, LLMStep, RejectedAnswer
-from profiling_agent.tools import run_layout
+from profiling_agent.tools import interrupt, run_layout
 from profiling_agent.tools.planning.llm_config import describe_endpoint, llm_base_url
 
 logger = logging.getLogger(__name__)
@@ -138,6 +138,13 @@ def build_chat_model(ctx: Context) -> Any:
     )
 
 
+def token_limit_kwargs(ctx: Context, tokens: int) -> dict[str, Any]:
+    """Return a request's keyword arguments capping its reply at `tokens` (both names, as `build_chat_model` sends)."""
+    url = llm_base_url(ctx)
+    extra = {} if "api.openai.com" in url or not url else {"extra_body": {"max_tokens": tokens}}
+    return {"max_completion_tokens": tokens, **extra}
+
+
 def request_deadline(ctx: Context) -> float:
     """Seconds one attempt of a model call may take: `llm_timeout` plus a margin for the client's own timeout."""
     return ctx.llm_timeout + min(5.0, ctx.llm_timeout)
@@ -172,7 +179,10 @@ def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> A
 
     thread = threading.Thread(target=run, name="llm-request", daemon=True)
     thread.start()
-    thread.join(deadline)
+    stop_at = time.monotonic() + deadline
+    while thread.is_alive() and time.monotonic() < stop_at:
+        thread.join(min(0.2, max(0.0, stop_at - time.monotonic())))
+        interrupt.check()  # a Ctrl-C does not wait for a slow server's reply
     if thread.is_alive():
         raise PlannerFailure("timeout", f"no reply within {deadline:.1f} s")
     if "error" in box:

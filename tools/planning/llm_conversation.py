@@ -131,7 +131,7 @@ def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> dict
 
 
 def _cut_off(state: ConversationState, conv: Conversation, finder: ModeFinder) -> dict[str, Any]:
-    reason = CUT_OFF.format(tokens=conv.ctx.llm_max_tokens)
+    reason = CUT_OFF.format(tokens=conv.max_tokens)
     rejected = [
         *state.get("rejected", []),
         {"stage": "parse", "reasons": [reason], "answer": "", "structured": finder.mode},

@@ -16,11 +16,18 @@ from profiling_agent.tools.planning.llm_client import (
     call_model,
     message_text,
     request_deadline,
+    token_limit_kwargs,
 )
 from profiling_agent.tools.planning.llm_repair import Repair
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
-from profiling_agent.tools.planning.structured import ModeFinder, plan_schema, refuses_format, response_format
+from profiling_agent.tools.planning.structured import (
+    ModeFinder,
+    answer_token_limit,
+    plan_schema,
+    refuses_format,
+    response_format,
+)
 
 RETRY_GUARD = (
     "Your plan was rejected:\n{reasons}\nFix every problem{tools} and answer with the corrected JSON plan only."
@@ -140,6 +147,9 @@ class Conversation:
             [r.rate for r in paying if r.rate is not None],
             [r.schedule for r in paying if r.rate is None],
         )
+        # every reply is capped at the longest plan the schema allows (--llm-max-tokens caps it further)
+        self.max_tokens = min(self.ctx.llm_max_tokens, answer_token_limit(self.schema))
+        self.limit = token_limit_kwargs(self.ctx, self.max_tokens)
 
     def _bind(self) -> tuple[Any, Any, bool]:
         if not self.tools or self.ctx.llm_tool_rounds <= 0:
@@ -217,10 +227,12 @@ class Conversation:
         while True:
             fmt = response_format(finder.mode, self.schema) if constrained else None
             if fmt is None:
-                return call_model(self.final if (forced or constrained) else self.bound, messages, left)
+                runnable = self.final if (forced or constrained) else self.bound
+                return call_model(runnable.bind(**self.limit), messages, left)
             self.transcript.write("request", structured=finder.mode)
             try:
-                return call_model(self.model.bind(response_format=fmt), without_tool_turns(messages), left)
+                constrained_model = self.model.bind(response_format=fmt, **self.limit)
+                return call_model(constrained_model, without_tool_turns(messages), left)
             except PlannerFailure as failure:
                 if failure.stage != "error" or not refuses_format(failure.status, failure.reason):
                     raise

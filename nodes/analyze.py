@@ -9,6 +9,7 @@ from langgraph.runtime import Runtime
 from profiling_agent.nodes.common import context_of, event, run_dir
 from profiling_agent.state import Context, State
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.planning.llm_conversation import conversation as llm_conversation
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.trials import RecipeSettings, TrialSetup
 
@@ -46,14 +47,21 @@ def trial_setup(state: State, ctx: Context) -> TrialSetup:
 
 
 def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Plan this iteration: probe sensitivity once, then ask the planner for a plan from profile and feedback."""
+    """Plan this iteration: probe sensitivity once, then ask the planner for a plan from profile and feedback.
+
+    With an LLM planner the round's LLM turn is the `llm_conversation` subgraph (model, tools, guard), invoked
+    here with this node's config, so it checkpoints under the run's thread and Studio shows its steps.
+    """
     # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.planning.plan_step import plan_next
 
     ctx = context_of(runtime)
     inputs = round_inputs(state, state.iteration + 1)
     iteration = inputs.iteration
-    out = plan_next(inputs, trial_setup(state, ctx), ctx, run_layout.iteration_dir(run_dir(state), iteration))
+    # an LLM turn runs the conversation subgraph inside this node: its model and tool calls are steps of this run
+    out = plan_next(
+        inputs, trial_setup(state, ctx), ctx, run_layout.iteration_dir(run_dir(state), iteration), llm_conversation
+    )
     baseline = out.meta.baseline is not None  # a uniform baseline: one round, its meta the baseline and ratio
     if baseline and out.stop_reason:
         return {"stop_reason": out.stop_reason, "history": event("analyze", out.message, state.iteration)}

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE_DIRS = ("state", "graph", "nodes", "tools", "prompts")
+SOURCE_DIRS = ("schemas", "graph", "nodes", "tools", "prompts")
+SOURCE_FILES = ("state.py",)
 MAX_FUNCTION_LINES = 80  # from `def` (decorators not counted) to the last line, docstring included
 # Known exceptions, each with its length today; a length here may only shrink, and the entry goes once it fits.
-# Session.run: the LLM loop, being rewritten as a LangGraph subgraph (issue 48), so left as it is until then.
-ALLOWED = {"tools/planning/llm_session.py:Session.run": 88}
+ALLOWED: dict[str, int] = {}
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, int]]:
@@ -28,10 +28,11 @@ def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, int]]:
 
 def _lengths() -> dict[str, int]:
     out = {}
-    for folder in SOURCE_DIRS:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            out.update({f"{rel}:{name}": n for name, n in _functions(ast.parse(path.read_text()))})
+    paths = [path for folder in SOURCE_DIRS for path in sorted((ROOT / folder).rglob("*.py"))]
+    for path in [*paths, *(ROOT / name for name in SOURCE_FILES)]:
+        rel = path.relative_to(ROOT).as_posix()
+        out.update({f"{rel}:{name}": n for name, n in _functions(ast.parse(path.read_text()))})
+    assert len(out) > 1000, "the walk found too few functions: is ROOT the repository root?"
     return out
 
 

@@ -220,8 +220,9 @@ def test_unknown_tool_and_bad_arguments_return_errors_to_the_llm(tmp_path):
 
 @pytest.mark.parametrize("exc", [TimeoutError("read timed out"), httpx.ReadTimeout("slow server")])
 def test_timeout_errors_fall_back(tmp_path, exc):
-    outcome, _, fallback = run(tmp_path, [exc])
+    outcome, model, fallback = run(tmp_path, [exc, exc])
     assert_fallback(outcome, fallback, "timeout")
+    assert len(model.calls) == 2  # the model node's retry policy tries a timed-out request once more
 
 
 def test_a_model_sleeping_past_the_deadline_falls_back_quickly(tmp_path):
@@ -233,7 +234,7 @@ def test_a_model_sleeping_past_the_deadline_falls_back_quickly(tmp_path):
         return PLAN_TEXT
 
     try:
-        outcome, _, fallback = run(tmp_path, [sleeping], ctx=make_ctx(llm_timeout=0.2))
+        outcome, _, fallback = run(tmp_path, [sleeping, sleeping], ctx=make_ctx(llm_timeout=0.2))
         assert slept_out == []  # the planner returned while the model was still sleeping
         record = assert_fallback(outcome, fallback, "timeout")
         assert "no reply within" in record.reason

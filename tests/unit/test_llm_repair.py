@@ -78,8 +78,8 @@ def proposal_in(text):
 def test_fallback_order_and_a_schema_of_this_models_groups_and_ratio_grid(tmp_path):
     with ScriptedOpenAIServer([llama_cpp_like(TIMID)] * 8) as server:
         outcome, _ = plan_via(server, tmp_path)
-    # plain first (tools offered), json_schema refused (500, the client retries once), then json_object + schema
-    assert formats(server)[:4] == [None, "json_schema", "json_schema", "json_object"]
+    # plain first (tools offered), json_schema refused (500: no retry of a refused format), then json_object + schema
+    assert formats(server)[:3] == [None, "json_schema", "json_object"]
     constrained = [r["body"]["response_format"] for r in server.requests if r["body"].get("response_format")]
     assert all("schema" in f for f in constrained if f["type"] == "json_object")
     schema = constrained[-1]["schema"]

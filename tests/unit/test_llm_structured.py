@@ -7,6 +7,7 @@ constrains `{"type": "json_object", "schema": ...}`; other servers ignore `respo
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
@@ -15,7 +16,14 @@ from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
-from profiling_agent.tools.planning.structured import ModeFinder, refuses_format
+from profiling_agent.tools.planning.structured import (
+    MAX_JUSTIFICATION,
+    MAX_RATIONALE,
+    ModeFinder,
+    answer_token_limit,
+    plan_schema,
+    refuses_format,
+)
 
 PROFILE = vit_profile(n_layers=2)
 SENS = vit_sensitivity(PROFILE)
@@ -89,10 +97,13 @@ def test_a_server_refusing_json_schema_is_driven_through_json_object(tmp_path):
         (r"^vit\.layers\.0\.mlp\.fc1$", 0.5),
         (r"^vit\.layers\.1\.mlp\.fc1$", 0.5),
     }
-    # plain first (tools offered), then json_schema (refused with a 500; the client retries once), then json_object
-    assert formats(server) == [None, "json_schema", "json_schema", "json_object"]
+    # plain first (tools offered), then json_schema (refused with a 500, not retried), then json_object
+    assert formats(server) == [None, "json_schema", "json_object"]
     sent = server.requests[-1]["body"]
-    assert sent["max_completion_tokens"] == sent["max_tokens"] == 2048  # OpenAI's name and the older one
+    # every request is capped at the longest plan this model's schema allows (OpenAI's name and the older one)
+    limit = answer_token_limit(sent["response_format"]["schema"])
+    assert all(r["body"]["max_completion_tokens"] == r["body"]["max_tokens"] == limit for r in server.requests)
+    assert 256 < limit < 2048
     assert "tools" not in sent and sent["response_format"]["schema"]["required"] == [
         "pruning",
         "quantization",
@@ -198,7 +209,8 @@ def test_a_constrained_answer_cut_off_at_the_token_limit_is_retried_with_the_rea
         outcome, _ = plan_with(server, tmp_path)
     assert outcome.planner == "llm"  # the retry after the cut-off answer gave the plan
     retry = server.requests[-1]["body"]["messages"][-1]["content"]
-    assert "cut off at the token limit (2048 tokens)" in retry
+    cap = re.search(r"cut off at the token limit \((\d+) tokens\)", retry)
+    assert cap and int(cap.group(1)) == server.requests[-1]["body"]["max_tokens"]  # the limit the request had
 
 
 def test_a_rambling_refused_answer_is_cut_short_in_the_retry_conversation(tmp_path):
@@ -214,3 +226,21 @@ def test_a_rambling_refused_answer_is_cut_short_in_the_retry_conversation(tmp_pa
     assert len(kept) == 1 and kept[0].startswith(ramble[:MAX_REFUSED_IN_HISTORY])
     assert len(kept[0]) < MAX_REFUSED_IN_HISTORY + 100 and "more characters of this refused answer" in kept[0]
     assert outcome.fallbacks == [] and len(json.dumps(retry)) < len(ramble)  # the whole retry is smaller
+
+
+def test_the_reply_limit_is_sized_from_the_schema_and_a_longest_plan_fits():
+    caps = {"structured": 0.8, "head": 0.5, "block": 1.0}
+    small, large = (plan_schema(vit_profile(n_layers=n)["groups"], ("qint8",), caps, 0.05) for n in (2, 12))
+    assert answer_token_limit(small) < answer_token_limit(large)  # more groups to name, more room
+    groups = [g["name"] for g in vit_profile(n_layers=12)["groups"]]
+    longest = {  # every group named once, in the most entries the limit allows for, every string at its cap
+        "pruning": [
+            {"type": "structured", "groups": groups[i::8], "ratio": 0.35, "justification": "j" * MAX_JUSTIFICATION}
+            for i in range(8)
+        ],
+        "quantization": [
+            {"layer": "all", "type": "dynamic", "dtype": "qint8", "justification": "j" * MAX_JUSTIFICATION}
+        ],
+        "rationale": "r" * MAX_RATIONALE,
+    }
+    assert len(json.dumps(longest)) / 3 < answer_token_limit(large)  # at 3 characters a token it fits

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessage, BaseMessage
 
 from profiling_agent.state import Context, Fallback, LLMStep, RejectedAnswer
-from profiling_agent.tools import run_layout
+from profiling_agent.tools import interrupt, run_layout
 from profiling_agent.tools.planning.llm_config import describe_endpoint, llm_base_url
 
 logger = logging.getLogger(__name__)
@@ -43,18 +43,28 @@ class Transcript:
 
     @classmethod
     def open(cls, run_path: str, iteration: int) -> Transcript:
-        """Start (truncate) `run_path/iter_NN/llm_transcript.jsonl`; a re-run step overwrites its transcript."""
+        """Open `run_path/iter_NN/llm_transcript.jsonl` for appending (`start` empties it for a new conversation)."""
         if not run_path:
             return cls(None, None, iteration)
         rel = f"{run_layout.iteration_name(iteration)}/{run_layout.LLM_TRANSCRIPT}"
         path = Path(run_path) / rel
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("", encoding="utf-8")
+            path.touch()
         except OSError as exc:
             logger.warning("LLM transcript disabled: %s", exc)
             return cls(None, None, iteration)
         return cls(path, rel, iteration)
+
+    def start(self) -> None:
+        """Empty the transcript: a new conversation of this round begins (a resumed one keeps what was said)."""
+        if self.path is None:
+            return
+        try:
+            self.path.write_text("", encoding="utf-8")
+        except OSError as exc:
+            logger.warning("LLM transcript disabled: %s", exc)
+            self.path = None
 
     def write(self, event: str, **data: Any) -> None:
         """Append one event; a failing disk never stops planning."""
@@ -122,15 +132,22 @@ def build_chat_model(ctx: Context) -> Any:
         api_key=SecretStr(os.environ.get(ctx.llm_api_key_env) or "no-key"),  # keyless local servers accept any key
         temperature=ctx.llm_temperature,
         timeout=ctx.llm_timeout,
-        max_retries=1,
+        max_retries=0,  # the conversation's model node retries a transient failure (a LangGraph RetryPolicy)
         max_completion_tokens=ctx.llm_max_tokens,
         extra_body=extra_body,
     )
 
 
+def token_limit_kwargs(ctx: Context, tokens: int) -> dict[str, Any]:
+    """Return a request's keyword arguments capping its reply at `tokens` (both names, as `build_chat_model` sends)."""
+    url = llm_base_url(ctx)
+    extra = {} if "api.openai.com" in url or not url else {"extra_body": {"max_tokens": tokens}}
+    return {"max_completion_tokens": tokens, **extra}
+
+
 def request_deadline(ctx: Context) -> float:
-    """Seconds one model call may take in all: two attempts of `llm_timeout` plus a margin for backoff."""
-    return 2 * ctx.llm_timeout + min(5.0, ctx.llm_timeout)
+    """Seconds one attempt of a model call may take: `llm_timeout` plus a margin for the client's own timeout."""
+    return ctx.llm_timeout + min(5.0, ctx.llm_timeout)
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -162,7 +179,10 @@ def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> A
 
     thread = threading.Thread(target=run, name="llm-request", daemon=True)
     thread.start()
-    thread.join(deadline)
+    stop_at = time.monotonic() + deadline
+    while thread.is_alive() and time.monotonic() < stop_at:
+        thread.join(min(0.2, max(0.0, stop_at - time.monotonic())))
+        interrupt.check()  # a Ctrl-C does not wait for a slow server's reply
     if thread.is_alive():
         raise PlannerFailure("timeout", f"no reply within {deadline:.1f} s")
     if "error" in box:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langgraph.errors import GraphBubbleUp
 
 from profiling_agent.state import (
     CompressionPlan,
@@ -19,17 +20,18 @@ from profiling_agent.state import (
     RejectedAnswer,
     StructuredFacts,
 )
+from profiling_agent.tools.planning import llm_conversation
 from profiling_agent.tools.planning.deterministic import PlanResult
 from profiling_agent.tools.planning.llm_client import (
-    PlannerFailure,
     Stage,
     Transcript,
     build_chat_model,
     empty_usage,
     message_text,
 )
-from profiling_agent.tools.planning.llm_repair import Repair
-from profiling_agent.tools.planning.llm_session import STEP_BUDGET_REQUESTS, Session
+from profiling_agent.tools.planning.llm_conversation import initial_state
+from profiling_agent.tools.planning.llm_repair import REPAIR_MARK, Repair
+from profiling_agent.tools.planning.llm_session import Conversation
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig
 from profiling_agent.tools.planning.proposal import Proposal, ProposalDiff, compare_to_proposals, propose
@@ -38,7 +40,7 @@ from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, St
 from profiling_agent.tools.planning.token_plan import TokenOption, fallback_option
 
 logger = logging.getLogger(__name__)
-__all__ = ["STEP_BUDGET_REQUESTS", "LLMOutcome", "llm_round", "plan_with_llm", "render_messages"]
+__all__ = ["LLMOutcome", "llm_round", "plan_with_llm", "render_messages"]
 
 
 @dataclass
@@ -171,6 +173,7 @@ def plan_with_llm(
     *,
     chat_model: Any = None,
     evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    conversation: Any = None,
 ) -> LLMOutcome:
     """Ask the LLM for this round's plan; fall back to the deterministic plan on any failure, never raise.
 
@@ -183,6 +186,8 @@ def plan_with_llm(
         chat_model: A LangChain chat model to use instead of building ChatOpenAI from `ctx` (tests).
         evaluate_fn: Optional callable that applies a plan dict to a copy of the model and returns measured
             metrics; when given, the LLM gets the `evaluate_plan` tool.
+        conversation: The compiled conversation subgraph to run (None: `llm_conversation.conversation`). Run
+            inside a graph node, it checkpoints every model and tool call under that node's run.
 
     Returns:
         The plan to apply, the planner that produced it, fallback records and the transcript path.
@@ -190,8 +195,6 @@ def plan_with_llm(
     iteration = llm_round(inputs)
     transcript = Transcript.open(inputs.run_path, iteration)
     guard = dataclasses.replace(llm_guard(inputs.objective, iteration), tokens=inputs.token_axis)
-    usage = empty_usage()
-    tool_errors: list[dict[str, str]] = []
     finder = ModeFinder(ctx.llm_structured, known_structured_mode(inputs))
     proposals: list[Proposal] = []
     try:
@@ -202,10 +205,8 @@ def plan_with_llm(
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
         tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
-        messages = render_messages(inputs, ctx, profile, sensitivity, iteration, guard)
-        for message in messages:
-            transcript.write("prompt", role=message.type, content=message_text(message))
-        session = Session(
+        repair = Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target)
+        conv = Conversation(
             model,
             tools,
             ctx,
@@ -214,28 +215,51 @@ def plan_with_llm(
             inputs.objective.quantize,
             fallback.plan,
             guard,
-            usage,
-            tool_errors,
-            finder,
-            Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target),
+            repair,
+            finder.known,
         )
-        plan, estimate = session.run(messages)
-    except PlannerFailure as failure:
-        failed = _Failed(failure.stage, failure.reason, failure.rejected, usage, tool_errors)
-        return _fall_back(transcript, fallback, ctx, failed, finder)
+        messages = render_messages(inputs, ctx, profile, sensitivity, iteration, guard)
+        # inside a graph node the conversation checkpoints under the node's run (LangGraph passes its config on)
+        graph = conversation if conversation is not None else llm_conversation.conversation
+        final = graph.invoke(initial_state(conv, messages), context=conv)
+    except GraphBubbleUp:
+        raise
     except Exception as exc:  # noqa: BLE001 - the LLM path must never crash the run
         logger.debug("LLM planner failed", exc_info=True)
-        failed = _Failed("error", f"{type(exc).__name__}: {str(exc)[:300]}", [], usage, tool_errors)
+        transcript.start()
+        failed = _Failed("error", f"{type(exc).__name__}: {str(exc)[:300]}", [], empty_usage(), [])
         return _fall_back(transcript, fallback, ctx, failed, finder)
-    diff = compare_to_proposals(session.ratios, plan, proposals)
-    outcome = LLMOutcome(plan, "llm", [], transcript.rel, estimate, usage, tool_errors, finder.record(), diff)
-    outcome.sent_back = session.sent_back
-    transcript.write("applied", text=outcome.applied())
-    transcript.write("usage", **usage)
-    transcript.write("structured", **finder.record())
-    transcript.write("vs_proposal", label=diff.label(), **diff.model_dump())
-    transcript.write("final", planner="llm", plan=plan.model_dump())
-    return outcome
+    return _conclude(final, conv, transcript, fallback, ctx, (propose_fn, repair, proposals))
+
+
+def replay_proposals(
+    messages: list[Any], propose_fn: Callable[[float, str], dict[str, Any]], repair: Repair, proposals: list[Proposal]
+) -> None:
+    """Make `proposals` hold every proposal the conversation showed, after a resume too (they are recomputed).
+
+    A resumed conversation's earlier propose_plan calls and repair turn ran in another process; the deterministic
+    proposals are the same at the same goal and emphasis, so they are computed again, in order.
+    """
+    asked = [
+        c.get("args") or {}
+        for m in messages
+        if isinstance(m, AIMessage)
+        for c in m.tool_calls
+        if c.get("name") == "propose_plan"
+    ]
+    shown = any(isinstance(m, HumanMessage) and REPAIR_MARK in message_text(m) for m in messages)
+    if len(proposals) >= len(asked) + int(shown):
+        return
+    proposals.clear()
+    for args in asked:
+        try:
+            goal = float(args.get("goal", ""))
+            propose_fn(goal / 100 if 1 < goal <= 100 else goal, str(args.get("emphasis") or "balanced"))
+        except Exception:  # noqa: BLE001 - the tool answered an error then: no proposal was shown
+            logger.debug("propose_plan call not replayed", exc_info=True)
+    if shown:
+        repair.cached = None
+        repair.proposal()
 
 
 FIRST_PLAN_SHARE = 0.5  # the first LLM plan must be predicted to reach half of the objective's reduction
@@ -322,3 +346,38 @@ def _fall_back(
         failed.tool_errors,
         finder.record(),
     )
+
+
+def _conclude(
+    final: dict[str, Any],
+    conv: Conversation,
+    transcript: Transcript,
+    fallback: PlanResult,
+    ctx: Context,
+    shown: tuple[Callable[..., Any], Repair, list[Proposal]],
+) -> LLMOutcome:
+    """Turn the conversation's final state into the round's outcome: the accepted plan, or the fallback.
+
+    `shown` is what rebuilds the proposals the model was shown (the proposer, the repair, the list they fill).
+    """
+    propose_fn, repair, proposals = shown
+    finder = conv.finder(final.get("structured"))
+    usage, tool_errors = dict(final.get("usage") or empty_usage()), list(final.get("tool_errors") or [])
+    accepted = final.get("accepted")
+    if not accepted:
+        failure = final.get("failure") or {"stage": "error", "reason": "the conversation ended at its request bound"}
+        failed = _Failed(failure["stage"], failure["reason"], list(final.get("rejected") or []), usage, tool_errors)
+        return _fall_back(transcript, fallback, ctx, failed, finder)
+    plan = CompressionPlan.model_validate(accepted["plan"])
+    replay_proposals(final["messages"], propose_fn, repair, proposals)
+    diff = compare_to_proposals(accepted["ratios"], plan, proposals)
+    outcome = LLMOutcome(
+        plan, "llm", [], transcript.rel, accepted["estimate"], usage, tool_errors, finder.record(), diff
+    )
+    outcome.sent_back = accepted["sent_back"]
+    transcript.write("applied", text=outcome.applied())
+    transcript.write("usage", **usage)
+    transcript.write("structured", **finder.record())
+    transcript.write("vs_proposal", label=diff.label(), **diff.model_dump())
+    transcript.write("final", planner="llm", plan=plan.model_dump())
+    return outcome

@@ -12,9 +12,9 @@ from profiling_agent.tools.planning.plan_parse import parse_plan_text
 
 logger = logging.getLogger(__name__)
 
+REPAIR_MARK = "Here is the deterministic planner's plan for this model"  # a repair turn that shows the proposal
 REPAIR_PROPOSAL = (
-    "{header}\n{reasons}\n{numbers}\n"
-    "Here is the deterministic planner's plan for this model ({proposal_numbers}); the guard accepts it:\n"
+    "{header}\n{reasons}\n{numbers}\n" + REPAIR_MARK + " ({proposal_numbers}); the guard accepts it:\n"
     "{proposal}\n"
     "Answer with this plan as it is, or with an edit of it (change ratios, add or drop groups from this model's "
     "table), as one JSON object only.{tools}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from profiling_agent.state import CompressionPlan, Context, PlannerMeta
 from profiling_agent.tools import run_layout
@@ -11,8 +12,12 @@ from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.trials import TrialSetup
 
 
-def plan_next(inputs: RoundInputs, setup: TrialSetup, ctx: Context, folder: Path) -> RoundOutcome:
+def plan_next(
+    inputs: RoundInputs, setup: TrialSetup, ctx: Context, folder: Path, conversation: Any = None
+) -> RoundOutcome:
     """Plan round `inputs.iteration` and write its plan.json in `folder` (the round's folder).
+
+    `conversation` is the compiled LLM conversation subgraph an LLM turn runs (None: the module's own).
 
     A uniform baseline plans once (`uniform_round`). Otherwise the planner choice resolves against the settings
     (`planner_mode`), the round plans from profile.json with calibration trials built from `setup`, and the chosen
@@ -41,6 +46,7 @@ def plan_next(inputs: RoundInputs, setup: TrialSetup, ctx: Context, folder: Path
         choice.mode,
         lambda calls: plan_evaluator(setup, max_calls=calls, refits=refits),
         lambda calls: block_evaluator(setup, calls),
+        conversation,
     )
     out.choice = choice
     # the chosen plan's trial refit, for the recover step (which checks its key); none: an older one goes

@@ -292,8 +292,12 @@ def llm_turn(
     data: RoundData,
     fallback: PlanResult,
     evaluate: Evaluate,
+    conversation: Any = None,
 ) -> Turn:
-    """Ask the LLM for the plan, the deterministic one its fallback; raise when an explicit LLM never replied."""
+    """Ask the LLM for the plan, the deterministic one its fallback; raise when an explicit LLM never replied.
+
+    `conversation` is the compiled conversation subgraph the analyze node runs (None: the module's own).
+    """
     from profiling_agent.tools.compression.depth import block_limits
     from profiling_agent.tools.planning.llm_planner import plan_with_llm
     from profiling_agent.tools.planning.plan_guard import GuardConfig
@@ -302,7 +306,9 @@ def llm_turn(
     shipped["block_limits"] = block_limits(data.groups, GuardConfig().max_block_fraction)  # the guard's rule
     if inputs.token_axis is not None:  # the prompt's token note (the guard and the token_table tool read it too)
         shipped["token_axis"] = inputs.token_axis.model_dump()
-    outcome = plan_with_llm(inputs, ctx, shipped, data.sensitivity, fallback=fallback, evaluate_fn=evaluate)
+    outcome = plan_with_llm(
+        inputs, ctx, shipped, data.sensitivity, fallback=fallback, evaluate_fn=evaluate, conversation=conversation
+    )
     turn = Turn(outcome.plan, outcome.planner, "llm", outcome, outcome.summary(ctx.llm_model), outcome.fallbacks)
     if inputs.objective.planner == "llm" and outcome.planner != "llm" and not outcome.usage["calls"]:
         if not inputs.llm_replied():  # explicit llm, endpoint never answered
@@ -372,6 +378,7 @@ def planning_round(
     mode: str,
     evaluator: Evaluator,
     blocks_evaluator: BlockEvaluator | None = None,
+    conversation: Any = None,
 ) -> RoundOutcome:
     """Plan round `inputs.iteration` from the profile, the sensitivity probe and the earlier candidates.
 
@@ -382,6 +389,7 @@ def planning_round(
         mode: "llm" when an LLM plans every other round (planner_mode), else the deterministic planner alone.
         evaluator: Builds the trial evaluator (on the trial slice), given how many calls it may take (None: default).
         blocks_evaluator: Builds round 1's block-set trial evaluator (`deterministic_plan`), or returns None.
+        conversation: The compiled LLM conversation subgraph (None: `llm_conversation.conversation`).
 
     Returns:
         The round's plan, planner, recorded facts and message; the stop reason when the planner converged.
@@ -399,7 +407,7 @@ def planning_round(
         if turn.turn == "llm" and result.converged:  # the deterministic sequence is over: nothing to pair
             turn.turn = "reference"
     if turn.turn == "llm":
-        turn = llm_turn(inputs, ctx, full_profile, data, result, evaluator(None))
+        turn = llm_turn(inputs, ctx, full_profile, data, result, evaluator(None), conversation)
     stop = ""
     if result.converged and (turn.planner == "deterministic" or turn.turn):
         stop = f"planner converged before iteration {inputs.iteration}: {result.notes[0]}"

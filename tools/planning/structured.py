@@ -110,6 +110,31 @@ def plan_schema(
     }
 
 
+CHARS_PER_TOKEN = 3.0  # JSON of names, numbers and short prose: about 3 characters a token (BPE tokenizers)
+MAX_SIZED_ENTRIES = 8  # pruning entries a sized answer allows for (a plan groups its groups into a few entries)
+
+
+def answer_token_limit(schema: dict[str, Any], slack: float = 1.0) -> int:
+    """Return the most tokens one answer needs: the longest plan `schema` allows, with `slack` for prose around it.
+
+    The plan names each group at most once; its entries (at most MAX_SIZED_ENTRIES), quantization entries (one per
+    dtype and "all") and rationale carry their capped strings. A reply limit sized so leaves a rambling small model
+    no room for pages of prose, and a schema-valid plan always fits.
+    """
+    props = schema.get("properties") or {}
+    items = (props.get("pruning") or {}).get("items") or {}
+    shapes = items.get("anyOf") or [items]
+    names = {
+        n
+        for shape in shapes
+        for n in ((shape.get("properties") or {}).get("groups") or {}).get("items", {}).get("enum", [])
+    }
+    entries = min(MAX_SIZED_ENTRIES, max(1, len(names)))
+    chars = sum(len(n) + 3 for n in names) + entries * (MAX_JUSTIFICATION + 80)
+    chars += 2 * (MAX_JUSTIFICATION + 100) + MAX_RATIONALE + 200  # quantization entries, rationale, tokens, braces
+    return int(slack * chars / CHARS_PER_TOKEN) + 64
+
+
 def token_schema(rates: list[int], schedules: list[list[int]]) -> list[dict[str, Any]]:
     """Return a constrained token entry's shapes: one of the measured `rates` for every layer, or one `schedules`."""
 
@@ -177,6 +202,19 @@ class ModeFinder:
         else:
             first = [self.known] if self.known in AUTO_ORDER else []
             self.order = list(dict.fromkeys([*first, *AUTO_ORDER]))
+
+    @classmethod
+    def restored(
+        cls, choice: StructuredChoice, known: StructuredMode | None, record: dict[str, Any] | None
+    ) -> ModeFinder:
+        """Return the finder as `record` (an earlier `record()` of this step, or None) left it."""
+        finder = cls(choice, known)
+        for given in (record or {}).get("given_up") or []:
+            if finder.order and finder.order[0] == given.get("mode"):
+                finder.tried.append(given)
+                finder.order.pop(0)
+        finder.confirmed = bool((record or {}).get("confirmed"))
+        return finder
 
     @property
     def mode(self) -> StructuredMode:

@@ -30,12 +30,13 @@ run: install
 TEST_PROCS ?= 2
 PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(TEST_PROCS)),-n $(TEST_PROCS) --dist loadfile)
 
+# the whole suite; the 15 slowest tests are listed at the end
 test: lint typecheck
-	$(PYTEST)
+	$(PYTEST) --durations=15
 
-# the fast tier: every test not marked slow (unit tests of tools, routers, parsers; no whole runs)
+# the fast tier is the tree's: tests/unit (tools, routers, parsers, records; no whole run); tests/e2e holds whole runs
 test-fast: install
-	$(PYTEST) -m "not slow"
+	$(PYTEST) tests/unit
 
 lint: install
 	$(BIN)/ruff check .

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tiny:
         args.steps, args.kill_at = 12, 4
-    from quick_assets import build_quick_resnet
+    from helpers.quick_assets import build_quick_resnet
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,19 +14,19 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Run the files that hold whole runs (tests marked slow) first, each file's tests in their order.
+    """Run the files of tests/e2e (whole runs) first, each file's tests in their order.
 
     `make test` spreads files over 2 processes: long files that start first overlap each other and the quick
-    files fill the end, where one long file starting last would run alone.
+    files of tests/unit fill the end, where one long file starting last would run alone.
     """
-    with_runs = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in with_runs)  # a stable sort: the order within each group stays
+    e2e = Path(__file__).parent / "e2e"
+    items.sort(key=lambda item: e2e not in item.path.parents)  # a stable sort: the order within each group stays
 
 
 @pytest.fixture
 def tiny_vit():
     """A 2-layer ViT (hidden 32, 4 heads, 1x16x16 images, 10 labels), random weights, eval mode."""
-    from tiny import seeded, vit_config
+    from helpers.tiny import seeded, vit_config
     from transformers import ViTForImageClassification
 
     return seeded(ViTForImageClassification, vit_config())
@@ -34,7 +35,7 @@ def tiny_vit():
 @pytest.fixture
 def tiny_resnet():
     """A 2-stage bottleneck ResNet (1x16x16 images, 10 labels), random weights, eval mode."""
-    from tiny import resnet_config, seeded
+    from helpers.tiny import resnet_config, seeded
     from transformers import ResNetForImageClassification
 
     return seeded(ResNetForImageClassification, resnet_config())
@@ -43,7 +44,7 @@ def tiny_resnet():
 @pytest.fixture
 def tiny_resnet_basic():
     """A 2-stage basic-block ResNet (3x16x16 images, 10 labels), random weights, eval mode."""
-    from tiny import resnet_config, seeded
+    from helpers.tiny import resnet_config, seeded
     from transformers import ResNetForImageClassification
 
     config = resnet_config(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
@@ -69,7 +70,7 @@ def processor():
 @pytest.fixture(scope="session")
 def postgres_server():
     """A throwaway PostgreSQL server for the session (skipped when PostgreSQL is not installed)."""
-    from pg_server import PgServer, find_bin_dir
+    from helpers.pg_server import PgServer, find_bin_dir
 
     bin_dir = find_bin_dir()
     if bin_dir is None:
@@ -93,35 +94,47 @@ def postgres_url(postgres_server) -> str:
 
 @pytest.fixture(scope="session")
 def digits_vit(tmp_path_factory):
-    """The digits ViT every whole-run test shares, trained once per session (save_pretrained, 12 epochs).
+    """The digits ViT every whole-run test shares, trained once per test session (save_pretrained, 12 epochs).
 
     Returns a namespace with `model` (its folder), `dataset` (the digits DatasetDict folder), `cache` (a
     PROFILING_AGENT_CACHE in which it is also `embedded:vit-digits`, so `{}` inputs run on it) and `record`
-    (its training record). Tests only read it: runs write their own folders.
+    (its training record). Built once for all test processes; tests only read it: runs write their own folders.
     """
     from types import SimpleNamespace
 
-    from quick_assets import cache_env
+    from helpers.quick_assets import built_once, cache_env, read_json, write_json
 
     from profiling_agent.tools.models import embedded
 
-    cache = tmp_path_factory.mktemp("digits-vit-cache")
+    def build(cache):
+        with cache_env(cache):
+            embedded.ensure_dataset()
+            config = embedded.TrainConfig(epochs=12, threads=1)
+            write_json(
+                cache / "record.json", embedded.build_model("vit-digits", embedded.model_path("vit-digits"), config)
+            )
+
+    cache = built_once(tmp_path_factory, "digits-vit-cache", build)
     with cache_env(cache):
-        dataset = embedded.ensure_dataset()
-        model = embedded.model_path("vit-digits")
-        record = embedded.build_model("vit-digits", model, embedded.TrainConfig(epochs=12, threads=1))
+        dataset, model = embedded.ensure_dataset(), embedded.model_path("vit-digits")
+    record = read_json(cache / "record.json")
     assert record["test_accuracy"] > 60.0, record  # trained: well above chance (10%)
     return SimpleNamespace(model=model, dataset=dataset, cache=cache, record=record)
 
 
 @pytest.fixture(scope="session")
 def quick_resnet(tmp_path_factory):
-    """(model, dataset, cache): the quickly trained digits ResNet, also `embedded:resnet-digits` in that cache."""
-    from quick_assets import build_quick_resnet
+    """(model, dataset, cache): the quickly trained digits ResNet, also `embedded:resnet-digits` in that cache.
 
-    cache = tmp_path_factory.mktemp("quick-resnet-cache")
-    model, dataset = build_quick_resnet(cache)
-    return model, dataset, cache
+    Built once for all test processes.
+    """
+    from helpers.quick_assets import build_quick_resnet, built_once, cache_env
+
+    from profiling_agent.tools.models import embedded
+
+    cache = built_once(tmp_path_factory, "quick-resnet-cache", build_quick_resnet)
+    with cache_env(cache):
+        return embedded.model_path("resnet-digits"), embedded.ensure_dataset(), cache
 
 
 @pytest.fixture(scope="session")
@@ -135,23 +148,31 @@ def digits_run(tmp_path_factory, digits_vit):
     """
     from types import SimpleNamespace
 
-    from quick_assets import FAST_CONTEXT, spy_prepared_reads
+    from helpers.quick_assets import FAST_CONTEXT, built_once, read_json, spy_prepared_reads, write_json
 
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
 
-    root = tmp_path_factory.mktemp("digits-run")
-    inputs = {
-        "model": str(digits_vit.model),  # a plain string, as people type it in Studio
-        "dataset": {"ref": str(digits_vit.dataset), "subset": 120, "test_subset": 150, "calibration": 32},
-        "objective": {"planner": "deterministic", "iterations": 2, "target_reduction": 0.9, "max_acc_drop": 0.5},
-    }
-    graph = build_graph(checkpointer=open_checkpointer(root))
-    context = Context(run_root=str(root), **FAST_CONTEXT)
-    readers: list = []
-    with pytest.MonkeyPatch.context() as patch:
-        spy_prepared_reads(patch, readers)
-        out = graph.invoke(inputs, {"configurable": {"thread_id": "t1"}}, context=context, durability="sync")
+    config = {"configurable": {"thread_id": "t1"}}
+
+    def build(root):
+        inputs = {
+            "model": str(digits_vit.model),  # a plain string, as people type it in Studio
+            "dataset": {"ref": str(digits_vit.dataset), "subset": 120, "test_subset": 150, "calibration": 32},
+            "objective": {"planner": "deterministic", "iterations": 2, "target_reduction": 0.9, "max_acc_drop": 0.5},
+        }
+        graph = build_graph(checkpointer=open_checkpointer(root))
+        readers: list = []
+        with pytest.MonkeyPatch.context() as patch:
+            spy_prepared_reads(patch, readers)
+            graph.invoke(inputs, config, context=Context(run_root=str(root), **FAST_CONTEXT), durability="sync")
+        write_json(root / "readers.json", readers)
+
+    root = built_once(tmp_path_factory, "digits-run", build)
+    out = (
+        build_graph(checkpointer=open_checkpointer(root, read_only=True)).get_state(config).values
+    )  # the final state, as invoked
     assert out["status"] == "done"
+    readers = [(tuple(parts), callers) for parts, callers in read_json(root / "readers.json")]
     return SimpleNamespace(run=root / "t1", out=out, readers=readers)

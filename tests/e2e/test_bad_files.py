@@ -39,7 +39,7 @@ def _imagefolder(root, classes=DIGITS, per_class: int = 6, size: int = 32):
 @pytest.fixture(scope="module")
 def rgb_vit(tmp_path_factory):
     """A random 3-channel ViT for 32x32 images with the digit labels, saved with its image processor."""
-    from tiny import digit_labels, seeded, vit_config
+    from helpers.tiny import digit_labels, seeded, vit_config
     from transformers import ViTForImageClassification, ViTImageProcessor
 
     folder = tmp_path_factory.mktemp("rgb-vit") / "model"

@@ -155,7 +155,7 @@ def test_streaming_smoke(bench_env, capsys, tmp_path):
 
 
 def test_llm_planners_smoke(bench_env, capsys, tmp_path):
-    from fake_llm import ScriptedOpenAIServer, chat_completion
+    from helpers.fake_llm import ScriptedOpenAIServer, chat_completion
 
     plan = {
         "pruning": [

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from tiny import seeded, vit_config
+from helpers.tiny import seeded, vit_config
 from transformers import ViTForImageClassification
 
 from profiling_agent.state import CompressionPlan, Objective

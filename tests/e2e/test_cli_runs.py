@@ -80,7 +80,7 @@ def _read_only_prefix(folder: Path) -> list[str] | None:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished one-iteration run of the quick digits ResNet, in a folder any user may read."""
-    from crash_helpers import offline_resnet_setup
+    from helpers.crash_helpers import offline_resnet_setup
 
     base = Path(tempfile.mkdtemp(prefix="finished-run-", dir=tmp_path_factory.getbasetemp()))
     model, dataset, runs, env = offline_resnet_setup(base)

@@ -9,12 +9,12 @@ import subprocess
 from collections import Counter
 
 import pytest
-from crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags
-from crash_helpers import check_complete as _check_complete
-from crash_helpers import cli as _cli
-from crash_helpers import next_is as _next_is
-from crash_helpers import start as _start
-from crash_helpers import stop_when as _stop_when
+from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags
+from helpers.crash_helpers import check_complete as _check_complete
+from helpers.crash_helpers import cli as _cli
+from helpers.crash_helpers import next_is as _next_is
+from helpers.crash_helpers import start as _start
+from helpers.crash_helpers import stop_when as _stop_when
 from safetensors.torch import load_file
 
 from profiling_agent.graph.review import pending_nodes
@@ -71,7 +71,8 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path, quick_resnet)
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "3", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
         "--repeats", "2", "--threads", "1", "--recover-steps", "8", "--run-dir", str(runs), "--thread-id", THREAD,
-    )  # fmt: skip
+        "--backend", "onnxruntime",
+    )  # fmt: skip  # ONNX Runtime's forms: every step a kill can hit, without OpenVINO's minutes
     resume_args = _cli("resume", THREAD, "--run-dir", str(runs))
 
     # 1. SIGKILL while profiling
@@ -108,7 +109,8 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
     model, dataset, runs, env = offline_resnet_setup(tmp_path, quick_resnet)
     run_args = _cli(
         "run", *quick_flags(model, dataset, runs, "--planner", "l2", "--ratio", "0.4", "--recover", "auto",
-                            "--recover-steps", "120", "--recover-batch", "16", "--recover-minutes", "0"),
+                            "--recover-steps", "120", "--recover-batch", "16", "--recover-minutes", "0",
+                            "--backend", "torch"),  # the subject is distillation: the torch forms only
     )  # fmt: skip
     saved = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"
 

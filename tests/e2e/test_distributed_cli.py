@@ -13,9 +13,9 @@ import subprocess
 import time
 
 import pytest
-from crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags
-from crash_helpers import check_complete as _check_complete
-from crash_helpers import cli as _cli
+from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags
+from helpers.crash_helpers import check_complete as _check_complete
+from helpers.crash_helpers import cli as _cli
 
 
 @pytest.mark.slow

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from quick_assets import cache_env
-from tiny import deit_config, digit_labels, resnet_config, swin_config
+from helpers.quick_assets import cache_env
+from helpers.tiny import deit_config, digit_labels, resnet_config, swin_config
 
 from profiling_agent.graph.cli.main import main
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from intervals import ratios_outside_intervals
-from quick_assets import FAST_CONTEXT
+from helpers.intervals import ratios_outside_intervals
+from helpers.quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.graph.checkpoint import open_checkpointer

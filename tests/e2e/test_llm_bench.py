@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_llm import vit_profile, vit_sensitivity
+from helpers.fake_llm import vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, State

@@ -6,7 +6,7 @@ import json
 import socket
 
 import pytest
-from fake_llm import ScriptedOpenAIServer, chat_completion
+from helpers.fake_llm import ScriptedOpenAIServer, chat_completion
 
 from profiling_agent.graph.cli.main import main
 from profiling_agent.state import CompressionPlan

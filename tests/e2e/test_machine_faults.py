@@ -87,7 +87,8 @@ def test_a_library_error_that_only_says_the_disk_is_full_is_a_fault(tmp_path):
 
 
 def _tiny_model():
-    from test_backends import _model, _pixels
+    from helpers.tiny import family_model as _model
+    from helpers.tiny import random_pixels as _pixels
 
     model, size = _model("resnet")
     return model, _pixels(16, size)
@@ -140,7 +141,7 @@ def test_an_openvino_form_that_cannot_be_written_stops(tmp_path, monkeypatch):
 def test_a_full_disk_while_forms_are_written_ends_the_run_with_exit_1_and_the_file(
     tmp_path, quick_resnet, monkeypatch, capsys
 ):
-    from crash_helpers import THREAD, offline_resnet_setup, quick_flags, snapshot
+    from helpers.crash_helpers import THREAD, offline_resnet_setup, quick_flags, snapshot
 
     from profiling_agent.graph.cli.main import main
     from profiling_agent.graph.review import pending_nodes
@@ -183,7 +184,8 @@ def connect(self, address):  # fork children inherit it: every connection attemp
 
 socket.socket.connect = connect
 socket.socket.connect_ex = lambda self, address: connect(self, address)
-from test_backends import _model, _pixels
+from helpers.tiny import family_model as _model
+from helpers.tiny import random_pixels as _pixels
 from profiling_agent.tools.runtimes.forms import build_forms
 model, size = _model("resnet")
 x = _pixels(16, size)
@@ -295,7 +297,7 @@ def test_ctrl_c_reaches_the_children_of_a_run_without_a_traceback(tmp_path, dela
 
 @pytest.mark.slow
 def test_ctrl_c_while_the_baseline_forms_are_measured_prints_one_line(tmp_path, quick_resnet):
-    from crash_helpers import THREAD, cli, next_is, offline_resnet_setup, quick_flags, snapshot
+    from helpers.crash_helpers import THREAD, cli, next_is, offline_resnet_setup, quick_flags, snapshot
 
     model, dataset, runs, env = offline_resnet_setup(tmp_path, quick_resnet)
     flags = quick_flags(model, dataset, runs, "--planner", "l2", "--ratio", "0.3", "--recover", "none")

@@ -7,17 +7,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from crash_helpers import THREAD, cli
+from helpers.crash_helpers import THREAD, cli
 
 pytestmark = pytest.mark.slow
 
-CRASH_CLI = str(Path(__file__).resolve().parents[1] / "crash_cli.py")
+CRASH_CLI = str(Path(__file__).resolve().parents[1] / "helpers" / "crash_cli.py")
 
 
 @pytest.fixture
 def tiny_run(tmp_path):
     """A tiny random ViT saved with its processor, an offline environment, and the `run` flags of a short run."""
-    from tiny import digit_labels, seeded, vit_config
+    from helpers.tiny import digit_labels, seeded, vit_config
     from transformers import ViTForImageClassification
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 

@@ -127,7 +127,7 @@ def test_postgres_threads_survive_the_connection(tmp_path, postgres_url):
 @pytest.mark.slow
 def test_readme_postgres_example_runs(tmp_path, postgres_url, quick_resnet):
     """docs/deployment.md's PostgreSQL example runs as written and leaves its thread in the database, none in SQLite."""
-    from test_python_api import readme_python_blocks
+    from helpers.docs import readme_python_blocks
 
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.tools.io import sha256_path

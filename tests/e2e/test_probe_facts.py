@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from quick_assets import FAST_LATENCY, cache_env
-from tiny import digit_labels, vit_config
+from helpers.quick_assets import FAST_LATENCY, cache_env
+from helpers.tiny import digit_labels, vit_config
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.state import Context, GroupSensitivity, ProfileSummary

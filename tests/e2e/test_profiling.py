@@ -224,7 +224,7 @@ def test_group_costs_sum_member_rows(tiny_vit):
 
 
 def test_summary_of_a_12_layer_vit_is_small(request):
-    from tiny import seeded, vit_config
+    from helpers.tiny import seeded, vit_config
     from transformers import ViTForImageClassification
 
     model = seeded(ViTForImageClassification, vit_config(num_hidden_layers=12))

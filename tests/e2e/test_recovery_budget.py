@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from quick_assets import FAST_LATENCY
+from helpers.quick_assets import FAST_LATENCY
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.graph.checkpoint import open_checkpointer

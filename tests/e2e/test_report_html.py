@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from quick_assets import FAST_CONTEXT
+from helpers.quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.cli.main import main
 from profiling_agent.tools.reporting.html import render_html
@@ -339,7 +339,7 @@ def test_report_node_keeps_report_md_when_charts_fail(finished_run, tmp_path, mo
 
 def test_report_opens_in_chromium_with_every_chart_drawn(finished_run, tmp_path):
     """report.html in a real headless Chromium: every chart decodes, is laid out, and its pixels are not blank."""
-    from browser import WIDTH, chart_layout, drawn_fraction, require_browser, screenshot
+    from helpers.browser import WIDTH, chart_layout, drawn_fraction, require_browser, screenshot
     from PIL import Image
 
     browser = require_browser()
@@ -379,7 +379,7 @@ def test_headline_speed_of_the_run_leads_with_quantization_only(finished_run):
 
 def test_notes_are_drawn_neutral_and_warnings_in_the_warning_style_in_chromium(finished_run, tmp_path):
     """A note (the trial slice) is grey on the page's light background; a warning is red on the warning pink."""
-    from browser import element_styles, require_browser
+    from helpers.browser import element_styles, require_browser
 
     browser = require_browser()
     run, _ = finished_run

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from quick_assets import FAST_CONTEXT
+from helpers.quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.graph.checkpoint import open_checkpointer

@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from crash_helpers import THREAD, cli, offline_resnet_setup, quick_flags, snapshot, start
+from helpers.crash_helpers import THREAD, cli, offline_resnet_setup, quick_flags, snapshot, start
 
 from profiling_agent.graph.review import pending_nodes
 

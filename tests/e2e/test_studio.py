@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from quick_assets import FAST_CONTEXT, FAST_DATASET
+from helpers.quick_assets import FAST_CONTEXT, FAST_DATASET
 
 REPO = Path(__file__).resolve().parents[2]
 LANGGRAPH = Path(sys.executable).with_name("langgraph")

@@ -9,7 +9,7 @@ import pytest
 
 def _many_token_vit(folder):
     """Save a random 2-layer ViT reading the digits' 32x32 images in 4x4 patches (64 tokens + CLS)."""
-    from tiny import digit_labels, seeded, vit_config
+    from helpers.tiny import digit_labels, seeded, vit_config
     from transformers import ViTForImageClassification
 
     from profiling_agent.tools.models.embedded import digits_processor
@@ -32,7 +32,7 @@ def _steady_torch_time(model, example, repeats):
 
 @pytest.mark.slow
 def test_a_latency_run_on_a_many_token_vit_plans_merges_and_reports_the_tokens(tmp_path, monkeypatch):
-    from quick_assets import cache_env
+    from helpers.quick_assets import cache_env
 
     from profiling_agent.graph.cli.main import main
     from profiling_agent.tools.models import embedded

@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from tiny import deit_config, seeded, swin_config, vit_config
+from helpers.tiny import deit_config, seeded, swin_config, vit_config
 from torch import nn
 
 from profiling_agent.state import QuantEntry

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eval_records import candidate, evaluation, form
+from helpers.eval_records import candidate, evaluation, form
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation.selection import (

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import deit_config, resnet_config, seeded, swin_config, vit_config
-from torch import nn
+from helpers.tiny import family_model as _model
+from helpers.tiny import random_pixels as _pixels
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -22,24 +22,6 @@ from profiling_agent.tools.runtimes import onnx_forms  # noqa: E402
 from profiling_agent.tools.runtimes.forms import form_source  # noqa: E402
 from profiling_agent.tools.runtimes.onnx_forms import BackendSettings, FormFiles, build_ort_variants  # noqa: E402
 from profiling_agent.tools.runtimes.onnx_model import load_onnx_folder  # noqa: E402
-
-
-def _model(family: str) -> tuple[nn.Module, int]:
-    import transformers as tf
-
-    # three-channel images throughout
-    if family == "vit":
-        return seeded(tf.ViTForImageClassification, vit_config(num_channels=3)), 16
-    if family == "deit":
-        return seeded(tf.DeiTForImageClassification, deit_config()), 16
-    if family == "swin":
-        config = swin_config(image_size=32, num_heads=[2, 2], mlp_ratio=4.0)
-        return seeded(tf.SwinForImageClassification, config), 32
-    return seeded(tf.ResNetForImageClassification, resnet_config(num_channels=3)), 16
-
-
-def _pixels(n: int, size: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("family", ["vit", "deit", "swin", "resnet"])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from eval_records import evaluation, form
+from helpers.eval_records import BASE_REF, BASE_VARIANTS, form
+from helpers.eval_records import delivery_baseline as _baseline
+from helpers.eval_records import delivery_best as _best
 
-from profiling_agent.state import ArtifactRef, Best, Objective
+from profiling_agent.state import Best, Objective
 from profiling_agent.tools.evaluation.delivery import (
     choose_delivery,
     delivery_note,
@@ -12,60 +14,6 @@ from profiling_agent.tools.evaluation.delivery import (
     quantization_only_peer,
     summary_line,
 )
-
-BASE_VARIANTS = [
-    form("torch_fp32", accuracy=90.0, latency_ms=10.0, speedup=1.0, size_mb=4.0),
-    form("ort_dynamic", accuracy=89.0, latency_ms=4.0, speedup=2.5, size_mb=1.0, path="baseline_forms/ort_dynamic"),
-    # 5 pp lost, outside a 2 pp budget
-    form("ov_int8", accuracy=85.0, latency_ms=2.0, speedup=5.0, size_mb=1.0, path="baseline_forms/ov_int8"),
-    form("ov_bf16", status="skipped", error="no bf16"),
-]
-
-
-def _baseline(objective: Objective):
-    base = evaluation(
-        name="baseline",
-        accuracy=90.0,
-        n_samples=100,
-        latency_ms=10.0,
-        latency_batch_ms=50.0,
-        baseline_latency_ms=10.0,
-        size_mb=4.0,
-        params=1000,
-        macs=10,
-        variants=BASE_VARIANTS,
-    )
-    base.peer = quantization_only_peer(BASE_VARIANTS, base, objective)
-    return base
-
-
-def _best(objective: Objective, *, accuracy: float, latency: float, peer_latency: float, reduction: float) -> Best:
-    ev = _baseline(objective).model_copy(
-        update={
-            "name": "iter_01",
-            "accuracy": accuracy,
-            "latency_ms": latency,
-            "speedup": 10.0 / latency,
-            "delivered": "ov_int8",
-            "variants": [],
-            "peer": {"name": "ort_dynamic", "latency_ms": peer_latency},
-        }
-    )
-    drop = 90.0 - accuracy
-    artifact = ArtifactRef(path="iter_01/candidate", sha256="-", size_bytes=1, params=600)
-    return Best(
-        iteration=1,
-        status="ok",
-        eval=ev,
-        rule="budget",
-        within_budget=drop <= 2.0,
-        reduction=reduction,
-        accuracy_drop=drop,
-        artifact=artifact,
-    )
-
-
-BASE_REF = ArtifactRef(path="baseline", sha256="-", size_bytes=4000000, params=1000)
 
 
 def test_the_peer_is_the_fastest_unpruned_form_within_the_budget():

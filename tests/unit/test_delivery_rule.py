@@ -9,7 +9,9 @@ was missed. For a latency target only speed counts.
 from __future__ import annotations
 
 import pytest
-from test_delivery import BASE_REF, _baseline, _best
+from helpers.eval_records import BASE_REF
+from helpers.eval_records import delivery_baseline as _baseline
+from helpers.eval_records import delivery_best as _best
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation.delivery import choose_delivery

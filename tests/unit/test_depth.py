@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny import resnet_config, seeded, vit_config
 from pydantic import ValidationError
-from tiny import resnet_config, seeded, vit_config
 from transformers import ResNetForImageClassification, ViTForImageClassification
 
 from profiling_agent.state import CompressionPlan, Objective, PruneEntry
@@ -348,7 +348,7 @@ def test_a_latency_plan_on_a_resnet_replaces_a_stages_first_block_and_the_guard_
 
 
 def test_swin_removes_the_last_block_of_a_stage_and_rebuilds_from_its_config(tmp_path):
-    from tiny import swin_config
+    from helpers.tiny import swin_config
     from transformers import SwinForImageClassification
 
     model = seeded(SwinForImageClassification, swin_config(depths=[2, 2]))
@@ -474,7 +474,7 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
 
 
 def test_the_fast_probe_replays_swin_stages_and_measures_what_the_full_probe_does(caplog):
-    from tiny import swin_config
+    from helpers.tiny import swin_config
     from transformers import SwinForImageClassification
 
     from profiling_agent.tools.profiling.sensitivity import probe_groups_full

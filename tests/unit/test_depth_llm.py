@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from fake_llm import vit_profile, vit_sensitivity
+from helpers.fake_llm import vit_profile, vit_sensitivity
 
 from profiling_agent.prompts.analysis import render_analysis
 from profiling_agent.prompts.iterative import Feedback, render_iterative

@@ -211,7 +211,8 @@ def test_distillation_recovers_accuracy_of_a_hard_pruned_digits_resnet(quick_res
 @pytest.mark.parametrize("family", ["deit_teacher", "swin"])
 def test_distillation_trains_pruned_deit_with_teacher_and_swin_heads(family):
     """Swin's bias table is pruned through param.data; DeiT-with-teacher predicts with the mean of its two heads."""
-    from test_families_deit_swin import _deit, _swin
+    from helpers.tiny import random_deit as _deit
+    from helpers.tiny import random_swin as _swin
     from transformers import DeiTForImageClassificationWithTeacher
 
     teacher = _deit(DeiTForImageClassificationWithTeacher) if family == "deit_teacher" else _swin()

@@ -93,7 +93,7 @@ def test_a_recovered_trial_beyond_the_budget_is_rejected_before_the_full_evaluat
     # the planner counts it as a miss at the trial slice's loss, not as a reviewer's no
     meta = PlannerMeta(goal=0.4, gamma=1.0, predicted_drop=3.0)
     cand = cand.model_copy(update={"plan": CompressionPlan(), "planner_meta": meta})
-    from eval_records import evaluation
+    from helpers.eval_records import evaluation
 
     from profiling_agent.state import Objective
 

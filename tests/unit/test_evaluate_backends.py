@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from quick_assets import FAST_LATENCY
+from helpers.quick_assets import FAST_LATENCY
 
 pytest.importorskip("onnxruntime")
 

@@ -113,7 +113,7 @@ def test_latency_inputs_repeat_a_sample_or_slice_a_batch():
 
 
 def test_measure_latency_side_by_side(tiny_vit):
-    from tiny import seeded, vit_config
+    from helpers.tiny import seeded, vit_config
     from transformers import ViTForImageClassification
 
     config = vit_config(hidden_size=384, num_hidden_layers=4, num_attention_heads=6, intermediate_size=1536)

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 import torch
+from helpers.toy_models import ToyBlockNet
 from torch import nn
-from toy_models import ToyBlockNet
 
 from profiling_agent.tools.compression import families
 from profiling_agent.tools.compression.families import ADAPTERS, adapter_by_name, adapter_for, register_adapter

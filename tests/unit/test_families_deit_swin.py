@@ -6,10 +6,11 @@ import re
 
 import pytest
 import torch
-from tiny import deit_config, seeded, swin_config
+from helpers.tiny import random_deit as _deit
+from helpers.tiny import random_swin as _swin
+from helpers.toy_models import all_logits
 from torch import nn
-from toy_models import all_logits
-from transformers import DeiTForImageClassification, DeiTForImageClassificationWithTeacher, SwinForImageClassification
+from transformers import DeiTForImageClassification, DeiTForImageClassificationWithTeacher
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
 from profiling_agent.tools.compression.families.deit import DeiTAdapter
@@ -20,39 +21,6 @@ SWIN_SHAPE = (2, 3, 32, 32)
 
 
 # ---------------------------------------------------------------- tiny models
-
-
-def _randomize(model: nn.Module, seed: int) -> nn.Module:
-    """Give every parameter unit-scale random values (HF zero-inits tokens and bias tables, too weak a test)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            for name, param in module.named_parameters(recurse=False):
-                noise = torch.randn(param.shape, generator=gen)
-                if isinstance(module, nn.LayerNorm):
-                    param.copy_((1.0 if name == "weight" else 0.0) + 0.1 * noise)
-                elif isinstance(module, (nn.Linear, nn.Conv2d)) and name == "weight":
-                    param.copy_(noise * param[0].numel() ** -0.5)
-                else:  # biases, cls/distillation tokens, position embeddings, relative-position bias tables
-                    param.copy_(0.5 * noise)
-    return model.eval()
-
-
-def _deit(cls, attn: str = "sdpa") -> nn.Module:
-    return _randomize(seeded(cls, deit_config(num_labels=5, attn_implementation=attn)), seed=1)
-
-
-def _swin(heads=(2, 4), depths=(2, 2), window: int = 4, attn: str = "sdpa") -> nn.Module:
-    config = swin_config(
-        image_size=32,
-        depths=list(depths),
-        num_heads=list(heads),
-        window_size=window,
-        mlp_ratio=4.0,
-        num_labels=5,
-        attn_implementation=attn,
-    )
-    return _randomize(seeded(SwinForImageClassification, config), seed=2)
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 from estimate import estimate_pruning
-from tiny import beit_config, deit_config, resnet_config, swin_config, vit_config
+from helpers.tiny import beit_config, deit_config, resnet_config, swin_config, vit_config
+from helpers.toy_models import all_logits
 from torch import nn
-from toy_models import all_logits
 
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.pruning import PruneGuard, prune_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from eval_records import evaluation, form
+from helpers.eval_records import evaluation, form
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation.delivery import delivery_note, peer_best, quantization_only_peer

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from fake_llm import ScriptedChatModel, ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
+from helpers.fake_llm import ScriptedChatModel, ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph

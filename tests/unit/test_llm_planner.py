@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fake_llm import (
+from helpers.fake_llm import (
     ScriptedChatModel,
     ScriptedOpenAIServer,
     ai_tool_calls,

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fake_llm import ScriptedChatModel, ai_tool_calls, tool_call, vit_profile, vit_sensitivity
+from helpers.fake_llm import ScriptedChatModel, ai_tool_calls, tool_call, vit_profile, vit_sensitivity
 from langchain_core.messages import AIMessage
 
 from profiling_agent.graph.cli.args import EXIT_BAD_INPUT, build_parser, context_from_args

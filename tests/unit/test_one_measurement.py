@@ -7,8 +7,8 @@ import statistics
 
 import numpy as np
 import pytest
-from eval_records import evaluation, form
-from intervals import ratios_outside_intervals
+from helpers.eval_records import evaluation, form
+from helpers.intervals import ratios_outside_intervals
 
 from profiling_agent.state import Best, EvalRecord, Objective
 from profiling_agent.tools.evaluation.bootstrap import paired_delta_ci

@@ -18,7 +18,8 @@ pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 pytest.importorskip("onnxruntime")
 
-from test_backends import _model, _pixels  # noqa: E402
+from helpers.tiny import family_model as _model
+from helpers.tiny import random_pixels as _pixels  # noqa: E402
 
 from profiling_agent.tools.io import read_json  # noqa: E402
 from profiling_agent.tools.runtimes import openvino_forms  # noqa: E402

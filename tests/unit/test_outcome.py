@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from eval_records import evaluation, form
+from helpers.eval_records import evaluation, form
 
 from profiling_agent.state import Best, Objective
 from profiling_agent.tools.planning.deterministic import PlannerConfig, next_goal

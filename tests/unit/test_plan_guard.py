@@ -1,5 +1,5 @@
 import pytest
-from fake_llm import vit_profile
+from helpers.fake_llm import vit_profile
 
 from profiling_agent.state import CompressionPlan
 from profiling_agent.tools.planning.deterministic import estimate_reduction
@@ -223,7 +223,7 @@ def test_group_entries_with_unknown_names_or_the_wrong_type_are_refused_by_name(
 
 
 def test_structured_on_attention_is_refused_with_the_right_type_named():
-    from test_plan_parse import FIRST_ROUND_REPLY
+    from helpers.fake_llm import FIRST_ROUND_REPLY
 
     from profiling_agent.tools.planning.plan_parse import parse_plan_text
 

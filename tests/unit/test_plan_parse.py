@@ -3,26 +3,10 @@
 import json
 
 import pytest
+from helpers.fake_llm import FIRST_ROUND_REPLY, REAL_REPLY
 
 from profiling_agent.tools.planning.json_extract import brace_spans, brackets_balanced, escape_stray_backslashes
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
-
-# The reply a real local model (llama-cpp-python server) gave in round 2: regexes with `\.`, which is no JSON
-# escape. It used to fail to parse whole, and the quantization entry inside it was taken for "the plan".
-REAL_REPLY = r"""```json
-{
-  "pruning": [
-    { "layer": "^vit\.layers\.(0|1|2|3)\.attention$", "type": "head", "ratio": 0.4, "justification": "low damage" },
-    { "layer": "^vit\.layers\.(0|1|2|3)\.mlp\.fc1$", "type": "structured", "ratio": 0.5, "justification": "big" }
-  ],
-  "quantization": [
-    { "layer": "all", "type": "dynamic", "dtype": "qint8", "justification": "Linear-heavy" }
-  ],
-  "rationale": "prune the cheap-to-lose blocks"
-}
-```"""
-# Round 1's variant: "structured" on the attention blocks (the guard names the right type; see test_plan_guard).
-FIRST_ROUND_REPLY = REAL_REPLY.replace('"type": "head"', '"type": "structured"')
 
 
 def test_the_real_reply_parses_to_the_plan_the_model_wrote():

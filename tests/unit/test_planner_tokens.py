@@ -135,7 +135,7 @@ def test_result_json_and_the_report_show_the_schedule_and_the_latency_it_bought(
 
 
 def test_the_guard_checks_a_token_entry_against_the_measured_axis_and_composes_its_saving():
-    from fake_llm import vit_profile
+    from helpers.fake_llm import vit_profile
 
     from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
     from profiling_agent.tools.planning.plan_parse import normalize_plan
@@ -170,7 +170,7 @@ def test_the_guard_checks_a_token_entry_against_the_measured_axis_and_composes_i
 
 
 def test_the_llm_sees_the_token_axis_only_when_the_run_has_one():
-    from fake_llm import vit_profile
+    from helpers.fake_llm import vit_profile
 
     from profiling_agent.prompts.analysis import profile_block, system_prompt
     from profiling_agent.tools.planning.llm_tools import make_planning_tools
@@ -192,7 +192,7 @@ def test_the_llm_sees_the_token_axis_only_when_the_run_has_one():
 
 
 def test_a_reviewer_sees_and_may_edit_a_token_entry_checked_against_the_runs_axis():
-    from fake_llm import vit_profile
+    from helpers.fake_llm import vit_profile
 
     from profiling_agent.tools.planning.review import parse_answer, review_plan
 
@@ -214,7 +214,7 @@ def _front_axis() -> TokenAxis:
 
 
 def test_a_front_loaded_schedule_is_weighed_planned_kept_and_checked_like_a_rate():
-    from fake_llm import vit_profile
+    from helpers.fake_llm import vit_profile
 
     from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
     from profiling_agent.tools.planning.plan_parse import normalize_plan
@@ -262,7 +262,7 @@ def test_a_front_loaded_schedule_is_weighed_planned_kept_and_checked_like_a_rate
 
 
 def test_a_proposal_merges_as_the_deterministic_round_chose_and_prunes_the_rest_of_the_goal():
-    from fake_llm import vit_profile, vit_sensitivity
+    from helpers.fake_llm import vit_profile, vit_sensitivity
 
     from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
     from profiling_agent.tools.planning.proposal import propose

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 from estimate import estimate_pruning
+from helpers.toy_models import ToyBlockNet
 from torch import nn
-from toy_models import ToyBlockNet
 
 from profiling_agent.state import PruneEntry
 from profiling_agent.tools.compression.families.base import PrunableGroup
@@ -84,7 +84,7 @@ def _mask(model: nn.Module, applied: list[PrunedGroup]) -> None:
 
 
 def _vit_eager():
-    from tiny import seeded, vit_config
+    from helpers.tiny import seeded, vit_config
     from transformers import ViTForImageClassification
 
     return seeded(ViTForImageClassification, vit_config(attn_implementation="eager"))

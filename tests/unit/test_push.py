@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from eval_records import candidate, evaluation
-from search_trials import history_round as _round
-from search_trials import synthetic as _synthetic
+from helpers.eval_records import candidate, evaluation
+from helpers.search_trials import history_round as _round
+from helpers.search_trials import synthetic as _synthetic
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation.selection import push_due, select_best, stop_reason

@@ -96,7 +96,8 @@ def test_reconstruction_on_a_trained_resnet_wins_back_accuracy_on_held_out_digit
 
 @pytest.mark.parametrize("family", ["deit_teacher", "swin"])
 def test_reconstruction_on_deit_with_teacher_and_swin(family):
-    from test_families_deit_swin import _deit, _swin
+    from helpers.tiny import random_deit as _deit
+    from helpers.tiny import random_swin as _swin
     from transformers import DeiTForImageClassificationWithTeacher
 
     baseline = _deit(DeiTForImageClassificationWithTeacher) if family == "deit_teacher" else _swin()
@@ -135,7 +136,7 @@ def test_the_sensitivity_probe_measures_damage_after_reconstruction_when_asked(t
 def test_the_refit_from_cached_block_inputs_is_the_refit_from_the_stem(request, fixture, entries, replays):
     """Replaying each consumer's block from cached inputs gives the same fits as running both models from the stem."""
     if fixture == "swin":
-        from test_families_deit_swin import _swin
+        from helpers.tiny import random_swin as _swin
 
         baseline, shape = _swin(), (3, 32, 32)
     else:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from browser import BROWSER_NAMES, drawn_fraction, find_browser, require_browser
+from helpers.browser import BROWSER_NAMES, drawn_fraction, find_browser, require_browser
 
 
 def test_without_a_browser_the_test_is_skipped_with_the_reason(monkeypatch):
-    import browser
+    from helpers import browser
 
     asked: list[str] = []
 
@@ -21,7 +21,7 @@ def test_without_a_browser_the_test_is_skipped_with_the_reason(monkeypatch):
 
 
 def test_the_first_browser_on_path_is_used(monkeypatch):
-    import browser
+    from helpers import browser
 
     monkeypatch.setattr(browser.shutil, "which", lambda name: f"/opt/{name}" if name != "chromium" else None)
     assert require_browser() == "/opt/chromium-browser"

@@ -1,4 +1,4 @@
-from eval_records import candidate, evaluation
+from helpers.eval_records import candidate, evaluation
 
 from profiling_agent.graph.routing import after_analyze, after_iterate, after_prune, after_quantize
 from profiling_agent.state import Context, Objective, State

@@ -81,7 +81,8 @@ def test_a_quiet_measurement_is_kept_and_not_flagged(monkeypatch):
 def test_an_int8_form_past_the_budget_is_rebuilt_with_sensitive_layers_in_float(tmp_path):
     pytest.importorskip("nncf")
     pytest.importorskip("onnxruntime")
-    from test_backends import _model, _pixels
+    from helpers.tiny import family_model as _model
+    from helpers.tiny import random_pixels as _pixels
 
     from profiling_agent.tools.evaluation.form_eval import int8_retry
     from profiling_agent.tools.runtimes.forms import build_forms

@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
+from helpers.tiny import resnet_config, seeded, swin_config, vit_config
 from pydantic import ValidationError
-from tiny import resnet_config, seeded, swin_config, vit_config
 
 from profiling_agent.state import Candidate, CompressionPlan, TokenEntry
 from profiling_agent.tools.compression.pruning import prune_model

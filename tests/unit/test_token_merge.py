@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from tiny import deit_config, resnet_config, seeded, swin_config, vit_config
+from helpers.tiny import deit_config, resnet_config, seeded, swin_config, vit_config
 
 from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.compression.token_merge import (

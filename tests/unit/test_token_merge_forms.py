@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny import deit_config, digit_labels, seeded, vit_config
+from helpers.tiny import deit_config, digit_labels, seeded, vit_config
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")

@@ -129,7 +129,7 @@ def offline_resnet_setup(folder: Path, quick_resnet: tuple[Path, Path, Path] | N
     into the private cache FOLDER/cache.
     """
     if quick_resnet is None:
-        from quick_assets import build_quick_resnet
+        from helpers.quick_assets import build_quick_resnet
 
         cache = folder / "cache"
         model, dataset = build_quick_resnet(cache)

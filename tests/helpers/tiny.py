@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import transformers
+from torch import nn
 
 # ViT-style transformers (ViT, DeiT, BEiT): 16x16 images in 4x4 patches, 2 layers of hidden 32 with 4 heads
 TRANSFORMER = {
@@ -83,3 +85,58 @@ def seeded(cls, config, seed: int = 0) -> torch.nn.Module:
     """`cls(config)` built after `torch.manual_seed(seed)`, in eval mode."""
     torch.manual_seed(seed)
     return cls(config).eval()
+
+
+def family_model(family: str) -> tuple[nn.Module, int]:
+    """Return (a tiny random model of `family` taking 3-channel images, its image size)."""
+    import transformers as tf
+
+    # three-channel images throughout
+    if family == "vit":
+        return seeded(tf.ViTForImageClassification, vit_config(num_channels=3)), 16
+    if family == "deit":
+        return seeded(tf.DeiTForImageClassification, deit_config()), 16
+    if family == "swin":
+        config = swin_config(image_size=32, num_heads=[2, 2], mlp_ratio=4.0)
+        return seeded(tf.SwinForImageClassification, config), 32
+    return seeded(tf.ResNetForImageClassification, resnet_config(num_channels=3)), 16
+
+
+def random_pixels(n: int, size: int, seed: int = 1) -> torch.Tensor:
+    """Return `n` seeded random 3-channel images of `size` x `size`."""
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def randomize(model: nn.Module, seed: int) -> nn.Module:
+    """Give every parameter unit-scale random values (HF zero-inits tokens and bias tables, too weak a test)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            for name, param in module.named_parameters(recurse=False):
+                noise = torch.randn(param.shape, generator=gen)
+                if isinstance(module, nn.LayerNorm):
+                    param.copy_((1.0 if name == "weight" else 0.0) + 0.1 * noise)
+                elif isinstance(module, (nn.Linear, nn.Conv2d)) and name == "weight":
+                    param.copy_(noise * param[0].numel() ** -0.5)
+                else:  # biases, cls/distillation tokens, position embeddings, relative-position bias tables
+                    param.copy_(0.5 * noise)
+    return model.eval()
+
+
+def random_deit(cls, attn: str = "sdpa") -> nn.Module:
+    """Return a tiny DeiT of `cls` (5 labels) with unit-scale random weights."""
+    return randomize(seeded(cls, deit_config(num_labels=5, attn_implementation=attn)), seed=1)
+
+
+def random_swin(heads=(2, 4), depths=(2, 2), window: int = 4, attn: str = "sdpa") -> nn.Module:
+    """Return a tiny Swin (32x32 images, 5 labels) with unit-scale random weights."""
+    config = swin_config(
+        image_size=32,
+        depths=list(depths),
+        num_heads=list(heads),
+        window_size=window,
+        mlp_ratio=4.0,
+        num_labels=5,
+        attn_implementation=attn,
+    )
+    return randomize(seeded(transformers.SwinForImageClassification, config), seed=2)

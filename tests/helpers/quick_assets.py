@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,3 +64,39 @@ def spy_prepared_reads(monkeypatch, readers: list) -> None:
         return real(path, with_indices=with_indices, parts=parts, **kwargs)
 
     monkeypatch.setattr(prepare, "load_prepared", spying)
+
+
+def shared_dir(tmp_path_factory) -> Path:
+    """Return a folder every pytest-xdist worker of this test session sees (the session's base temp without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """Return the folder `name` that the session's workers share, filled by `build(folder)` in the first to ask.
+
+    `make test` runs test files on two processes, and each builds its own session fixtures: an asset that whole-run
+    tests only read (a trained model, a finished run) is built once for both under a file lock. A build that fails
+    leaves no mark, so the next worker to ask builds it again (and fails the same way, in its own tests).
+    """
+    from filelock import FileLock
+
+    root = shared_dir(tmp_path_factory)
+    folder = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+def write_json(path: Path, value) -> None:
+    """Write `value` as JSON (the shared fixtures' records)."""
+    path.write_text(json.dumps(value, default=str))
+
+
+def read_json(path: Path):
+    """Read a shared fixture's JSON record."""
+    return json.loads(path.read_text())

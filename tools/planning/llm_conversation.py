@@ -179,13 +179,19 @@ def check_answer(state: ConversationState, runtime: Runtime[Conversation]) -> di
     text = message_text(reply)
     finder = conv.finder(state.get("structured"))
     try:
-        plan, estimate, ratios = conv.accept(text)
+        plan, estimate, ratios, choice = conv.accept(text)
     except Rejected as rej:
         return _refuse(state, conv, finder, rej, reply)
     if state.get("mode", "off") != "off":
         finder.worked()
     sent_back = len(state.get("rejected", []))
-    accepted = {"plan": plan.model_dump(), "estimate": estimate, "ratios": ratios, "sent_back": sent_back}
+    accepted = {
+        "plan": plan.model_dump(),
+        "estimate": estimate,
+        "ratios": ratios,
+        "sent_back": sent_back,
+        "choice": choice,
+    }
     return {"accepted": accepted, "structured": dict(finder.record())}
 
 

@@ -406,8 +406,13 @@ def planning_round(
         turn.turn = "reference" if reference_due(inputs.candidates) else "llm"
         if turn.turn == "llm" and result.converged:  # the deterministic sequence is over: nothing to pair
             turn.turn = "reference"
-    if turn.turn == "llm":
-        turn = llm_turn(inputs, ctx, full_profile, data, result, evaluator(None), conversation)
+    if turn.turn == "llm":  # the LLM's trials: its evaluate_plan calls and one per offered alternative
+        from profiling_agent.tools.planning.alternatives import LABELS
+        from profiling_agent.tools.planning.trials import MAX_EVALUATIONS
+
+        measured = dataclasses.replace(result, predicted_pp=det.predicted)  # the alternatives reuse its trial
+        evaluate = evaluator(MAX_EVALUATIONS + len(LABELS) - 1)
+        turn = llm_turn(inputs, ctx, full_profile, data, measured, evaluate, conversation)
     stop = ""
     if result.converged and (turn.planner == "deterministic" or turn.turn):
         stop = f"planner converged before iteration {inputs.iteration}: {result.notes[0]}"

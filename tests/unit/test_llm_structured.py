@@ -146,6 +146,7 @@ def test_a_forced_mode_is_used_first_and_a_confirmed_mode_is_remembered(tmp_path
     with ScriptedOpenAIServer([llama_cpp_like(json.dumps(GROUP_PLAN))] * 3) as server:
         outcome, _ = plan_with(server, tmp_path, structured="json_object")
     assert outcome.planner == "llm" and formats(server) == [None, "json_object"]
+    assert outcome.tools_dropped  # the first answer (tools offered) was no plan: later rounds ask without tools
     meta = PlannerMeta(llm=outcome.summary("m"))
     later = State(
         run_path=str(tmp_path),
@@ -156,7 +157,7 @@ def test_a_forced_mode_is_used_first_and_a_confirmed_mode_is_remembered(tmp_path
     )
     with ScriptedOpenAIServer([llama_cpp_like(json.dumps(GROUP_PLAN))] * 3) as server:
         outcome, _ = plan_with(server, tmp_path, state=later)
-    assert formats(server) == [None, "json_object"]  # round 2 starts from the mode round 1 confirmed
+    assert formats(server) == ["json_object"]  # round 2 starts from the mode round 1 confirmed, without tools
     assert outcome.planner == "llm"
 
 

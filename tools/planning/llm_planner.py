@@ -429,14 +429,16 @@ def _conclude(
     if not accepted:
         failure = final.get("failure") or {"stage": "error", "reason": "the conversation ended at its request bound"}
         failed = _Failed(failure["stage"], failure["reason"], list(final.get("rejected") or []), usage, tool_errors)
-        return _fall_back(transcript, fallback, ctx, failed, finder)
+        fell = _fall_back(transcript, fallback, ctx, failed, finder)
+        fell.tools_dropped = final.get("tools_dropped")
+        return fell
     plan = CompressionPlan.model_validate(accepted["plan"])
     replay_proposals(final["messages"], propose_fn, repair, proposals)
     diff = chosen_diff(accepted, plan, proposals)
     outcome = LLMOutcome(
         plan, "llm", [], transcript.rel, accepted["estimate"], usage, tool_errors, finder.record(), diff
     )
-    outcome.sent_back = accepted["sent_back"]
+    outcome.sent_back, outcome.tools_dropped = accepted["sent_back"], final.get("tools_dropped")
     transcript.write("applied", text=outcome.applied())
     transcript.write("usage", **usage)
     transcript.write("structured", **finder.record())

@@ -366,6 +366,10 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
         message = f"LLM plan refused ({f.stage}: {f.reason[:160]}); replaced by the {message}"
     if turn.llm is not None:
         message += " " + llm_console_note(turn.llm)
+    if turn.llm is not None and turn.llm.tools_dropped:  # said once: the round that found it out
+        from profiling_agent.tools.planning.llm_conversation import TOOLS_DROPPED
+
+        message += "; " + TOOLS_DROPPED.format(why=turn.llm.tools_dropped)
     message += f"; blocks chosen from {len(det.trials)} distilled trials" if det.trials else ""
     message += f"; tokens: {det.tokens.why}" if det.tokens is not None else ""
     return message + "".join(f"; {n}" for n in det.result.notes if "cannot be reached" in n)

@@ -133,17 +133,25 @@ class LLMStep(Strict):
         default_factory=StructuredFacts, description="Structured-output mode tried and found."
     )
     vs_proposal: str | None = Field(default=None, description="The applied plan against the proposal, in words.")
-    applied: str = Field(default="", description="applied, edited, copied or replaced (the LLM's plan), and why.")
+    applied: str = Field(
+        default="", description="applied, chosen, edited, copied or replaced (the LLM's plan), and why."
+    )
+    tools_dropped: str | None = Field(
+        default=None,
+        description="Why this step stopped offering tools (the model's first answer could not use them): the rest "
+        "of the run asks for schema-constrained answers without tools.",
+    )
 
 
 class ProposalDiff(Strict):
     """What the LLM's applied plan changed relative to the closest proposal it was offered this step.
 
-    verdict: "copied" (no change), "edited" (at most one change per proposed group), "own" (more, or no proposal
-    was asked for: the plan is entirely the LLM's).
+    verdict: "copied" (no change to the deterministic proposal), "chosen" (another offered alternative, unchanged),
+    "edited" (at most one change per proposed group), "own" (more, or no proposal was asked for: the plan is
+    entirely the LLM's). `choice` names the alternative the answer chose by label (or the closest one it copied).
     """
 
-    verdict: Literal["copied", "edited", "own"] = Field(description="copied, edited or own.")
+    verdict: Literal["copied", "chosen", "edited", "own"] = Field(description="copied, chosen, edited or own.")
     changes: int = Field(default=0, description="Groups added or removed, ratios changed, quantization changed.")
     proposals: int = Field(default=0, description="Proposals the LLM asked for in this step.")
     goal: float | None = Field(default=None, description="Goal of the proposal compared against.")
@@ -152,10 +160,18 @@ class ProposalDiff(Strict):
     removed: list[str] = Field(default_factory=list, description="Proposed groups the LLM left unpruned.")
     ratios: dict[str, list[float]] = Field(default_factory=dict, description="Group -> [proposed, LLM's] ratio.")
     quantization: str = Field(default="", description="How quantization changed ('' when it did not).")
+    choice: str | None = Field(default=None, description="Label of the offered alternative compared against.")
+    alternative: str | None = Field(default=None, description="What that alternative is, in words.")
+    why: str = Field(default="", description="The LLM's reason for its choice, as it wrote it.")
 
     def label(self) -> str:
-        """Return "copied", "edited (n changes)" or "own" for tables and the console."""
-        return f"edited ({self.changes} changes)" if self.verdict == "edited" else self.verdict
+        """Return "copied", "chosen alternative B", "edited (n changes)" or "own" for tables and the console."""
+        if self.verdict == "chosen":
+            return f"chosen alternative {self.choice}"
+        if self.verdict == "edited":
+            edited = f"edited ({self.changes} changes)"
+            return f"{edited} from alternative {self.choice}" if self.choice else edited
+        return self.verdict
 
 
 class BackoffTrial(Strict):

@@ -68,6 +68,8 @@ def test_a_resumed_conversation_sends_no_answered_model_call_again(tmp_path):
     evaluated: list[dict[str, Any]] = []
 
     def evaluate_fn(plan: dict[str, Any]) -> dict[str, Any]:
+        if any(e["ratio"] != 0.5 for e in plan["pruning"]):  # a trial of an offered alternative, not PLAN's
+            return {"accuracy_drop_pp": 1.0}
         evaluated.append(plan)
         if len(evaluated) == 1:  # Ctrl-C while the tool runs, after the model's first (tool-calling) answer
             raise Interrupted("interrupted")

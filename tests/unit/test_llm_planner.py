@@ -23,6 +23,7 @@ from profiling_agent.prompts.input_shape import render_input_shape
 from profiling_agent.prompts.iterative import Feedback, render_iterative
 from profiling_agent.state import CompressionPlan, Context, Objective, PruneEntry, QuantEntry, State
 from profiling_agent.tools.planning.deterministic import estimate_reduction, plan_round
+from profiling_agent.tools.planning.llm_client import message_text
 from profiling_agent.tools.planning.llm_planner import llm_round, plan_with_llm
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.shape.llm_shape_agent import resolve_shape_with_llm
@@ -678,5 +679,7 @@ def test_evaluate_fn_adds_the_evaluate_plan_tool(tmp_path):
         evaluate_fn=lambda plan: evaluated.append(plan) or {"accuracy": 88.0},
     )
     assert outcome.planner == "llm" and "evaluate_plan" in model.bound_tools
-    assert len(evaluated) == 1
+    prompt = "".join(message_text(m) for m in model.calls[0])
+    trials = prompt.count("(trial)") + prompt.count("(trial failed")  # the offered alternatives' trials, first
+    assert trials and len(evaluated) == 1 + trials
     assert '"measured":{"accuracy":88.0}' in next(m for m in model.calls[1] if isinstance(m, ToolMessage)).content

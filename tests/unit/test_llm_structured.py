@@ -104,7 +104,9 @@ def test_a_server_refusing_json_schema_is_driven_through_json_object(tmp_path):
     limit = answer_token_limit(sent["response_format"]["schema"])
     assert all(r["body"]["max_completion_tokens"] == r["body"]["max_tokens"] == limit for r in server.requests)
     assert 256 < limit < 2048
-    assert "tools" not in sent and sent["response_format"]["schema"]["required"] == [
+    schema = sent["response_format"]["schema"]
+    assert schema["required"] == ["choice", "why"]  # a choice of an offered alternative, or "own" with a plan
+    assert "tools" not in sent and [k for k in schema["properties"] if k not in ("choice", "why")] == [
         "pruning",
         "quantization",
         "rationale",
@@ -144,6 +146,7 @@ def test_a_forced_mode_is_used_first_and_a_confirmed_mode_is_remembered(tmp_path
     with ScriptedOpenAIServer([llama_cpp_like(json.dumps(GROUP_PLAN))] * 3) as server:
         outcome, _ = plan_with(server, tmp_path, structured="json_object")
     assert outcome.planner == "llm" and formats(server) == [None, "json_object"]
+    assert outcome.tools_dropped  # the first answer (tools offered) was no plan: later rounds ask without tools
     meta = PlannerMeta(llm=outcome.summary("m"))
     later = State(
         run_path=str(tmp_path),
@@ -154,7 +157,7 @@ def test_a_forced_mode_is_used_first_and_a_confirmed_mode_is_remembered(tmp_path
     )
     with ScriptedOpenAIServer([llama_cpp_like(json.dumps(GROUP_PLAN))] * 3) as server:
         outcome, _ = plan_with(server, tmp_path, state=later)
-    assert formats(server) == [None, "json_object"]  # round 2 starts from the mode round 1 confirmed
+    assert formats(server) == ["json_object"]  # round 2 starts from the mode round 1 confirmed, without tools
     assert outcome.planner == "llm"
 
 
@@ -216,7 +219,7 @@ def test_a_constrained_answer_cut_off_at_the_token_limit_is_retried_with_the_rea
 def test_a_rambling_refused_answer_is_cut_short_in_the_retry_conversation(tmp_path):
     from profiling_agent.tools.planning.llm_session import MAX_REFUSED_IN_HISTORY
 
-    ramble = "Let me think about which layers matter most. " * 200  # ~9,000 characters, no JSON: a 2k-token ramble
+    ramble = "Let me think about which layers matter most. " * 300  # ~13,500 characters, no JSON: a 3k-token ramble
     script = [chat_completion(content=ramble), llama_cpp_like(json.dumps(GROUP_PLAN))]
     with ScriptedOpenAIServer(script + [llama_cpp_like(json.dumps(GROUP_PLAN))] * 3) as server:
         outcome, _ = plan_with(server, tmp_path)

@@ -37,6 +37,7 @@ class PlanResult:
     gamma: float
     converged: bool = False
     notes: list[str] = field(default_factory=list)
+    predicted_pp: float | None = None  # the plan's trial-slice loss when the round measured it, pp
 
 
 def ceiling_of(history: list[dict[str, Any]]) -> float | None:

@@ -49,6 +49,8 @@ class ConversationState(TypedDict, total=False):
     tool_errors: list[dict[str, str]]  # tool calls refused or failed ({"name", "error"})
     accepted: dict[str, Any] | None  # the plan the guard accepted: {"plan", "estimate", "ratios", "sent_back"}
     failure: dict[str, str] | None  # why the conversation ended without a plan: {"stage", "reason"}
+    retried: bool  # a timed-out first request was sent again without tools (its one retry)
+    tools_dropped: str | None  # why the first answer showed the model cannot use tools (then: constrained, no tools)
 
 
 def transient(exc: BaseException) -> bool:
@@ -56,6 +58,22 @@ def transient(exc: BaseException) -> bool:
     if not isinstance(exc, PlannerFailure):
         return False
     return exc.stage == "timeout" or exc.status in TRANSIENT_STATUS or "APIConnectionError" in exc.reason
+
+
+TOOLS_DROPPED = (
+    "the model cannot use tools ({why}): the rest of the run asks for schema-constrained answers without tools"
+)
+
+
+def first_with_tools(state: ConversationState, conv: Conversation) -> bool:
+    """Return True while the conversation's first answer, to a request that offered tools, is being read."""
+    return conv.has_tools and not state.get("constrained") and state.get("requests", 0) <= 1
+
+
+def drop_tools(conv: Conversation, why: str) -> dict[str, Any]:
+    """Return the update that asks for constrained answers without tools from now on, written to the transcript."""
+    conv.transcript.write("tools_dropped", reason=why)
+    return {"constrained": True, "tools_dropped": why}
 
 
 def initial_state(conv: Conversation, messages: list[BaseMessage]) -> ConversationState:
@@ -107,9 +125,15 @@ def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> dict
         reply = conv.request(list(state["messages"]), constrained, forced, finder, conv.deadline)
     except PlannerFailure as failure:
         if "LengthFinishReasonError" in failure.reason:
-            return {**_cut_off(state, conv, finder), "requests": requests}
+            cut = {**_cut_off(state, conv, finder), "requests": requests}
+            if first_with_tools({**state, "requests": requests}, conv):
+                cut |= drop_tools(conv, "the first answer ran to the token limit without a plan or a tool call")
+            return cut
+        if failure.stage == "timeout" and first_with_tools({**state, "requests": requests}, conv):
+            dropped = drop_tools(conv, f"the first request timed out: {failure.reason[:120]}")
+            return {**dropped, "requests": requests, "retried": True}  # sent again without tools: its one retry
         attempt = runtime.execution_info.node_attempt if runtime.execution_info else REQUEST_RETRY.max_attempts
-        if transient(failure) and attempt < REQUEST_RETRY.max_attempts:
+        if transient(failure) and attempt < REQUEST_RETRY.max_attempts and not state.get("retried"):
             raise  # the node's retry policy sends it again
         return {"failure": {"stage": failure.stage, "reason": failure.reason}, "requests": requests}
     if reply.id is None or any(m.id == reply.id for m in state["messages"]):  # an id seen before would replace it
@@ -124,6 +148,8 @@ def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> dict
         "structured": dict(finder.record()),
         "mode": finder.mode if constrained else "off",
     }
+    if reply.invalid_tool_calls and first_with_tools({**state, "requests": requests}, conv):
+        update |= drop_tools(conv, "the first answer made a malformed tool call")
     if reply.tool_calls or reply.invalid_tool_calls:
         past = _past_tool_budget(state, conv, reply, forced)
         update |= past | {"messages": [reply, *past.get("messages", [])]}
@@ -179,13 +205,19 @@ def check_answer(state: ConversationState, runtime: Runtime[Conversation]) -> di
     text = message_text(reply)
     finder = conv.finder(state.get("structured"))
     try:
-        plan, estimate, ratios = conv.accept(text)
+        plan, estimate, ratios, choice = conv.accept(text)
     except Rejected as rej:
         return _refuse(state, conv, finder, rej, reply)
     if state.get("mode", "off") != "off":
         finder.worked()
     sent_back = len(state.get("rejected", []))
-    accepted = {"plan": plan.model_dump(), "estimate": estimate, "ratios": ratios, "sent_back": sent_back}
+    accepted = {
+        "plan": plan.model_dump(),
+        "estimate": estimate,
+        "ratios": ratios,
+        "sent_back": sent_back,
+        "choice": choice,
+    }
     return {"accepted": accepted, "structured": dict(finder.record())}
 
 
@@ -213,8 +245,11 @@ def _refuse(
         return update | {
             "failure": {"stage": rej.stage, "reason": f"{len(rejected)} invalid answers; last: {rej.reasons[0]}"}
         }
+    if rej.stage == "parse" and first_with_tools(state, conv):
+        update |= drop_tools(conv, "the first answer was prose, neither a plan nor a tool call")
     rounds, budget = state.get("rounds", 0), state["budget"]["tool_rounds"]
-    keep_tools = conv.has_tools and not state.get("forced") and 0 < rounds < budget
+    dropped = state.get("tools_dropped") or update.get("tools_dropped")
+    keep_tools = conv.has_tools and not state.get("forced") and not dropped and 0 < rounds < budget
     retry = conv.repair_text(rej, keep_tools)
     conv.transcript.write("prompt", role="human", content=retry)
     # a rambling refused answer must not fill the context: the same message id replaces it in the history

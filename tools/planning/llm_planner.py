@@ -21,6 +21,7 @@ from profiling_agent.state import (
     StructuredFacts,
 )
 from profiling_agent.tools.planning import llm_conversation
+from profiling_agent.tools.planning.alternatives import Offer, OfferInputs, offer_alternatives
 from profiling_agent.tools.planning.deterministic import PlanResult
 from profiling_agent.tools.planning.llm_client import (
     Stage,
@@ -72,6 +73,7 @@ class LLMOutcome:
     structured: StructuredFacts = field(default_factory=StructuredFacts)
     vs_proposal: ProposalDiff | None = None
     sent_back: int = 0
+    tools_dropped: str | None = None  # why this step stopped offering tools (decided here, for the rest of the run)
 
     def applied(self) -> str:
         """Say plainly whether the LLM's plan was applied, edited or copied from the proposal, or replaced, and why."""
@@ -81,10 +83,14 @@ class LLMOutcome:
         after = f" after {self.sent_back} answer(s) sent back" if self.sent_back else ""
         diff = self.vs_proposal
         goal = f" at goal {diff.goal:.0%}" if diff is not None and diff.goal is not None else ""
-        if diff is not None and diff.verdict == "edited":
+        why = f" (why: {diff.why})" if diff is not None and diff.why else ""
+        if diff is not None and diff.verdict == "chosen":
             return (
-                f"edited: the deterministic proposal{goal} with {diff.changes} change(s), accepted by the guard{after}"
+                f"chosen: alternative {diff.choice} ({diff.alternative}) unchanged, accepted by the guard{after}{why}"
             )
+        if diff is not None and diff.verdict == "edited":
+            base = f"alternative {diff.choice} ({diff.alternative})" if diff.choice else "the deterministic proposal"
+            return f"edited: {base}{goal} with {diff.changes} change(s), accepted by the guard{after}{why}"
         if diff is not None and diff.verdict == "copied":
             return f"copied: the deterministic proposal{goal} unchanged, accepted by the guard{after}"
         return f"applied: the LLM's own plan, accepted by the guard{after}"
@@ -100,6 +106,7 @@ class LLMOutcome:
             structured=self.structured,  # validated into a new dict
             vs_proposal=self.vs_proposal.label() if self.vs_proposal else None,
             applied=self.applied(),
+            tools_dropped=self.tools_dropped,
         )
 
 
@@ -206,6 +213,21 @@ def plan_with_llm(
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
         tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
         repair = Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target)
+        offer = offer_alternatives(
+            OfferInputs(
+                profile,
+                sensitivity,
+                inputs.objective,
+                repair.goal,
+                list(fallback.plan.quantization) if inputs.objective.quantize != "none" else [],
+                merging,
+                inputs.token_axis,
+                fallback.predicted_pp,
+                evaluate_fn,
+            ),
+            guard,
+        )
+        proposals.extend(a.record for a in offer.alternatives)
         conv = Conversation(
             model,
             tools,
@@ -217,8 +239,10 @@ def plan_with_llm(
             guard,
             repair,
             finder.known,
+            offer,
+            dropped_tools(inputs),
         )
-        messages = render_messages(inputs, ctx, profile, sensitivity, iteration, guard)
+        messages = with_offer(render_messages(inputs, ctx, profile, sensitivity, iteration, guard), offer, inputs)
         # inside a graph node the conversation checkpoints under the node's run (LangGraph passes its config on)
         graph = conversation if conversation is not None else llm_conversation.conversation
         final = graph.invoke(initial_state(conv, messages), context=conv)
@@ -230,6 +254,23 @@ def plan_with_llm(
         failed = _Failed("error", f"{type(exc).__name__}: {str(exc)[:300]}", [], empty_usage(), [])
         return _fall_back(transcript, fallback, ctx, failed, finder)
     return _conclude(final, conv, transcript, fallback, ctx, (propose_fn, repair, proposals))
+
+
+def with_offer(messages: list[BaseMessage], offer: Offer, inputs: RoundInputs) -> list[BaseMessage]:
+    """Append the offered alternatives to the prompt's last human turn (unchanged when none are offered)."""
+    text = offer.text(inputs.objective.target)
+    if not text or not messages or not isinstance(messages[-1], HumanMessage):
+        return messages
+    return [*messages[:-1], HumanMessage(content=f"{message_text(messages[-1])}\n\n{text}")]
+
+
+def dropped_tools(inputs: RoundInputs) -> str | None:
+    """Return why an earlier round of this run stopped offering tools (the model cannot use them), or None."""
+    for candidate in inputs.candidates:
+        llm = candidate.planner_meta.llm if candidate.planner_meta else None
+        if llm is not None and llm.tools_dropped:
+            return llm.tools_dropped
+    return None
 
 
 def replay_proposals(
@@ -248,9 +289,10 @@ def replay_proposals(
         if c.get("name") == "propose_plan"
     ]
     shown = any(isinstance(m, HumanMessage) and REPAIR_MARK in message_text(m) for m in messages)
-    if len(proposals) >= len(asked) + int(shown):
+    offered = [p for p in proposals if p.label is not None]  # the alternatives: offered before the conversation
+    if len(proposals) - len(offered) >= len(asked) + int(shown):
         return
-    proposals.clear()
+    proposals[:] = offered
     for args in asked:
         try:
             goal = float(args.get("goal", ""))
@@ -348,6 +390,26 @@ def _fall_back(
     )
 
 
+def chosen_diff(accepted: dict[str, Any], plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:
+    """Compare the applied plan with the alternative the answer chose by label, else with the proposals it asked for.
+
+    An answer without a choice is compared with the propose_plan answers and the repair's proposal (as before
+    alternatives were offered), unless it writes out an offered alternative unchanged: then that is its choice.
+    """
+    choice = accepted.get("choice") or {}
+    chosen = [p for p in proposals if choice.get("label") and p.label == choice["label"]]
+    if chosen:  # compared with the chosen one only; how many proposals the step showed is still recorded
+        diff = compare_to_proposals(accepted["ratios"], plan, chosen)
+        diff = diff.model_copy(update={"proposals": len(proposals)})
+    else:
+        diff = compare_to_proposals(accepted["ratios"], plan, [p for p in proposals if p.label is None])
+        offered = [p for p in proposals if p.label is not None]
+        same = compare_to_proposals(accepted["ratios"], plan, offered) if offered else None
+        if same is not None and same.changes == 0:
+            diff = same.model_copy(update={"proposals": diff.proposals})
+    return diff.model_copy(update={"why": str(choice.get("why") or "")})
+
+
 def _conclude(
     final: dict[str, Any],
     conv: Conversation,
@@ -367,14 +429,16 @@ def _conclude(
     if not accepted:
         failure = final.get("failure") or {"stage": "error", "reason": "the conversation ended at its request bound"}
         failed = _Failed(failure["stage"], failure["reason"], list(final.get("rejected") or []), usage, tool_errors)
-        return _fall_back(transcript, fallback, ctx, failed, finder)
+        fell = _fall_back(transcript, fallback, ctx, failed, finder)
+        fell.tools_dropped = final.get("tools_dropped")
+        return fell
     plan = CompressionPlan.model_validate(accepted["plan"])
     replay_proposals(final["messages"], propose_fn, repair, proposals)
-    diff = compare_to_proposals(accepted["ratios"], plan, proposals)
+    diff = chosen_diff(accepted, plan, proposals)
     outcome = LLMOutcome(
         plan, "llm", [], transcript.rel, accepted["estimate"], usage, tool_errors, finder.record(), diff
     )
-    outcome.sent_back = accepted["sent_back"]
+    outcome.sent_back, outcome.tools_dropped = accepted["sent_back"], final.get("tools_dropped")
     transcript.write("applied", text=outcome.applied())
     transcript.write("usage", **usage)
     transcript.write("structured", **finder.record())

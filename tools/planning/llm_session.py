@@ -9,6 +9,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from profiling_agent.state import CompressionPlan, Context, QuantEntry, QuantizeChoice, StructuredMode
+from profiling_agent.tools.planning.alternatives import Offer
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
     Stage,
@@ -128,6 +129,8 @@ class Conversation:
     guard: GuardConfig = field(default_factory=GuardConfig)
     repair: Repair | None = None
     known_mode: StructuredMode | None = None  # a mode an earlier round of this run confirmed
+    offer: Offer = field(default_factory=Offer)  # the labelled alternatives the prompt offers
+    tools_off: str | None = None  # why an earlier round stopped offering tools (the model cannot use them)
 
     def __post_init__(self) -> None:
         self.notes: list[str] = []  # written to the transcript when the conversation starts
@@ -146,13 +149,16 @@ class Conversation:
             linears,
             [r.rate for r in paying if r.rate is not None],
             [r.schedule for r in paying if r.rate is None],
+            self.offer.labels(),
         )
         # every reply is capped at the longest plan the schema allows (--llm-max-tokens caps it further)
         self.max_tokens = min(self.ctx.llm_max_tokens, answer_token_limit(self.schema))
         self.limit = token_limit_kwargs(self.ctx, self.max_tokens)
 
     def _bind(self) -> tuple[Any, Any, bool]:
-        if not self.tools or self.ctx.llm_tool_rounds <= 0:
+        if self.tools_off:
+            self.notes.append(f"no tools offered: an earlier round showed the model cannot use them ({self.tools_off})")
+        if not self.tools or self.ctx.llm_tool_rounds <= 0 or self.tools_off:
             return self.model, self.model, False
         try:
             bound = self.model.bind_tools(self.tools)
@@ -195,14 +201,23 @@ class Conversation:
             out.append(ToolMessage(content=content, tool_call_id=call_id, name=call.get("name") or "unknown"))
         return out, errors
 
-    def accept(self, text: str) -> tuple[CompressionPlan, dict[str, float], dict[str, float]]:
-        """Parse and guard an answer; return the plan, its predicted reduction and its ratio per group.
+    def accept(self, text: str) -> tuple[CompressionPlan, dict[str, float], dict[str, float], dict[str, str] | None]:
+        """Parse and guard an answer; return the plan, its predicted reduction, its ratio per group and its choice.
+
+        An answer that chooses an offered alternative by label stands for that plan (edited by entries beside the
+        choice); the choice ({"label", "why"}) is None for an answer that writes its own plan.
 
         Raises:
             Rejected: the answer is not a plan (stage "parse") or the guard refused it (stage "guard").
         """
+        choice = None
         try:
-            raw, notes = parse_plan_text(text)
+            chosen = self.offer.resolve(text)
+            if chosen is not None:
+                raw, notes, choice = chosen
+                self.transcript.write("choice", **choice)
+            else:
+                raw, notes = parse_plan_text(text)
         except ValueError as exc:
             self.transcript.write("parse_error", reason=str(exc))
             raise Rejected("parse", [str(exc)]) from exc
@@ -218,7 +233,7 @@ class Conversation:
         self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
         if not verdict.ok or verdict.plan is None:
             raise Rejected("guard", verdict.reasons, verdict.estimate)
-        return verdict.plan, dict(verdict.estimate), dict(verdict.ratios)
+        return verdict.plan, dict(verdict.estimate), dict(verdict.ratios), choice
 
     def request(
         self, messages: list[BaseMessage], constrained: bool, forced: bool, finder: ModeFinder, left: float

@@ -15,6 +15,7 @@ from profiling_agent.tools.planning.token_plan import TokenOption, pruning_probl
 Emphasis = Literal["balanced", "cost", "sensitivity"]
 # the deterministic planner's sensitivity exponent per emphasis: ratios follow cost share / damage**gamma
 EMPHASIS_GAMMA: dict[str, float] = {"balanced": 1.0, "cost": 0.5, "sensitivity": 2.0}
+DEFAULT_LABEL = "A"  # the label of the deterministic proposal among the offered alternatives
 GRID = 0.05  # proposal ratios are multiples of this (the schema-constrained answers' ratio grid)
 
 
@@ -28,6 +29,8 @@ class Proposal(BaseModel):
     ratios: dict[str, float] = Field(description="Ratio per group name.")
     quantization: list[str] = Field(default_factory=list, description="'layer dtype' per quantization entry.")
     estimate: dict[str, float] = Field(default_factory=dict, description="Predicted params/macs/latency reduction.")
+    label: str | None = Field(default=None, description="The label it was offered under (A, B, ...), if any.")
+    name: str = Field(default="", description="What an offered alternative is, in words.")
 
 
 def _grid(ratio: float, cap: float) -> float:
@@ -117,9 +120,11 @@ def compare_to_proposals(ratios: dict[str, float], plan: CompressionPlan, propos
         q_change = "" if quant == prop.quantization else f"{', '.join(prop.quantization) or 'none'} -> "
         q_change += (", ".join(quant) or "none") if q_change else ""
         n = len(added) + len(removed) + len(changed) + (1 if q_change else 0)
-        verdict: Literal["copied", "edited", "own"] = (
+        verdict: Literal["copied", "chosen", "edited", "own"] = (
             "copied" if n == 0 else "edited" if n <= max(1, len(prop.ratios)) else "own"
         )
+        if verdict == "copied" and prop.label not in (None, DEFAULT_LABEL):
+            verdict = "chosen"  # another offered alternative, taken as it was: a decision, not a copy
         diff = ProposalDiff(
             verdict=verdict,
             changes=n,
@@ -130,6 +135,8 @@ def compare_to_proposals(ratios: dict[str, float], plan: CompressionPlan, propos
             removed=removed,
             ratios=changed,
             quantization=q_change,
+            choice=prop.label if verdict != "own" else None,
+            alternative=(prop.name or None) if verdict != "own" else None,
         )
         if best is None or diff.changes <= best.changes:
             best = diff

@@ -366,6 +366,10 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
         message = f"LLM plan refused ({f.stage}: {f.reason[:160]}); replaced by the {message}"
     if turn.llm is not None:
         message += " " + llm_console_note(turn.llm)
+    if turn.llm is not None and turn.llm.tools_dropped:  # said once: the round that found it out
+        from profiling_agent.tools.planning.llm_conversation import TOOLS_DROPPED
+
+        message += "; " + TOOLS_DROPPED.format(why=turn.llm.tools_dropped)
     message += f"; blocks chosen from {len(det.trials)} distilled trials" if det.trials else ""
     message += f"; tokens: {det.tokens.why}" if det.tokens is not None else ""
     return message + "".join(f"; {n}" for n in det.result.notes if "cannot be reached" in n)
@@ -406,8 +410,13 @@ def planning_round(
         turn.turn = "reference" if reference_due(inputs.candidates) else "llm"
         if turn.turn == "llm" and result.converged:  # the deterministic sequence is over: nothing to pair
             turn.turn = "reference"
-    if turn.turn == "llm":
-        turn = llm_turn(inputs, ctx, full_profile, data, result, evaluator(None), conversation)
+    if turn.turn == "llm":  # the LLM's trials: its evaluate_plan calls and one per offered alternative
+        from profiling_agent.tools.planning.alternatives import LABELS
+        from profiling_agent.tools.planning.trials import MAX_EVALUATIONS
+
+        measured = dataclasses.replace(result, predicted_pp=det.predicted)  # the alternatives reuse its trial
+        evaluate = evaluator(MAX_EVALUATIONS + len(LABELS) - 1)
+        turn = llm_turn(inputs, ctx, full_profile, data, measured, evaluate, conversation)
     stop = ""
     if result.converged and (turn.planner == "deterministic" or turn.turn):
         stop = f"planner converged before iteration {inputs.iteration}: {result.notes[0]}"

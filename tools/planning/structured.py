@@ -45,6 +45,7 @@ def plan_schema(
     linears: list[str] | None = None,
     token_rates: list[int] | None = None,
     token_schedules: list[list[int]] | None = None,
+    choices: list[str] | None = None,
 ) -> dict[str, Any]:
     """Return the JSON schema of a plan for this model, the one the server constrains decoding to.
 
@@ -55,6 +56,9 @@ def plan_schema(
     regex form. Ratios come from a grid, and quantization entries name "all" or one exact Linear layer. A "block"
     entry (present only when the groups include block groups, i.e. depth pruning is on) removes whole blocks: its
     only ratio is 1.0. A "tokens" entry (only when a merging rate or schedule pays) names one that was measured.
+    With `choices` (the labels of offered alternatives) the answer starts with a required `choice` (a label, or
+    "own") and a `why`; the plan's fields become optional: a choice alone stands for the chosen plan, and entries
+    beside it edit that plan.
     """
     kinds = sorted({str(g["kind"]) for g in groups}) or ["structured", "head"]
 
@@ -102,6 +106,14 @@ def plan_schema(
     }
     if token_rates or token_schedules:
         props[TOKENS] = {"anyOf": [{"type": "null"}, *token_schema(token_rates or [], token_schedules or [])]}
+    if choices:
+        choice = {"choice": {"type": "string", "enum": [*choices, "own"]}, "why": {"type": "string", "maxLength": 240}}
+        return {
+            "type": "object",
+            "properties": {**choice, **props},
+            "required": ["choice", "why"],
+            "additionalProperties": False,
+        }
     return {
         "type": "object",
         "properties": props,
@@ -132,6 +144,7 @@ def answer_token_limit(schema: dict[str, Any], slack: float = 1.0) -> int:
     entries = min(MAX_SIZED_ENTRIES, max(1, len(names)))
     chars = sum(len(n) + 3 for n in names) + entries * (MAX_JUSTIFICATION + 80)
     chars += 2 * (MAX_JUSTIFICATION + 100) + MAX_RATIONALE + 200  # quantization entries, rationale, tokens, braces
+    chars += int((props.get("why") or {}).get("maxLength", 0))  # an offered alternative's choice and its reason
     return int(slack * chars / CHARS_PER_TOKEN) + 64
 
 

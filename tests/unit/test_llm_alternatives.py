@@ -1,0 +1,95 @@
+"""Measured alternatives offered beside the proposal: a choice by label, an edited choice, the default copied."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
+
+from profiling_agent.nodes.analyze import round_inputs
+from profiling_agent.state import Context, Objective, State
+from profiling_agent.tools.planning.deterministic import plan_round
+from profiling_agent.tools.planning.llm_planner import plan_with_llm
+
+PROFILE = vit_profile(n_layers=2)
+SENS = vit_sensitivity(PROFILE)
+
+
+@pytest.fixture(autouse=True)
+def local_only(monkeypatch):
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+def plan_via(server, tmp_path, trials=None):
+    state = State(run_path=str(tmp_path), family="vit", objective=Objective())
+    fallback = plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback.predicted_pp = 1.25  # the round's own trial of the deterministic plan
+
+    def evaluate(plan):
+        trials.append(plan)
+        return {"accuracy_drop_pp": 2.5}
+
+    ctx = Context(llm_base_url=server.base_url, llm_timeout=10, llm_tool_rounds=2, llm_api_key_env="PA_ALT_UNSET")
+    inputs = round_inputs(state, state.iteration)
+    return plan_with_llm(inputs, ctx, PROFILE, SENS, fallback, evaluate_fn=evaluate if trials is not None else None)
+
+
+def offered(server) -> str:
+    return server.requests[0]["body"]["messages"][-1]["content"]
+
+
+def test_a_reply_choosing_b_applies_bs_plan_and_records_the_choice(tmp_path):
+    trials: list[dict] = []
+    reply = chat_completion(json.dumps({"choice": "B", "why": "MLPs are cheap to prune here"}))
+    with ScriptedOpenAIServer([reply]) as server:
+        outcome = plan_via(server, tmp_path, trials)
+    prompt = offered(server)
+    assert "A (default: the deterministic proposal)" in prompt and "loss 1.25 pp" in prompt
+    assert "B (MLP channels only)" in prompt and "loss 2.50 pp (trial)" in prompt
+    assert len(trials) == 2  # B and C measured; A reuses the round's trial
+    assert outcome.planner == "llm" and not outcome.fallbacks
+    pruned = {e.layer for e in outcome.plan.pruning}
+    assert pruned and all("mlp" in layer for layer in pruned)  # B prunes the MLPs only
+    diff = outcome.vs_proposal
+    assert diff is not None and diff.verdict == "chosen" and diff.choice == "B"
+    assert diff.label() == "chosen alternative B" and diff.why == "MLPs are cheap to prune here"
+    assert outcome.summary("m").applied.startswith("chosen: alternative B (MLP channels only) unchanged")
+    constrained = server.requests[0]["body"]
+    assert "tools" in constrained  # a frontier model keeps its tools; the schema of constrained requests below
+
+
+def test_an_edited_choice_records_the_edit(tmp_path):
+    edit = {"groups": ["layers.0.mlp"], "type": "structured", "ratio": 0.5, "justification": "keep more of layer 0"}
+    reply = chat_completion(json.dumps({"choice": "B", "why": "gentler on layer 0", "pruning": [edit]}))
+    with ScriptedOpenAIServer([reply]) as server:
+        outcome = plan_via(server, tmp_path)
+    diff = outcome.vs_proposal
+    assert outcome.planner == "llm" and diff is not None
+    assert diff.verdict == "edited" and diff.choice == "B" and diff.changes == 1
+    assert list(diff.ratios) == ["layers.0.mlp"] and diff.ratios["layers.0.mlp"][1] == 0.5
+    assert diff.label() == "edited (1 changes) from alternative B"
+    assert "edited: alternative B (MLP channels only)" in outcome.applied()
+
+
+def test_the_default_choice_is_recorded_as_copied_and_an_unknown_label_is_sent_back(tmp_path):
+    with ScriptedOpenAIServer([chat_completion(json.dumps({"choice": "A", "why": "safest"}))]) as server:
+        outcome = plan_via(server, tmp_path)
+    assert outcome.vs_proposal is not None and outcome.vs_proposal.verdict == "copied"
+    assert outcome.vs_proposal.choice == "A" and outcome.applied().startswith("copied:")
+    script = [chat_completion(json.dumps({"choice": "Z", "why": "?"})), chat_completion(json.dumps({"choice": "C"}))]
+    with ScriptedOpenAIServer(script) as server:
+        outcome = plan_via(server, tmp_path)
+    assert "choice 'Z' is not one of the alternatives A, B, C" in json.dumps(server.requests[1]["body"]["messages"])
+    assert outcome.vs_proposal is not None and outcome.vs_proposal.label() == "chosen alternative C"
+
+
+def test_the_constrained_schema_allows_a_choice():
+    from profiling_agent.tools.planning.structured import plan_schema
+
+    schema = plan_schema(PROFILE["groups"], ("qint8",), {"structured": 0.8, "head": 0.5}, 0.05, choices=["A", "B"])
+    assert schema["required"] == ["choice", "why"]
+    assert schema["properties"]["choice"]["enum"] == ["A", "B", "own"] and "pruning" in schema["properties"]

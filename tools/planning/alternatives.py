@@ -1,0 +1,234 @@
+"""Measured alternatives a small model can choose among: labelled plans at the round's goal, the choice read back."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiling_agent.state import CompressionPlan, Objective, QuantEntry, TokenAxis
+from profiling_agent.tools.planning.json_extract import find_object
+from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
+from profiling_agent.tools.planning.plan_parse import normalize_plan
+from profiling_agent.tools.planning.proposal import DEFAULT_LABEL, Proposal, propose
+from profiling_agent.tools.planning.token_plan import TokenOption
+
+logger = logging.getLogger(__name__)
+
+LABELS = "ABCDE"
+OWN = "own"  # the choice of an answer that writes its own plan
+# trials of the alternatives run only on models this small (a trial prunes a copy and runs the trial slice)
+CHEAP_TRIAL_PARAMS = 25_000_000
+CHOICE_FORM = '{"choice": "B", "why": "one sentence"}'
+OFFER_HEADER = (
+    "Measured alternatives at this round's goal (predicted reduction of the params and the latency from the group "
+    "cost shares; loss: top-1 accuracy lost on the trial images, pp, where a trial measured it):"
+)
+OFFER_FOOTER = (
+    "Choose one by its label: answer " + CHOICE_FORM + ". To edit the chosen plan, add to that object "
+    '"pruning" entries (they override its entries for the same groups), a "quantization" list or a "tokens" '
+    'entry. Or write your own plan with "choice": "' + OWN + '".'
+)
+
+
+@dataclass
+class Alternative:
+    """One labelled plan offered beside the deterministic proposal, with its predicted numbers."""
+
+    label: str
+    name: str
+    plan: dict[str, Any]  # the plan as JSON-ready data (exact group names)
+    record: Proposal  # its ratios and estimate, for the comparison with the applied plan
+    loss_pp: float | None = None  # trial-slice loss, pp (None: not measured)
+    measured: str = "not measured"  # where the loss comes from
+
+    def line(self, target: str) -> str:
+        """Return the alternative in the prompt's compact form: label, name, numbers, ratios per group."""
+        est = self.record.estimate
+        loss = f"loss {self.loss_pp:.2f} pp ({self.measured})" if self.loss_pp is not None else f"loss {self.measured}"
+        shares = ", ".join(f"{k} -{float(est.get(k, 0.0)):.1%}" for k in dict.fromkeys((target, "params", "latency")))
+        by_ratio: dict[float, list[str]] = {}
+        for group, ratio in self.record.ratios.items():
+            by_ratio.setdefault(ratio, []).append(group)
+        ratios = "; ".join(f"{', '.join(names)} at {ratio:g}" for ratio, names in by_ratio.items()) or "no pruning"
+        tokens = self.plan.get("tokens") or {}
+        extra = [f"merge tokens {tokens.get('rate', tokens.get('schedule'))}"] if tokens else []
+        extra += [f"quantization {', '.join(self.record.quantization)}"] if self.record.quantization else []
+        return f"{self.label} ({self.name}): {shares}, {loss}\n   prune {ratios}" + "".join(f"; {x}" for x in extra)
+
+
+@dataclass
+class Offer:
+    """The alternatives of one planning step, and the reading of an answer that chooses one by label."""
+
+    alternatives: list[Alternative] = field(default_factory=list)
+
+    def labels(self) -> list[str]:
+        """Return the labels offered."""
+        return [a.label for a in self.alternatives]
+
+    def get(self, label: str | None) -> Alternative | None:
+        """Return the alternative of `label`, or None."""
+        return next((a for a in self.alternatives if a.label == label), None)
+
+    def text(self, target: str) -> str:
+        """Return the prompt's section that offers the alternatives ('' when there are none)."""
+        if not self.alternatives:
+            return ""
+        return "\n".join([OFFER_HEADER, *(a.line(target) for a in self.alternatives), OFFER_FOOTER])
+
+    def resolve(self, text: str) -> tuple[dict[str, Any], list[str], dict[str, str]] | None:
+        """Read an answer that chooses an alternative: the plan it stands for, notes and the choice.
+
+        The chosen plan's pruning entries come first and the answer's own entries after them (later entries
+        override earlier ones); an answer's quantization list or tokens entry replaces the alternative's.
+
+        Returns:
+            (the plan dict, notes, {"label", "why"}), or None when the answer chooses nothing (or "own").
+
+        Raises:
+            ValueError: The answer chooses a label that was not offered.
+        """
+        if not self.alternatives:
+            return None
+        try:
+            found = find_object(text, _choice_shaped, "choice", CHOICE_FORM).value
+        except ValueError:
+            return None
+        label = str(found["choice"]).strip().strip(".").upper() if str(found["choice"]).lower() != OWN else OWN
+        if label == OWN:
+            return None
+        chosen = self.get(label)
+        if chosen is None:
+            raise ValueError(
+                f"choice {str(found['choice'])[:20]!r} is not one of the alternatives {', '.join(self.labels())} "
+                f'(or "{OWN}" with a plan of your own)'
+            )
+        plan = dict(chosen.plan)
+        edits = [e for e in found.get("pruning") or [] if isinstance(e, dict)]
+        plan["pruning"] = [*plan.get("pruning", []), *edits]
+        if isinstance(found.get("quantization"), list) and found["quantization"]:
+            plan["quantization"] = found["quantization"]
+        if "tokens" in found:
+            plan["tokens"] = found["tokens"]
+        normalized, notes = normalize_plan(plan)
+        why = found.get("why") if isinstance(found.get("why"), str) else ""
+        return normalized, notes, {"label": label, "why": str(why)[:300]}
+
+
+def _choice_shaped(value: dict[str, Any]) -> dict[str, Any] | None:
+    return value if isinstance(value.get("choice"), str) else None
+
+
+@dataclass
+class OfferInputs:
+    """What the alternatives are made from: the round's profile, probe, objective, goal and measurements.
+
+    Attributes:
+        profile: The profile (groups, group_costs, totals).
+        sensitivity: Probe results per group.
+        objective: The run's objective.
+        goal: The round's goal (the deterministic planner's).
+        quantization: The quantization entries every alternative carries (the deterministic plan's).
+        merging: The token merging the deterministic plan installs (None: it merges nothing).
+        token_axis: The run's token axis (an alternative merges where a measured row pays).
+        default_loss: The trial-slice loss this round already measured for the deterministic plan, pp.
+        evaluate: The trial evaluator (plan dict -> metrics with "accuracy_drop_pp"), or None.
+    """
+
+    profile: dict[str, Any]
+    sensitivity: dict[str, Any]
+    objective: Objective
+    goal: float
+    quantization: list[QuantEntry]
+    merging: TokenOption | None = None
+    token_axis: TokenAxis | None = None
+    default_loss: float | None = None
+    evaluate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+
+def _variants(inputs: OfferInputs) -> list[tuple[str, list[dict[str, Any]], TokenOption | None]]:
+    """Return (name, groups, merging) of each alternative: the default first, then one axis at a time."""
+    groups = inputs.profile.get("groups") or []
+    kinds = {str(g["kind"]) for g in groups}
+    out = [("default: the deterministic proposal", groups, inputs.merging)]
+    widths = [g for g in groups if g["kind"] != "block"]
+    if "structured" in kinds and "head" in kinds:
+        out.append(("MLP channels only", [g for g in groups if g["kind"] == "structured"], inputs.merging))
+        out.append(("attention heads only", [g for g in groups if g["kind"] == "head"], inputs.merging))
+    if "block" in kinds:
+        out.append(("whole blocks only", [g for g in groups if g["kind"] == "block"], inputs.merging))
+        out.append(("widths only, no whole blocks", widths, inputs.merging))
+    axis = inputs.token_axis
+    paying = axis.paying() if axis is not None else []
+    if inputs.merging is not None:
+        out.append(("no token merging", groups, None))
+    elif paying and axis is not None:
+        best = max(paying, key=lambda r: r.saved_share)
+        out.append(("token merging where it pays", groups, TokenOption.of(best, axis.form)))
+    return out
+
+
+def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
+    """Return up to len(LABELS) distinct plans at the goal the guard accepts, labelled, the default first.
+
+    The default's loss is the round's own trial of the deterministic plan; another alternative gets a trial of its
+    own only when an evaluator is given and the model is small (CHEAP_TRIAL_PARAMS).
+    """
+    profile, offer, seen = inputs.profile, Offer(), set()
+    cheap = int((profile.get("totals") or {}).get("params") or 0) <= CHEAP_TRIAL_PARAMS
+    for name, groups, merging in _variants(inputs):
+        if len(offer.alternatives) >= len(LABELS) or not groups:
+            continue
+        try:
+            plan, record = propose(
+                groups,
+                profile.get("group_costs") or {},
+                inputs.sensitivity,
+                inputs.objective,
+                inputs.goal,
+                "balanced",
+                inputs.quantization,
+                merging,
+            )
+        except Exception:  # noqa: BLE001 - an alternative that cannot be planned is not offered
+            logger.debug("alternative %s not planned", name, exc_info=True)
+            continue
+        key = json.dumps([record.ratios, plan.get("tokens")], sort_keys=True)
+        guarded = _guarded(plan, profile, guard) if record.ratios and key not in seen else None
+        if guarded is None:
+            continue
+        seen.add(key)
+        label = LABELS[len(offer.alternatives)]
+        alt = Alternative(label, name, plan, record.model_copy(update={"label": label, "name": name}))
+        _measure(alt, guarded, inputs, cheap)
+        offer.alternatives.append(alt)
+    return offer
+
+
+def _guarded(plan: dict[str, Any], profile: dict[str, Any], guard: GuardConfig) -> CompressionPlan | None:
+    verdict = check_plan(
+        plan,
+        profile.get("groups") or [],
+        profile.get("protected") or [],
+        profile.get("group_costs") or {},
+        guard,
+        layers=profile.get("layers"),
+    )
+    return verdict.plan if verdict.ok else None
+
+
+def _measure(alt: Alternative, guarded: CompressionPlan, inputs: OfferInputs, cheap: bool) -> None:
+    if alt.label == DEFAULT_LABEL and inputs.default_loss is not None:
+        alt.loss_pp, alt.measured = float(inputs.default_loss), "this round's trial of the deterministic plan"
+        return
+    if inputs.evaluate is None or not cheap:
+        alt.measured = "not measured" if inputs.evaluate is None else "not measured (trials skipped: a large model)"
+        return
+    try:
+        metrics = inputs.evaluate(guarded.model_dump())  # the guard's form: layer regexes
+        alt.loss_pp, alt.measured = float(metrics["accuracy_drop_pp"]), "trial"
+    except Exception as exc:  # noqa: BLE001 - a failed trial leaves the loss unmeasured
+        alt.measured = f"not measured (trial failed: {str(exc)[:80]})"

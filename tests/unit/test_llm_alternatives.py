@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
+from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, State

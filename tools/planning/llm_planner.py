@@ -213,20 +213,9 @@ def plan_with_llm(
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
         tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
         repair = Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target)
-        offer = offer_alternatives(
-            OfferInputs(
-                profile,
-                sensitivity,
-                inputs.objective,
-                repair.goal,
-                list(fallback.plan.quantization) if inputs.objective.quantize != "none" else [],
-                merging,
-                inputs.token_axis,
-                fallback.predicted_pp,
-                evaluate_fn,
-            ),
-            guard,
-        )
+        quant = list(fallback.plan.quantization) if inputs.objective.quantize != "none" else []
+        facts = (profile, sensitivity, inputs.objective, repair.goal, quant, merging, inputs.token_axis)
+        offer = offer_alternatives(OfferInputs(*facts, fallback.predicted_pp, evaluate_fn), guard)
         proposals.extend(a.record for a in offer.alternatives)
         conv = Conversation(
             model,

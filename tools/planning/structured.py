@@ -87,18 +87,7 @@ def plan_schema(
         }
 
     prune_entry = entry(kinds[0]) if len(kinds) == 1 else {"anyOf": [entry(kind) for kind in kinds]}
-    quant_layers = ["all", *(linears or [])] if len(linears or []) <= MAX_ENUM_LINEARS else ["all"]
-    quant_entry = {
-        "type": "object",
-        "properties": {
-            "layer": {"type": "string", "enum": quant_layers},
-            "type": {"type": "string", "enum": ["dynamic"]},
-            "dtype": {"type": "string", "enum": list(dtypes)},
-            "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
-        },
-        "required": list(answer_fields("quantization")),
-        "additionalProperties": False,
-    }
+    quant_entry = _quant_entry(dtypes, linears)
     props: dict[str, Any] = {
         "pruning": {"type": "array", "items": prune_entry, "maxItems": max(1, len(groups))},
         "quantization": {"type": "array", "items": quant_entry},
@@ -118,6 +107,22 @@ def plan_schema(
         "type": "object",
         "properties": props,
         "required": [f for f in entry_fields()["plan"] if f in props],
+        "additionalProperties": False,
+    }
+
+
+def _quant_entry(dtypes: tuple[str, ...], linears: list[str] | None) -> dict[str, Any]:
+    """Return the schema of one quantization entry: "all" or one exact Linear layer (when few enough to list)."""
+    quant_layers = ["all", *(linears or [])] if len(linears or []) <= MAX_ENUM_LINEARS else ["all"]
+    return {
+        "type": "object",
+        "properties": {
+            "layer": {"type": "string", "enum": quant_layers},
+            "type": {"type": "string", "enum": ["dynamic"]},
+            "dtype": {"type": "string", "enum": list(dtypes)},
+            "justification": {"type": "string", "maxLength": MAX_JUSTIFICATION},
+        },
+        "required": list(answer_fields("quantization")),
         "additionalProperties": False,
     }
 

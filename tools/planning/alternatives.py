@@ -27,7 +27,9 @@ OFFER_HEADER = (
     "cost shares; loss: top-1 accuracy lost on the trial images, pp, where a trial measured it):"
 )
 OFFER_FOOTER = (
-    "Choose one by its label: answer " + CHOICE_FORM + ". To edit the chosen plan, add to that object "
+    "Your JSON plan may name one of them instead of writing its entries: answer "
+    + CHOICE_FORM
+    + ". To edit the chosen plan, add to that object "
     '"pruning" entries (they override its entries for the same groups), a "quantization" list or a "tokens" '
     'entry. Or write your own plan with "choice": "' + OWN + '".'
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from profiling_agent.state import TokenRate
+from profiling_agent.state import ProposalDiff, TokenRate
 from profiling_agent.tools.reporting.notes import evaluation_notes, evaluation_warnings, test_headline
 from profiling_agent.tools.reporting.speed import delivered_speed, speed_sentence
 from profiling_agent.tools.text import number
@@ -164,9 +164,7 @@ def proposal_lines(candidates: list[dict[str, Any]]) -> list[str]:
             parts = [f"+{g}" for g in diff.get("added") or []] + [f"-{g}" for g in diff.get("removed") or []]
             parts += [f"{g} {a:g}->{b:g}" for g, (a, b) in (diff.get("ratios") or {}).items()]
             parts += [f"quantization {diff['quantization']}"] if diff.get("quantization") else []
-            label = (
-                f"edited ({diff.get('changes')} changes)" if diff.get("verdict") == "edited" else diff.get("verdict")
-            )
+            label = ProposalDiff.model_validate(diff).label()  # "chosen alternative B", "edited (2 changes)", ...
             shown = "; ".join(parts[:8]) + (f"; ... {len(parts) - 8} more" if len(parts) > 8 else "")
             if diff.get("proposals"):
                 label += f" vs the proposal at goal {float(diff.get('goal') or 0):.0%}" + (

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.fake_llm import vit_profile, vit_sensitivity
+from helpers.fake_llm import local_llm_only, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, State
@@ -22,10 +22,7 @@ from llm_fake_server import FakeSmallModel  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def local_only(monkeypatch):
-    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    local_llm_only(monkeypatch)
 
 
 def test_the_fake_small_model_is_driven_to_its_own_constrained_plan(tmp_path):

@@ -338,3 +338,11 @@ REAL_REPLY = r"""```json
 ```"""
 # Round 1's variant: "structured" on the attention blocks (the guard names the right type; see test_plan_guard).
 FIRST_ROUND_REPLY = REAL_REPLY.replace('"type": "head"', '"type": "structured"')
+
+
+def local_llm_only(monkeypatch) -> None:
+    """Make the test's LLM calls reach only the local fake server: no endpoint or key from the environment, no proxy."""
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
+from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, State
@@ -33,10 +33,7 @@ LLAMA_CPP_500 = (
 
 @pytest.fixture(autouse=True)
 def local_only(monkeypatch):
-    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    local_llm_only(monkeypatch)
 
 
 def llama_cpp_like(answer):

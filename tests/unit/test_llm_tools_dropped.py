@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
+from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, State
@@ -19,10 +19,7 @@ CHOICE = chat_completion(json.dumps({"choice": "A", "why": "the default"}))
 
 @pytest.fixture(autouse=True)
 def local_only(monkeypatch):
-    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    local_llm_only(monkeypatch)
 
 
 def plan_via(server, tmp_path, state=None, timeout=10.0):

@@ -135,7 +135,7 @@ PLAIN_SMOKE = {
     "probe_speed": (["--tiny"], "fast / full (all groups, extrapolated)"),
     "backends": (["--tiny"], "| vit-digits | pruned:ort_dynamic"),
     "time_to_result": (["--tiny", "--models", "vit"], "total:"),
-    "contention": (["--tiny"], "target (busy runs agree within 10% or flag):"),
+    "contention": (["--tiny"], "false-flag rate (quiet blocks):"),
 }
 
 

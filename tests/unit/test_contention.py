@@ -1,13 +1,15 @@
-"""Contention the busy check cannot see: a reference workload timed around every timing block flags a slowed one.
+"""Contention the busy check cannot see: a reference workload timed through every timing block flags a slowed one.
 
-The rule is tested on synthetic reference times (an injected timer); one test runs the real workload beside a
-CPU-bound process pinned to the same core, where the reference gets about half of it (a slowdown near 2x, far
-past the tolerance whatever else the machine runs: the quiet reference is the fastest of 15 samples).
+The decision rule (a one-sided Mann-Whitney U test at `contention.ALPHA` with a minimum effect) is tested on seeded
+synthetic samples: drawn from one distribution it flags at most its stated rate, shifted by 20% it flags. One test
+runs the real workload beside a CPU-bound process pinned to the same core, where the reference gets about half of
+it (a slowdown near 2x, far past the minimum effect whatever else the machine runs).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 
@@ -17,62 +19,122 @@ from torch import nn
 
 from profiling_agent.tools.evaluation import contention, latency
 from profiling_agent.tools.evaluation.form_eval import timing_notice
+from profiling_agent.tools.evaluation.rank_test import p_greater
+
+BLOCK = 2 * contention.CHECK_SAMPLES + 10  # a block of 10 repeats: before, one per repeat, after
 
 
-def _timer(values):
-    """A reference timer that answers from `values` (one list per call, cycled through in order)."""
-    calls = iter(values)
-    return lambda n: list(next(calls))
+def _draw(rng: random.Random, n: int, scale: float = 1.0, spikes: float = 0.0) -> list[float]:
+    """Reference-like times: 3 ms with 5% log-normal noise, times `scale`; a `spikes` share runs 1.5-3x longer."""
+    return [
+        3.0 * scale * rng.lognormvariate(0.0, 0.05) * (rng.uniform(1.5, 3.0) if rng.random() < spikes else 1.0)
+        for _ in range(n)
+    ]
 
 
-def test_a_block_is_flagged_only_when_its_reference_ran_slower_than_the_quiet_noise():
-    quiet = contention.calibrate(lambda n: [2.0, 2.02, 2.04, 2.01, 2.03])
-    assert quiet.quiet_ms == 2.0 and quiet.spread == pytest.approx(0.01)
-    assert quiet.tolerance == contention.MIN_TOLERANCE  # 3 x 1% noise is under the 10% floor
-    calm = contention.judge(2.05, 2.1, quiet)
-    assert calm["contended"] is False and calm["slowdown"] == pytest.approx(1.05)
-    slowed = contention.judge(2.05, 2.5, quiet)  # a neighbour slowed the block's end by 25%
-    assert slowed["contended"] is True and slowed["slowdown"] == pytest.approx(1.25)
-    assert slowed["before_ms"] == 2.05 and slowed["after_ms"] == 2.5 and "quiet calibration" in slowed["rule"]
-    noisy = contention.calibrate(lambda n: [2.0, 2.2, 2.4, 2.3, 2.6])  # the reference's own noise is 15%
-    assert noisy.tolerance == contention.MAX_TOLERANCE  # 3 x 15% capped at 25%
-    assert contention.judge(2.4, 2.4, noisy)["contended"] is False
-    assert contention.judge(2.6, 2.4, noisy)["contended"] is True
+@pytest.mark.parametrize("spikes", [0.0, 0.1])
+def test_blocks_drawn_like_the_calibration_are_flagged_at_most_at_the_stated_rate(spikes):
+    rng = random.Random(49)
+    draws = 400
+    rejected = flagged = 0
+    for _ in range(draws):
+        quiet = contention.QuietReference(_draw(rng, contention.CALIBRATION_SAMPLES, spikes=spikes))
+        block = _draw(rng, BLOCK, spikes=spikes)
+        rejected += p_greater(block, quiet.samples_ms) < contention.ALPHA
+        flagged += contention.judge(block, quiet)["contended"]
+    # the exact test's size is at most ALPHA (4 of 400 expected); 10 or more would happen with p < 0.003
+    assert rejected < 10 and flagged <= rejected, (rejected, flagged)
 
 
-def test_a_contended_block_is_measured_again_and_flagged_with_the_reason(monkeypatch):
-    def fake(models, sample, **kwargs):  # wall equals CPU time: the busy check sees nothing
-        return {n: {"latency_ms": 1.0, "latency_batch_ms": 2.0, "wall_s": 1.0, "cpu_s": 1.0} for n in models}
+def test_a_block_whose_reference_ran_20_percent_slower_is_flagged_with_its_p_value():
+    rng = random.Random(7)
+    hits = 0
+    for _ in range(200):
+        quiet = contention.QuietReference(_draw(rng, contention.CALIBRATION_SAMPLES))
+        facts = contention.judge(_draw(rng, BLOCK, scale=1.2), quiet)
+        hits += facts["contended"]
+    assert hits == 200
+    assert facts["p_value"] < contention.ALPHA and facts["slowdown"] == pytest.approx(1.2, abs=0.05)
+    assert "Mann-Whitney" in facts["rule"] and facts["alpha"] == contention.ALPHA
+    small = contention.judge([3.03 + i * 1e-4 for i in range(BLOCK)], contention.QuietReference([3.0] * 20))
+    assert small["p_value"] < contention.ALPHA and not small["contended"]  # significant but under MIN_EFFECT
 
-    monkeypatch.setattr(latency, "measure_latency", fake)
-    calibration = [2.0] * contention.CALIBRATION_SAMPLES
-    slowed = contention.ReferenceCheck(_timer([calibration, [2.0] * 5, [3.0] * 5, [2.1] * 5, [2.9] * 5]))
-    _, timing = latency.measure_latency_checked({"a": nn.Identity()}, torch.zeros(1, 3, 4, 4), reference=slowed)
-    assert timing["busy"] is False and timing["wall_over_cpu"] == 1.0  # the old check alone would pass it
-    assert timing["contended"] is True and timing["remeasured"] and timing["slowdowns"] == [1.5, 1.45]
-    assert timing["slowdown"] == 1.45 and timing["reference"]["after_ms"] == 2.9  # the less contended attempt
-    assert contention.flagged(timing) and "TIMINGS FLAGGED" in timing_notice(timing)
-    assert "1.45x its quiet time" in timing_notice(timing)
-    calm = contention.ReferenceCheck(_timer([calibration, [2.0] * 5, [2.1] * 5]))
-    _, timing = latency.measure_latency_checked({"a": nn.Identity()}, torch.zeros(1, 3, 4, 4), reference=calm)
+
+def test_the_rank_test_matches_scipy_exact_and_asymptotic():
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(3)
+    x, y = _draw(rng, 14, scale=1.03), _draw(rng, 20)
+    exact = stats.mannwhitneyu(x, y, alternative="greater", method="exact").pvalue
+    assert p_greater(x, y) == pytest.approx(exact, rel=1e-9)
+    x, y = [round(t, 1) for t in _draw(rng, 40)], [round(t, 1) for t in _draw(rng, 40)]  # ties: the approximation
+    asymptotic = stats.mannwhitneyu(x, y, alternative="greater", method="asymptotic").pvalue
+    assert p_greater(x, y) == pytest.approx(asymptotic, rel=1e-9)
+    assert p_greater([], y) == 1.0 and p_greater([1.0] * 5, [1.0] * 5) == 1.0
+
+
+class _Machine:
+    """A stand-in reference timer: 3 ms samples with seeded noise, `scale` times slower while set."""
+
+    def __init__(self) -> None:
+        self.rng, self.scale, self.calls = random.Random(0), 1.0, []
+
+    def __call__(self, n: int) -> list[float]:
+        self.calls.append(n)
+        return _draw(self.rng, n, self.scale)
+
+
+def _steady(models, sample, probe=None, repeats=10, **kwargs):
+    """A measure_latency stand-in whose wall time equals its CPU time (the busy check sees nothing)."""
+    for _ in range(repeats):
+        if probe is not None:
+            probe()
+    return {n: {"latency_ms": 1.0, "latency_batch_ms": 2.0, "wall_s": 1.0, "cpu_s": 1.0} for n in models}
+
+
+def test_a_contended_block_is_measured_again_and_flagged_with_the_test(monkeypatch):
+    monkeypatch.setattr(latency, "measure_latency", _steady)
+    machine = _Machine()
+    check = contention.ReferenceCheck(machine)
+    check.reference()
+    machine.scale = 1.4  # a neighbour competes from now on
+    _, timing = latency.measure_latency_checked({"a": nn.Identity()}, torch.zeros(1, 3, 4, 4), reference=check)
+    assert machine.calls == [contention.CALIBRATION_SAMPLES, *([contention.CHECK_SAMPLES, *[1] * 10, 3] * 2)]
+    assert timing["busy"] is False and timing["wall_over_cpu"] == 1.0  # the wall/CPU check alone would pass it
+    assert timing["contended"] and timing["remeasured"] and len(timing["reference"]["samples_ms"]) == BLOCK
+    assert timing["p_value"] < contention.ALPHA and timing["slowdown"] == pytest.approx(1.4, abs=0.06)
+    notice = timing_notice(timing)
+    assert "TIMINGS FLAGGED" in notice and "Mann-Whitney p=" in notice and "its quiet time" in notice
+    machine.scale = 1.0
+    _, timing = latency.measure_latency_checked({"a": nn.Identity()}, torch.zeros(1, 3, 4, 4), reference=check)
     assert timing["contended"] is False and not timing["remeasured"] and not contention.flagged(timing)
-    assert "FLAGGED" not in timing_notice(timing)
+    assert "FLAGGED" not in timing_notice(timing) and timing["calibration_refreshed"] is False
 
 
-def test_the_quiet_reference_is_kept_in_the_run_folder_and_read_back(tmp_path):
-    first = contention.use_run(tmp_path, timer=lambda n: [3.0] * n)
-    assert first.reference().quiet_ms == 3.0 and (tmp_path / contention.REFERENCE_FILE).exists()
-    assert contention.use_run(tmp_path) is first  # later rounds of the same run: the same reference
-    resumed = contention.use_run(tmp_path, timer=lambda n: [9.0] * n)  # a resumed process reads it back
-    assert resumed is not first and resumed.reference().quiet_ms == 3.0
-    contention.use_run(None)
+def test_a_quiet_block_faster_than_the_calibration_refreshes_it_a_busy_one_does_not(tmp_path):
+    machine = _Machine()
+    machine.scale = 1.3  # the run calibrated beside a competitor that has since stopped
+    check = contention.ReferenceCheck(machine, tmp_path)
+    slow_median = check.reference().median_ms
+    machine.scale = 1.0
+    block = check.block()
+    facts = block.finish()
+    assert not facts["contended"]
+    assert check.refresh(facts["samples_ms"], wall_over_cpu=2.0) is False  # starved: not a quiet block
+    assert check.refresh(facts["samples_ms"], wall_over_cpu=1.02) is True
+    assert check.reference().median_ms < slow_median / 1.2 and check.reference().refreshed == 1
+    resumed = contention.ReferenceCheck(machine, tmp_path).reference()  # kept in the run folder
+    assert resumed.samples_ms == check.reference().samples_ms and resumed.refreshed == 1
+    assert check.refresh(facts["samples_ms"], wall_over_cpu=1.02) is False  # not faster than itself
 
 
-def test_timed_repeats_are_interleaved_and_paired_ratios_carry_an_interval():
+def test_timed_repeats_call_the_probe_once_each_and_paired_ratios_carry_an_interval():
     torch.manual_seed(0)
     models = {"a": nn.Linear(8, 8), "b": nn.Sequential(nn.Linear(8, 64), nn.Linear(64, 8))}
-    lat = latency.measure_latency(models, torch.randn(4, 8).unsqueeze(1).unsqueeze(1), batch_size=4, repeats=6)
-    assert all(len(lat[n]["samples_ms"]) == 6 and None not in lat[n]["samples_ms"] for n in models)
+    probes = []
+    lat = latency.measure_latency(
+        models, torch.randn(4, 8).unsqueeze(1).unsqueeze(1), batch_size=4, repeats=6, probe=lambda: probes.append(1)
+    )
+    assert len(probes) == 6 and all(len(lat[n]["samples_ms"]) == 6 and None not in lat[n]["samples_ms"] for n in models)
     clear = latency.paired_ratio({"samples_ms": [2.0, 2.2, 1.9, 2.1, 2.0]}, {"samples_ms": [1.0, 1.1, 1.0, 1.0, 1.0]})
     assert clear is not None and clear["ratio"] == 2.0 and clear["ci"][0] > 1.0 and clear["repeats"] == 5
     assert latency.measurably_different(clear) is True
@@ -82,37 +144,52 @@ def test_timed_repeats_are_interleaved_and_paired_ratios_carry_an_interval():
     assert latency.paired_ratio({"samples_ms": [1.0, None]}, {"samples_ms": [1.0, 1.0]}) is None  # too few pairs
 
 
+def test_the_quiet_reference_is_kept_in_the_run_folder_and_read_back(tmp_path):
+    first = contention.use_run(tmp_path, timer=lambda n: [3.0 + i / 100 for i in range(n)])
+    assert first.reference().median_ms == pytest.approx(3.095) and (tmp_path / contention.REFERENCE_FILE).exists()
+    assert contention.use_run(tmp_path) is first  # later rounds of the same run: the same reference
+    resumed = contention.use_run(tmp_path, timer=lambda n: [9.0] * n)  # a resumed process reads it back
+    assert resumed is not first and resumed.reference().samples_ms == first.reference().samples_ms
+    contention.use_run(None)
+
+
+def test_a_run_that_starts_busy_is_judged_against_the_machines_quiet_calibration(tmp_path):
+    path, rng = tmp_path / "machine.json", random.Random(1)
+
+    def calibration(scale: float, wall_over_cpu: float = 1.0) -> contention.QuietReference:
+        return contention.QuietReference(_draw(rng, contention.CALIBRATION_SAMPLES, scale), wall_over_cpu)
+
+    first = contention.with_machine(calibration(1.0), path)
+    assert first.machine_median_ms is None and not first.started_busy and contention.read_machine(path)  # kept
+    busy = contention.with_machine(calibration(1.5), path)
+    assert busy.started_busy and busy.samples_ms == contention.read_machine(path) == first.samples_ms
+    assert contention.judge(_draw(rng, BLOCK, 1.5), busy)["contended"]  # a block as slow as that calibration
+    starved = contention.with_machine(calibration(1.0, wall_over_cpu=1.6), path)  # not quiet: not kept
+    assert not starved.started_busy and contention.read_machine(path) == first.samples_ms
+    again = contention.with_machine(calibration(1.02), path)  # quiet and not slower: the machine's new calibration
+    assert not again.started_busy and contention.read_machine(path) == again.samples_ms
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
-def test_a_process_competing_for_the_same_core_slows_the_reference_and_flags_the_block():
+def test_a_process_competing_for_the_same_core_slows_the_reference_and_flags_the_block(monkeypatch, tmp_path):
+    monkeypatch.setenv("PROFILING_AGENT_CACHE", str(tmp_path))  # the machine's kept calibration: this test's own
     before_affinity = os.sched_getaffinity(0)
     core = min(before_affinity)
     os.sched_setaffinity(0, {core})
     competitor = None
     try:
         check = contention.ReferenceCheck()
-        quiet = check.reference()  # the fastest of 15 samples, before the competitor starts
+        check.reference()  # the calibration, before the competitor starts
         spin = f"import os; os.sched_setaffinity(0, {{{core}}}); print('ready', flush=True)\nwhile True: pass"
         competitor = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
         assert competitor.stdout is not None and competitor.stdout.readline().strip() == "ready"
-        judged = contention.judge(check.sample(), check.sample(), quiet)
+        block = check.block()
+        for _ in range(24):  # a long block: the competitor shares the core with whatever else runs on it
+            block.probe()
+        judged = block.finish()
     finally:
         if competitor is not None:
             competitor.kill()
             competitor.wait()
         os.sched_setaffinity(0, before_affinity)
-    assert judged["slowdown"] > 1.0 + contention.MAX_TOLERANCE and judged["contended"] is True, judged
-
-
-def test_a_run_that_starts_busy_is_judged_against_the_machines_floor(tmp_path):
-    """A calibration taken beside competitors is compared with the fastest one this machine ever took."""
-    floor_file = tmp_path / "floor.json"
-    quiet = contention.with_machine_floor(contention.calibrate(lambda n: [2.0] * n), floor_file)
-    assert quiet.machine_floor_ms is None and not quiet.started_busy  # first run: it becomes the floor
-    busy = contention.with_machine_floor(contention.calibrate(lambda n: [3.0] * n), floor_file)
-    assert busy.started_busy and busy.quiet_ms == 2.0 and busy.machine_floor_ms == 2.0
-    facts = contention.judge(3.0, 3.0, busy)  # a block as slow as the busy calibration is contended
-    assert facts["contended"] and facts["started_busy"] and facts["slowdown"] == 1.5
-    close = contention.with_machine_floor(contention.calibrate(lambda n: [2.1] * n), floor_file)
-    assert not close.started_busy and close.quiet_ms == 2.1  # within the tolerance: the run's own calibration
-    faster = contention.with_machine_floor(contention.calibrate(lambda n: [1.5] * n), floor_file)
-    assert faster.quiet_ms == 1.5 and contention.read_floor(floor_file) == 1.5  # the floor only moves down
+    assert judged["contended"] is True and judged["p_value"] < contention.ALPHA, judged

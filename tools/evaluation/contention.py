@@ -1,60 +1,78 @@
-"""Contention a busy check cannot see: a fixed reference workload timed around every timing block.
+"""Contention a busy check cannot see: a fixed reference workload timed through every timing block, rank-tested.
 
 A process on another core slows a one-thread measurement through the shared caches and memory bus without changing
-its wall-to-CPU ratio (`latency.BUSY_FACTOR` misses it). So before and after each timing block the same small
-single-thread workload (a 256x256 FP32 GEMM and a 16 MB copy: core and memory bandwidth) is timed, and compared
-with its quiet calibration: the fastest of CALIBRATION_SAMPLES samples taken once per run, at its first timing
-block, kept in the run folder (`REFERENCE_FILE`) so a resumed run and every later round compare with the same
-reference. A block whose reference ran slower than that by more than its noise (`tolerance`) is *contended*.
+its wall-to-CPU ratio (`latency.BUSY_FACTOR` misses it). So the same small single-thread workload (a 256x256 FP32
+GEMM pair and a 16 MB copy: core and memory bandwidth) is timed CHECK_SAMPLES times before a timing block, once
+at the start of every repeat inside it and CHECK_SAMPLES times after it, and those samples are compared with the
+run's quiet calibration (CALIBRATION_SAMPLES samples at the run's first timing block, kept in the run folder as
+`REFERENCE_FILE`) by a one-sided Mann-Whitney U test. A block is *contended* when the test rejects "no slower than
+the calibration" at ALPHA and the block's median is more than MIN_EFFECT over the calibration's: on a quiet
+machine, where both are draws of one distribution, at most ALPHA of blocks are contended.
 
-A run that starts beside its competitors would calibrate on an already slowed machine, so the real workload's
-calibration is also compared with this machine's floor: the fastest calibration any run on it has taken
-(`machine_floor`, kept in the cache per CPU model and torch version). The run's quiet reference is the faster of
-the two, and a calibration already past the floor's tolerance is said (`started_busy`).
+The calibration is refreshed when the machine is quiet. A block whose models ran on their core (wall time at most
+QUIET_WALL_CPU x CPU time) and whose reference samples were significantly *faster* than the calibration (the same
+test, the other way) replaces it: the calibration had been taken on a busier machine. Across runs, this machine's
+last quiet calibration is kept in the cache (`machine_file`, per CPU model and torch version): a run whose own
+calibration is significantly slower than it started beside competitors (`started_busy`) and is judged against the
+kept one; a run whose calibration was quiet (the reference's wall time at most QUIET_WALL_CPU x its thread CPU
+time, and not significantly slower than the kept one) replaces it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from profiling_agent.tools.evaluation.rank_test import p_greater
+
 REFERENCE_FILE = "timing_reference.json"  # in the run folder
-CALIBRATION_SAMPLES = 15  # samples of the quiet calibration (its fastest is the reference)
-CHECK_SAMPLES = 5  # samples before and after a block (their median is compared)
-MIN_TOLERANCE = 0.10  # a block is contended when its reference ran over 10% slower than the quiet reference...
-NOISE_FACTOR = 3.0  # ... or NOISE_FACTOR times the calibration's own spread, whichever is larger...
-MAX_TOLERANCE = 0.25  # ... but never over 25%: a calibration that noisy was itself taken on a busy machine
+CALIBRATION_SAMPLES = 20  # samples of the quiet calibration (about 3 ms each)
+CHECK_SAMPLES = 3  # samples before and after a block (and one more at the start of every repeat inside it)
+ALPHA = 0.01  # the rank test's level: the rate of contended verdicts on blocks as quiet as the calibration
+MIN_EFFECT = 0.05  # ... and the block's median must be over 5% above the calibration's (a slowdown worth a flag)
+QUIET_WALL_CPU = 1.1  # a calibration or block is quiet when its wall time is at most this x its CPU time
 GEMM_SIZE = 256
 COPY_FLOATS = 4 * 1024 * 1024  # 16 MB: past a core's L2, so a neighbour's cache and memory traffic shows
 
 RULE = (
-    "contended when the reference workload (one thread: a {n}x{n} FP32 GEMM and a 16 MB copy) timed before or "
-    "after the block ran more than max({tol:.0%}, {k:g} x its quiet spread, at most {cap:.0%}) slower than its "
-    "quiet calibration (the fastest of {n_cal} samples at the run's first timing block, or this machine's fastest "
-    "calibration when the run's own was already past that tolerance over it)"
+    "contended when the reference workload (one thread: two {n}x{n} FP32 GEMMs and a 16 MB copy), timed {k} times "
+    "before the block, once per repeat inside it and {k} times after, ran slower than its quiet calibration "
+    "({n_cal} samples) by a one-sided Mann-Whitney U test at alpha {alpha:g}, with its median over {eff:.0%} above "
+    "the calibration's"
 )
 
 Timer = Callable[[int], list[float]]  # samples -> reference times, ms
 
 
-def reference_samples(samples: int) -> list[float]:
-    """Time the reference workload `samples` times on one thread; return each sample's wall time in ms."""
+@functools.cache
+def _buffers() -> tuple[torch.Tensor, ...]:
+    """Return the reference workload's tensors (built once per process: a probe inside a block stays cheap)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=gen)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=gen)
-    src, dst, out = torch.randn(COPY_FLOATS, generator=gen), torch.empty(COPY_FLOATS), torch.empty(a.shape)
+    return a, b, torch.empty(a.shape), torch.randn(COPY_FLOATS, generator=gen), torch.empty(COPY_FLOATS)
+
+
+def reference_samples(samples: int) -> list[float]:
+    """Time the reference workload `samples` times on one thread, after one untimed pass; return each sample, ms.
+
+    The untimed pass puts every sample in the same state whatever ran before (a model's calls evict the GEMM's
+    operands), so a sample inside a block is comparable with the calibration's back-to-back ones.
+    """
+    a, b, out, src, dst = _buffers()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        torch.mm(a, b, out=out)  # warm: allocations and the kernel's first call
+        torch.mm(a, b, out=out)
         dst.copy_(src)
         times = []
         for _ in range(max(1, samples)):
@@ -73,41 +91,50 @@ class QuietReference:
     """The run's quiet calibration of the reference workload.
 
     Attributes:
-        quiet_ms: The fastest calibration sample, ms (the reference a block's samples are compared with).
-        spread: The calibration's relative noise: (median - fastest) / fastest.
-        samples_ms: The calibration samples.
+        samples_ms: The calibration samples, ms (a block's samples are rank-tested against them).
+        wall_over_cpu: The calibration's wall time over its thread CPU time (0: unknown).
         path: Where it is kept (None: in this process only).
-        machine_floor_ms: This machine's fastest calibration before this run's (None: none kept, or a test timer).
-        started_busy: The run's own calibration ran past the tolerance over the machine's floor (the run began on a
-            busy machine; its quiet reference is the floor).
+        machine_median_ms: The median of this machine's kept calibration when the run compared with one (else None).
+        started_busy: The run's own calibration was significantly slower than the machine's kept one (the run began
+            beside competitors; `samples_ms` are the kept ones).
+        refreshed: How many quiet blocks replaced the calibration (their reference ran significantly faster).
     """
 
-    quiet_ms: float
-    spread: float
-    samples_ms: list[float] = field(default_factory=list)
+    samples_ms: list[float]
+    wall_over_cpu: float = 0.0
     path: str | None = None
-    machine_floor_ms: float | None = None
+    machine_median_ms: float | None = None
     started_busy: bool = False
+    refreshed: int = 0
 
     @property
-    def tolerance(self) -> float:
-        """How much slower than `quiet_ms` a block's reference may run before the block is contended."""
-        return round(min(MAX_TOLERANCE, max(MIN_TOLERANCE, NOISE_FACTOR * self.spread)), 4)
+    def median_ms(self) -> float:
+        """The calibration's median, ms."""
+        return statistics.median(self.samples_ms)
 
 
 def calibrate(timer: Timer = reference_samples, samples: int = CALIBRATION_SAMPLES) -> QuietReference:
-    """Time the reference workload `samples` times; keep the fastest as the quiet reference, and the noise."""
+    """Time the reference workload `samples` times; keep the samples and their wall over thread CPU time."""
+    wall, cpu = time.perf_counter(), time.thread_time()
     times = timer(samples)
-    fastest = min(times)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     return QuietReference(
-        quiet_ms=round(fastest, 6),
-        spread=round((statistics.median(times) - fastest) / fastest, 6) if fastest > 0 else 0.0,
-        samples_ms=[round(t, 6) for t in times],
+        samples_ms=[round(t, 6) for t in times], wall_over_cpu=round(wall / cpu, 3) if cpu > 0 else 0.0
     )
 
 
-def machine_floor_path() -> Path:
-    """Return where this machine's fastest calibration of the reference workload is kept (per CPU and torch)."""
+def slower(samples: Sequence[float], quiet: Sequence[float]) -> tuple[bool, float, float]:
+    """Return whether `samples` ran slower than `quiet` (the rank test at ALPHA and MIN_EFFECT), its p and effect.
+
+    The effect is the ratio of the medians (samples over quiet).
+    """
+    p = p_greater(samples, quiet)
+    effect = statistics.median(samples) / statistics.median(quiet) if samples and quiet else 1.0
+    return p < ALPHA and effect > 1.0 + MIN_EFFECT, p, effect
+
+
+def machine_file() -> Path:
+    """Return where this machine's last quiet calibration of the reference workload is kept (per CPU and torch)."""
     from profiling_agent.tools.models.embedded_data import cache_dir
 
     cpu = platform.processor() or platform.machine()
@@ -117,39 +144,41 @@ def machine_floor_path() -> Path:
     except OSError:
         pass
     key = hashlib.sha256(f"{cpu}|{torch.__version__}|{GEMM_SIZE}|{COPY_FLOATS}".encode()).hexdigest()[:16]
-    return cache_dir() / "latency" / f"timing-reference-{key}.json"
+    return cache_dir() / "latency" / f"timing-reference-v2-{key}.json"
 
 
-def read_floor(floor_file: Path) -> float | None:
-    """Return the machine's floor kept in `floor_file`, ms (None: none, or unreadable)."""
+def read_machine(path: Path) -> list[float] | None:
+    """Return the machine's kept calibration samples in `path`, ms (None: none, or unreadable)."""
     from profiling_agent.tools.io import read_json
 
     try:
-        return float(read_json(floor_file)["quiet_ms"]) if floor_file.exists() else None
+        samples = [float(t) for t in read_json(path)["samples_ms"]] if path.exists() else []
     except (OSError, KeyError, TypeError, ValueError):
         return None
+    return samples if len(samples) >= CHECK_SAMPLES and min(samples) > 0 else None
 
 
-def with_machine_floor(run: QuietReference, floor_file: Path) -> QuietReference:
-    """Return the run's calibration against this machine's floor (the faster is the quiet reference); keep the floor.
+def with_machine(run: QuietReference, path: Path) -> QuietReference:
+    """Return the run's calibration judged against the machine's kept one; keep the run's when it was quiet.
 
-    The floor only moves down: a faster calibration replaces it. A cache that cannot be read or written leaves the
-    run's own calibration as it is.
+    Significantly slower than the kept calibration: the run started busy and is judged against the kept samples.
+    Otherwise the run's own calibration holds, and replaces the kept one when its wall/CPU was at most
+    QUIET_WALL_CPU. A cache that cannot be read or written leaves the run's calibration as it is.
     """
     from profiling_agent.tools.io import write_json_atomic
 
-    floor = read_floor(floor_file)
-    if floor is None or run.quiet_ms < floor:
+    kept = read_machine(path)
+    if kept is not None:
+        run.machine_median_ms = round(statistics.median(kept), 6)
+        if slower(run.samples_ms, kept)[0]:
+            run.started_busy = True
+            run.samples_ms = kept
+            return run
+    if 0 < run.wall_over_cpu <= QUIET_WALL_CPU:
         try:
-            write_json_atomic(floor_file, {"quiet_ms": run.quiet_ms, "spread": run.spread})
+            write_json_atomic(path, {"samples_ms": run.samples_ms, "wall_over_cpu": run.wall_over_cpu})
         except OSError:
             pass  # the cache is a convenience: the run's own calibration still holds
-    if floor is None or floor <= 0:
-        return run
-    run.machine_floor_ms = round(floor, 6)
-    if run.quiet_ms > floor * (1 + run.tolerance):
-        run.started_busy = True
-        run.quiet_ms = round(floor, 6)
     return run
 
 
@@ -157,69 +186,108 @@ REAL_WORKLOAD: Timer = reference_samples  # bound at import: a stand-in patched 
 
 
 class ReferenceCheck:
-    """The run's reference workload: calibrated once (or read back), then timed around every block."""
+    """The run's reference workload: calibrated once (or read back), timed through every block, refreshed when quiet."""
 
     def __init__(self, timer: Timer = reference_samples, folder: Path | None = None) -> None:
         self.timer = timer
         self.folder = folder
         self.quiet: QuietReference | None = None
 
+    def _path(self) -> Path | None:
+        return self.folder / REFERENCE_FILE if self.folder is not None else None
+
     def reference(self) -> QuietReference:
         """Return the quiet reference: kept in the run folder, else calibrated now (and kept there)."""
         if self.quiet is not None:
             return self.quiet
-        from profiling_agent.tools.io import read_json, write_json_atomic
+        from profiling_agent.tools.io import read_json
 
-        path = self.folder / REFERENCE_FILE if self.folder is not None else None
+        path = self._path()
         if path is not None and path.exists():
             try:
                 data = read_json(path)
-                self.quiet = QuietReference(
-                    float(data["quiet_ms"]),
-                    float(data["spread"]),
-                    list(data.get("samples_ms") or []),
-                    str(path),
-                    data.get("machine_floor_ms"),
-                    bool(data.get("started_busy")),
-                )
-                return self.quiet
+                samples = [float(t) for t in data["samples_ms"]]
+                if len(samples) >= CHECK_SAMPLES:
+                    fields = ("wall_over_cpu", "machine_median_ms", "started_busy", "refreshed")
+                    self.quiet = QuietReference(samples, path=str(path), **{k: data[k] for k in fields if k in data})
+                    return self.quiet
             except (KeyError, TypeError, ValueError):
-                pass  # unreadable: calibrated again below and written over
+                pass  # unreadable or an older format: calibrated again below and written over
         self.quiet = calibrate(self.timer)
-        if self.timer is REAL_WORKLOAD:  # the real workload (not a test's stand-in): compared with the floor
-            self.quiet = with_machine_floor(self.quiet, machine_floor_path())
-        if path is not None:
-            self.quiet.path = str(path)
-            write_json_atomic(path, asdict(self.quiet))
+        if self.timer is REAL_WORKLOAD:  # the real workload (not a test's stand-in): compared with the machine's
+            self.quiet = with_machine(self.quiet, machine_file())
+        self._keep()
         return self.quiet
 
-    def sample(self) -> float:
-        """Return the median of CHECK_SAMPLES timings of the reference workload, ms."""
-        return round(statistics.median(self.timer(CHECK_SAMPLES)), 6)
+    def _keep(self) -> None:
+        from profiling_agent.tools.io import write_json_atomic
+
+        path = self._path()
+        if path is not None and self.quiet is not None:
+            self.quiet.path = str(path)
+            write_json_atomic(path, asdict(self.quiet))
+
+    def block(self) -> Block:
+        """Start a timing block: the reference is timed CHECK_SAMPLES times now (`Block.probe` inside, `finish`)."""
+        return Block(self, self.reference(), list(self.timer(CHECK_SAMPLES)))
+
+    def refresh(self, samples: Sequence[float], wall_over_cpu: float) -> bool:
+        """Replace the calibration by a quiet block's samples when they ran significantly faster; return whether.
+
+        Quiet: the block's wall time was at most QUIET_WALL_CPU x its CPU time. Faster: the rank test the other way
+        (the calibration slower than the block) at ALPHA and MIN_EFFECT.
+        """
+        quiet = self.reference()
+        if not 0 < wall_over_cpu <= QUIET_WALL_CPU or len(samples) < CHECK_SAMPLES:
+            return False
+        if not slower(quiet.samples_ms, samples)[0]:
+            return False
+        quiet.samples_ms = [round(t, 6) for t in samples]
+        quiet.started_busy = False
+        quiet.refreshed += 1
+        self._keep()
+        return True
 
 
-def judge(before_ms: float, after_ms: float, quiet: QuietReference) -> dict[str, Any]:
-    """Return the contention facts of one block from its reference times before and after it.
+@dataclass
+class Block:
+    """The reference samples of one timing block: before it, one per repeat inside it (`probe`), after it."""
+
+    check: ReferenceCheck
+    quiet: QuietReference
+    samples_ms: list[float] = field(default_factory=list)
+
+    def probe(self) -> None:
+        """Time the reference workload once inside the block (at the start of a repeat)."""
+        self.samples_ms.extend(self.check.timer(1))
+
+    def finish(self) -> dict[str, Any]:
+        """Time the reference CHECK_SAMPLES times after the block; return the block's contention facts (`judge`)."""
+        self.samples_ms.extend(self.check.timer(CHECK_SAMPLES))
+        return judge(self.samples_ms, self.quiet)
+
+
+def judge(samples: Sequence[float], quiet: QuietReference) -> dict[str, Any]:
+    """Return the contention facts of one block from its reference samples against the quiet calibration.
 
     Returns:
-        {"before_ms", "after_ms", "quiet_ms", "spread", "slowdown", "tolerance", "contended", "machine_floor_ms",
-        "started_busy", "rule"}; `slowdown` is the slower of the two over the quiet reference.
+        {"samples_ms", "median_ms", "quiet_median_ms", "slowdown" (the medians' ratio), "p_value", "alpha",
+        "min_effect", "contended", "machine_median_ms", "started_busy", "refreshed", "rule"}.
     """
-    slowdown = max(before_ms, after_ms) / quiet.quiet_ms if quiet.quiet_ms > 0 else 1.0
-    tol = quiet.tolerance
+    contended, p, effect = slower(samples, quiet.samples_ms)
     return {
-        "before_ms": round(before_ms, 4),
-        "after_ms": round(after_ms, 4),
-        "quiet_ms": round(quiet.quiet_ms, 4),
-        "spread": round(quiet.spread, 4),
-        "slowdown": round(slowdown, 4),
-        "tolerance": tol,
-        "contended": slowdown > 1.0 + tol,
-        "machine_floor_ms": quiet.machine_floor_ms,
+        "samples_ms": [round(t, 4) for t in samples],
+        "median_ms": round(statistics.median(samples), 4),
+        "quiet_median_ms": round(quiet.median_ms, 4),
+        "slowdown": round(effect, 4),
+        "p_value": float(f"{p:.3g}"),
+        "alpha": ALPHA,
+        "min_effect": MIN_EFFECT,
+        "contended": contended,
+        "machine_median_ms": quiet.machine_median_ms,
         "started_busy": quiet.started_busy,
-        "rule": RULE.format(
-            n=GEMM_SIZE, tol=MIN_TOLERANCE, k=NOISE_FACTOR, cap=MAX_TOLERANCE, n_cal=CALIBRATION_SAMPLES
-        ),
+        "refreshed": quiet.refreshed,
+        "rule": RULE.format(n=GEMM_SIZE, k=CHECK_SAMPLES, n_cal=len(quiet.samples_ms), alpha=ALPHA, eff=MIN_EFFECT),
     }
 
 
@@ -250,19 +318,26 @@ def flagged(timing: Mapping[str, Any] | None) -> bool:
     return timing is not None and bool(timing.get("busy") or timing.get("contended"))
 
 
+def contended_reason(ref: Mapping[str, Any]) -> str:
+    """Say how the reference workload ran during a contended block (its medians' ratio and the test's p-value)."""
+    if ref.get("p_value") is not None:
+        return (
+            f"a reference workload ran {ref.get('slowdown')}x its quiet time during the block (medians; one-sided "
+            f"Mann-Whitney p={ref.get('p_value'):.2g} < {ref.get('alpha')}): another process competed for the "
+            "core, caches or memory"
+        )
+    if ref.get("tolerance") is not None:  # a record of the earlier rule (fastest quiet sample and a tolerance)
+        return f"a reference workload ran {ref.get('slowdown')}x its quiet time (tolerance {ref.get('tolerance'):.0%})"
+    return "the reference workload ran slower than its quiet time"
+
+
 def flag_reason(timing: Mapping[str, Any] | None) -> str:
     """Say why a block's timings are flagged ("" when they are not)."""
     if not timing:
         return ""
     parts = []
     if timing.get("contended"):
-        ref = timing.get("reference") or {}
-        parts.append(
-            f"a reference workload ran {ref.get('slowdown')}x its quiet time (tolerance {ref.get('tolerance'):.0%}): "
-            "another process competed for the core, caches or memory"
-            if ref.get("tolerance") is not None
-            else "the reference workload ran slower than its quiet time"
-        )
+        parts.append(contended_reason(timing.get("reference") or {}))
     if timing.get("busy"):
         parts.append(
             f"the machine was busy (wall time {timing.get('wall_over_cpu')}x the process CPU time, "

@@ -74,6 +74,7 @@ def measure_latency(
     repeats: int = 10,
     device: str = "cpu",
     budget_s: float | None = None,
+    probe: Callable[[], Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Measure batch-1 and batch-`batch_size` forward latency of several models side by side.
 
@@ -97,6 +98,8 @@ def measure_latency(
             timed calls took more than this many seconds of wall time sits out the remaining repeats (its
             `repeats` says how many it got), as does one out of the race (`out_of_race`), and a model whose first
             warm-up pass took over WARM_AFTER_S gets no further warm-ups.
+        probe: Called at the start of every repeat, outside the models' clocks (the run's reference workload,
+            timed inside the block it guards: `contention.Block.probe`).
 
     Returns:
         {name: {"latency_ms", "latency_batch_ms", "batch_size", "threads", "repeats"}}, medians in ms.
@@ -113,6 +116,8 @@ def measure_latency(
         calls = {name: {kind: calls_per_sample(last[name][kind]) for kind in last[name]} for name in names}
         shuffler = random.Random(0)
         for repeat in range(max(repeats, 1)):
+            if probe is not None:
+                probe()
             order = shuffler.sample(names, len(names))
             if budget_s is not None:
                 order = [name for name in order if not sits_out(clock.times, clock.wall, name, repeat, budget_s)]
@@ -236,9 +241,10 @@ def measure_latency_checked(
 
     Two checks judge a CPU measurement (a GPU forward waits for the device, so its wall time exceeds CPU time by
     nature, and neither applies): wall time over process CPU time (`busy`: the process was starved of its core),
-    and the run's reference workload timed before and after the block (`contended`: another process slowed it
-    through the core, caches or memory without starving it; `contention.judge`). The quiet reference is
-    calibrated at the run's first timing block.
+    and the run's reference workload timed before, inside (once per repeat) and after the block, rank-tested
+    against its quiet calibration (`contended`: another process slowed it through the core, caches or memory
+    without starving it; `contention.judge`). The calibration is taken at the run's first timing block, and a
+    quiet block whose reference ran significantly faster replaces it (`contention.ReferenceCheck.refresh`).
 
     Args:
         models: Name -> model, timed side by side (`measure_latency`).
@@ -248,19 +254,17 @@ def measure_latency_checked(
 
     Returns:
         The latency result and the timing facts: {"wall_over_cpu", "busy", "remeasured", "factor", "threads",
-        "attempts", "contended", "slowdown", "reference"}; "busy" or "contended" True means the kept measurement
-        was still taken on a busy machine and its numbers are flagged.
+        "attempts", "contended", "slowdown", "p_value", "reference"}; "busy" or "contended" True means the kept
+        measurement was still taken on a busy machine and its numbers are flagged.
     """
     cpu_run = not str(kwargs.get("device", "cpu")).startswith("cuda")
     check = (reference or contention.current()) if cpu_run else None
-    quiet = check.reference() if check is not None else None  # calibrated before the run's first block
     attempts = []
     for attempt in range(REMEASURES + 1):
-        before = check.sample() if check is not None else 0.0
-        lat = measure_latency(models, sample, **kwargs)
-        after = check.sample() if check is not None else 0.0
+        block = check.block() if check is not None else None  # calibrated before the run's first block
+        lat = measure_latency(models, sample, probe=block.probe if block is not None else None, **kwargs)
+        judged = block.finish() if block is not None else None
         ratio = wall_over_cpu(lat)
-        judged = contention.judge(before, after, quiet) if check is not None and quiet is not None else None
         unsafe = cpu_run and (ratio > BUSY_FACTOR or bool(judged and judged["contended"]))
         attempts.append((unsafe, ratio, attempt, lat, judged))
         if not unsafe:
@@ -274,9 +278,11 @@ def measure_latency_checked(
         "factor": BUSY_FACTOR,
         "threads": torch.get_num_threads(),
     }
-    if judged is not None:
-        timing.update(contended=bool(judged["contended"]), slowdown=judged["slowdown"], reference=judged)
+    if check is not None and judged is not None:
+        timing.update(contended=bool(judged["contended"]), slowdown=judged["slowdown"], p_value=judged["p_value"])
         timing["slowdowns"] = [(a[4] or {}).get("slowdown") for a in attempts]
+        timing["calibration_refreshed"] = check.refresh(judged["samples_ms"], ratio)
+        timing["reference"] = judged
     return lat, timing
 
 

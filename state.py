@@ -39,6 +39,7 @@ from profiling_agent.schemas.plans import (
     BackoffRecord,
     BackoffTrial,
     BlockTrial,
+    BudgetPlan,
     CompressionPlan,
     Fallback,
     GivenUpMode,
@@ -119,6 +120,9 @@ class HistoryEvent(Strict):
     planner_choice: PlannerMode | None = Field(default=None, description="analyze: how the planner choice resolved.")
     llm: LLMStep | None = Field(default=None, description="analyze: the round's LLM step, when an LLM was asked.")
     safe_adapter: bool | None = Field(default=None, description="acquire: the family adapter is a tested one.")
+    spent_s: float | None = Field(default=None, description="Wall-clock seconds the step took (a resume sums them).")
+    expected_s: float | None = Field(default=None, description="Seconds the time budget's planner expected it to take.")
+    budget: BudgetPlan | None = Field(default=None, description="budget: the time budget's plan when its cuts changed.")
 
     @model_validator(mode="before")
     @classmethod
@@ -209,6 +213,7 @@ class Context:
     llm_retries: int = _ctx(2, "Times an invalid LLM plan goes back to the LLM before the fallback.")
     llm_tool_rounds: int = _ctx(6, "Tool-call rounds allowed per planning step.")
     llm_max_tokens: int = _ctx(2048, "Most tokens one LLM reply may have (a rambling small model stops there).")
+    trials: int = _ctx(0, "Calibration trials of a searching round (0: 4); the time budget lowers it.")
     llm_structured: StructuredChoice = _ctx(
         "auto", "Schema-constrained final answers (json_schema, json_object + schema, off); auto asks the server."
     )
@@ -261,6 +266,7 @@ __all__ = [
     "BaselinePlanner",
     "Best",
     "BlockTrial",
+    "BudgetPlan",
     "CONTEXT_CHOICES",
     "Candidate",
     "CompressionPlan",

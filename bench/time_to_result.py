@@ -4,12 +4,16 @@ Random-weight models (transformers' default ViTConfig and ResNetConfig: ViT-B/16
 224x224) and a generated 224x224 image dataset with a `train` split (recovery trains on it) are written to
 `--work`; then `profiling-agent run --subset 256 --test-subset 256 --iterations 2` (defaults otherwise, the
 deterministic planner) runs in this process, and every graph step's process CPU time (all threads, plus child
-processes) and wall time are printed as the step finishes, then a table per model and the total. The machine may
-be shared: CPU-seconds are what count; the load average is printed beside them.
+processes) and wall time are printed as the step finishes, then a table per model (each step's CPU-s beside the
+previous recorded run of the same settings on the same kind of machine, the CPU model name) and one line per model:
+CPU-minutes, wall minutes, the delivered form and its speed-up. The machine may be shared: CPU-seconds are what
+count; the load average is printed beside them. Runs are recorded in `--record` (default: WORK/record.json), keyed
+by machine kind and settings.
 
     .venv/bin/python bench/time_to_result.py                      # both models (tens of CPU-minutes)
     .venv/bin/python bench/time_to_result.py --models vit --iterations 1
     .venv/bin/python bench/time_to_result.py --models resnet -- --recover none   # extra `run` flags after --
+    .venv/bin/python bench/time_to_result.py --models vit -- --time-budget 5     # a run bounded to 5 minutes
 """
 
 from __future__ import annotations
@@ -32,6 +36,77 @@ def _cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def machine_kind() -> str:
+    """Return the CPU model name (/proc/cpuinfo, else platform) and the core count: runs compare on one kind."""
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} x{os.cpu_count()}"
+
+
+def settings_key(args: argparse.Namespace, kind: str) -> str:
+    """Return the key one model's runs are recorded under: the model, the bench's settings and the run flags."""
+    parts = [kind, "tiny" if args.tiny else "full", f"subset {args.subset}", f"iterations {args.iterations}"]
+    return " ".join(parts + list(args.extra))
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    """Return the recorded runs ({machine kind: {settings key: run}}), {} when there are none or the file is bad."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def step_cpu(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Return CPU-s per "step round" of one run's rows."""
+    out: dict[str, float] = {}
+    for r in rows:
+        key = f"{r['step']} {r['round']}"
+        out[key] = out.get(key, 0.0) + float(r["cpu_s"])
+    return out
+
+
+def delivered_line(run_dir: Path) -> str:
+    """Return what a finished run delivered and its speed-up, read from its result.json."""
+    try:
+        result = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return "no result.json"
+    best = result.get("best") or {}
+    if not best:
+        return "nothing delivered"
+    cut = (result.get("time") or {}).get("cuts") or []
+    line = f"delivered {best.get('delivered') or 'torch'} of round {best.get('iteration')}, "
+    line += f"{float(best.get('speedup') or 0):.2f}x the original torch model"
+    if best.get("quant_speedup"):
+        line += f", {float(best['quant_speedup']):.2f}x quantization alone"
+    return line + (f"; time budget cut: {'; '.join(cut)}" if cut else "")
+
+
+def print_model(label: str, rows: list[dict[str, Any]], before: dict[str, Any] | None, delivered: str) -> None:
+    """Print one model's steps beside the previous recorded run, then its line: CPU-min, wall-min, delivered."""
+    then = step_cpu(before.get("steps", [])) if before else {}
+    when = f"then ({before.get('date', '?')})" if before else "then (no record)"
+    print(f"\n{label}  step                  round      CPU-s     wall-s   {when}")
+    for r in rows:
+        old = then.get(f"{r['step']} {r['round']}")
+        was = f"{old:9.1f}" if old is not None else f"{'-':>9}"
+        print(f"{'':<{len(label)}}  {r['step']:<20}  {r['round']:>5}  {r['cpu_s']:9.1f}  {r['wall_s']:9.1f}  {was}")
+    total, wall = sum(r["cpu_s"] for r in rows), sum(r["wall_s"] for r in rows)
+    old_total = f" (then {before['total_cpu_s'] / 60:.1f})" if before else ""
+    print(f"{label}  total: {total:.1f} CPU-s ({total / 60:.1f} CPU-min), {wall:.1f} s wall")
+    print(f"{label}: {total / 60:.1f} CPU-minutes{old_total}, {wall / 60:.1f} wall minutes; {delivered}", flush=True)
 
 
 def build_model(kind: str, out: Path, tiny: bool = False) -> Path:
@@ -131,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-subset", type=int, default=256)
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--work", default="/tmp/profiling-agent-bench/time_to_result", help="assets, runs, JSON")
+    parser.add_argument("--record", default="", help="JSON of earlier runs by machine kind (default WORK/record.json)")
     parser.add_argument("--tiny", action="store_true", help="smoke test: 2-layer models of the same families")
     parser.add_argument("extra", nargs="*", help="extra `profiling-agent run` flags, after --")
     args = parser.parse_args(argv)
@@ -145,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     dataset = build_dataset(work, args.subset + args.test_subset + 64 + 32, 256)
     summary: dict[str, Any] = {"settings": vars(args), "load_before": os.getloadavg(), "models": {}}
+    summary["machine"] = machine_kind()
+    runs = load_record(Path(args.record) if args.record else work / "record.json")
+    machine: dict[str, Any] = runs.get(summary["machine"]) or {}
     for kind in args.models.split(","):
         model = build_model(kind, work, args.tiny)
         label = f"{MODELS[kind]} (tiny)" if args.tiny else MODELS[kind]
@@ -152,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: run {thread} (load {os.getloadavg()[0]:.1f})", flush=True)
         rows = run_pipeline(model, dataset, work / "runs", thread, args)
         total = sum(r["cpu_s"] for r in rows)
-        summary["models"][kind] = {"thread": thread, "steps": rows, "total_cpu_s": total}
-        print(f"\n{label}  step                  round      CPU-s     wall-s")
-        for r in rows:
-            print(f"{'':<{len(label)}}  {r['step']:<20}  {r['round']:>5}  {r['cpu_s']:9.1f}  {r['wall_s']:9.1f}")
-        wall = sum(r["wall_s"] for r in rows)
-        print(f"{label}  total: {total:.1f} CPU-s ({total / 60:.1f} CPU-min), {wall:.1f} s wall\n", flush=True)
+        run = {"thread": thread, "steps": rows, "total_cpu_s": total, "date": time.strftime("%Y-%m-%d %H:%M")}
+        summary["models"][kind] = run
+        key = settings_key(args, kind)
+        print_model(label, rows, machine.get(key), delivered_line(work / "runs" / thread))
+        machine[key] = run
+    record = Path(args.record) if args.record else work / "record.json"
+    runs[summary["machine"]] = machine
+    record.write_text(json.dumps(runs, indent=1))
     summary["load_after"] = os.getloadavg()
     (work / "time_to_result.json").write_text(json.dumps(summary, indent=1))
     print(

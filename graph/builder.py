@@ -9,6 +9,7 @@ from profiling_agent.graph import routing
 from profiling_agent.nodes.acquire import acquire
 from profiling_agent.nodes.analyze import analyze
 from profiling_agent.nodes.approve import approve
+from profiling_agent.nodes.budget import timed
 from profiling_agent.nodes.evaluate import evaluate
 from profiling_agent.nodes.held_out import evaluate_held_out
 from profiling_agent.nodes.iterate import iterate
@@ -27,21 +28,26 @@ from profiling_agent.state import Context, InputState, State
 def build_graph(checkpointer: Checkpointer = None):
     """Build and compile the graph; pass a checkpointer (e.g. SqliteSaver) to make runs resumable."""
     builder = StateGraph(State, context_schema=Context, input_schema=InputState)
-    builder.add_node("acquire", acquire)
-    builder.add_node("resolve_input_shape", resolve_shape)
-    builder.add_node("prepare_data", prepare_data)
-    builder.add_node("profile", profile)
-    builder.add_node("probe_sensitivity", probe)
-    builder.add_node("measure_baseline", measure_baseline)
-    builder.add_node("analyze", analyze)
-    builder.add_node("approve", approve)
-    builder.add_node("prune", prune)
-    builder.add_node("recover", recover)
-    builder.add_node("quantize", quantize)
-    builder.add_node("evaluate", evaluate)
-    builder.add_node("iterate", iterate)
-    builder.add_node("evaluate_held_out", evaluate_held_out)
-    builder.add_node("report", report)
+    nodes = {
+        "acquire": acquire,
+        "resolve_input_shape": resolve_shape,
+        "prepare_data": prepare_data,
+        "profile": profile,
+        "probe_sensitivity": probe,
+        "measure_baseline": measure_baseline,
+        "analyze": analyze,
+        "approve": approve,
+        "prune": prune,
+        "recover": recover,
+        "quantize": quantize,
+        "evaluate": evaluate,
+        "iterate": iterate,
+        "evaluate_held_out": evaluate_held_out,
+        "report": report,
+    }
+    # every step runs with the time budget's knobs and records its spent and expected seconds (nodes/budget.py)
+    for name, node in nodes.items():
+        builder.add_node(name, timed(name, node))
 
     builder.add_edge(START, "acquire")
     builder.add_edge("acquire", "resolve_input_shape")

@@ -78,6 +78,13 @@ class Objective(Strict):
     )
     approve: bool = Field(default=False, description="Pause before each plan: approve, edit or reject it.")
     depth: bool | None = Field(default=None, description="Remove whole blocks too (None: under a latency target).")
+    time_budget: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=100_000.0,
+        description="Wall-clock minutes the whole run may take (None: no bound); the run cuts trials, recovery, "
+        "forms, then rounds to fit, and says what it cut.",
+    )
 
     def prunes_depth(self) -> bool:
         """Return whether the planners may remove whole blocks (`depth`; None: only under a latency target)."""

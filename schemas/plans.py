@@ -8,7 +8,7 @@ from pydantic import AfterValidator, ConfigDict, Field, model_serializer, model_
 from typing_extensions import TypedDict
 
 from profiling_agent.schemas.base import Strict
-from profiling_agent.schemas.settings import PruneType, QuantDtype, StructuredChoice, StructuredMode
+from profiling_agent.schemas.settings import BackendChoice, PruneType, QuantDtype, StructuredChoice, StructuredMode
 
 MAX_REGEX_LEN = 200
 
@@ -289,3 +289,17 @@ class PlannerMode(Strict):
     requested: str = Field(description="The objective's planner (auto, llm, deterministic, l1/l2/random).")
     mode: str = Field(description="What plans the rounds: llm (beside the deterministic reference) or that planner.")
     note: str = Field(default="", description="Why, in words (the endpoint, or the missing setting).")
+
+
+class BudgetPlan(Strict):
+    """How a run fits its time budget: the knobs it plans the remaining steps with and what it cut to fit."""
+
+    budget_s: float = Field(description="The time budget, seconds.")
+    spent_s: float = Field(default=0.0, description="Seconds the finished steps took (a resume counts them).")
+    expected_s: float = Field(default=0.0, description="Seconds the remaining steps are expected to take.")
+    rounds: int = Field(description="Pruning rounds the run may finish in all.")
+    trials: int = Field(description="Calibration trials of a searching round.")
+    recover_minutes: float = Field(description="Cap of one candidate's distillation, minutes.")
+    backend: BackendChoice = Field(description="Backend whose forms are built (auto: every form).")
+    cuts: list[str] = Field(default_factory=list, description="What the run cut to fit, in the order it cuts.")
+    cut: list[str] = Field(default_factory=list, description="The knobs cut: trials, recovery, forms, rounds.")

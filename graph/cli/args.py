@@ -185,6 +185,14 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--iterations", type=int, default=None, help="pruning iterations (default 5)")
     run.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="wall-clock minutes the whole run may take: fewer trials, shorter recovery, fewer forms, then fewer "
+        "rounds, and it says what it cut",
+    )
+    run.add_argument(
         "--beyond-target",
         type=int,
         default=None,
@@ -329,7 +337,7 @@ def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(dataset, "subset", subset_size(args.subset))
     objective: dict[str, Any] = {}
     keys = ("iterations", "beyond_target", "planner", "ratio", "quantize", "select", "max_acc_drop", "target")
-    for key in (*keys, "target_reduction"):
+    for key in (*keys, "target_reduction", "time_budget"):
         _set(objective, key, getattr(args, key, None))
     _set(objective, "depth", getattr(args, "depth", None))
     if getattr(args, "allow_weak_eval", False):

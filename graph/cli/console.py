@@ -19,6 +19,15 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def step_time(item: dict[str, Any]) -> str:
+    """Return a history event's " (spent 12.3 s, expected 10 s)", or "" when it carries no step time."""
+    spent = item.get("spent_s")
+    if spent is None:
+        return ""
+    expected = item.get("expected_s")
+    return f" ({spent:.1f} s" + (f", expected {expected:.0f} s)" if expected is not None else ")")
+
+
 class _Progress:
     """Render custom progress events as tqdm bars on stderr and node updates as log lines."""
 
@@ -47,7 +56,7 @@ class _Progress:
         for item in (values or {}).get("history") or []:
             it = item.get("iteration")
             prefix = f"[{item.get('node', node)}" + (f" #{it}" if it else "") + "]"
-            say(f"{prefix} {item.get('message', '')}")
+            say(f"{prefix} {item.get('message', '')}{step_time(item)}")
 
     def close(self) -> None:
         for bar in self._bars.values():

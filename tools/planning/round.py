@@ -158,6 +158,7 @@ def deterministic_plan(
     evaluator: Evaluator,
     blocks_evaluator: BlockEvaluator | None = None,
     distills: bool = False,
+    trials: int = 0,
 ) -> DeterministicRound:
     """Plan deterministically: round 1 backs off a collapsing goal, later rounds search what was measured.
 
@@ -165,6 +166,7 @@ def deterministic_plan(
     refits only, and a removed block is what only distillation recovers (`docs/facts.md`), so validation after
     recovery judges it. Instead, where `blocks_evaluator` builds a distilling evaluator, other sets of as many
     blocks are tried (`block_trials`). `candidates` are all earlier rounds (a back-off already run is reused).
+    `trials` bounds a searching round's trials (0: `search.SEARCH_TRIALS`).
     """
     out = DeterministicRound(data.plan())
     result, history = out.result, data.history
@@ -178,7 +180,7 @@ def deterministic_plan(
     elif not history and result.plan.pruning and not result.converged:  # never a collapsing plan
         backed_off(out, data, candidates, evaluator, distills)
     elif history and result.plan.pruning and not result.converged:  # later rounds: search what was measured
-        searched(out, data, evaluator, distills)
+        searched(out, data, evaluator, distills, trials)
     return out
 
 
@@ -207,7 +209,9 @@ def recovery_prior(distills: bool) -> float:
     return RECOVERY_PRIOR if distills else 1.0
 
 
-def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator, distills: bool = False) -> None:
+def searched(
+    out: DeterministicRound, data: RoundData, evaluator: Evaluator, distills: bool = False, trials: int = 0
+) -> None:
     """Search the measured interval by corrected trials (`search.py`), or push above it; the goal goes in `out`.
 
     After a miss the search's correction keeps the slope 1 until two rounds differ; a push past rounds that all
@@ -215,15 +219,16 @@ def searched(out: DeterministicRound, data: RoundData, evaluator: Evaluator, dis
     """
     from profiling_agent.tools.planning.search import SEARCH_TRIALS, PushBounds, push_step, search_step
 
-    evaluate = evaluator(SEARCH_TRIALS + 1)
+    steps = trials or SEARCH_TRIALS
+    evaluate = evaluator(steps + 1)
     budget, prior = data.objective.max_acc_drop, recovery_prior(distills)
     plan_at = lambda g: data.plan(goal=g, steer=Steering(reason="trial")).plan  # noqa: E731
     trial = lambda plan: evaluate(plan.model_dump())  # noqa: E731
-    search = search_step(data.history, budget, plan_at, trial)
+    search = search_step(data.history, budget, plan_at, trial, steps)
     if search is None:
         feasible = data.plan(goal=1.0, steer=Steering(reason="trial")).target_estimate
         bounds = PushBounds(budget, feasible, data.objective.target_reduction, prior)
-        search = push_step(data.history, bounds, plan_at, trial)
+        search = push_step(data.history, bounds, plan_at, trial, steps)
     if search is None:  # the planner's own goal stands: one trial records what it predicts (its refit is reused)
         metrics = evaluate(out.result.plan.model_dump())
         out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")
@@ -402,7 +407,8 @@ def planning_round(
     choice = None
     if data.tokens is not None and not data.history:  # round 1: merging weighed against pruning alone, by trial
         data, choice = weighed_tokens(data, evaluator)
-    det = deterministic_plan(data, inputs.candidates, evaluator, blocks_evaluator, ctx.recover in ("auto", "distill"))
+    distills = ctx.recover in ("auto", "distill")
+    det = deterministic_plan(data, inputs.candidates, evaluator, blocks_evaluator, distills, ctx.trials)
     det.tokens = choice
     result = det.result
     turn = Turn(result.plan, result.planner)

@@ -272,6 +272,23 @@ def _planner_entry(records: RunRecords) -> Row:
     }
 
 
+def time_facts(history: Sequence[HistoryEvent], budget_minutes: float | None) -> Row:
+    """Return result.json's "time": each step's spent and expected seconds, their sum, the budget and its cuts."""
+    steps = [
+        {"node": e.node, "iteration": e.iteration, "spent_s": e.spent_s, "expected_s": e.expected_s}
+        for e in history
+        if e.spent_s is not None
+    ]
+    plans = [e.budget for e in history if e.budget is not None]
+    return {
+        "budget_minutes": budget_minutes,
+        "spent_s": round(sum(float(s["spent_s"] or 0.0) for s in steps), 3),
+        "cuts": plans[-1].cuts if plans else [],
+        "budget_plan": plans[-1].model_dump() if plans else None,
+        "steps": steps,
+    }
+
+
 def build_result(records: RunRecords, joint_timing: Timing | None = None) -> Row:
     """Assemble result.json from the finished run's records.
 
@@ -315,5 +332,6 @@ def build_result(records: RunRecords, joint_timing: Timing | None = None) -> Row
             if final_latency
             else "per round: each candidate measured interleaved with the baseline"
         ),
+        "time": time_facts(records.history, records.objective.time_budget),
         "versions": versions(),
     }

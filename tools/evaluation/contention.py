@@ -327,7 +327,10 @@ def contended_reason(ref: Mapping[str, Any]) -> str:
             "core, caches or memory"
         )
     if ref.get("tolerance") is not None:  # a record of the earlier rule (fastest quiet sample and a tolerance)
-        return f"a reference workload ran {ref.get('slowdown')}x its quiet time (tolerance {ref.get('tolerance'):.0%})"
+        return (
+            f"a reference workload ran {ref.get('slowdown')}x its quiet time (tolerance {ref.get('tolerance'):.0%}): "
+            "another process competed for the core, caches or memory"
+        )
     return "the reference workload ran slower than its quiet time"
 
 

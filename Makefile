@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install run test test-fast lint typecheck bench clean
+.PHONY: install run test test-fast test-floors lint typecheck bench clean
 # mypy sees the repository root as the package profiling_agent through this link (the editable install's
 # import hook is invisible to it)
 TYPECHECK_ROOT = .typecheck
@@ -38,13 +38,18 @@ test: lint typecheck
 test-fast: install
 	$(PYTEST) tests/unit
 
+# the declared floors: the lowest version pyproject.toml allows of every direct dependency, in a second environment
+# (.cache/floors-venv, uv's lowest-direct resolution), and the unit tier there
+test-floors:
+	PYTHON="$(PYTHON)" TORCH_INDEX="$(TORCH_INDEX)" TEST_PROCS="$(TEST_PROCS)" .ci/floors
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 typecheck: install
 	mkdir -p $(TYPECHECK_ROOT) && ln -sfn .. $(TYPECHECK_ROOT)/profiling_agent
-	cd $(TYPECHECK_ROOT) && ../$(BIN)/mypy --config-file ../pyproject.toml $(addprefix -p profiling_agent.,$(PACKAGES))
+	cd $(TYPECHECK_ROOT) && $(abspath $(BIN))/mypy --config-file ../pyproject.toml $(addprefix -p profiling_agent.,$(PACKAGES))
 
 bench: install
 	$(BIN)/python bench/architectures.py --quick --threads 1

@@ -276,8 +276,8 @@ def _match_tool(data: PlanningData) -> BaseTool:
         Args:
             pattern: The regex exactly as it would appear in a pruning entry's "layer".
             kind: The pruning entry's "type": "structured" (channels), "head" (attention heads) or "block" (whole
-                blocks at ratio 1.0: removed, or a ResNet stage's first block replaced by its shortcut).
-        """
+                blocks at ratio 1.0, which removes them or replaces a ResNet stage's first block by its shortcut).
+        """  # no colon on a continuation line: langchain-core 1.4.7 reads such a line as a new argument
         return _match_layers(data, pattern, kind)
 
     return match_layers_or_blocks

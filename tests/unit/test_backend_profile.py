@@ -179,7 +179,8 @@ def test_a_fast_form_averages_more_calls_per_sample():
     assert sample_calls(0.08) == 1  # a full-size ViT: one call a sample
     assert sample_calls(SAMPLE_S / 50) == 50  # a faster model: a sample still lasts SAMPLE_S
     assert sample_calls(0.05e-3) == MAX_CALLS == sample_calls(0.0)  # a 0.05 ms ResNet: capped
-    # a 1.4 us node read by a microsecond timer: single calls read 1 or 2, the means of 5 calls 1.4
-    runs = {"n": [9.0] * 3 + [1.0, 2.0, 1.0, 2.0, 1.0] * 4}  # three warm-up runs first, then 4 samples of 5
-    assert node_medians(runs, calls=5, samples=4) == {"n": pytest.approx(1.4)}
-    assert node_medians(runs, calls=1, samples=5) == {"n": 1.0}  # the old rule (medians of single calls): 29% off
+    # a 1.5 us node read by a microsecond timer (1 or 2), one call in eight preempted (50): the interquartile means
+    # of 8 calls read 1.5; the old rule (the median of single calls) read 2
+    runs = {"n": [9.0] * 3 + [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 50.0] * 4}  # three warm-up runs, 4 samples of 8
+    assert node_medians(runs, calls=8, samples=4) == {"n": pytest.approx(1.5)}
+    assert node_medians(runs, calls=1, samples=5) == {"n": 2.0}

@@ -126,3 +126,15 @@ def test_the_planned_form_is_sampled_in_calls_and_checked_against_a_whole_timing
     row = planned_repeats(ORT_FORMS[0], built["ort_fp32"], example, groups, out)
     assert row["calls_per_sample"] > 1 and row["whole_ms"] > 0 and row["nodes_vs_whole"] > 0
     assert row["shares"]["layers.0.heads"] == row["shares"]["layers.1.heads"]  # pooled in every repeat
+
+
+def test_one_outlying_sample_among_five_does_not_set_the_precision():
+    from profiling_agent.tools.profiling.planning_latency import spread
+
+    steady = [{"a": 0.30, "b": 0.70}, {"a": 0.301, "b": 0.699}, {"a": 0.299, "b": 0.701}, {"a": 0.30, "b": 0.70}]
+    outlier = {"a": 0.9, "b": 0.1}  # one compile whose block ran far slower: the median ignores it, so does spread
+    assert spread([outlier, *steady[:2]]) > 1  # three samples: every one counts
+    assert spread([outlier, *steady]) <= 0.05
+    samples = iter([outlier, *steady])
+    shares, n, _ = repeated_shares(lambda: next(samples))
+    assert n == 5 and shares["a"] == pytest.approx(0.30)

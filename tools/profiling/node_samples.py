@@ -3,7 +3,8 @@
 Runtimes' profilers report a node's time in whole microseconds (ONNX Runtime's `dur`, OpenVINO's `real_time`). A
 0.05 ms ResNet's nodes take a few microseconds each, so one call's node time is a coarse step and a median of single
 calls stays on that step: seven profiles of such a model spread 67% in a group's share. So a sample is the mean of
-each node's time over `sample_calls` consecutive calls (calls enough for the sample to last `SAMPLE_S`), and a
+each node's time over `sample_calls` consecutive calls (calls enough for the sample to last `SAMPLE_S`; the middle
+half of them, so a preempted call does not count: `interquartile_mean`), and a
 node's figure is the median over the samples; a model slower than `SAMPLE_S` a call samples one call at a time, as
 before. Where even `MAX_CALLS` calls do not fill `SAMPLE_S`, the samples are shorter, and the planning record says
 so (`planning_latency.record_note`).
@@ -39,7 +40,7 @@ def warm_run_s(run: Callable[[], Any], warmup: int) -> float:
 
 
 def node_medians(runs: Mapping[str, Sequence[float]], calls: int, samples: int) -> dict[str, float]:
-    """Return each node's median over `samples` samples of its mean time over `calls` consecutive runs.
+    """Return each node's median over `samples` samples of its interquartile mean over `calls` consecutive runs.
 
     Args:
         runs: Each node's time in every profiled run, in run order (the last `calls * samples` are the timed ones).
@@ -49,6 +50,16 @@ def node_medians(runs: Mapping[str, Sequence[float]], calls: int, samples: int) 
     out = {}
     for node, times in runs.items():
         timed = list(times[-calls * samples :])
-        means = [statistics.fmean(timed[i : i + calls]) for i in range(0, len(timed), calls)]
+        means = [interquartile_mean(timed[i : i + calls]) for i in range(0, len(timed), calls)]
         out[node] = statistics.median(means)
     return out
+
+
+def interquartile_mean(values: Sequence[float]) -> float:
+    """Return the mean of the middle half of `values` (all of them when fewer than four).
+
+    Averaging steps the timer's microseconds; dropping the outer quarters drops the calls a busy machine preempted.
+    """
+    ordered = sorted(values)
+    cut = len(ordered) // 4
+    return statistics.fmean(ordered[cut : len(ordered) - cut] if cut else ordered)

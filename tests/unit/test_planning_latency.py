@@ -18,6 +18,7 @@ from profiling_agent.tools.profiling.planning_latency import (
     keep_record,
     record_from_profile,
     record_key,
+    record_note,
     repeated_shares,
     snap,
 )
@@ -84,6 +85,11 @@ def test_a_torch_planned_profile_plans_on_its_snapped_torch_shares():
     assert profile["planning_latency"]["form"] == "torch" and profile["planning_latency"]["spread"] is None
     costs = planning_costs(profile)
     assert costs["g2"]["latency_share"] == snap(0.3) and "torch_latency_share" not in costs["g2"]
+    # the hooked modules' time beside one forward without hooks, and the identical layers pooled, said
+    profile.update(totals={"latency_ms": 3.0, "timed_ms": 3.3}, identical_layers=[["l.0", "l.1", "l.2"]])
+    record = record_from_profile(profile)
+    assert record["nodes_vs_whole"] == pytest.approx(1.1)
+    assert "3 identical layers in 1 classes pooled; parts sum to 1.10x one whole-model timing" in record_note(record)
 
 
 def test_a_machine_keeps_the_first_record_of_a_model(tmp_path):
@@ -97,7 +103,7 @@ def test_a_machine_keeps_the_first_record_of_a_model(tmp_path):
 
 
 def test_a_missed_precision_snaps_the_shares_to_a_coarser_grid_the_console_names():
-    from profiling_agent.tools.profiling.planning_latency import COARSEST, reachable_grid, record_note
+    from profiling_agent.tools.profiling.planning_latency import COARSEST, reachable_grid
 
     assert reachable_grid(None) == reachable_grid(0.05) == GRID
     assert reachable_grid(0.12) == pytest.approx(1.3) and reachable_grid(0.67) == COARSEST

@@ -190,7 +190,7 @@ def record_note(record: Mapping[str, Any]) -> str:
     if spread > PRECISION:
         missed = f", above the {PRECISION:.0%} precision: shares on a coarser {record.get('grid')} grid"
     calls = record.get("calls_per_sample")
-    sampled = f" of {calls} calls a sample" if calls else ""
+    sampled = f" of {calls} call{'s' if calls != 1 else ''} a sample" if calls else ""
     if calls and record.get("sample_ms") is not None and record["sample_ms"] < SAMPLE_S * 1e3:
         sampled += f" (a sample {record['sample_ms']:.1f} ms, under {SAMPLE_S * 1e3:.0f} ms: the most calls allowed)"
     repeats = f"{record.get('repeats')} repeats{sampled}"

@@ -173,9 +173,14 @@ def test_measured_savings_never_go_negative_or_backwards():
     assert monotone_savings([1.0, 1.1, 0.6, 0.8], base=10.0) == pytest.approx([0.0, 0.0, 0.04, 0.04])
 
 
-def test_a_fast_form_is_profiled_over_more_runs():
-    from profiling_agent.tools.profiling.backend_profile import PROFILE_MAX_RUNS, PROFILE_MIN_S, timed_runs
+def test_a_fast_form_averages_more_calls_per_sample():
+    from profiling_agent.tools.profiling.node_samples import MAX_CALLS, SAMPLE_S, node_medians, sample_calls
 
-    assert timed_runs(0.2, 5) == 5  # a full-size model: the requested runs
-    assert timed_runs(PROFILE_MIN_S / 50, 5) == 50  # a 1 ms model: its runs last PROFILE_MIN_S
-    assert timed_runs(1e-5, 5) == PROFILE_MAX_RUNS == timed_runs(0.0, 5)  # capped
+    assert sample_calls(0.08) == 1  # a full-size ViT: one call a sample
+    assert sample_calls(SAMPLE_S / 50) == 50  # a faster model: a sample still lasts SAMPLE_S
+    assert sample_calls(0.05e-3) == MAX_CALLS == sample_calls(0.0)  # a 0.05 ms ResNet: capped
+    # a 1.5 us node read by a microsecond timer (1 or 2), one call in eight preempted (50): the interquartile means
+    # of 8 calls read 1.5; the old rule (the median of single calls) read 2
+    runs = {"n": [9.0] * 3 + [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 50.0] * 4}  # three warm-up runs, 4 samples of 8
+    assert node_medians(runs, calls=8, samples=4) == {"n": pytest.approx(1.5)}
+    assert node_medians(runs, calls=1, samples=5) == {"n": 2.0}

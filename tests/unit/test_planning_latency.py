@@ -6,6 +6,7 @@ import itertools
 import math
 
 import pytest
+import torch
 
 from profiling_agent.tools.profiling.backend_profile import planning_costs
 from profiling_agent.tools.profiling.planning_latency import (
@@ -17,6 +18,7 @@ from profiling_agent.tools.profiling.planning_latency import (
     keep_record,
     record_from_profile,
     record_key,
+    record_note,
     repeated_shares,
     snap,
 )
@@ -83,6 +85,11 @@ def test_a_torch_planned_profile_plans_on_its_snapped_torch_shares():
     assert profile["planning_latency"]["form"] == "torch" and profile["planning_latency"]["spread"] is None
     costs = planning_costs(profile)
     assert costs["g2"]["latency_share"] == snap(0.3) and "torch_latency_share" not in costs["g2"]
+    # the hooked modules' time beside one forward without hooks, and the identical layers pooled, said
+    profile.update(totals={"latency_ms": 3.0, "timed_ms": 3.3}, identical_layers=[["l.0", "l.1", "l.2"]])
+    record = record_from_profile(profile)
+    assert record["nodes_vs_whole"] == pytest.approx(1.1)
+    assert "3 identical layers in 1 classes pooled; parts sum to 1.10x one whole-model timing" in record_note(record)
 
 
 def test_a_machine_keeps_the_first_record_of_a_model(tmp_path):
@@ -93,3 +100,47 @@ def test_a_machine_keeps_the_first_record_of_a_model(tmp_path):
     assert keep_record(tmp_path, key, first)
     assert not keep_record(tmp_path, key, {**first, "shares": {"g": 0.25}, "spread": 0.01})
     assert cached_record(tmp_path, key) == {**first, "source": "cache"}
+
+
+def test_a_missed_precision_snaps_the_shares_to_a_coarser_grid_the_console_names():
+    from profiling_agent.tools.profiling.planning_latency import COARSEST, reachable_grid
+
+    assert reachable_grid(None) == reachable_grid(0.05) == GRID
+    assert reachable_grid(0.12) == pytest.approx(1.3) and reachable_grid(0.67) == COARSEST
+    profile = _profile()
+    profile["backend_profile"]["planned_repeats"].update(spread=0.12, calls_per_sample=200, sample_ms=6.0)
+    record = record_from_profile(profile)
+    assert record["grid"] == pytest.approx(1.3) and record["shares"]["g1"] == snap(0.6, 1.3)
+    assert record["curves"]["g1"]["saved_share"] == [0.0, snap(0.2)]  # the table's curves keep the fine grid
+    note = record_note(record)
+    assert "spread 12%, above the 5% precision: shares on a coarser 1.3 grid" in note
+    assert "200 calls a sample (a sample 6.0 ms, under 10 ms" in note
+
+
+def test_the_planned_form_is_sampled_in_calls_and_checked_against_a_whole_timing(tiny_vit, tmp_path):
+    """A tiny model is far faster than a sample: many calls a sample; the node sum is compared with one timing."""
+    import dataclasses
+
+    from profiling_agent.tools.compression.families import adapter_for
+    from profiling_agent.tools.profiling.backend_profile import ORT_FORMS, profile_backends
+    from profiling_agent.tools.profiling.deliverable import planned_repeats
+
+    groups = [dataclasses.asdict(g) for g in adapter_for(tiny_vit).prunable_groups(tiny_vit)]
+    example = torch.randn(1, 1, 16, 16)
+    built: dict = {}
+    out = profile_backends(tiny_vit, example, groups, ORT_FORMS[:1], folder=tmp_path, built=built)
+    row = planned_repeats(ORT_FORMS[0], built["ort_fp32"], example, groups, out)
+    assert row["calls_per_sample"] > 1 and row["whole_ms"] > 0 and row["nodes_vs_whole"] > 0
+    assert row["shares"]["layers.0.heads"] == row["shares"]["layers.1.heads"]  # pooled in every repeat
+
+
+def test_one_outlying_sample_among_five_does_not_set_the_precision():
+    from profiling_agent.tools.profiling.planning_latency import spread
+
+    steady = [{"a": 0.30, "b": 0.70}, {"a": 0.301, "b": 0.699}, {"a": 0.299, "b": 0.701}, {"a": 0.30, "b": 0.70}]
+    outlier = {"a": 0.9, "b": 0.1}  # one compile whose block ran far slower: the median ignores it, so does spread
+    assert spread([outlier, *steady[:2]]) > 1  # three samples: every one counts
+    assert spread([outlier, *steady]) <= 0.05
+    samples = iter([outlier, *steady])
+    shares, n, _ = repeated_shares(lambda: next(samples))
+    assert n == 5 and shares["a"] == pytest.approx(0.30)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from profiling_agent.tools.profiling.identical import identical_layers, pooled_rows
+from profiling_agent.tools.profiling.node_samples import node_medians, sample_calls, warm_run_s
 from profiling_agent.tools.profiling.summary import group_costs
 
 log = logging.getLogger(__name__)
@@ -31,30 +31,6 @@ log = logging.getLogger(__name__)
 Builder = Callable[[nn.Module, torch.Tensor, Path], Path]
 NodeTimer = Callable[[Path, torch.Tensor, int, int], dict[str, float]]
 ModuleOf = Callable[[str], str]
-
-
-# A fast form's timed runs last at least PROFILE_MIN_S in all (at most PROFILE_MAX_RUNS runs): five runs of the
-# 0.09 ms zoo ResNet time microsecond kernels whose medians move with the caches, and the planners' latency shares
-# (and so their plans) moved with them from run to run
-PROFILE_MIN_S = 0.05
-PROFILE_MAX_RUNS = 200
-
-
-def timed_runs(run_s: float, repeats: int) -> int:
-    """Return how many timed runs a node profile makes of a form whose run takes `run_s` s: at least `repeats`."""
-    if run_s <= 0:
-        return max(repeats, PROFILE_MAX_RUNS)
-    return max(repeats, min(PROFILE_MAX_RUNS, math.ceil(PROFILE_MIN_S / run_s)))
-
-
-def warm_run_s(run: Callable[[], Any], warmup: int) -> float:
-    """Make `warmup` untimed runs (at least one) and return the fastest one's wall time in seconds."""
-    fastest = float("inf")
-    for _ in range(max(1, warmup)):
-        start = time.perf_counter()
-        run()
-        fastest = min(fastest, time.perf_counter() - start)
-    return fastest
 
 
 WRAPPER = "model"  # the export wraps the classifier as `PixelWrapper.model`: node paths start with /model/
@@ -113,7 +89,8 @@ def _build_ort_dynamic(model: nn.Module, example: torch.Tensor, folder: Path) ->
 def time_ort_nodes(path: Path, pixels: torch.Tensor, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
     """Run an ONNX file with ONNX Runtime's profiler on; return each node's median kernel time per run, in ms.
 
-    `repeats` timed runs, or more for a fast form (`timed_runs`), after `warmup` untimed ones (at least one).
+    `repeats` samples of `sample_calls` runs each (one run for a full-size model, up to 200 for a fast one), after
+    `warmup` untimed ones (at least one); a node's time is its median over the samples of its mean in each.
 
     The profile file is written to a scratch folder and deleted. Runs are single-threaded and sequential (as the
     side-by-side latency measurements), with intra-op spinning off.
@@ -132,15 +109,15 @@ def time_ort_nodes(path: Path, pixels: torch.Tensor, warmup: int = 2, repeats: i
         options.profile_file_prefix = str(Path(scratch) / "ort")
         session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         feed = {session.get_inputs()[0].name: pixels.detach().cpu().numpy()}
-        repeats = timed_runs(warm_run_s(lambda: session.run(None, feed), warmup), repeats)
-        for _ in range(repeats):
+        calls = sample_calls(warm_run_s(lambda: session.run(None, feed), warmup))
+        for _ in range(calls * repeats):
             session.run(None, feed)
         events = json.loads(Path(session.end_profiling()).read_text())
     runs: dict[str, list[float]] = {}
     for e in events:
         if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time"):
             runs.setdefault(e["name"][: -len("_kernel_time")], []).append(float(e["dur"]) / 1e3)
-    return {node: statistics.median(times[-repeats:]) for node, times in runs.items()}
+    return node_medians(runs, calls, repeats)
 
 
 def _time_ort(path: Path, pixels: torch.Tensor, warmup: int, repeats: int) -> dict[str, float]:
@@ -174,11 +151,15 @@ def backend_members(group: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def form_profile(
-    node_ms: Mapping[str, float], groups: Iterable[Mapping[str, Any]], modules: ModuleOf = module_of
+    node_ms: Mapping[str, float],
+    groups: Iterable[Mapping[str, Any]],
+    modules: ModuleOf = module_of,
+    classes: Sequence[Sequence[str]] = (),
 ) -> dict[str, Any]:
     """Turn node times into module rows, per-group latency shares and the share no module claims.
 
-    `modules` maps a node name to its module path (the form's `module_path`).
+    `modules` maps a node name to its module path (the form's `module_path`); `classes` are the model's identical
+    layers (`identical.identical_layers`), whose module rows are pooled, so their groups read equal shares.
 
     Returns:
         {"total_ms", "layers": [{"name", "latency_ms", "latency_share"}], "group_latency_share": {group: share},
@@ -189,6 +170,7 @@ def form_profile(
     for node, ms in node_ms.items():
         module = modules(node)
         rows[module] = rows.get(module, 0.0) + ms
+    rows = pooled_rows(rows, classes)
     layers = [
         {"name": name, "params": 0, "macs": 0, "latency_ms": ms, "latency_share": ms / total}
         for name, ms in sorted(rows.items(), key=lambda kv: -kv[1])
@@ -230,9 +212,10 @@ def profile_backends(
         built: Filled with each built form's file (useful only with a `folder` that outlives the call).
 
     Returns:
-        {"forms": {name: form_profile(...) + backend, seconds | error}}.
+        {"forms": {name: form_profile(...) + backend, seconds | error}, "identical_layers": the classes of
+        identical layers whose rows were pooled}.
     """
-    out: dict[str, Any] = {"forms": {}}
+    out: dict[str, Any] = {"forms": {}, "identical_layers": identical_layers(model)}
     with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch:
         base = folder or Path(scratch)
         for form in forms:
@@ -242,7 +225,8 @@ def profile_backends(
                 if built is not None:
                     built[form.name] = path
                 node_ms = form.time_nodes(path, example, warmup, repeats)
-                row = {"backend": form.backend, **form_profile(node_ms, groups, form.module_path)}
+                pooled = form_profile(node_ms, groups, form.module_path, out["identical_layers"])
+                row = {"backend": form.backend, **pooled}
             except Exception as exc:  # noqa: BLE001 - a form that cannot be built or run is reported, not fatal
                 log.warning("backend profile of %s failed: %s", form.name, exc)
                 row = {"backend": form.backend, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}

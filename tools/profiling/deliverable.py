@@ -8,6 +8,7 @@ from the cache. A form that cannot be built is recorded with its reason; a missi
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,8 @@ from profiling_agent.tools.profiling.backend_profile import (
     planned_form,
     profile_backends,
 )
+
+log = logging.getLogger(__name__)
 
 
 def deliverable_forms(backend: str) -> tuple[list[BackendForm], list[str]]:
@@ -133,13 +136,39 @@ def planned_repeats(
 ) -> dict[str, Any]:
     """Repeat the planned form's node profile to `planning_latency.PRECISION`; the profile's own run counts first.
 
+    Identical layers are pooled in every sample (`out["identical_layers"]`); the node times' sum is then compared
+    with one whole-model timing of the same file (`token_latency.time_built_form`).
+
     Returns:
-        {"shares": each group's median share, "repeats": samples taken, "spread": their relative spread}.
+        {"shares": each group's median share, "repeats": samples taken, "spread": their relative spread,
+        "whole_ms": one whole-model timing (None when it failed), "nodes_vs_whole": the profiled node times' sum
+        over it, "calls_per_sample" and "sample_ms": the calls a sample of a form this fast averages, and its length}.
     """
+    from profiling_agent.tools.profiling.node_samples import sample_calls
     from profiling_agent.tools.profiling.planning_latency import repeated_shares
+    from profiling_agent.tools.profiling.token_latency import time_built_form
+
+    classes = out.get("identical_layers", [])
 
     def sample() -> dict[str, float]:
-        return form_profile(form.time_nodes(path, example, 2, 5), groups, form.module_path)["group_latency_share"]
+        node_ms = form.time_nodes(path, example, 2, 5)
+        return form_profile(node_ms, groups, form.module_path, classes)["group_latency_share"]
 
     shares, n, spread = repeated_shares(sample, out["forms"][form.name]["group_latency_share"])
-    return {"shares": shares, "repeats": n, "spread": spread}
+    nodes_ms = float(out["forms"][form.name]["total_ms"])
+    try:
+        whole_ms: float | None = time_built_form(form, path, example, 5)
+    except Exception as exc:  # noqa: BLE001 - the check is reported missing, the shares stand
+        log.warning("whole-model timing of %s failed: %s", form.name, exc)
+        whole_ms = None
+    run_ms = whole_ms or nodes_ms
+    calls = sample_calls(run_ms / 1e3)
+    return {
+        "shares": shares,
+        "repeats": n,
+        "spread": spread,
+        "whole_ms": round(whole_ms, 5) if whole_ms else None,
+        "nodes_vs_whole": round(nodes_ms / whole_ms, 3) if whole_ms else None,
+        "calls_per_sample": calls,
+        "sample_ms": round(calls * run_ms, 3),
+    }

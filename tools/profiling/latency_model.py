@@ -48,7 +48,8 @@ def measure_table(
 ) -> dict[str, Any]:
     """Measure every group's node time in `form` at each ratio (all groups pruned uniformly by L2 norm).
 
-    Each form is timed twice, in opposite orders, and each node keeps its faster median.
+    Each form is timed twice, in opposite orders, and each node keeps its faster median; identical layers' rows
+    are pooled (`identical`).
 
     Returns:
         {"form", "ratios", "groups": {group: [ms at each ratio]}, "other_ms": [ms no group owns, per ratio],
@@ -56,18 +57,20 @@ def measure_table(
     """
     from profiling_agent.tools.compression.families import adapter_for
     from profiling_agent.tools.compression.pruning import prune_model
+    from profiling_agent.tools.profiling.identical import identical_layers
 
     groups = adapter_for(model).prunable_groups(model)
     rows = [dataclasses.asdict(g) for g in groups]
     table: dict[str, Any] = {"form": form.name, "ratios": list(ratios), "groups": {g.name: [] for g in groups}}
     table["other_ms"], table["total_ms"] = [], []
-    paths = []
+    paths, classes = [], []
     for ratio in ratios:
         trial = copy.deepcopy(model)
         if ratio > 0:
             entries = [{"layer": f"^{g.module}$", "type": g.kind, "ratio": ratio} for g in groups]
             prune_model(trial, entries, example)
         paths.append(form.build(trial, example, folder / f"r{int(ratio * 100):02d}"))
+        classes.append(identical_layers(trial))  # pruned alike, identical layers stay identical
     # timed twice, in opposite orders, each node's faster median kept: whichever form runs first on a cold
     # machine is not booked as slower (on the zoo ViT the unpruned form, timed first, read 45% above its value)
     times: list[dict[str, float]] = [{} for _ in paths]
@@ -75,8 +78,8 @@ def measure_table(
         for i in order:
             for node, ms in form.time_nodes(paths[i], example, 2, repeats).items():
                 times[i][node] = min(ms, times[i].get(node, ms))
-    for node_ms in times:
-        prof = form_profile(node_ms, rows, form.module_path)
+    for node_ms, pooled in zip(times, classes, strict=True):
+        prof = form_profile(node_ms, rows, form.module_path, pooled)
         total = prof["total_ms"]
         owned = 0.0
         for name, share in prof["group_latency_share"].items():
@@ -93,7 +96,7 @@ def cached_table(
     """Return the table of (model, form) from `cache`, measuring and writing it on a miss."""
     from profiling_agent.tools.io import write_json_atomic
 
-    path = cache / f"latency-v3-{model_digest(model)}-{form.name}.json"  # v2: timed twice; v3: OpenVINO static shape
+    path = cache / f"latency-v4-{model_digest(model)}-{form.name}.json"  # v3: OpenVINO static shape; v4: pooled
     if path.exists():
         return json.loads(path.read_text())
     table = measure_table(model, example, form, folder=cache / "forms", **kwargs)

@@ -13,20 +13,14 @@ what matter here (int8 kernels cost the same whatever the scales), not its accur
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from profiling_agent.tools.profiling.backend_profile import (
-    WRAPPER,
-    BackendForm,
-    module_path_of,
-    timed_runs,
-    warm_run_s,
-)
+from profiling_agent.tools.profiling.backend_profile import WRAPPER, BackendForm, module_path_of
+from profiling_agent.tools.profiling.node_samples import node_medians, sample_calls, warm_run_s
 from profiling_agent.tools.runtimes.openvino_model import Precision
 
 CALIBRATION_COPIES = 8  # profiling-only NNCF calibration: the example and 7 perturbed copies
@@ -99,7 +93,8 @@ def time_ov_nodes(
 ) -> dict[str, float]:
     """Run an OpenVINO IR with PERF_COUNT on; return each executed node's median real time per run, in ms.
 
-    `repeats` timed runs, or more for a fast form (`timed_runs`), after `warmup` untimed ones (at least one).
+    `repeats` samples of `sample_calls` runs each (one run for a full-size model, up to 200 for a fast one), after
+    `warmup` untimed ones (at least one); a node's time is its median over the samples of its mean in each.
     Compiled for the pixels' static shape, as the side-by-side measurements run it (`OvClassifier.compiled_for`).
     One thread, one stream, no pinning (as the side-by-side latency measurements); `precision` is the
     inference precision hint ("f32", or "default": the CPU's best, as the delivered int8 form runs).
@@ -112,14 +107,14 @@ def time_ov_nodes(
     compiled = core.compile_model(static_model(model, tuple(pixels.shape)) or model, "CPU", config)
     request = compiled.create_infer_request()
     feed = {0: pixels.detach().cpu().numpy()}
-    repeats = timed_runs(warm_run_s(lambda: request.infer(feed), warmup), repeats)
+    calls = sample_calls(warm_run_s(lambda: request.infer(feed), warmup))
     runs: dict[str, list[float]] = {}
-    for _ in range(repeats):
+    for _ in range(calls * repeats):
         request.infer(feed)
         for info in request.get_profiling_info():
             if str(info.status).endswith(".EXECUTED"):
                 runs.setdefault(info.node_name, []).append(info.real_time.total_seconds() * 1e3)
-    return {node: statistics.median(times) for node, times in runs.items()}
+    return node_medians(runs, calls, repeats)
 
 
 def _time_f32(path: Path, pixels: torch.Tensor, warmup: int, repeats: int) -> dict[str, float]:

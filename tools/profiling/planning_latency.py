@@ -3,7 +3,10 @@
 Planners weigh groups by their latency shares (and, under a latency target, by their measured savings curves). Those
 are timings, and timing noise changed plans from run to run. So the profile step measures them once: the planned
 form's node profile is repeated until every group's share agrees to `PRECISION` (at most `MAX_REPEATS` times), the
-median is kept, and every share and saving is snapped to a geometric grid (`GRID`) coarser than that noise. The
+median is kept, and every share and saving is snapped to a geometric grid (`GRID`) coarser than that noise; shares
+whose repeats missed the precision snap to a coarser grid the spread reached allows (`reachable_grid`), and the
+record and the console say so. Identical layers are pooled (`identical`), and a sample averages enough calls for the
+timer (`node_samples`); the record says how the node times' sum compared with one whole-model timing. The
 record goes to profile.json (`planning_latency`); every round and a resumed run read it and never re-measure. The first
 record of a model is also kept per machine (keyed by weights, groups, backend choice, threads, input shape, target),
 so a later run of the same model on the same machine plans from the same numbers. docs/facts.md gives the noise the
@@ -20,27 +23,47 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 3  # 2: OpenVINO forms timed compiled for the static input shape; 3: front-loaded token schedules
+from profiling_agent.tools.profiling.node_samples import SAMPLE_S
+
+SCHEMA = 4  # 2: OpenVINO static shape; 3: front-loaded token schedules; 4: identical layers pooled, sampled calls
 GRID = 1.1  # shares snap to the nearest power of 1.1: steps of 10%, above the repeats' noise (docs/facts.md)
+COARSEST = 2.0  # the coarsest grid a missed precision falls back to (steps of 100%)
 PRECISION = 0.05  # repeat until each group's share spreads (max - min) by at most 5% of its median
 SHARE_FLOOR = 0.01  # a group below 1% of the time is judged by an absolute spread of 5% of 1%
 MIN_REPEATS = 3
+OUTLIERS_FROM = 5  # from this many samples on, the spread leaves the highest and the lowest out
 MAX_REPEATS = 7
 
 
-def snap(share: float) -> float:
-    """Return `share` snapped to the geometric grid (the nearest power of `GRID`); zero and below give 0."""
+def snap(share: float, grid: float = GRID) -> float:
+    """Return `share` snapped to a geometric grid (the nearest power of `grid`); zero and below give 0."""
     if share <= 0:
         return 0.0
-    return float(f"{GRID ** round(math.log(share, GRID)):.6g}")
+    return float(f"{grid ** round(math.log(share, grid)):.6g}")
+
+
+def reachable_grid(spread: float | None) -> float:
+    """Return the grid shares measured to `spread` can be snapped to: `GRID` within `PRECISION`, else coarser.
+
+    A grid's steps are twice the precision it absorbs (`GRID`'s 10% steps, 5%): a spread s takes steps of at least
+    2s, rounded up to a tenth, at most `COARSEST`.
+    """
+    if spread is None or spread <= PRECISION:
+        return GRID
+    return min(COARSEST, math.ceil((1 + 2 * spread) * 10 - 1e-9) / 10)
 
 
 def spread(samples: Sequence[Mapping[str, float]]) -> float:
-    """Return the largest spread (max - min) of a group's share across samples, relative to its median."""
+    """Return the largest spread (max - min) of a group's share across samples, relative to its median.
+
+    From five samples on, the highest and the lowest are left out: the median kept does not move with one outlier
+    (an OpenVINO compile whose first block ran 20x slower than in the other six), so its precision does not either.
+    """
     worst = 0.0
     for name in samples[0]:
-        values = [float(s.get(name, 0.0)) for s in samples]
-        worst = max(worst, (max(values) - min(values)) / max(statistics.median(values), SHARE_FLOOR))
+        values = sorted(float(s.get(name, 0.0)) for s in samples)
+        central = values[1:-1] if len(values) >= OUTLIERS_FROM else values
+        worst = max(worst, (central[-1] - central[0]) / max(statistics.median(values), SHARE_FLOOR))
     return worst
 
 
@@ -80,13 +103,17 @@ def planning_record(
 ) -> dict[str, Any]:
     """Build profile.json's `planning_latency`: the planned form and its snapped shares and savings curves.
 
+    The shares snap to the grid their spread reached (`reachable_grid`, `GRID` when within the precision; stored as
+    `grid`); the torch shares and the curves to `GRID`.
+
     Args:
         form: The form the planners read (`torch` or a backend form).
         shares: Each group's latency share in `form` (the repeats' medians).
         torch_shares: Each group's share in the torch profile.
         curves: Per group, {"ratios", "saved_share"} from the form's latency table (latency targets).
-        measured: How it was measured: forms_ms, repeats, spread.
+        measured: How it was measured: forms_ms, repeats, spread, and how the samples were taken.
     """
+    grid = reachable_grid((measured or {}).get("spread"))
     snapped = {
         name: {"ratios": list(c["ratios"]), "saved_share": [snap(float(v)) for v in c["saved_share"]]}
         for name, c in (curves or {}).items()
@@ -94,9 +121,9 @@ def planning_record(
     return {
         "schema": SCHEMA,
         "form": form,
-        "grid": GRID,
+        "grid": grid,
         "precision": PRECISION,
-        "shares": {name: snap(float(v)) for name, v in shares.items()},
+        "shares": {name: snap(float(v), grid) for name, v in shares.items()},
         "torch_shares": {name: snap(float(v)) for name, v in torch_shares.items()},
         "curves": snapped,
         **dict(measured or {}),
@@ -156,10 +183,25 @@ def record_note(record: Mapping[str, Any]) -> str:
     form, spread = record.get("form"), record.get("spread")
     if record.get("source") == "cache":
         return f"; planners read {form}'s latency from this machine's stored measurement of this model"
+    check = _check_note(record)
     if spread is None:
-        return f"; planners read {form}'s latency (one profile, shares on a {GRID} grid)"
-    missed = f", above the {PRECISION:.0%} precision (busy machine?)" if spread > PRECISION else ""
-    return f"; planners read {form}'s latency ({record.get('repeats')} repeats, spread {spread:.0%}{missed})"
+        return f"; planners read {form}'s latency (one profile, shares on a {GRID} grid{check})"
+    missed = ""
+    if spread > PRECISION:
+        missed = f", above the {PRECISION:.0%} precision: shares on a coarser {record.get('grid')} grid"
+    calls = record.get("calls_per_sample")
+    sampled = f" of {calls} call{'s' if calls != 1 else ''} a sample" if calls else ""
+    if calls and record.get("sample_ms") is not None and record["sample_ms"] < SAMPLE_S * 1e3:
+        sampled += f" (a sample {record['sample_ms']:.1f} ms, under {SAMPLE_S * 1e3:.0f} ms: the most calls allowed)"
+    repeats = f"{record.get('repeats')} repeats{sampled}"
+    return f"; planners read {form}'s latency ({repeats}, spread {spread:.0%}{missed}{check})"
+
+
+def _check_note(record: Mapping[str, Any]) -> str:
+    pooled = record.get("identical_layers") or []
+    ratio = record.get("nodes_vs_whole")
+    out = f"; {sum(len(c) for c in pooled)} identical layers in {len(pooled)} classes pooled" if pooled else ""
+    return out + (f"; parts sum to {ratio:.2f}x one whole-model timing" if ratio else "")
 
 
 def record_from_profile(profile: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,8 +217,12 @@ def record_from_profile(profile: Mapping[str, Any]) -> dict[str, Any]:
     extra = {"tokens": tokens} if tokens and "error" not in tokens else {}  # the token axis (`token_latency`)
     form = str(backend.get("planned_on", "torch"))
     repeats = backend.get("planned_repeats") or {}
+    pooled = {"identical_layers": profile.get("identical_layers") or backend.get("identical_layers") or []}
     if form == "torch" or not repeats:
-        measured = {"forms_ms": {"torch": profile.get("totals", {}).get("latency_ms")}, "repeats": 1, "spread": None}
+        totals = profile.get("totals", {})
+        whole, parts = totals.get("latency_ms"), totals.get("timed_ms")  # hooked modules' self times vs one forward
+        check = {"nodes_vs_whole": round(parts / whole, 3) if whole and parts else None}
+        measured = {"forms_ms": {"torch": whole}, "repeats": 1, "spread": None, **check, **pooled}
         return planning_record("torch", torch_shares, torch_shares, None, {**measured, **extra})
     curves = {}
     table = backend.get("latency_table")
@@ -187,6 +233,8 @@ def record_from_profile(profile: Mapping[str, Any]) -> dict[str, Any]:
             for name, times in table["groups"].items()
         }
     forms_ms = {name: row.get("total_ms") for name, row in backend.get("forms", {}).items() if "total_ms" in row}
-    measured = {"forms_ms": forms_ms, "repeats": repeats["repeats"], "spread": repeats["spread"], **extra}
+    sampled = {k: repeats.get(k) for k in ("calls_per_sample", "sample_ms", "whole_ms", "nodes_vs_whole")}
+    measured = {"forms_ms": forms_ms, "repeats": repeats["repeats"], "spread": repeats["spread"], **sampled}
+    measured.update(pooled, **extra)
     shares = {name: float(repeats["shares"].get(name, 0.0)) for name in torch_shares}
     return planning_record(form, shares, torch_shares, curves, measured)

@@ -77,15 +77,19 @@ def planner_profile(model: Any, input_shape: Any, *, device: str = "cpu", depth:
     Returns:
         The profile dict plus "groups" (the family adapter's prunable groups as dicts), "group_costs" (see
         `group_costs`; a head group also owns the attention matmuls booked on its attention module; with `depth`
-        the block groups depth pruning may remove come last and own everything under their block) and
-        "protected" (modules pruning never touches).
+        the block groups depth pruning may remove come last and own everything under their block), "protected"
+        (modules pruning never touches) and "identical_layers" (the classes of identical layers, whose rows' latency
+        is pooled: `identical`).
     """
     import dataclasses
 
     from profiling_agent.tools.compression.families import adapter_for, planning_groups
     from profiling_agent.tools.profiling.dynamic import profile_model
+    from profiling_agent.tools.profiling.identical import identical_layers, pool_layer_rows
 
     full = profile_model(model, input_shape, device=device)
+    full["identical_layers"] = identical_layers(model)
+    pool_layer_rows(full["layers"], full["identical_layers"], ("latency_ms", "latency_share"))
     adapter = adapter_for(model)
     groups = [dataclasses.asdict(g) for g in planning_groups(model, depth)]
     owned = [{**g, "members": (*g["members"], g["module"])} if g["kind"] == "head" else g for g in groups]

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from tiny import resnet_config, seeded, swin_config, vit_config
+from helpers.tiny import resnet_config, seeded, swin_config, vit_config
 from transformers import ResNetForImageClassification, SwinForImageClassification, ViTForImageClassification
 
 from profiling_agent.tools.compression.families import adapter_for

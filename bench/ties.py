@@ -34,11 +34,11 @@ def judged_apart(rng: random.Random, slower: float, noise: float, repeats: int) 
     return not speed_tied(slow, fast, samples)[0]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """Print one row per (noise, repeats): the false-apart rate and the rates of telling real differences apart."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timings", type=int, default=400, help="synthetic timings per cell")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print("noise  repeats  apart(equal)  told(1.1x)  told(1.2x)  told(1.5x)")
     for noise in (0.05, 0.2):
         for repeats in (10, 15):
@@ -48,7 +48,8 @@ def main() -> None:
                 hits = sum(judged_apart(rng, slower, noise, repeats) for _ in range(args.timings))
                 rates.append(hits / args.timings)
             print(f"{noise:5.2f}  {repeats:7d}  " + "  ".join(f"{r:10.1%}" for r in rates))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -136,13 +136,17 @@ PLAIN_SMOKE = {
     "backends": (["--tiny"], "| vit-digits | pruned:ort_dynamic"),
     "time_to_result": (["--tiny", "--models", "vit"], "total:"),
     "contention": (["--tiny"], "false-flag rate (quiet blocks):"),
+    "ties": (["--timings", "20"], "apart(equal)"),  # synthetic timings only
+    # one profile step in this process and in a fresh one, one whole short run of embedded:vit-digits
+    # (a crash found is reported in the table: the bench exits 1 for it only with --strict)
+    "crash_stress": (["--steps", "1", "--runs", "1", "--subset", "16"], "whole short run (CLI)"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PLAIN_SMOKE))
 def test_bench_smoke(name, bench_env, capsys, tmp_path):
     argv, marker = PLAIN_SMOKE[name]
-    if name in ("time_to_result", "contention"):
+    if name in ("time_to_result", "contention", "crash_stress"):
         argv = [*argv, "--work", str(tmp_path)]
     out = smoke(name, argv, capsys)
     assert marker in out, out[-2000:]

@@ -239,9 +239,10 @@ def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, mo
         {"layer": ".*", "type": "structured", "ratio": 0.99, "justification": "everything"},
         {"layer": ".*", "type": "head", "ratio": 0.99, "justification": "everything"},
     ]
+    # the first answer is a plan: a first answer in prose would end the tools for the run (round 2 uses them)
     round1 = [
-        "<script>alert(1)</script> Sure! Just make the model smaller, it will be fine. No JSON from me.",
         _plan(*everything),
+        "<script>alert(1)</script> Sure! Just make the model smaller, it will be fine. No JSON from me.",
         _plan({"layer": "^classifier$", "type": "structured", "ratio": 0.5, "justification": "the head"}),
         _plan({"layer": MLP_01, "type": "structured", "ratio": 1.5, "justification": "more than all"}),
     ]
@@ -305,10 +306,10 @@ def test_b_hostile_answers_are_refused_and_reported(tmp_path, assets, capsys, mo
     assert planner["used"] == ["deterministic"] and planner["mode"] == "llm"
     first, second = planner["fallbacks"]
     assert (first["iteration"], second["iteration"]) == (1, 2)
-    assert [r["stage"] for r in first["rejected"]] == ["parse", "guard", "guard", "guard"]
+    assert [r["stage"] for r in first["rejected"]] == ["guard", "parse", "guard", "guard"]
     reasons1 = [" ".join(r["reasons"]) for r in first["rejected"]]
-    assert "no JSON object" in reasons1[0] or "JSON" in reasons1[0]
-    assert "exceeds the structured cap" in reasons1[1] and "exceeds the head cap" in reasons1[1]
+    assert "exceeds the structured cap" in reasons1[0] and "exceeds the head cap" in reasons1[0]
+    assert "no JSON object" in reasons1[1] or "JSON" in reasons1[1]
     assert "protected" in reasons1[2] or "matches no structured group" in reasons1[2]
     assert "less than 1" in reasons1[3]
     assert [r["stage"] for r in second["rejected"]] == ["guard", "guard", "parse", "guard"]

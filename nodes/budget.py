@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import threading
 import time
 from typing import Any, Protocol
@@ -122,7 +123,11 @@ def after_step(state: State, ctx: Context, node: str, update: dict[str, Any]) ->
 
 
 def timed(node: str, fn: Node) -> Node:
-    """Wrap node `fn`: run it with the budget's knobs and stamp its history event with spent and expected seconds."""
+    """Wrap node `fn`: run it with the budget's knobs and stamp its history event with spent and expected seconds.
+
+    `fn` may take the state alone, as LangGraph allows a node to: it is then called without the runtime.
+    """
+    takes_runtime = len(inspect.signature(fn).parameters) > 1
 
     @functools.wraps(fn)
     def run(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -135,10 +140,11 @@ def timed(node: str, fn: Node) -> Node:
         ticker = Ticker(runtime, f"{node} (about {expected_s:.0f} s)", expected_s)
         start = time.perf_counter()
         try:
-            update = fn(state, runtime)
+            update = fn(state, runtime) if takes_runtime else fn(state)  # type: ignore[call-arg]
         finally:
             ticker.stop()
         update = stamped(update, time.perf_counter() - start, expected_s)
         return after_step(state, ctx, node, update)
 
+    del run.__wrapped__  # LangGraph reads the wrapper's own signature (state, runtime), not that of a one-argument fn
     return run

@@ -146,5 +146,7 @@ def timed(node: str, fn: Node) -> Node:
         update = stamped(update, time.perf_counter() - start, expected_s)
         return after_step(state, ctx, node, update)
 
-    del run.__wrapped__  # LangGraph reads the wrapper's own signature (state, runtime), not that of a one-argument fn
+    # LangGraph reads the wrapper's own signature (state, runtime), not that of a one-argument fn; `__wrapped__` stays
+    # so that `get_graph(xray=True)` still finds the subgraph the wrapped node runs
+    run.__signature__ = inspect.signature(run, follow_wrapped=False)  # type: ignore[attr-defined]
     return run

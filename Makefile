@@ -26,13 +26,15 @@ run: install
 	$(BIN)/profiling-agent run
 
 # test files run on this many processes (pytest-xdist; a file stays in one process, so its fixtures are built
-# once); 1 runs them in this process, in order
+# once), in the conftest's order (longest first, from tests/file_seconds.json); 1 runs them in this process
 TEST_PROCS ?= 2
-PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(TEST_PROCS)),-n $(TEST_PROCS) --dist loadfile)
+PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider \
+	$(if $(filter-out 1,$(TEST_PROCS)),-n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder)
 
-# the whole suite; the 15 slowest tests are listed at the end
+# the whole suite; the 15 slowest tests are listed at the end, and every test's seconds go to .cache/junit.xml
+# (`python tests/helpers/file_seconds.py .cache/junit.xml` turns them into the order's table)
 test: lint typecheck
-	$(PYTEST) --durations=15
+	$(PYTEST) --durations=15 --junitxml=.cache/junit.xml
 
 # the fast tier is the tree's: tests/unit (tools, routers, parsers, records; no whole run); tests/e2e holds whole runs
 test-fast: install

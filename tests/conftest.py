@@ -14,13 +14,25 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Run the files of tests/e2e (whole runs) first, each file's tests in their order.
+    """Order the files longest first (tests/file_seconds.json), each file's tests in their order.
 
-    `make test` spreads files over 2 processes: long files that start first overlap each other and the quick
-    files of tests/unit fill the end, where one long file starting last would run alone.
+    `make test` spreads whole files over 2 processes in this order (`--dist loadfile --no-loadscope-reorder`): the
+    long files start first and overlap each other, and the quick ones fill the end, where one long file starting last
+    would run alone. A file missing from the table counts as one second a test.
     """
-    e2e = Path(__file__).parent / "e2e"
-    items.sort(key=lambda item: e2e not in item.path.parents)  # a stable sort: the order within each group stays
+    from helpers.file_seconds import read_table
+
+    root, table = Path(__file__).parent.parent, read_table()
+    counts: dict[str, int] = {}
+    for item in items:
+        name = item.path.relative_to(root).as_posix()
+        counts[name] = counts.get(name, 0) + 1
+
+    def seconds(item) -> float:
+        name = item.path.relative_to(root).as_posix()
+        return table.get(name, float(counts[name]))
+
+    items.sort(key=lambda item: -seconds(item))  # a stable sort: the order within each file stays
 
 
 @pytest.fixture

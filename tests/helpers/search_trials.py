@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from profiling_agent.state import CompressionPlan
+from profiling_agent.state import CompressionPlan, Trial
 
 
 def history_round(goal: float, passed: bool, drop: float | None = None, predicted: float | None = None, **extra: Any):
@@ -21,10 +21,10 @@ def synthetic(true_drop: Callable[[float], float], half: float = 0.0):
     def plan_at(goal: float) -> CompressionPlan:
         return CompressionPlan(rationale=str(goal))
 
-    def trial(plan: CompressionPlan) -> dict[str, Any]:
+    def trial(plan: CompressionPlan) -> Trial:
         goal = float(plan.rationale)
         calls.append(goal)
         drop = true_drop(goal)
-        return {"accuracy_drop_pp": drop, "interval_pp": [drop - half, drop + half]}
+        return Trial(accuracy_drop_pp=drop, interval_pp=[drop - half, drop + half])
 
     return plan_at, trial, calls

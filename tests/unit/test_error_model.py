@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiling_agent.state import CompressionPlan
+from profiling_agent.state import CompressionPlan, Trial
 from profiling_agent.tools.planning.backoff import back_off
 from profiling_agent.tools.planning.error_model import (
     beyond_budget,
@@ -63,7 +63,7 @@ def test_the_first_round_backs_off_when_the_upper_end_exceeds_the_cap():
     # every plan's trial loses nothing, but its interval's upper end grows with the goal (fewer agreeing images)
     def trial(plan):
         goal = float(plan.rationale)
-        return {"accuracy_drop_pp": 0.0, "interval_pp": [-1.0, 10.0 * goal], "params_reduction": goal}
+        return Trial(accuracy_drop_pp=0.0, interval_pp=[-1.0, 10.0 * goal], params_reduction=goal)
 
     out = back_off(0.5, lambda g: CompressionPlan(rationale=str(g)), trial, cap=3.0, steps=4)
     assert out.backed_off and out.goal <= 0.3 + 1e-9  # a zero point loss did not pass the 50% plan

@@ -12,6 +12,7 @@ from profiling_agent.state import (
     TokenAxis,
     TokenChoice,
     TokenEntry,
+    Trial,
 )
 from profiling_agent.tools.planning.round import RoundData, weighed_tokens
 from profiling_agent.tools.planning.token_plan import (
@@ -92,7 +93,7 @@ def test_round_one_keeps_merging_only_when_its_trial_loses_no_more_than_pruning_
     def evaluator(losses):
         def build(calls):
             assert calls == 2
-            return lambda plan: {"accuracy_drop_pp": losses["tokens" in plan]}
+            return lambda plan: Trial(accuracy_drop_pp=losses[plan.tokens is not None])
 
         return build
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, SearchRecord
+from profiling_agent.state import CompressionPlan, SearchRecord, SearchTrial, Trial
 from profiling_agent.tools.planning.error_model import Correction, history_correction, within_budget
 
 AIM = 0.8  # depth_plan's linear extrapolation aims at this fraction of the budget
@@ -45,18 +45,21 @@ class SearchStep:
     high: float
     correction: Correction
     cap: float
-    trials: list[dict[str, Any]] = field(default_factory=list)
+    trials: list[SearchTrial] = field(default_factory=list)
     intervals: dict[float, list[float]] = field(default_factory=dict)
     why: str = ""
 
-    def record(self, goal: float, metrics: dict[str, Any]) -> tuple[float, float]:
+    def record(self, goal: float, trial: Trial) -> tuple[float, float]:
         """Record a trial at `goal` (its loss, its interval, its corrected upper end); return (loss, upper end), pp."""
-        drop = float(metrics.get("accuracy_drop_pp", 0.0))
-        interval = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
+        drop, interval = float(trial.accuracy_drop_pp), trial.bounds()
         corrected = round(self.correction(interval[1], goal), 3)
-        self.trials.append({"goal": round(goal, 4), "predicted_pp": round(drop, 3), "corrected_pp": corrected})
+        self.trials.append(SearchTrial(goal=round(goal, 4), predicted_pp=round(drop, 3), corrected_pp=corrected))
         self.intervals[round(goal, 4)] = interval
         return drop, interval[1]
+
+    def loss_at(self, goal: float) -> float | None:
+        """Return the trial-slice loss the trial at `goal` measured (rounded as recorded), or None."""
+        return next((t.predicted_pp for t in self.trials if abs(t.goal - round(goal, 4)) < 1e-9), None)
 
     def to_record(self) -> SearchRecord:
         """Return the step as planner_meta.search records it."""
@@ -65,7 +68,7 @@ class SearchStep:
             "interval": [round(self.low, 4), round(self.high, 4)],
             "correction": round(self.correction.multiplicative, 3),
             "cap_pp": round(self.cap, 3),
-            "trials": self.trials,
+            "trials": [t.model_dump() for t in self.trials],
             "why": self.why,
         }
         return SearchRecord.model_validate(data)
@@ -138,7 +141,7 @@ def chosen_goal(
     if best is not None:
         trials = best
     elif out.trials:  # none passed: below the last (smallest) trial
-        trials = lo + (out.trials[-1]["goal"] - lo) / 2
+        trials = lo + (out.trials[-1].goal - lo) / 2
     else:
         trials = (lo + hi) / 2
     secant = secant_goal(history, lo, hi, max_acc_drop)
@@ -154,7 +157,7 @@ def search_step(
     history: list[dict[str, Any]],
     max_acc_drop: float,
     plan_at: Callable[[float], CompressionPlan],
-    trial: Callable[[CompressionPlan], dict[str, Any]],
+    trial: Callable[[CompressionPlan], Trial],
     steps: int = SEARCH_TRIALS,
     tolerance: float = 0.01,
 ) -> SearchStep | None:
@@ -165,8 +168,7 @@ def search_step(
             predicted_drop (the plan's trial, pp).
         max_acc_drop: The accuracy budget, pp.
         plan_at: Returns the planner's plan for a goal.
-        trial: Prunes (and refits) a fresh copy by a plan and returns `accuracy_drop_pp` and `interval_pp` on the
-            trial slice.
+        trial: Prunes (and refits) a fresh copy by a plan and returns its trial (loss and interval) on the trial slice.
         steps: Trials (bisection steps inside the interval).
         tolerance: Stop when the interval is narrower than this.
 
@@ -216,7 +218,7 @@ def push_step(
     history: list[dict[str, Any]],
     bounds: PushBounds,
     plan_at: Callable[[float], CompressionPlan],
-    trial: Callable[[CompressionPlan], dict[str, Any]],
+    trial: Callable[[CompressionPlan], Trial],
     steps: int = SEARCH_TRIALS,
     tolerance: float = 0.01,
 ) -> SearchStep | None:

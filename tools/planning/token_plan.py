@@ -24,6 +24,7 @@ from profiling_agent.state import (
     TokenChoice,
     TokenEntry,
     TokenRate,
+    Trial,
 )
 
 TOKEN_BUDGET_SHARE = 0.5  # a rate whose merged baseline alone loses more than half the accuracy budget is not weighed
@@ -134,15 +135,18 @@ def with_tokens(plan: CompressionPlan, option: TokenOption, pruning_estimate: fl
 
 
 def weigh(
-    option: TokenOption, merged: CompressionPlan, unmerged: CompressionPlan, evaluate: Callable[[dict], dict]
+    option: TokenOption,
+    merged: CompressionPlan,
+    unmerged: CompressionPlan,
+    evaluate: Callable[[CompressionPlan], Trial],
 ) -> TokenChoice:
     """Try both round-1 plans (with and without merging, same total goal) on the trial slice; say which to keep.
 
     The merging plan is kept when it loses no more than the plan that prunes alone (a tie goes to merging: its
     latency was measured to pay, pruning's is the model's estimate).
     """
-    with_pp = float(evaluate(merged.model_dump())["accuracy_drop_pp"])
-    without_pp = float(evaluate(unmerged.model_dump())["accuracy_drop_pp"])
+    with_pp = float(evaluate(merged).accuracy_drop_pp)
+    without_pp = float(evaluate(unmerged).accuracy_drop_pp)
     chosen = with_pp <= without_pp
     why = (
         f"merging at {option.label()} and pruning less lost {with_pp:.2f} pp on the trial slice, pruning alone "

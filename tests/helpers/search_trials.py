@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, Trial
+from profiling_agent.state import CompressionPlan, PastRound, Trial
 
 
 def history_round(goal: float, passed: bool, drop: float | None = None, predicted: float | None = None, **extra: Any):
     """An earlier round as `planner_history` gives it: goal, passed, validation loss and the trial's loss, pp."""
-    return {"goal": goal, "passed": passed, "drop": drop, "predicted_drop": predicted, **extra}
+    return PastRound(goal=goal, passed=passed, drop=drop, predicted_drop=predicted, **extra)
+
+
+def rounds(*rows: dict[str, Any]) -> list[PastRound]:
+    """Earlier rounds as `planner_history` gives them, from their fields (the rest at their defaults)."""
+    return [PastRound.model_validate(row) for row in rows]
 
 
 def synthetic(true_drop: Callable[[float], float], half: float = 0.0):

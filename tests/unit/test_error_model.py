@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers.search_trials import rounds
 
 from profiling_agent.state import CompressionPlan, Trial
 from profiling_agent.tools.planning.backoff import back_off
@@ -50,12 +51,14 @@ def test_the_correction_from_none_one_and_two_earlier_rounds():
     assert same.as_list() == [3.0, 1.0]
     wild = fit_correction([(1.0, 9.0), (1.1, 0.0)])  # a negative slope is clamped, the intercept refitted
     assert wild.multiplicative == pytest.approx(0.25)
-    rounds = [
-        {"predicted_drop": 1.56, "drop": 15.33},
-        {"predicted_drop": None, "drop": 4.0},
-        {"predicted_drop": 0.0, "drop": 1.0, "rejected": True},  # a reviewer's no measured nothing
-    ]
-    counted = history_correction(rounds)  # only the first round has both losses and no reviewer's no
+    unknown = {"goal": 0.0, "passed": False}  # rounds whose goal is not known: the additive term stays unscaled
+    counted = history_correction(
+        rounds(
+            {**unknown, "predicted_drop": 1.56, "drop": 15.33},
+            {**unknown, "predicted_drop": None, "drop": 4.0},
+            {**unknown, "predicted_drop": 0.0, "drop": 1.0, "rejected": True},  # a reviewer's no measured nothing
+        )
+    )  # only the first round has both losses and no reviewer's no
     assert counted.pairs == 1 and counted.as_list() == [round(15.33 - 1.56, 3), 1.0] and counted.at_goal is None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers.search_trials import rounds
 
 from profiling_agent.state import (
     Candidate,
@@ -82,7 +83,7 @@ def test_merging_and_pruning_compose_multiplicatively_and_the_plan_states_the_to
     assert pruned_merged < pruned_alone  # merging takes a share of the goal, pruning the rest
     assert merged.target_estimate == pytest.approx(alone.target_estimate, abs=0.06)  # both aim at the same total
     # a later round's goal (total terms) maps through to the pruning
-    later = RoundData(GROUPS, COSTS, SENS, LATENCY, [{"goal": 0.55, "gamma": 1.0, "passed": True}], option).plan()
+    later = RoundData(GROUPS, COSTS, SENS, LATENCY, rounds({"goal": 0.55, "gamma": 1.0, "passed": True}), option).plan()
     assert later.plan.tokens is not None and later.target_estimate > merged.target_estimate
 
 

@@ -12,11 +12,10 @@ end is above zero and the additive term carries what earlier rounds lost beyond 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from profiling_agent.state import CompressionPlan, SearchRecord, SearchTrial, Trial
+from profiling_agent.state import CompressionPlan, PastRound, SearchRecord, SearchTrial, Trial
 from profiling_agent.tools.planning.error_model import Correction, history_correction, within_budget
 
 AIM = 0.8  # depth_plan's linear extrapolation aims at this fraction of the budget
@@ -74,7 +73,7 @@ class SearchStep:
         return SearchRecord.model_validate(data)
 
 
-def prediction_correction(history: list[dict[str, Any]]) -> float | None:
+def prediction_correction(history: Sequence[PastRound]) -> float | None:
     """Return measured / predicted accuracy loss, from the latest round that has both (None when none has).
 
     Kept for round_check's record (the search itself uses `error_model.history_correction`). A round's
@@ -84,8 +83,8 @@ def prediction_correction(history: list[dict[str, Any]]) -> float | None:
     CORRECTION_BOUNDS, so one lucky or unlucky image cannot swing the next round.
     """
     for h in reversed(history):
-        measured, predicted = h.get("drop"), h.get("predicted_drop")
-        if measured is None or predicted is None or h.get("rejected"):
+        measured, predicted = h.drop, h.predicted_drop
+        if measured is None or predicted is None or h.rejected:
             continue
         ratio = max(float(measured), MIN_PREDICTED_PP) / max(float(predicted), MIN_PREDICTED_PP)
         low, high = CORRECTION_BOUNDS
@@ -93,27 +92,27 @@ def prediction_correction(history: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def kept_goals(history: list[dict[str, Any]]) -> list[float]:
+def kept_goals(history: Sequence[PastRound]) -> list[float]:
     """Return the goals that kept the budget below any a reviewer rejected (a "no" caps the search)."""
-    rejected = [h["goal"] for h in history if h.get("rejected")]
-    return [h["goal"] for h in history if h["passed"] and h["goal"] < min(rejected, default=float("inf"))]
+    rejected = [h.goal for h in history if h.rejected]
+    return [h.goal for h in history if h.passed and h.goal < min(rejected, default=float("inf"))]
 
 
-def bracket(history: list[dict[str, Any]]) -> tuple[float, float] | None:
+def bracket(history: Sequence[PastRound]) -> tuple[float, float] | None:
     """Return (largest passing goal, smallest failing goal above it), or None when no round missed the budget."""
     lo = max(kept_goals(history), default=0.0)
-    above = [h["goal"] for h in history if not h["passed"] and not h.get("rejected") and h["goal"] > lo]
+    above = [h.goal for h in history if not h.passed and not h.rejected and h.goal > lo]
     return (lo, min(above)) if above else None
 
 
-def secant_goal(history: list[dict[str, Any]], lo: float, hi: float, max_acc_drop: float) -> float | None:
+def secant_goal(history: Sequence[PastRound], lo: float, hi: float, max_acc_drop: float) -> float | None:
     """Return the goal where the line through the bracket's measured losses reaches AIM x budget (None: no line).
 
     The ends are the largest goal that kept the budget (0 pp at 0 when none did) and the smallest that missed it,
     each at what validation measured after recovery. Accuracy loss grows faster than linearly with the reduction,
     so the line errs low (`depth_plan.depth_secant` does the same for block plans).
     """
-    drops = {float(h["goal"]): h.get("drop") for h in history if h.get("drop") is not None}
+    drops = {float(h.goal): h.drop for h in history if h.drop is not None}
     m_lo, m_hi = (0.0 if lo == 0 else drops.get(lo)), drops.get(hi)
     aim = AIM * max_acc_drop
     if m_lo is None or m_hi is None or float(m_hi) <= max(aim, float(m_lo)):
@@ -128,7 +127,7 @@ def line_goal(low: tuple[float, float], high: tuple[float, float], aim: float) -
 
 
 def chosen_goal(
-    out: SearchStep, history: list[dict[str, Any]], max_acc_drop: float, best: float | None, missed: float
+    out: SearchStep, history: Sequence[PastRound], max_acc_drop: float, best: float | None, missed: float
 ) -> float:
     """Return the larger of the trials' goal and the secant through the bracket, kept below any outright miss.
 
@@ -154,7 +153,7 @@ def chosen_goal(
 
 
 def search_step(
-    history: list[dict[str, Any]],
+    history: Sequence[PastRound],
     max_acc_drop: float,
     plan_at: Callable[[float], CompressionPlan],
     trial: Callable[[CompressionPlan], Trial],
@@ -215,7 +214,7 @@ class PushBounds:
 
 
 def push_step(
-    history: list[dict[str, Any]],
+    history: Sequence[PastRound],
     bounds: PushBounds,
     plan_at: Callable[[float], CompressionPlan],
     trial: Callable[[CompressionPlan], Trial],

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from profiling_agent.state import (
     Candidate,
     CompressionPlan,
     Objective,
+    PastRound,
     TokenAxis,
     TokenChoice,
     TokenEntry,
@@ -112,13 +112,13 @@ def fallback_option(axis: TokenAxis | None, entry: TokenEntry | None) -> TokenOp
 
 
 def pruning_problem(
-    option: TokenOption, objective: Objective, history: list[dict[str, Any]], goal: float | None
-) -> tuple[Objective, list[dict[str, Any]], float | None]:
+    option: TokenOption, objective: Objective, history: Sequence[PastRound], goal: float | None
+) -> tuple[Objective, list[PastRound], float | None]:
     """Return the objective, history and goal of the pruning that completes a merging plan (in pruning terms)."""
     s = option.saved
     target = to_pruning(objective.target_reduction, s)
     pruning_objective = objective.model_copy(update={"target_reduction": min(max(target, 1e-3), 0.99)})
-    moved = [{**h, "goal": to_pruning(float(h["goal"]), s)} for h in history]
+    moved = [h.model_copy(update={"goal": to_pruning(float(h.goal), s)}) for h in history]
     return pruning_objective, moved, None if goal is None else to_pruning(goal, s)
 
 

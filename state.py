@@ -34,6 +34,11 @@ from profiling_agent.schemas.migrations import (
     pending,
     upgrade_history_event,
 )
+from profiling_agent.schemas.planning import (
+    PastRound,
+    Trial,
+    VariantSummary,
+)
 from profiling_agent.schemas.plans import (
     MAX_REGEX_LEN,
     BackoffRecord,
@@ -297,6 +302,7 @@ __all__ = [
     "ModelRef",
     "Objective",
     "OperatorRow",
+    "PastRound",
     "PlannerChoice",
     "PlannerMeta",
     "PlannerMode",
@@ -332,7 +338,9 @@ __all__ = [
     "TestEval",
     "TokenAxis",
     "TokenRate",
+    "Trial",
     "VariantRecord",
+    "VariantSummary",
     "choices",
     "pending",
     "upgrade_history_event",

@@ -4,6 +4,7 @@
 - `base`: the strict base models;
 - `inputs`: what to compress and how to judge it (`ModelRef`, `DatasetRef`, `Objective`);
 - `plans`: compression plans and what the planners record about a round (`PlannerMeta`, `LLMStep`, trials);
+- `planning`: the planners' own currency, never held in the state (`Trial`, `PastRound`);
 - `records`: what flows between nodes (artifacts, data, profile, measurements, candidates, report);
 - `migrations`: how older checkpoints' shapes are upgraded, keyed by `STATE_FORMAT`.
 

@@ -9,7 +9,7 @@ import torch
 from helpers.tiny import seeded, vit_config
 from transformers import ViTForImageClassification
 
-from profiling_agent.state import CompressionPlan, Objective
+from profiling_agent.state import CompressionPlan, Objective, Trial
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.evaluation.metrics import mean_kl
 from profiling_agent.tools.planning.block_trials import block_sets, choose_block_set
@@ -66,13 +66,13 @@ def test_the_set_closest_to_the_baseline_after_its_trial_is_kept_and_ties_keep_t
     def trial(plan):
         blocks = tuple(sorted(e.layer.strip("^$").replace("\\", "").split(".", 1)[1] + ".block"
                               for e in plan.pruning if e.type == "block"))  # fmt: skip
-        return {"kl_to_baseline": kl.get(blocks, 0.1), "accuracy_drop_pp": 1.0}
+        return Trial(kl_to_baseline=kl.get(blocks, 0.1), accuracy_drop_pp=1.0)
 
     best, records, plans = choose_block_set(sets + [["layers.0.block", "layers.1.block"]], plan_for, trial, 0.4)
     # the one-block set cannot reach the goal (width is 1% of the latency here): it would win by removing less
-    assert best == 1 and [r["kl"] for r in records] == [0.3, 0.1, 0.1]  # the third ties the second: later, not kept
-    assert [r["blocks"] for r in records] == [sets[0], sets[1], ["layers.0.block", "layers.1.block"]]
-    assert records[1]["estimate"] >= 0.4 and len(plans) == 3
+    assert best == 1 and [r.kl for r in records] == [0.3, 0.1, 0.1]  # the third ties the second: later, not kept
+    assert [r.blocks for r in records] == [sets[0], sets[1], ["layers.0.block", "layers.1.block"]]
+    assert records[1].estimate >= 0.4 and len(plans) == 3
     assert choose_block_set(sets, plan_for, trial, 0.4, limit=1) == (0, [], [])  # one set: nothing to choose
 
     def failing(plan):
@@ -81,7 +81,7 @@ def test_the_set_closest_to_the_baseline_after_its_trial_is_kept_and_ties_keep_t
         return trial(plan)
 
     best, records, _ = choose_block_set(sets[:2], plan_for, failing, 0.4)
-    assert best == 0 and records[1]["kl"] is None and records[1]["error"] == "pruning failed"  # its first line
+    assert best == 0 and records[1].kl is None and records[1].error == "pruning failed"  # its first line
 
 
 def test_a_set_is_tried_when_its_estimate_reaches_the_target_even_below_the_planners_own():
@@ -91,12 +91,12 @@ def test_a_set_is_tried_when_its_estimate_reaches_the_target_even_below_the_plan
 
     def trial(p):
         tried.append(p)
-        return {"kl_to_baseline": 0.1, "accuracy_drop_pp": 0.0}
+        return Trial(kl_to_baseline=0.1, accuracy_drop_pp=0.0)
 
     _, records, _ = choose_block_set([["a"], ["b"], ["c"], ["d"]], lambda n: (plan, estimates[n[0]]), trial, 0.4)
-    assert [r["blocks"] for r in records] == [["a"], ["b"], ["d"]]  # c falls 1.5 points short of the 40% target
+    assert [r.blocks for r in records] == [["a"], ["b"], ["d"]]  # c falls 1.5 points short of the 40% target
     _, records, _ = choose_block_set([["c"], ["a"], ["d"]], lambda n: (plan, estimates[n[0]]), trial, 0.4)
-    assert [r["blocks"] for r in records] == [["c"], ["a"], ["d"]]  # the planner's own short of it sets the floor
+    assert [r.blocks for r in records] == [["c"], ["a"], ["d"]]  # the planner's own short of it sets the floor
 
 
 def test_a_given_block_set_is_the_one_planned_and_width_fills_the_rest_of_the_goal(planned):
@@ -123,15 +123,15 @@ def test_round_one_keeps_the_trials_best_set_and_says_why(planned):
         calls.append(n)
 
         def evaluate(plan):
-            removed = {e["layer"] for e in plan["pruning"] if e["type"] == "block"}
-            return {"kl_to_baseline": 0.05 if r"^vit\.layers\.1$" in removed else 0.2, "accuracy_drop_pp": 2.0}
+            removed = {e.layer for e in plan.pruning if e.type == "block"}
+            return Trial(kl_to_baseline=0.05 if r"^vit\.layers\.1$" in removed else 0.2, accuracy_drop_pp=2.0)
 
         return evaluate
 
     data = RoundData(groups, costs, sensitivity, objective, [])
     kept, records = tried_block_sets(result, data, evaluator)
-    assert calls == [4] and len(records) == 4 and records[0]["blocks"] == ["layers.2.block", "layers.3.block"]
-    assert records[1]["blocks"] == ["layers.1.block", "layers.2.block"]
+    assert calls == [4] and len(records) == 4 and records[0].blocks == ["layers.2.block", "layers.3.block"]
+    assert records[1].blocks == ["layers.1.block", "layers.2.block"]
     assert r"^vit\.layers\.1$" in {e.layer for e in kept.plan.pruning}
     assert "Blocks chosen by trial" in kept.plan.rationale
     assert tried_block_sets(result, data, lambda n: None) == (result, None)

@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from profiling_agent.state import CompressionPlan
+from profiling_agent.state import CompressionPlan, PastRound, Trial
 
 
 def history_round(goal: float, passed: bool, drop: float | None = None, predicted: float | None = None, **extra: Any):
     """An earlier round as `planner_history` gives it: goal, passed, validation loss and the trial's loss, pp."""
-    return {"goal": goal, "passed": passed, "drop": drop, "predicted_drop": predicted, **extra}
+    return PastRound(goal=goal, passed=passed, drop=drop, predicted_drop=predicted, **extra)
+
+
+def rounds(*rows: dict[str, Any]) -> list[PastRound]:
+    """Earlier rounds as `planner_history` gives them, from their fields (the rest at their defaults)."""
+    return [PastRound.model_validate(row) for row in rows]
 
 
 def synthetic(true_drop: Callable[[float], float], half: float = 0.0):
@@ -21,10 +26,10 @@ def synthetic(true_drop: Callable[[float], float], half: float = 0.0):
     def plan_at(goal: float) -> CompressionPlan:
         return CompressionPlan(rationale=str(goal))
 
-    def trial(plan: CompressionPlan) -> dict[str, Any]:
+    def trial(plan: CompressionPlan) -> Trial:
         goal = float(plan.rationale)
         calls.append(goal)
         drop = true_drop(goal)
-        return {"accuracy_drop_pp": drop, "interval_pp": [drop - half, drop + half]}
+        return Trial(accuracy_drop_pp=drop, interval_pp=[drop - half, drop + half])
 
     return plan_at, trial, calls

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from helpers.eval_records import candidate, evaluation, form
+from helpers.search_trials import rounds
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation.selection import (
@@ -82,6 +83,6 @@ def test_torch_quantization_cost_only_counts_when_torch_quantized_is_delivered()
 
 def test_planner_keeps_quantization_when_onnx_runtime_was_delivered():
     slow = {"iteration": 1, "goal": 0.3, "gamma": 1.0, "passed": True, "quant_speedup": 0.7, "quant_speedup_batch": 0.8}
-    assert slowed_round([{**slow, "delivered": "torch_qint8"}]) is not None
-    assert slowed_round([slow]) is not None  # rounds recorded before variants: as before
-    assert slowed_round([{**slow, "delivered": "ort_static"}]) is None
+    assert slowed_round(rounds({**slow, "delivered": "torch_qint8"})) is not None
+    assert slowed_round(rounds(slow)) is not None  # rounds recorded before variants: as before
+    assert slowed_round(rounds({**slow, "delivered": "ort_static"})) is None

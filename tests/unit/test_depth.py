@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.search_trials import rounds
 from helpers.tiny import resnet_config, seeded, vit_config
 from pydantic import ValidationError
 from transformers import ResNetForImageClassification, ViTForImageClassification
@@ -393,19 +394,19 @@ def test_a_failed_plan_of_blocks_and_width_backs_off_its_width_first(vit4):
         "blocks": blocks,
         "width": True,
     }
-    second = plan_round(groups, costs, sensitivity, objective, [failed])
+    second = plan_round(groups, costs, sensitivity, objective, rounds(failed))
     assert sorted(e.layer for e in second.plan.pruning) == blocks  # the same blocks, no width
     assert second.target_estimate == pytest.approx(0.36) and "keeping the 2 blocks round 1 removed" in second.notes[0]
     # when those blocks alone also missed the budget, they are no longer kept: the plan starts over, lower
     alone = {**failed, "iteration": 2, "goal": second.target_estimate, "width": False}
-    third = plan_round(groups, costs, sensitivity, objective, [failed, alone])
+    third = plan_round(groups, costs, sensitivity, objective, rounds(failed, alone))
     assert "keeping" not in third.notes[0] and third.target_estimate < second.target_estimate
     assert sorted(e.layer for e in third.plan.pruning if e.type == "block") != blocks
     # ... and it fills its lower goal with blocks alone: the cheapest block, no width on top
     assert [e.layer for e in third.plan.pruning] == ["^vit\\.layers\\.2$"] and "blocks alone" in third.notes[0]
     # a planner history without the plan's blocks (older checkpoints) plans as before
     legacy = {k: v for k, v in failed.items() if k not in ("blocks", "width")}
-    assert "keeping" not in plan_round(groups, costs, sensitivity, objective, [legacy]).notes[0]
+    assert "keeping" not in plan_round(groups, costs, sensitivity, objective, rounds(legacy)).notes[0]
 
 
 def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_and_no_width(resnet3):
@@ -430,7 +431,7 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
         "^resnet\\.encoder\\.stages\\.1\\.layers\\.1$",
     ]
     failed = {"iteration": 1, "goal": 0.47, "gamma": 1.0, "passed": False, "blocks": first, "width": False}
-    second = plan_round(groups, costs, sensitivity, objective, [failed])
+    second = plan_round(groups, costs, sensitivity, objective, rounds(failed))
     # the goal halves; one replacement (the cheapest by damage per latency share) fits it and width stays untouched
     assert [e.layer for e in second.plan.pruning] == ["^resnet\\.encoder\\.stages\\.1\\.layers\\.0$"]
     assert "blocks alone" in second.notes[0]
@@ -443,33 +444,33 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
         "blocks": [e.layer for e in second.plan.pruning],
         "width": False,
     }
-    third = plan_round(groups, costs, sensitivity, objective, [failed, passed])
+    third = plan_round(groups, costs, sensitivity, objective, rounds(failed, passed))
     stage1 = "^resnet\\.encoder\\.stages\\.1\\.layers\\."
     assert [(e.layer, e.type) for e in third.plan.pruning] == [(stage1 + "0$", "block"), (stage1 + "2$", "block")]
     assert third.target_estimate == pytest.approx(0.3)
     # a failed plan of one replacement plus width: the next round keeps the replacement and adds no width, even
     # where the replacement alone stays below the round's goal (the width fill is what cost the accuracy)
     with_width = {**failed, "goal": 0.5, "blocks": [stage1 + "0$"], "width": True}
-    kept = plan_round(groups, costs, sensitivity, objective, [with_width])
+    kept = plan_round(groups, costs, sensitivity, objective, rounds(with_width))
     assert [e.layer for e in kept.plan.pruning] == [stage1 + "0$"] and "keeping the 1 blocks" in kept.notes[0]
     # the pair alone missed too, and no block fits within the lower goal (15%): the cheapest single block is the
     # smallest step depth has, and it is taken rather than width alone
     pair = [stage1 + "0$", stage1 + "2$"]
     missed = [{**failed, "goal": 0.3, "blocks": pair, "width": True}, {**failed, "goal": 0.3, "blocks": pair}]
-    single = plan_round(groups, costs, sensitivity, objective, missed)
+    single = plan_round(groups, costs, sensitivity, objective, rounds(*missed))
     assert [e.layer for e in single.plan.pruning] == [stage1 + "0$"] and "one block" in single.notes[0]
     # a plan of every block lost 22.95 pp (budget 2): its loss scales the next goal down (not halved), and the
     # cheapest single block, the smallest step depth has, is taken
     every = [{**failed, "goal": 0.57, "blocks": first + [stage1 + "2$"], "drop": 22.95}]
-    scaled = plan_round(groups, costs, sensitivity, objective, every)
+    scaled = plan_round(groups, costs, sensitivity, objective, rounds(*every))
     assert "its loss scales the goal to 4.0%" in scaled.notes[0]
     assert [e.layer for e in scaled.plan.pruning] == [stage1 + "0$"] and "one block" in scaled.notes[0]
     # a width-only plan that missed is still halved (its calibration trial corrects it instead)
-    halved = plan_round(groups, costs, sensitivity, objective, [{**every[0], "blocks": [], "width": True}])
+    halved = plan_round(groups, costs, sensitivity, objective, rounds({**every[0], "blocks": [], "width": True}))
     assert "trying 28.5%" in halved.notes[0]
     # blocks alone that would not go past the passing round are not planned: width fills as before
     at_most = {**passed, "goal": 0.31}
-    fourth = plan_round(groups, costs, sensitivity, objective, [failed, at_most])
+    fourth = plan_round(groups, costs, sensitivity, objective, rounds(failed, at_most))
     assert "blocks alone" not in fourth.notes[0] and any(e.type != "block" for e in fourth.plan.pruning)
 
 

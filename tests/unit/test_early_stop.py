@@ -98,7 +98,7 @@ def test_a_recovered_trial_beyond_the_budget_is_rejected_before_the_full_evaluat
     from profiling_agent.state import Objective
 
     rounds = planner_history([cand], evaluation(accuracy=90.0), Objective(max_acc_drop=2.0))
-    assert rounds[0]["rejected"] is False and rounds[0]["passed"] is False and rounds[0]["drop"] == 25.0
+    assert rounds[0].rejected is False and rounds[0].passed is False and rounds[0].drop == 25.0
 
 
 def _snapshots(scores: list[float], taken: list[dict[str, torch.Tensor]]):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from helpers.search_trials import rounds
 
-from profiling_agent.state import CompressionPlan
+from profiling_agent.state import CompressionPlan, Trial
 from profiling_agent.tools.planning.backoff import back_off
 from profiling_agent.tools.planning.error_model import (
     beyond_budget,
@@ -50,12 +51,14 @@ def test_the_correction_from_none_one_and_two_earlier_rounds():
     assert same.as_list() == [3.0, 1.0]
     wild = fit_correction([(1.0, 9.0), (1.1, 0.0)])  # a negative slope is clamped, the intercept refitted
     assert wild.multiplicative == pytest.approx(0.25)
-    rounds = [
-        {"predicted_drop": 1.56, "drop": 15.33},
-        {"predicted_drop": None, "drop": 4.0},
-        {"predicted_drop": 0.0, "drop": 1.0, "rejected": True},  # a reviewer's no measured nothing
-    ]
-    counted = history_correction(rounds)  # only the first round has both losses and no reviewer's no
+    unknown = {"goal": 0.0, "passed": False}  # rounds whose goal is not known: the additive term stays unscaled
+    counted = history_correction(
+        rounds(
+            {**unknown, "predicted_drop": 1.56, "drop": 15.33},
+            {**unknown, "predicted_drop": None, "drop": 4.0},
+            {**unknown, "predicted_drop": 0.0, "drop": 1.0, "rejected": True},  # a reviewer's no measured nothing
+        )
+    )  # only the first round has both losses and no reviewer's no
     assert counted.pairs == 1 and counted.as_list() == [round(15.33 - 1.56, 3), 1.0] and counted.at_goal is None
 
 
@@ -63,7 +66,7 @@ def test_the_first_round_backs_off_when_the_upper_end_exceeds_the_cap():
     # every plan's trial loses nothing, but its interval's upper end grows with the goal (fewer agreeing images)
     def trial(plan):
         goal = float(plan.rationale)
-        return {"accuracy_drop_pp": 0.0, "interval_pp": [-1.0, 10.0 * goal], "params_reduction": goal}
+        return Trial(accuracy_drop_pp=0.0, interval_pp=[-1.0, 10.0 * goal], params_reduction=goal)
 
     out = back_off(0.5, lambda g: CompressionPlan(rationale=str(g)), trial, cap=3.0, steps=4)
     assert out.backed_off and out.goal <= 0.3 + 1e-9  # a zero point loss did not pass the 50% plan

@@ -8,7 +8,7 @@ import pytest
 from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Context, Objective, State
+from profiling_agent.state import Context, Objective, State, Trial
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
 
@@ -28,7 +28,7 @@ def plan_via(server, tmp_path, trials=None):
 
     def evaluate(plan):
         trials.append(plan)
-        return {"accuracy_drop_pp": 2.5}
+        return Trial(accuracy_drop_pp=2.5)
 
     ctx = Context(llm_base_url=server.base_url, llm_timeout=10, llm_tool_rounds=2, llm_api_key_env="PA_ALT_UNSET")
     inputs = round_inputs(state, state.iteration)

@@ -14,7 +14,7 @@ from typing_extensions import TypedDict
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Context, Objective, State
+from profiling_agent.state import CompressionPlan, Context, Objective, State, Trial
 from profiling_agent.tools.interrupt import Interrupted
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_conversation import after_guard, after_model, after_tools
@@ -65,15 +65,15 @@ def _planning_graph(tmp_path, ctx: Context, evaluate_fn: Any):
 
 
 def test_a_resumed_conversation_sends_no_answered_model_call_again(tmp_path):
-    evaluated: list[dict[str, Any]] = []
+    evaluated: list[CompressionPlan] = []
 
-    def evaluate_fn(plan: dict[str, Any]) -> dict[str, Any]:
-        if any(e["ratio"] != 0.5 for e in plan["pruning"]):  # a trial of an offered alternative, not PLAN's
-            return {"accuracy_drop_pp": 1.0}
+    def evaluate_fn(plan: CompressionPlan) -> Trial:
+        if any(e.ratio != 0.5 for e in plan.pruning):  # a trial of an offered alternative, not PLAN's
+            return Trial(accuracy_drop_pp=1.0)
         evaluated.append(plan)
         if len(evaluated) == 1:  # Ctrl-C while the tool runs, after the model's first (tool-calling) answer
             raise Interrupted("interrupted")
-        return {"accuracy_drop_pp": 0.5, "params_reduction": 40.0}
+        return Trial(accuracy_drop_pp=0.5, params_reduction=40.0)
 
     call = {"name": "evaluate_plan", "args": {"plan_json": json.dumps(PLAN)}, "id": "call_eval"}
 

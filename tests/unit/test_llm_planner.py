@@ -21,7 +21,7 @@ from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import PLAN_SCHEMA, regex_families, render_analysis
 from profiling_agent.prompts.input_shape import render_input_shape
 from profiling_agent.prompts.iterative import Feedback, render_iterative
-from profiling_agent.state import CompressionPlan, Context, Objective, PruneEntry, QuantEntry, State
+from profiling_agent.state import CompressionPlan, Context, Objective, PruneEntry, QuantEntry, State, Trial
 from profiling_agent.tools.planning.deterministic import estimate_reduction, plan_round
 from profiling_agent.tools.planning.llm_client import message_text
 from profiling_agent.tools.planning.llm_planner import llm_round, plan_with_llm
@@ -487,12 +487,16 @@ def test_evaluate_plan_tool_only_with_an_evaluator():
 
     def evaluate(plan):
         seen.append(plan)
-        return {"accuracy": 88.5, "params": 60_000}
+        return Trial(accuracy_drop_pp=1.5, params=60_000, recovery="refit", seconds=2.0)
 
     tools = tools_by_name(evaluate)
     answer = json.loads(tools["evaluate_plan"].invoke({"plan_json": json.dumps(PLAN)}))
-    assert answer == {"valid": True, "measured": {"accuracy": 88.5, "params": 60_000}}
-    assert seen == [CompressionPlan.model_validate(PLAN).model_dump()]
+    # what the LLM reads: the measured facts, not how long the trial took
+    assert answer == {
+        "valid": True,
+        "measured": {"images": 0, "judged_on": "", "accuracy_drop_pp": 1.5, "params": 60_000},
+    }
+    assert seen == [CompressionPlan.model_validate(PLAN)]
     rejected = json.loads(
         tools["evaluate_plan"].invoke(
             {"plan_json": plan_json({"layer": "classifier", "type": "structured", "ratio": 0.5})}
@@ -676,10 +680,10 @@ def test_evaluate_fn_adds_the_evaluate_plan_tool(tmp_path):
         SENS,
         fallback_for(state),
         chat_model=model,
-        evaluate_fn=lambda plan: evaluated.append(plan) or {"accuracy": 88.0},
+        evaluate_fn=lambda plan: evaluated.append(plan) or Trial(accuracy_drop_pp=0.5, judged_on="trial slice"),
     )
     assert outcome.planner == "llm" and "evaluate_plan" in model.bound_tools
     prompt = "".join(message_text(m) for m in model.calls[0])
     trials = prompt.count("(trial)") + prompt.count("(trial failed")  # the offered alternatives' trials, first
     assert trials and len(evaluated) == 1 + trials
-    assert '"measured":{"accuracy":88.0}' in next(m for m in model.calls[1] if isinstance(m, ToolMessage)).content
+    assert '"accuracy_drop_pp":0.5' in next(m for m in model.calls[1] if isinstance(m, ToolMessage)).content

@@ -14,7 +14,7 @@ from langchain_core.messages import AIMessage
 from profiling_agent.graph.cli.args import EXIT_BAD_INPUT, build_parser, context_from_args
 from profiling_agent.graph.cli.main import main
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Context, Objective, State
+from profiling_agent.state import CompressionPlan, Context, Objective, State
 from profiling_agent.tools.models.input_shape import resolve_input_shape
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_config import describe_endpoint, planner_mode
@@ -211,20 +211,22 @@ def test_plan_evaluator_prunes_a_fresh_copy_and_measures_it(tiny_vit):
     pixels, labels = torch.randn(12, 1, 16, 16), torch.randint(0, 10, (12,))
     before = {k: v.clone() for k, v in tiny_vit.state_dict().items()}
     evaluate = PlanEvaluator(lambda: copy.deepcopy(tiny_vit), pixels, labels, max_calls=2)
-    plan = {
-        "pruning": [{"layer": r"^vit\.layers\.0\.mlp\.fc1$", "type": "structured", "ratio": 0.5}],
-        "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8"}],
-    }
-    out = evaluate(plan)
-    assert out["images"] == 12 and out["groups_pruned"] == 1 and out["quantized_linear_layers"] > 0
-    assert out["params"] == sum(p.numel() for p in tiny_vit.parameters()) - 32 * (32 + 1 + 32)
-    assert 0 <= out["agreement"] <= 100 and out["accuracy_drop_pp"] == pytest.approx(
-        out["baseline_calib_accuracy"] - out["calib_accuracy"]
+    plan = CompressionPlan.model_validate(
+        {
+            "pruning": [{"layer": r"^vit\.layers\.0\.mlp\.fc1$", "type": "structured", "ratio": 0.5}],
+            "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8"}],
+        }
     )
-    assert out["evaluations_left"] == 1
+    out = evaluate(plan)
+    assert out.images == 12 and out.groups_pruned == 1 and out.quantized_linear_layers
+    assert out.params == sum(p.numel() for p in tiny_vit.parameters()) - 32 * (32 + 1 + 32)
+    assert out.agreement is not None and 0 <= out.agreement <= 100
+    assert out.baseline_calib_accuracy is not None and out.calib_accuracy is not None
+    assert out.accuracy_drop_pp == pytest.approx(out.baseline_calib_accuracy - out.calib_accuracy)
+    assert out.evaluations_left == 1 and out.recovery == "none" and out.seconds is not None and out.seconds >= 0
     assert all(torch.equal(before[k], v) for k, v in tiny_vit.state_dict().items())  # the baseline is untouched
-    empty = evaluate({"pruning": [], "quantization": []})
-    assert empty["agreement"] == 100.0 and empty["params_reduction"] == 0.0
+    empty = evaluate(CompressionPlan())
+    assert empty.agreement == 100.0 and empty.params_reduction == 0.0
     with pytest.raises(RuntimeError, match="evaluation budget"):
         evaluate(plan)
 

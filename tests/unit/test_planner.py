@@ -1,6 +1,7 @@
 import re
 
 import pytest
+from helpers.search_trials import rounds
 
 from profiling_agent.state import CompressionPlan, Objective
 from profiling_agent.tools.planning.deterministic import (
@@ -93,24 +94,28 @@ def test_no_quantization_when_disabled():
 def test_feedback_backs_off_after_a_miss_and_pushes_after_a_hit():
     config = PlannerConfig()
     objective = Objective(target_reduction=0.4)
-    goal, gamma, converged, _ = next_goal([{"goal": 0.4, "gamma": 1.0, "passed": False}], objective, 0.7, config)
+    goal, gamma, converged, _ = next_goal(rounds({"goal": 0.4, "gamma": 1.0, "passed": False}), objective, 0.7, config)
     assert goal < 0.4 and gamma > 1.0 and not converged
-    goal2, gamma2, _, _ = next_goal([{"goal": 0.4, "gamma": 1.0, "passed": True}], objective, 0.7, config)
+    goal2, gamma2, _, _ = next_goal(rounds({"goal": 0.4, "gamma": 1.0, "passed": True}), objective, 0.7, config)
     assert goal2 > 0.4 and gamma2 < 1.0
     # bisection between a hit and a miss
     hist = [{"goal": 0.2, "gamma": 1.0, "passed": True}, {"goal": 0.4, "gamma": 1.0, "passed": False}]
-    goal3, _, _, _ = next_goal(hist, objective, 0.7, config)
+    goal3, _, _, _ = next_goal(rounds(*hist), objective, 0.7, config)
     assert goal3 == pytest.approx(0.3)
     # converged when the interval is tiny
     hist = [{"goal": 0.300, "gamma": 1.0, "passed": True}, {"goal": 0.305, "gamma": 1.0, "passed": False}]
-    assert next_goal(hist, objective, 0.7, config)[2] is True
+    assert next_goal(rounds(*hist), objective, 0.7, config)[2] is True
 
 
 def test_later_round_with_a_miss_prunes_less():
     objective = Objective(target_reduction=0.4)
     first = plan_round(GROUPS, COSTS, SENS, objective, history=[])
     second = plan_round(
-        GROUPS, COSTS, SENS, objective, history=[{"goal": first.target_estimate, "gamma": first.gamma, "passed": False}]
+        GROUPS,
+        COSTS,
+        SENS,
+        objective,
+        history=rounds({"goal": first.target_estimate, "gamma": first.gamma, "passed": False}),
     )
     assert second.target_estimate < first.target_estimate
 
@@ -125,12 +130,12 @@ def test_quantization_dropped_after_it_measurably_slowed_the_model():
     slow = [
         {"iteration": 1, "goal": 0.3, "gamma": 1.0, "passed": True, "quant_speedup": 0.7, "quant_speedup_batch": 0.8}
     ]
-    result = plan_round(GROUPS, COSTS, SENS, objective, history=slow)
+    result = plan_round(GROUPS, COSTS, SENS, objective, history=rounds(*slow))
     assert result.plan.quantization == [] and "quantization dropped" in result.plan.rationale
     fast = [{**slow[0], "quant_speedup": 1.5, "quant_speedup_batch": 2.0}]
-    assert plan_round(GROUPS, COSTS, SENS, objective, history=fast).plan.quantization
+    assert plan_round(GROUPS, COSTS, SENS, objective, history=rounds(*fast)).plan.quantization
     # size is what quantization is for: kept even when slower
-    sized = plan_round(GROUPS, COSTS, SENS, Objective(target="size"), history=slow)
+    sized = plan_round(GROUPS, COSTS, SENS, Objective(target="size"), history=rounds(*slow))
     assert sized.plan.quantization
 
 
@@ -147,7 +152,7 @@ def test_after_quantization_cost_speed_the_same_pruning_is_repeated_without_it()
             "quant_speedup_batch": 0.8,
         }
     ]
-    second = plan_round(GROUPS, COSTS, SENS, objective, history=slow)
+    second = plan_round(GROUPS, COSTS, SENS, objective, history=rounds(*slow))
     assert second.plan.quantization == []
     assert [(e.layer, e.ratio) for e in second.plan.pruning] == [(e.layer, e.ratio) for e in first.plan.pruning]
 
@@ -155,7 +160,7 @@ def test_after_quantization_cost_speed_the_same_pruning_is_repeated_without_it()
 def test_a_rejected_level_caps_the_search_even_where_accuracy_held():
     config, objective = PlannerConfig(), Objective(target_reduction=0.4)
     hist = [{"goal": 0.3, "gamma": 1.0, "passed": True}, {"goal": 0.3, "gamma": 1.0, "passed": False, "rejected": True}]
-    goal, _, converged, _ = next_goal(hist, objective, 0.7, config)
+    goal, _, converged, _ = next_goal(rounds(*hist), objective, 0.7, config)
     assert goal < 0.3 and not converged
 
 
@@ -167,7 +172,7 @@ def test_a_round_after_a_refused_plan_is_strictly_milder_even_when_whole_units_r
     objective = Objective(target="params", target_reduction=0.25, quantize="none")
     first = plan_round(groups, costs, SENS, objective, history=[])
     history = [{"goal": first.target_estimate, "gamma": first.gamma, **refused}]
-    second = plan_round(groups, costs, SENS, objective, history=history)
+    second = plan_round(groups, costs, SENS, objective, history=rounds(*history))
     assert 0 < first.target_estimate and second.target_estimate < first.target_estimate
     assert sum(_ratios(second.plan).values()) < sum(_ratios(first.plan).values())
 
@@ -180,6 +185,6 @@ def test_no_whole_unit_plan_between_a_kept_and_a_refused_goal_converges():
         {"goal": 0.25, "gamma": 1.0, "passed": True},
         {"goal": 0.5, "gamma": 1.0, "passed": False, "rejected": True},
     ]
-    result = plan_round(groups, costs, SENS, objective, history=history)
+    result = plan_round(groups, costs, SENS, objective, history=rounds(*history))
     assert result.converged and "no plan of whole heads and channels" in result.notes[0]
     assert result.target_estimate == pytest.approx(0.25)

@@ -7,7 +7,15 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from profiling_agent.state import BackoffRecord, BlockTrial, Candidate, PlannerMeta, ProposalDiff, SearchRecord
+from profiling_agent.state import (
+    BackoffRecord,
+    BlockTrial,
+    Candidate,
+    PlannerMeta,
+    ProposalDiff,
+    SearchRecord,
+    SearchTrial,
+)
 from profiling_agent.tools.planning.backoff import Backoff
 from profiling_agent.tools.planning.error_model import Correction
 from profiling_agent.tools.planning.search import SearchStep
@@ -87,7 +95,7 @@ def test_backoff_and_search_records_round_trip_through_the_planner_types():
     assert backoff.goal == 0.25 and backoff.cap == 4.0 and backoff.backed_off
     assert backoff.to_record().model_dump() == OLD_META["backoff"]
     step = SearchStep(goal=0.3125, low=0.25, high=0.5, correction=Correction(multiplicative=1.5), cap=1.0666, why="w")
-    step.trials.append({"goal": 0.375, "predicted_pp": 3.125, "corrected_pp": 4.688})
+    step.trials.append(SearchTrial(goal=0.375, predicted_pp=3.125, corrected_pp=4.688))
     assert step.to_record().model_dump() == {
         "goal": 0.3125,
         "interval": [0.25, 0.5],

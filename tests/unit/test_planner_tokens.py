@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers.search_trials import rounds
 
 from profiling_agent.state import (
     Candidate,
@@ -12,6 +13,7 @@ from profiling_agent.state import (
     TokenAxis,
     TokenChoice,
     TokenEntry,
+    Trial,
 )
 from profiling_agent.tools.planning.round import RoundData, weighed_tokens
 from profiling_agent.tools.planning.token_plan import (
@@ -81,7 +83,7 @@ def test_merging_and_pruning_compose_multiplicatively_and_the_plan_states_the_to
     assert pruned_merged < pruned_alone  # merging takes a share of the goal, pruning the rest
     assert merged.target_estimate == pytest.approx(alone.target_estimate, abs=0.06)  # both aim at the same total
     # a later round's goal (total terms) maps through to the pruning
-    later = RoundData(GROUPS, COSTS, SENS, LATENCY, [{"goal": 0.55, "gamma": 1.0, "passed": True}], option).plan()
+    later = RoundData(GROUPS, COSTS, SENS, LATENCY, rounds({"goal": 0.55, "gamma": 1.0, "passed": True}), option).plan()
     assert later.plan.tokens is not None and later.target_estimate > merged.target_estimate
 
 
@@ -92,7 +94,7 @@ def test_round_one_keeps_merging_only_when_its_trial_loses_no_more_than_pruning_
     def evaluator(losses):
         def build(calls):
             assert calls == 2
-            return lambda plan: {"accuracy_drop_pp": losses["tokens" in plan]}
+            return lambda plan: Trial(accuracy_drop_pp=losses[plan.tokens is not None])
 
         return build
 

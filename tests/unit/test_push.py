@@ -31,7 +31,7 @@ def test_a_push_takes_the_largest_feasible_goal_when_its_corrected_trial_fits():
     plan_at, trial, calls = _synthetic(lambda g: 20.0 * g, half=1.0)  # 12.6 pp before recovery at 63%
     step = push_step(history, PushBounds(2.0, 0.63, prior_slope=RECOVERY_PRIOR), plan_at, trial)
     assert step is not None and calls == pytest.approx([0.63]) and step.goal == pytest.approx(0.63)
-    assert step.trials[0]["corrected_pp"] == pytest.approx(-2.9 + RECOVERY_PRIOR * 13.6)
+    assert step.trials[0].corrected_pp == pytest.approx(-2.9 + RECOVERY_PRIOR * 13.6)
     assert "pushing above 37.0%" in step.why and "up to the largest feasible 63.0%" in step.why
 
 
@@ -42,7 +42,7 @@ def test_a_push_bisects_down_from_the_feasible_goal_and_keeps_the_largest_that_f
     # a trial passes when 0.5 - 0.5 + loss + 0.5 <= 2: loss <= 1.5 pp, goals up to 57.5%
     assert calls == pytest.approx([0.8, 0.6, 0.5, 0.55])
     assert step is not None and step.goal == pytest.approx(0.55)
-    assert all(t["corrected_pp"] <= 2.0 for t in step.trials if t["goal"] <= step.goal)
+    assert all(t.corrected_pp <= 2.0 for t in step.trials if t.goal <= step.goal)
 
 
 def test_a_push_whose_trials_all_fail_stays_at_the_goal_that_kept_the_budget():

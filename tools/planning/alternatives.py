@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +13,7 @@ from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import normalize_plan
 from profiling_agent.tools.planning.proposal import DEFAULT_LABEL, Proposal, propose
 from profiling_agent.tools.planning.token_plan import TokenOption
+from profiling_agent.tools.planning.trials import Evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class OfferInputs:
         merging: The token merging the deterministic plan installs (None: it merges nothing).
         token_axis: The run's token axis (an alternative merges where a measured row pays).
         default_loss: The trial-slice loss this round already measured for the deterministic plan, pp.
-        evaluate: The trial evaluator (plan dict -> metrics with "accuracy_drop_pp"), or None.
+        evaluate: The trial evaluator (a plan -> its trial on the trial slice), or None.
     """
 
     profile: dict[str, Any]
@@ -148,7 +148,7 @@ class OfferInputs:
     merging: TokenOption | None = None
     token_axis: TokenAxis | None = None
     default_loss: float | None = None
-    evaluate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    evaluate: Evaluate | None = None
 
 
 def _variants(inputs: OfferInputs) -> list[tuple[str, list[dict[str, Any]], TokenOption | None]]:
@@ -230,7 +230,7 @@ def _measure(alt: Alternative, guarded: CompressionPlan, inputs: OfferInputs, ch
         alt.measured = "not measured" if inputs.evaluate is None else "not measured (trials skipped: a large model)"
         return
     try:
-        metrics = inputs.evaluate(guarded.model_dump())  # the guard's form: layer regexes
-        alt.loss_pp, alt.measured = float(metrics["accuracy_drop_pp"]), "trial"
+        tried = inputs.evaluate(guarded)  # the guard's form: layer regexes
+        alt.loss_pp, alt.measured = float(tried.accuracy_drop_pp), "trial"
     except Exception as exc:  # noqa: BLE001 - a failed trial leaves the loss unmeasured
         alt.measured = f"not measured (trial failed: {str(exc)[:80]})"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from profiling_agent.state import BackoffRecord, CompressionPlan
+from profiling_agent.state import BackoffRecord, BackoffTrial, CompressionPlan, Trial
 
 FIRST_ROUND_CAP_PP = (3.0, 8.0)  # the allowed trial drop (upper end of its interval): twice the budget, within these
 BACKOFF_TRIALS = 4  # bisection steps after the first trial (each prunes a copy and scores the trial slice)
@@ -26,22 +25,26 @@ class Backoff:
 
     goal: float
     cap: float
-    trials: list[dict[str, Any]] = field(default_factory=list)
+    trials: list[BackoffTrial] = field(default_factory=list)
     intervals: dict[float, list[float]] = field(default_factory=dict)
 
     @property
     def backed_off(self) -> bool:
         """Return True when the goal is below the planner's first one."""
-        return bool(self.trials) and round(self.goal, 4) < self.trials[0]["goal"]
+        return bool(self.trials) and round(self.goal, 4) < self.trials[0].goal
+
+    def loss_at(self, goal: float) -> float | None:
+        """Return the trial-slice loss the trial at `goal` measured (rounded as recorded), or None."""
+        return next((t.calib_drop_pp for t in self.trials if abs(t.goal - round(goal, 4)) < 1e-9), None)
 
     def to_record(self) -> BackoffRecord:
         """Return the back-off as planner_meta.backoff records it."""
-        return BackoffRecord.model_validate({"cap_pp": self.cap, "kept_goal": self.goal, "trials": self.trials})
+        return BackoffRecord(cap_pp=self.cap, kept_goal=self.goal, trials=[t.model_copy() for t in self.trials])
 
     @classmethod
     def from_record(cls, record: BackoffRecord) -> Backoff:
         """Return the back-off an earlier candidate recorded."""
-        return cls(goal=record.kept_goal, cap=record.cap_pp, trials=[t.model_dump() for t in record.trials])
+        return cls(goal=record.kept_goal, cap=record.cap_pp, trials=[t.model_copy() for t in record.trials])
 
 
 def drop_cap(max_acc_drop: float) -> float:
@@ -57,7 +60,7 @@ def drop_cap(max_acc_drop: float) -> float:
 def back_off(
     goal: float,
     plan_at: Callable[[float], CompressionPlan],
-    trial: Callable[[CompressionPlan], dict[str, Any]],
+    trial: Callable[[CompressionPlan], Trial],
     cap: float,
     steps: int = BACKOFF_TRIALS,
 ) -> Backoff:
@@ -72,18 +75,17 @@ def back_off(
     Args:
         goal: The planner's goal for round 1 (a fractional reduction of the target).
         plan_at: Returns the planner's plan for a goal.
-        trial: Prunes a fresh copy by a plan and returns its trial metrics (`accuracy_drop_pp`, `interval_pp`).
+        trial: Prunes a fresh copy by a plan and returns its trial (its loss and interval).
         cap: Largest accepted upper end of a trial's loss interval, pp.
         steps: Bisection steps after the first trial.
     """
     out = Backoff(goal=goal, cap=cap)
 
     def run(g: float) -> bool:
-        metrics = trial(plan_at(g))
-        drop = float(metrics.get("accuracy_drop_pp", 0.0))
-        interval = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
+        tried = trial(plan_at(g))
+        drop, interval = float(tried.accuracy_drop_pp), tried.bounds()
         out.trials.append(
-            {"goal": round(g, 4), "calib_drop_pp": round(drop, 3), "params_reduction": metrics.get("params_reduction")}
+            BackoffTrial(goal=round(g, 4), calib_drop_pp=round(drop, 3), params_reduction=tried.params_reduction)
         )
         out.intervals[round(g, 4)] = interval
         return interval[1] <= cap

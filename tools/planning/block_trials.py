@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from profiling_agent.state import CompressionPlan
+from profiling_agent.state import BlockTrial, CompressionPlan, Trial
 from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.depth_plan import block_cost
 from profiling_agent.tools.text import one_line
@@ -59,20 +59,24 @@ def block_sets(
     return [ordered] + [names for _, names in ranked[: max(0, limit - 1)]]
 
 
+def _kl(record: BlockTrial) -> float:
+    return math.inf if record.kl is None else record.kl
+
+
 def choose_block_set(
     sets: list[list[str]],
     plan_for: Callable[[list[str]], tuple[CompressionPlan, float]],
-    trial: Callable[[CompressionPlan], dict[str, Any]],
+    trial: Callable[[CompressionPlan], Trial],
     target: float,
     limit: int = TRIAL_SETS,
-) -> tuple[int, list[dict[str, Any]], list[CompressionPlan]]:
+) -> tuple[int, list[BlockTrial], list[CompressionPlan]]:
     """Try the sets' plans and return the index of the one closest to the baseline, one record and plan per trial.
 
     `plan_for` returns a set's plan (width filling the rest of the goal) and its estimated reduction. A set is tried
     when its estimate reaches `target` (the objective's reduction), or the first set's (the planner's own) when that
     falls short of it, within ESTIMATE_SLACK: one short of it would win by removing less. The first `limit` such sets
     are tried, and none when fewer than two are (nothing to choose: no records). `trial` prunes, refits and briefly
-    distils a baseline copy by a plan and returns its trial-slice metrics (`kl_to_baseline`, `accuracy_drop_pp`); a
+    distils a baseline copy by a plan and returns its trial (`kl_to_baseline`, `accuracy_drop_pp`); a
     trial that raises is recorded with its error and never kept unless every one failed (then the planner's set
     is). Ties keep the earlier (cheaper by the probe) set.
     """
@@ -87,16 +91,18 @@ def choose_block_set(
             break
     if len(eligible) < 2:
         return 0, [], []
-    records: list[dict[str, Any]] = []
+    records: list[BlockTrial] = []
     for names, plan, estimate in eligible:
         width = sum(e.type != "block" for e in plan.pruning)
-        record: dict[str, Any] = {"blocks": names, "estimate": round(float(estimate), 4), "width_groups": width}
+        record = BlockTrial(blocks=names, estimate=round(float(estimate), 4), width_groups=width, kl=None)
         try:
-            metrics = trial(plan)
-            record["kl"] = round(float(metrics["kl_to_baseline"]), 5)
-            record["calib_drop_pp"] = round(float(metrics["accuracy_drop_pp"]), 3)
+            tried = trial(plan)
+            if tried.kl_to_baseline is None:
+                raise ValueError("the trial measured no KL divergence from the baseline")
+            record.kl = round(float(tried.kl_to_baseline), 5)
+            record.calib_drop_pp = round(float(tried.accuracy_drop_pp), 3)
         except Exception as exc:  # a trial that fails rules its set out, not the round
-            record["kl"], record["error"] = None, one_line(exc)
+            record.kl, record.error = None, one_line(exc)
         records.append(record)
-    best = min(range(len(records)), key=lambda i: (math.inf if records[i]["kl"] is None else records[i]["kl"], i))
+    best = min(range(len(records)), key=lambda i: (_kl(records[i]), i))
     return best, records, [plan for _, plan, _ in eligible]

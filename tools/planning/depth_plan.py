@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from profiling_agent.state import PastRound
 from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.search import AIM, line_goal
 
@@ -78,9 +79,7 @@ def block_names(groups: list[dict[str, Any]], layers: Sequence[str]) -> list[str
     return [g["name"] for g in groups if g["kind"] == "block" and f"^{re.escape(str(g['module']))}$" in wanted]
 
 
-def carried_blocks(
-    history: Sequence[dict[str, Any]], groups: list[dict[str, Any]], goal: float
-) -> tuple[list[str], int]:
+def carried_blocks(history: Sequence[PastRound], groups: list[dict[str, Any]], goal: float) -> tuple[list[str], int]:
     """Return the blocks a backing-off round keeps: those of a failed plan that also pruned width, or none.
 
     A plan that removed blocks and pruned channels or heads on top and then missed the budget is backed off
@@ -94,19 +93,19 @@ def carried_blocks(
     Returns:
         (block group names to keep removed, the iteration they come from), or ([], 0).
     """
-    failed_alone = {tuple(h.get("blocks") or ()) for h in history if not h["passed"] and not h.get("width")}
+    failed_alone = {tuple(h.blocks) for h in history if not h.passed and not h.width}
     for h in reversed(history):
-        blocks = tuple(h.get("blocks") or ())
-        if h["passed"] or not blocks or not h.get("width") or goal >= h["goal"] or blocks in failed_alone:
+        blocks = tuple(h.blocks)
+        if h.passed or not blocks or not h.width or goal >= h.goal or blocks in failed_alone:
             continue
         names = block_names(groups, blocks)
         if len(names) == len(blocks):
-            return names, int(h.get("iteration") or 0)
+            return names, int(h.iteration or 0)
     return [], 0
 
 
 def backed_off_blocks(
-    history: Sequence[dict[str, Any]],
+    history: Sequence[PastRound],
     goal: float,
     groups: list[dict[str, Any]],
     latency: dict[str, float],
@@ -128,9 +127,9 @@ def backed_off_blocks(
     Returns:
         ({group: ratio} for every group: 1.0 for the chosen blocks, 0.0 for everything else, or None; the note).
     """
-    if not any(not h["passed"] and h.get("blocks") for h in history):
+    if not any(not h.passed and h.blocks for h in history):
         return None, ""
-    best_pass = max((float(h["goal"]) for h in history if h["passed"]), default=0.0)
+    best_pass = max((float(h.goal) for h in history if h.passed), default=0.0)
     zeros = {g["name"]: 0.0 for g in groups}
 
     def usable(plan: dict[str, float]) -> bool:
@@ -153,7 +152,7 @@ def backed_off_blocks(
     return None, ""
 
 
-def depth_secant(history: Sequence[dict[str, Any]], max_acc_drop: float) -> float | None:
+def depth_secant(history: Sequence[PastRound], max_acc_drop: float) -> float | None:
     """Return a lower goal for the next round when no round kept the budget and the lowest missed plan took blocks.
 
     A plan that takes blocks out gets no calibration trial (distillation, not the refit, decides what it costs), so
@@ -166,12 +165,12 @@ def depth_secant(history: Sequence[dict[str, Any]], max_acc_drop: float) -> floa
     Returns:
         The goal, or None (a round passed, the lowest missed plan took no blocks, or it kept within the budget).
     """
-    if any(h["passed"] for h in history):
+    if any(h.passed for h in history):
         return None
-    failed = [h for h in history if not h["passed"] and h.get("drop") is not None]
+    failed = [h for h in history if not h.passed and h.drop is not None]
     if not failed:
         return None
-    low = min(failed, key=lambda h: float(h["goal"]))
-    if not low.get("blocks") or float(low["drop"]) <= max_acc_drop:
+    low = min(failed, key=lambda h: float(h.goal))
+    if not low.blocks or low.drop is None or float(low.drop) <= max_acc_drop:
         return None
-    return line_goal((0.0, 0.0), (float(low["goal"]), float(low["drop"])), AIM * max_acc_drop)
+    return line_goal((0.0, 0.0), (float(low.goal), float(low.drop)), AIM * max_acc_drop)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, Objective, PruneEntry
+from profiling_agent.state import CompressionPlan, Objective, PastRound, PruneEntry
 from profiling_agent.tools.planning.depth_plan import backed_off_blocks, depth_secant
 from profiling_agent.tools.planning.quant_plan import quant_entries, slowed_round
 from profiling_agent.tools.planning.ratio_solver import (
@@ -40,21 +40,21 @@ class PlanResult:
     predicted_pp: float | None = None  # the plan's trial-slice loss when the round measured it, pp
 
 
-def ceiling_of(history: list[dict[str, Any]]) -> float | None:
+def ceiling_of(history: Sequence[PastRound]) -> float | None:
     """Return the smallest goal a reviewer rejected or that missed the budget above every passing goal, or None.
 
     Units are whole heads and channels, so nearby goals can give the same plan: a round below this ceiling must
     also estimate below it, or it would measure the plan that was refused again.
     """
-    rejected = [h["goal"] for h in history if h.get("rejected")]
-    passes = [h["goal"] for h in history if h["passed"] and h["goal"] < min(rejected, default=float("inf"))]
+    rejected = [h.goal for h in history if h.rejected]
+    passes = [h.goal for h in history if h.passed and h.goal < min(rejected, default=float("inf"))]
     lo = max(passes, default=0.0)
-    above = [h["goal"] for h in history if not h["passed"] and h["goal"] > lo]
+    above = [h.goal for h in history if not h.passed and h.goal > lo]
     return min(above + rejected) if above or rejected else None
 
 
 def next_goal(
-    history: list[dict[str, Any]], objective: Objective, feasible: float, config: PlannerConfig
+    history: Sequence[PastRound], objective: Objective, feasible: float, config: PlannerConfig
 ) -> tuple[float, float, bool, str]:
     """Choose this round's goal and gamma from earlier rounds; return (goal, gamma, converged, why)."""
     if not history:  # a small margin: the estimate ignores biases and norms, which are not pruned
@@ -70,14 +70,15 @@ def next_goal(
                 ),
             )
         return goal, config.gamma_start, False, f"round 1 aims at the objective's {goal:.0%} reduction"
-    passes = [h["goal"] for h in history if h["passed"]]
-    fails = [h["goal"] for h in history if not h["passed"]]
-    rejected = [h["goal"] for h in history if h.get("rejected")]
+    passes = [h.goal for h in history if h.passed]
+    fails = [h.goal for h in history if not h.passed]
+    rejected = [h.goal for h in history if h.rejected]
     if rejected:  # a reviewer's "no" caps the search, even at a level that kept the accuracy budget
         passes = [p for p in passes if p < min(rejected)]
     last = history[-1]
-    step = config.gamma_step_down if last["passed"] else -config.gamma_step_up
-    gamma = min(config.gamma_max, max(config.gamma_min, last["gamma"] - step))
+    step = config.gamma_step_down if last.passed else -config.gamma_step_up
+    last_gamma = config.gamma_start if last.gamma is None else last.gamma  # a round no deterministic plan made
+    gamma = min(config.gamma_max, max(config.gamma_min, last_gamma - step))
     lo = max(passes, default=0.0)
     above = [f for f in fails if f > lo]
     if above:
@@ -138,7 +139,7 @@ class RoundProblem:
     costs: dict[str, dict[str, Any]]
     sensitivity: dict[str, dict[str, Any]]
     objective: Objective
-    history: list[dict[str, Any]]
+    history: list[PastRound]
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class Aim:
     gamma: float
     converged: bool
     why: str
-    repeat_of: dict[str, Any] | None = None  # the earlier round whose pruning this one repeats without quantization
+    repeat_of: PastRound | None = None  # the earlier round whose pruning this one repeats without quantization
 
 
 def aim_round(p: Problem, feasible: float, goal: float | None, reason: str | None) -> Aim:
@@ -169,10 +170,10 @@ def aim_round(p: Problem, feasible: float, goal: float | None, reason: str | Non
         why = f"backing off from {chosen:.1%} to {goal:.1%}: a trial of that plan on the calibration images collapsed"
     aim = Aim(chosen if goal is None else min(goal, feasible), gamma, converged, why)
     last = history[-1] if history else None
-    if last and last["passed"] and objective.target != "size" and slowed_round(history) is last:
+    if last and last.passed and objective.target != "size" and slowed_round(history) is last:
         # the last plan kept the budget but its quantization cost speed: same pruning, quantization dropped
-        aim = Aim(last["goal"], last["gamma"], False, "", repeat_of=last)
-        aim.why = f"repeating round {last.get('iteration', '?')}'s pruning, which kept the budget, without quantization"
+        aim = Aim(last.goal, gamma if last.gamma is None else last.gamma, False, "", repeat_of=last)
+        aim.why = f"repeating round {last.iteration or '?'}'s pruning, which kept the budget, without quantization"
     return aim
 
 
@@ -206,7 +207,7 @@ def solve_round(p: Problem, aim: Aim, blocks: Sequence[str] | None) -> dict[str,
         if target == "latency" and any(g["kind"] == "block" for g in groups):
             fixed = depth_first_blocks(aim.goal, groups, costs, p.sensitivity, target, config, ceiling - 1e-9)
         ratios, estimate = solve_below(ceiling - 1e-9, groups, costs, weights, target, config, fixed)
-        kept = max((h["goal"] for h in p.history if h["passed"] and h["goal"] < ceiling), default=0.0)
+        kept = max((h.goal for h in p.history if h.passed and h.goal < ceiling), default=0.0)
         if kept > 0 and estimate <= kept + 1e-9:
             aim.converged = True
             aim.why = f"no plan of whole heads and channels lies between {kept:.1%} (kept the budget) and {ceiling:.1%}"
@@ -257,7 +258,7 @@ def plan_round(
     costs: dict[str, dict[str, Any]],
     sensitivity: dict[str, dict[str, Any]],
     objective: Objective,
-    history: list[dict[str, Any]],
+    history: Sequence[PastRound],
     config: PlannerConfig | None = None,
     goal: float | None = None,
     steer: Steering | None = None,
@@ -269,7 +270,7 @@ def plan_round(
         costs: Per-group cost shares from the profile (`*_share` keys for params, macs, latency).
         sensitivity: Per-group probe results with a `damage` score (higher hurts more).
         objective: The run's objective.
-        history: Earlier rounds as dicts with `goal`, `gamma`, `passed` (kept the accuracy budget) and, when
+        history: Earlier rounds (`PastRound`: `goal`, `gamma`, `passed`, i.e. kept the accuracy budget, and, when
             the round was quantized, `quant_speedup`/`quant_speedup_batch` (pruned fp32 latency / quantized).
         config: Planner bounds.
         goal: Plan for this reduction instead of the one the history suggests (a first round backing off, or a
@@ -289,13 +290,13 @@ def plan_round(
             rationale="The family adapter found no prunable groups; only quantization applies.",
         )
         return PlanResult(plan, "deterministic", 0.0, config.gamma_start, converged=bool(history))
-    p = Problem(groups, costs, sensitivity, objective, history, config)
+    p = Problem(groups, costs, sensitivity, objective, list(history), config)
     feasible = max_feasible(groups, costs, objective.target, config)
     aim = aim_round(p, feasible, goal, steer.reason)
     entries, emitted = plan_entries(p, solve_round(p, aim, steer.blocks))
     estimate = estimate_reduction(emitted, groups, costs, objective.target)
     if aim.repeat_of is not None:  # the same plan: keep its goal exactly, so the search sees one point, not two
-        estimate = aim.repeat_of["goal"]
+        estimate = aim.repeat_of.goal
     rationale = (
         f"Deterministic planner: {aim.why}. Ratios follow cost share / probe damage^{aim.gamma:.2f} with a common "
         f"level chosen so the estimated {objective.target} reduction is {estimate:.1%} (largest feasible "

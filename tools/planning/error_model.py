@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from profiling_agent.state import PastRound
+
 Z95 = 1.959964  # two-sided 95% normal quantile
 # the share of a refit-only trial's loss that validation still shows after automatic recovery (distillation to its
 # plateau), the slope a push corrects trials with until two rounds differ, and round 1's expected loss: fitted on the
@@ -118,7 +120,7 @@ def fit_correction(
     return Correction(my - slope * mx, slope, len(pairs), at_goal)
 
 
-def history_correction(history: Sequence[dict[str, Any]], prior_slope: float = 1.0) -> Correction:
+def history_correction(history: Sequence[PastRound], prior_slope: float = 1.0) -> Correction:
     """Fit the correction from earlier rounds, its additive term scaled below their goals.
 
     Only rounds with a predicted and a measured loss count (a reviewer's rejection has none); the additive term is
@@ -126,10 +128,10 @@ def history_correction(history: Sequence[dict[str, Any]], prior_slope: float = 1
     """
     pairs, goals = [], []
     for h in history:
-        predicted, measured = h.get("predicted_drop"), h.get("drop")
-        if predicted is not None and measured is not None and not h.get("rejected"):
+        predicted, measured = h.predicted_drop, h.drop
+        if predicted is not None and measured is not None and not h.rejected:
             pairs.append((float(predicted), float(measured)))
-            goals.append(float(h.get("goal") or 0.0))
+            goals.append(float(h.goal or 0.0))
     return fit_correction(pairs, goals if all(g > 0 for g in goals) else None, prior_slope)
 
 

@@ -39,6 +39,7 @@ from profiling_agent.tools.planning.proposal import Proposal, ProposalDiff, comp
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, StructuredMode
 from profiling_agent.tools.planning.token_plan import TokenOption, fallback_option
+from profiling_agent.tools.planning.trials import Evaluate
 
 logger = logging.getLogger(__name__)
 __all__ = ["LLMOutcome", "llm_round", "plan_with_llm", "render_messages"]
@@ -179,7 +180,7 @@ def plan_with_llm(
     fallback: PlanResult,
     *,
     chat_model: Any = None,
-    evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    evaluate_fn: Evaluate | None = None,
     conversation: Any = None,
 ) -> LLMOutcome:
     """Ask the LLM for this round's plan; fall back to the deterministic plan on any failure, never raise.
@@ -191,8 +192,8 @@ def plan_with_llm(
         sensitivity: Probe results per group name.
         fallback: The deterministic planner's result for this round.
         chat_model: A LangChain chat model to use instead of building ChatOpenAI from `ctx` (tests).
-        evaluate_fn: Optional callable that applies a plan dict to a copy of the model and returns measured
-            metrics; when given, the LLM gets the `evaluate_plan` tool.
+        evaluate_fn: Optional callable that applies a plan to a copy of the model and returns its trial; when
+            given, the LLM gets the `evaluate_plan` tool.
         conversation: The compiled conversation subgraph to run (None: `llm_conversation.conversation`). Run
             inside a graph node, it checkpoints every model and tool call under that node's run.
 

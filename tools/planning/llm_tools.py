@@ -13,6 +13,7 @@ from profiling_agent.state import TokenAxis
 from profiling_agent.tools.planning.plan_guard import GuardConfig, GuardVerdict, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
 from profiling_agent.tools.planning.regex_safety import regex_problem
+from profiling_agent.tools.planning.trials import Evaluate
 
 MAX_LISTED = 40  # rows listed by one tool answer
 MAX_TOOL_CHARS = 6000  # characters of one tool answer
@@ -175,7 +176,7 @@ def make_planning_tools(
     profile: dict[str, Any],
     sensitivity: dict[str, Any],
     model_info: dict[str, Any] | None = None,
-    evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    evaluate_fn: Evaluate | None = None,
     guard: GuardConfig | None = None,
     propose_fn: Callable[[float, str], dict[str, Any]] | None = None,
 ) -> list[BaseTool]:
@@ -185,8 +186,8 @@ def make_planning_tools(
         profile: The full profile.json dict (groups, group_costs, protected, layers, totals).
         sensitivity: Probe results per group name (damage, kl, agreement, acc_drop, ratio).
         model_info: Optional facts about the model (ref, family) shown by `model_overview`.
-        evaluate_fn: Optional callable applying a plan dict to a copy of the model and returning measured
-            metrics; adds the `evaluate_plan` tool.
+        evaluate_fn: Optional callable applying a plan to a copy of the model and returning its trial; adds the
+            `evaluate_plan` tool.
         guard: The bounds the planner's guard applies (the `check_plan` tool uses the same).
         propose_fn: Optional callable (goal, emphasis) -> the deterministic planner's plan at that goal with its
             predicted reduction; adds the `propose_plan` tool.
@@ -316,7 +317,7 @@ def _propose_tool(propose_fn: Callable[[float, str], dict[str, Any]]) -> BaseToo
     return propose_plan
 
 
-def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], dict[str, Any]]) -> BaseTool:
+def _evaluate_tool(data: PlanningData, evaluate_fn: Evaluate) -> BaseTool:
     @tool(parse_docstring=True)
     def evaluate_plan(plan_json: str) -> str:
         """Apply a plan to a copy of the model and measure it (slow: use it once on your best candidate).
@@ -331,7 +332,7 @@ def _evaluate_tool(data: PlanningData, evaluate_fn: Callable[[dict[str, Any]], d
         if not verdict.ok or verdict.plan is None:
             return dump({"valid": False, "reasons": verdict.reasons})
         try:
-            return dump({"valid": True, "measured": evaluate_fn(verdict.plan.model_dump())})
+            return dump({"valid": True, "measured": evaluate_fn(verdict.plan).for_llm()})
         except Exception as exc:  # noqa: BLE001 - an evaluation failure is an answer, not a crash
             return f"error: evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
 

@@ -31,7 +31,7 @@ def plan_next(
     from profiling_agent.tools.io import read_json
     from profiling_agent.tools.planning.llm_config import planner_mode
     from profiling_agent.tools.planning.round import planning_round
-    from profiling_agent.tools.planning.trials import block_evaluator, plan_evaluator
+    from profiling_agent.tools.planning.trials import TrialFactory
     from profiling_agent.tools.recovery.refit_cache import TrialRefits, discard
 
     if is_baseline(inputs.objective.planner):
@@ -39,15 +39,8 @@ def plan_next(
     choice = planner_mode(inputs.objective.planner, ctx)  # --planner llm without an LLM: ValueError
     full_profile = read_json(Path(setup.run_path) / run_layout.PROFILE)
     refits = TrialRefits()
-    out = planning_round(
-        inputs,
-        ctx,
-        full_profile,
-        choice.mode,
-        lambda calls: plan_evaluator(setup, max_calls=calls, refits=refits),
-        lambda calls: block_evaluator(setup, calls),
-        conversation,
-    )
+    trials = TrialFactory(setup, refits)
+    out = planning_round(inputs, ctx, full_profile, choice.mode, trials.plans, trials.blocks, conversation)
     out.choice = choice
     # the chosen plan's trial refit, for the recover step (which checks its key); none: an older one goes
     if out.stop_reason or not refits.save(out.plan.pruning, folder):

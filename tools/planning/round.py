@@ -71,6 +71,14 @@ class RoundData(RoundProblem):
         result.target_estimate = with_tokens(result.plan, self.tokens, result.target_estimate)
         return result
 
+    def plan_at(self, goal: float) -> CompressionPlan:
+        """Return the plan at `goal` of a first round backing off (`backoff.back_off`)."""
+        return self.plan(goal=goal).plan
+
+    def trial_plan(self, goal: float) -> CompressionPlan:
+        """Return the plan a searching round tries at `goal` (`search.search_step`, `search.push_step`)."""
+        return self.plan(goal=goal, steer=Steering(reason="trial")).plan
+
 
 @dataclass
 class DeterministicRound:
@@ -81,7 +89,7 @@ class DeterministicRound:
     search: SearchStep | None = None
     predicted: float | None = None  # the plan's trial-slice loss, pp (a trial of it)
     interval: list[float] | None = None  # its paired 95% interval [low, high], pp
-    trials: list[dict[str, Any]] | None = None  # round 1's block-set trials
+    trials: list[BlockTrial] | None = None  # round 1's block-set trials
     tokens: TokenChoice | None = None  # round 1's weighing of merging against pruning alone
     expected: list[float] | None = None  # validation's loss expected after recovery [point, low, high], pp
 
@@ -104,14 +112,6 @@ class Turn:
     outcome: LLMOutcome | None = None
     llm: LLMStep | None = None
     fallbacks: list[Fallback] = field(default_factory=list)
-
-
-def predicted_loss(trials: list[dict[str, Any]], goal: float, key: str) -> float | None:
-    """Return the trial-slice loss a trial measured at `goal` (rounded as the trials record it), or None."""
-    for t in trials:
-        if abs(t["goal"] - round(goal, 4)) < 1e-9:
-            return float(t[key])
-    return None
 
 
 def earlier_backoff(candidates: Sequence[Candidate]) -> Backoff | None:
@@ -195,11 +195,11 @@ def backed_off(
         evaluate = evaluator(BACKOFF_TRIALS + 1)
         cap = drop_cap(data.objective.max_acc_drop)
         goal = out.result.target_estimate
-        backoff = back_off(goal, lambda g: data.plan(goal=g).plan, lambda plan: evaluate(plan.model_dump()), cap)
+        backoff = back_off(goal, data.plan_at, evaluate, cap)
     if backoff.backed_off:
         out.result = data.plan(goal=backoff.goal)
     out.backoff = backoff
-    out.predicted = predicted_loss(backoff.trials, backoff.goal, "calib_drop_pp")
+    out.predicted = backoff.loss_at(backoff.goal)
     out.interval = backoff.intervals.get(round(backoff.goal, 4))
     out.expect(fit_correction([], prior_slope=recovery_prior(distills)))
 
@@ -222,16 +222,13 @@ def searched(
     steps = trials or SEARCH_TRIALS
     evaluate = evaluator(steps + 1)
     budget, prior = data.objective.max_acc_drop, recovery_prior(distills)
-    plan_at = lambda g: data.plan(goal=g, steer=Steering(reason="trial")).plan  # noqa: E731
-    trial = lambda plan: evaluate(plan.model_dump())  # noqa: E731
-    search = search_step(data.history, budget, plan_at, trial, steps)
+    search = search_step(data.history, budget, data.trial_plan, evaluate, steps)
     if search is None:
         feasible = data.plan(goal=1.0, steer=Steering(reason="trial")).target_estimate
         bounds = PushBounds(budget, feasible, data.objective.target_reduction, prior)
-        search = push_step(data.history, bounds, plan_at, trial, steps)
+        search = push_step(data.history, bounds, data.trial_plan, evaluate, steps)
     if search is None:  # the planner's own goal stands: one trial records what it predicts (its refit is reused)
-        metrics = evaluate(out.result.plan.model_dump())
-        out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")
+        measured(out, evaluate)
         out.expect(history_correction(data.history, prior))
         return
     out.search = search
@@ -240,17 +237,22 @@ def searched(
         out.result.notes.insert(0, f"no goal above {search.low:.1%} is predicted to keep the budget ({search.why})")
         return
     out.result = data.plan(goal=search.goal, steer=Steering(reason=search.why))
-    out.predicted = predicted_loss(search.trials, search.goal, "predicted_pp")
+    out.predicted = search.loss_at(search.goal)
     out.interval = search.intervals.get(round(search.goal, 4))
     if out.predicted is None:  # the chosen goal was not one of the trials: measure the plan itself
-        metrics = evaluate(out.result.plan.model_dump())
-        out.predicted, out.interval = float(metrics["accuracy_drop_pp"]), metrics.get("interval_pp")
+        measured(out, evaluate)
     out.expect(search.correction)
+
+
+def measured(out: DeterministicRound, evaluate: Evaluate) -> None:
+    """Try the round's own plan once; its loss and interval go in `out`."""
+    tried = evaluate(out.result.plan)
+    out.predicted, out.interval = float(tried.accuracy_drop_pp), tried.interval_pp
 
 
 def tried_block_sets(
     result: PlanResult, data: RoundData, blocks_evaluator: BlockEvaluator | None
-) -> tuple[PlanResult, list[dict[str, Any]] | None]:
+) -> tuple[PlanResult, list[BlockTrial] | None]:
     """Try round 1's other sets of as many blocks (`block_trials`); return the plan kept and the trial records.
 
     Returns:
@@ -276,7 +278,7 @@ def tried_block_sets(
         return out.plan, out.target_estimate
 
     target = data.objective.target_reduction
-    best, records, plans = choose_block_set(sets, plan_for, lambda plan: evaluate(plan.model_dump()), target)
+    best, records, plans = choose_block_set(sets, plan_for, evaluate, target)
     if not records:
         return result, None
     if best == 0:
@@ -284,8 +286,8 @@ def tried_block_sets(
     kept = planned[id(plans[best])]
     kept.plan.rationale += (
         f" Blocks chosen by trial: of {len(records)} sets of {len(chosen)} blocks, each refit and briefly "
-        f"distilled, {', '.join(records[best]['blocks'])} ended closest to the baseline on the trial slice "
-        f"(KL {records[best]['kl']:.4f}; the probe's cheapest set {records[0]['kl']:.4f})."
+        f"distilled, {', '.join(records[best].blocks)} ended closest to the baseline on the trial slice "
+        f"(KL {records[best].kl:.4f}; the probe's cheapest set {records[0].kl:.4f})."
     )
     return kept, records
 
@@ -343,7 +345,7 @@ def round_meta(det: DeterministicRound, turn: Turn, objective: Objective) -> Pla
     if det.backoff is not None:
         meta.backoff = det.backoff.to_record()
     if det.trials:
-        meta.block_trials = [BlockTrial.model_validate(t) for t in det.trials]
+        meta.block_trials = [t.model_copy() for t in det.trials]
     if det.tokens is not None:
         meta.tokens = det.tokens
     if turn.planner == "llm" and outcome is not None and outcome.vs_proposal is not None:
@@ -362,7 +364,7 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
     if backoff is not None and backoff.backed_off:
         first = backoff.trials[0]
         message += (
-            f"; backed off from a {first['goal']:.1%} goal (its trial lost {first['calib_drop_pp']:.1f} pp on the "
+            f"; backed off from a {first.goal:.1%} goal (its trial lost {first.calib_drop_pp:.1f} pp on the "
             f"trial slice) to {backoff.goal:.1%} (cap {backoff.cap:g} pp on the upper end of its interval)"
         )
     if det.search is not None:

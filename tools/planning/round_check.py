@@ -7,7 +7,7 @@ records the pair (a `RoundCheck` on the candidate, in result.json) and the corre
 
 from __future__ import annotations
 
-from profiling_agent.state import Candidate, EvalRecord, RoundCheck
+from profiling_agent.state import Candidate, EvalRecord, PastRound, RoundCheck
 
 
 def round_check(cand: Candidate, base: EvalRecord | None, target: str) -> RoundCheck | None:
@@ -29,7 +29,9 @@ def round_check(cand: Candidate, base: EvalRecord | None, target: str) -> RoundC
     if predicted is not None:
         measured = accuracy_drop(cand.eval, base)
         check.predicted_drop_pp, check.measured_drop_pp = float(predicted), round(measured, 4)
-        check.correction = prediction_correction([{"drop": measured, "predicted_drop": predicted}])
+        check.correction = prediction_correction(
+            [PastRound(goal=0.0, passed=False, drop=measured, predicted_drop=predicted)]
+        )
         check.expected_drop_pp = meta.expected_drop
     goal = meta.goal
     if target == "latency" and goal is not None:

@@ -12,11 +12,10 @@ end is above zero and the additive term carries what earlier rounds lost beyond 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from profiling_agent.state import CompressionPlan, SearchRecord
+from profiling_agent.state import CompressionPlan, PastRound, SearchRecord, SearchTrial, Trial
 from profiling_agent.tools.planning.error_model import Correction, history_correction, within_budget
 
 AIM = 0.8  # depth_plan's linear extrapolation aims at this fraction of the budget
@@ -45,18 +44,21 @@ class SearchStep:
     high: float
     correction: Correction
     cap: float
-    trials: list[dict[str, Any]] = field(default_factory=list)
+    trials: list[SearchTrial] = field(default_factory=list)
     intervals: dict[float, list[float]] = field(default_factory=dict)
     why: str = ""
 
-    def record(self, goal: float, metrics: dict[str, Any]) -> tuple[float, float]:
+    def record(self, goal: float, trial: Trial) -> tuple[float, float]:
         """Record a trial at `goal` (its loss, its interval, its corrected upper end); return (loss, upper end), pp."""
-        drop = float(metrics.get("accuracy_drop_pp", 0.0))
-        interval = [float(x) for x in metrics.get("interval_pp") or (drop, drop)]
+        drop, interval = float(trial.accuracy_drop_pp), trial.bounds()
         corrected = round(self.correction(interval[1], goal), 3)
-        self.trials.append({"goal": round(goal, 4), "predicted_pp": round(drop, 3), "corrected_pp": corrected})
+        self.trials.append(SearchTrial(goal=round(goal, 4), predicted_pp=round(drop, 3), corrected_pp=corrected))
         self.intervals[round(goal, 4)] = interval
         return drop, interval[1]
+
+    def loss_at(self, goal: float) -> float | None:
+        """Return the trial-slice loss the trial at `goal` measured (rounded as recorded), or None."""
+        return next((t.predicted_pp for t in self.trials if abs(t.goal - round(goal, 4)) < 1e-9), None)
 
     def to_record(self) -> SearchRecord:
         """Return the step as planner_meta.search records it."""
@@ -65,13 +67,13 @@ class SearchStep:
             "interval": [round(self.low, 4), round(self.high, 4)],
             "correction": round(self.correction.multiplicative, 3),
             "cap_pp": round(self.cap, 3),
-            "trials": self.trials,
+            "trials": [t.model_dump() for t in self.trials],
             "why": self.why,
         }
         return SearchRecord.model_validate(data)
 
 
-def prediction_correction(history: list[dict[str, Any]]) -> float | None:
+def prediction_correction(history: Sequence[PastRound]) -> float | None:
     """Return measured / predicted accuracy loss, from the latest round that has both (None when none has).
 
     Kept for round_check's record (the search itself uses `error_model.history_correction`). A round's
@@ -81,8 +83,8 @@ def prediction_correction(history: list[dict[str, Any]]) -> float | None:
     CORRECTION_BOUNDS, so one lucky or unlucky image cannot swing the next round.
     """
     for h in reversed(history):
-        measured, predicted = h.get("drop"), h.get("predicted_drop")
-        if measured is None or predicted is None or h.get("rejected"):
+        measured, predicted = h.drop, h.predicted_drop
+        if measured is None or predicted is None or h.rejected:
             continue
         ratio = max(float(measured), MIN_PREDICTED_PP) / max(float(predicted), MIN_PREDICTED_PP)
         low, high = CORRECTION_BOUNDS
@@ -90,27 +92,27 @@ def prediction_correction(history: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def kept_goals(history: list[dict[str, Any]]) -> list[float]:
+def kept_goals(history: Sequence[PastRound]) -> list[float]:
     """Return the goals that kept the budget below any a reviewer rejected (a "no" caps the search)."""
-    rejected = [h["goal"] for h in history if h.get("rejected")]
-    return [h["goal"] for h in history if h["passed"] and h["goal"] < min(rejected, default=float("inf"))]
+    rejected = [h.goal for h in history if h.rejected]
+    return [h.goal for h in history if h.passed and h.goal < min(rejected, default=float("inf"))]
 
 
-def bracket(history: list[dict[str, Any]]) -> tuple[float, float] | None:
+def bracket(history: Sequence[PastRound]) -> tuple[float, float] | None:
     """Return (largest passing goal, smallest failing goal above it), or None when no round missed the budget."""
     lo = max(kept_goals(history), default=0.0)
-    above = [h["goal"] for h in history if not h["passed"] and not h.get("rejected") and h["goal"] > lo]
+    above = [h.goal for h in history if not h.passed and not h.rejected and h.goal > lo]
     return (lo, min(above)) if above else None
 
 
-def secant_goal(history: list[dict[str, Any]], lo: float, hi: float, max_acc_drop: float) -> float | None:
+def secant_goal(history: Sequence[PastRound], lo: float, hi: float, max_acc_drop: float) -> float | None:
     """Return the goal where the line through the bracket's measured losses reaches AIM x budget (None: no line).
 
     The ends are the largest goal that kept the budget (0 pp at 0 when none did) and the smallest that missed it,
     each at what validation measured after recovery. Accuracy loss grows faster than linearly with the reduction,
     so the line errs low (`depth_plan.depth_secant` does the same for block plans).
     """
-    drops = {float(h["goal"]): h.get("drop") for h in history if h.get("drop") is not None}
+    drops = {float(h.goal): h.drop for h in history if h.drop is not None}
     m_lo, m_hi = (0.0 if lo == 0 else drops.get(lo)), drops.get(hi)
     aim = AIM * max_acc_drop
     if m_lo is None or m_hi is None or float(m_hi) <= max(aim, float(m_lo)):
@@ -125,7 +127,7 @@ def line_goal(low: tuple[float, float], high: tuple[float, float], aim: float) -
 
 
 def chosen_goal(
-    out: SearchStep, history: list[dict[str, Any]], max_acc_drop: float, best: float | None, missed: float
+    out: SearchStep, history: Sequence[PastRound], max_acc_drop: float, best: float | None, missed: float
 ) -> float:
     """Return the larger of the trials' goal and the secant through the bracket, kept below any outright miss.
 
@@ -138,7 +140,7 @@ def chosen_goal(
     if best is not None:
         trials = best
     elif out.trials:  # none passed: below the last (smallest) trial
-        trials = lo + (out.trials[-1]["goal"] - lo) / 2
+        trials = lo + (out.trials[-1].goal - lo) / 2
     else:
         trials = (lo + hi) / 2
     secant = secant_goal(history, lo, hi, max_acc_drop)
@@ -151,10 +153,10 @@ def chosen_goal(
 
 
 def search_step(
-    history: list[dict[str, Any]],
+    history: Sequence[PastRound],
     max_acc_drop: float,
     plan_at: Callable[[float], CompressionPlan],
-    trial: Callable[[CompressionPlan], dict[str, Any]],
+    trial: Callable[[CompressionPlan], Trial],
     steps: int = SEARCH_TRIALS,
     tolerance: float = 0.01,
 ) -> SearchStep | None:
@@ -165,8 +167,7 @@ def search_step(
             predicted_drop (the plan's trial, pp).
         max_acc_drop: The accuracy budget, pp.
         plan_at: Returns the planner's plan for a goal.
-        trial: Prunes (and refits) a fresh copy by a plan and returns `accuracy_drop_pp` and `interval_pp` on the
-            trial slice.
+        trial: Prunes (and refits) a fresh copy by a plan and returns its trial (loss and interval) on the trial slice.
         steps: Trials (bisection steps inside the interval).
         tolerance: Stop when the interval is narrower than this.
 
@@ -213,10 +214,10 @@ class PushBounds:
 
 
 def push_step(
-    history: list[dict[str, Any]],
+    history: Sequence[PastRound],
     bounds: PushBounds,
     plan_at: Callable[[float], CompressionPlan],
-    trial: Callable[[CompressionPlan], dict[str, Any]],
+    trial: Callable[[CompressionPlan], Trial],
     steps: int = SEARCH_TRIALS,
     tolerance: float = 0.01,
 ) -> SearchStep | None:

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from profiling_agent.state import (
     Candidate,
     CompressionPlan,
     Objective,
+    PastRound,
     TokenAxis,
     TokenChoice,
     TokenEntry,
     TokenRate,
+    Trial,
 )
 
 TOKEN_BUDGET_SHARE = 0.5  # a rate whose merged baseline alone loses more than half the accuracy budget is not weighed
@@ -111,13 +112,13 @@ def fallback_option(axis: TokenAxis | None, entry: TokenEntry | None) -> TokenOp
 
 
 def pruning_problem(
-    option: TokenOption, objective: Objective, history: list[dict[str, Any]], goal: float | None
-) -> tuple[Objective, list[dict[str, Any]], float | None]:
+    option: TokenOption, objective: Objective, history: Sequence[PastRound], goal: float | None
+) -> tuple[Objective, list[PastRound], float | None]:
     """Return the objective, history and goal of the pruning that completes a merging plan (in pruning terms)."""
     s = option.saved
     target = to_pruning(objective.target_reduction, s)
     pruning_objective = objective.model_copy(update={"target_reduction": min(max(target, 1e-3), 0.99)})
-    moved = [{**h, "goal": to_pruning(float(h["goal"]), s)} for h in history]
+    moved = [h.model_copy(update={"goal": to_pruning(float(h.goal), s)}) for h in history]
     return pruning_objective, moved, None if goal is None else to_pruning(goal, s)
 
 
@@ -134,15 +135,18 @@ def with_tokens(plan: CompressionPlan, option: TokenOption, pruning_estimate: fl
 
 
 def weigh(
-    option: TokenOption, merged: CompressionPlan, unmerged: CompressionPlan, evaluate: Callable[[dict], dict]
+    option: TokenOption,
+    merged: CompressionPlan,
+    unmerged: CompressionPlan,
+    evaluate: Callable[[CompressionPlan], Trial],
 ) -> TokenChoice:
     """Try both round-1 plans (with and without merging, same total goal) on the trial slice; say which to keep.
 
     The merging plan is kept when it loses no more than the plan that prunes alone (a tie goes to merging: its
     latency was measured to pay, pruning's is the model's estimate).
     """
-    with_pp = float(evaluate(merged.model_dump())["accuracy_drop_pp"])
-    without_pp = float(evaluate(unmerged.model_dump())["accuracy_drop_pp"])
+    with_pp = float(evaluate(merged).accuracy_drop_pp)
+    without_pp = float(evaluate(unmerged).accuracy_drop_pp)
     chosen = with_pp <= without_pp
     why = (
         f"merging at {option.label()} and pruning less lost {with_pp:.2f} pp on the trial slice, pruning alone "

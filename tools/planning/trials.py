@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.state import ArtifactRef, DataRef, DatasetRef, InputShape, LabelMap
+from profiling_agent.state import ArtifactRef, CompressionPlan, DataRef, DatasetRef, InputShape, LabelMap, Trial
 
 MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
-# a plan dict in, its trial-slice metrics out (`PlanEvaluator`)
-Evaluate = Callable[[dict[str, Any]], dict[str, Any]]
+# a plan in, its trial on the trial slice out (`PlanEvaluator`)
+Evaluate = Callable[[CompressionPlan], Trial]
 # recover(pruned model, applied rows) and on_trial(plan, model, applied rows): `PlanEvaluator`'s hooks
 RecoverHook = Callable[[Any, list[Any]], None]
-TrialHook = Callable[[dict[str, Any], Any, list[Any]], None]
+TrialHook = Callable[[CompressionPlan, Any, list[Any]], None]
+
+
+@dataclass
+class Reference:
+    """The baseline's predictions and logits on the trial slice and its parameter count (`PlanEvaluator.reference`)."""
+
+    preds: Any
+    logits: Any
+    params: int
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,7 @@ class PlanEvaluator:
             keeps the refitted weights for the recover step: `tools/recovery/refit_cache.py`).
         with_kl: Also return `kl_to_baseline`, the mean KL divergence of the trial's logits from the baseline's on
             the trial slice (`metrics.mean_kl`; the predictions then come from the same logits).
+        recovery: What a trial does after pruning, as its record says (none, refit, refit+distill).
     """
 
     load_baseline: Callable[[], Any]
@@ -178,8 +189,9 @@ class PlanEvaluator:
     recover: RecoverHook | None = None
     on_trial: TrialHook | None = None
     with_kl: bool = False
+    recovery: str = "none"
     calls: int = field(default=0, init=False)
-    _reference: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _reference: Reference | None = field(default=None, init=False, repr=False)
 
     def predictions(self, model: Any) -> tuple[Any, Any]:
         """Return the model's predictions on the trial slice, and its logits there when KL is asked for."""
@@ -194,17 +206,17 @@ class PlanEvaluator:
             logits = batched_logits(model, self.pixels)
         return class_ids(logits, self.allowed_ids), logits
 
-    def reference(self) -> dict[str, Any]:
+    def reference(self) -> Reference:
         """Return the baseline's predictions, logits and parameter count (computed once)."""
         from profiling_agent.tools.models.sizes import count_params
 
-        if "preds" not in self._reference:
+        if self._reference is None:
             model = self.load_baseline()
             preds, logits = self.predictions(model)
-            self._reference.update(preds=preds, logits=logits, params=count_params(model))
+            self._reference = Reference(preds, logits, count_params(model))
         return self._reference
 
-    def pruned(self, plan: dict[str, Any]) -> tuple[Any, list[Any]]:
+    def pruned(self, plan: CompressionPlan) -> tuple[Any, list[Any]]:
         """Return a fresh baseline pruned by `plan` (and recovered, then merging its tokens), and the applied rows."""
         from profiling_agent.tools.compression.pruning import prune_model
         from profiling_agent.tools.compression.self_check import self_check
@@ -215,21 +227,21 @@ class PlanEvaluator:
         example = self.pixels[:1].clone()
         importance = as_importance(self.importance)
         layers = layer_count(model)  # a token schedule names the unpruned layers
-        report = prune_model(model, plan.get("pruning") or [], example, importance=importance, seed=self.seed)
+        report = prune_model(model, plan.pruning, example, importance=importance, seed=self.seed)
         self_check(model, example, int(model.config.num_labels))
         if self.recover is not None:
             self.recover(model, report.applied)
             self_check(model, example, int(model.config.num_labels))
             if self.on_trial is not None:
                 self.on_trial(plan, model, report.applied)
-        if merge_planned(model, plan.get("tokens"), layers) is not None:  # after the refit, as the recover step sees it
+        if merge_planned(model, plan.tokens, layers) is not None:  # after the refit, as the recover step sees it
             self_check(model, example, int(model.config.num_labels))
         return model, report.applied
 
-    def __call__(self, plan: dict[str, Any]) -> dict[str, Any]:
-        """Prune, recover and quantize a baseline copy by `plan`; return its trial-slice metrics.
+    def __call__(self, plan: CompressionPlan) -> Trial:
+        """Prune, recover and quantize a baseline copy by `plan`; return its trial on the trial slice.
 
-        The accuracy keys keep their names (`calib_accuracy`, ...) for the planners that read them; `judged_on`
+        The accuracy fields keep their names (`calib_accuracy`, ...) for the planners that read them; `judged_on`
         says which images they are, and `interval_pp` is the loss's paired 95% interval.
         """
         from profiling_agent.tools.compression.quantization import quantize_model
@@ -240,29 +252,31 @@ class PlanEvaluator:
         if self.calls >= self.max_calls:
             raise RuntimeError(f"evaluation budget used up ({self.max_calls} per step); answer with your plan")
         self.calls += 1
+        started = time.perf_counter()
         ref = self.reference()
         model, applied = self.pruned(plan)
         params = count_params(model)
-        quantized, layers = quantize_model(model, plan.get("quantization") or [])
+        quantized, layers = quantize_model(model, plan.quantization)
         preds, logits = self.predictions(quantized)
-        base_acc, acc = top1(ref["preds"], self.labels), top1(preds, self.labels)
-        kl = {"kl_to_baseline": mean_kl(ref["logits"], logits, self.allowed_ids)} if self.with_kl else {}
-        _, low, high = trial_interval(ref["preds"], preds, self.labels)
-        return {
-            **kl,
-            "images": int(len(self.labels)),
-            "judged_on": "trial slice of the validation images",
-            "calib_accuracy": acc,
-            "baseline_calib_accuracy": base_acc,
-            "accuracy_drop_pp": base_acc - acc,
-            "interval_pp": [round(low, 3), round(high, 3)],
-            "agreement": agreement(preds, ref["preds"]),
-            "params": params,
-            "params_reduction": 1 - params / max(ref["params"], 1),
-            "groups_pruned": sum(a.units_before != a.units_after for a in applied),
-            "quantized_linear_layers": len(layers),
-            "evaluations_left": self.max_calls - self.calls,
-        }
+        base_acc, acc = top1(ref.preds, self.labels), top1(preds, self.labels)
+        _, low, high = trial_interval(ref.preds, preds, self.labels)
+        return Trial(
+            kl_to_baseline=mean_kl(ref.logits, logits, self.allowed_ids) if self.with_kl else None,
+            images=int(len(self.labels)),
+            judged_on="trial slice of the validation images",
+            calib_accuracy=acc,
+            baseline_calib_accuracy=base_acc,
+            accuracy_drop_pp=base_acc - acc,
+            interval_pp=[round(low, 3), round(high, 3)],
+            agreement=agreement(preds, ref.preds),
+            params=params,
+            params_reduction=1 - params / max(ref.params, 1),
+            groups_pruned=sum(a.units_before != a.units_after for a in applied),
+            quantized_linear_layers=len(layers),
+            evaluations_left=self.max_calls - self.calls,
+            recovery=self.recovery,
+            seconds=round(time.perf_counter() - started, 3),
+        )
 
 
 @dataclass
@@ -292,13 +306,13 @@ class TrialRecovery:
             distill_model(model, teacher, batches, DistillConfig(steps=steps, lr=lr, seed=self.setup.seed))
             model.eval()
 
-    def on_trial(self, plan: dict[str, Any], model: Any, applied: list[Any]) -> None:
+    def on_trial(self, plan: CompressionPlan, model: Any, applied: list[Any]) -> None:
         """Keep the trial's refitted weights under the key the recover step checks."""
         from profiling_agent.tools.recovery import refit_cache
 
         if self.refits is not None and self.setup.baseline is not None:
             key = refit_cache.refit_key(applied, self.calib, self.setup.seed, self.setup.baseline.sha256)
-            self.refits.remember(plan.get("pruning") or [], key, model, self.last.pop("info", {}))
+            self.refits.remember(plan.pruning, key, model, self.last.pop("info", {}))
 
 
 def plan_evaluator(
@@ -323,6 +337,7 @@ def plan_evaluator(
         recover=hooks.recover if hooks else None,
         on_trial=hooks.on_trial if hooks else None,
         with_kl=distill is not None,
+        recovery="none" if hooks is None else ("refit+distill" if distill is not None else "refit"),
     )
 
 
@@ -355,3 +370,24 @@ def block_evaluator(setup: TrialSetup, calls: int) -> PlanEvaluator | None:
         augmentation=setup.recipe.augment,
     )
     return plan_evaluator(setup, max_calls=calls, distill=(batches, steps, lr))
+
+
+@dataclass(frozen=True)
+class TrialFactory:
+    """Builds a planning round's evaluators from the run's trial setup (`round.planning_round` calls them).
+
+    Attributes:
+        setup: What the trials read from the run.
+        refits: Keeps the last trials' refitted weights for the recover step (a `refit_cache.TrialRefits`), or None.
+    """
+
+    setup: TrialSetup
+    refits: Any = None
+
+    def plans(self, calls: int | None) -> PlanEvaluator:
+        """Return evaluate_plan allowed `calls` trials (None: MAX_EVALUATIONS), its refits kept in `refits`."""
+        return plan_evaluator(self.setup, max_calls=calls, refits=self.refits)
+
+    def blocks(self, calls: int) -> PlanEvaluator | None:
+        """Return round 1's block-set evaluator allowed `calls` trials, or None where it cannot run."""
+        return block_evaluator(self.setup, calls)

@@ -52,18 +52,15 @@ def _model_type(model: nn.Module) -> str | None:
 
 
 def _convert(model: nn.Module, example: torch.Tensor, folder: Path) -> Any:
-    import openvino as ov
+    from profiling_agent.tools.profiling.shared_export import ov_convert
 
-    from profiling_agent.tools.runtimes.onnx_runtime import export_onnx, quiet
-
-    onnx = export_onnx(model, example, folder / "model.onnx", exporter="torchscript")["path"]
-    with quiet():
-        return ov.convert_model(onnx)
+    return ov_convert(model, example, folder)  # within `profile_backends`, the forms' one export and conversion
 
 
 def _save(ov_model: Any, path: Path) -> Path:
     import openvino as ov
 
+    path.parent.mkdir(parents=True, exist_ok=True)  # a shared export may have been written to another form's folder
     ov.save_model(ov_model, str(path), compress_to_fp16=False)
     return path
 

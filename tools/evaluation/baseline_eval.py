@@ -99,6 +99,7 @@ def measure_unpruned(
     """
     from profiling_agent.tools.device import measure_device
     from profiling_agent.tools.evaluation.delivery import quantization_only_peer
+    from profiling_agent.tools.evaluation.final_latency import FORM_SAMPLES
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
     from profiling_agent.tools.models.artifact_load import load_artifact
     from profiling_agent.tools.runtimes.forms import ALL_FORMS, eligible_forms, forms_for_backend
@@ -131,6 +132,7 @@ def measure_unpruned(
         save_baseline_predictions(root, out.measured["baseline"]["preds"], labels, device)
         report(2, 2, "")
     record = baseline_record(baseline, out, model, settings, macs)
+    record.timing[FORM_SAMPLES] = out.samples  # the final timing leaves out the forms these say cannot win
     record.peer = quantization_only_peer(out.variants, record, objective, ctx.backend, out.samples)
     return record, baseline_message(record, out, forms)
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 
 from profiling_agent.tools.io import failed_file, machine_fault
+from profiling_agent.tools.runtimes.int8_reuse import quantize_once
 from profiling_agent.tools.runtimes.onnx_forms import FormFiles, Variant, failure_reason, finish_form
 from profiling_agent.tools.runtimes.onnx_runtime import quiet
 from profiling_agent.tools.runtimes.openvino_model import (
@@ -208,6 +209,7 @@ def build_ov_forms(
         files,
         time.perf_counter() - start,
         _recipe_base(source, check_pixels, files),
+        Path(onnx_path) if onnx_path is not None else None,
     )
     fp32_error = ""
     for variant in variants:
@@ -253,6 +255,7 @@ class _FormBuild:
     files: FormFiles
     convert_seconds: float
     base: dict[str, Any]
+    source: Path | None = None  # the ONNX file the FP32 IR was converted from (the INT8 build's key)
 
     def form(self, variant: Variant, fp32_error: str) -> str:
         """Build, check and write one form (failed or skipped with its reason); return the FP32 IR's error."""
@@ -281,8 +284,8 @@ class _FormBuild:
             if missing_nncf := nncf_missing():
                 raise RuntimeError(missing_nncf)
             model_type = nncf_model_type(getattr(self.files.config, "model_type", None))
-            ov_model, quant = quantize_int8(
-                self.fp32_model, self.calib_pixels, model_type=model_type, settings=self.settings
+            ov_model, quant = quantize_once(  # the profile's build of the same file and images, when it made one
+                self.fp32_model, self.source, self.calib_pixels, model_type=model_type, settings=self.settings
             )
             quant["quantized_ops"] = len(quantized_ops(ov_model))
             _save(ov_model, folder)

@@ -134,7 +134,7 @@ def measure_unpruned(
         save_baseline_predictions(root, out.measured["baseline"]["preds"], labels, device)
         report(2, 2, "")
     record = baseline_record(baseline, out, model, settings, macs)
-    record.timing[FORM_SAMPLES] = out.samples  # the final timing leaves out the forms these say cannot win
+    record.timing = {**(record.timing or {}), FORM_SAMPLES: out.samples}  # the final timing's `cannot_win` reads them
     record.peer = quantization_only_peer(out.variants, record, objective, ctx.backend, out.samples)
     return record, baseline_message(record, out, forms)
 

@@ -78,13 +78,13 @@ def build_ov_int8(model: nn.Module, example: torch.Tensor, folder: Path) -> Path
     calibration images and settings. Outside one, calibrated on `example` and perturbed copies (timing only).
     """
     from profiling_agent.tools.profiling.shared_export import onnx_export
-    from profiling_agent.tools.runtimes.int8_reuse import active_calibration, quantize_once
-    from profiling_agent.tools.runtimes.openvino_forms import OpenVinoSettings, quantize_int8
+    from profiling_agent.tools.runtimes.int8_reuse import active_calibration
+    from profiling_agent.tools.runtimes.openvino_forms import OpenVinoSettings, quantize_int8, quantize_kept
 
     calibration = active_calibration()
     if calibration is not None:
         onnx = onnx_export(model, example, folder)
-        quantized, _ = quantize_once(
+        quantized, _ = quantize_kept(
             _convert(model, example, folder),
             onnx,
             calibration,

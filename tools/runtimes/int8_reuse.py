@@ -3,11 +3,11 @@
 The profile step times an INT8 OpenVINO form of the baseline and `measure_baseline` builds one again to measure:
 two NNCF post-training quantizations of the same model (on ViT-B/16 about 22 s each; on the zoo's tiny models
 most of a step, NNCF's graph matching). Inside `int8_reuse(folder, calib)` the profile calibrates on the run's
-calibration images, as `measure_baseline` does, and every `quantize_once` keeps its result in `folder` under a key
-of what it depends on: the bytes of the ONNX file the IR was converted from, the calibration images NNCF reads,
-the model type, the settings and the ignored scope, and NNCF's version. The second build with the same key reads
-the kept IR instead (the same weights and graph; `tests/unit/test_int8_reuse.py`); a differing key builds anew.
-The folder lives in the run folder, so a resumed run finds it; `measure_baseline` removes it when it is done.
+calibration images, as `measure_baseline` does, and `openvino_forms.quantize_kept` keeps each build in `folder`
+under a key of what it depends on: the bytes of the ONNX file the IR was converted from, the calibration images
+NNCF reads, the model type, the settings and the ignored scope, and NNCF's version. A second build with the same
+key reads the kept IR instead (the same weights and logits; `tests/unit/test_int8_reuse.py`); another key builds
+anew. The folder lives in the run folder, so a resumed run finds it; `measure_baseline` removes it when done.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ _ACTIVE: tuple[Path, torch.Tensor, bool] | None = None  # the open block's folde
 
 @contextlib.contextmanager
 def int8_reuse(folder: Path, calib_pixels: torch.Tensor, *, drop_after: bool = False) -> Iterator[None]:
-    """Within the block, `quantize_once` reuses the INT8 builds kept in `folder`, and keeps its own there.
+    """Within the block, `kept_or_built` reuses the INT8 builds kept in `folder`, and keeps its own there.
 
     With `drop_after` (the last step that reads them) its own builds are not kept, and the folder is removed when
     the block ends without an error (a stopped step leaves it for the resume).
@@ -62,45 +62,25 @@ def int8_key(onnx_file: Path, calib: torch.Tensor, facts: dict[str, Any]) -> str
     return digest.hexdigest()
 
 
-def quantize_once(
-    ov_model: Any,
+def kept_or_built(
     onnx_file: str | os.PathLike | None,
-    calib_pixels: torch.Tensor,
-    *,
-    model_type: str | None,
-    settings: Any,
-    ignored: Sequence[str] = (),
+    calib: torch.Tensor,
+    facts: dict[str, Any],
+    build: Callable[[], tuple[Any, dict[str, Any]]],
 ) -> tuple[Any, dict[str, Any]]:
-    """Quantize as `openvino_forms.quantize_int8` does; inside a block, once per key (`int8_key`).
+    """Return `build()` (an INT8 model and its recipe); inside a block, built once per key (`int8_key`).
 
     Args:
-        ov_model: The FP32 `openvino.Model`, converted from `onnx_file`.
-        onnx_file: The ONNX file it was converted from (None: no key; quantized every time).
-        calib_pixels: Calibration images; the first `settings.calibration_samples` are read.
-        model_type: NNCF's model type ("transformer" or None).
-        settings: The `OpenVinoSettings` (calibration count, bias correction, ignored names).
-        ignored: IR node names kept in float.
-
-    Returns:
-        The INT8 model and its recipe, as `quantize_int8` returns them.
+        onnx_file: The ONNX file the FP32 IR was converted from (None: no key; built every time).
+        calib: The calibration images `build` reads (exactly those).
+        facts: Everything else the build depends on (model type, settings, ignored scope).
+        build: Quantizes (`openvino_forms.quantize_int8`).
     """
     from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.runtimes.openvino_forms import keep_float_patterns, quantize_int8
-
-    def build() -> tuple[Any, dict[str, Any]]:
-        return quantize_int8(ov_model, calib_pixels, model_type=model_type, settings=settings, ignored=ignored)
 
     if _ACTIVE is None or onnx_file is None or not Path(onnx_file).is_file():
         return build()
-    facts = {
-        "model_type": model_type,
-        "samples": settings.calibration_samples,
-        "fast_bias_correction": settings.fast_bias_correction,
-        "ignored": sorted(set(ignored) | set(settings.ignored_names)),
-        "patterns": keep_float_patterns(ov_model),
-    }
-    key = int8_key(Path(onnx_file), calib_pixels[: settings.calibration_samples], facts)
-    folder = _ACTIVE[0] / key[:24]
+    folder = _ACTIVE[0] / int8_key(Path(onnx_file), calib, facts)[:24]
     kept = _read(folder)
     if kept is not None:
         return kept

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 
 from profiling_agent.tools.io import failed_file, machine_fault
-from profiling_agent.tools.runtimes.int8_reuse import quantize_once
+from profiling_agent.tools.runtimes.int8_reuse import kept_or_built
 from profiling_agent.tools.runtimes.onnx_forms import FormFiles, Variant, failure_reason, finish_form
 from profiling_agent.tools.runtimes.onnx_runtime import quiet
 from profiling_agent.tools.runtimes.openvino_model import (
@@ -132,6 +132,34 @@ def quantize_int8(
         "rest_precision": "the CPU's best (OpenVINO's default inference precision)",
     }
     return quantized, recipe
+
+
+def quantize_kept(
+    ov_model: Any,
+    onnx_file: str | os.PathLike | None,
+    calib_pixels: torch.Tensor,
+    *,
+    model_type: str | None,
+    settings: OpenVinoSettings,
+) -> tuple[Any, dict[str, Any]]:
+    """Quantize as `quantize_int8` does; inside `int8_reuse.int8_reuse`, once per run for the same inputs.
+
+    `onnx_file` is the file `ov_model` was converted from: with the calibration images NNCF reads, the model type
+    and the settings it keys the build (`int8_reuse.kept_or_built`); None quantizes every time.
+    """
+    facts = {
+        "model_type": model_type,
+        "samples": settings.calibration_samples,
+        "fast_bias_correction": settings.fast_bias_correction,
+        "ignored": sorted(settings.ignored_names),
+        "patterns": keep_float_patterns(ov_model),
+    }
+    return kept_or_built(
+        onnx_file,
+        calib_pixels[: settings.calibration_samples],
+        facts,
+        lambda: quantize_int8(ov_model, calib_pixels, model_type=model_type, settings=settings),
+    )
 
 
 def quantized_ops(ov_model: Any) -> set[str]:
@@ -284,7 +312,7 @@ class _FormBuild:
             if missing_nncf := nncf_missing():
                 raise RuntimeError(missing_nncf)
             model_type = nncf_model_type(getattr(self.files.config, "model_type", None))
-            ov_model, quant = quantize_once(  # the profile's build of the same file and images, when it made one
+            ov_model, quant = quantize_kept(  # the profile's build of the same file and images, when it made one
                 self.fp32_model, self.source, self.calib_pixels, model_type=model_type, settings=self.settings
             )
             quant["quantized_ops"] = len(quantized_ops(ov_model))

@@ -44,6 +44,8 @@ def evaluate_held_out(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     )
     emit(runtime, kind="progress", task=task, done=2, total=2, label="")
     best, delivery = delivered_best(state.best, state.baseline_eval, state.baseline, state.objective, root, final)
+    if final[1].get("not_timed"):  # forms the baseline's measurement says cannot win (result.json says why)
+        delivery += f"; not timed again, slower than the peer: {', '.join(sorted(final[1]['not_timed']))}"
     update: dict[str, Any] = {"best": best.model_dump()} if best is not None and best.iteration == 0 else {}
     if state.data is None or state.data.n_test == 0:
         return {

@@ -6,7 +6,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from profiling_agent.nodes.common import context_of, emit, event, input_chw, load_artifact_model, run_dir
+from profiling_agent.nodes.common import context_of, emit, event, input_chw, load_artifact_model, prepared, run_dir
 from profiling_agent.state import Context, State
 from profiling_agent.tools import run_layout
 
@@ -29,6 +29,9 @@ def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         state.objective.target,
         run_dir(state) / run_layout.PROFILE,
         depth=state.objective.prunes_depth(),
+        int8=(run_dir(state) / run_layout.INT8_REUSE, prepared(state, ("calib",))["calib_pixels"])
+        if state.data
+        else None,
     )
     emit(runtime, kind="progress", task="profiling", done=1, total=1, label="baseline")
     return {"profile": summary, "history": event("profile", message)}

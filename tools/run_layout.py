@@ -13,6 +13,7 @@ from pathlib import Path
 # the run folder's own entries
 BASELINE = "baseline"  # the baseline's FP32 artifact
 BASELINE_FORMS = "baseline_forms"  # the baseline's backend forms (ort_*, ov_*)
+INT8_REUSE = "baseline_forms/int8_reuse"  # the profile's INT8 build, kept for measure_baseline (removed by it)
 BEST = "best"  # the delivered model's folder
 PROFILE = "profile.json"  # the baseline profile
 SENSITIVITY = "sensitivity.json"  # the probe's per-group sensitivities
@@ -58,6 +59,7 @@ __all__ = [
     "BASELINE_FORMS",
     "BEST",
     "FORKS",
+    "INT8_REUSE",
     "LLM_TRANSCRIPT",
     "PLAN",
     "PLOTS",

@@ -99,9 +99,11 @@ def measure_unpruned(
     """
     from profiling_agent.tools.device import measure_device
     from profiling_agent.tools.evaluation.delivery import quantization_only_peer
+    from profiling_agent.tools.evaluation.final_latency import FORM_SAMPLES
     from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
     from profiling_agent.tools.models.artifact_load import load_artifact
     from profiling_agent.tools.runtimes.forms import ALL_FORMS, eligible_forms, forms_for_backend
+    from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
 
     report = progress or (lambda done, total, label: None)
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
@@ -127,10 +129,12 @@ def measure_unpruned(
             eligible=eligible_forms(ctx.backend, forms, "baseline"),
         )
         settings = MeasureSettings.of(ctx, device, threads, allowed_ids)
-        out = evaluate_forms({"baseline": model.to(device)}, plan, settings)
+        with int8_reuse(root / run_layout.INT8_REUSE, tensors["calib_pixels"], drop_after=True):  # the profile's
+            out = evaluate_forms({"baseline": model.to(device)}, plan, settings)
         save_baseline_predictions(root, out.measured["baseline"]["preds"], labels, device)
         report(2, 2, "")
     record = baseline_record(baseline, out, model, settings, macs)
+    record.timing = {**(record.timing or {}), FORM_SAMPLES: out.samples}  # the final timing's `cannot_win` reads them
     record.peer = quantization_only_peer(out.variants, record, objective, ctx.backend, out.samples)
     return record, baseline_message(record, out, forms)
 

@@ -35,12 +35,53 @@ def same_form_paths(candidates: Sequence[Candidate], base_eval: EvalRecord | Non
 FINAL_FILE = "final_latency.json"  # the final side-by-side timing, in the run folder (the report reads it back)
 
 
+FORM_SAMPLES = "form_samples_ms"  # the baseline record's timing key: form -> its per-repeat batch-1 samples
+
+
+def cannot_win(base_eval: EvalRecord | None) -> dict[str, str]:
+    """Return {form: why} of the unpruned forms that cannot be the quantization-only form: not timed at the end.
+
+    The baseline's measurement is the one that timed every unpruned form beside the peer (a round times the peer
+    only). A form cannot win when that measurement put it outside the forms a round builds
+    (`forms.round_contenders`: the two fastest within the budget and every other within 1.5x of the fastest) and
+    measurably slower than the peer: the paired 99% interval of its time over the peer's lies wholly above
+    1 + LATENCY_TIE, the rule by which `ties.speed_tied` says two forms are not tied. The torch model is the
+    baseline, timed anyway. Without the per-repeat samples (a run recorded before they were kept) none is left out.
+    """
+    from profiling_agent.tools.evaluation.delivery import BASELINE_TORCH
+    from profiling_agent.tools.evaluation.latency import paired_ratio
+    from profiling_agent.tools.evaluation.ties import LATENCY_TIE, TIE_LEVEL
+    from profiling_agent.tools.runtimes.forms import round_contenders
+
+    if base_eval is None or not base_eval.peer:
+        return {}
+    samples = (base_eval.timing or {}).get(FORM_SAMPLES) or {}
+    peer = str(base_eval.peer.get("name") or "")
+    if not samples.get(peer):
+        return {}
+    rows = [v.model_dump() for v in base_eval.variants]
+    keep = set(round_contenders(rows, base_eval.accuracy, float("inf")))  # speed only: the budget is checked apart
+    out: dict[str, str] = {}
+    for form in base_eval.variants:
+        if form.name in (peer, BASELINE_TORCH) or form.name in keep or not samples.get(form.name):
+            continue
+        ratio = paired_ratio({"samples_ms": samples[form.name]}, {"samples_ms": samples[peer]}, level=TIE_LEVEL)
+        if ratio is not None and float(ratio["ci"][0]) > 1.0 + LATENCY_TIE:
+            low, high = ratio["ci"]
+            out[form.name] = (
+                f"cannot win: {ratio['ratio']:.2f}x the time of {peer} in the baseline's measurement "
+                f"(paired 99% interval {low:.2f}-{high:.2f}x) and not among the forms a round builds"
+            )
+    return out
+
+
 def unpruned_contenders(base_eval: EvalRecord | None, objective: Objective | None) -> dict[str, str]:
-    """Return {form: path} of every CPU form of the unpruned model that kept the budget (the torch one aside).
+    """Return {form: path} of every CPU form of the unpruned model that kept the budget and can win (torch aside).
 
     Each could be the quantization-only form: the final timing times them all beside the candidates, and the
     peer is chosen from that measurement (`delivery.final_peer`), not from the baseline's measurement alone.
-    Without an objective, only the baseline's recorded peer.
+    A form that cannot win (`cannot_win`: measurably slower than the peer) is not timed again. Without an
+    objective, only the baseline's recorded peer.
     """
     from profiling_agent.tools.device import cpu_only
     from profiling_agent.tools.evaluation.delivery import BASELINE_TORCH
@@ -54,7 +95,10 @@ def unpruned_contenders(base_eval: EvalRecord | None, objective: Objective | Non
         out[str(peer["name"])] = str(peer["path"])
     if objective is None:
         return out
+    slower = cannot_win(base_eval)
     for form in base_eval.variants:
+        if form.name in slower:
+            continue
         if form.status == "ok" and form.path and form.name != BASELINE_TORCH and cpu_only([form.name]):
             if form.accuracy is not None and within_budget(form, base_eval, objective):
                 out[form.name] = str(form.path)
@@ -147,6 +191,9 @@ def final_latency(
             budget_s=RUN_BUDGET_S,
         )
     timing["contenders"] = sorted(contenders)
+    left_out = {k: why for k, why in cannot_win(base_eval).items() if k not in contenders}
+    if left_out and objective is not None:
+        timing["not_timed"] = left_out
     if objective is not None and base_eval is not None:
         timing["final_peer"] = final_peer(latency, base_eval, objective, ctx.backend)
     write_json_atomic(root / FINAL_FILE, {"candidates": keys, "latency": latency, "timing": timing})

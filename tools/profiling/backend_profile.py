@@ -74,15 +74,16 @@ class BackendForm:
 
 
 def _build_ort_fp32(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
-    from profiling_agent.tools.runtimes.onnx_runtime import export_onnx
+    from profiling_agent.tools.profiling.shared_export import onnx_export
 
-    return Path(export_onnx(model, example, folder / "model.onnx", exporter="torchscript")["path"])
+    return onnx_export(model, example, folder)  # within `profile_backends`, the forms' one export
 
 
 def _build_ort_dynamic(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
     from profiling_agent.tools.runtimes.onnx_runtime import quantize_onnx
 
     src = _build_ort_fp32(model, example, folder)
+    folder.mkdir(parents=True, exist_ok=True)
     return Path(quantize_onnx(src, folder / "model_dynamic.onnx", per_channel=True)["path"])
 
 
@@ -215,8 +216,10 @@ def profile_backends(
         {"forms": {name: form_profile(...) + backend, seconds | error}, "identical_layers": the classes of
         identical layers whose rows were pooled}.
     """
+    from profiling_agent.tools.profiling.shared_export import shared_exports
+
     out: dict[str, Any] = {"forms": {}, "identical_layers": identical_layers(model)}
-    with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch, shared_exports():
         base = folder or Path(scratch)
         for form in forms:
             started = time.process_time()

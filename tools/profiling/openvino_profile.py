@@ -7,8 +7,9 @@ operations and NNCF inserts its own (".../MatMul/DequantizationMultiply", ".../n
 `ov_module_of` reads the module path up to the first operation segment, so a fused int8 MatMul is charged to its
 Linear. Executed nodes whose name carries no module path (a fused "Multiply_1234") count as time no group owns.
 
-The profiling int8 form is calibrated on the profiling example and small perturbations of it: its timings are
-what matter here (int8 kernels cost the same whatever the scales), not its accuracy.
+The profiling int8 form is calibrated on the run's calibration images, as `measure_baseline` builds it, which then
+measures this very build (`runtimes.int8_reuse`); without them (a profile outside a run), on the profiling example
+and small perturbations of it: its timings are what matter here (int8 kernels cost the same whatever the scales).
 """
 
 from __future__ import annotations
@@ -52,18 +53,15 @@ def _model_type(model: nn.Module) -> str | None:
 
 
 def _convert(model: nn.Module, example: torch.Tensor, folder: Path) -> Any:
-    import openvino as ov
+    from profiling_agent.tools.profiling.shared_export import ov_convert
 
-    from profiling_agent.tools.runtimes.onnx_runtime import export_onnx, quiet
-
-    onnx = export_onnx(model, example, folder / "model.onnx", exporter="torchscript")["path"]
-    with quiet():
-        return ov.convert_model(onnx)
+    return ov_convert(model, example, folder)  # within `profile_backends`, the forms' one export and conversion
 
 
 def _save(ov_model: Any, path: Path) -> Path:
     import openvino as ov
 
+    path.parent.mkdir(parents=True, exist_ok=True)  # a shared export may have been written to another form's folder
     ov.save_model(ov_model, str(path), compress_to_fp16=False)
     return path
 
@@ -74,9 +72,26 @@ def build_ov_fp32(model: nn.Module, example: torch.Tensor, folder: Path) -> Path
 
 
 def build_ov_int8(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
-    """Build an NNCF INT8 OpenVINO IR of `model` calibrated on `example` and perturbed copies (timing only)."""
-    from profiling_agent.tools.runtimes.openvino_forms import OpenVinoSettings, quantize_int8
+    """Build an NNCF INT8 OpenVINO IR of `model`: on the run's calibration images when the profile has them.
 
+    Inside `int8_reuse` (the profile step of a run) it is the build `measure_baseline` reuses: the same ONNX file,
+    calibration images and settings. Outside one, calibrated on `example` and perturbed copies (timing only).
+    """
+    from profiling_agent.tools.profiling.shared_export import onnx_export
+    from profiling_agent.tools.runtimes.int8_reuse import active_calibration
+    from profiling_agent.tools.runtimes.openvino_forms import OpenVinoSettings, quantize_int8, quantize_kept
+
+    calibration = active_calibration()
+    if calibration is not None:
+        onnx = onnx_export(model, example, folder)
+        quantized, _ = quantize_kept(
+            _convert(model, example, folder),
+            onnx,
+            calibration,
+            model_type=_model_type(model),
+            settings=OpenVinoSettings(),
+        )
+        return _save(quantized, folder / "ov_int8.xml")
     gen = torch.Generator().manual_seed(0)
     one = example[:1].detach().cpu()
     noisy = (one + 0.1 * torch.randn(one.shape, generator=gen) for _ in range(CALIBRATION_COPIES - 1))

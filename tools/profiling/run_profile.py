@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ def profile_baseline(
     target: str,
     out_file: Path,
     depth: bool = False,
+    int8: tuple[Path, torch.Tensor] | None = None,
 ) -> tuple[ProfileSummary, str]:
     """Profile the FP32 baseline, write profile.json and return its summary and a one-line message.
 
@@ -29,6 +31,8 @@ def profile_baseline(
     machine's record of the same model and settings, and kept in profile.json for every round and a resume.
 
     `depth`: list the blocks depth pruning may remove among the groups (the objective's `prunes_depth`).
+    `int8`: the folder and calibration images of the run's INT8 builds (`runtimes.int8_reuse`): the profiled INT8
+    form is calibrated on them and kept there, and `measure_baseline` measures that build instead of another.
 
     Raises:
         ValueError: A MACs target on a model whose MACs cannot be counted (bad input: the run cannot judge it).
@@ -46,6 +50,7 @@ def profile_baseline(
         records_dir,
     )
     from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
+    from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
 
     full = planner_profile(model.to(device), shape, device=str(device), depth=depth)
     groups = full["groups"]
@@ -60,9 +65,10 @@ def profile_baseline(
     backend_note = ""
     if on_backend:
         torch_ms = float(full.get("totals", {}).get("latency_ms", 0.0))
-        full["backend_profile"], backend_note = profile_deliverable(
-            model, shape, groups, backend, torch_ms, target == "latency", kept
-        )
+        with int8_reuse(*int8) if int8 is not None else contextlib.nullcontext():
+            full["backend_profile"], backend_note = profile_deliverable(
+                model, shape, groups, backend, torch_ms, target == "latency", kept
+            )
     elif tokens and kept is None:  # eager torch is the delivered form: its latency at a few rates
         backend_note = torch_token_latency(model, shape, device, full)
     full["planning_latency"] = kept or record_from_profile(full)

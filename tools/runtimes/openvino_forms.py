@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 
 from profiling_agent.tools.io import failed_file, machine_fault
+from profiling_agent.tools.runtimes.int8_reuse import kept_or_built
 from profiling_agent.tools.runtimes.onnx_forms import FormFiles, Variant, failure_reason, finish_form
 from profiling_agent.tools.runtimes.onnx_runtime import quiet
 from profiling_agent.tools.runtimes.openvino_model import (
@@ -133,6 +134,34 @@ def quantize_int8(
     return quantized, recipe
 
 
+def quantize_kept(
+    ov_model: Any,
+    onnx_file: str | os.PathLike | None,
+    calib_pixels: torch.Tensor,
+    *,
+    model_type: str | None,
+    settings: OpenVinoSettings,
+) -> tuple[Any, dict[str, Any]]:
+    """Quantize as `quantize_int8` does; inside `int8_reuse.int8_reuse`, once per run for the same inputs.
+
+    `onnx_file` is the file `ov_model` was converted from: with the calibration images NNCF reads, the model type
+    and the settings it keys the build (`int8_reuse.kept_or_built`); None quantizes every time.
+    """
+    facts = {
+        "model_type": model_type,
+        "samples": settings.calibration_samples,
+        "fast_bias_correction": settings.fast_bias_correction,
+        "ignored": sorted(settings.ignored_names),
+        "patterns": keep_float_patterns(ov_model),
+    }
+    return kept_or_built(
+        onnx_file,
+        calib_pixels[: settings.calibration_samples],
+        facts,
+        lambda: quantize_int8(ov_model, calib_pixels, model_type=model_type, settings=settings),
+    )
+
+
 def quantized_ops(ov_model: Any) -> set[str]:
     """Return the names of the IR operations that read a FakeQuantize output (the layers running in int8)."""
     names = set()
@@ -208,6 +237,7 @@ def build_ov_forms(
         files,
         time.perf_counter() - start,
         _recipe_base(source, check_pixels, files),
+        Path(onnx_path) if onnx_path is not None else None,
     )
     fp32_error = ""
     for variant in variants:
@@ -253,6 +283,7 @@ class _FormBuild:
     files: FormFiles
     convert_seconds: float
     base: dict[str, Any]
+    source: Path | None = None  # the ONNX file the FP32 IR was converted from (the INT8 build's key)
 
     def form(self, variant: Variant, fp32_error: str) -> str:
         """Build, check and write one form (failed or skipped with its reason); return the FP32 IR's error."""
@@ -281,8 +312,8 @@ class _FormBuild:
             if missing_nncf := nncf_missing():
                 raise RuntimeError(missing_nncf)
             model_type = nncf_model_type(getattr(self.files.config, "model_type", None))
-            ov_model, quant = quantize_int8(
-                self.fp32_model, self.calib_pixels, model_type=model_type, settings=self.settings
+            ov_model, quant = quantize_kept(  # the profile's build of the same file and images, when it made one
+                self.fp32_model, self.source, self.calib_pixels, model_type=model_type, settings=self.settings
             )
             quant["quantized_ops"] = len(quantized_ops(ov_model))
             _save(ov_model, folder)

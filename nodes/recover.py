@@ -101,9 +101,11 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
     """Describe this iteration's distillation for the recovery tools: data, folders and progress events."""
     # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.recovery.candidate import DistillJob
+    from profiling_agent.tools.recovery.policy import removed_share
 
     assert state.input_shape is not None and state.labels is not None and state.current is not None
-    pruned, base = state.current.pruned, state.baseline
+    pruned, base, cur = state.current.pruned, state.baseline, state.current
+    macs_before = state.profile.totals.get("macs") if state.profile else None
     return DistillJob(
         source=source,
         processor=processor,
@@ -119,6 +121,7 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
         emit=lambda **payload: emit(runtime, **payload),
         macs=state.current.macs,
         removed_blocks=sum(a.kind == "block" for a in state.current.applied),
+        removed=removed_share(cur.params_before, cur.params_after, int(macs_before or 0), cur.macs),
     )
 
 

@@ -24,13 +24,16 @@ from profiling_agent.tools.recovery import distill_state
 from profiling_agent.tools.recovery.distill import DistillConfig, Team, distill
 from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLaunch, distill_in_job
 from profiling_agent.tools.recovery.distributed_launch import DEFAULT_LAUNCHER, DistributedJobError
-from profiling_agent.tools.recovery.early_stop import stop_reason
+from profiling_agent.tools.recovery.early_stop import check_every, stop_reason
 from profiling_agent.tools.recovery.policy import (
     auto_cap_steps,
     auto_recipe,
+    auto_steps,
+    cap_steps_note,
     distill_precision,
     method_name,
     recovery_steps,
+    scaled_cap_steps,
 )
 from profiling_agent.tools.recovery.reconstruct import reconstruct
 from profiling_agent.tools.runtimes.forward import model_device
@@ -58,6 +61,7 @@ class DistillJob:
     emit: Callable[..., None]  # sends a progress event (nodes.common.emit bound to the runtime)
     macs: int | None = None  # the student's MACs per image (decides bf16 distillation on the CPU)
     removed_blocks: int = 0  # whole blocks the plan removed (auto's learning rate and batch: `policy.auto_recipe`)
+    removed: float | None = None  # the share of parameters or MACs the plan removed (`policy.removed_share`)
     # cap steps -> the early-stopping monitor of an automatic step count (`early_stop.plateau_monitor`), or None
     monitor: Callable[[int], Any] | None = None
 
@@ -83,12 +87,24 @@ class DistillSetup:
 
 
 def distill_setup(student: nn.Module, job: DistillJob, ctx: Context, record: RecoveryRecord) -> DistillSetup:
-    """Choose the recipe (learning rate, batch, steps, precision) and note its automatic choices in `record`."""
+    """Choose the recipe (learning rate, batch, steps, precision) and note its automatic choices in `record`.
+
+    An automatic step count starts the early-stopping monitor here (in a single process): the student's trial-slice
+    loss before distillation is the first point, and one of the two measures the step cap scales with.
+    """
     params = count_params(student)
     lr, batch = auto_recipe(ctx.recover_lr, ctx.recover_batch, params, job.removed_blocks)
-    # an explicit step count runs in full (only the time cap cuts it); the automatic one stops on a plateau
-    steps = ctx.recover_steps or auto_cap_steps(len(job.source.rows), batch, params)
-    monitor = job.monitor(steps) if job.monitor is not None and not ctx.recover_steps else None
+    # an explicit step count runs in full (only the time cap cuts it); the automatic one, scaled to the plan's
+    # damage, stops on a plateau
+    # (its checking pace is set below, once the step cap is known)
+    monitor = job.monitor(0) if job.monitor is not None and not ctx.recover_steps else None
+    loss_before = None
+    if monitor is not None and ctx.recover_procs <= 1:  # the student before distillation: the first point
+        monitor.start(student)
+        loss_before = float(monitor.curve[0][2])
+    steps = ctx.recover_steps or auto_distill_steps(job, batch, params, record, loss_before)
+    if monitor is not None:
+        monitor.every = check_every(steps)
     precision = distill_precision(str(model_device(student).type), job.macs)
     # a monitored (automatic) run's schedule spans its cap whatever the machine's speed; the time cap only stops it
     config = DistillConfig(
@@ -110,6 +126,20 @@ def distill_setup(student: nn.Module, job: DistillJob, ctx: Context, record: Rec
     return DistillSetup(config, batches, fingerprint, monitor)
 
 
+def auto_distill_steps(
+    job: DistillJob, batch: int, params: int, record: RecoveryRecord, loss_before: float | None
+) -> int:
+    """Return auto's step cap, scaled to what the plan removed and lost (`policy.scaled_cap_steps`); note it."""
+    images = len(job.source.rows)
+    cap = auto_cap_steps(images, batch, params)
+    floor = auto_steps(images, batch, params)
+    steps = scaled_cap_steps(cap, floor, job.removed, loss_before, job.removed_blocks)
+    note = cap_steps_note(steps, cap, job.removed, loss_before)
+    if note:
+        record.note = f"{record.note}; {note}".lstrip("; ")
+    return steps
+
+
 def distill_student(
     student: nn.Module, teacher: nn.Module, job: DistillJob, ctx: Context, record: RecoveryRecord
 ) -> dict[str, Any]:
@@ -123,9 +153,8 @@ def distill_student(
         record.note = f"{record.note}; {ctx.recover_procs} processes distilled".lstrip("; ")
         return _distill_in_job(student, job, ctx, setup)
     monitor = setup.monitor
-    if monitor is not None:  # the student before distillation is the first point, and may be the one kept
+    if monitor is not None:  # started by distill_setup: the student before distillation may be the one kept
         monitor.folder = job.folder / run_layout.RECOVERY_STEPS
-        monitor.start(student)
     info = distill(
         student,
         teacher,

@@ -30,6 +30,14 @@ LARGE_MODEL = 20_000_000  # parameters above which auto halves its steps (a step
 # (Zen 5, AVX-512 BF16) a training step of ViT-B/16 took 1.8x and of ResNet-50 2.0x less CPU time than in fp32,
 # while the zoo's small ViT (a few MMACs) took 2x more
 BF16_MIN_MACS = 1_000_000_000
+# auto's step cap scales with the damage of a width plan: the share of parameters or MACs it removed (the larger)
+# and the refitted student's loss on the trial slice before distillation. A plan removing FULL_CAP_SHARE or more
+# and losing FULL_CAP_LOSS pp or more gets the whole cap; otherwise the smaller of the two ratios of it, never fewer
+# than two passes over the training images (`auto_steps`' width rule). A plan that removed whole blocks keeps the
+# whole cap (what is left must learn the removed blocks' work). Before (commit 34ed52d) every plan got the whole cap
+# and early stopping alone ended it: docs/recovery.md, "Distillation sized to the damage", has the measured runs.
+FULL_CAP_SHARE = 0.5
+FULL_CAP_LOSS = 10.0
 
 
 def recovery_steps(requested: str, has_training_images: bool) -> tuple[list[str], str]:
@@ -73,6 +81,53 @@ def auto_cap_steps(train_images: int, batch: int, params: int) -> int:
     (`early_stop.PlateauMonitor`), and the wall-clock cap (`recover_minutes`) still bounds it.
     """
     return auto_steps(train_images, batch, params, removed_blocks=1)
+
+
+def removed_share(
+    params_before: int | None, params_after: int | None, macs_before: int | None, macs_after: int | None
+) -> float | None:
+    """Return the larger share (0..1) of parameters or MACs per image a plan removed; None when neither is known.
+
+    Token merging removes MACs and no parameters, channel pruning both: the larger share is the damage to size.
+    """
+    shares = [
+        1.0 - after / before
+        for before, after in ((params_before, params_after), (macs_before, macs_after))
+        if before and after is not None
+    ]
+    return min(1.0, max(0.0, *shares)) if shares else None
+
+
+def cap_share(removed: float | None, loss_before: float | None) -> float:
+    """Return the share (0..1) of auto's step cap a width plan gets: the smaller of what it removed and what it lost.
+
+    `removed` / FULL_CAP_SHARE (`removed_share`) and `loss_before` / FULL_CAP_LOSS (the refitted student's loss on
+    the trial slice before distillation, pp); either alone when the other is unknown, 1 when both are.
+    """
+    shares = [x / full for x, full in ((removed, FULL_CAP_SHARE), (loss_before, FULL_CAP_LOSS)) if x is not None]
+    return min(1.0, max(0.0, min(shares))) if shares else 1.0
+
+
+def scaled_cap_steps(
+    cap: int, floor: int, removed: float | None, loss_before: float | None = None, removed_blocks: int = 0
+) -> int:
+    """Return auto's step cap for a plan that removed `removed` of the model and lost `loss_before` pp before it.
+
+    The cap is `cap` x `cap_share`, within `floor`..`cap`; a plan that removed whole blocks keeps `cap`.
+    """
+    if removed_blocks:
+        return cap
+    return max(min(floor, cap), min(cap, math.ceil(cap * cap_share(removed, loss_before))))
+
+
+def cap_steps_note(steps: int, cap: int, removed: float | None, loss_before: float | None = None) -> str:
+    """Say that auto's step cap was scaled to what the plan removed and lost ('' when it was not scaled)."""
+    if steps >= cap:
+        return ""
+    said = [] if removed is None else [f"removed {removed:.1%}"]
+    said += [] if loss_before is None else [f"lost {loss_before:.2f} pp on the trial slice before distillation"]
+    full = f"{cap} for {FULL_CAP_SHARE:.0%} or {FULL_CAP_LOSS:g} pp"
+    return f"distillation capped at {steps} steps: the plan {' and '.join(said)} ({full})"
 
 
 def auto_recipe(lr: float, batch: int, params: int, removed_blocks: int = 0) -> tuple[float, int]:

@@ -1,4 +1,4 @@
-"""Same seed, same plan: the latency a plan reads is measured once, kept, and never re-measured by later steps."""
+"""Same seed, same plan, same delivered bytes: the latency a plan reads is measured once and never re-measured later."""
 
 from __future__ import annotations
 
@@ -55,6 +55,30 @@ def _no_more_timing(monkeypatch) -> None:
     monkeypatch.setattr(latency_model, "measure_table", remeasured)
 
 
+def _int8_timed_fastest(monkeypatch) -> None:
+    """Stand in for the evaluation clock: the forms are really timed, then read 1 ms each and ov_int8 0.5 ms.
+
+    Which form ships then does not depend on this machine's noise, so two runs must deliver the same bytes; the
+    planning profile's timers are not touched.
+    """
+    from profiling_agent.tools.evaluation import latency
+
+    real = latency.measure_latency_checked
+
+    def fixed(models, sample, **kwargs):
+        rows, timing = real(models, sample, **kwargs)
+        for name, row in rows.items():
+            ms = 0.5 if name.endswith("ov_int8") else 1.0
+            batch_ms = ms * float(row.get("batch_size") or 1)
+            row.update(latency_ms=ms, latency_batch_ms=batch_ms)
+            for key, value in (("samples_ms", ms), ("samples_batch_ms", batch_ms)):
+                if row.get(key) is not None:
+                    row[key] = [None if s is None else value for s in row[key]]
+        return rows, timing
+
+    monkeypatch.setattr(latency, "measure_latency_checked", fixed)
+
+
 def _scramble_machine_records(cache: Path) -> int:
     """Rewrite this machine's stored planning records and latency tables with reversed shares; return how many."""
     changed = 0
@@ -96,6 +120,7 @@ def test_two_runs_with_the_same_seed_plan_alike_though_timings_change_after_the_
     assets = request.getfixturevalue(fixture)
     model, dataset = (assets.model, assets.dataset) if fixture == "digits_vit" else assets[:2]
     monkeypatch.setenv("PROFILING_AGENT_CACHE", str(tmp_path / "cache"))  # this test's own machine records
+    _int8_timed_fastest(monkeypatch)
     inputs = _inputs(model, dataset)
 
     first_root = tmp_path / "first"
@@ -125,11 +150,6 @@ def test_two_runs_with_the_same_seed_plan_alike_though_timings_change_after_the_
     assert a["weights"] == b["weights"]  # the same plans give the same pruned, refit and distilled weights
     form_a, iter_a, files_a = _delivered(first_root)
     form_b, iter_b, files_b = _delivered(second_root)
-    if (form_a, iter_a) == (form_b, iter_b):  # the delivered form is chosen by final timings (not this test's)
-        # an OpenVINO IR is converted again in each run and its bytes are not stable (NNCF's INT8, and a full run
-        # once wrote differing ov_fp32 XML from the same weights, checked equal above); the other files must match
-        if form_a.startswith("ov_"):
-            files_a, files_b = (
-                {k: v for k, v in f.items() if not k.endswith((".xml", ".bin"))} for f in (files_a, files_b)
-            )
-        assert files_a == files_b
+    # both runs in this process: OpenVINO's node counter had moved on by the second (`stable_names`)
+    assert (form_a, iter_a) == (form_b, iter_b) and form_a.startswith("ov_int8")
+    assert any(k.endswith(".xml") for k in files_a) and files_a == files_b

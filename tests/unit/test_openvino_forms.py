@@ -176,3 +176,18 @@ def test_without_openvino_its_forms_fail_with_the_reason_and_rounds_skip_them(tm
     assert all(v.status == "ok" for v in built if v.name.startswith("ort_"))  # the run goes on with ONNX Runtime
     records = [{"name": v.name, "status": v.status, "accuracy": 90.0, "latency_ms": 1.0} for v in built]
     assert not [f for f in round_forms(records, 90.0, 2.0) if f.startswith("ov_")]  # said once, not retried
+
+
+def test_the_same_model_built_twice_in_one_process_writes_the_same_ir(tmp_path):
+    """OpenVINO counts the names it gives over the whole process; the forms' IRs must not depend on it (issue 49)."""
+    model, size = _model("resnet")  # its FP32 IR has constants folded from counted ops (Range, Concat)
+    x = _pixels(40, size)
+    built = [
+        build_forms(model, x[:24], x[24:], tmp_path / run, forms=["ov_fp32", "ov_int8"], threads=1)
+        for run in ("first", "second")
+    ]
+    assert all(v.status == "ok" for forms in built for v in forms), [v.error for forms in built for v in forms]
+    for form in ("ov_fp32", "ov_int8"):
+        for name in ("openvino_model.xml", "openvino_model.bin"):
+            first, second = (tmp_path / run / form / name for run in ("first", "second"))
+            assert first.read_bytes() == second.read_bytes(), f"{form}/{name} differs"

@@ -308,7 +308,8 @@ def load_prepared(
         missing = [k for k in keys if k not in present]
         if missing:
             raise DataError(f"{path} lacks tensors: {name_listing(missing)}")
-        out: dict[str, Any] = {k: handle.get_tensor(k) for k in keys}
+        # cloned: get_tensor views a private mapping of the file, which a rewrite in place would change (facts.md)
+        out: dict[str, Any] = {k: handle.get_tensor(k).clone() for k in keys}
         if with_meta:
             out["meta"] = json.loads((handle.metadata() or {}).get("profiling_agent", "{}"))
         return out

@@ -39,7 +39,7 @@ def baseline_predictions(root: Path, labels: Any, device: str) -> Any | None:
     with safe_open(str(path), framework="pt") as f:
         if (f.metadata() or {}).get("device") != device:
             return None
-        saved_labels, preds = f.get_tensor("labels"), f.get_tensor("preds")
+        saved_labels, preds = f.get_tensor("labels"), f.get_tensor("preds").clone()  # not a view of the file
     if saved_labels.shape != labels.shape or not bool((saved_labels == labels.cpu()).all()):
         return None
     return preds

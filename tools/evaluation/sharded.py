@@ -209,7 +209,7 @@ def sharded_predictions(run: Path, part: str, models: Mapping[str, Path], job: S
     if not (job_dir / "predictions.safetensors").is_file():
         raise DistributedJobError(f"the sharded pass ended without writing {job_dir / 'predictions.safetensors'}")
     saved = load_file(str(job_dir / "predictions.safetensors"))
-    return {name: saved[name] for name in models}
+    return {name: saved[name].clone() for name in models}  # owned, not views of a file the next pass replaces
 
 
 def run_pass(

@@ -41,6 +41,7 @@ from profiling_agent.tools.runtimes.openvino_forms import (
     keep_float_patterns,
     nncf_model_type,
     quantized_ops,
+    stable_names,
 )
 from profiling_agent.tools.runtimes.openvino_model import (
     OV_FILE,
@@ -309,7 +310,7 @@ def accuracy_control_job(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> d
         model_type=job["model_type"],
         allowed_ids=job["allowed_ids"],
     )
-    ov.save_model(quantized, job["out"], compress_to_fp16=False)
+    ov.save_model(stable_names(quantized, "a"), job["out"], compress_to_fp16=False)
     return facts
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -44,6 +45,8 @@ TRANSFORMER_TYPES = ("vit", "deit", "swin")  # NNCF's ModelType.TRANSFORMER (mix
 # IR nodes whose names hold this stay in float in every INT8 form: a torch model names a child module so when
 # quantizing its ops would change what the model computes (token merging's matching, `models.merged_tokens`)
 KEEP_FLOAT_SCOPE = "keep_float"
+# a name OpenVINO gave from its counter: `<type>_<id>`, kept by a constant folded from that op (`Range_194`)
+COUNTED_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*_[0-9]+")
 
 
 @dataclass
@@ -178,11 +181,28 @@ def quantized_ops(ov_model: Any) -> set[str]:
     return names
 
 
+def stable_names(ov_model: Any, tag: str) -> Any:
+    """Rename the operations OpenVINO named from its process-wide counter by their order in the graph; return the model.
+
+    OpenVINO names an operation nobody named `<type>_<instance id>` (`Constant_2464`; a constant folded from it keeps
+    it: `Range_194`), the id counted over every node the process ever made: the same ONNX file converted twice in
+    one process, or after other conversions, writes another IR (docs/facts.md). Each such name becomes
+    `<type>_<tag><k>` (k counts them in topological order), which no longer looks counted, so a later call with
+    another tag renames only the nodes added since (NNCF's, folded ones). Other names (the exporter's) stay.
+    """
+    renamed = 0
+    for op in ov_model.get_ordered_ops():
+        if COUNTED_NAME.fullmatch(name := op.get_friendly_name()):
+            op.set_friendly_name(f"{name.rsplit('_', 1)[0]}_{tag}{renamed}")
+            renamed += 1
+    return ov_model
+
+
 def _save(ov_model: Any, folder: Path) -> None:
     import openvino as ov
 
     folder.mkdir(parents=True, exist_ok=True)
-    ov.save_model(ov_model, str(folder / OV_FILE), compress_to_fp16=False)
+    ov.save_model(stable_names(ov_model, "s"), str(folder / OV_FILE), compress_to_fp16=False)
 
 
 def build_ov_forms(
@@ -252,7 +272,7 @@ def _convert(onnx_path: str | os.PathLike | None) -> tuple[Any, str]:
     if onnx_path is None or not Path(onnx_path).is_file():
         raise RuntimeError("no FP32 ONNX file to convert (the ONNX export failed)")
     with quiet():
-        return ov.convert_model(str(onnx_path)), "openvino.convert_model(FP32 ONNX)"
+        return stable_names(ov.convert_model(str(onnx_path)), "c"), "openvino.convert_model(FP32 ONNX)"
 
 
 def _recipe_base(source: str, check_pixels: torch.Tensor, files: FormFiles) -> dict[str, Any]:

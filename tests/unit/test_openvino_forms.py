@@ -191,3 +191,30 @@ def test_the_same_model_built_twice_in_one_process_writes_the_same_ir(tmp_path):
         for name in ("openvino_model.xml", "openvino_model.bin"):
             first, second = (tmp_path / run / form / name for run in ("first", "second"))
             assert first.read_bytes() == second.read_bytes(), f"{form}/{name} differs"
+
+
+def test_counted_names_are_renamed_by_order_whatever_suffix_made_them_unique():
+    """`Constant_256` and the de-duplicated `Constant_256_1` are counted names; the exporter's names stay.
+
+    The digits ViT's INT8 IR had a `Constant_256_1` in one run and a plain counted name in the next (the e2e
+    same-seed test, 2026-11-28).
+    """
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from profiling_agent.tools.runtimes.openvino_forms import stable_names
+
+    def model(first: str, second: str):
+        x = ops.parameter([1, 4], np.float32, name="pixel_values")
+        one, two = ops.constant(np.ones((1, 4), np.float32)), ops.constant(np.full((1, 4), 2.0, np.float32))
+        one.set_friendly_name(first)
+        two.set_friendly_name(second)
+        add = ops.add(ops.add(x, one), two)
+        add.set_friendly_name("/classifier/Add")
+        return ov.Model([add], [x])
+
+    names = [[op.get_friendly_name() for op in stable_names(m, "s").get_ordered_ops()] for m in (
+        model("Constant_256_1", "Constant_9"), model("Constant_17", "Constant_4_2"))]  # fmt: skip
+    assert names[0] == names[1]
+    assert "/classifier/Add" in names[0] and not any(n.startswith("Constant_") and n[9:].isdigit() for n in names[0])

@@ -46,7 +46,9 @@ TRANSFORMER_TYPES = ("vit", "deit", "swin")  # NNCF's ModelType.TRANSFORMER (mix
 # quantizing its ops would change what the model computes (token merging's matching, `models.merged_tokens`)
 KEEP_FLOAT_SCOPE = "keep_float"
 # a name OpenVINO gave from its counter: `<type>_<id>`, kept by a constant folded from that op (`Range_194`)
-COUNTED_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*_[0-9]+")
+COUNTED_NAME = re.compile(
+    r"([A-Za-z][A-Za-z0-9]*)_[0-9]+(?:_[0-9]+)*"
+)  # `Constant_256`, de-duplicated `Constant_256_1`
 
 
 @dataclass
@@ -185,15 +187,16 @@ def stable_names(ov_model: Any, tag: str) -> Any:
     """Rename the operations OpenVINO named from its process-wide counter by their order in the graph; return the model.
 
     OpenVINO names an operation nobody named `<type>_<instance id>` (`Constant_2464`; a constant folded from it keeps
-    it: `Range_194`), the id counted over every node the process ever made: the same ONNX file converted twice in
-    one process, or after other conversions, writes another IR (docs/facts.md). Each such name becomes
+    it: `Range_194`; a name made unique gains `_1`: `Constant_256_1`), the id counted over every node the process
+    ever made: the same ONNX file converted twice in one process, or after other conversions, writes another IR
+    (docs/facts.md). Each such name becomes
     `<type>_<tag><k>` (k counts them in topological order), which no longer looks counted, so a later call with
     another tag renames only the nodes added since (NNCF's, folded ones). Other names (the exporter's) stay.
     """
     renamed = 0
     for op in ov_model.get_ordered_ops():
-        if COUNTED_NAME.fullmatch(name := op.get_friendly_name()):
-            op.set_friendly_name(f"{name.rsplit('_', 1)[0]}_{tag}{renamed}")
+        if counted := COUNTED_NAME.fullmatch(op.get_friendly_name()):
+            op.set_friendly_name(f"{counted.group(1)}_{tag}{renamed}")
             renamed += 1
     return ov_model
 

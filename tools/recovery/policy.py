@@ -16,7 +16,7 @@ EPOCHS = 2.0  # auto: passes over the training images
 # steps of 64 images and 1.20 pp after 1,000 (2,000 training images, `bench/resnet_depth.py --steps 1000`), with
 # stage 1's instead -0.90 and -0.10 pp. Three changes (the identity block, stages 0 and 1's first blocks) gained 0.35 pp
 # after 3,000 steps where 1,000 lost 0.95 pp (held-out, the same images, lr 1e-3, batch 64: docs/benchmarks.md,
-# session 12). The wall-clock cap (`recover_minutes`) still bounds every candidate.
+# 2026-11-26, 4046c50). The wall-clock cap (`recover_minutes`) still bounds every candidate.
 DEPTH_EPOCHS = 96.0
 MIN_STEPS, MAX_STEPS = 20, 300  # auto: bounds on the steps of one candidate
 DEPTH_MAX_STEPS = 3000  # auto: the bound after removing whole blocks

@@ -214,7 +214,13 @@ class Context:
     llm_base_url: str = _ctx("", "OpenAI-compatible base URL (default: $OPENAI_BASE_URL).")
     llm_api_key_env: str = _ctx("OPENAI_API_KEY", "Environment variable holding the API key (never stored).")
     llm_temperature: float = _ctx(0.0, "Sampling temperature of the LLM planner.")
-    llm_timeout: float = _ctx(60.0, "Seconds before one LLM request times out.")
+    llm_timeout: float = _ctx(
+        0.0, "Seconds one LLM request may take in all (0: no total limit; the first-token and idle limits apply)."
+    )
+    llm_first_token_timeout: float = _ctx(
+        900.0, "Seconds an LLM request may wait for its first streamed token (a CPU server reading a long prompt)."
+    )
+    llm_idle_timeout: float = _ctx(60.0, "Seconds a streamed LLM reply may go without a new token before it is cut.")
     llm_retries: int = _ctx(2, "Times an invalid LLM plan goes back to the LLM before the fallback.")
     llm_tool_rounds: int = _ctx(6, "Tool-call rounds allowed per planning step.")
     llm_max_tokens: int = _ctx(2048, "Most tokens one LLM reply may have (a rambling small model stops there).")

@@ -395,7 +395,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     parser.add_argument("--zoo-model", default="embedded", help=f"comma list of {', '.join(zoo_lib.SPECS)}, embedded")
     parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
     parser.add_argument("--structured", default="auto", choices=["auto", "json_schema", "json_object", "off"])
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per LLM request (600: CPU servers)")
+    parser.add_argument(
+        "--timeout", type=float, default=0.0, help="seconds per LLM request in all (0: none; cut when idle, as the CLI)"
+    )
     parser.add_argument("--tool-rounds", type=int, default=2, help="LLM tool-call rounds per step (2)")
     parser.add_argument("--subset", type=int, default=500, help="validation images (500)")
     parser.add_argument("--max-acc-drop", type=float, default=2.0, help="accuracy budget in pp (2)")

@@ -59,7 +59,26 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--llm-api-key-env", default=None, help="environment variable holding the API key (default: OPENAI_API_KEY)"
     )
-    p.add_argument("--llm-timeout", type=float, default=None, help="seconds per LLM request (default 60)")
+    p.add_argument(
+        "--llm-timeout",
+        type=float,
+        default=None,
+        help="seconds one LLM request may take in all (default: no total limit; a stalled reply is cut by the two "
+        "limits below)",
+    )
+    p.add_argument(
+        "--llm-first-token-timeout",
+        type=float,
+        default=None,
+        help="seconds an LLM request may wait for its first streamed token (default 900: a CPU server reading a "
+        "long prompt)",
+    )
+    p.add_argument(
+        "--llm-idle-timeout",
+        type=float,
+        default=None,
+        help="seconds a streamed LLM reply may go without a new token before it is cut (default 60)",
+    )
     p.add_argument("--llm-retries", type=int, default=None, help="invalid LLM plans sent back before the fallback")
     p.add_argument("--llm-tool-rounds", type=int, default=None, help="LLM tool-call rounds per planning step")
     p.add_argument("--llm-max-tokens", type=int, default=None, help="most tokens per LLM reply (default 2048)")
@@ -363,6 +382,8 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(ctx, "llm_base_url", args.llm_base_url)
     _set(ctx, "llm_api_key_env", args.llm_api_key_env)
     _set(ctx, "llm_timeout", args.llm_timeout)
+    _set(ctx, "llm_first_token_timeout", args.llm_first_token_timeout)
+    _set(ctx, "llm_idle_timeout", args.llm_idle_timeout)
     _set(ctx, "llm_retries", args.llm_retries)
     _set(ctx, "llm_tool_rounds", args.llm_tool_rounds)
     _set(ctx, "llm_structured", args.llm_structured)
@@ -423,8 +444,10 @@ def _recover_flags(args: argparse.Namespace, ctx: dict[str, Any]) -> None:
 def _check_llm_flags(args: argparse.Namespace) -> None:
     import re
 
-    if args.llm_timeout is not None and not 0 < args.llm_timeout <= 3600:
-        raise BadInput("invalid --llm-timeout: must be in (0, 3600] seconds")
+    for flag in ("llm_timeout", "llm_first_token_timeout", "llm_idle_timeout"):
+        value = getattr(args, flag)
+        if value is not None and not 0 < value <= 3600:
+            raise BadInput(f"invalid --{flag.replace('_', '-')}: must be in (0, 3600] seconds")
     if args.llm_max_tokens is not None and not 64 <= args.llm_max_tokens <= 1_000_000:
         raise BadInput("invalid --llm-max-tokens: must be in 64..1000000")
     if args.llm_retries is not None and not 0 <= args.llm_retries <= 10:

@@ -13,6 +13,7 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from llm_fake_server import stream_chunks, write_stream
 from pydantic import Field
 
 _ids = itertools.count(1)
@@ -121,10 +122,11 @@ class ScriptedOpenAIServer:
     """OpenAI-compatible chat-completions server on 127.0.0.1 answering from a script (use as a context manager).
 
     Script items: a dict (200 JSON body), a (status, body) tuple, ("sleep", seconds, item) to delay the
-    answer, or a callable taking the request body and returning one of those (a server that looks at the
-    request, e.g. at its `response_format`). Past the end of the script it answers 500. Request bodies are
-    recorded in `requests`. The server
-    stops on exit, and by itself after `lifetime` seconds.
+    answer, or a callable taking the request body and returning one of those
+    (a server that looks at the request, e.g. at its `response_format`). A 200 answer to a request with
+    `stream: true` is streamed as server-sent events (a body that is no chat completion is sent as it is). Past
+    the end of the script it answers 500. Request bodies are recorded in `requests`. The server stops on exit,
+    and by itself after `lifetime` seconds.
     """
 
     def __init__(self, script: list[Any], lifetime: float = 60.0):
@@ -164,6 +166,11 @@ class ScriptedOpenAIServer:
                             owner.slept_out += 1
                     item = item[2]
                 status, payload = item if isinstance(item, tuple) else (200, item)
+                body = owner.requests[-1]["body"]
+                if status == 200 and body.get("stream") and "choices" in payload:  # garbage goes as it is
+                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                    write_stream(self, stream_chunks(payload, include_usage=usage), release=owner.release)
+                    return
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(status)

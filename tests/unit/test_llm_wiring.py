@@ -58,6 +58,8 @@ def test_planner_llm_without_an_llm_is_a_one_line_error_naming_the_setting(tmp_p
     "flags, fragment",
     [
         (["--llm-timeout", "0"], "--llm-timeout"),
+        (["--llm-first-token-timeout", "-5"], "--llm-first-token-timeout"),
+        (["--llm-idle-timeout", "7200"], "--llm-idle-timeout"),
         (["--llm-retries", "-1"], "--llm-retries"),
         (["--llm-tool-rounds", "99"], "--llm-tool-rounds"),
         (["--temperature", "5"], "--temperature"),
@@ -82,6 +84,10 @@ def test_llm_flags_and_environment_fill_the_context(tmp_path, monkeypatch):
             "3",
             "--llm-timeout",
             "7.5",
+            "--llm-first-token-timeout",
+            "420",
+            "--llm-idle-timeout",
+            "30",
             "--temperature",
             "0.2",
             "--llm-api-key-env",
@@ -92,6 +98,7 @@ def test_llm_flags_and_environment_fill_the_context(tmp_path, monkeypatch):
     )
     ctx = Context(**context_from_args(args))
     assert (ctx.llm_model, ctx.llm_retries, ctx.llm_tool_rounds, ctx.llm_timeout) == ("env-model", 0, 3, 7.5)
+    assert (ctx.llm_first_token_timeout, ctx.llm_idle_timeout) == (420.0, 30.0)
     assert (ctx.llm_temperature, ctx.llm_api_key_env, ctx.llm_base_url) == (
         0.2,
         "PA_WIRING_KEY",

@@ -8,10 +8,12 @@ import os
 import re
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, message_chunk_to_message
+from langchain_core.messages.tool import invalid_tool_call
 
 from profiling_agent.state import Context, Fallback, LLMStep, RejectedAnswer
 from profiling_agent.tools import interrupt, run_layout
@@ -119,23 +121,33 @@ def record_reply(transcript: Transcript, reply: AIMessage) -> None:
 
 
 def build_chat_model(ctx: Context) -> Any:
-    """Build the OpenAI-compatible chat model from the run context (the key is read from the environment)."""
+    """Build the OpenAI-compatible chat model from the run context (the key is read from the environment).
+
+    Replies are streamed (`call_model`), with the token usage asked for in the stream's last chunk; the HTTP
+    client's own read timeout is only a backstop behind `request_limits`.
+    """
     from langchain_openai import ChatOpenAI
     from pydantic import SecretStr
 
     url = llm_base_url(ctx)
     # langchain sends OpenAI's max_completion_tokens; llama-cpp-python and older servers only read max_tokens
     extra_body = None if "api.openai.com" in url or not url else {"max_tokens": ctx.llm_max_tokens}
-    return ChatOpenAI(
+    limits = request_limits(ctx)
+    chat = ChatOpenAI(
         model=ctx.llm_model,
         base_url=url or None,
         api_key=SecretStr(os.environ.get(ctx.llm_api_key_env) or "no-key"),  # keyless local servers accept any key
         temperature=ctx.llm_temperature,
-        timeout=ctx.llm_timeout,
+        timeout=max(limits.first_token, limits.idle) + 5.0,  # the longest gap between two reads of a stream
         max_retries=0,  # the conversation's model node retries a transient failure (a LangGraph RetryPolicy)
         max_completion_tokens=ctx.llm_max_tokens,
         extra_body=extra_body,
+        stream_usage=True,
     )
+    # a streamed schema-constrained reply goes through openai's beta helpers, whose first use imports them (4 s
+    # on a busy 2-core machine, measured 2026-11-28): paid here, not within the first request's limits
+    getattr(getattr(chat, "root_client", None), "beta", None)
+    return chat
 
 
 def token_limit_kwargs(ctx: Context, tokens: int) -> dict[str, Any]:
@@ -145,9 +157,19 @@ def token_limit_kwargs(ctx: Context, tokens: int) -> dict[str, Any]:
     return {"max_completion_tokens": tokens, **extra}
 
 
-def request_deadline(ctx: Context) -> float:
-    """Seconds one attempt of a model call may take: `llm_timeout` plus a margin for the client's own timeout."""
-    return ctx.llm_timeout + min(5.0, ctx.llm_timeout)
+@dataclass(frozen=True)
+class RequestLimits:
+    """How long one streamed request may take: to its first token, between two tokens, and in all."""
+
+    first_token: float  # seconds until the first token (the server reading the prompt: minutes on a small CPU)
+    idle: float  # seconds a reply may go without a new token once it has started
+    total: float | None = None  # seconds the whole request may take (None: no total limit)
+
+
+def request_limits(ctx: Context) -> RequestLimits:
+    """Return the run's request limits: --llm-first-token-timeout, --llm-idle-timeout, --llm-timeout (0: none)."""
+    total = ctx.llm_timeout if ctx.llm_timeout > 0 else None
+    return RequestLimits(first_token=ctx.llm_first_token_timeout, idle=ctx.llm_idle_timeout, total=total)
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -163,36 +185,114 @@ def http_status(exc: BaseException) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def call_model(runnable: Any, messages: list[BaseMessage], deadline: float) -> AIMessage:
-    """Invoke `runnable` in a daemon thread and wait at most `deadline` seconds for its reply.
+def _progress(chunk: Any) -> bool:
+    """Return True for a streamed chunk that carries part of the reply (not the bare role that opens a stream)."""
+    if not isinstance(chunk, BaseMessage):
+        return True
+    finish = (getattr(chunk, "response_metadata", None) or {}).get("finish_reason")
+    calls = getattr(chunk, "tool_call_chunks", None) or getattr(chunk, "tool_calls", None)
+    return bool(message_text(chunk) or calls or getattr(chunk, "usage_metadata", None) or finish)
+
+
+def overdue(limits: RequestLimits, elapsed: float, since_token: float | None, tokens: int) -> str | None:
+    """Return why a streamed request is cut now, or None while it may go on.
+
+    Args:
+        limits: The request's limits.
+        elapsed: Seconds since the request was sent.
+        since_token: Seconds since the last chunk that carried part of the reply (None: none yet).
+        tokens: Chunks with part of the reply received so far.
+    """
+    if limits.total is not None and elapsed > limits.total:
+        return f"no reply within {limits.total:g} s (--llm-timeout, the whole request), {tokens} chunks received"
+    if since_token is None and elapsed > limits.first_token:
+        return f"no first token within {limits.first_token:g} s (--llm-first-token-timeout)"
+    if since_token is not None and since_token > limits.idle:
+        return f"the reply stalled: no new token for {limits.idle:g} s after {tokens} chunks (--llm-idle-timeout)"
+    return None
+
+
+def joined(chunks: list[Any]) -> AIMessage:
+    """Join a streamed reply's chunks into one AIMessage (tool-call fragments become tool calls)."""
+    if len(chunks) == 1 and isinstance(chunks[0], AIMessage) and not isinstance(chunks[0], AIMessageChunk):
+        return chunks[0]  # a chat model that does not stream answered whole
+    if not chunks or not all(isinstance(c, AIMessageChunk) for c in chunks):
+        kinds = sorted({type(c).__name__ for c in chunks}) or ["nothing"]
+        raise PlannerFailure("error", f"the model streamed {', '.join(kinds)}, not an AIMessage")
+    merged = chunks[0]
+    for chunk in chunks[1:]:
+        merged = merged + chunk
+    message = message_chunk_to_message(merged)
+    if not isinstance(message, AIMessage):
+        raise PlannerFailure("error", f"the model returned {type(message).__name__}, not an AIMessage")
+    message = _strict_tool_calls(message, merged.tool_call_chunks)
+    if (message.response_metadata or {}).get("finish_reason") == "length":
+        raise PlannerFailure("error", "LengthFinishReasonError: the reply reached the token limit (finish_reason)")
+    return message
+
+
+def _strict_tool_calls(message: AIMessage, chunks: list[Any]) -> AIMessage:
+    """Return `message` with tool calls whose streamed arguments are not whole JSON objects made invalid.
+
+    Joining chunks parses arguments leniently (a cut-off `{"plan_json": ` becomes `{}`); a reply read whole
+    would have had them refused, so they are refused here too.
+    """
+    calls, invalid = [], list(message.invalid_tool_calls)
+    by_id = {c.get("id"): c for c in message.tool_calls}
+    for chunk in chunks:
+        raw = chunk.get("args") or ""
+        call = by_id.get(chunk.get("id"))
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            args = None
+        if call is not None and isinstance(args, dict):
+            calls.append({**call, "args": args})
+        elif call is not None:
+            error = "the arguments are not a whole JSON object"
+            invalid.append(invalid_tool_call(name=call.get("name"), args=raw, id=call.get("id"), error=error))
+    if not chunks or len(calls) + len(invalid) < len(message.tool_calls) + len(message.invalid_tool_calls):
+        return message  # chunks without ids (a model that answered whole): keep what langchain parsed
+    return message.model_copy(update={"tool_calls": calls, "invalid_tool_calls": invalid})
+
+
+def call_model(runnable: Any, messages: list[BaseMessage], limits: RequestLimits) -> AIMessage:
+    """Stream `runnable`'s reply in a daemon thread; cut it when it is overdue (`overdue`) or on a Ctrl-C.
 
     Raises:
-        PlannerFailure: stage "timeout" (deadline passed or a timeout error) or "error" (anything else).
+        PlannerFailure: stage "timeout" (a limit passed, or a timeout error) or "error" (anything else).
     """
-    box: dict[str, Any] = {}
+    box: dict[str, Any] = {"chunks": [], "last": None, "tokens": 0, "stop": False}
 
     def run() -> None:
         try:
-            box["reply"] = runnable.invoke(messages)
+            for chunk in runnable.stream(messages):
+                box["chunks"].append(chunk)
+                if _progress(chunk):
+                    box["last"], box["tokens"] = time.monotonic(), box["tokens"] + 1
+                if box["stop"]:
+                    break  # the caller cut the reply: closing the stream tells the server the client has gone
         except BaseException as exc:  # noqa: BLE001 - every failure is reported to the caller
             box["error"] = exc
 
     thread = threading.Thread(target=run, name="llm-request", daemon=True)
+    started = time.monotonic()
     thread.start()
-    stop_at = time.monotonic() + deadline
-    while thread.is_alive() and time.monotonic() < stop_at:
-        thread.join(min(0.2, max(0.0, stop_at - time.monotonic())))
-        interrupt.check()  # a Ctrl-C does not wait for a slow server's reply
-    if thread.is_alive():
-        raise PlannerFailure("timeout", f"no reply within {deadline:.1f} s")
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+            interrupt.check()  # a Ctrl-C does not wait for a slow server's reply
+            now, last = time.monotonic(), box["last"]
+            cut = overdue(limits, now - started, None if last is None else now - last, box["tokens"])
+            if cut is not None and thread.is_alive():
+                raise PlannerFailure("timeout", cut)
+    finally:
+        box["stop"] = True
     if "error" in box:
         exc = box["error"]
         stage: Stage = "timeout" if _is_timeout(exc) else "error"
         raise PlannerFailure(stage, f"{type(exc).__name__}: {str(exc)[:300]}", status=http_status(exc))
-    reply = box.get("reply")
-    if not isinstance(reply, AIMessage):
-        raise PlannerFailure("error", f"the model returned {type(reply).__name__}, not an AIMessage")
-    return reply
+    return joined(box["chunks"])
 
 
 # ---------------------------------------------------------------- an endpoint that never answered

@@ -122,7 +122,7 @@ def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> dict
     constrained, forced = bool(state.get("constrained")), bool(state.get("forced"))
     requests = state.get("requests", 0) + 1
     try:
-        reply = conv.request(list(state["messages"]), constrained, forced, finder, conv.deadline)
+        reply = conv.request(list(state["messages"]), constrained, forced, finder)
     except PlannerFailure as failure:
         if "LengthFinishReasonError" in failure.reason:
             cut = {**_cut_off(state, conv, finder), "requests": requests}

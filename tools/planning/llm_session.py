@@ -16,7 +16,7 @@ from profiling_agent.tools.planning.llm_client import (
     Transcript,
     call_model,
     message_text,
-    request_deadline,
+    request_limits,
     token_limit_kwargs,
 )
 from profiling_agent.tools.planning.llm_repair import Repair
@@ -135,7 +135,7 @@ class Conversation:
     def __post_init__(self) -> None:
         self.notes: list[str] = []  # written to the transcript when the conversation starts
         self.by_name = {t.name: t for t in self.tools}
-        self.deadline = request_deadline(self.ctx)
+        self.limits = request_limits(self.ctx)
         self.bound, self.final, self.has_tools = self._bind()
         caps = {"structured": self.guard.max_ratio_structured, "head": self.guard.max_ratio_head, "block": 1.0}
         groups = self.profile.get("groups") or []
@@ -235,19 +235,17 @@ class Conversation:
             raise Rejected("guard", verdict.reasons, verdict.estimate)
         return verdict.plan, dict(verdict.estimate), dict(verdict.ratios), choice
 
-    def request(
-        self, messages: list[BaseMessage], constrained: bool, forced: bool, finder: ModeFinder, left: float
-    ) -> AIMessage:
+    def request(self, messages: list[BaseMessage], constrained: bool, forced: bool, finder: ModeFinder) -> AIMessage:
         """Send one request; a constrained one uses the finder's mode, stepping past modes the server refuses."""
         while True:
             fmt = response_format(finder.mode, self.schema) if constrained else None
             if fmt is None:
                 runnable = self.final if (forced or constrained) else self.bound
-                return call_model(runnable.bind(**self.limit), messages, left)
+                return call_model(runnable.bind(**self.limit), messages, self.limits)
             self.transcript.write("request", structured=finder.mode)
             try:
                 constrained_model = self.model.bind(response_format=fmt, **self.limit)
-                return call_model(constrained_model, without_tool_turns(messages), left)
+                return call_model(constrained_model, without_tool_turns(messages), self.limits)
             except PlannerFailure as failure:
                 if failure.stage != "error" or not refuses_format(failure.status, failure.reason):
                     raise

@@ -15,7 +15,7 @@ from profiling_agent.tools.planning.llm_client import (
     build_chat_model,
     call_model,
     message_text,
-    request_deadline,
+    request_limits,
 )
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def resolve_shape_with_llm(metadata: dict[str, Any], ctx: Context, *, chat_model
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         messages = render_input_shape(metadata)
         for _ in range(1 + max(0, ctx.llm_retries)):
-            reply = call_model(model, messages, request_deadline(ctx))
+            reply = call_model(model, messages, request_limits(ctx))
             try:
                 return validate_shape(find_object(message_text(reply), _shape_like, "input shape", SHAPE_FORM).value)
             except ValueError as exc:

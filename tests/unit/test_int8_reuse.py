@@ -81,3 +81,40 @@ def test_other_calibration_images_build_anew_and_a_plain_build_keeps_nothing(tin
     assert len(calls) == 2 and len(list(reuse.iterdir())) == 2
     _measured_int8(tiny_vit, calib, check, tmp_path / "c")  # outside a block: quantized, nothing kept or read
     assert len(calls) == 3 and len(list(reuse.iterdir())) == 2
+
+
+def test_only_the_baselines_int8_build_reads_the_runs_calibration(tiny_vit, monkeypatch, tmp_path):
+    """The latency table's and the token rates' INT8 builds are timed only: calibrated on copies of one example.
+
+    On full-size ViT-B/16 each of those builds calibrated on the run's images made the profile step several times
+    longer (2026-11-28); only the baseline's build is the one measure_baseline reuses.
+    """
+    import nncf
+
+    import profiling_agent.tools.profiling.deliverable as deliverable
+    from profiling_agent.tools.profiling.openvino_profile import CALIBRATION_COPIES
+
+    sizes: list[int] = []
+    real = nncf.quantize
+
+    def sized(model, dataset, *args, **kwargs):
+        sizes.append(sum(1 for _ in dataset.get_inference_data()))
+        return real(model, dataset, *args, **kwargs)
+
+    monkeypatch.setattr(nncf, "quantize", sized)
+    monkeypatch.setattr(deliverable, "planned_form", lambda *a: "ov_int8")  # as on ViT-B/16 (the tiny one: ov_fp32)
+    monkeypatch.setenv("PROFILING_AGENT_CACHE", str(tmp_path / "cache"))
+    calib = torch.randn(12, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    groups = [{"name": "mlp.0", "kind": "mlp", "module": "vit.encoder.layer.0.intermediate.dense", "members": []}]
+    reuse = tmp_path / "run" / "int8_reuse"
+    out, note = deliverable.profile_deliverable(
+        tiny_vit, (1, 16, 16), groups, "openvino", 1e6, True, int8=(reuse, calib)
+    )
+    assert "error" not in out["forms"]["ov_int8"], note
+    assert len(list(reuse.iterdir())) == 1  # the baseline's build, kept for measure_baseline
+    assert sizes.count(len(calib)) == 1 and sizes[0] == len(calib), sizes
+    assert len(sizes) > 1 and all(n == CALIBRATION_COPIES for n in sizes[1:]), (
+        sizes,
+        out["planned_on"],
+        note,
+    )  # the other builds ran

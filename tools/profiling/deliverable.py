@@ -8,6 +8,7 @@ from the cache. A form that cannot be built is recorded with its reason; a missi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from profiling_agent.tools.profiling.backend_profile import (
     planned_form,
     profile_backends,
 )
+from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ def profile_deliverable(
     torch_ms: float,
     latency_target: bool,
     kept: Mapping[str, Any] | None = None,
+    *,
+    int8: tuple[Path, torch.Tensor] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Profile the deliverable forms of the FP32 baseline per node and name the one the planners read.
 
@@ -85,6 +89,9 @@ def profile_deliverable(
         latency_target: Measure the planned form's latency table too.
         kept: A planning record this machine already measured for this model (`planning_latency`): its form is
             the planned one, and neither the repeats nor the latency table are measured again.
+        int8: The folder and calibration images of the run's INT8 builds (`runtimes.int8_reuse`): only the
+            baseline's profiled INT8 form is calibrated on them and kept for `measure_baseline`; the latency
+            table's and the token rates' INT8 builds are timed only (calibrated on copies of one example).
 
     Returns:
         (profile.json's `backend_profile`: forms, planned_on, notes, and unless `kept`, `planned_repeats` (the
@@ -97,7 +104,8 @@ def profile_deliverable(
     example = torch.randn((1, *shape), generator=torch.Generator().manual_seed(0))
     with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch:
         built: dict[str, Path] = {}
-        out = profile_backends(model, example, groups, forms, folder=Path(scratch), built=built)
+        with int8_reuse(*int8) if int8 is not None else contextlib.nullcontext():
+            out = profile_backends(model, example, groups, forms, folder=Path(scratch), built=built)
         out["planned_on"], out["notes"] = planned_form(out, backend, torch_ms), notes
         if kept is not None:
             out["planned_on"] = str(kept["form"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,7 +49,6 @@ def profile_baseline(
         records_dir,
     )
     from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
-    from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
 
     full = planner_profile(model.to(device), shape, device=str(device), depth=depth)
     groups = full["groups"]
@@ -65,10 +63,9 @@ def profile_baseline(
     backend_note = ""
     if on_backend:
         torch_ms = float(full.get("totals", {}).get("latency_ms", 0.0))
-        with int8_reuse(*int8) if int8 is not None else contextlib.nullcontext():
-            full["backend_profile"], backend_note = profile_deliverable(
-                model, shape, groups, backend, torch_ms, target == "latency", kept
-            )
+        full["backend_profile"], backend_note = profile_deliverable(
+            model, shape, groups, backend, torch_ms, target == "latency", kept, int8=int8
+        )
     elif tokens and kept is None:  # eager torch is the delivered form: its latency at a few rates
         backend_note = torch_token_latency(model, shape, device, full)
     full["planning_latency"] = kept or record_from_profile(full)

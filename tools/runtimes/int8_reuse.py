@@ -51,12 +51,10 @@ def active_calibration() -> torch.Tensor | None:
 
 def int8_key(onnx_file: Path, calib: torch.Tensor, facts: dict[str, Any]) -> str:
     """Return the key of one INT8 build: the ONNX file's bytes, the calibration images NNCF reads and `facts`."""
+    from profiling_agent.tools.io import sha256_file
     from profiling_agent.tools.versions import versions
 
-    digest = hashlib.sha256()
-    with open(onnx_file, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    digest = hashlib.sha256(sha256_file(onnx_file).encode())
     digest.update(calib.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     digest.update(json.dumps({**facts, "versions": versions("nncf", "openvino")}, sort_keys=True).encode())
     return digest.hexdigest()

@@ -203,16 +203,18 @@ class OvClassifier(nn.Module):
         return OvOutput(logits=torch.from_numpy(logits.copy()).float())
 
     def native_call(self, pixel_values: torch.Tensor) -> Callable[[], Any]:
-        """Return a call of an infer request of its own on `pixel_values`, converted once and shared, not copied.
+        """Return a call of an infer request of its own on `pixel_values`, converted to an array once.
 
         `measure_latency` times this, as benchmark_app does: the conversion and copies of `forward` are ours. The
         request runs the IR compiled for this input's shape (`compiled_for`), as benchmark_app's `-shape` and a
         server compiled for one batch size run it; the IR and `forward` keep the dynamic batch. The request is
-        this input's alone: a shared input keeps its shape, so another batch size needs another request.
+        this input's alone. Each call copies the array into the request (`share_inputs=False`): with the array
+        shared, runs that had built and timed several OpenVINO forms in one process ended by a segmentation fault
+        in their next accuracy pass (facts.md, "Native crash records"); the copy costs microseconds.
         """
         feeds = {0: pixel_values.detach().to("cpu", torch.float32).contiguous().numpy()}
         infer = self.compiled_for(tuple(pixel_values.shape)).create_infer_request().infer
-        return lambda: infer(feeds, share_inputs=True)
+        return lambda: infer(feeds, share_inputs=False)
 
     def compiled_for(self, shape: tuple[int, ...]) -> Any:
         """Return the IR compiled for a static input `shape` (cached), or the dynamic one (`static_model`: no need).

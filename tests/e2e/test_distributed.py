@@ -34,20 +34,60 @@ CLOSE = 1e-6  # elements further apart than this must be rare (at most 0.1% of t
 MAPPING = {"dataset_to_model": {str(i): i for i in range(10)}}
 SHAPE = {"channels": 1, "height": 16, "width": 16}
 LAUNCHER = "torchrun --standalone --nproc-per-node {procs} --monitor-interval 0.2"
+CONFIG = DistillConfig(steps=12, lr=1e-3, save_every=2, seed=1)  # the runs the kill, stop and equivalence tests share
 
 
-@pytest.fixture
-def job_setup(tiny_resnet, processor, digits, tmp_path):
-    """A tiny ResNet teacher saved as an artifact, a pruned student, and the digits images as training rows."""
+@pytest.fixture(scope="module")
+def models(digits):
+    """A tiny ResNet teacher (the `tiny_resnet` fixture's), its pruned student and the digits images as training rows.
+
+    Built once for the module: tests copy the student before they train it.
+    """
+    from helpers.tiny import resnet_config, seeded
+    from transformers import ResNetForImageClassification
+
     from profiling_agent.tools.compression.pruning import prune_model
-    from profiling_agent.tools.models.artifacts import save_artifact
 
-    teacher = tiny_resnet
-    save_artifact(teacher, tmp_path / "teacher", processor=processor)
+    teacher = seeded(ResNetForImageClassification, resnet_config())
     student = copy.deepcopy(teacher)
     prune_model(student, [{"layer": "conv", "type": "structured", "ratio": 0.5}], torch.zeros(1, 1, 16, 16))
     source = TrainSource(digits, "test", np.arange(200), "image", "label")
-    return teacher, student, source, tmp_path
+    return teacher, student, source
+
+
+@pytest.fixture
+def job_setup(models, processor, tmp_path):
+    """The teacher saved as an artifact in TMP_PATH/teacher, a fresh copy of the pruned student, the training rows."""
+    from profiling_agent.tools.models.artifacts import save_artifact
+
+    teacher, student, source = models
+    save_artifact(teacher, tmp_path / "teacher", processor=processor)
+    return teacher, copy.deepcopy(student), source, tmp_path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(models, tmp_path_factory):
+    """The 12 steps of CONFIG run once without a stop, on one process and as a 2-process gloo job.
+
+    What the equivalence, kill and stop tests compare with: `single` and `double` (the trained students), `info`
+    (the job's result), `seen` (its progress items) and `steps` (its step checkpoints).
+    """
+    from types import SimpleNamespace
+
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    from profiling_agent.tools.models.artifacts import save_artifact
+
+    teacher, start, source = models
+    processor = ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5])
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    save_artifact(teacher, tmp / "teacher", processor=processor)
+    single = copy.deepcopy(start)
+    distill(single, teacher, _batches(source, processor), CONFIG)
+    seen = []
+    double = copy.deepcopy(start)
+    info = _job(double, tmp, _batches(source, processor), CONFIG, progress=seen.append)
+    return SimpleNamespace(single=single, double=double, info=info, seen=seen, steps=tmp / "steps")
 
 
 def _batches(source, processor, **kw):
@@ -123,31 +163,23 @@ def test_launcher_template_gets_the_process_count_and_the_module():
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_end_with_the_single_process_weights(job_setup, processor, digits):
-    teacher, start, source, tmp = job_setup
-    config = DistillConfig(steps=12, lr=1e-3, save_every=4, seed=1)
-    single = copy.deepcopy(start)
-    distill(single, teacher, _batches(source, processor), config)
-    seen = []
-    double = copy.deepcopy(start)
-    info = _job(double, tmp, _batches(source, processor), config, progress=seen.append)
+def test_two_gloo_processes_end_with_the_single_process_weights(models, uninterrupted, processor, digits):
+    start = models[1]
+    single, double, info = uninterrupted.single, uninterrupted.double, uninterrupted.info
     gap = _max_diff(single, double)
     print(f"largest weight difference, 2 gloo processes vs 1 process, 12 steps: {gap:.3g}")
     assert info["procs"] == 2 and info["steps_done"] == 12 and info["resumed_from"] == 0
-    assert [p["step"] for p in seen] == list(range(1, 13))
+    assert [p["step"] for p in uninterrupted.seen] == list(range(1, 13))
     _assert_equivalent(single, double, digits, processor)
     assert _max_diff(start, double) > 1e-3  # it did train
-    assert distill_state.peek(tmp / "steps")["step"] == 11
+    assert distill_state.peek(uninterrupted.steps)["step"] == 11
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_job_leaves_steps_that_either_kind_of_run_resumes(job_setup, processor, digits):
+def test_a_rank_killed_mid_job_leaves_steps_that_either_kind_of_run_resumes(
+    job_setup, uninterrupted, processor, digits
+):
     teacher, start, source, tmp = job_setup
-    config = DistillConfig(steps=12, lr=1e-3, save_every=2, seed=1)
-    whole = copy.deepcopy(start)  # one process, uninterrupted
-    distill(whole, teacher, _batches(source, processor), config)
-    whole_2 = copy.deepcopy(start)  # two processes, uninterrupted
-    _job(whole_2, tmp, _batches(source, processor), config, ckpt="steps_whole")
 
     def kill_rank_1(item):
         if item["step"] == 7:
@@ -155,7 +187,7 @@ def test_a_rank_killed_mid_job_leaves_steps_that_either_kind_of_run_resumes(job_
             os.kill(pid, signal.SIGKILL)
 
     with pytest.raises(DistributedJobError) as failed:
-        _job(copy.deepcopy(start), tmp, _batches(source, processor), config, progress=kill_rank_1)
+        _job(copy.deepcopy(start), tmp, _batches(source, processor), CONFIG, progress=kill_rank_1)
     message = str(failed.value)
     print(message)
     assert "\n" not in message and "killed by SIGKILL" in message and "resume continues" in message, message
@@ -165,10 +197,10 @@ def test_a_rank_killed_mid_job_leaves_steps_that_either_kind_of_run_resumes(job_
 
     shutil.copytree(tmp / "steps", tmp / "steps_single")
     resumed = copy.deepcopy(start)  # the distributed job continues its own steps...
-    info = _job(resumed, tmp, _batches(source, processor), config)
+    info = _job(resumed, tmp, _batches(source, processor), CONFIG)
     assert info["resumed_from"] == saved["step"] + 1 and info["steps_done"] == 12
     assert [c[0] for c in info["curve"]] == list(range(12))  # every step once
-    gap = _max_diff(whole_2, resumed)
+    gap = _max_diff(uninterrupted.double, resumed)
     print(f"largest weight difference, 2 processes killed and resumed vs uninterrupted: {gap:.3g}")
     assert gap == 0.0, gap  # same world size: the same sums in the same order
     single = copy.deepcopy(start)  # ...and so does a single-process run
@@ -176,22 +208,23 @@ def test_a_rank_killed_mid_job_leaves_steps_that_either_kind_of_run_resumes(job_
         single,
         teacher,
         _batches(source, processor),
-        config,
+        CONFIG,
         checkpoint_dir=tmp / "steps_single",
         fingerprint={"pruned": "x", "batch": 16},
     )
     assert info_single["resumed_from"] == saved["step"] + 1 and info_single["steps_done"] == 12
-    _assert_equivalent(whole, single, digits, processor)
+    _assert_equivalent(uninterrupted.single, single, digits, processor)
 
 
 @pytest.mark.slow
-def test_a_stop_request_ends_the_job_and_its_ranks_and_a_single_process_resumes_it(job_setup, processor, digits):
+def test_a_stop_request_ends_the_job_and_its_ranks_and_a_single_process_resumes_it(
+    job_setup, uninterrupted, processor, digits
+):
     import time
 
     from profiling_agent.tools import interrupt
 
     teacher, start, source, tmp = job_setup
-    config = DistillConfig(steps=12, lr=1e-3, save_every=2, seed=1)
 
     def stop_at_five(item):
         if item["step"] == 5:
@@ -199,7 +232,7 @@ def test_a_stop_request_ends_the_job_and_its_ranks_and_a_single_process_resumes_
 
     try:
         with pytest.raises(interrupt.Interrupted):
-            _job(copy.deepcopy(start), tmp, _batches(source, processor), config, progress=stop_at_five)
+            _job(copy.deepcopy(start), tmp, _batches(source, processor), CONFIG, progress=stop_at_five)
     finally:
         interrupt.clear()
     pids = [int(p.read_text().split()[0]) for p in (tmp / "job").glob("rank*.pid")]
@@ -213,14 +246,12 @@ def test_a_stop_request_ends_the_job_and_its_ranks_and_a_single_process_resumes_
     assert saved["attempts"] == [{"from": 0, "threads": 1, "procs": 2}]
     single = copy.deepcopy(start)
     info = distill(
-        single, teacher, _batches(source, processor), config, checkpoint_dir=tmp / "steps",
+        single, teacher, _batches(source, processor), CONFIG, checkpoint_dir=tmp / "steps",
         fingerprint={"pruned": "x", "batch": 16},
     )  # fmt: skip
     assert info["resumed_from"] == saved["step"] + 1 and [c[0] for c in info["curve"]] == list(range(12))
     assert [a["from"] for a in info["attempts"]] == [0, saved["step"] + 1]
-    whole = copy.deepcopy(start)
-    distill(whole, teacher, _batches(source, processor), config)
-    _assert_equivalent(whole, single, digits, processor)
+    _assert_equivalent(uninterrupted.single, single, digits, processor)
 
 
 @pytest.mark.slow

@@ -49,9 +49,12 @@ def make_run(
     return root
 
 
-@pytest.fixture
-def two_models(quick_resnet, tmp_path):
-    """A run folder over the digits test split: the trained digits ResNet as baseline, and a pruned copy."""
+@pytest.fixture(scope="module")
+def two_models(quick_resnet, tmp_path_factory):
+    """A run folder over the digits test split: the trained digits ResNet as baseline, and a pruned copy.
+
+    Built once for the module; tests read it (the baselines' forms test adds the forms' folder, last).
+    """
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     from profiling_agent.tools.compression.pruning import prune_model
@@ -60,6 +63,7 @@ def two_models(quick_resnet, tmp_path):
     model_dir, dataset, _ = quick_resnet
     teacher = AutoModelForImageClassification.from_pretrained(model_dir).eval()
     processor = AutoImageProcessor.from_pretrained(model_dir)
+    tmp_path = tmp_path_factory.mktemp("two_models")
     run = make_run(tmp_path / "run", str(dataset), teacher, processor)
     student = copy.deepcopy(teacher)
     prune_model(student, [{"layer": "conv", "type": "structured", "ratio": 0.6}], torch.zeros(1, 1, 32, 32))

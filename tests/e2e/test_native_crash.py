@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.crash_helpers import THREAD, cli
+from helpers.crash_helpers import THREAD
 
 pytestmark = pytest.mark.slow
 
@@ -40,14 +40,21 @@ def _crashing(function: str, where: str, *args: str, env: dict[str, str]) -> sub
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _runs(runs: Path, env: dict[str, str]) -> str:
-    done = subprocess.run(cli("runs", "--run-dir", str(runs)), env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+def _runs(runs: Path, capsys) -> str:
+    """What `profiling-agent runs` prints, from the CLI's `main` in this process (the listing starts no step)."""
+    from profiling_agent.graph.cli.main import main
+
+    capsys.readouterr()
+    code = main(["runs", "--run-dir", str(runs)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
 
 
-def test_a_native_crash_names_its_step_stack_and_resume(tiny_run):
+def test_a_native_crash_names_its_step_stack_and_resume(tiny_run, monkeypatch, capsys):
     runs, env, flags = tiny_run
+    for key in ("PROFILING_AGENT_CACHE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(key, env[key])
     resume = f"profiling-agent resume {THREAD} --run-dir {runs}"
     folder = runs / THREAD / "crash"
 
@@ -61,7 +68,7 @@ def test_a_native_crash_names_its_step_stack_and_resume(tiny_run):
 
     # 2. `runs` says which step it died in, where its stack is and how to resume
     first = f"run {THREAD} died by SIGSEGV in step profile: stack in {fault}; resume with `{resume}`"
-    listing = _runs(runs, env)
+    listing = _runs(runs, capsys)
     assert listing.strip().splitlines()[-1] == first
     assert f"{THREAD}     died" in listing
 
@@ -81,4 +88,4 @@ def test_a_native_crash_names_its_step_stack_and_resume(tiny_run):
 
     # 4. the next `runs` names the child's crash, not the one already reported
     second = f"run {THREAD}: a child process died by SIGSEGV in step probe_sensitivity: stack in {child}; "
-    assert _runs(runs, env).strip().splitlines()[-1] == second + f"resume with `{resume}`"
+    assert _runs(runs, capsys).strip().splitlines()[-1] == second + f"resume with `{resume}`"

@@ -23,7 +23,7 @@ def setup(tmp_path, quick_resnet):
 def _run_flags(model, dataset, runs, steps: int) -> list[str]:
     return quick_flags(
         model, dataset, runs, "--planner", "l2", "--ratio", "0.4", "--recover", "auto", "--recover-steps", str(steps),
-        "--recover-batch", "16", "--recover-minutes", "0", "--backend", "torch",
+        "--recover-batch", "16", "--recover-minutes", "0", "--test-subset", "48", "--backend", "torch",
     )  # fmt: skip
 
 
@@ -46,7 +46,7 @@ def _stop_while_distilling(proc, runs, sig, after_step: int) -> tuple[str, float
 
 def test_ctrl_c_and_sigterm_stop_distillation_at_once_and_print_the_resume_command(setup):
     model, dataset, runs, env = setup
-    proc = start(cli("run", *_run_flags(model, dataset, runs, 400)), env, runs.parent)  # a step saved every 20
+    proc = start(cli("run", *_run_flags(model, dataset, runs, 100)), env, runs.parent)  # a step saved every 5
     err, waited = _stop_while_distilling(proc, runs, signal.SIGINT, -1)
     print(f"SIGINT during distillation: exit {proc.returncode} after {waited:.1f} s")
     hint = f"resume with `profiling-agent resume {THREAD} --run-dir {runs}`"
@@ -55,14 +55,14 @@ def test_ctrl_c_and_sigterm_stop_distillation_at_once_and_print_the_resume_comma
     assert pending_nodes(snapshot(runs)) == ("recover",)  # resumable at the step that was stopped
     assert not (runs / THREAD / "iter_01" / "recovered").exists()
     stopped_at = _saved_step(runs)
-    assert 0 <= stopped_at < 399
+    assert 0 <= stopped_at < 99
 
     proc = start(cli("resume", THREAD, "--run-dir", str(runs)), env, runs.parent)
     err, waited = _stop_while_distilling(proc, runs, signal.SIGTERM, stopped_at)
     print(f"SIGTERM during distillation: exit {proc.returncode} after {waited:.1f} s")
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == f"stopped by SIGTERM: {hint}"
-    assert pending_nodes(snapshot(runs)) == ("recover",) and _saved_step(runs) < 399
+    assert pending_nodes(snapshot(runs)) == ("recover",) and _saved_step(runs) < 99
 
 
 def test_a_full_disk_during_recovery_stops_the_run_and_resume_redoes_it(setup, monkeypatch, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -56,6 +57,49 @@ def stop_when(
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=PHASE_TIMEOUT)
             return err, pending_nodes(snapshot(runs, url)), proc.returncode
+        time.sleep(0.05)
+    proc.kill()
+    _, err = proc.communicate()
+    pytest.fail(f"the phase never came (exit {proc.returncode}):\n{err[-3000:]}")
+
+
+@functools.cache
+def _bare_graph():
+    """The compiled graph without a checkpointer, built once per process (a build costs ~60 ms of CPU)."""
+    from profiling_agent.graph.builder import build_graph
+
+    return build_graph()
+
+
+def poll_snapshot(runs: Path, url: str | None = None, thread: str = THREAD):
+    """`snapshot` on a graph compiled once per process: ~2 ms of CPU a read, cheap enough to poll a running CLI."""
+    from profiling_agent.graph.checkpoint import has_checkpoints, open_checkpointer, thread_ids
+
+    if not has_checkpoints(runs, url):
+        return None
+    saver = open_checkpointer(runs, url)
+    try:
+        if thread not in thread_ids(saver):
+            return None
+        return _bare_graph().copy({"checkpointer": saver}).get_state({"configurable": {"thread_id": thread}})
+    finally:
+        saver.conn.close()
+
+
+def stop_on(
+    proc: subprocess.Popen, runs: Path, predicate, sig: int, url: str | None = None, ready=None
+) -> tuple[str, tuple, int]:
+    """`stop_when` reading checkpoints with `poll_snapshot`, and only once `ready()` holds (a cheap file test).
+
+    Returns (stderr, pending nodes, exit code) like `stop_when`.
+    """
+    deadline = time.monotonic() + PHASE_TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline:
+        snap = poll_snapshot(runs, url) if ready is None or ready() else None
+        if snap is not None and predicate(snap):
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=PHASE_TIMEOUT)
+            return err, pending_nodes(poll_snapshot(runs, url)), proc.returncode
         time.sleep(0.05)
     proc.kill()
     _, err = proc.communicate()

@@ -27,7 +27,7 @@ def digits_assets(digits_vit):
 def _inputs(model_dir, dataset, **objective):
     return {
         "model": {"ref": str(model_dir)},
-        "dataset": {"ref": str(dataset), "subset": 160, "calibration": 32},
+        "dataset": {"ref": str(dataset), "subset": 160, "test_subset": 64, "calibration": 32},
         "objective": {
             "planner": "deterministic",
             "iterations": 2,
@@ -223,14 +223,16 @@ def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
         str(model_dir),
         "--dataset",
         str(dataset),
-        "--iterations",
-        "2",
+        "--iterations",  # run, evaluate, export and resume are under test: one round is a whole run
+        "1",
         "--planner",
         "deterministic",
         "--subset",
         "160",
         "--calibration",
         "32",
+        "--test-subset",
+        "64",
         "--run-dir",
         str(tmp_path),
         "--thread-id",

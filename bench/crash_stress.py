@@ -115,8 +115,11 @@ def stress(work: Path, steps: int, runs: int, subset: int) -> list[dict[str, Any
     rows = []
     one = _child(steps_command(work, steps, work / "faults" / "one"), work / "faults" / "one")
     rows.append(summarize("profile step, one process", [one], steps))
-    fresh = [_child(steps_command(work, 1, work / "faults" / f"fresh-{i:03d}"), work / "faults" / f"fresh-{i:03d}")
-             for i in range(steps)]  # fmt: skip
+    # one step: the one-process child already was a fresh process running it once, the same command
+    fresh = [one] if steps == 1 else [
+        _child(steps_command(work, 1, work / "faults" / f"fresh-{i:03d}"), work / "faults" / f"fresh-{i:03d}")
+        for i in range(steps)
+    ]  # fmt: skip
     rows.append(summarize("profile step, fresh processes", fresh, steps))
     whole = [_child(run_command(work, i, subset), work / "runs" / f"run-{i:03d}") for i in range(runs)]
     rows.append(summarize("whole short run (CLI)", whole, runs))

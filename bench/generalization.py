@@ -139,7 +139,10 @@ class Mode:
 
 TINY_SETTINGS = Settings(
     iterations=1,
-    extra=("--val-subset", "120", "--test-subset", "120", "--recover-minutes", "0.2", "--backend", "torch"),
+    extra=(
+        *("--val-subset", "120", "--test-subset", "120", "--calibration", "16", "--repeats", "2"),
+        *("--recover-minutes", "0.2", "--backend", "torch"),
+    ),
     coarse=0.10,
     fine=0.10,
     max_level=0.10,
@@ -150,15 +153,21 @@ TINY_SETTINGS = Settings(
 
 
 def fingerprint(case: Case) -> str:
-    blob = json.dumps({"case": asdict(case), "fashion": [FASHION_TRAIN, FASHION_TEST]}, sort_keys=True)
+    sizes: dict[str, Any] = {"fashion": [FASHION_TRAIN, FASHION_TEST]}
+    if zoo_lib.is_tiny():
+        sizes["tiny_train"] = zoo_lib.TINY.train_images
+    blob = json.dumps({"case": asdict(case), **sizes}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def source_images(data: str, seed: int) -> dict[str, Any]:
     """Return the (uint8 images, labels) of a case's train and test splits, and the label names."""
     if data == "digits":
+        train_x, train_y = zoo_lib.load_digits_standin("train")
+        if zoo_lib.is_tiny():  # the tiny zoo's training images: auto recovery's steps scale with them
+            train_x, train_y = train_x[: zoo_lib.TINY.train_images], train_y[: zoo_lib.TINY.train_images]
         return {
-            "train": zoo_lib.load_digits_standin("train"),
+            "train": (train_x, train_y),
             "test": zoo_lib.load_digits_standin("test"),
             "labels": DIGIT_LABELS,
         }

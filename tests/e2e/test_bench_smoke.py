@@ -181,8 +181,10 @@ def test_distributed_smoke(tiny_zoo, bench_env, capsys):
 
 
 @pytest.mark.slow
-def test_resume_distill_smoke(bench_env, capsys, tmp_path):
-    out = smoke("resume_distill", ["--tiny", "--work", str(tmp_path)], capsys)
+def test_resume_distill_smoke(quick_resnet, bench_env, capsys, tmp_path):
+    """The session's quick digits ResNet, distilled whole and killed then resumed (three CLI processes)."""
+    cache = str(quick_resnet[2])
+    out = smoke("resume_distill", ["--tiny", "--work", str(tmp_path), "--cache", cache], capsys)
     assert "largest weight difference, resumed vs uninterrupted" in out
 
 

@@ -2,7 +2,8 @@
 
 Usage:
     python bench/crash_stress.py                        # 100 profile steps in one process and in fresh ones, 20 runs
-    python bench/crash_stress.py --steps 3 --runs 1     # smoke test
+    python bench/crash_stress.py --steps 3 --runs 1     # quicker
+    python bench/crash_stress.py --tiny                 # smoke test: 1 step, 1 run of 16 images, no distillation
     python bench/crash_stress.py --work DIR --json out.json
 
 The model is `embedded:vit-digits` (trained on first use, about a minute, where PROFILING_AGENT_CACHE points). The
@@ -85,12 +86,16 @@ def steps_command(work: Path, count: int, faults: Path) -> list[str]:
     return [sys.executable, __file__, "--work", str(work), "--child-steps", str(count), "--faults", str(faults)]
 
 
-def run_command(work: Path, index: int, subset: int) -> list[str]:
-    """The command of one whole short CLI run."""
+# --tiny's whole run: every form still built and timed, but recovery without distillation and few test images
+TINY_RUN_FLAGS = ("--recover", "reconstruct", "--test-subset", "16", "--repeats", "2")
+
+
+def run_command(work: Path, index: int, subset: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """The command of one whole short CLI run (`extra`: further `run` flags)."""
     return [
         sys.executable, "-m", "profiling_agent.graph.cli", "run", "--model", "embedded:vit-digits",
         "--dataset", "embedded:digits", "--subset", str(subset), "--calibration", "16", "--iterations", "1",
-        "--planner", "deterministic", "--run-dir", str(work / "runs"), "--thread-id", f"run-{index:03d}",
+        "--planner", "deterministic", "--run-dir", str(work / "runs"), "--thread-id", f"run-{index:03d}", *extra,
     ]  # fmt: skip
 
 
@@ -110,15 +115,18 @@ def summarize(mode: str, children: list[dict[str, Any]], attempts: int) -> dict[
     }
 
 
-def stress(work: Path, steps: int, runs: int, subset: int) -> list[dict[str, Any]]:
+def stress(work: Path, steps: int, runs: int, subset: int, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Run the three modes; return one summary per mode."""
     rows = []
     one = _child(steps_command(work, steps, work / "faults" / "one"), work / "faults" / "one")
     rows.append(summarize("profile step, one process", [one], steps))
-    fresh = [_child(steps_command(work, 1, work / "faults" / f"fresh-{i:03d}"), work / "faults" / f"fresh-{i:03d}")
-             for i in range(steps)]  # fmt: skip
+    # one step: the one-process child already was a fresh process running it once, the same command
+    fresh = [one] if steps == 1 else [
+        _child(steps_command(work, 1, work / "faults" / f"fresh-{i:03d}"), work / "faults" / f"fresh-{i:03d}")
+        for i in range(steps)
+    ]  # fmt: skip
     rows.append(summarize("profile step, fresh processes", fresh, steps))
-    whole = [_child(run_command(work, i, subset), work / "runs" / f"run-{i:03d}") for i in range(runs)]
+    whole = [_child(run_command(work, i, subset, extra), work / "runs" / f"run-{i:03d}") for i in range(runs)]
     rows.append(summarize("whole short run (CLI)", whole, runs))
     return rows
 
@@ -132,15 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write the table here as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when anything crashed")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: 1 step, 1 run of 16 images, no distillation")
     parser.add_argument("--child-steps", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--faults", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.steps, args.runs, args.subset = 1, 1, 16
     if args.child_steps:
         profile_steps(args.work, args.child_steps, args.faults)
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="crash-stress-"))
     prepare(work, args.subset)
-    rows = stress(work, args.steps, args.runs, args.subset)
+    rows = stress(work, args.steps, args.runs, args.subset, TINY_RUN_FLAGS if args.tiny else ())
     for row in rows:
         print(
             f"{row['mode']:<32} {row['crashes']}/{row['attempts']} crashed, {row['failures']} other failures, "

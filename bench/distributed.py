@@ -4,7 +4,8 @@ Usage:
     python bench/distributed.py                       # zoo ResNet (bench/zoo.py builds it), 2 x 1 thread vs 1 x 1
     python bench/distributed.py --steps 40 --repeats 1  # quicker
     python bench/distributed.py --model vit --procs 2 --threads 1 --out /tmp/dist.json
-    python bench/distributed.py --tiny                # smoke test: the tiny zoo's ResNet (built when missing), 4 steps
+    python bench/distributed.py --tiny                # smoke test: the tiny zoo's ResNet (built when missing), 4 steps,
+                                                      # the students' accuracy read from the compared passes
 
 Both sides run through the same launcher (`torchrun --standalone`, 1 process or N), so process start, model loading
 and the rendezvous cost the same; the figures are taken inside the job (the training loop's seconds; the
@@ -259,11 +260,13 @@ def main(argv: list[str] | None = None) -> int:
             report["distill"] = dist
         if args.skip != "pass":
             print("accuracy pass: 10,000 test images, batch 64, uncached", flush=True)
-            passed = bench_pass(args, work, run, {k: models[k] for k in ("baseline", "pruned")})
+            # --tiny: the distilled students ride along in the compared passes instead of a job of their own
+            timed = tuple(models) if args.tiny else ("baseline", "pruned")
+            passed = bench_pass(args, work, run, {k: models[k] for k in timed})
             preds = passed.pop("preds")[args.procs]
             report["pass"] = passed
-            if args.skip != "distill":  # the distilled students' accuracy, on the same images (one sharded pass)
-                extra = {k: v for k, v in models.items() if k.startswith("distilled")}
+            extra = {k: v for k, v in models.items() if k not in preds}
+            if extra:  # the distilled students' accuracy, on the same images (one sharded pass)
                 job = ShardedJob(procs=args.procs, job_dir=work / "acc", launcher=LAUNCHER, threads=args.threads)
                 preds.update(sharded_predictions(run, "eval", extra, job))
             figures = summarize(preds, torch.as_tensor(labels), "baseline")

@@ -5,6 +5,7 @@
     python bench/generalization.py resnet-bneck-digits-s1 --no-oracle
     python bench/generalization.py --list            # the models and their halves, nothing run
     python bench/generalization.py --tiny            # smoke test: one tiny model, short runs, a two-level oracle
+                                                     # (the CLI's main in this process, 256 training images)
 
 Models are trained here from scratch (seeds, widths, depths, layer types and data differ: bottleneck and basic
 ResNets, ViT, DeiT, DeiT with its distillation head, Swin; scikit-learn's digits and Debian's Fashion-MNIST) and
@@ -33,8 +34,10 @@ Prints a Markdown table per half and the targets' summary for the report half; w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
+import io
 import json
 import os
 import statistics
@@ -139,7 +142,10 @@ class Mode:
 
 TINY_SETTINGS = Settings(
     iterations=1,
-    extra=("--val-subset", "120", "--test-subset", "120", "--recover-minutes", "0.2", "--backend", "torch"),
+    extra=(
+        *("--val-subset", "120", "--test-subset", "120", "--calibration", "16", "--repeats", "2"),
+        *("--recover-minutes", "0.2", "--backend", "torch"),
+    ),
     coarse=0.10,
     fine=0.10,
     max_level=0.10,
@@ -150,15 +156,21 @@ TINY_SETTINGS = Settings(
 
 
 def fingerprint(case: Case) -> str:
-    blob = json.dumps({"case": asdict(case), "fashion": [FASHION_TRAIN, FASHION_TEST]}, sort_keys=True)
+    sizes: dict[str, Any] = {"fashion": [FASHION_TRAIN, FASHION_TEST]}
+    if zoo_lib.is_tiny():
+        sizes["tiny_train"] = zoo_lib.TINY.train_images
+    blob = json.dumps({"case": asdict(case), **sizes}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def source_images(data: str, seed: int) -> dict[str, Any]:
     """Return the (uint8 images, labels) of a case's train and test splits, and the label names."""
     if data == "digits":
+        train_x, train_y = zoo_lib.load_digits_standin("train")
+        if zoo_lib.is_tiny():  # the tiny zoo's training images: auto recovery's steps scale with them
+            train_x, train_y = train_x[: zoo_lib.TINY.train_images], train_y[: zoo_lib.TINY.train_images]
         return {
-            "train": zoo_lib.load_digits_standin("train"),
+            "train": (train_x, train_y),
             "test": zoo_lib.load_digits_standin("test"),
             "labels": DIGIT_LABELS,
         }
@@ -247,10 +259,7 @@ def cli_run(root: Path, case: Case, thread: str, flags: list[str], settings: Set
 
     runs = root / "runs" / case.name / thread  # its own run folder: a fresh checkpoint store each time
     shutil.rmtree(runs, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "profiling_agent.graph.cli",
+    argv = [
         "run",
         "--model",
         str(model_dir(root, case)),
@@ -269,12 +278,32 @@ def cli_run(root: Path, case: Case, thread: str, flags: list[str], settings: Set
         *(["--threads", str(settings.threads)] if settings.threads else []),
     ]
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+    code, stderr = run_cli(argv)
     seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"{case.name} {thread}: profiling-agent run failed ({done.returncode}): {tail[0]}")
+    if code != 0:
+        tail = stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"{case.name} {thread}: profiling-agent run failed ({code}): {tail[0]}")
     return {"result": json.loads((runs / thread / "result.json").read_text()), "seconds": round(seconds, 1)}
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """Run `profiling-agent ARGV` in a fresh process; return its exit code and stderr.
+
+    Under `--tiny` the CLI's main runs in this process instead: the smoke's runs are seconds long, and a fresh
+    process would spend longer importing the libraries than running.
+    """
+    if not zoo_lib.is_tiny():
+        cmd = [sys.executable, "-m", "profiling_agent.graph.cli", *argv]
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+        )
+        return done.returncode, done.stderr
+    from profiling_agent.graph.cli.main import main as cli_main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli_main(argv)
+    return code, err.getvalue()
 
 
 def val_drop(result: dict[str, Any], cand: dict[str, Any]) -> float | None:

@@ -60,14 +60,15 @@ def run_planner(
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.state import Context
 
+    small = args.tiny or args.quick  # a smoke run: few images, few repeats, the torch form only
     inputs = {
         "model": {"ref": model},
         "dataset": {
             "ref": dataset,
             "split": "test",
             "subset": args.subset,
-            "calibration": 16 if args.tiny else 64,
-            "test_subset": 64 if args.tiny else 512,
+            "calibration": 16 if small else 64,
+            "test_subset": 64 if small else 512,
         },
         "objective": {
             "planner": planner,
@@ -79,8 +80,8 @@ def run_planner(
     context = Context(
         run_root=str(root),
         threads=1,
-        latency_repeats=2 if args.tiny else 10,
-        backend="torch" if args.tiny else "auto",  # tiny: no exported forms to build
+        latency_repeats=2 if small else 10,
+        backend="torch" if small else "auto",  # smoke runs: no exported forms to build
         **({"llm_base_url": llm[1], "llm_model": llm[0]} if llm[0] else {}),
         llm_api_key_env=args.api_key_env,
         llm_timeout=args.timeout,

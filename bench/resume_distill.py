@@ -1,7 +1,7 @@
 """Distillation killed (SIGKILL) and resumed vs uninterrupted, side by side: weights, steps, step times, threads.
 
     .venv/bin/python bench/resume_distill.py [--steps 120] [--kill-at 40] [--threads 1] [--work /tmp/resume-bench]
-    .venv/bin/python bench/resume_distill.py --tiny   # smoke test: 12 steps, killed at 4
+    .venv/bin/python bench/resume_distill.py --tiny   # smoke test: 12 steps, killed at 4, 48 + 32 images
 
 Prints the largest weight difference of the recovered models, both runs' step counts, the median step time of
 every attempt (with its torch thread count) and the slowest resumed step over the uninterrupted median, next to
@@ -38,7 +38,7 @@ def _run_args(model: Path, dataset: Path, runs: Path, thread: str, args: argpars
         "--dataset",
         str(dataset),
         "--subset",
-        "96",
+        str(args.subset),
         "--calibration",
         "16",
         "--iterations",
@@ -65,6 +65,7 @@ def _run_args(model: Path, dataset: Path, runs: Path, thread: str, args: argpars
         str(runs),
         "--thread-id",
         thread,
+        *(["--test-subset", str(args.test_subset)] if args.test_subset else []),
     )
 
 
@@ -72,6 +73,18 @@ def _weights(run: Path):
     from safetensors.torch import load_file
 
     return load_file(str(run_layout.iteration_dir(run, 1) / run_layout.RECOVERED / "model.safetensors"))
+
+
+def _quick_resnet(work: Path, cache: str | None) -> tuple[Path, Path, Path]:
+    """(model, dataset, cache): the quick digits ResNet trained into WORK/cache, or the one `cache` already holds."""
+    from helpers.quick_assets import build_quick_resnet, cache_env
+
+    from profiling_agent.tools.models import embedded
+
+    if cache is None:
+        return (*build_quick_resnet(work / "cache"), work / "cache")
+    with cache_env(Path(cache)):
+        return embedded.model_path("resnet-digits"), embedded.ensure_dataset(), Path(cache)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,16 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--minutes", type=float, default=0.0, help="--recover-minutes of both runs")
     parser.add_argument("--work", default="/tmp/resume-bench")
-    parser.add_argument("--tiny", action="store_true", help="smoke test: 12 steps, killed at 4")
+    parser.add_argument("--subset", type=int, default=96, help="validation images of both runs")
+    parser.add_argument("--test-subset", type=int, default=None, help="held-out test images of both runs")
+    parser.add_argument("--cache", default=None, help="a cache holding the quick ResNet (default: train it in WORK)")
+    parser.add_argument("--tiny", action="store_true", help="smoke test: 12 steps, killed at 4, 48 + 32 images")
     args = parser.parse_args(argv)
     if args.tiny:
-        args.steps, args.kill_at = 12, 4
-    from helpers.quick_assets import build_quick_resnet
-
+        args.steps, args.kill_at, args.subset, args.test_subset = 12, 4, 48, 32
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    model, dataset = build_quick_resnet(work / "cache")
-    env = {**os.environ, "PROFILING_AGENT_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1"}
+    model, dataset, cache = _quick_resnet(work, args.cache)
+    env = {**os.environ, "PROFILING_AGENT_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     runs = work / f"runs-{int(time.time())}"
     cpu0 = os.times()
     whole = subprocess.run(_run_args(model, dataset, runs, "whole", args), env=env, capture_output=True, text=True)

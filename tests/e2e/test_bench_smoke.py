@@ -137,9 +137,10 @@ PLAIN_SMOKE = {
     "time_to_result": (["--tiny", "--models", "vit"], "total:"),
     "contention": (["--tiny"], "false-flag rate (quiet blocks):"),
     "ties": (["--timings", "20"], "apart(equal)"),  # synthetic timings only
-    # one profile step in this process and in a fresh one, one whole short run of embedded:vit-digits
+    # the state prepared in this process, one child running its profile step (a fresh process: both profile rows),
+    # one whole short run of embedded:vit-digits on 16 images, every form built, recovery without distillation
     # (a crash found is reported in the table: the bench exits 1 for it only with --strict)
-    "crash_stress": (["--steps", "1", "--runs", "1", "--subset", "16"], "whole short run (CLI)"),
+    "crash_stress": (["--tiny"], "whole short run (CLI)"),
 }
 
 
@@ -181,8 +182,10 @@ def test_distributed_smoke(tiny_zoo, bench_env, capsys):
 
 
 @pytest.mark.slow
-def test_resume_distill_smoke(bench_env, capsys, tmp_path):
-    out = smoke("resume_distill", ["--tiny", "--work", str(tmp_path)], capsys)
+def test_resume_distill_smoke(quick_resnet, bench_env, capsys, tmp_path):
+    """The session's quick digits ResNet, distilled whole and killed then resumed (three CLI processes)."""
+    cache = str(quick_resnet[2])
+    out = smoke("resume_distill", ["--tiny", "--work", str(tmp_path), "--cache", cache], capsys)
     assert "largest weight difference, resumed vs uninterrupted" in out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -78,19 +80,32 @@ def _read_only_prefix(folder: Path) -> list[str] | None:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished one-iteration run of the quick digits ResNet, in a folder any user may read."""
+def finished(tmp_path_factory, quick_resnet):
+    """A finished one-iteration run of the quick digits ResNet, in a folder any user may read.
+
+    Its model cache holds copies of the session's quick ResNet and digits dataset with every mode kept (`copytree`
+    copies them), so the modes checked are the ones the package gave them when it wrote them; whatever else the
+    cache holds, the run writes.
+    """
     from helpers.crash_helpers import offline_resnet_setup
 
     base = Path(tempfile.mkdtemp(prefix="finished-run-", dir=tmp_path_factory.getbasetemp()))
-    model, dataset, runs, env = offline_resnet_setup(base)
-    cmd = _cli(
+    written = quick_resnet[:2]  # the model and the dataset folders, each written once by the session fixture
+    copies = [base / "cache" / path.relative_to(quick_resnet[2]) for path in written]
+    for path, copy in zip(written, copies, strict=True):
+        shutil.copytree(path, copy)
+    model, dataset, runs, env = offline_resnet_setup(base, (*copies, base / "cache"))
+    args = [
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "64", "--calibration", "16",
         "--test-subset", "32", "--iterations", "1", "--planner", "l2", "--ratio", "0.3", "--recover", "none",
         "--repeats", "2", "--threads", "1", "--backend", "torch", "--run-dir", str(runs), "--thread-id", "done1",
-    )  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    ]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # the run in this process, with the environment a child would get
+        for key, value in env.items():
+            patch.setenv(key, value)
+        for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+            patch.delenv(key, raising=False)
+        assert main(args) == 0
     return base, runs, env
 
 
@@ -111,6 +126,48 @@ def test_run_files_and_the_model_cache_are_readable_by_others(finished):
     assert not closed, closed
 
 
+# each command's exit code, stdout and stderr, captured at the descriptors as a process of its own would show them
+COMMANDS_CHILD = """
+import json, os, sys, tempfile
+from profiling_agent.graph.cli.main import main
+
+
+def captured(argv):
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+        texts = []
+        for handle in (out, err):
+            handle.seek(0)
+            texts.append(handle.read().decode())
+    return {"code": code, "out": texts[0], "err": texts[1]}
+
+
+results = [captured(argv) for argv in json.loads(sys.argv[2])]
+with open(sys.argv[1], "w") as handle:
+    json.dump(results, handle)
+"""
+
+
+def _commands_in_one_process(prefix: list[str], env: dict[str, str], record: Path, *commands: list[str]):
+    """Run CLI commands one after another in one process started with `prefix`; return their results in order."""
+    child = [sys.executable, "-c", COMMANDS_CHILD, str(record), json.dumps(commands)]
+    done = subprocess.run([*prefix, *child], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [
+        SimpleNamespace(returncode=r["code"], stdout=r["out"], stderr=r["err"]) for r in json.loads(record.read_text())
+    ]
+
+
 @pytest.mark.slow
 def test_read_only_commands_work_on_a_read_only_run_folder(finished, tmp_path):
     base, runs, env = finished
@@ -121,40 +178,41 @@ def test_read_only_commands_work_on_a_read_only_run_folder(finished, tmp_path):
         prefix = []
         subprocess.run(["chmod", "-R", "a-w", str(runs)], check=True)
     try:
-
-        def cli(*args: str):
-            return subprocess.run([*prefix, *_cli(*args)], env=env, capture_output=True, text=True, timeout=600)
-
-        listed = cli("runs", "--run-dir", str(runs))
+        listed, again, report, exported, new = _commands_in_one_process(
+            prefix,
+            env,
+            tmp_path / "results.json",
+            ["runs", "--run-dir", str(runs)],
+            ["resume", "done1", "--run-dir", str(runs)],
+            ["report", str(runs / "done1")],
+            ["export", str(runs / "done1"), "--out", str(tmp_path / "onnx")],
+            ["run", "--run-dir", str(runs), "--thread-id", "more"],
+        )
         assert listed.returncode == 0 and "done1" in listed.stdout and "done" in listed.stdout, listed.stderr
-        again = cli("resume", "done1", "--run-dir", str(runs))
         assert again.returncode == 0 and "already finished" in again.stderr and "best:" in again.stdout, again.stderr
-        report = cli("report", str(runs / "done1"))
         assert report.returncode == 2 and str(runs / "done1") in _one_line(report.stderr), report.stderr
-        exported = cli("export", str(runs / "done1"), "--out", str(tmp_path / "onnx"))
         assert exported.returncode == 0 and (tmp_path / "onnx" / "model.onnx").is_file(), exported.stderr
-        new = cli("run", "--run-dir", str(runs), "--thread-id", "more")
         assert new.returncode == 2 and str(runs) in _one_line(new.stderr), new.stderr
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(runs)], check=True)
 
 
 @pytest.mark.slow
-def test_runs_calls_a_thread_held_by_a_live_process_running(finished):
+def test_runs_calls_a_thread_held_by_a_live_process_running(finished, capsys):
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.graph.thread_lock import thread_lock
 
-    _, runs, env = finished
+    _, runs, _ = finished
     saver = open_checkpointer(runs)
     try:
-        with thread_lock(saver, runs, "done1"):
-            held = subprocess.run(_cli("runs", "--run-dir", str(runs)), env=env, capture_output=True, text=True)
-            assert held.returncode == 0, held.stderr
-            row = next(line for line in held.stdout.splitlines() if line.startswith("done1"))
+        with thread_lock(saver, runs, "done1"):  # held by this process: `runs` peeks through a descriptor of its own
+            assert main(["runs", "--run-dir", str(runs)]) == 0, capsys.readouterr().err
+            held = capsys.readouterr().out
+            row = next(line for line in held.splitlines() if line.startswith("done1"))
             assert f"running (pid {os.getpid()}" in row and "interrupted" not in row, row
             # the peek never refuses a runner that starts at that moment: the lock is free again at once
-        free = subprocess.run(_cli("runs", "--run-dir", str(runs)), env=env, capture_output=True, text=True)
-        row = next(line for line in free.stdout.splitlines() if line.startswith("done1"))
+        assert main(["runs", "--run-dir", str(runs)]) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done1"))
         assert "running" not in row and " done " in f" {row} ", row
     finally:
         saver.conn.close()

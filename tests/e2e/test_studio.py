@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.quick_assets import FAST_CONTEXT, FAST_DATASET
+from helpers.quick_assets import FAST_CONTEXT
 
 REPO = Path(__file__).resolve().parents[2]
 LANGGRAPH = Path(sys.executable).with_name("langgraph")
@@ -171,10 +171,10 @@ def test_full_run_with_approval_from_studio(studio):
     client = get_sync_client(url=studio["url"], api_key=None, timeout=RUN_TIMEOUT)
     thread_id = client.threads.create()["thread_id"]
     run_root = studio["tmp"] / "runs"
-    context = {"run_root": str(run_root), **FAST_CONTEXT, "backend": "onnxruntime"}  # Studio, not OpenVINO, under test
+    context = {"run_root": str(run_root), **FAST_CONTEXT, "backend": "torch"}  # Studio, not the runtimes, under test
     inputs = {
         "model": {"ref": str(studio["model"])},
-        "dataset": {"ref": str(studio["dataset"]), **FAST_DATASET},
+        "dataset": {"ref": str(studio["dataset"]), "subset": 64, "calibration": 16, "test_subset": 32},
         "objective": {"planner": "deterministic", "iterations": 1, "approve": True},
     }
 

@@ -10,9 +10,10 @@ import sys
 import time
 
 import pytest
-from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, check_complete, cli, next_is, start, stop_when
+from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, check_complete, cli, next_is, signal_when, start
 
 from profiling_agent.graph.checkpoint import CHECKPOINT_URL_ENV, DB_NAME, close_checkpointer, open_checkpointer
+from profiling_agent.graph.cli.main import main
 from profiling_agent.graph.thread_lock import ThreadBusy, thread_holder, thread_lock
 
 HOST = socket.gethostname()[:24]  # the advisory lock's holder name keeps at most 24 characters of the host
@@ -87,7 +88,7 @@ def test_a_held_thread_is_refused_until_its_holder_dies(store):
 
 
 @pytest.mark.slow
-def test_two_resumes_of_a_killed_run_exactly_one_runs(tmp_path, quick_resnet, store):
+def test_two_resumes_of_a_killed_run_exactly_one_runs(tmp_path, quick_resnet, store, capsys, monkeypatch):
     """A run killed mid-loop, then two resumes at once from elsewhere (only the run folder and the database)."""
     runs, url = store
     model, dataset, cache = quick_resnet
@@ -95,12 +96,12 @@ def test_two_resumes_of_a_killed_run_exactly_one_runs(tmp_path, quick_resnet, st
     flag = ["--checkpoint-url", url] if url else []
     run_args = cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--iterations", "2", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
+        "--iterations", "1", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
         "--repeats", "2", "--threads", "1", "--recover-steps", "8", "--run-dir", str(runs), "--thread-id", THREAD,
         "--backend", "torch", *flag,
-    )  # fmt: skip  # the subject is the lock: two rounds, the torch forms only
+    )  # fmt: skip  # the subject is the lock: one round, the torch forms only
     mid_loop = next_is(("quantize", "evaluate"), 1)
-    err, nxt, code = stop_when(start(run_args, env, tmp_path), runs, mid_loop, signal.SIGKILL, url)
+    err, nxt, code = signal_when(start(run_args, env, tmp_path), runs, mid_loop, signal.SIGKILL, url)
     assert code == -signal.SIGKILL and nxt in (("quantize",), ("evaluate",), ("iterate",)), err
 
     elsewhere = tmp_path / "elsewhere"  # another working directory: nothing relative to the first one
@@ -121,8 +122,8 @@ def test_two_resumes_of_a_killed_run_exactly_one_runs(tmp_path, quick_resnet, st
 
     if url:
         assert not (runs / DB_NAME).exists()  # every checkpoint went to PostgreSQL
-        listed = subprocess.run(cli("runs", "--checkpoint-url", url), cwd=elsewhere, env=env, capture_output=True,
-                                text=True, timeout=PHASE_TIMEOUT)  # fmt: skip
-        assert listed.returncode == 0, listed.stderr
-        row = next(line for line in listed.stdout.splitlines() if THREAD in line)
-        assert "done" in row and "2/2" in row, listed.stdout
+        monkeypatch.chdir(elsewhere)
+        assert main(["runs", "--checkpoint-url", url]) == 0, capsys.readouterr().err
+        listed = capsys.readouterr().out
+        row = next(line for line in listed.splitlines() if THREAD in line)
+        assert "done" in row and "1/1" in row, listed

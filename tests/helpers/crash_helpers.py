@@ -46,6 +46,49 @@ def snapshot(runs: Path, url: str | None = None, thread: str = THREAD):
         saver.conn.close()
 
 
+@functools.cache
+def _compiled_graph():
+    from profiling_agent.graph.builder import build_graph
+
+    return build_graph()
+
+
+def latest_state(runs: Path, url: str | None = None, thread: str = THREAD):
+    """`snapshot` through one graph compiled once per process: a poll costs milliseconds, not a compile (~60 ms).
+
+    For loops that read the checkpoints many times a second while a run goes on.
+    """
+    from profiling_agent.graph.checkpoint import close_checkpointer, has_checkpoints, open_checkpointer, thread_ids
+
+    if not has_checkpoints(runs, url):
+        return None
+    saver = open_checkpointer(runs, url)
+    try:
+        if thread not in thread_ids(saver):
+            return None
+        graph = _compiled_graph().copy(update={"checkpointer": saver})
+        return graph.get_state({"configurable": {"thread_id": thread}})
+    finally:
+        close_checkpointer(saver)
+
+
+def signal_when(
+    proc: subprocess.Popen, runs: Path, predicate, sig: int, url: str | None = None
+) -> tuple[str, tuple, int]:
+    """`stop_when`, polling with `latest_state` (the run keeps the CPU it would lose to the poller's compiles)."""
+    deadline = time.monotonic() + PHASE_TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline:
+        snap = latest_state(runs, url)
+        if snap is not None and predicate(snap):
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=PHASE_TIMEOUT)
+            return err, pending_nodes(latest_state(runs, url)), proc.returncode
+        time.sleep(0.05)
+    proc.kill()
+    _, err = proc.communicate()
+    pytest.fail(f"the phase never came (exit {proc.returncode}):\n{err[-3000:]}")
+
+
 def stop_when(
     proc: subprocess.Popen, runs: Path, predicate, sig: int, url: str | None = None
 ) -> tuple[str, tuple, int]:

@@ -14,7 +14,7 @@ from helpers.crash_helpers import check_complete as _check_complete
 from helpers.crash_helpers import cli as _cli
 from helpers.crash_helpers import next_is as _next_is
 from helpers.crash_helpers import start as _start
-from helpers.crash_helpers import stop_on as _stop_on
+from helpers.crash_helpers import stop_when as _stop_when
 from safetensors.torch import load_file
 
 from profiling_agent.graph.review import pending_nodes
@@ -76,17 +76,17 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path, quick_resnet)
     resume_args = _cli("resume", THREAD, "--run-dir", str(runs))
 
     # 1. SIGKILL while profiling
-    err, nxt, code = _stop_on(_start(run_args, env, tmp_path), runs, _next_is("profile"), signal.SIGKILL)
+    err, nxt, code = _stop_when(_start(run_args, env, tmp_path), runs, _next_is("profile"), signal.SIGKILL)
     assert code == -signal.SIGKILL and nxt == ("profile",), err
 
     # 2. SIGKILL while iteration 1 is quantized or evaluated
     late_in_round = _next_is(("quantize", "evaluate"), 1)
-    err, nxt, code = _stop_on(_start(resume_args, env, tmp_path), runs, late_in_round, signal.SIGKILL)
+    err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, late_in_round, signal.SIGKILL)
     assert code == -signal.SIGKILL and nxt in (("quantize",), ("evaluate",), ("iterate",)), err
 
     # 3. Ctrl-C (SIGINT) in the middle of iteration 2: exit 130 and one line naming the resume command
     mid_loop = _next_is(("prune", "recover", "quantize", "evaluate"), 2)  # a quick step can fall between two polls
-    err, nxt, code = _stop_on(_start(resume_args, env, tmp_path), runs, mid_loop, signal.SIGINT)
+    err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, mid_loop, signal.SIGINT)
     assert code == 130, err
     assert "Traceback" not in err
     expected = f"interrupted: resume with `profiling-agent resume {THREAD} --run-dir {runs}`"
@@ -94,7 +94,7 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path, quick_resnet)
     assert nxt in (("prune",), ("recover",), ("quantize",), ("evaluate",), ("iterate",))  # unfinished, or saved
 
     # 4. SIGKILL while the report measures and writes
-    err, nxt, code = _stop_on(_start(resume_args, env, tmp_path), runs, _next_is("report"), signal.SIGKILL)
+    err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, _next_is("report"), signal.SIGKILL)
     assert code == -signal.SIGKILL and nxt == ("report",), err
 
     # 5. the last resume finishes the run
@@ -117,7 +117,7 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
     def step_saved() -> bool:  # a step past the first save (every 3rd step of 60) is on disk
         return saved.is_file() and json.loads(saved.read_text())["step"] >= 5
 
-    err, nxt, code = _stop_on(
+    err, nxt, code = _stop_when(
         _start(run_args, env, tmp_path), runs, _next_is("recover"), signal.SIGKILL, ready=step_saved
     )  # the recover node is still running when its saved step is seen
     assert code == -signal.SIGKILL and nxt == ("recover",), err
@@ -138,7 +138,7 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
     whole_args = [a if a != str(runs) else str(whole_runs) for a in run_args]
     recovered = whole_runs / THREAD / "iter_01" / "recovered" / "model.safetensors"
     after_recover = _next_is(("quantize", "evaluate", "iterate", "evaluate_held_out", "report"))
-    err, nxt, code = _stop_on(
+    err, nxt, code = _stop_when(
         _start(whole_args, env, tmp_path), whole_runs, after_recover, signal.SIGKILL, ready=recovered.is_file
     )
     assert code == -signal.SIGKILL and "recover" not in nxt, err

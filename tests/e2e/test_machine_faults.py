@@ -297,7 +297,7 @@ def test_ctrl_c_reaches_the_children_of_a_run_without_a_traceback(tmp_path, dela
 
 @pytest.mark.slow
 def test_ctrl_c_while_the_baseline_forms_are_measured_prints_one_line(tmp_path, quick_resnet):
-    from helpers.crash_helpers import THREAD, cli, latest_state, next_is, offline_resnet_setup, quick_flags
+    from helpers.crash_helpers import THREAD, cli, next_is, offline_resnet_setup, quick_flags, snapshot
 
     model, dataset, runs, env = offline_resnet_setup(tmp_path, quick_resnet)
     flags = quick_flags(model, dataset, runs, "--planner", "l2", "--ratio", "0.3", "--recover", "none")
@@ -312,7 +312,7 @@ def test_ctrl_c_while_the_baseline_forms_are_measured_prints_one_line(tmp_path, 
     )
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
-        snap = latest_state(runs)
+        snap = snapshot(runs)
         if snap is not None and next_is("measure_baseline")(snap):
             break
         time.sleep(0.05)

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, check_complete, cli, next_is, signal_when, start
+from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, check_complete, cli, next_is, start, stop_when
 
 from profiling_agent.graph.checkpoint import CHECKPOINT_URL_ENV, DB_NAME, close_checkpointer, open_checkpointer
 from profiling_agent.graph.cli.main import main
@@ -101,7 +101,7 @@ def test_two_resumes_of_a_killed_run_exactly_one_runs(tmp_path, quick_resnet, st
         "--backend", "torch", *flag,
     )  # fmt: skip  # the subject is the lock: one round, the torch forms only
     mid_loop = next_is(("quantize", "evaluate"), 1)
-    err, nxt, code = signal_when(start(run_args, env, tmp_path), runs, mid_loop, signal.SIGKILL, url)
+    err, nxt, code = stop_when(start(run_args, env, tmp_path), runs, mid_loop, signal.SIGKILL, url)
     assert code == -signal.SIGKILL and nxt in (("quantize",), ("evaluate",), ("iterate",)), err
 
     elsewhere = tmp_path / "elsewhere"  # another working directory: nothing relative to the first one

@@ -27,36 +27,20 @@ def start(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def snapshot(runs: Path, url: str | None = None, thread: str = THREAD):
-    """Read the thread's latest checkpoint from the database the CLI is writing (None before it exists).
-
-    Without `url` the database is RUNS/checkpoints.sqlite; with it, the PostgreSQL database at `url`.
-    """
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import has_checkpoints, open_checkpointer, thread_ids
-
-    if not has_checkpoints(runs, url):
-        return None
-    saver = open_checkpointer(runs, url)
-    try:
-        if thread not in thread_ids(saver):
-            return None
-        return build_graph(checkpointer=saver).get_state({"configurable": {"thread_id": thread}})
-    finally:
-        saver.conn.close()
-
-
 @functools.cache
-def _compiled_graph():
+def _bare_graph():
+    """The compiled graph without a checkpointer, built once per process (a build costs ~60 ms of CPU)."""
     from profiling_agent.graph.builder import build_graph
 
     return build_graph()
 
 
-def latest_state(runs: Path, url: str | None = None, thread: str = THREAD):
-    """`snapshot` through one graph compiled once per process: a poll costs milliseconds, not a compile (~60 ms).
+def snapshot(runs: Path, url: str | None = None, thread: str = THREAD):
+    """Read the thread's latest checkpoint from the database the CLI is writing (None before it exists).
 
-    For loops that read the checkpoints many times a second while a run goes on.
+    Without `url` the database is RUNS/checkpoints.sqlite; with it, the PostgreSQL database at `url`. The graph is
+    compiled once per process, so a read costs milliseconds: cheap enough to poll a running CLI many times a second
+    without taking the CPU from the run under test.
     """
     from profiling_agent.graph.checkpoint import close_checkpointer, has_checkpoints, open_checkpointer, thread_ids
 
@@ -66,83 +50,25 @@ def latest_state(runs: Path, url: str | None = None, thread: str = THREAD):
     try:
         if thread not in thread_ids(saver):
             return None
-        graph = _compiled_graph().copy(update={"checkpointer": saver})
-        return graph.get_state({"configurable": {"thread_id": thread}})
+        return _bare_graph().copy(update={"checkpointer": saver}).get_state({"configurable": {"thread_id": thread}})
     finally:
         close_checkpointer(saver)
 
 
-def signal_when(
-    proc: subprocess.Popen, runs: Path, predicate, sig: int, url: str | None = None
-) -> tuple[str, tuple, int]:
-    """`stop_when`, polling with `latest_state` (the run keeps the CPU it would lose to the poller's compiles)."""
-    deadline = time.monotonic() + PHASE_TIMEOUT
-    while proc.poll() is None and time.monotonic() < deadline:
-        snap = latest_state(runs, url)
-        if snap is not None and predicate(snap):
-            proc.send_signal(sig)
-            _, err = proc.communicate(timeout=PHASE_TIMEOUT)
-            return err, pending_nodes(latest_state(runs, url)), proc.returncode
-        time.sleep(0.05)
-    proc.kill()
-    _, err = proc.communicate()
-    pytest.fail(f"the phase never came (exit {proc.returncode}):\n{err[-3000:]}")
-
-
 def stop_when(
-    proc: subprocess.Popen, runs: Path, predicate, sig: int, url: str | None = None
+    proc: subprocess.Popen, runs: Path, predicate, sig: int, url: str | None = None, ready=None
 ) -> tuple[str, tuple, int]:
-    """Poll the checkpoints until `predicate(snapshot)` holds, then send `sig`; return (stderr, pending, exit code)."""
+    """Poll the checkpoints until `predicate(snapshot)` holds, then send `sig`; return (stderr, pending, exit code).
+
+    With `ready` (a cheap test, such as a file's presence) the checkpoints are read only once it holds.
+    """
     deadline = time.monotonic() + PHASE_TIMEOUT
     while proc.poll() is None and time.monotonic() < deadline:
-        snap = snapshot(runs, url)
+        snap = snapshot(runs, url) if ready is None or ready() else None
         if snap is not None and predicate(snap):
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=PHASE_TIMEOUT)
             return err, pending_nodes(snapshot(runs, url)), proc.returncode
-        time.sleep(0.05)
-    proc.kill()
-    _, err = proc.communicate()
-    pytest.fail(f"the phase never came (exit {proc.returncode}):\n{err[-3000:]}")
-
-
-@functools.cache
-def _bare_graph():
-    """The compiled graph without a checkpointer, built once per process (a build costs ~60 ms of CPU)."""
-    from profiling_agent.graph.builder import build_graph
-
-    return build_graph()
-
-
-def poll_snapshot(runs: Path, url: str | None = None, thread: str = THREAD):
-    """`snapshot` on a graph compiled once per process: ~2 ms of CPU a read, cheap enough to poll a running CLI."""
-    from profiling_agent.graph.checkpoint import has_checkpoints, open_checkpointer, thread_ids
-
-    if not has_checkpoints(runs, url):
-        return None
-    saver = open_checkpointer(runs, url)
-    try:
-        if thread not in thread_ids(saver):
-            return None
-        return _bare_graph().copy({"checkpointer": saver}).get_state({"configurable": {"thread_id": thread}})
-    finally:
-        saver.conn.close()
-
-
-def stop_on(
-    proc: subprocess.Popen, runs: Path, predicate, sig: int, url: str | None = None, ready=None
-) -> tuple[str, tuple, int]:
-    """`stop_when` reading checkpoints with `poll_snapshot`, and only once `ready()` holds (a cheap file test).
-
-    Returns (stderr, pending nodes, exit code) like `stop_when`.
-    """
-    deadline = time.monotonic() + PHASE_TIMEOUT
-    while proc.poll() is None and time.monotonic() < deadline:
-        snap = poll_snapshot(runs, url) if ready is None or ready() else None
-        if snap is not None and predicate(snap):
-            proc.send_signal(sig)
-            _, err = proc.communicate(timeout=PHASE_TIMEOUT)
-            return err, pending_nodes(poll_snapshot(runs, url)), proc.returncode
         time.sleep(0.05)
     proc.kill()
     _, err = proc.communicate()

@@ -353,3 +353,15 @@ def local_llm_only(monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+def quick_request_retry(monkeypatch, seconds: float = 0.05) -> None:
+    """Rebuild the conversation subgraph with the same request retry policy but `seconds` before the second try.
+
+    The policy's attempts and what it retries on stay as they are; only the test's wait before a retry is shorter.
+    """
+    from profiling_agent.tools.planning import llm_conversation
+
+    quick = llm_conversation.REQUEST_RETRY._replace(initial_interval=seconds, jitter=False)
+    monkeypatch.setattr(llm_conversation, "REQUEST_RETRY", quick)
+    monkeypatch.setattr(llm_conversation, "conversation", llm_conversation.build_conversation())

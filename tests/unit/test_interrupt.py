@@ -8,6 +8,7 @@ import signal
 
 import pytest
 import torch
+from helpers.child_work import ends_by
 
 from profiling_agent.tools import interrupt
 
@@ -100,20 +101,15 @@ def test_a_step_that_never_stops_gets_the_fallback_after_the_grace_time():
     assert fallback == ["SIGINT"]
 
 
-def _ends_by(signum: int) -> None:
-    """A spawned child's work that ends its own process with `signum` (what a Ctrl-C or a kill does to it)."""
-    os.kill(os.getpid(), signum)
-
-
 def test_a_child_ended_by_a_stop_signal_is_a_stop_and_one_killed_otherwise_is_not():
     # Ctrl-C reaches the whole process group: the child may die of it before the main thread's handler has
     # recorded the stop, and the step waiting on it must see a stop, not a crashed child
     with pytest.raises(interrupt.Interrupted, match="SIGINT"):
-        interrupt.run_in_child(_ends_by, signal.SIGINT)
+        interrupt.run_in_child(ends_by, signal.SIGINT)
     with pytest.raises(interrupt.Interrupted, match="SIGTERM"):
-        interrupt.run_in_child(_ends_by, signal.SIGTERM)
+        interrupt.run_in_child(ends_by, signal.SIGTERM)
     with pytest.raises(interrupt.ChildCrashed, match="^a child process died by SIGKILL$"):  # no fault folder set
-        interrupt.run_in_child(_ends_by, signal.SIGKILL)
+        interrupt.run_in_child(ends_by, signal.SIGKILL)
 
 
 FORK_RACE = """

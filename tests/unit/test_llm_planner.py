@@ -11,6 +11,7 @@ from helpers.fake_llm import (
     ScriptedOpenAIServer,
     ai_tool_calls,
     chat_completion,
+    quick_request_retry,
     tool_call,
     vit_profile,
     vit_sensitivity,
@@ -567,7 +568,8 @@ def test_chat_openai_against_a_local_server(tmp_path):
     assert replies[0]["usage"]["input_tokens"] == 120 and replies[0]["tool_calls"][0]["name"] == "match_layers"
 
 
-def test_chat_openai_http_500_falls_back(tmp_path):
+def test_chat_openai_http_500_falls_back(tmp_path, monkeypatch):
+    quick_request_retry(monkeypatch)
     error = (500, {"error": {"message": "boom", "type": "server_error"}})
     with ScriptedOpenAIServer([error, error]) as server:
         ctx = make_ctx(llm_base_url=server.base_url, llm_timeout=5)
@@ -579,7 +581,8 @@ def test_chat_openai_http_500_falls_back(tmp_path):
     assert "500" in record.reason and n == 2  # max_retries=1: one retry
 
 
-def test_chat_openai_timeout_falls_back(tmp_path):
+def test_chat_openai_timeout_falls_back(tmp_path, monkeypatch):
+    quick_request_retry(monkeypatch)
     slow = ("sleep", 10, chat_completion(content=PLAN_TEXT))
     with ScriptedOpenAIServer([slow, slow]) as server:
         ctx = make_ctx(llm_base_url=server.base_url, llm_timeout=0.3)

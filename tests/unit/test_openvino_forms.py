@@ -34,11 +34,32 @@ FP32_TOLERANCE = 1e-4  # x the largest |logit|
 INT8_MIN_CORRELATION, INT8_MAX_DIFF = 0.9, 0.5  # correlation with torch; max |diff| x the largest |logit|
 
 
+@pytest.fixture(scope="module")
+def family_forms(tmp_path_factory):
+    """Return `build(family)`: the tiny model, its image size and its FP32 and INT8 forms, built once per family.
+
+    The INT8 form is calibrated on 24 images and both forms are checked on 16 (the builders' own check).
+    """
+    built: dict[str, tuple[torch.nn.Module, int, list]] = {}
+
+    def build(family: str) -> tuple[torch.nn.Module, int, list]:
+        if family not in built:
+            model, size = _model(family)
+            x = _pixels(40, size)
+            out = tmp_path_factory.mktemp(f"forms_{family}")
+            built[family] = (
+                model,
+                size,
+                build_forms(model, x[:24], x[24:], out, forms=["ov_fp32", "ov_int8"], threads=1),
+            )
+        return built[family]
+
+    return build
+
+
 @pytest.mark.parametrize("family", ["vit", "deit", "swin", "resnet"])
-def test_fp32_and_int8_per_family(tmp_path, family):
-    model, size = _model(family)
-    x = _pixels(40, size)
-    forms = build_forms(model, x[:24], x[24:], tmp_path, forms=["ov_fp32", "ov_int8"], threads=1)
+def test_fp32_and_int8_per_family(family_forms, family):
+    model, size, forms = family_forms(family)
     by_name = {v.name: v for v in forms}
     assert list(by_name) == ["ort_fp32", "ov_fp32", "ov_int8"]  # the FP32 ONNX file is what OpenVINO converts
     assert all(v.status == "ok" for v in forms), [v.error for v in forms]
@@ -83,12 +104,10 @@ def test_a_form_that_fails_is_marked_failed_and_the_others_go_on(tmp_path, monke
     assert forms["ov_fp32"].status == "ok" and not (tmp_path / "ov_int8").exists()
 
 
-def test_the_ir_folder_runs_with_openvino_alone(tmp_path):
-    model, size = _model("resnet")
-    x = _pixels(12, size)
-    (int8,) = [
-        v for v in build_forms(model, x[:8], x[8:], tmp_path, forms=["ov_int8"], threads=1) if v.name == "ov_int8"
-    ]
+def test_the_ir_folder_runs_with_openvino_alone(family_forms, tmp_path):
+    _, size, forms = family_forms("resnet")
+    (int8,) = [v for v in forms if v.name == "ov_int8"]
+    x = _pixels(3, size, seed=5)
     assert form_source(int8.path) == "openvino"
     expected = load_openvino_folder(int8.path, threads=1)(pixel_values=x[:3]).logits
     import numpy as np
@@ -130,12 +149,9 @@ def test_rounds_build_the_unpruned_models_fastest_forms_within_budget():
     assert len(round_forms([], 90.0, 2.0)) == 6  # no baseline forms measured: every form
 
 
-def test_ov_classifier_runs_any_batch(tmp_path):
-    model, size = _model("deit")
-    x = _pixels(6, size)
-    (fp32,) = [
-        v for v in build_forms(model, x[:2], x[2:], tmp_path, forms=["ov_fp32"], threads=1) if v.name == "ov_fp32"
-    ]
+def test_ov_classifier_runs_any_batch(family_forms):
+    _, size, forms = family_forms("deit")
+    (fp32,) = [v for v in forms if v.name == "ov_fp32"]
     ov = OvClassifier(Path(fp32.path) / "openvino_model.xml", "f32", threads=1)
     for n in (1, 5):
         assert ov(pixel_values=_pixels(n, size)).logits.shape == (n, 10)
@@ -178,19 +194,17 @@ def test_without_openvino_its_forms_fail_with_the_reason_and_rounds_skip_them(tm
     assert not [f for f in round_forms(records, 90.0, 2.0) if f.startswith("ov_")]  # said once, not retried
 
 
-def test_the_same_model_built_twice_in_one_process_writes_the_same_ir(tmp_path):
+def test_the_same_model_built_twice_in_one_process_writes_the_same_ir(family_forms, tmp_path):
     """OpenVINO counts the names it gives over the whole process; the forms' IRs must not depend on it (issue 49)."""
-    model, size = _model("resnet")  # its FP32 IR has constants folded from counted ops (Range, Concat)
-    x = _pixels(40, size)
-    built = [
-        build_forms(model, x[:24], x[24:], tmp_path / run, forms=["ov_fp32", "ov_int8"], threads=1)
-        for run in ("first", "second")
-    ]
+    model, size, first = family_forms("resnet")  # its FP32 IR has constants folded from counted ops (Range, Concat)
+    x = _pixels(40, size)  # the same images as the first build
+    second = build_forms(model, x[:24], x[24:], tmp_path, forms=["ov_fp32", "ov_int8"], threads=1)
+    built = [first, second]
     assert all(v.status == "ok" for forms in built for v in forms), [v.error for forms in built for v in forms]
     for form in ("ov_fp32", "ov_int8"):
         for name in ("openvino_model.xml", "openvino_model.bin"):
-            first, second = (tmp_path / run / form / name for run in ("first", "second"))
-            assert first.read_bytes() == second.read_bytes(), f"{form}/{name} differs"
+            one, two = (next(Path(v.path) for v in forms if v.name == form) / name for forms in built)
+            assert one.read_bytes() == two.read_bytes(), f"{form}/{name} differs"
 
 
 def test_counted_names_are_renamed_by_order_whatever_suffix_made_them_unique():

@@ -48,11 +48,25 @@ def _merged(family: str) -> torch.nn.Module:
     return model
 
 
+@pytest.fixture(scope="module")
+def merged_forms(tmp_path_factory):
+    """Return `build(family)`: the merged model and its forms by name, built once per family for the module."""
+    built: dict[str, tuple[torch.nn.Module, dict]] = {}
+
+    def build(family: str) -> tuple[torch.nn.Module, dict]:
+        if family not in built:
+            model, x = _merged(family), _pixels(40)
+            out = tmp_path_factory.mktemp(f"merged_{family}")
+            forms = build_forms(model, x[:24], x[24:], out, forms=FORMS, threads=1)
+            built[family] = model, {v.name: v for v in forms}
+        return built[family]
+
+    return build
+
+
 @pytest.mark.parametrize("family", ["vit", "deit"])
-def test_every_form_of_a_merged_model_matches_torch(tmp_path, family):
-    model = _merged(family)
-    x = _pixels(40)
-    built = {v.name: v for v in build_forms(model, x[:24], x[24:], tmp_path, forms=FORMS, threads=1)}
+def test_every_form_of_a_merged_model_matches_torch(merged_forms, family):
+    model, built = merged_forms(family)
     assert all(v.status == "ok" for v in built.values()), {n: v.error for n, v in built.items()}
     fresh = _pixels(5, seed=7)  # other images, another batch size than the export's example
     with torch.inference_mode():
@@ -67,15 +81,9 @@ def test_every_form_of_a_merged_model_matches_torch(tmp_path, family):
             assert corr > INT8_MIN_CORRELATION and (got - ref).abs().max().item() <= INT8_MAX_DIFF * scale, name
 
 
-def _int8(model: torch.nn.Module, x: torch.Tensor, out: Path):
-    built = build_forms(model, x[:16], x[16:], out, forms=["ov_int8"], threads=1)
-    return next(v for v in built if v.name == "ov_int8")
-
-
-def test_nncf_keeps_the_token_matching_in_float(tmp_path, monkeypatch):
-    model = _merged("vit")
-    x = _pixels(24)
-    int8 = _int8(model, x, tmp_path / "kept")
+def test_nncf_keeps_the_token_matching_in_float(merged_forms, tmp_path, monkeypatch):
+    model, built = merged_forms("vit")
+    int8 = built["ov_int8"]
     assert int8.status == "ok", int8.error
     ir = shared_core().read_model(str(Path(int8.path) / "openvino_model.xml"))
     assert quantized_ops(ir) and not [n for n in quantized_ops(ir) if MATCH_SCOPE in n]
@@ -83,7 +91,9 @@ def test_nncf_keeps_the_token_matching_in_float(tmp_path, monkeypatch):
     assert quant["ignored_patterns"] == [f".*{openvino_forms.KEEP_FLOAT_SCOPE}.*"]
     # without the hook NNCF quantizes the similarity MatMul (both of its inputs are activations)
     monkeypatch.setattr(openvino_forms, "keep_float_patterns", lambda ov_model: [])
-    plain = _int8(model, x, tmp_path / "plain")
+    x = _pixels(24)
+    forms = build_forms(model, x[:16], x[16:], tmp_path, forms=["ov_int8"], threads=1)
+    plain = next(v for v in forms if v.name == "ov_int8")
     ir = shared_core().read_model(str(Path(plain.path) / "openvino_model.xml"))
     assert [n for n in quantized_ops(ir) if MATCH_SCOPE in n]
 

@@ -2,52 +2,65 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from typing import Any
+
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Checkpointer
 
 from profiling_agent.graph import routing
-from profiling_agent.nodes.acquire import acquire
-from profiling_agent.nodes.analyze import analyze
-from profiling_agent.nodes.approve import approve
-from profiling_agent.nodes.budget import timed
-from profiling_agent.nodes.evaluate import evaluate
-from profiling_agent.nodes.held_out import evaluate_held_out
-from profiling_agent.nodes.iterate import iterate
-from profiling_agent.nodes.measure_baseline import measure_baseline
-from profiling_agent.nodes.prepare_data import prepare_data
-from profiling_agent.nodes.probe import probe
-from profiling_agent.nodes.profile import profile
-from profiling_agent.nodes.prune import prune
-from profiling_agent.nodes.quantize import quantize
-from profiling_agent.nodes.recover import recover
-from profiling_agent.nodes.report import report
-from profiling_agent.nodes.resolve_shape import resolve_shape
 from profiling_agent.state import Context, InputState, State
 
+# the steps in order: node name -> "module:function" under profiling_agent.nodes (imported by `build_graph`)
+STEPS = {
+    "acquire": "acquire:acquire",
+    "resolve_input_shape": "resolve_shape:resolve_shape",
+    "prepare_data": "prepare_data:prepare_data",
+    "profile": "profile:profile",
+    "probe_sensitivity": "probe:probe",
+    "measure_baseline": "measure_baseline:measure_baseline",
+    "analyze": "analyze:analyze",
+    "approve": "approve:approve",
+    "prune": "prune:prune",
+    "recover": "recover:recover",
+    "quantize": "quantize:quantize",
+    "evaluate": "evaluate:evaluate",
+    "iterate": "iterate:iterate",
+    "evaluate_held_out": "held_out:evaluate_held_out",
+    "report": "report:report",
+}
 
-def build_graph(checkpointer: Checkpointer = None):
-    """Build and compile the graph; pass a checkpointer (e.g. SqliteSaver) to make runs resumable."""
+
+def step(name: str) -> Callable[..., dict[str, Any]]:
+    """Return step `name`'s node function, importing its module (the steps import torch and the runtimes)."""
+    module, function = STEPS[name].split(":")
+    found: Callable[..., dict[str, Any]] = getattr(importlib.import_module(f"profiling_agent.nodes.{module}"), function)
+    return found
+
+
+def not_run(state: State) -> dict[str, Any]:
+    """Stand in for every step of a graph built to read checkpoints (`build_graph(read_only=True)`): never runs."""
+    raise RuntimeError("this graph was built to read checkpoints: build it with read_only=False to run a step")
+
+
+def build_graph(checkpointer: Checkpointer = None, *, read_only: bool = False):
+    """Build and compile the graph; pass a checkpointer (e.g. SqliteSaver) to make runs resumable.
+
+    With `read_only` the graph has the same steps and edges but imports none of the steps (torch, transformers and
+    the runtimes cost seconds to import): enough to read a thread's state and pending steps (`runs`), never to run.
+    """
     builder = StateGraph(State, context_schema=Context, input_schema=InputState)
-    nodes = {
-        "acquire": acquire,
-        "resolve_input_shape": resolve_shape,
-        "prepare_data": prepare_data,
-        "profile": profile,
-        "probe_sensitivity": probe,
-        "measure_baseline": measure_baseline,
-        "analyze": analyze,
-        "approve": approve,
-        "prune": prune,
-        "recover": recover,
-        "quantize": quantize,
-        "evaluate": evaluate,
-        "iterate": iterate,
-        "evaluate_held_out": evaluate_held_out,
-        "report": report,
-    }
-    # every step runs with the time budget's knobs and records its spent and expected seconds (nodes/budget.py)
-    for name, node in nodes.items():
-        builder.add_node(name, timed(name, node))
+    if read_only:
+        for name in STEPS:
+            builder.add_node(name, not_run)
+    else:
+        # lazy: the budget wrapper's module is light, the steps it wraps are not
+        from profiling_agent.nodes.budget import timed
+
+        # every step runs with the time budget's knobs and records its spent and expected seconds (nodes/budget.py)
+        for name in STEPS:
+            builder.add_node(name, timed(name, step(name)))
 
     builder.add_edge(START, "acquire")
     builder.add_edge("acquire", "resolve_input_shape")

@@ -11,6 +11,7 @@ from urllib.parse import quote
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
+from pydantic import BaseModel
 
 from profiling_agent.graph.serde import state_serializer
 from profiling_agent.schemas.migrations import RENAMED_NODES
@@ -143,7 +144,8 @@ def thread_summary(graph: Any, thread_id: str, holder: str | None = None) -> dic
     not "interrupted".
     """
     snapshot = graph.get_state({"configurable": {"thread_id": thread_id}})
-    values = snapshot.values or {}
+    # a channel holds a typed record or, as written by a node or an older version, its dict
+    values = {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in (snapshot.values or {}).items()}
     best = values.get("best") or {}
     nxt = list(dict.fromkeys(t.name for t in snapshot.tasks or ()))  # next misses a step whose writes were saved
     status = values.get("status", "new")

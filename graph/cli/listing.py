@@ -26,7 +26,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from profiling_agent.graph.builder import build_graph  # torch and the nodes: only when there is a thread to read
 
     with checkpoints(root, url, read_only=True) as saver:
-        graph = build_graph(checkpointer=saver)
+        graph = build_graph(checkpointer=saver, read_only=True)  # reads states: imports no step
         summaries = [thread_summary(graph, tid, thread_holder(saver, root, tid)) for tid in thread_ids(saver)]
     rows = [["thread", "status", "iteration", "next", "best", "top-1 %", "model", "updated"]]
     crashes = []

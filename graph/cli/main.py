@@ -180,7 +180,8 @@ def _resume_read_only(args: argparse.Namespace, root: Path) -> int:
     with checkpoints(root, None, read_only=True) as saver:
         if args.thread_id not in thread_ids(saver):
             raise BadInput(f"unknown thread {args.thread_id} in {root} (see `{runs_hint(args)}`)")
-        snapshot = build_graph(checkpointer=saver).get_state({"configurable": {"thread_id": args.thread_id}})
+        graph = build_graph(checkpointer=saver, read_only=True)  # reads the state: imports no step
+        snapshot = graph.get_state({"configurable": {"thread_id": args.thread_id}})
     if not pending_nodes(snapshot) and (snapshot.values or {}).get("status") == "done":
         say(f"run {args.thread_id} is already finished")
         print(final_table(root / args.thread_id))

@@ -32,7 +32,7 @@ def _bare_graph():
     """The compiled graph without a checkpointer, built once per process (a build costs ~60 ms of CPU)."""
     from profiling_agent.graph.builder import build_graph
 
-    return build_graph()
+    return build_graph(read_only=True)
 
 
 def snapshot(runs: Path, url: str | None = None, thread: str = THREAD):

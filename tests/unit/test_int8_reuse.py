@@ -92,6 +92,7 @@ def test_only_the_baselines_int8_build_reads_the_runs_calibration(tiny_vit, monk
     import nncf
 
     import profiling_agent.tools.profiling.deliverable as deliverable
+    from profiling_agent.tools.profiling import latency_model, token_latency
     from profiling_agent.tools.profiling.openvino_profile import CALIBRATION_COPIES
 
     sizes: list[int] = []
@@ -103,6 +104,11 @@ def test_only_the_baselines_int8_build_reads_the_runs_calibration(tiny_vit, monk
 
     monkeypatch.setattr(nncf, "quantize", sized)
     monkeypatch.setattr(deliverable, "planned_form", lambda *a: "ov_int8")  # as on ViT-B/16 (the tiny one: ov_fp32)
+    # the smallest table and token axis that still build both kinds of timed-only form: two ratios, one rate, one
+    # front-loaded schedule (each build is an NNCF quantization, about a second on this tiny model)
+    monkeypatch.setattr(latency_model.measure_table, "__kwdefaults__", {"ratios": (0.0, 0.5), "repeats": 5})
+    monkeypatch.setattr(token_latency.token_rates, "__defaults__", (1,))
+    monkeypatch.setattr(token_latency.front_schedules, "__defaults__", (1,))
     monkeypatch.setenv("PROFILING_AGENT_CACHE", str(tmp_path / "cache"))
     calib = torch.randn(12, 1, 16, 16, generator=torch.Generator().manual_seed(0))
     groups = [{"name": "mlp.0", "kind": "mlp", "module": "vit.encoder.layer.0.intermediate.dense", "members": []}]

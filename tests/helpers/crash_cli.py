@@ -1,7 +1,7 @@
 """The CLI with one step ended by a real SIGSEGV, for the tests of native crash reports.
 
 `python crash_cli.py FUNCTION WHERE CLI-ARGS...` runs the CLI with the node function FUNCTION (its name in
-graph/builder.py: `profile`, `probe` ...) replaced by one that calls `faulthandler._sigsegv()`, in the CLI's own
+graph/builder.py's STEPS: `profile`, `probe` ...) replaced by one that calls `faulthandler._sigsegv()`, in the CLI's own
 process (WHERE "run") or in a child process it starts with `run_in_child` (WHERE "child").
 """
 
@@ -31,13 +31,26 @@ def crashing_node(where: str):
     return crashing_step
 
 
+def crashing_steps(function: str, where: str):
+    """Return `builder.step` with the node function named `function` (`profile`, `probe` ...) replaced."""
+    from profiling_agent.graph import builder
+
+    real = builder.step
+    names = [name for name, path in builder.STEPS.items() if path.split(":")[1] == function]
+    if not names:
+        raise SystemExit(f"no node function {function} in graph/builder.py's STEPS")
+
+    def step(name: str):
+        return crashing_node(where) if name in names else real(name)
+
+    return step
+
+
 if __name__ == "__main__":
     from profiling_agent.graph import builder
     from profiling_agent.graph.cli.main import entry
 
-    step, where, *argv = sys.argv[1:]
-    if not hasattr(builder, step):
-        raise SystemExit(f"no node function {step} in graph/builder.py")
-    setattr(builder, step, crashing_node(where))
+    function, where, *argv = sys.argv[1:]
+    builder.step = crashing_steps(function, where)
     sys.argv = [sys.argv[0], *argv]
     entry()

@@ -74,9 +74,9 @@ def digits():
 @pytest.fixture
 def processor():
     """A 16x16 one-channel ViT image processor (mean/std 0.5): what the streamed-evaluation tests preprocess with."""
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+    from helpers.tiny import digits_processor
 
-    return ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5])
+    return digits_processor()
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from profiling_agent.graph.cli.store import checkpoint_url, checkpoints, resume_
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the threads under a run folder."""
+    from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids, thread_summary
     from profiling_agent.graph.thread_lock import thread_holder
     from profiling_agent.tools.reporting.markdown import format_table
@@ -23,8 +24,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not has_checkpoints(root, url):
         say(f"no runs in {root}")
         return EXIT_OK
-    from profiling_agent.graph.builder import build_graph  # torch and the nodes: only when there is a thread to read
-
     with checkpoints(root, url, read_only=True) as saver:
         graph = build_graph(checkpointer=saver, read_only=True)  # reads states: imports no step
         summaries = [thread_summary(graph, tid, thread_holder(saver, root, tid)) for tid in thread_ids(saver)]

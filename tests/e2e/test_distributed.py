@@ -74,12 +74,12 @@ def uninterrupted(models, tmp_path_factory):
     """
     from types import SimpleNamespace
 
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+    from helpers.tiny import digits_processor
 
     from profiling_agent.tools.models.artifacts import save_artifact
 
     teacher, start, source = models
-    processor = ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5])
+    processor = digits_processor()  # the `processor` fixture's, built here for the module's scope
     tmp = tmp_path_factory.mktemp("uninterrupted")
     save_artifact(teacher, tmp / "teacher", processor=processor)
     single = copy.deepcopy(start)

@@ -102,6 +102,13 @@ def family_model(family: str) -> tuple[nn.Module, int]:
     return seeded(tf.ResNetForImageClassification, resnet_config(num_channels=3)), 16
 
 
+def digits_processor():
+    """A 16x16 one-channel ViT image processor (mean/std 0.5), as the digits images are preprocessed in the tests."""
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    return ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5])
+
+
 def random_pixels(n: int, size: int, seed: int = 1) -> torch.Tensor:
     """Return `n` seeded random 3-channel images of `size` x `size`."""
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))

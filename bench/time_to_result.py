@@ -24,6 +24,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,7 @@ def run_pipeline(model: Path, dataset: Path, run_dir: Path, thread: str, args: a
     from profiling_agent.graph.checkpoint import open_checkpointer
     from profiling_agent.graph.cli.args import build_parser, context_from_args, input_from_args
     from profiling_agent.state import Context
+    from profiling_agent.tools import interrupt
 
     argv = [
         "run",
@@ -181,8 +183,17 @@ def run_pipeline(model: Path, dataset: Path, run_dir: Path, thread: str, args: a
     saver = open_checkpointer(run_dir)
     graph = build_graph(checkpointer=saver)
     config = {"configurable": {"thread_id": thread}}
+    with interrupt.fault_log(run_dir / thread) as fault:  # a native crash leaves every thread's stack there
+        print(f"  (a native crash writes its stack to {fault})", flush=True)
+        rows += stream_steps(graph.stream(payload, config, context=context, stream_mode="updates", durability="sync"))
+    return rows
+
+
+def stream_steps(chunks: Iterator[Any]) -> list[dict[str, Any]]:
+    """Print and return one row per finished step of a graph stream: node, iteration, CPU-s, wall-s, load."""
+    rows: list[dict[str, Any]] = []
     cpu, wall, iteration = _cpu(), time.perf_counter(), 0
-    for chunk in graph.stream(payload, config, context=context, stream_mode="updates", durability="sync"):
+    for chunk in chunks:
         now_cpu, now_wall = _cpu(), time.perf_counter()
         for node, values in chunk.items():
             if isinstance(values, dict) and values.get("iteration"):

@@ -7,7 +7,7 @@ from helpers.search_trials import rounds
 
 from profiling_agent.state import Objective
 from profiling_agent.tools.evaluation.selection import (
-    choose_variant,
+    choose_form,
     quantization_cost_speed,
     torch_quantized_delivery,
 )
@@ -20,8 +20,8 @@ def v(name, acc, lat, mb, status="ok"):
     return form(name, status=status, accuracy=acc, latency_ms=lat, size_mb=mb)
 
 
-def name_of(chosen):
-    return chosen.name if chosen is not None else None
+def name_of(choice):
+    return choice.chosen.name if choice is not None else None
 
 
 VARIANTS = [
@@ -34,39 +34,39 @@ VARIANTS = [
 
 
 def test_fastest_within_budget_is_delivered():
-    chosen = choose_variant(VARIANTS, BASE, Objective(max_acc_drop=2.0))
+    chosen = choose_form(VARIANTS, BASE, Objective(max_acc_drop=2.0))
     assert name_of(chosen) == "ort_dynamic"
-    wider = choose_variant(VARIANTS, BASE, Objective(max_acc_drop=5.0))
+    wider = choose_form(VARIANTS, BASE, Objective(max_acc_drop=5.0))
     assert name_of(wider) == "ort_static"
 
 
 def test_ties_in_speed_follow_the_fixed_order_without_samples():
     tied = [v("ort_dynamic", 90.0, 1.00, 0.6), v("ort_fp32", 90.0, 1.01, 2.0), v("torch_fp32", 90.0, 1.5, 0.5)]
-    assert name_of(choose_variant(tied, BASE, Objective())) == "ort_fp32"  # within 2%: the simpler precision
+    assert name_of(choose_form(tied, BASE, Objective())) == "ort_fp32"  # within 2%: the simpler precision
     more_accurate = [v("ort_fp32", 90.0, 1.00, 2.0), v("ov_int8", 90.2, 1.01, 0.6)]
-    assert name_of(choose_variant(more_accurate, BASE, Objective())) == "ov_int8"  # validation accuracy first
+    assert name_of(choose_form(more_accurate, BASE, Objective())) == "ov_int8"  # validation accuracy first
     apart = [v("ort_fp32", 90.0, 1.10, 2.0), v("ort_dynamic", 90.0, 1.00, 0.6)]
-    assert name_of(choose_variant(apart, BASE, Objective())) == "ort_dynamic"
+    assert name_of(choose_form(apart, BASE, Objective())) == "ort_dynamic"
 
 
 def test_size_target_prefers_the_smallest_within_budget():
-    chosen = choose_variant(VARIANTS, BASE, Objective(target="size", max_acc_drop=2.0))
+    chosen = choose_form(VARIANTS, BASE, Objective(target="size", max_acc_drop=2.0))
     assert name_of(chosen) == "ort_dynamic"  # 0.6 MB like torch_qint8, but faster
-    only_torch = choose_variant(VARIANTS, BASE, Objective(target="size"), eligible=["torch_fp32", "torch_qint8"])
+    only_torch = choose_form(VARIANTS, BASE, Objective(target="size"), eligible=["torch_fp32", "torch_qint8"])
     assert name_of(only_torch) == "torch_qint8"
 
 
 def test_failed_and_ineligible_variants_are_never_delivered():
     failed = [x.model_copy(update={"status": "failed"}) if x.name.startswith("ort_") else x for x in VARIANTS]
-    assert name_of(choose_variant(failed, BASE, Objective())) == "torch_fp32"
-    assert name_of(choose_variant(VARIANTS, BASE, Objective(), eligible=["torch_qint8"])) == "torch_qint8"
-    assert choose_variant(failed, BASE, Objective(), eligible=["ort_fp32", "ort_dynamic", "ort_static"]) is None
-    assert choose_variant([], BASE, Objective()) is None
+    assert name_of(choose_form(failed, BASE, Objective())) == "torch_fp32"
+    assert name_of(choose_form(VARIANTS, BASE, Objective(), eligible=["torch_qint8"])) == "torch_qint8"
+    assert choose_form(failed, BASE, Objective(), eligible=["ort_fp32", "ort_dynamic", "ort_static"]) is None
+    assert choose_form([], BASE, Objective()) is None
 
 
 def test_nothing_within_budget_delivers_the_most_accurate_then_fastest():
     over = [v("torch_fp32", 80.0, 1.6, 2.0), v("ort_fp32", 80.0, 0.5, 2.0), v("ort_static", 75.0, 0.2, 0.6)]
-    assert name_of(choose_variant(over, BASE, Objective(max_acc_drop=2.0))) == "ort_fp32"
+    assert name_of(choose_form(over, BASE, Objective(max_acc_drop=2.0))) == "ort_fp32"
 
 
 def test_torch_quantization_cost_only_counts_when_torch_quantized_is_delivered():

@@ -16,7 +16,7 @@ from profiling_agent.nodes.evaluate import evaluate  # noqa: E402
 from profiling_agent.state import ArtifactRef, Candidate, Context, DataRef, EvalRecord, QuantEntry, State  # noqa: E402
 from profiling_agent.tools.compression.quantization import quantize_model  # noqa: E402
 from profiling_agent.tools.evaluation.metrics import predict, top1  # noqa: E402
-from profiling_agent.tools.evaluation.selection import choose_variant  # noqa: E402
+from profiling_agent.tools.evaluation.selection import choose_form  # noqa: E402
 from profiling_agent.tools.models.artifacts import save_artifact  # noqa: E402
 from profiling_agent.tools.runtimes import onnx_forms  # noqa: E402
 from profiling_agent.tools.runtimes.onnx_model import OrtClassifier  # noqa: E402
@@ -111,8 +111,8 @@ def test_auto_measures_every_form_and_delivers_the_chosen_one(run_state):
     assert all(v.status == "ok" and v.latency_ms > 0 and v.speedup > 0 for v in measured)
     assert all(v.wall_over_cpu and v.wall_over_cpu > 0 for v in measured)  # CPU time recorded beside wall time
     assert ev.timing and ev.timing["factor"] == 1.5 and "busy" in ev.timing
-    chosen_form = choose_variant(ev.variants, run_state.baseline_eval, run_state.objective)
-    assert chosen_form is not None and ev.delivered == chosen_form.name
+    choice = choose_form(ev.variants, run_state.baseline_eval, run_state.objective)
+    assert choice is not None and ev.delivered == choice.chosen.name
     chosen = next(v for v in ev.variants if v.name == ev.delivered)
     assert (ev.accuracy, ev.latency_ms, ev.speedup) == (chosen.accuracy, chosen.latency_ms, chosen.speedup)
     assert next(v for v in ev.variants if v.name == "ort_fp32").accuracy == 100.0  # the FP32 export is exact

@@ -169,18 +169,6 @@ def quantization_cost_speed(best: Candidate | None, candidates: Sequence[Candida
     return slowed and all(c.quantized for c in candidates if c.status == "ok")
 
 
-def choose_variant(
-    variants: Sequence[VariantRecord],
-    baseline: EvalRecord,
-    objective: Objective,
-    eligible: Collection[str] | None = None,
-    samples: Samples | None = None,
-) -> VariantRecord | None:
-    """Pick the form of a candidate to deliver: the fastest variant within the accuracy budget (`choose_form`)."""
-    choice = choose_form(variants, baseline, objective, eligible, samples)
-    return choice.chosen if choice is not None else None
-
-
 def choose_form(
     variants: Sequence[VariantRecord],
     baseline: EvalRecord,

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -93,6 +93,11 @@ class Variant:
         out = asdict(self)
         out.pop("model")
         return out
+
+
+def planned_variants(prefix: str, methods: Sequence[str], missing: str | None) -> list[Variant]:
+    """Return one Variant per method, named `<prefix>_<method>`, its error `missing` (why the runtime is absent)."""
+    return [Variant(name=f"{prefix}_{m}", method=m, error=missing) for m in methods]
 
 
 @dataclass(frozen=True)
@@ -307,11 +312,9 @@ def build_ort_variants(
     settings = settings or BackendSettings()
     files = files or FormFiles()
     out = Path(out_dir)
-    variants = [Variant(name=f"ort_{m}", method=m) for m in settings.methods]
     missing = onnxruntime_missing()
+    variants = planned_variants("ort", settings.methods, missing)
     if missing or not variants:
-        for v in variants:
-            v.error = missing
         return variants
     _skip_static_on_transformers(variants, model, settings)
     model = model.eval().to("cpu")

@@ -22,7 +22,7 @@ import torch
 
 from profiling_agent.tools.io import failed_file, machine_fault
 from profiling_agent.tools.runtimes.int8_reuse import kept_or_built
-from profiling_agent.tools.runtimes.onnx_forms import FormFiles, Variant, failure_reason, finish_form
+from profiling_agent.tools.runtimes.onnx_forms import FormFiles, Variant, failure_reason, finish_form, planned_variants
 from profiling_agent.tools.runtimes.onnx_runtime import quiet
 from profiling_agent.tools.runtimes.openvino_model import (
     OV_FILE,
@@ -235,11 +235,9 @@ def build_ov_forms(
     """
     settings = settings or OpenVinoSettings()
     files = files or FormFiles()
-    variants = [Variant(name=f"ov_{f}", method=f) for f in settings.forms]
     missing = openvino_missing()
+    variants = planned_variants("ov", settings.forms, missing)
     if missing or not variants:
-        for v in variants:
-            v.error = missing
         return variants
     start = time.perf_counter()
     try:

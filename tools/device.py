@@ -27,13 +27,17 @@ def native_bf16_cpu() -> bool:
 
 
 def resolve_device(choice: str = "auto") -> torch.device:
-    """Map 'cpu' | 'cuda' | 'auto' to a torch.device; 'cuda' without a GPU raises ValueError."""
+    """Map 'cpu' | 'cuda' | 'cuda:N' | 'auto' to a torch.device; CUDA without a GPU raises ValueError.
+
+    'cuda:N' is what a model on a GPU names as its device (`str(tensor.device)`), and what a rank of a job uses.
+    """
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was requested but no CUDA device is available")
-    if choice not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {choice!r}: use cpu, cuda or auto")
+    kind, colon, index = choice.partition(":")
+    if kind not in ("cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(f"unknown device {choice!r}: use cpu, cuda, cuda:N or auto")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {choice} was requested but no CUDA device is available")
     return torch.device(choice)
 
 

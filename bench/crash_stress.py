@@ -3,7 +3,8 @@
 Usage:
     python bench/crash_stress.py                        # 100 profile steps in one process and in fresh ones, 20 runs
     python bench/crash_stress.py --steps 3 --runs 1     # quicker
-    python bench/crash_stress.py --tiny                 # smoke test: 1 step, 1 run of 16 images, no distillation
+    python bench/crash_stress.py --tiny                 # smoke test: 1 step, 1 run of 16 images, no distillation,
+                                                        # ONNX Runtime's forms only
     python bench/crash_stress.py --work DIR --json out.json
 
 The model is `embedded:vit-digits` (trained on first use, about a minute, where PROFILING_AGENT_CACHE points). The
@@ -86,8 +87,9 @@ def steps_command(work: Path, count: int, faults: Path) -> list[str]:
     return [sys.executable, __file__, "--work", str(work), "--child-steps", str(count), "--faults", str(faults)]
 
 
-# --tiny's whole run: every form still built and timed, but recovery without distillation and few test images
-TINY_RUN_FLAGS = ("--recover", "reconstruct", "--test-subset", "16", "--repeats", "2")
+# --tiny's whole run: ONNX Runtime's forms (native runtimes built and timed, without OpenVINO's and NNCF's long
+# builds), recovery without distillation and few test images
+TINY_RUN_FLAGS = ("--recover", "reconstruct", "--test-subset", "16", "--repeats", "2", "--backend", "onnxruntime")
 
 
 def run_command(work: Path, index: int, subset: int, extra: tuple[str, ...] = ()) -> list[str]:
@@ -140,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write the table here as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when anything crashed")
-    parser.add_argument("--tiny", action="store_true", help="smoke test: 1 step, 1 run of 16 images, no distillation")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smoke test: 1 step, 1 run of 16 images, no distillation, ONNX Runtime's forms",
+    )
     parser.add_argument("--child-steps", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--faults", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

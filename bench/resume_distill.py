@@ -1,7 +1,8 @@
 """Distillation killed (SIGKILL) and resumed vs uninterrupted, side by side: weights, steps, step times, threads.
 
     .venv/bin/python bench/resume_distill.py [--steps 120] [--kill-at 40] [--threads 1] [--work /tmp/resume-bench]
-    .venv/bin/python bench/resume_distill.py --tiny   # smoke test: 12 steps, killed at 4, 48 + 32 images
+    .venv/bin/python bench/resume_distill.py --tiny   # smoke test: 12 steps, killed at 4, 48 + 32 images; the
+                                                      # runs not killed run the CLI's main in this process
 
 Prints the largest weight difference of the recovered models, both runs' step counts, the median step time of
 every attempt (with its torch thread count) and the slowest resumed step over the uninterrupted median, next to
@@ -11,6 +12,8 @@ every attempt (with its torch thread count) and the slowest resumed step over th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import signal
@@ -69,6 +72,33 @@ def _run_args(model: Path, dataset: Path, runs: Path, thread: str, args: argpars
     )
 
 
+def _run_to_end(cmd: list[str], env: dict[str, str], in_process: bool) -> tuple[int, str]:
+    """Run the CLI command `cmd` to its end; return its exit code and stderr.
+
+    `in_process` (--tiny): the CLI's main runs in this process, under `env`: a smoke's runs are seconds long and a
+    fresh interpreter would spend longer importing the libraries than running.
+    """
+    if not in_process:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        return done.returncode, done.stderr
+    from profiling_agent.graph.cli.main import main as cli_main
+
+    err, saved = io.StringIO(), dict(os.environ)
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = cli_main(cmd[3:])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return code, err.getvalue()
+
+
+def _cpu_seconds(times: os.times_result, own: bool) -> float:
+    """CPU seconds of the finished children, and with `own` of this process too (where runs ran in it)."""
+    return times.children_user + times.children_system + (times.user + times.system if own else 0.0)
+
+
 def _weights(run: Path):
     from safetensors.torch import load_file
 
@@ -108,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PROFILING_AGENT_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     runs = work / f"runs-{int(time.time())}"
     cpu0 = os.times()
-    whole = subprocess.run(_run_args(model, dataset, runs, "whole", args), env=env, capture_output=True, text=True)
-    assert whole.returncode == 0, whole.stderr[-2000:]
+    code, err = _run_to_end(_run_args(model, dataset, runs, "whole", args), env, args.tiny)
+    assert code == 0, err[-2000:]
     saved = run_layout.iteration_dir(runs / "cut", 1) / run_layout.RECOVERY_STEPS / "latest.json"
     proc = subprocess.Popen(
         _run_args(model, dataset, runs, "cut", args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -121,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.05)
     proc.wait()
     killed_at = json.loads(saved.read_text())["step"] + 1
-    resumed = subprocess.run(_cli("resume", "cut", "--run-dir", str(runs)), env=env, capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    code, err = _run_to_end(_cli("resume", "cut", "--run-dir", str(runs)), env, args.tiny)
+    assert code == 0, err[-2000:]
     cpu1 = os.times()
     a, b = _weights(runs / "whole"), _weights(runs / "cut")
     gap = max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -131,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in ("whole", "cut")
     }
     base = statistics.median(info["whole"]["step_seconds"])
-    cpu = cpu1.children_user + cpu1.children_system - cpu0.children_user - cpu0.children_system
+    cpu = _cpu_seconds(cpu1, args.tiny) - _cpu_seconds(cpu0, args.tiny)
     print(f"load (uptime) {os.getloadavg()}; CPU seconds of the runs {cpu:.1f}")
     print(f"killed after step {killed_at}: steps whole {info['whole']['steps_done']}, cut {info['cut']['steps_done']}")
     print(f"largest weight difference, resumed vs uninterrupted: {gap:.3g}")

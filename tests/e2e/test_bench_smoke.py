@@ -138,7 +138,7 @@ PLAIN_SMOKE = {
     "contention": (["--tiny"], "false-flag rate (quiet blocks):"),
     "ties": (["--timings", "20"], "apart(equal)"),  # synthetic timings only
     # the state prepared in this process, one child running its profile step (a fresh process: both profile rows),
-    # one whole short run of embedded:vit-digits on 16 images, every form built, recovery without distillation
+    # one whole short run of embedded:vit-digits on 16 images, ONNX Runtime's forms, recovery without distillation
     # (a crash found is reported in the table: the bench exits 1 for it only with --strict)
     "crash_stress": (["--tiny"], "whole short run (CLI)"),
 }

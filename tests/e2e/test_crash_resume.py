@@ -1,15 +1,18 @@
-"""A CLI run killed (SIGKILL) or interrupted (SIGINT) at several points resumes to the same complete result."""
+"""A CLI run killed (SIGKILL) or interrupted (SIGINT) at several points resumes to the same complete result.
+
+The runs that are stopped are processes of their own; the last resume, which nothing stops, runs the CLI's main in
+the test's process.
+"""
 
 from __future__ import annotations
 
 import json
 import signal
 import statistics
-import subprocess
 from collections import Counter
 
 import pytest
-from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags
+from helpers.crash_helpers import THREAD, offline_resnet_setup, quick_flags, run_in_process
 from helpers.crash_helpers import check_complete as _check_complete
 from helpers.crash_helpers import cli as _cli
 from helpers.crash_helpers import next_is as _next_is
@@ -97,10 +100,10 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path, quick_resnet)
     err, nxt, code = _stop_when(_start(resume_args, env, tmp_path), runs, _next_is("report"), signal.SIGKILL)
     assert code == -signal.SIGKILL and nxt == ("report",), err
 
-    # 5. the last resume finishes the run
-    done = subprocess.run(resume_args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PHASE_TIMEOUT)
-    assert done.returncode == 0, done.stderr
-    assert "resuming crash at report" in done.stderr and "best:" in done.stdout
+    # 5. the last resume, stopped by nothing, finishes the run (the CLI's main in this process: no fresh imports)
+    code, out, err = run_in_process(resume_args, env, tmp_path)
+    assert code == 0, err
+    assert "resuming crash at report" in err and "best:" in out
     _check_complete(runs)
 
 
@@ -122,9 +125,8 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
     )  # the recover node is still running when its saved step is seen
     assert code == -signal.SIGKILL and nxt == ("recover",), err
     killed_at = json.loads(saved.read_text())["step"]
-    resume_args = _cli("resume", THREAD, "--run-dir", str(runs))
-    done = subprocess.run(resume_args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PHASE_TIMEOUT)
-    assert done.returncode == 0, done.stderr
+    code, _out, err = run_in_process(_cli("resume", THREAD, "--run-dir", str(runs)), env, tmp_path)
+    assert code == 0, err
     values = _check_complete(runs)
     recovery = values["candidates"][0]["recovery"]
     assert recovery["method"] == "reconstruct+distill" and recovery["steps"] == 60

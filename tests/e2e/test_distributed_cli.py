@@ -1,7 +1,8 @@
 """`run --recover-procs 2`: the recover node distills in a 2-process gloo job.
 
 The validation and held-out test passes are sharded too; a SIGKILLed rank stops the run with one line and exit
-code 1, and `resume` finishes it with every step once.
+code 1, and `resume` finishes it with every step once. The CLI's main runs in the test's process (the ranks and
+their launcher are the processes under test).
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
+import threading
 import time
 
 import pytest
-from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags
+from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags, run_in_process
 from helpers.crash_helpers import check_complete as _check_complete
 from helpers.crash_helpers import cli as _cli
 
@@ -29,25 +30,31 @@ def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(
     )  # fmt: skip
     job = runs / THREAD / "iter_01" / "recovery_job"
     saved = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"
-    proc = subprocess.Popen(run_args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + PHASE_TIMEOUT
-    while proc.poll() is None and time.monotonic() < deadline:  # wait for a saved step, then kill rank 1
-        if saved.is_file() and json.loads(saved.read_text())["step"] >= 4 and (job / "rank1.pid").is_file():
-            os.kill(int((job / "rank1.pid").read_text().split()[0]), signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    _out, err = proc.communicate(timeout=PHASE_TIMEOUT)
+    ended = threading.Event()
+
+    def kill_rank_1_once_a_step_is_saved() -> None:
+        deadline = time.monotonic() + PHASE_TIMEOUT
+        while not ended.is_set() and time.monotonic() < deadline:
+            if saved.is_file() and json.loads(saved.read_text())["step"] >= 4 and (job / "rank1.pid").is_file():
+                os.kill(int((job / "rank1.pid").read_text().split()[0]), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_rank_1_once_a_step_is_saved, daemon=True)
+    watcher.start()
+    try:  # the CLI's main in this process (the kill lands on a rank, not on the CLI)
+        code, _out, err = run_in_process(run_args, env, tmp_path)
+    finally:
+        ended.set()
+        watcher.join()
     lines = [line for line in err.splitlines() if line.strip()]
-    assert proc.returncode == 1, err
+    assert code == 1, err
     assert "rank 1 was killed by SIGKILL" in lines[-1] and "resume continues" in lines[-1], lines[-1]
     assert "Traceback" not in err
     killed_at = json.loads(saved.read_text())["step"]
     assert killed_at < 23
-    done = subprocess.run(
-        _cli("resume", THREAD, "--run-dir", str(runs)), cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=PHASE_TIMEOUT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    code, _out, err = run_in_process(_cli("resume", THREAD, "--run-dir", str(runs)), env, tmp_path)
+    assert code == 0, err
     values = _check_complete(runs)
     recovery = values["candidates"][0]["recovery"]
     assert recovery["method"] == "distill" and recovery["steps"] == 24

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 import os
 import subprocess
@@ -21,6 +23,30 @@ PHASE_TIMEOUT = 300.0
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "profiling_agent.graph.cli", *args]
+
+
+def run_in_process(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
+    """Run the CLI command `cmd` (a `cli(...)` list) with the CLI's main in this process; return (code, out, err).
+
+    For the run a test does not stop: a fresh interpreter spends seconds importing the libraries this process
+    already holds. The environment `env` (and `cwd`) hold while it runs; the processes it starts inherit them.
+    """
+    from profiling_agent.graph.cli.main import main
+
+    assert cmd[:3] == cli()[:3], cmd
+    out, err = io.StringIO(), io.StringIO()
+    saved, here = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(cmd[3:])
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(saved)
+    return code, out.getvalue(), err.getvalue()
 
 
 def start(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:

@@ -39,6 +39,12 @@ from profiling_agent.schemas.planning import (
     Trial,
     VariantSummary,
 )
+from profiling_agent.schemas.planning_problem import (
+    GroupRow,
+    LatencyCurve,
+    PlanningProblem,
+    group_rows,
+)
 from profiling_agent.schemas.plans import (
     MAX_REGEX_LEN,
     BackoffRecord,
@@ -291,6 +297,7 @@ __all__ = [
     "Fallback",
     "GivenUpMode",
     "GroupCosts",
+    "GroupRow",
     "GroupSensitivity",
     "HistoryEvent",
     "ImportanceChoice",
@@ -298,6 +305,7 @@ __all__ = [
     "InputState",
     "LEGACY_HISTORY_KEYS",
     "LLMStep",
+    "LatencyCurve",
     "LabelMap",
     "LatencyRow",
     "LayerPattern",
@@ -309,6 +317,7 @@ __all__ = [
     "Objective",
     "OperatorRow",
     "PastRound",
+    "PlanningProblem",
     "PlannerChoice",
     "PlannerMeta",
     "PlannerMode",
@@ -348,6 +357,7 @@ __all__ = [
     "VariantRecord",
     "VariantSummary",
     "choices",
+    "group_rows",
     "pending",
     "upgrade_history_event",
 ]

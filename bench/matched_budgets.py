@@ -100,7 +100,7 @@ class Setting:
         `heads` fixes a uniform method's head ratio (the knob then sets the channel ratio alone)."""
         from global_pruning import global_removals, removal_entries
 
-        from profiling_agent.state import Objective
+        from profiling_agent.state import Objective, PlanningProblem
         from profiling_agent.tools.compression.baselines import uniform_entries
         from profiling_agent.tools.planning.deterministic import PlannerConfig, plan_round
 
@@ -109,7 +109,8 @@ class Setting:
             # whole units, not channel blocks: on the zoo ResNet's 16-64-channel groups the run's 8/16-channel
             # rounding (a latency choice) moves a plan in 5-25% steps, which missed the budget in 5 of its 8 cells
             config = PlannerConfig(align_channels=False)
-            result = plan_round(self.group_dicts, self.costs, self.sensitivity[mode], objective, [], config, goal=knob)
+            problem = PlanningProblem.of(self.group_dicts, self.costs, self.sensitivity[mode], objective)
+            result = plan_round(problem, config, goal=knob)
             return list(result.plan.pruning), None, "l2"
         if method in ("l1", "l2", "random"):
             kinds = {g.kind for g in self.groups}
@@ -130,10 +131,11 @@ class Setting:
         return float(estimate_pruning(self.baseline, entries, adapter=self.adapter)["params_fraction_removed"])
 
     def knob_range(self, method: str, mode: str) -> tuple[float, float]:
+        from profiling_agent.state import group_rows
         from profiling_agent.tools.planning.deterministic import PlannerConfig, max_feasible
 
         if method == "agent":
-            return 1e-4, max_feasible(self.group_dicts, self.costs, "params", PlannerConfig())
+            return 1e-4, max_feasible(group_rows(self.group_dicts, self.costs, {}), "params", PlannerConfig())
         return 1e-4, 0.95
 
 

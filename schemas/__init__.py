@@ -5,6 +5,7 @@
 - `inputs`: what to compress and how to judge it (`ModelRef`, `DatasetRef`, `Objective`);
 - `plans`: compression plans and what the planners record about a round (`PlannerMeta`, `LLMStep`, trials);
 - `planning`: the planners' own currency, never held in the state (`Trial`, `PastRound`);
+- `planning_problem`: a round's planning problem, one typed row per group (`PlanningProblem`, `GroupRow`);
 - `records`: what flows between nodes (artifacts, data, profile, measurements, candidates, report);
 - `migrations`: how older checkpoints' shapes are upgraded, keyed by `STATE_FORMAT`.
 

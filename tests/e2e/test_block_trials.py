@@ -9,7 +9,7 @@ import torch
 from helpers.tiny import seeded, vit_config
 from transformers import ViTForImageClassification
 
-from profiling_agent.state import CompressionPlan, Objective, Trial
+from profiling_agent.state import CompressionPlan, Objective, PlanningProblem, Trial, group_rows
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.evaluation.metrics import mean_kl
 from profiling_agent.tools.planning.block_trials import block_sets, choose_block_set
@@ -38,7 +38,7 @@ def _latency(groups, costs):
 def test_the_planners_set_comes_first_then_the_other_sets_of_as_many_blocks_cheapest_first(planned):
     groups, costs, sensitivity = planned
     chosen = ["layers.3.block", "layers.2.block"]
-    sets = block_sets(groups, _latency(groups, costs), sensitivity, 0.5, chosen, limit=4)
+    sets = block_sets(group_rows(groups, costs, sensitivity), 0.5, chosen, limit=4)
     # probe cost per set = damage / 0.2 summed: (1, 2) 2.75, (1, 3) 4.0, (0, 2) 5.25, (0, 3) 6.5, (0, 1) 7.5
     assert sets == [
         ["layers.2.block", "layers.3.block"],
@@ -46,11 +46,11 @@ def test_the_planners_set_comes_first_then_the_other_sets_of_as_many_blocks_chea
         ["layers.1.block", "layers.3.block"],
         ["layers.0.block", "layers.2.block"],
     ]
-    assert len(block_sets(groups, _latency(groups, costs), sensitivity, 0.5, chosen)) == 6  # every pair
-    assert block_sets(groups, _latency(groups, costs), sensitivity, 0.5, []) == []
+    assert len(block_sets(group_rows(groups, costs, sensitivity), 0.5, chosen)) == 6  # every pair
+    assert block_sets(group_rows(groups, costs, sensitivity), 0.5, []) == []
     # a stack gives at most half its blocks: three of four layers is no set at all, so the planner's stays alone
     three = ["layers.1.block", "layers.2.block", "layers.3.block"]
-    assert block_sets(groups, _latency(groups, costs), sensitivity, 0.5, three) == [three]
+    assert block_sets(group_rows(groups, costs, sensitivity), 0.5, three) == [three]
 
 
 def test_the_set_closest_to_the_baseline_after_its_trial_is_kept_and_ties_keep_the_cheaper(planned):
@@ -60,7 +60,7 @@ def test_the_set_closest_to_the_baseline_after_its_trial_is_kept_and_ties_keep_t
     kl = {("layers.2.block", "layers.3.block"): 0.3, ("layers.1.block", "layers.2.block"): 0.1}
 
     def plan_for(names):
-        result = plan_round(groups, costs, sensitivity, objective, [], steer=Steering(blocks=names))
+        result = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, []), steer=Steering(blocks=names))
         return result.plan, result.target_estimate
 
     def trial(plan):
@@ -102,12 +102,14 @@ def test_a_set_is_tried_when_its_estimate_reaches_the_target_even_below_the_plan
 def test_a_given_block_set_is_the_one_planned_and_width_fills_the_rest_of_the_goal(planned):
     groups, costs, sensitivity = planned
     objective = Objective(target="latency", target_reduction=0.4)
-    own = plan_round(groups, costs, sensitivity, objective, [])
+    own = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, []))
     assert {e.layer for e in own.plan.pruning if e.type == "block"} == {
         r"^vit\.layers\.2$",
         r"^vit\.layers\.3$",
     }
-    forced = plan_round(groups, costs, sensitivity, objective, [], steer=Steering(blocks=["layers.0.block"]))
+    forced = plan_round(
+        PlanningProblem.of(groups, costs, sensitivity, objective, []), steer=Steering(blocks=["layers.0.block"])
+    )
     assert [e.layer for e in forced.plan.pruning if e.type == "block"] == [r"^vit\.layers\.0$"]
     assert any(e.type != "block" for e in forced.plan.pruning)  # one block short of the goal: width adds what it can
     assert forced.target_estimate < own.target_estimate - 0.1  # (1% of the latency per width group here)
@@ -116,7 +118,7 @@ def test_a_given_block_set_is_the_one_planned_and_width_fills_the_rest_of_the_go
 def test_round_one_keeps_the_trials_best_set_and_says_why(planned):
     groups, costs, sensitivity = planned
     objective = Objective(target="latency", target_reduction=0.4)
-    result = plan_round(groups, costs, sensitivity, objective, [])
+    result = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, []))
     calls = []
 
     def evaluator(n):
@@ -128,7 +130,7 @@ def test_round_one_keeps_the_trials_best_set_and_says_why(planned):
 
         return evaluate
 
-    data = RoundData(groups, costs, sensitivity, objective, [])
+    data = RoundData(PlanningProblem.of(groups, costs, sensitivity, objective, []))
     kept, records = tried_block_sets(result, data, evaluator)
     assert calls == [4] and len(records) == 4 and records[0].blocks == ["layers.2.block", "layers.3.block"]
     assert records[1].blocks == ["layers.1.block", "layers.2.block"]

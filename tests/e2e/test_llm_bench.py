@@ -10,7 +10,7 @@ import pytest
 from helpers.fake_llm import local_llm_only, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Context, Objective, State
+from profiling_agent.state import Context, Objective, PlanningProblem, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
 
@@ -29,7 +29,7 @@ def test_the_fake_small_model_is_driven_to_its_own_constrained_plan(tmp_path):
     profile = vit_profile(n_layers=2)
     sens = vit_sensitivity(profile)
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(profile["groups"], profile["group_costs"], sens, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(profile["groups"], profile["group_costs"], sens, state.objective, []))
     with FakeSmallModel() as fake:
         ctx = Context(llm_base_url=fake.url, llm_timeout=10, llm_tool_rounds=2, llm_api_key_env="PA_BENCH_UNSET")
         outcome = plan_with_llm(round_inputs(state, 1), ctx, profile, sens, fallback)

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from profiling_agent.state import group_rows
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.profiling.backend_profile import (
     ORT_FORMS,
@@ -94,7 +95,7 @@ def test_planners_read_the_fastest_form_the_backend_choice_can_deliver():
 def test_a_latency_table_of_the_planned_form_shapes_the_latency_estimate():
     from profiling_agent.tools.planning.deterministic import estimate_reduction
 
-    groups = [{"name": "g", "units": 100, "min_units": 1}, {"name": "h", "units": 100, "min_units": 1}]
+    groups = [{"name": n, "kind": "structured", "module": f"{n}.fc1", "units": 100, "min_units": 1} for n in ("g", "h")]
     table = {"form": "ort_dynamic", "ratios": [0.0, 0.5], "groups": {"g": [4.0, 1.0]}, "total_ms": [10.0, 7.0]}
     profile = {
         "group_costs": {"g": {"latency_share": 0.1}, "h": {"latency_share": 0.2}},
@@ -107,9 +108,11 @@ def test_a_latency_table_of_the_planned_form_shapes_the_latency_estimate():
     costs = planning_costs(profile)
     assert costs["g"]["latency_curve"] == {"ratios": [0.0, 0.5], "saved_share": [0.0, pytest.approx(0.3)]}
     # g saves 30% of the latency at 0.5 (measured, not 0.5 x its 40% share); h has no curve: ratio x share
-    assert estimate_reduction({"g": 0.5}, groups, costs, "latency") == pytest.approx(0.3)
-    assert estimate_reduction({"h": 0.5}, groups, costs, "latency") == pytest.approx(0.0)  # h's share there is 0
-    assert estimate_reduction({"g": 0.5}, groups, costs, "params") == pytest.approx(0.0)
+    assert estimate_reduction({"g": 0.5}, group_rows(groups, costs, {}), "latency") == pytest.approx(0.3)
+    assert estimate_reduction({"h": 0.5}, group_rows(groups, costs, {}), "latency") == pytest.approx(
+        0.0
+    )  # h's share there is 0
+    assert estimate_reduction({"g": 0.5}, group_rows(groups, costs, {}), "params") == pytest.approx(0.0)
 
 
 def test_a_called_container_scope_is_not_doubled_in_the_module_path():

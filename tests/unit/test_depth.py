@@ -14,7 +14,7 @@ from helpers.tiny import resnet_config, seeded, vit_config
 from pydantic import ValidationError
 from transformers import ResNetForImageClassification, ViTForImageClassification
 
-from profiling_agent.state import CompressionPlan, Objective, PruneEntry
+from profiling_agent.state import CompressionPlan, Objective, PlanningProblem, PruneEntry, group_rows
 from profiling_agent.tools.compression.depth import replaces
 from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.pruning import prune_model
@@ -256,17 +256,17 @@ def test_depth_first_takes_the_cheapest_blocks_and_at_most_half_a_stack(vit4):
     damage = {"layers.0.block": 1.0, "layers.1.block": 0.5, "layers.2.block": 0.05, "layers.3.block": 0.3}
     sensitivity = {g["name"]: {"damage": damage.get(g["name"], 0.001)} for g in groups}
     config = PlannerConfig()
-    one = depth_first(0.2, groups, costs, sensitivity, "latency", config)
+    one = depth_first(0.2, group_rows(groups, costs, sensitivity), "latency", config)
     assert [name for name, r in one.items() if r] == ["layers.2.block"]
-    two = depth_first(0.4, groups, costs, sensitivity, "latency", config)
+    two = depth_first(0.4, group_rows(groups, costs, sensitivity), "latency", config)
     assert sorted(name for name, r in two.items() if r) == ["layers.2.block", "layers.3.block"]
-    most = depth_first(0.9, groups, costs, sensitivity, "latency", config)
+    most = depth_first(0.9, group_rows(groups, costs, sensitivity), "latency", config)
     assert sum(most.values()) == 2  # half of the four layers, however far the goal
-    below = depth_first(0.4, groups, costs, sensitivity, "latency", config, ceiling=0.39)
+    below = depth_first(0.4, group_rows(groups, costs, sensitivity), "latency", config, ceiling=0.39)
     assert [name for name, r in below.items() if r] == ["layers.2.block"]
     # a removed block's cost counts once: its width groups add nothing on top
     ratios = {**two, "layers.2.mlp": 0.5, "layers.2.heads": 0.5}
-    assert estimate_reduction(ratios, groups, costs, "latency") == pytest.approx(0.4)
+    assert estimate_reduction(ratios, group_rows(groups, costs, {}), "latency") == pytest.approx(0.4)
 
 
 def test_auto_recovery_distills_longer_after_removing_blocks():
@@ -303,7 +303,9 @@ def test_a_latency_plan_removes_the_cheapest_blocks_first_and_prunes_no_width_in
     }
     damage = {"layers.0.block": 1.0, "layers.1.block": 0.5, "layers.2.block": 0.05, "layers.3.block": 0.3}
     sensitivity = {g["name"]: {"damage": damage.get(g["name"], 0.01)} for g in groups}
-    result = plan_round(groups, costs, sensitivity, Objective(target="latency", target_reduction=0.38), [])
+    result = plan_round(
+        PlanningProblem.of(groups, costs, sensitivity, Objective(target="latency", target_reduction=0.38), [])
+    )
     blocks = [e.layer for e in result.plan.pruning if e.type == "block"]
     assert blocks == ["^vit\\.layers\\.2$", "^vit\\.layers\\.3$"]
     assert all(e.ratio == 1.0 for e in result.plan.pruning if e.type == "block")
@@ -312,11 +314,15 @@ def test_a_latency_plan_removes_the_cheapest_blocks_first_and_prunes_no_width_in
     ]
     # where channels and heads alone can reach the goal, no block goes
     wide = {name: {**c, "latency_share": 0.08} if "block" not in name else c for name, c in costs.items()}
-    wide_plan = plan_round(groups, wide, sensitivity, Objective(target="latency", target_reduction=0.38), []).plan
+    wide_plan = plan_round(
+        PlanningProblem.of(groups, wide, sensitivity, Objective(target="latency", target_reduction=0.38), [])
+    ).plan
     assert not [e for e in wide_plan.pruning if e.type == "block"]
     # the same groups under a params target: no block groups planned unless the round lists them (depth off)
     width = [g for g in groups if g["kind"] != "block"]
-    params = plan_round(width, costs, sensitivity, Objective(target="params", target_reduction=0.3), [])
+    params = plan_round(
+        PlanningProblem.of(width, costs, sensitivity, Objective(target="params", target_reduction=0.3), [])
+    )
     assert params.plan.pruning and not [e for e in params.plan.pruning if e.type == "block"]
 
 
@@ -336,7 +342,9 @@ def test_a_latency_plan_on_a_resnet_replaces_a_stages_first_block_and_the_guard_
         for g in groups
     }
     sensitivity = {g["name"]: {"damage": damage.get(g["name"], 1.0 if g["kind"] == "block" else 0.5)} for g in groups}
-    result = plan_round(groups, costs, sensitivity, Objective(target="latency", target_reduction=0.25), [])
+    result = plan_round(
+        PlanningProblem.of(groups, costs, sensitivity, Objective(target="latency", target_reduction=0.25), [])
+    )
     blocks = [e.layer for e in result.plan.pruning if e.type == "block"]
     assert blocks == ["^resnet\\.encoder\\.stages\\.1\\.layers\\.0$"]  # the cheapest: replaced, not removed
     assert check_plan(result.plan, groups, [], {}).ok
@@ -383,7 +391,7 @@ def test_a_failed_plan_of_blocks_and_width_backs_off_its_width_first(vit4):
     damage = {"layers.0.block": 1.0, "layers.1.block": 0.5, "layers.2.block": 0.05, "layers.3.block": 0.3}
     sensitivity = {g["name"]: {"damage": damage.get(g["name"], 0.01)} for g in groups}
     objective = Objective(target="latency", target_reduction=0.4)
-    first = plan_round(groups, costs, sensitivity, objective, [])
+    first = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, []))
     blocks = sorted(e.layer for e in first.plan.pruning if e.type == "block")
     assert blocks == ["^vit\\.layers\\.2$", "^vit\\.layers\\.3$"] and len(first.plan.pruning) > 2  # width on top
     failed = {
@@ -394,19 +402,21 @@ def test_a_failed_plan_of_blocks_and_width_backs_off_its_width_first(vit4):
         "blocks": blocks,
         "width": True,
     }
-    second = plan_round(groups, costs, sensitivity, objective, rounds(failed))
+    second = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(failed)))
     assert sorted(e.layer for e in second.plan.pruning) == blocks  # the same blocks, no width
     assert second.target_estimate == pytest.approx(0.36) and "keeping the 2 blocks round 1 removed" in second.notes[0]
     # when those blocks alone also missed the budget, they are no longer kept: the plan starts over, lower
     alone = {**failed, "iteration": 2, "goal": second.target_estimate, "width": False}
-    third = plan_round(groups, costs, sensitivity, objective, rounds(failed, alone))
+    third = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(failed, alone)))
     assert "keeping" not in third.notes[0] and third.target_estimate < second.target_estimate
     assert sorted(e.layer for e in third.plan.pruning if e.type == "block") != blocks
     # ... and it fills its lower goal with blocks alone: the cheapest block, no width on top
     assert [e.layer for e in third.plan.pruning] == ["^vit\\.layers\\.2$"] and "blocks alone" in third.notes[0]
     # a planner history without the plan's blocks (older checkpoints) plans as before
     legacy = {k: v for k, v in failed.items() if k not in ("blocks", "width")}
-    assert "keeping" not in plan_round(groups, costs, sensitivity, objective, rounds(legacy)).notes[0]
+    assert (
+        "keeping" not in plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(legacy))).notes[0]
+    )
 
 
 def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_and_no_width(resnet3):
@@ -431,7 +441,7 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
         "^resnet\\.encoder\\.stages\\.1\\.layers\\.1$",
     ]
     failed = {"iteration": 1, "goal": 0.47, "gamma": 1.0, "passed": False, "blocks": first, "width": False}
-    second = plan_round(groups, costs, sensitivity, objective, rounds(failed))
+    second = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(failed)))
     # the goal halves; one replacement (the cheapest by damage per latency share) fits it and width stays untouched
     assert [e.layer for e in second.plan.pruning] == ["^resnet\\.encoder\\.stages\\.1\\.layers\\.0$"]
     assert "blocks alone" in second.notes[0]
@@ -444,33 +454,35 @@ def test_after_a_plan_of_blocks_alone_missed_the_next_round_takes_fewer_blocks_a
         "blocks": [e.layer for e in second.plan.pruning],
         "width": False,
     }
-    third = plan_round(groups, costs, sensitivity, objective, rounds(failed, passed))
+    third = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(failed, passed)))
     stage1 = "^resnet\\.encoder\\.stages\\.1\\.layers\\."
     assert [(e.layer, e.type) for e in third.plan.pruning] == [(stage1 + "0$", "block"), (stage1 + "2$", "block")]
     assert third.target_estimate == pytest.approx(0.3)
     # a failed plan of one replacement plus width: the next round keeps the replacement and adds no width, even
     # where the replacement alone stays below the round's goal (the width fill is what cost the accuracy)
     with_width = {**failed, "goal": 0.5, "blocks": [stage1 + "0$"], "width": True}
-    kept = plan_round(groups, costs, sensitivity, objective, rounds(with_width))
+    kept = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(with_width)))
     assert [e.layer for e in kept.plan.pruning] == [stage1 + "0$"] and "keeping the 1 blocks" in kept.notes[0]
     # the pair alone missed too, and no block fits within the lower goal (15%): the cheapest single block is the
     # smallest step depth has, and it is taken rather than width alone
     pair = [stage1 + "0$", stage1 + "2$"]
     missed = [{**failed, "goal": 0.3, "blocks": pair, "width": True}, {**failed, "goal": 0.3, "blocks": pair}]
-    single = plan_round(groups, costs, sensitivity, objective, rounds(*missed))
+    single = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(*missed)))
     assert [e.layer for e in single.plan.pruning] == [stage1 + "0$"] and "one block" in single.notes[0]
     # a plan of every block lost 22.95 pp (budget 2): its loss scales the next goal down (not halved), and the
     # cheapest single block, the smallest step depth has, is taken
     every = [{**failed, "goal": 0.57, "blocks": first + [stage1 + "2$"], "drop": 22.95}]
-    scaled = plan_round(groups, costs, sensitivity, objective, rounds(*every))
+    scaled = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(*every)))
     assert "its loss scales the goal to 4.0%" in scaled.notes[0]
     assert [e.layer for e in scaled.plan.pruning] == [stage1 + "0$"] and "one block" in scaled.notes[0]
     # a width-only plan that missed is still halved (its calibration trial corrects it instead)
-    halved = plan_round(groups, costs, sensitivity, objective, rounds({**every[0], "blocks": [], "width": True}))
+    halved = plan_round(
+        PlanningProblem.of(groups, costs, sensitivity, objective, rounds({**every[0], "blocks": [], "width": True}))
+    )
     assert "trying 28.5%" in halved.notes[0]
     # blocks alone that would not go past the passing round are not planned: width fills as before
     at_most = {**passed, "goal": 0.31}
-    fourth = plan_round(groups, costs, sensitivity, objective, rounds(failed, at_most))
+    fourth = plan_round(PlanningProblem.of(groups, costs, sensitivity, objective, rounds(failed, at_most)))
     assert "blocks alone" not in fourth.notes[0] and any(e.type != "block" for e in fourth.plan.pruning)
 
 

@@ -10,7 +10,7 @@ from helpers.fake_llm import vit_profile, vit_sensitivity
 
 from profiling_agent.prompts.analysis import render_analysis
 from profiling_agent.prompts.iterative import Feedback, render_iterative
-from profiling_agent.state import Objective
+from profiling_agent.state import Objective, PlanningProblem
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
@@ -244,7 +244,7 @@ def test_a_proposal_that_removes_blocks_passes_the_guard_as_it_is():
         if group["kind"] == "block":
             sens[group["name"]]["damage"] = 0.001  # cheap blocks: the proposal removes some
     objective = Objective(target="latency", target_reduction=0.4)
-    raw, record = propose(DEPTH["groups"], DEPTH["group_costs"], sens, objective, 0.85, "cost", [])
+    raw, record = propose(PlanningProblem.of(DEPTH["groups"], DEPTH["group_costs"], sens, objective), 0.85, "cost", [])
     blocks = [e for e in raw["pruning"] if e["type"] == "block"]
     assert blocks and all(e["ratio"] == 1.0 for e in blocks)
     verdict = check(raw)

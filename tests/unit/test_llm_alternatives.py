@@ -8,7 +8,7 @@ import pytest
 from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Context, Objective, State, Trial
+from profiling_agent.state import Context, Objective, PlanningProblem, State, Trial
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
 
@@ -23,7 +23,7 @@ def local_only(monkeypatch):
 
 def plan_via(server, tmp_path, trials=None):
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
     fallback.predicted_pp = 1.25  # the round's own trial of the deterministic plan
 
     def evaluate(plan):

@@ -14,7 +14,7 @@ from typing_extensions import TypedDict
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import CompressionPlan, Context, Objective, State, Trial
+from profiling_agent.state import CompressionPlan, Context, Objective, PlanningProblem, State, Trial
 from profiling_agent.tools.interrupt import Interrupted
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_conversation import after_guard, after_model, after_tools
@@ -49,7 +49,7 @@ class Outer(TypedDict, total=False):
 def _planning_graph(tmp_path, ctx: Context, evaluate_fn: Any):
     """A one-node graph whose node runs the LLM planner, as the analyze node does, under a checkpointer."""
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
 
     def plan(_: Outer) -> dict[str, Any]:
         outcome: LLMOutcome = plan_with_llm(
@@ -113,7 +113,7 @@ def test_every_refusal_ends_the_step_after_the_retries_whatever_the_model_says(t
     answers = iter(range(1000))
     model = ScriptedChatModel(script=[lambda _: f"no plan, answer {next(answers)}"], repeat_last=True)
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
     ctx = Context(llm_timeout=1, llm_retries=3, llm_structured="off", llm_api_key_env="PA_CONVERSATION_UNSET")
     outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback, chat_model=model)
     assert outcome.planner == "deterministic" and outcome.fallbacks[0].stage == "parse"

@@ -22,7 +22,17 @@ from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import PLAN_SCHEMA, regex_families, render_analysis
 from profiling_agent.prompts.input_shape import render_input_shape
 from profiling_agent.prompts.iterative import Feedback, render_iterative
-from profiling_agent.state import CompressionPlan, Context, Objective, PruneEntry, QuantEntry, State, Trial
+from profiling_agent.state import (
+    CompressionPlan,
+    Context,
+    Objective,
+    PlanningProblem,
+    PruneEntry,
+    QuantEntry,
+    State,
+    Trial,
+    group_rows,
+)
 from profiling_agent.tools.planning.deterministic import estimate_reduction, plan_round
 from profiling_agent.tools.planning.llm_client import message_text
 from profiling_agent.tools.planning.llm_planner import llm_round, plan_with_llm
@@ -53,7 +63,7 @@ def make_ctx(**kwargs):
 
 
 def fallback_for(state):
-    return plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    return plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
 
 
 def run(tmp_path, script, *, repeat_last=False, ctx=None, state=None):
@@ -97,7 +107,7 @@ def test_happy_path_tool_call_then_valid_plan(tmp_path):
     assert outcome.transcript == "iter_01/llm_transcript.jsonl"
     ratios = {"layers.0.mlp": 0.4, "layers.1.mlp": 0.4, "layers.0.heads": 0.25}
     for key in ("params", "macs"):
-        expected = estimate_reduction(ratios, PROFILE["groups"], PROFILE["group_costs"], key)
+        expected = estimate_reduction(ratios, group_rows(PROFILE["groups"], PROFILE["group_costs"], {}), key)
         assert outcome.estimate[key] == pytest.approx(expected, abs=1e-4)
     assert {"match_layers", "layer_profile", "estimate_plan", "group_sensitivity"} <= set(model.bound_tools)
     assert len(model.calls) == 2
@@ -459,7 +469,7 @@ def test_estimate_plan_tool_matches_the_planner_estimate():
     tools = tools_by_name()
     answer = json.loads(tools["estimate_plan"].invoke({"plan_json": json.dumps(PLAN)}))
     ratios = {"layers.0.mlp": 0.4, "layers.1.mlp": 0.4, "layers.0.heads": 0.25}
-    expected = estimate_reduction(ratios, PROFILE["groups"], PROFILE["group_costs"], "params")
+    expected = estimate_reduction(ratios, group_rows(PROFILE["groups"], PROFILE["group_costs"], {}), "params")
     assert answer["valid"] is True
     assert answer["predicted_reduction_from_pruning"]["params"] == pytest.approx(expected, abs=1e-3)
     assert answer["quantized_linear_layers"] == 13
@@ -633,7 +643,9 @@ def test_guard_accepts_what_the_deterministic_planner_proposes_on_real_profiles(
     profile, sens = real_profile(request.getfixturevalue(fixture))
     assert profile["groups"]
     for objective in (Objective(), Objective(target="macs", target_reduction=0.6, quantize="float16")):
-        deterministic = plan_round(profile["groups"], profile["group_costs"], sens, objective, []).plan
+        deterministic = plan_round(
+            PlanningProblem.of(profile["groups"], profile["group_costs"], sens, objective, [])
+        ).plan
         verdict = check_plan(
             deterministic, profile["groups"], profile["protected"], profile["group_costs"], layers=profile["layers"]
         )
@@ -647,7 +659,7 @@ def test_llm_plan_on_a_real_tiny_vit_profile(tiny_vit, tmp_path):
     profile, sens = real_profile(tiny_vit)
     assert r"^vit\.layers\.(0|1)\.attention$" in render_analysis(profile, sens, Objective())[1].content
     state = make_state(tmp_path)
-    fallback = plan_round(profile["groups"], profile["group_costs"], sens, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(profile["groups"], profile["group_costs"], sens, state.objective, []))
     estimate = tool_call("estimate_plan", {"plan_json": json.dumps(PLAN)})
     model = ScriptedChatModel(script=[ai_tool_calls(estimate), PLAN_TEXT])
     outcome = plan_with_llm(round_inputs(state, state.iteration), make_ctx(), profile, sens, fallback, chat_model=model)

@@ -11,7 +11,7 @@ from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_on
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
 from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
-from profiling_agent.state import Candidate, Context, EvalRecord, Fallback, LLMStep, Objective, State
+from profiling_agent.state import Candidate, Context, EvalRecord, Fallback, LLMStep, Objective, PlanningProblem, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import LLMUnreachable, llm_console_note, never_reached
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
@@ -41,7 +41,7 @@ def local_only(monkeypatch):
 def plan_via(server, tmp_path, state=None, retries=2):
     """Plan one step against the scripted server (tools offered, structured mode found from its answers)."""
     state = state or State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
     ctx = Context(
         llm_base_url=server.base_url,
         llm_timeout=10,
@@ -194,7 +194,9 @@ def test_a_copied_proposal_is_recorded_as_copied_and_a_plan_without_one_as_own(t
 
 def test_propose_plan_tool_reaches_its_goal_on_the_ratio_grid_and_passes_the_guard():
     objective = Objective()
-    plan, record = propose(PROFILE["groups"], PROFILE["group_costs"], SENS, objective, 0.4, "balanced", [])
+    plan, record = propose(
+        PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, objective), 0.4, "balanced", []
+    )
     ratios = [e["ratio"] for e in plan["pruning"]]
     assert all(abs(r * 20 - round(r * 20)) < 1e-9 for r in ratios)  # multiples of 0.05
     assert record.estimate["params"] == pytest.approx(0.4, abs=0.06)
@@ -202,7 +204,9 @@ def test_propose_plan_tool_reaches_its_goal_on_the_ratio_grid_and_passes_the_gua
     verdict = check_plan(plan, PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"], guard)
     assert verdict.ok, verdict.reasons
     assert verdict.ratios == record.ratios
-    spare = propose(PROFILE["groups"], PROFILE["group_costs"], SENS, objective, 0.4, "sensitivity", [])[1]
+    spare = propose(
+        PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, objective), 0.4, "sensitivity", []
+    )[1]
     heads = [g["name"] for g in PROFILE["groups"] if g["kind"] == "head"]  # the probe's sensitive groups
     assert sum(spare.ratios.get(h, 0) for h in heads) <= sum(record.ratios.get(h, 0) for h in heads)
 

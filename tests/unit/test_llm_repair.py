@@ -9,7 +9,7 @@ import pytest
 from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Context, Objective, State
+from profiling_agent.state import Context, Objective, PlanningProblem, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm, proposal_goal
 from profiling_agent.tools.planning.plan_guard import GuardConfig
@@ -50,7 +50,7 @@ def llama_cpp_like(answer):
 
 def plan_via(server, tmp_path, retries=2):
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
     ctx = Context(
         llm_base_url=server.base_url,
         llm_timeout=10,
@@ -103,7 +103,9 @@ def test_the_repair_turn_carries_the_proposal_and_an_edit_of_it_is_applied_as_ed
         repair = s.requests[1]["body"]["messages"][-1]["content"]
     state = State(objective=Objective())
     goal = proposal_goal(fallback, state.objective)
-    expected, record = propose(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, goal, "balanced", [])
+    expected, record = propose(
+        PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective), goal, "balanced", []
+    )
     assert proposal_in(repair)["pruning"] == expected["pruning"]  # the deterministic proposal, as JSON
     refused = [e for e in (tmp_path / outcome.transcript).read_text().splitlines() if '"event": "guard"' in e]
     mine = json.loads(refused[0])["estimate"]["params"]

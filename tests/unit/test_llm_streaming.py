@@ -18,7 +18,7 @@ from langchain_core.messages import HumanMessage
 from llm_fake_server import FakeSmallModel
 
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Context, Objective, State
+from profiling_agent.state import Context, Objective, PlanningProblem, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
@@ -111,7 +111,7 @@ def plan_via(fake: FakeSmallModel, tmp_path, **limits: float):
     profile = vit_profile(n_layers=2)
     sens = vit_sensitivity(profile)
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(profile["groups"], profile["group_costs"], sens, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(profile["groups"], profile["group_costs"], sens, state.objective, []))
     ctx = Context(llm_base_url=fake.url, llm_tool_rounds=0, llm_retries=0, llm_api_key_env="PA_STREAM_UNSET", **limits)
     return plan_with_llm(round_inputs(state, 1), ctx, profile, sens, fallback)
 

@@ -13,7 +13,7 @@ import pytest
 from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, State
+from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, PlanningProblem, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
 from profiling_agent.tools.planning.structured import (
@@ -73,7 +73,7 @@ def ignoring(reply: str):
 
 def plan_with(server, tmp_path, *, structured="auto", retries=2, state=None):
     state = state or State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
     ctx = Context(
         llm_base_url=server.base_url,
         llm_timeout=5,

@@ -8,7 +8,7 @@ import pytest
 from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, State
+from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, PlanningProblem, State
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
 
@@ -24,7 +24,7 @@ def local_only(monkeypatch):
 
 def plan_via(server, tmp_path, state=None, timeout=10.0):
     state = state or State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
     ctx = Context(llm_base_url=server.base_url, llm_timeout=timeout, llm_tool_rounds=2, llm_api_key_env="PA_TD_UNSET")
     return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback)
 

@@ -14,7 +14,7 @@ from langchain_core.messages import AIMessage
 from profiling_agent.graph.cli.args import EXIT_BAD_INPUT, build_parser, context_from_args
 from profiling_agent.graph.cli.main import main
 from profiling_agent.nodes.analyze import round_inputs
-from profiling_agent.state import CompressionPlan, Context, Objective, State
+from profiling_agent.state import CompressionPlan, Context, Objective, PlanningProblem, State
 from profiling_agent.tools.models.input_shape import resolve_input_shape
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_config import describe_endpoint, planner_mode
@@ -245,7 +245,7 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
     profile = vit_profile(n_layers=2)
     sens = vit_sensitivity(profile)
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
-    fallback = plan_round(profile["groups"], profile["group_costs"], sens, state.objective, [])
+    fallback = plan_round(PlanningProblem.of(profile["groups"], profile["group_costs"], sens, state.objective, []))
     usage = {"input_tokens": 100, "output_tokens": 20, "total_tokens": 120}
     script = [
         AIMessage(content="", tool_calls=[tool_call("rm_rf", {"path": "/"})], usage_metadata=usage),

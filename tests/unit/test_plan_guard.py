@@ -1,7 +1,7 @@
 import pytest
 from helpers.fake_llm import vit_profile
 
-from profiling_agent.state import CompressionPlan
+from profiling_agent.state import CompressionPlan, group_rows
 from profiling_agent.tools.planning.deterministic import estimate_reduction
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import extract_json_object, normalize_plan, parse_plan_text
@@ -40,7 +40,7 @@ def test_valid_plan_passes_with_estimate_and_group_ratios():
     assert verdict.ok, verdict.reasons
     assert verdict.plan == CompressionPlan.model_validate(raw)
     assert verdict.ratios == {"layers.0.mlp": 0.5, "layers.1.heads": 0.5, "layers.1.mlp": 0.5}
-    expected = estimate_reduction(verdict.ratios, PROFILE["groups"], PROFILE["group_costs"], "params")
+    expected = estimate_reduction(verdict.ratios, group_rows(PROFILE["groups"], PROFILE["group_costs"], {}), "params")
     assert verdict.estimate["params"] == pytest.approx(expected, abs=1e-4)
     assert 0 < verdict.estimate["params"] < 0.5
 

@@ -3,7 +3,7 @@ import re
 import pytest
 from helpers.search_trials import rounds
 
-from profiling_agent.state import CompressionPlan, Objective
+from profiling_agent.state import CompressionPlan, GroupRow, Objective, PlanningProblem, group_rows
 from profiling_agent.tools.planning.deterministic import (
     PlannerConfig,
     effective_ratio,
@@ -60,22 +60,27 @@ def test_planned_channel_widths_are_whole_blocks_and_the_engine_floor_removes_ex
     assert removed_units(64, 1, 0.99, 16) == 48  # at least one block stays
     assert removed_units(47, 1, 0.05, 16) == 0  # never more than the group has
     for units, ratio in ((16, 0.34), (32, 0.45), (64, 0.3), (3072, 0.437), (12, 0.3)):
-        group = {"units": units, "min_units": 1, "kind": "structured"}
+        group = GroupRow(name="g", module="m", kind="structured", units=units, min_units=1)
         r = aligned_ratio(group, ratio)
         kept = units - removed_units(units, 1, r)  # what the engine does with the emitted ratio
         assert kept % unit_align("structured", units) == 0 and kept > 0, (units, ratio, kept)
-    assert aligned_ratio({"units": 64, "min_units": 1, "kind": "structured"}, 0.7, cap=0.7) == 0.5  # 48 > cap
-    assert aligned_ratio({"units": 12, "min_units": 1, "kind": "head"}, 0.3) == 3 / 12
+    assert (
+        aligned_ratio(GroupRow(name="g", module="m", kind="structured", units=64, min_units=1), 0.7, cap=0.7) == 0.5
+    )  # 48 > cap
+    assert aligned_ratio(GroupRow(name="g", module="m", kind="head", units=12, min_units=1), 0.3) == 3 / 12
     # the matched-budget bench plans in whole units, as its uniform and global peers do
-    assert aligned_ratio({"units": 64, "min_units": 1, "kind": "structured"}, 0.3, align=False) == 19 / 64
+    assert (
+        aligned_ratio(GroupRow(name="g", module="m", kind="structured", units=64, min_units=1), 0.3, align=False)
+        == 19 / 64
+    )
 
 
 def test_round_one_hits_the_target_estimate_and_prefers_insensitive_groups():
     objective = Objective(target="params", target_reduction=0.3, quantize="qint8")
-    result = plan_round(GROUPS, COSTS, SENS, objective, history=[])
+    result = plan_round(PlanningProblem.of(GROUPS, COSTS, SENS, objective, []))
     ratios = _ratios(result.plan)
     assert result.target_estimate >= 0.3
-    assert estimate_reduction(ratios, GROUPS, COSTS, "params") == pytest.approx(result.target_estimate)
+    assert estimate_reduction(ratios, group_rows(GROUPS, COSTS, {}), "params") == pytest.approx(result.target_estimate)
     # same cost, lower damage -> higher ratio
     assert ratios["layers.0.mlp"] > ratios.get("layers.1.mlp", 0.0)
     # plans are valid by construction and every regex matches exactly one group
@@ -87,7 +92,7 @@ def test_round_one_hits_the_target_estimate_and_prefers_insensitive_groups():
 
 
 def test_no_quantization_when_disabled():
-    result = plan_round(GROUPS, COSTS, SENS, Objective(quantize="none"), history=[])
+    result = plan_round(PlanningProblem.of(GROUPS, COSTS, SENS, Objective(quantize="none"), []))
     assert result.plan.quantization == []
 
 
@@ -109,19 +114,21 @@ def test_feedback_backs_off_after_a_miss_and_pushes_after_a_hit():
 
 def test_later_round_with_a_miss_prunes_less():
     objective = Objective(target_reduction=0.4)
-    first = plan_round(GROUPS, COSTS, SENS, objective, history=[])
+    first = plan_round(PlanningProblem.of(GROUPS, COSTS, SENS, objective, []))
     second = plan_round(
-        GROUPS,
-        COSTS,
-        SENS,
-        objective,
-        history=rounds({"goal": first.target_estimate, "gamma": first.gamma, "passed": False}),
+        PlanningProblem.of(
+            GROUPS,
+            COSTS,
+            SENS,
+            objective,
+            rounds({"goal": first.target_estimate, "gamma": first.gamma, "passed": False}),
+        )
     )
     assert second.target_estimate < first.target_estimate
 
 
 def test_no_groups_gives_quantization_only_plan():
-    result = plan_round([], {}, {}, Objective(), history=[])
+    result = plan_round(PlanningProblem.of([], {}, {}, Objective(), []))
     assert result.plan.pruning == [] and result.plan.quantization
 
 
@@ -130,18 +137,18 @@ def test_quantization_dropped_after_it_measurably_slowed_the_model():
     slow = [
         {"iteration": 1, "goal": 0.3, "gamma": 1.0, "passed": True, "quant_speedup": 0.7, "quant_speedup_batch": 0.8}
     ]
-    result = plan_round(GROUPS, COSTS, SENS, objective, history=rounds(*slow))
+    result = plan_round(PlanningProblem.of(GROUPS, COSTS, SENS, objective, rounds(*slow)))
     assert result.plan.quantization == [] and "quantization dropped" in result.plan.rationale
     fast = [{**slow[0], "quant_speedup": 1.5, "quant_speedup_batch": 2.0}]
-    assert plan_round(GROUPS, COSTS, SENS, objective, history=rounds(*fast)).plan.quantization
+    assert plan_round(PlanningProblem.of(GROUPS, COSTS, SENS, objective, rounds(*fast))).plan.quantization
     # size is what quantization is for: kept even when slower
-    sized = plan_round(GROUPS, COSTS, SENS, Objective(target="size"), history=rounds(*slow))
+    sized = plan_round(PlanningProblem.of(GROUPS, COSTS, SENS, Objective(target="size"), rounds(*slow)))
     assert sized.plan.quantization
 
 
 def test_after_quantization_cost_speed_the_same_pruning_is_repeated_without_it():
     objective = Objective(target="params", target_reduction=0.3, quantize="qint8")
-    first = plan_round(GROUPS, COSTS, SENS, objective, history=[])
+    first = plan_round(PlanningProblem.of(GROUPS, COSTS, SENS, objective, []))
     slow = [
         {
             "iteration": 1,
@@ -152,7 +159,7 @@ def test_after_quantization_cost_speed_the_same_pruning_is_repeated_without_it()
             "quant_speedup_batch": 0.8,
         }
     ]
-    second = plan_round(GROUPS, COSTS, SENS, objective, history=rounds(*slow))
+    second = plan_round(PlanningProblem.of(GROUPS, COSTS, SENS, objective, rounds(*slow)))
     assert second.plan.quantization == []
     assert [(e.layer, e.ratio) for e in second.plan.pruning] == [(e.layer, e.ratio) for e in first.plan.pruning]
 
@@ -170,9 +177,9 @@ def test_a_round_after_a_refused_plan_is_strictly_milder_even_when_whole_units_r
     groups = [g for g in GROUPS if g["kind"] == "head"]
     costs = {g["name"]: {"params_share": 0.5, "macs_share": 0.5, "latency_share": 0.5} for g in groups}
     objective = Objective(target="params", target_reduction=0.25, quantize="none")
-    first = plan_round(groups, costs, SENS, objective, history=[])
+    first = plan_round(PlanningProblem.of(groups, costs, SENS, objective, []))
     history = [{"goal": first.target_estimate, "gamma": first.gamma, **refused}]
-    second = plan_round(groups, costs, SENS, objective, history=rounds(*history))
+    second = plan_round(PlanningProblem.of(groups, costs, SENS, objective, rounds(*history)))
     assert 0 < first.target_estimate and second.target_estimate < first.target_estimate
     assert sum(_ratios(second.plan).values()) < sum(_ratios(first.plan).values())
 
@@ -185,6 +192,6 @@ def test_no_whole_unit_plan_between_a_kept_and_a_refused_goal_converges():
         {"goal": 0.25, "gamma": 1.0, "passed": True},
         {"goal": 0.5, "gamma": 1.0, "passed": False, "rejected": True},
     ]
-    result = plan_round(groups, costs, SENS, objective, history=rounds(*history))
+    result = plan_round(PlanningProblem.of(groups, costs, SENS, objective, rounds(*history)))
     assert result.converged and "no plan of whole heads and channels" in result.notes[0]
     assert result.target_estimate == pytest.approx(0.25)

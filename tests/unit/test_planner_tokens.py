@@ -10,6 +10,7 @@ from profiling_agent.state import (
     CompressionPlan,
     Objective,
     PlannerMeta,
+    PlanningProblem,
     TokenAxis,
     TokenChoice,
     TokenEntry,
@@ -74,8 +75,8 @@ def test_merging_and_pruning_compose_multiplicatively_and_the_plan_states_the_to
     assert to_total(to_pruning(0.5, 0.25), 0.25) == pytest.approx(0.5)
     assert to_pruning(0.5, 0.25) == pytest.approx(1 / 3)
     option = TokenOption(rate=8, saved=0.25, drop_pp=0.5, form="ov_int8")
-    alone = RoundData(GROUPS, COSTS, SENS, LATENCY, []).plan()
-    merged = RoundData(GROUPS, COSTS, SENS, LATENCY, [], option).plan()
+    alone = RoundData(PlanningProblem.of(GROUPS, COSTS, SENS, LATENCY, [])).plan()
+    merged = RoundData(PlanningProblem.of(GROUPS, COSTS, SENS, LATENCY, []), option).plan()
     assert alone.plan.tokens is None and merged.plan.tokens == TokenEntry(rate=8, justification=option.justification())
     assert "rate 8" in merged.plan.rationale and "in all" in merged.plan.rationale
     pruned_alone = sum(e.ratio for e in alone.plan.pruning)
@@ -83,13 +84,15 @@ def test_merging_and_pruning_compose_multiplicatively_and_the_plan_states_the_to
     assert pruned_merged < pruned_alone  # merging takes a share of the goal, pruning the rest
     assert merged.target_estimate == pytest.approx(alone.target_estimate, abs=0.06)  # both aim at the same total
     # a later round's goal (total terms) maps through to the pruning
-    later = RoundData(GROUPS, COSTS, SENS, LATENCY, rounds({"goal": 0.55, "gamma": 1.0, "passed": True}), option).plan()
+    later = RoundData(
+        PlanningProblem.of(GROUPS, COSTS, SENS, LATENCY, rounds({"goal": 0.55, "gamma": 1.0, "passed": True})), option
+    ).plan()
     assert later.plan.tokens is not None and later.target_estimate > merged.target_estimate
 
 
 def test_round_one_keeps_merging_only_when_its_trial_loses_no_more_than_pruning_alone():
     option = TokenOption(rate=8, saved=0.25, drop_pp=0.5, form="ov_int8")
-    data = RoundData(GROUPS, COSTS, SENS, LATENCY, [], option)
+    data = RoundData(PlanningProblem.of(GROUPS, COSTS, SENS, LATENCY, []), option)
 
     def evaluator(losses):
         def build(calls):
@@ -228,7 +231,7 @@ def test_a_front_loaded_schedule_is_weighed_planned_kept_and_checked_like_a_rate
     axis = _front_axis()
     option = token_option(axis, LATENCY)
     assert option == TokenOption(rate=None, saved=0.3, drop_pp=0.25, form="ov_int8", schedule=(16, 0))
-    merged = RoundData(GROUPS, COSTS, SENS, LATENCY, [], option).plan()
+    merged = RoundData(PlanningProblem.of(GROUPS, COSTS, SENS, LATENCY, []), option).plan()
     assert merged.plan.tokens == TokenEntry(schedule=[16, 0], justification=option.justification())
     assert "schedule [16, 0]" in merged.plan.rationale
     assert run_option(axis, [Candidate(iteration=1, plan=merged.plan)]) == option  # later rounds keep it
@@ -276,8 +279,8 @@ def test_a_proposal_merges_as_the_deterministic_round_chose_and_prunes_the_rest_
     option = fallback_option(axis, TokenEntry(schedule=[16, 0]))
     assert option is not None and option.schedule == (16, 0) and fallback_option(axis, None) is None
     assert fallback_option(axis, TokenEntry(schedule=[8, 8])) is None  # not a measured row
-    alone, _ = propose(groups, costs, sens, LATENCY, 0.5, "balanced", [])
-    merged, record = propose(groups, costs, sens, LATENCY, 0.5, "balanced", [], option)
+    alone, _ = propose(PlanningProblem.of(groups, costs, sens, LATENCY), 0.5, "balanced", [])
+    merged, record = propose(PlanningProblem.of(groups, costs, sens, LATENCY), 0.5, "balanced", [], option)
     assert "tokens" not in alone and merged["tokens"]["schedule"] == [16, 0]
     assert sum(e["ratio"] for e in merged["pruning"]) < sum(e["ratio"] for e in alone["pruning"])
     guard = GuardConfig(target="latency", target_reduction=0.5, tokens=axis)

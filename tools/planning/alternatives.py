@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, Objective, QuantEntry, TokenAxis
+from profiling_agent.state import CompressionPlan, GroupRow, PlanningProblem, QuantEntry, TokenAxis
 from profiling_agent.tools.planning.json_extract import find_object
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import normalize_plan
@@ -129,9 +129,8 @@ class OfferInputs:
     """What the alternatives are made from: the round's profile, probe, objective, goal and measurements.
 
     Attributes:
-        profile: The profile (groups, group_costs, totals).
-        sensitivity: Probe results per group.
-        objective: The run's objective.
+        profile: The profile (groups, group_costs, totals), as the guard checks a plan against it.
+        problem: The round's planning problem (the groups' rows, the objective) the alternatives are planned from.
         goal: The round's goal (the deterministic planner's).
         quantization: The quantization entries every alternative carries (the deterministic plan's).
         merging: The token merging the deterministic plan installs (None: it merges nothing).
@@ -141,8 +140,7 @@ class OfferInputs:
     """
 
     profile: dict[str, Any]
-    sensitivity: dict[str, Any]
-    objective: Objective
+    problem: PlanningProblem
     goal: float
     quantization: list[QuantEntry]
     merging: TokenOption | None = None
@@ -151,17 +149,17 @@ class OfferInputs:
     evaluate: Evaluate | None = None
 
 
-def _variants(inputs: OfferInputs) -> list[tuple[str, list[dict[str, Any]], TokenOption | None]]:
-    """Return (name, groups, merging) of each alternative: the default first, then one axis at a time."""
-    groups = inputs.profile.get("groups") or []
-    kinds = {str(g["kind"]) for g in groups}
+def _variants(inputs: OfferInputs) -> list[tuple[str, list[GroupRow], TokenOption | None]]:
+    """Return (name, group rows, merging) of each alternative: the default first, then one axis at a time."""
+    groups = list(inputs.problem.rows)
+    kinds = {r.kind for r in groups}
     out = [("default: the deterministic proposal", groups, inputs.merging)]
-    widths = [g for g in groups if g["kind"] != "block"]
+    widths = [r for r in groups if r.kind != "block"]
     if "structured" in kinds and "head" in kinds:
-        out.append(("MLP channels only", [g for g in groups if g["kind"] == "structured"], inputs.merging))
-        out.append(("attention heads only", [g for g in groups if g["kind"] == "head"], inputs.merging))
+        out.append(("MLP channels only", [r for r in groups if r.kind == "structured"], inputs.merging))
+        out.append(("attention heads only", [r for r in groups if r.kind == "head"], inputs.merging))
     if "block" in kinds:
-        out.append(("whole blocks only", [g for g in groups if g["kind"] == "block"], inputs.merging))
+        out.append(("whole blocks only", [r for r in groups if r.kind == "block"], inputs.merging))
         out.append(("widths only, no whole blocks", widths, inputs.merging))
     axis = inputs.token_axis
     paying = axis.paying() if axis is not None else []
@@ -185,16 +183,8 @@ def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
         if len(offer.alternatives) >= len(LABELS) or not groups:
             continue
         try:
-            plan, record = propose(
-                groups,
-                profile.get("group_costs") or {},
-                inputs.sensitivity,
-                inputs.objective,
-                inputs.goal,
-                "balanced",
-                inputs.quantization,
-                merging,
-            )
+            problem = inputs.problem.model_copy(update={"rows": groups})
+            plan, record = propose(problem, inputs.goal, "balanced", inputs.quantization, merging)
         except Exception:  # noqa: BLE001 - an alternative that cannot be planned is not offered
             logger.debug("alternative %s not planned", name, exc_info=True)
             continue

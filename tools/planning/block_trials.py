@@ -17,9 +17,8 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from profiling_agent.state import BlockTrial, CompressionPlan, Trial
+from profiling_agent.state import BlockTrial, CompressionPlan, GroupRow, Trial
 from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.depth_plan import block_cost
 from profiling_agent.tools.text import one_line
@@ -31,9 +30,7 @@ MAX_COMBINATIONS = 20_000  # sets of blocks enumerated at most (beyond it only t
 
 
 def block_sets(
-    groups: list[dict[str, Any]],
-    latency: dict[str, float],
-    sensitivity: dict[str, dict[str, Any]],
+    rows: Sequence[GroupRow],
     max_block_fraction: float,
     chosen: Sequence[str],
     limit: int = 4 * TRIAL_SETS,
@@ -43,7 +40,7 @@ def block_sets(
     A set is allowed when it takes at most `max_block_fraction` of each stack (`block_limits`); its cost is the sum
     of its blocks' probe damage per latency share saved (`depth_plan.block_cost`). Names keep the groups' order.
     """
-    blocks = [g for g in groups if g["kind"] == "block"]
+    blocks = [r for r in rows if r.kind == "block"]
     k, own = len(chosen), set(chosen)
     if not k or math.comb(len(blocks), k) > MAX_COMBINATIONS:
         return [list(chosen)] if k else []
@@ -51,11 +48,11 @@ def block_sets(
     ranked = []
     for combo in itertools.combinations(blocks, k):
         per_stack = Counter(limit_key(g) for g in combo)
-        names = [g["name"] for g in combo]
+        names = [r.name for r in combo]
         if set(names) != own and all(n <= limits[stack] for stack, n in per_stack.items()):
-            ranked.append((sum(block_cost(g, latency, sensitivity) for g in combo), names))
+            ranked.append((sum(block_cost(r) for r in combo), names))
     ranked.sort(key=lambda r: r[0])
-    ordered = [g["name"] for g in blocks if g["name"] in own]
+    ordered = [r.name for r in blocks if r.name in own]
     return [ordered] + [names for _, names in ranked[: max(0, limit - 1)]]
 
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from profiling_agent.state import PastRound
+from profiling_agent.state import GroupRow, PastRound
 from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.search import AIM, line_goal
 
 
 def depth_first(
     goal: float,
-    groups: list[dict[str, Any]],
-    latency: dict[str, float],
-    sensitivity: dict[str, dict[str, Any]],
+    rows: Sequence[GroupRow],
     caps: dict[str, float],
     max_block_fraction: float,
     estimate: Callable[[dict[str, float]], float],
@@ -23,7 +20,7 @@ def depth_first(
 ) -> dict[str, float]:
     """Choose which blocks a latency plan removes: the fewest that, with width pruning at its caps, reach `goal`.
 
-    Blocks are taken cheapest first (probe damage per `latency` share saved), at most `max_block_fraction` of a
+    Blocks are taken cheapest first (probe damage per latency share saved), at most `max_block_fraction` of a
     stack; `caps` are the width groups' largest ratios and `estimate` the planner's reduction estimate of a plan.
     Width pruning is then solved for what is left; on a small model at batch 1 it buys little, so depth comes
     first (bench/latency_floor.py). With `ceiling`, the blocks alone stay below it.
@@ -31,11 +28,11 @@ def depth_first(
     Returns:
         {block group: 1.0 removed, or 0.0 kept} for every block group.
     """
-    blocks = [g for g in groups if g["kind"] == "block"]
-    allowed = cheapest_blocks(groups, latency, sensitivity, max_block_fraction)
-    fixed = {g["name"]: 0.0 for g in blocks}
+    blocks = [r for r in rows if r.kind == "block"]
+    allowed = cheapest_blocks(rows, max_block_fraction)
+    fixed = {r.name: 0.0 for r in blocks}
     for k in range(len(allowed) + 1):
-        trial = {**{g["name"]: 0.0 for g in blocks}, **{g["name"]: 1.0 for g in allowed[:k]}}
+        trial = {**{r.name: 0.0 for r in blocks}, **{r.name: 1.0 for r in allowed[:k]}}
         if ceiling is not None and estimate(trial) >= ceiling:
             break
         fixed = trial
@@ -44,28 +41,22 @@ def depth_first(
     return fixed
 
 
-def block_cost(group: dict[str, Any], latency: dict[str, float], sensitivity: dict[str, dict[str, Any]]) -> float:
-    """Return a block group's probe damage per `latency` share its removal saves (lower is cheaper)."""
-    damage = float(sensitivity.get(group["name"], {}).get("damage", 0.0))
-    return damage / max(latency.get(group["name"], 0.0), 1e-6)
+def block_cost(row: GroupRow) -> float:
+    """Return a block group's probe damage per latency share its removal saves (lower is cheaper)."""
+    return row.damage / max(row.latency_share, 1e-6)
 
 
-def cheapest_blocks(
-    groups: list[dict[str, Any]],
-    latency: dict[str, float],
-    sensitivity: dict[str, dict[str, Any]],
-    max_block_fraction: float,
-) -> list[dict[str, Any]]:
-    """Return the block groups a plan may take out, cheapest first (probe damage per `latency` share saved).
+def cheapest_blocks(rows: Sequence[GroupRow], max_block_fraction: float) -> list[GroupRow]:
+    """Return the block groups a plan may take out, cheapest first (probe damage per latency share saved).
 
     At most `max_block_fraction` of a stack (`block_limits`): the cheapest of each stack come first and the others
     are left out.
     """
-    blocks = [g for g in groups if g["kind"] == "block"]
-    allowed: list[dict[str, Any]] = []
+    blocks = [r for r in rows if r.kind == "block"]
+    allowed: list[GroupRow] = []
     per_stack: dict[str, int] = {}
     limits = block_limits(blocks, max_block_fraction)
-    for g in sorted(blocks, key=lambda g: (block_cost(g, latency, sensitivity), g["name"])):
+    for g in sorted(blocks, key=lambda r: (block_cost(r), r.name)):
         stack = limit_key(g)
         if per_stack.get(stack, 0) < limits[stack]:
             per_stack[stack] = per_stack.get(stack, 0) + 1
@@ -73,13 +64,13 @@ def cheapest_blocks(
     return allowed
 
 
-def block_names(groups: list[dict[str, Any]], layers: Sequence[str]) -> list[str]:
+def block_names(rows: Sequence[GroupRow], layers: Sequence[str]) -> list[str]:
     """Return the block groups (in the groups' order) whose exact plan pattern (`^module$`, escaped) is in `layers`."""
     wanted = set(layers)
-    return [g["name"] for g in groups if g["kind"] == "block" and f"^{re.escape(str(g['module']))}$" in wanted]
+    return [r.name for r in rows if r.kind == "block" and f"^{re.escape(r.module)}$" in wanted]
 
 
-def carried_blocks(history: Sequence[PastRound], groups: list[dict[str, Any]], goal: float) -> tuple[list[str], int]:
+def carried_blocks(history: Sequence[PastRound], rows: Sequence[GroupRow], goal: float) -> tuple[list[str], int]:
     """Return the blocks a backing-off round keeps: those of a failed plan that also pruned width, or none.
 
     A plan that removed blocks and pruned channels or heads on top and then missed the budget is backed off
@@ -98,7 +89,7 @@ def carried_blocks(history: Sequence[PastRound], groups: list[dict[str, Any]], g
         blocks = tuple(h.blocks)
         if h.passed or not blocks or not h.width or goal >= h.goal or blocks in failed_alone:
             continue
-        names = block_names(groups, blocks)
+        names = block_names(rows, blocks)
         if len(names) == len(blocks):
             return names, int(h.iteration or 0)
     return [], 0
@@ -107,9 +98,7 @@ def carried_blocks(history: Sequence[PastRound], groups: list[dict[str, Any]], g
 def backed_off_blocks(
     history: Sequence[PastRound],
     goal: float,
-    groups: list[dict[str, Any]],
-    latency: dict[str, float],
-    sensitivity: dict[str, dict[str, Any]],
+    rows: Sequence[GroupRow],
     max_block_fraction: float,
     estimate: Callable[[dict[str, float]], float],
     ceiling: float | None = None,
@@ -130,23 +119,23 @@ def backed_off_blocks(
     if not any(not h.passed and h.blocks for h in history):
         return None, ""
     best_pass = max((float(h.goal) for h in history if h.passed), default=0.0)
-    zeros = {g["name"]: 0.0 for g in groups}
+    zeros = {r.name: 0.0 for r in rows}
 
     def usable(plan: dict[str, float]) -> bool:
         est = estimate(plan)
         return any(plan.values()) and est > best_pass + 1e-9 and (ceiling is None or est < ceiling - 1e-9)
 
-    kept, source = carried_blocks(history, groups, goal)
+    kept, source = carried_blocks(history, rows, goal)
     carried = {**zeros, **{name: 1.0 for name in kept}}
     if kept and usable(carried):
         return carried, f"keeping the {len(kept)} blocks round {source} removed and backing off its width pruning"
     why = "blocks alone, no width: a plan with blocks missed the budget (see backed_off_blocks)"
-    chosen = {**zeros, **depth_first(goal, groups, latency, sensitivity, {}, max_block_fraction, estimate, goal + 1e-9)}
+    chosen = {**zeros, **depth_first(goal, rows, {}, max_block_fraction, estimate, goal + 1e-9)}
     if usable(chosen):
         return chosen, why
     if not any(chosen.values()):  # no block fits within the goal: the smallest step there is, one block
-        for g in cheapest_blocks(groups, latency, sensitivity, max_block_fraction):
-            single = {**zeros, g["name"]: 1.0}
+        for g in cheapest_blocks(rows, max_block_fraction):
+            single = {**zeros, g.name: 1.0}
             if usable(single):
                 return single, why + "; one block, past the goal: none fits within it"
     return None, ""

@@ -7,9 +7,8 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from profiling_agent.state import CompressionPlan, Objective, PastRound, PruneEntry
+from profiling_agent.state import CompressionPlan, GroupRow, Objective, PastRound, PlanningProblem, PruneEntry
 from profiling_agent.tools.planning.depth_plan import backed_off_blocks, depth_secant
 from profiling_agent.tools.planning.quant_plan import quant_entries, slowed_round
 from profiling_agent.tools.planning.ratio_solver import (
@@ -17,9 +16,7 @@ from profiling_agent.tools.planning.ratio_solver import (
     depth_first_blocks,
     effective_ratio,
     estimate_reduction,
-    group_share,
     group_weights,
-    latency_shares,
     max_feasible,
     removed_blocks,
     solve_below,
@@ -102,18 +99,17 @@ def next_goal(
     return goal, gamma, False, why
 
 
-def _justify(group: dict[str, Any], cost: dict[str, Any], sens: dict[str, Any], rank: int, n: int, ratio: float) -> str:
-    units, min_units = int(group["units"]), int(group.get("min_units", 1))
-    removed = round(effective_ratio(units, min_units, ratio) * units)
+def _justify(row: GroupRow, rank: int, n: int, ratio: float) -> str:
+    removed = round(effective_ratio(row.units, row.min_units, ratio) * row.units)
     shares = (
-        f"{group['name']}: {group_share(cost, 'latency'):.1%} of latency, {group_share(cost, 'macs'):.1%} of MACs, "
-        f"{group_share(cost, 'params'):.1%} of params; "
+        f"{row.name}: {row.latency_share:.1%} of latency, {row.macs_share:.1%} of MACs, "
+        f"{row.params_share:.1%} of params; "
     )
-    damage = f"probe damage {float(sens.get('damage', 0.0)):.3g} (rank {rank}/{n}, 1 = least sensitive)"
-    if group["kind"] == "block":
+    damage = f"probe damage {row.damage:.3g} (rank {rank}/{n}, 1 = least sensitive)"
+    if row.kind == "block":
         return f"{shares}removing the whole block costs {damage}"
-    what = "heads" if group["kind"] == "head" else "channels"
-    return f"{shares}{damage}; removes {removed} of {units} {what}"
+    what = "heads" if row.kind == "head" else "channels"
+    return f"{shares}{damage}; removes {removed} of {row.units} {what}"
 
 
 @dataclass(frozen=True)
@@ -131,24 +127,6 @@ class Steering:
     blocks: Sequence[str] | None = None
 
 
-@dataclass(frozen=True)
-class RoundProblem:
-    """What every planner of a round reads: the groups, their costs and damage, the objective and earlier rounds."""
-
-    groups: list[dict[str, Any]]
-    costs: dict[str, dict[str, Any]]
-    sensitivity: dict[str, dict[str, Any]]
-    objective: Objective
-    history: list[PastRound]
-
-
-@dataclass(frozen=True)
-class Problem(RoundProblem):
-    """One round's planning problem as `plan_round` solves it: the round's facts and the planner's bounds."""
-
-    config: PlannerConfig
-
-
 @dataclass
 class Aim:
     """The goal a round plans for, the gamma it weighs damage with, and why (`aim_round`)."""
@@ -160,10 +138,12 @@ class Aim:
     repeat_of: PastRound | None = None  # the earlier round whose pruning this one repeats without quantization
 
 
-def aim_round(p: Problem, feasible: float, goal: float | None, reason: str | None) -> Aim:
+def aim_round(
+    p: PlanningProblem, config: PlannerConfig, feasible: float, goal: float | None, reason: str | None
+) -> Aim:
     """Choose the round's goal: the history's next one, a caller's (backing off, searching), or a repeat."""
     history, objective = p.history, p.objective
-    chosen, gamma, converged, why = next_goal(history, objective, feasible, p.config)
+    chosen, gamma, converged, why = next_goal(history, objective, feasible, config)
     if goal is not None and reason is not None:
         why, converged = reason, False
     elif goal is not None and goal < chosen:
@@ -177,36 +157,37 @@ def aim_round(p: Problem, feasible: float, goal: float | None, reason: str | Non
     return aim
 
 
-def fixed_blocks(p: Problem, aim: Aim, blocks: Sequence[str] | None, ceiling: float | None) -> dict[str, float] | None:
+def fixed_blocks(
+    p: PlanningProblem, config: PlannerConfig, aim: Aim, blocks: Sequence[str] | None, ceiling: float | None
+) -> dict[str, float] | None:
     """Return the block groups a latency plan removes (1.0) or keeps (0.0), or None without depth pruning."""
-    groups, costs, target = p.groups, p.costs, p.objective.target
-    if not (target == "latency" and any(g["kind"] == "block" for g in groups)):
+    rows, target = p.rows, p.objective.target
+    if not (target == "latency" and any(r.kind == "block" for r in rows)):
         return None
     fixed = None
     if blocks is not None:  # the given set, not one carried back from earlier rounds
-        fixed = {g["name"]: float(g["name"] in blocks) for g in groups if g["kind"] == "block"}
+        fixed = {r.name: float(r.name in blocks) for r in rows if r.kind == "block"}
     elif aim.repeat_of is None:
-        estimate_of = functools.partial(estimate_reduction, groups=groups, costs=costs, target=target)
-        shares = latency_shares(groups, costs)
-        limit = p.config.max_block_fraction
-        fixed, note = backed_off_blocks(p.history, aim.goal, groups, shares, p.sensitivity, limit, estimate_of, ceiling)
+        estimate_of = functools.partial(estimate_reduction, rows=rows, target=target)
+        limit = config.max_block_fraction
+        fixed, note = backed_off_blocks(p.history, aim.goal, rows, limit, estimate_of, ceiling)
         aim.why += f"; {note}" if note else ""
     if fixed is None:
-        fixed = depth_first_blocks(aim.goal, groups, costs, p.sensitivity, target, p.config)
+        fixed = depth_first_blocks(aim.goal, rows, target, config)
     return fixed
 
 
-def solve_round(p: Problem, aim: Aim, blocks: Sequence[str] | None) -> dict[str, float]:
+def solve_round(p: PlanningProblem, config: PlannerConfig, aim: Aim, blocks: Sequence[str] | None) -> dict[str, float]:
     """Solve the groups' ratios for the aim; below the ceiling of a refused plan, converging when nothing fits."""
-    groups, costs, target, config = p.groups, p.costs, p.objective.target, p.config
-    weights = group_weights(groups, costs, p.sensitivity, aim.gamma, target, config)
+    rows, target = p.rows, p.objective.target
+    weights = group_weights(rows, aim.gamma, target, config)
     ceiling = ceiling_of(p.history) if aim.repeat_of is None else None
-    fixed = fixed_blocks(p, aim, blocks, ceiling)
-    ratios, estimate = solve_ratios(aim.goal, groups, costs, weights, target, config, fixed)
+    fixed = fixed_blocks(p, config, aim, blocks, ceiling)
+    ratios, estimate = solve_ratios(aim.goal, rows, weights, target, config, fixed)
     if ceiling is not None and estimate >= ceiling - 1e-9:  # whole units rounded back up to a refused plan
-        if target == "latency" and any(g["kind"] == "block" for g in groups):
-            fixed = depth_first_blocks(aim.goal, groups, costs, p.sensitivity, target, config, ceiling - 1e-9)
-        ratios, estimate = solve_below(ceiling - 1e-9, groups, costs, weights, target, config, fixed)
+        if target == "latency" and any(r.kind == "block" for r in rows):
+            fixed = depth_first_blocks(aim.goal, rows, target, config, ceiling - 1e-9)
+        ratios, estimate = solve_below(ceiling - 1e-9, rows, weights, target, config, fixed)
         kept = max((h.goal for h in p.history if h.passed and h.goal < ceiling), default=0.0)
         if kept > 0 and estimate <= kept + 1e-9:
             aim.converged = True
@@ -214,11 +195,11 @@ def solve_round(p: Problem, aim: Aim, blocks: Sequence[str] | None) -> dict[str,
     return ratios
 
 
-def emitted_ratio(group: dict[str, Any], solved: float) -> float | None:
+def emitted_ratio(row: GroupRow, solved: float) -> float | None:
     """Return the ratio a plan entry writes for a group's solved ratio, or None when it removes nothing."""
-    if group["kind"] == "block":
+    if row.kind == "block":
         return 1.0 if solved >= 1.0 else None  # a block is removed whole
-    units, min_units = int(group["units"]), int(group.get("min_units", 1))
+    units, min_units = row.units, row.min_units
     ratio = math.ceil(solved * 1e4) / 1e4  # four decimals, rounded to keep exactly the solved whole units
     if effective_ratio(units, min_units, ratio) != effective_ratio(units, min_units, solved):
         ratio = math.floor(solved * 1e4) / 1e4
@@ -227,38 +208,28 @@ def emitted_ratio(group: dict[str, Any], solved: float) -> float | None:
     return min(max(ratio, 1e-4), 0.99)
 
 
-def plan_entries(p: Problem, ratios: dict[str, float]) -> tuple[list[PruneEntry], dict[str, float]]:
+def plan_entries(rows: Sequence[GroupRow], ratios: dict[str, float]) -> tuple[list[PruneEntry], dict[str, float]]:
     """Return the plan's pruning entries (exact module names) and the ratio each pruned group got."""
-    groups, sensitivity = p.groups, p.sensitivity
-    order = sorted(groups, key=lambda g: float(sensitivity.get(g["name"], {}).get("damage", 0.0)))
-    rank = {g["name"]: i + 1 for i, g in enumerate(order)}
+    order = sorted(rows, key=lambda r: r.damage)
+    rank = {r.name: i + 1 for i, r in enumerate(order)}
     entries, emitted = [], {}
-    gone = removed_blocks(ratios, groups)
-    for group in groups:
-        if group["kind"] != "block" and group.get("block") in gone:
+    gone = removed_blocks(ratios, rows)
+    for row in rows:
+        if row.kind != "block" and row.block in gone:
             continue  # moot: its block is removed
-        ratio = emitted_ratio(group, ratios[group["name"]])
+        ratio = emitted_ratio(row, ratios[row.name])
         if ratio is None:
             continue
-        emitted[group["name"]] = ratio
-        name = group["name"]
-        justification = _justify(
-            group, p.costs.get(name, {}), sensitivity.get(name, {}), rank[name], len(groups), ratio
-        )
+        emitted[row.name] = ratio
+        justification = _justify(row, rank[row.name], len(rows), ratio)
         entries.append(
-            PruneEntry(
-                layer=f"^{re.escape(group['module'])}$", type=group["kind"], ratio=ratio, justification=justification
-            )
+            PruneEntry(layer=f"^{re.escape(row.module)}$", type=row.kind, ratio=ratio, justification=justification)
         )
     return entries, emitted
 
 
 def plan_round(
-    groups: list[dict[str, Any]],
-    costs: dict[str, dict[str, Any]],
-    sensitivity: dict[str, dict[str, Any]],
-    objective: Objective,
-    history: Sequence[PastRound],
+    problem: PlanningProblem,
     config: PlannerConfig | None = None,
     goal: float | None = None,
     steer: Steering | None = None,
@@ -266,12 +237,9 @@ def plan_round(
     """Plan one round.
 
     Args:
-        groups: Prunable groups as dicts (name, kind, module, units, min_units).
-        costs: Per-group cost shares from the profile (`*_share` keys for params, macs, latency).
-        sensitivity: Per-group probe results with a `damage` score (higher hurts more).
-        objective: The run's objective.
-        history: Earlier rounds (`PastRound`: `goal`, `gamma`, `passed`, i.e. kept the accuracy budget, and, when
-            the round was quantized, `quant_speedup`/`quant_speedup_batch` (pruned fp32 latency / quantized).
+        problem: The round's groups (`GroupRow`: kind, units, cost shares, probe damage), the objective and the
+            earlier rounds (`PastRound`: `goal`, `gamma`, `passed`, i.e. kept the accuracy budget, and, when the
+            round was quantized, `quant_speedup`/`quant_speedup_batch` (pruned fp32 latency / quantized)).
         config: Planner bounds.
         goal: Plan for this reduction instead of the one the history suggests (a first round backing off, or a
             searching round's choice).
@@ -282,7 +250,8 @@ def plan_round(
     """
     config = config or PlannerConfig()
     steer = steer or Steering()
-    if not groups:
+    rows, objective, history = problem.rows, problem.objective, problem.history
+    if not rows:
         quant, _ = quant_entries(objective.quantize, history, objective.target)
         plan = CompressionPlan(
             pruning=[],
@@ -290,17 +259,16 @@ def plan_round(
             rationale="The family adapter found no prunable groups; only quantization applies.",
         )
         return PlanResult(plan, "deterministic", 0.0, config.gamma_start, converged=bool(history))
-    p = Problem(groups, costs, sensitivity, objective, list(history), config)
-    feasible = max_feasible(groups, costs, objective.target, config)
-    aim = aim_round(p, feasible, goal, steer.reason)
-    entries, emitted = plan_entries(p, solve_round(p, aim, steer.blocks))
-    estimate = estimate_reduction(emitted, groups, costs, objective.target)
+    feasible = max_feasible(rows, objective.target, config)
+    aim = aim_round(problem, config, feasible, goal, steer.reason)
+    entries, emitted = plan_entries(rows, solve_round(problem, config, aim, steer.blocks))
+    estimate = estimate_reduction(emitted, rows, objective.target)
     if aim.repeat_of is not None:  # the same plan: keep its goal exactly, so the search sees one point, not two
         estimate = aim.repeat_of.goal
     rationale = (
         f"Deterministic planner: {aim.why}. Ratios follow cost share / probe damage^{aim.gamma:.2f} with a common "
         f"level chosen so the estimated {objective.target} reduction is {estimate:.1%} (largest feasible "
-        f"{feasible:.1%}); {len(entries)} of {len(groups)} groups pruned."
+        f"{feasible:.1%}); {len(entries)} of {len(rows)} groups pruned."
     )
     quant, quant_note = quant_entries(objective.quantize, history, objective.target)
     if quant_note:

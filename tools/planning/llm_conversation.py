@@ -12,6 +12,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import RetryPolicy
 from typing_extensions import TypedDict
 
+from profiling_agent.state import RejectedAnswer, StructuredFacts, StructuredMode
 from profiling_agent.tools import interrupt
 from profiling_agent.tools.planning.llm_client import PlannerFailure, add_usage, message_text, record_reply
 from profiling_agent.tools.planning.llm_repair import answer_key, repeated_reason
@@ -41,9 +42,9 @@ class ConversationState(TypedDict, total=False):
     rounds: int  # tool rounds run so far
     forced: bool  # the tool budget is spent: the next answer must be the final plan
     constrained: bool  # the next request is schema-constrained (no tools offered)
-    mode: str  # the structured mode of the last reply ("off": unconstrained)
-    structured: dict[str, Any]  # the structured-mode finder's record ({"choice", "mode", "confirmed", "given_up"})
-    rejected: list[dict[str, Any]]  # answers refused so far (RejectedAnswer records)
+    mode: StructuredMode  # the structured mode of the last reply ("off": unconstrained)
+    structured: StructuredFacts  # the structured-mode finder's record ({"choice", "mode", "confirmed", "given_up"})
+    rejected: list[RejectedAnswer]  # answers refused so far
     refused: dict[str, str]  # answer key -> the first reason it was refused for
     usage: dict[str, int]  # token usage summed over the replies
     tool_errors: list[dict[str, str]]  # tool calls refused or failed ({"name", "error"})
@@ -70,7 +71,7 @@ def first_with_tools(state: ConversationState, conv: Conversation) -> bool:
     return conv.has_tools and not state.get("constrained") and state.get("requests", 0) <= 1
 
 
-def drop_tools(conv: Conversation, why: str) -> dict[str, Any]:
+def drop_tools(conv: Conversation, why: str) -> ConversationState:
     """Return the update that asks for constrained answers without tools from now on, written to the transcript."""
     conv.transcript.write("tools_dropped", reason=why)
     return {"constrained": True, "tools_dropped": why}
@@ -87,7 +88,7 @@ def initial_state(conv: Conversation, messages: list[BaseMessage]) -> Conversati
 # ---------------------------------------------------------------- nodes
 
 
-def start(state: ConversationState, runtime: Runtime[Conversation]) -> dict[str, Any]:
+def start(state: ConversationState, runtime: Runtime[Conversation]) -> ConversationState:
     """Write the prompt to a new transcript and set the counters (a resume never runs this again)."""
     conv = runtime.context
     conv.transcript.start()
@@ -100,7 +101,7 @@ def start(state: ConversationState, runtime: Runtime[Conversation]) -> dict[str,
         "rounds": 0,
         "forced": False,
         "constrained": not conv.has_tools,  # without tools, every answer is the final one
-        "structured": dict(conv.finder(None).record()),
+        "structured": conv.finder(None).record(),
         "rejected": [],
         "refused": {},
         "usage": {"calls": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
@@ -108,7 +109,7 @@ def start(state: ConversationState, runtime: Runtime[Conversation]) -> dict[str,
     }
 
 
-def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> dict[str, Any]:
+def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> ConversationState:
     """Send the conversation to the model (tools bound, or schema-constrained) and append its reply.
 
     A reply cut off at the token limit is refused as unparseable; a reply that calls tools past the tool budget
@@ -125,7 +126,7 @@ def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> dict
         reply = conv.request(list(state["messages"]), constrained, forced, finder)
     except PlannerFailure as failure:
         if "LengthFinishReasonError" in failure.reason:
-            cut = {**_cut_off(state, conv, finder), "requests": requests}
+            cut: ConversationState = {**_cut_off(state, conv, finder), "requests": requests}
             if first_with_tools({**state, "requests": requests}, conv):
                 cut |= drop_tools(conv, "the first answer ran to the token limit without a plan or a tool call")
             return cut
@@ -141,11 +142,11 @@ def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> dict
     usage = dict(state.get("usage") or {})
     add_usage(usage, reply)
     record_reply(conv.transcript, reply)
-    update: dict[str, Any] = {
+    update: ConversationState = {
         "messages": [reply],
         "requests": requests,
         "usage": usage,
-        "structured": dict(finder.record()),
+        "structured": finder.record(),
         "mode": finder.mode if constrained else "off",
     }
     if reply.invalid_tool_calls and first_with_tools({**state, "requests": requests}, conv):
@@ -156,14 +157,12 @@ def call_model(state: ConversationState, runtime: Runtime[Conversation]) -> dict
     return update
 
 
-def _cut_off(state: ConversationState, conv: Conversation, finder: ModeFinder) -> dict[str, Any]:
+def _cut_off(state: ConversationState, conv: Conversation, finder: ModeFinder) -> ConversationState:
     reason = CUT_OFF.format(tokens=conv.max_tokens)
-    rejected = [
-        *state.get("rejected", []),
-        {"stage": "parse", "reasons": [reason], "answer": "", "structured": finder.mode},
-    ]
+    answer: RejectedAnswer = {"stage": "parse", "reasons": [reason], "answer": "", "structured": finder.mode}
+    rejected = [*state.get("rejected", []), answer]
     conv.transcript.write("parse_error", reason=reason)
-    update: dict[str, Any] = {"rejected": rejected, "structured": dict(finder.record())}
+    update: ConversationState = {"rejected": rejected, "structured": finder.record()}
     if len(rejected) > state["budget"]["retries"]:
         update["failure"] = {"stage": "parse", "reason": f"{len(rejected)} invalid answers; last: {reason}"}
     else:
@@ -171,7 +170,9 @@ def _cut_off(state: ConversationState, conv: Conversation, finder: ModeFinder) -
     return update
 
 
-def _past_tool_budget(state: ConversationState, conv: Conversation, reply: AIMessage, forced: bool) -> dict[str, Any]:
+def _past_tool_budget(
+    state: ConversationState, conv: Conversation, reply: AIMessage, forced: bool
+) -> ConversationState:
     rounds = state.get("rounds", 0)
     if forced:
         return {"failure": {"stage": "tool_loop", "reason": f"still calling tools after {rounds} tool rounds"}}
@@ -186,19 +187,19 @@ def _past_tool_budget(state: ConversationState, conv: Conversation, reply: AIMes
     return {"messages": [*spent, HumanMessage(content=FORCE_FINAL)], "forced": True, "constrained": True}
 
 
-def run_tools(state: ConversationState, runtime: Runtime[Conversation]) -> dict[str, Any]:
+def run_tools(state: ConversationState, runtime: Runtime[Conversation]) -> ConversationState:
     """Run the tool calls of the model's last reply; their results (or errors the model can read) go back to it."""
     reply = state["messages"][-1]
     assert isinstance(reply, AIMessage)
     messages, errors = runtime.context.run_tools(reply)
     return {
-        "messages": messages,
+        "messages": cast("list[AnyMessage]", messages),
         "rounds": state.get("rounds", 0) + 1,
         "tool_errors": [*state.get("tool_errors", []), *errors],
     }
 
 
-def check_answer(state: ConversationState, runtime: Runtime[Conversation]) -> dict[str, Any]:
+def check_answer(state: ConversationState, runtime: Runtime[Conversation]) -> ConversationState:
     """Accept the model's answer as the plan, or send it back with the repair (the proposal inline)."""
     conv = runtime.context
     reply = state["messages"][-1]
@@ -218,20 +219,25 @@ def check_answer(state: ConversationState, runtime: Runtime[Conversation]) -> di
         "sent_back": sent_back,
         "choice": choice,
     }
-    return {"accepted": accepted, "structured": dict(finder.record())}
+    return {"accepted": accepted, "structured": finder.record()}
 
 
 def _refuse(
     state: ConversationState, conv: Conversation, finder: ModeFinder, rej: Rejected, reply: AnyMessage
-) -> dict[str, Any]:
+) -> ConversationState:
     text, mode = message_text(reply), state.get("mode", "off")
-    answer = {"stage": rej.stage, "reasons": rej.reasons, "answer": text[:MAX_ANSWER_KEPT], "structured": mode}
+    answer: RejectedAnswer = {
+        "stage": rej.stage,
+        "reasons": rej.reasons,
+        "answer": text[:MAX_ANSWER_KEPT],
+        "structured": mode,
+    }
     rejected = [*state.get("rejected", []), answer]
     if rej.stage == "guard" and mode != "off":
         finder.worked()  # the answer parsed: the server honoured the schema
     if rej.stage == "parse" and mode != "off" and finder.give_up(f"ignored: {rej.reasons[0]}"):
         conv.transcript.write("structured", ignored=mode, next=finder.mode)
-    update: dict[str, Any] = {"rejected": rejected, "structured": dict(finder.record())}
+    update: ConversationState = {"rejected": rejected, "structured": finder.record()}
     # a plan the guard refused is the same plan under any mode; an unusable answer under another mode is the
     # server ignoring that mode, which the finder steps past
     key = answer_key(text) if rej.stage == "guard" else f"{mode} {answer_key(text)}"
@@ -253,12 +259,12 @@ def _refuse(
     retry = conv.repair_text(rej, keep_tools)
     conv.transcript.write("prompt", role="human", content=retry)
     # a rambling refused answer must not fill the context: the same message id replaces it in the history
-    update["messages"] = [shortened(reply, text), HumanMessage(content=retry)]
+    update["messages"] = cast("list[AnyMessage]", [shortened(reply, text), HumanMessage(content=retry)])
     update["constrained"] = not keep_tools
     return update
 
 
-def finish(state: ConversationState) -> dict[str, Any]:
+def finish(state: ConversationState) -> ConversationState:
     """End the conversation: a plan accepted, a failure, or (the routing's bound) no plan within the requests."""
     if state.get("accepted") or state.get("failure"):
         return {}

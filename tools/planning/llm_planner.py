@@ -17,6 +17,7 @@ from profiling_agent.state import (
     Fallback,
     LLMStep,
     Objective,
+    PlanningProblem,
     RejectedAnswer,
     StructuredFacts,
 )
@@ -209,13 +210,16 @@ def plan_with_llm(
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         info = {"model": inputs.model_ref, "family": inputs.family}
         merging = fallback_option(inputs.token_axis, fallback.plan.tokens)
-        propose_fn = _proposer(inputs.objective, profile, sensitivity, fallback, proposals, merging)
+        problem = PlanningProblem.of(
+            profile.get("groups") or [], profile.get("group_costs") or {}, sensitivity, inputs.objective
+        )
+        propose_fn = _proposer(problem, fallback, proposals, merging)
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
         tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
         repair = Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target)
         quant = list(fallback.plan.quantization) if inputs.objective.quantize != "none" else []
-        facts = (profile, sensitivity, inputs.objective, repair.goal, quant, merging, inputs.token_axis)
+        facts = (profile, problem, repair.goal, quant, merging, inputs.token_axis)
         offer = offer_alternatives(OfferInputs(*facts, fallback.predicted_pp, evaluate_fn), guard)
         proposals.extend(a.record for a in offer.alternatives)
         conv = Conversation(
@@ -321,9 +325,7 @@ def proposal_goal(fallback: PlanResult, objective: Objective) -> float:
 
 
 def _proposer(
-    objective: Objective,
-    profile: dict[str, Any],
-    sensitivity: dict[str, Any],
+    problem: PlanningProblem,
     fallback: PlanResult,
     out: list[Proposal],
     merging: TokenOption | None = None,
@@ -334,9 +336,8 @@ def _proposer(
     """
 
     def propose_fn(goal: float, emphasis: str) -> dict[str, Any]:
-        groups, costs = profile.get("groups") or [], profile.get("group_costs") or {}
-        quant = list(fallback.plan.quantization) if objective.quantize != "none" else []
-        plan, record = propose(groups, costs, sensitivity, objective, goal, emphasis, quant, merging)
+        quant = list(fallback.plan.quantization) if problem.objective.quantize != "none" else []
+        plan, record = propose(problem, goal, emphasis, quant, merging)
         out.append(record)
         return {"goal": record.goal, "emphasis": emphasis, "predicted_reduction": record.estimate, "plan": plan}
 

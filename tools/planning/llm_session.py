@@ -8,7 +8,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from profiling_agent.state import CompressionPlan, Context, QuantEntry, QuantizeChoice, StructuredMode
+from profiling_agent.state import CompressionPlan, Context, QuantEntry, QuantizeChoice, StructuredFacts, StructuredMode
 from profiling_agent.tools.planning.alternatives import Offer
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
@@ -171,7 +171,7 @@ class Conversation:
             final = bound
         return bound, final, True
 
-    def finder(self, record: dict[str, Any] | None) -> ModeFinder:
+    def finder(self, record: StructuredFacts | None) -> ModeFinder:
         """Return the structured-mode finder as the conversation's state left it (`record`: its last record)."""
         return ModeFinder.restored(self.ctx.llm_structured, self.known_mode, record)
 

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from profiling_agent.prompts.plan_example import example_copy_reasons
-from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan, TokenAxis
+from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan, GroupRow, TokenAxis, group_rows
 from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.ratio_solver import (
     RatioCaps,
@@ -113,10 +113,6 @@ def _is_linear(row: dict[str, Any]) -> bool:
     return "Linear" in str(row.get("type", ""))
 
 
-def _min_units(group: dict[str, Any]) -> int:
-    return int(group.get("min_units", 0 if group["kind"] == "block" else 1))
-
-
 def _short(names: list[str], limit: int = 3) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -134,7 +130,8 @@ class _Checker:
         layers: list[dict[str, Any]] | None,
         config: GuardConfig,
     ):
-        self.plan, self.groups, self.costs, self.config = plan, groups, group_costs, config
+        self.plan, self.config = plan, config
+        self.rows = group_rows(groups, group_costs, {})  # the profile's groups and costs, read once
         self.layer_names = [str(r.get("name", "")) for r in layers or []]
         self.linear_names = [str(r["name"]) for r in layers or [] if _is_linear(r)]
         self.has_layers = layers is not None
@@ -159,7 +156,7 @@ class _Checker:
             else:
                 safe.append(layer)
         safe = list(dict.fromkeys(safe))
-        subjects = list(dict.fromkeys([g["module"] for g in self.groups] + self.protected + self.layer_names))
+        subjects = list(dict.fromkeys([g.module for g in self.rows] + self.protected + self.layer_names))
         slow = slow_patterns(safe, subjects, self.config.match_time_budget)
         if slow is None:
             self.warnings.append("regex timing check skipped (no child process)")
@@ -178,7 +175,7 @@ class _Checker:
         targets such groups is listed in `moot` (the plan drops it).
         """
         ratios: dict[str, float] = {}
-        matched: list[tuple[int, str, list[dict[str, Any]]]] = []  # (entry index, label, groups it targets)
+        matched: list[tuple[int, str, list[GroupRow]]] = []  # (entry index, label, groups it targets)
         for i, entry in enumerate(self.plan.pruning):
             label = self._label("pruning", i, entry.layer)
             cap = ratio_cap(entry.type, self.config)
@@ -191,7 +188,7 @@ class _Checker:
             pattern = self.compiled.get(entry.layer)
             if pattern is None:
                 continue
-            hits = [g for g in self.groups if g["kind"] == entry.type and pattern.search(g["module"])]
+            hits = [g for g in self.rows if g.kind == entry.type and pattern.search(g.module)]
             guarded = [name for name in self.protected if pattern.search(name)]
             if guarded:
                 self.reasons.append(
@@ -201,36 +198,34 @@ class _Checker:
             if not hits:
                 self.reasons.append(self._no_match(label, entry.type, pattern))
                 continue
-            if all(effective_ratio(int(g["units"]), _min_units(g), entry.ratio) <= 0 for g in hits):
+            if all(effective_ratio(g.units, g.min_units, entry.ratio) <= 0 for g in hits):
                 self.warnings.append(
-                    f"{label}: ratio {entry.ratio:g} removes no unit from {_short([g['name'] for g in hits])}"
+                    f"{label}: ratio {entry.ratio:g} removes no unit from {_short([g.name for g in hits])}"
                 )
             for group in hits:
-                ratios[group["name"]] = entry.ratio
+                ratios[group.name] = entry.ratio
             matched.append((i, label, hits))
-        gone = removed_blocks(ratios, self.groups)
+        gone = removed_blocks(ratios, self.rows)
         self.check_depth(gone, matched)
         self.moot = self._moot(gone, matched)
         return {
-            g["name"]: ratios[g["name"]]
-            for g in self.groups
-            if g["name"] in ratios and (g["kind"] == "block" or g.get("block") not in gone)
+            g.name: ratios[g.name] for g in self.rows if g.name in ratios and (g.kind == "block" or g.block not in gone)
         }
 
-    def check_depth(self, gone: set[str], matched: list[tuple[int, str, list[dict[str, Any]]]]) -> None:
+    def check_depth(self, gone: set[str], matched: list[tuple[int, str, list[GroupRow]]]) -> None:
         """Refuse removing every block of a stack, or more than `max_block_fraction` of them (block groups count)."""
         stacks: dict[str, list[str]] = {}
-        for group in self.groups:
-            if group["kind"] == "block":
-                stacks.setdefault(limit_key(group), []).append(str(group["module"]))
+        for group in self.rows:
+            if group.kind == "block":
+                stacks.setdefault(limit_key(group), []).append(group.module)
         fraction = self.config.max_block_fraction
-        limits = block_limits(self.groups, fraction)
+        limits = block_limits(self.rows, fraction)
         for stack, blocks in stacks.items():
             removed = [b for b in blocks if b in gone]
             allowed = limits[stack]
             if len(removed) <= allowed:
                 continue
-            labels = [label for _, label, hits in matched if any(g["module"] in removed for g in hits)]
+            labels = [label for _, label, hits in matched if any(g.module in removed for g in hits)]
             what = (
                 f"removes every removable block of {stack} ({len(blocks)})"
                 if len(removed) == len(blocks)
@@ -241,14 +236,14 @@ class _Checker:
                 "kept): remove fewer blocks"
             )
 
-    def _moot(self, gone: set[str], matched: list[tuple[int, str, list[dict[str, Any]]]]) -> list[int]:
+    def _moot(self, gone: set[str], matched: list[tuple[int, str, list[GroupRow]]]) -> list[int]:
         """Return the width entries whose every group lies inside a removed block, with a warning for each."""
         moot = []
         for i, label, hits in matched:
-            inside = [g for g in hits if g["kind"] != "block" and g.get("block") in gone]
+            inside = [g for g in hits if g.kind != "block" and g.block in gone]
             if not inside:
                 continue
-            names = _short([g["name"] for g in inside])
+            names = _short([g.name for g in inside])
             if len(inside) == len(hits):
                 moot.append(i)
                 self.warnings.append(f"{label}: dropped as moot: {names} lie inside removed blocks")
@@ -257,17 +252,17 @@ class _Checker:
         return moot
 
     def _example(self, kind: str) -> str:
-        return next((g["module"] for g in self.groups if g["kind"] == kind), "module.name")
+        return next((g.module for g in self.rows if g.kind == kind), "module.name")
 
     def _no_match(self, label: str, kind: str, pattern: re.Pattern[str]) -> str:
-        other = [g for g in self.groups if g["kind"] != kind and pattern.search(g["module"])]
+        other = [g for g in self.rows if g.kind != kind and pattern.search(g.module)]
         if other:
-            other_kind = str(other[0]["kind"])
+            other_kind = other[0].kind
             return (
-                f"{label}: matches no {kind} group, only {_short([g['name'] for g in other], 2)} (a {other_kind} "
+                f"{label}: matches no {kind} group, only {_short([g.name for g in other], 2)} (a {other_kind} "
                 f"group): use type {other_kind!r} for it, or change the regex"
             )
-        examples = [g["module"] for g in self.groups if g["kind"] == kind][:2]
+        examples = [g.module for g in self.rows if g.kind == kind][:2]
         if not examples:
             return f"{label}: this model has no {kind} groups"
         return f"{label}: matches no {kind} group module; {kind} modules look like {_short(examples, 2)}"
@@ -291,10 +286,7 @@ class _Checker:
 
     def check_size(self, ratios: dict[str, float]) -> dict[str, float]:
         """Bound the predicted parameter reduction; return the predicted reductions."""
-        estimate = {
-            key: round(estimate_reduction(ratios, self.groups, self.costs, key), 4)
-            for key in ("params", "macs", "latency")
-        }
+        estimate = {key: round(estimate_reduction(ratios, self.rows, key), 4) for key in ("params", "macs", "latency")}
         limit = self.config.max_predicted_param_reduction
         if estimate["params"] > limit:
             self.reasons.append(

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profiling_agent.state import CompressionPlan, Objective, ProposalDiff, QuantEntry
+from profiling_agent.state import CompressionPlan, PlanningProblem, ProposalDiff, QuantEntry
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.ratio_solver import PlannerConfig, estimate_reduction, ratio_cap
 from profiling_agent.tools.planning.token_plan import TokenOption, pruning_problem, to_total
@@ -38,10 +38,7 @@ def _grid(ratio: float, cap: float) -> float:
 
 
 def propose(
-    groups: list[dict[str, Any]],
-    costs: dict[str, dict[str, Any]],
-    sensitivity: dict[str, dict[str, Any]],
-    objective: Objective,
+    problem: PlanningProblem,
     goal: float,
     emphasis: str,
     quantization: list[QuantEntry],
@@ -58,29 +55,31 @@ def propose(
         (the plan as JSON-ready data, the Proposal record kept for the comparison).
     """
     config = PlannerConfig(gamma_start=EMPHASIS_GAMMA.get(emphasis, 1.0))
+    objective, rows = problem.objective, problem.rows
     pruning_objective, _, pruning_goal = (
         pruning_problem(merging, objective, [], goal) if merging is not None else (objective, [], goal)
     )
-    result = plan_round(groups, costs, sensitivity, pruning_objective, [], config=config, goal=pruning_goal)
-    by_module = {f"^{re.escape(g['module'])}$": g for g in groups}
+    own = problem.model_copy(update={"objective": pruning_objective, "history": []})
+    result = plan_round(own, config=config, goal=pruning_goal)
+    by_module = {f"^{re.escape(r.module)}$": r for r in rows}
     ratios: dict[str, float] = {}
     for entry in result.plan.pruning:
-        group = by_module.get(entry.layer)
-        if group is None:
+        row = by_module.get(entry.layer)
+        if row is None:
             continue
-        ratio = _grid(entry.ratio, ratio_cap(str(group["kind"]), config))  # a block's cap is 1.0: removed whole
+        ratio = _grid(entry.ratio, ratio_cap(row.kind, config))  # a block's cap is 1.0: removed whole
         if ratio > 0:
-            ratios[str(group["name"])] = ratio
+            ratios[row.name] = ratio
     shared: dict[tuple[str, float], list[str]] = {}
-    for group in groups:
-        if group["name"] in ratios:
-            shared.setdefault((str(group["kind"]), ratios[group["name"]]), []).append(str(group["name"]))
+    for row in rows:
+        if row.name in ratios:
+            shared.setdefault((row.kind, ratios[row.name]), []).append(row.name)
     pruning = [
         {"groups": names, "type": kind, "ratio": ratio, "justification": "deterministic proposal: cost share / damage"}
         for (kind, ratio), names in shared.items()
     ]
     quant = [q.model_dump() for q in quantization]
-    estimate = {k: round(estimate_reduction(ratios, groups, costs, k), 4) for k in ("params", "macs", "latency")}
+    estimate = {k: round(estimate_reduction(ratios, rows, k), 4) for k in ("params", "macs", "latency")}
     rationale = f"Deterministic proposal at goal {goal:.0%}."
     plan: dict[str, Any] = {"pruning": pruning, "quantization": quant, "rationale": rationale}
     if merging is not None:

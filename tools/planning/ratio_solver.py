@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from profiling_agent.state import GroupRow
 from profiling_agent.tools.compression.depth import MAX_BLOCK_FRACTION, block_limits, limit_key
 from profiling_agent.tools.compression.units import removed_units, unit_align
 from profiling_agent.tools.planning.depth_plan import depth_first
@@ -44,19 +45,11 @@ def ratio_cap(kind: str, config: RatioCaps) -> float:
     return {"head": config.max_ratio_head, "block": 1.0}.get(kind, config.max_ratio_structured)
 
 
-def removed_blocks(ratios: dict[str, float], groups: list[dict[str, Any]]) -> set[str]:
+def removed_blocks(ratios: dict[str, float], rows: Sequence[GroupRow]) -> set[str]:
     """Return the module names of the block groups that `ratios` removes."""
     return {
-        str(g["module"])
-        for g in groups
-        if g.get("kind") == "block"
-        and effective_ratio(int(g["units"]), int(g.get("min_units", 0)), ratios.get(g["name"], 0.0))
+        r.module for r in rows if r.kind == "block" and effective_ratio(r.units, r.min_units, ratios.get(r.name, 0.0))
     }
-
-
-def group_share(cost: dict[str, Any], key: str) -> float:
-    """Return a group's `<key>_share` from its cost row (0 when absent)."""
-    return float(cost.get(f"{key}_share", 0.0) or 0.0)
 
 
 def estimate_key(target: str) -> str:
@@ -71,43 +64,37 @@ def effective_ratio(units: int, min_units: int, ratio: float) -> float:
     return removed_units(units, min_units, ratio) / units
 
 
-def aligned_ratio(group: dict[str, Any], ratio: float, cap: float = 1.0, align: bool = True) -> float:
-    """Return the ratio that prunes `group` at about `ratio` (at most `cap`) and keeps whole channel blocks.
+def aligned_ratio(row: GroupRow, ratio: float, cap: float = 1.0, align: bool = True) -> float:
+    """Return the ratio that prunes `row`'s group at about `ratio` (at most `cap`) and keeps whole channel blocks.
 
     A channel group's kept width is rounded to the nearest multiple of the runtimes' channel block
     (`units.unit_align`: 16 from 32 channels, 8 from 16; heads are whole already), one block more when the
     nearest would pass `cap`; the ratio is returned as removed / units, so the engine's floor removes exactly
     that many units and a pruned width never pays for a partly filled block. `align` False: whole units only.
     """
-    units, min_units = int(group["units"]), int(group.get("min_units", 1))
-    if units <= 0:
+    if row.units <= 0:
         return 0.0
-    block = unit_align(str(group.get("kind", "structured")), units) if align else 1
-    removed = removed_units(units, min_units, ratio, block)
-    if removed > units * cap + 1e-9:
+    block = unit_align(row.kind, row.units) if align else 1
+    removed = removed_units(row.units, row.min_units, ratio, block)
+    if removed > row.units * cap + 1e-9:
         removed = max(0, removed - block)
-    return removed / units
+    return removed / row.units
 
 
-def latency_gain(group: dict[str, Any], cost: dict[str, Any], config: PlannerConfig) -> float:
-    """Return the latency share pruning `group` as far as the planner may saves, by its measured curve if any.
+def latency_gain(row: GroupRow, config: PlannerConfig) -> float:
+    """Return the latency share pruning `row`'s group as far as the planner may saves, by its measured curve if any.
 
     The curve (the delivered form's node times at a few ratios) says what pruning really buys: on a small model at
     batch 1 narrower layers save little, and the group's node-time share would overstate it.
     """
-    curve = cost.get("latency_curve")
-    if not curve or group["kind"] == "block":
-        return group_share(cost, "latency")
-    return max(0.0, float(np_interp(ratio_cap(group["kind"], config), curve["ratios"], curve["saved_share"])))
+    curve = row.latency_curve
+    if curve is None or row.kind == "block":
+        return row.latency_share
+    return max(0.0, float(np_interp(ratio_cap(row.kind, config), curve.ratios, curve.saved_share)))
 
 
 def group_weights(
-    groups: list[dict[str, Any]],
-    costs: dict[str, dict[str, Any]],
-    sensitivity: dict[str, dict[str, Any]],
-    gamma: float,
-    target: str = "params",
-    config: PlannerConfig | None = None,
+    rows: Sequence[GroupRow], gamma: float, target: str = "params", config: PlannerConfig | None = None
 ) -> dict[str, float]:
     """Weight each group by cost / damage**gamma, normalized to mean 1 over the groups.
 
@@ -116,61 +103,65 @@ def group_weights(
     """
     config = config or PlannerConfig()
     raw: dict[str, float] = {}
-    damages = [float(sensitivity.get(g["name"], {}).get("damage", 0.0)) for g in groups]
+    damages = [r.damage for r in rows]
     floor = max(1e-4, 0.05 * (sum(damages) / len(damages) if damages else 0.0))
-    for group in groups:
-        cost = costs.get(group["name"], {})
-        c = 0.5 * group_share(cost, "latency") + 0.5 * group_share(cost, "macs") or group_share(cost, "params") or 1e-6
+    for row in rows:
+        c = 0.5 * row.latency_share + 0.5 * row.macs_share or row.params_share or 1e-6
         if target == "latency":
-            c = latency_gain(group, cost, config) or 1e-6
-        d = float(sensitivity.get(group["name"], {}).get("damage", 0.0)) + floor
-        raw[group["name"]] = c / d**gamma
+            c = latency_gain(row, config) or 1e-6
+        raw[row.name] = c / (row.damage + floor) ** gamma
     mean = sum(raw.values()) / len(raw) if raw else 1.0
     return {k: v / mean for k, v in raw.items()} if mean > 0 else dict.fromkeys(raw, 1.0)
 
 
-def _ratios_at(level: float, groups, weights, config: PlannerConfig, fixed=None) -> dict[str, float]:
+def _ratios_at(
+    level: float,
+    rows: Sequence[GroupRow],
+    weights: dict[str, float],
+    config: PlannerConfig,
+    fixed: dict[str, float] | None = None,
+) -> dict[str, float]:
     out = {}
-    for g in groups:
-        if fixed is not None and g["name"] in fixed:
-            out[g["name"]] = fixed[g["name"]]
+    for r in rows:
+        if fixed is not None and r.name in fixed:
+            out[r.name] = fixed[r.name]
             continue
-        cap = ratio_cap(g["kind"], config)
-        out[g["name"]] = aligned_ratio(g, min(cap, level * weights[g["name"]]), cap, config.align_channels)
-    return _limit_depth(out, groups, weights, config)
+        cap = ratio_cap(r.kind, config)
+        out[r.name] = aligned_ratio(r, min(cap, level * weights[r.name]), cap, config.align_channels)
+    return _limit_depth(out, rows, weights, config)
 
 
-def _limit_depth(ratios: dict[str, float], groups, weights, config: PlannerConfig) -> dict[str, float]:
+def _limit_depth(
+    ratios: dict[str, float], rows: Sequence[GroupRow], weights: dict[str, float], config: PlannerConfig
+) -> dict[str, float]:
     """Keep at most `max_block_fraction` of each stack's blocks removed (and one block): the highest weights stay."""
-    stacks: dict[str, list[dict[str, Any]]] = {}
-    for g in groups:
-        if g["kind"] == "block":
-            stacks.setdefault(limit_key(g), []).append(g)
-    limits = block_limits(groups, config.max_block_fraction)
+    stacks: dict[str, list[GroupRow]] = {}
+    for r in rows:
+        if r.kind == "block":
+            stacks.setdefault(limit_key(r), []).append(r)
+    limits = block_limits(rows, config.max_block_fraction)
     for stack, members in stacks.items():
         allowed = limits[stack]
-        removed = [g for g in members if ratios.get(g["name"], 0.0) >= 1.0]
-        for g in sorted(removed, key=lambda g: (-weights[g["name"]], g["name"]))[max(0, allowed) :]:
-            ratios[g["name"]] = 0.0
+        removed = [r for r in members if ratios.get(r.name, 0.0) >= 1.0]
+        for r in sorted(removed, key=lambda r: (-weights[r.name], r.name))[max(0, allowed) :]:
+            ratios[r.name] = 0.0
     return ratios
 
 
-def estimate_reduction(
-    ratios: dict[str, float], groups: list[dict[str, Any]], costs: dict[str, dict[str, Any]], target: str
-) -> float:
+def estimate_reduction(ratios: dict[str, float], rows: Sequence[GroupRow], target: str) -> float:
     """Estimate the fractional reduction of `target` from per-group ratios and group cost shares."""
     key = estimate_key(target)
     total = 0.0
-    gone = removed_blocks(ratios, groups)  # a removed block's cost counts once, through its block group
-    for g in groups:
-        if g.get("kind") != "block" and g.get("block") in gone:
+    gone = removed_blocks(ratios, rows)  # a removed block's cost counts once, through its block group
+    for row in rows:
+        if row.kind != "block" and row.block in gone:
             continue
-        r = effective_ratio(int(g["units"]), int(g.get("min_units", 1)), ratios.get(g["name"], 0.0))
-        curve = costs.get(g["name"], {}).get("latency_curve") if key == "latency" else None
-        if curve:  # measured on the delivered backend at a few ratios (tools/profiling/latency_model.py)
-            total += float(np_interp(r, curve["ratios"], curve["saved_share"]))
+        r = effective_ratio(row.units, row.min_units, ratios.get(row.name, 0.0))
+        curve = row.latency_curve if key == "latency" else None
+        if curve is not None:  # measured on the delivered backend at a few ratios (tools/profiling/latency_model.py)
+            total += float(np_interp(r, curve.ratios, curve.saved_share))
         else:
-            total += r * group_share(costs.get(g["name"], {}), key)
+            total += r * row.share(key)
     return total
 
 
@@ -185,68 +176,70 @@ def np_interp(x: float, xs: list[float], ys: list[float]) -> float:
 
 
 def solve_ratios(
-    goal: float, groups, costs, weights, target: str, config: PlannerConfig, fixed=None
+    goal: float,
+    rows: Sequence[GroupRow],
+    weights: dict[str, float],
+    target: str,
+    config: PlannerConfig,
+    fixed: dict[str, float] | None = None,
 ) -> tuple[dict[str, float], float]:
     """Bisect a common level so the estimated reduction reaches `goal`; return ratios and their estimate.
 
     `fixed` ({group: ratio}) holds some groups' ratios (the blocks depth pruning removes) out of the level.
     """
     lo, hi = 0.0, 1.0
-    while estimate_reduction(_ratios_at(hi, groups, weights, config, fixed), groups, costs, target) < goal and hi < 1e3:
+    while estimate_reduction(_ratios_at(hi, rows, weights, config, fixed), rows, target) < goal and hi < 1e3:
         hi *= 2
     for _ in range(60):
         mid = (lo + hi) / 2
-        if estimate_reduction(_ratios_at(mid, groups, weights, config, fixed), groups, costs, target) >= goal:
+        if estimate_reduction(_ratios_at(mid, rows, weights, config, fixed), rows, target) >= goal:
             hi = mid
         else:
             lo = mid
-    ratios = _ratios_at(hi, groups, weights, config, fixed)
-    return ratios, estimate_reduction(ratios, groups, costs, target)
+    ratios = _ratios_at(hi, rows, weights, config, fixed)
+    return ratios, estimate_reduction(ratios, rows, target)
 
 
 def solve_below(
-    ceiling: float, groups, costs, weights, target: str, config: PlannerConfig, fixed=None
+    ceiling: float,
+    rows: Sequence[GroupRow],
+    weights: dict[str, float],
+    target: str,
+    config: PlannerConfig,
+    fixed: dict[str, float] | None = None,
 ) -> tuple[dict[str, float], float]:
     """Return the strongest ratios (common level) whose estimated reduction stays strictly below `ceiling`."""
     lo, hi = 0.0, 1.0
-    while (
-        estimate_reduction(_ratios_at(hi, groups, weights, config, fixed), groups, costs, target) < ceiling and hi < 1e3
-    ):
+    while estimate_reduction(_ratios_at(hi, rows, weights, config, fixed), rows, target) < ceiling and hi < 1e3:
         hi *= 2
     for _ in range(60):
         mid = (lo + hi) / 2
-        if estimate_reduction(_ratios_at(mid, groups, weights, config, fixed), groups, costs, target) < ceiling:
+        if estimate_reduction(_ratios_at(mid, rows, weights, config, fixed), rows, target) < ceiling:
             lo = mid
         else:
             hi = mid
-    ratios = _ratios_at(lo, groups, weights, config, fixed)
-    return ratios, estimate_reduction(ratios, groups, costs, target)
+    ratios = _ratios_at(lo, rows, weights, config, fixed)
+    return ratios, estimate_reduction(ratios, rows, target)
 
 
-def depth_first_blocks(goal, groups, costs, sensitivity, target: str, config: PlannerConfig, ceiling=None):
+def depth_first_blocks(
+    goal: float, rows: Sequence[GroupRow], target: str, config: PlannerConfig, ceiling: float | None = None
+) -> dict[str, float]:
     """`depth_plan.depth_first` with this planner's caps and estimate."""
-    caps = {g["name"]: ratio_cap(g["kind"], config) for g in groups if g["kind"] != "block"}
-    shares, limit = latency_shares(groups, costs), config.max_block_fraction
+    caps = {r.name: ratio_cap(r.kind, config) for r in rows if r.kind != "block"}
     return depth_first(
         goal,
-        groups,
-        shares,
-        sensitivity,
+        rows,
         caps,
-        limit,
-        lambda ratios: estimate_reduction(ratios, groups, costs, target),
+        config.max_block_fraction,
+        lambda ratios: estimate_reduction(ratios, rows, target),
         ceiling,
     )
 
 
-def latency_shares(groups, costs) -> dict[str, float]:
-    """Return each group's latency share (of the delivered backend's profile when the costs carry one)."""
-    return {g["name"]: group_share(costs.get(g["name"], {}), "latency") for g in groups}
-
-
-def max_feasible(groups, costs, target: str, config: PlannerConfig) -> float:
+def max_feasible(rows: Sequence[GroupRow], target: str, config: PlannerConfig) -> float:
     """Return the largest reduction the ratio caps allow."""
-    caps = {g["name"]: ratio_cap(g["kind"], config) for g in groups}
-    aligned = {g["name"]: aligned_ratio(g, caps[g["name"]], caps[g["name"]], config.align_channels) for g in groups}
-    weights = {g["name"]: float(group_share(costs.get(g["name"], {}), estimate_key(target))) for g in groups}
-    return estimate_reduction(_limit_depth(aligned, groups, weights, config), groups, costs, target)
+    caps = {r.name: ratio_cap(r.kind, config) for r in rows}
+    aligned = {r.name: aligned_ratio(r, caps[r.name], caps[r.name], config.align_channels) for r in rows}
+    weights = {r.name: r.share(estimate_key(target)) for r in rows}
+    return estimate_reduction(_limit_depth(aligned, rows, weights, config), rows, target)

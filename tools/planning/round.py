@@ -13,14 +13,17 @@ from profiling_agent.state import (
     CompressionPlan,
     Context,
     Fallback,
+    GroupSensitivity,
     LLMStep,
     Objective,
+    PastRound,
     PlannerMeta,
     PlannerMode,
+    PlanningProblem,
     TokenChoice,
 )
 from profiling_agent.tools.planning.backoff import Backoff
-from profiling_agent.tools.planning.deterministic import PlanResult, RoundProblem, Steering, plan_round
+from profiling_agent.tools.planning.deterministic import PlanResult, Steering, plan_round
 from profiling_agent.tools.planning.error_model import RECOVERY_PRIOR, Correction, fit_correction, history_correction
 from profiling_agent.tools.planning.llm_client import llm_console_note, never_reached
 from profiling_agent.tools.planning.paired import deterministic_sequence, reference_due
@@ -53,21 +56,29 @@ class RoundOutcome:
 
 
 @dataclass(frozen=True)
-class RoundData(RoundProblem):
-    """The deterministic planner's view of a round: the groups it may prune, their costs and damage, earlier rounds."""
+class RoundData:
+    """The deterministic planner's view of a round: its planning problem and the token merging its plans add."""
 
+    problem: PlanningProblem
     tokens: TokenOption | None = None  # the merging rate the plan adds (`token_plan`); goals stay in total terms
+
+    @property
+    def objective(self) -> Objective:
+        """The run's objective."""
+        return self.problem.objective
+
+    @property
+    def history(self) -> list[PastRound]:
+        """The earlier rounds, as the deterministic planner reads them."""
+        return self.problem.history
 
     def plan(self, goal: float | None = None, steer: Steering | None = None) -> PlanResult:
         """Return the deterministic planner's plan of this round (at `goal`, steered as given)."""
         if self.tokens is None:
-            return plan_round(
-                self.groups, self.costs, self.sensitivity, self.objective, self.history, goal=goal, steer=steer
-            )
+            return plan_round(self.problem, goal=goal, steer=steer)
         objective, history, pruning_goal = pruning_problem(self.tokens, self.objective, self.history, goal)
-        result = plan_round(
-            self.groups, self.costs, self.sensitivity, objective, history, goal=pruning_goal, steer=steer
-        )
+        pruning = self.problem.model_copy(update={"objective": objective, "history": history})
+        result = plan_round(pruning, goal=pruning_goal, steer=steer)
         result.target_estimate = with_tokens(result.plan, self.tokens, result.target_estimate)
         return result
 
@@ -128,18 +139,27 @@ def round_data(inputs: RoundInputs, full_profile: dict[str, Any], mode: str) -> 
     from profiling_agent.tools.planning.token_plan import run_option, token_option
     from profiling_agent.tools.profiling.backend_profile import planning_costs
 
-    sensitivity = inputs.sensitivity_data()
     # with an LLM the deterministic planner follows its own sequence (tools/planning/paired.py)
     own = deterministic_sequence(inputs.candidates) if mode == "llm" else list(inputs.candidates)
     history = planner_history(own, inputs.baseline_eval, inputs.objective)
-    groups, costs = full_profile["groups"], planning_costs(full_profile)  # latency shares of the delivered form
-    groups = [g for g in groups if not (sensitivity.get(g["name"]) or {}).get("error")]  # the probe could not prune
-    depth = inputs.objective.prunes_depth()  # block groups only with depth pruning on, and only once probed
-    groups = [g for g in groups if g["kind"] != "block" or (depth and g["name"] in sensitivity)]
+    groups = planned_groups(inputs, full_profile)
+    costs = planning_costs(full_profile)  # latency shares of the delivered form
     axis = inputs.token_axis
     # the first round weighs the best paying rate; later rounds keep what it chose
     option = run_option(axis, own) if history else token_option(axis, inputs.objective)
-    return RoundData(groups, costs, sensitivity, inputs.objective, history, option)
+    return RoundData(PlanningProblem.of(groups, costs, inputs.sensitivity, inputs.objective, history), option)
+
+
+def planned_groups(inputs: RoundInputs, full_profile: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return the profile's groups (JSON) a round may prune: probed without error, blocks only with depth pruning."""
+    sensitivity = inputs.sensitivity
+    groups = [g for g in full_profile["groups"] if not _probe_failed(sensitivity.get(g["name"]))]
+    depth = inputs.objective.prunes_depth()  # block groups only with depth pruning on, and only once probed
+    return [g for g in groups if g["kind"] != "block" or (depth and g["name"] in sensitivity)]
+
+
+def _probe_failed(record: GroupSensitivity | None) -> bool:
+    return record is not None and bool(record.error)
 
 
 def weighed_tokens(data: RoundData, evaluator: Evaluator) -> tuple[RoundData, TokenChoice]:
@@ -261,12 +281,11 @@ def tried_block_sets(
     """
     from profiling_agent.tools.planning.block_trials import TRIAL_SETS, block_sets, choose_block_set
     from profiling_agent.tools.planning.depth_plan import block_names
-    from profiling_agent.tools.planning.ratio_solver import PlannerConfig, latency_shares
+    from profiling_agent.tools.planning.ratio_solver import PlannerConfig
 
-    groups = data.groups
-    chosen = block_names(groups, [e.layer for e in result.plan.pruning if e.type == "block"])
-    shares, limit = latency_shares(groups, data.costs), PlannerConfig().max_block_fraction
-    sets = block_sets(groups, shares, data.sensitivity, limit, chosen)
+    rows = data.problem.rows
+    chosen = block_names(rows, [e.layer for e in result.plan.pruning if e.type == "block"])
+    sets = block_sets(rows, PlannerConfig().max_block_fraction, chosen)
     evaluate = blocks_evaluator(TRIAL_SETS) if blocks_evaluator is not None and len(sets) > 1 else None
     if evaluate is None:
         return result, None
@@ -308,13 +327,22 @@ def llm_turn(
     from profiling_agent.tools.compression.depth import block_limits
     from profiling_agent.tools.planning.llm_planner import plan_with_llm
     from profiling_agent.tools.planning.plan_guard import GuardConfig
+    from profiling_agent.tools.profiling.backend_profile import planning_costs
 
-    shipped = {**full_profile, "groups": data.groups, "group_costs": data.costs}  # the delivered form's shares too
-    shipped["block_limits"] = block_limits(data.groups, GuardConfig().max_block_fraction)  # the guard's rule
+    names = set(data.problem.names())
+    groups = [g for g in full_profile["groups"] if g["name"] in names]  # the rows' own JSON, for the LLM
+    shipped = {**full_profile, "groups": groups, "group_costs": planning_costs(full_profile)}  # the delivered form's
+    shipped["block_limits"] = block_limits(groups, GuardConfig().max_block_fraction)  # the guard's rule
     if inputs.token_axis is not None:  # the prompt's token note (the guard and the token_table tool read it too)
         shipped["token_axis"] = inputs.token_axis.model_dump()
     outcome = plan_with_llm(
-        inputs, ctx, shipped, data.sensitivity, fallback=fallback, evaluate_fn=evaluate, conversation=conversation
+        inputs,
+        ctx,
+        shipped,
+        inputs.sensitivity_data(),
+        fallback=fallback,
+        evaluate_fn=evaluate,
+        conversation=conversation,
     )
     turn = Turn(outcome.plan, outcome.planner, "llm", outcome, outcome.summary(ctx.llm_model), outcome.fallbacks)
     if inputs.objective.planner == "llm" and outcome.planner != "llm" and not outcome.usage["calls"]:

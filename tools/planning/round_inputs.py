@@ -36,7 +36,7 @@ class RoundInputs:
     token_axis: TokenAxis | None = None
 
     def sensitivity_data(self) -> dict[str, dict]:
-        """Return the probe's results as the planners read them (group name -> JSON-ready record)."""
+        """Return the probe's results as the LLM's prompts and tools show them (group name -> JSON-ready record)."""
         return {name: s.model_dump() for name, s in self.sensitivity.items()}
 
     def llm_replied(self) -> bool:

@@ -223,7 +223,7 @@ class ModeFinder:
 
     @classmethod
     def restored(
-        cls, choice: StructuredChoice, known: StructuredMode | None, record: dict[str, Any] | None
+        cls, choice: StructuredChoice, known: StructuredMode | None, record: StructuredFacts | None
     ) -> ModeFinder:
         """Return the finder as `record` (an earlier `record()` of this step, or None) left it."""
         finder = cls(choice, known)

@@ -69,8 +69,9 @@ def test_a_latency_run_on_a_many_token_vit_plans_merges_and_reports_the_tokens(t
         entry = tokens["entry"]
         assert (entry.get("rate"), entry.get("schedule")) == (weighed["rate"], weighed.get("schedule"))
         assert tokens["bought"]["saved_share"] > 0.05
-        assert tokens["schedule"] is not None and len(tokens["schedule"]) == 2
         loaded = load_artifact(run / cand["path"])  # the delivered candidate merges as planned
+        # one entry per layer the candidate kept: a plan that removed a block (latency plans may) leaves one
+        assert tokens["schedule"] is not None and len(tokens["schedule"]) == loaded.model.config.num_hidden_layers
         assert loaded.recipe["token_schedule"] == tokens["schedule"]
     report = (run / "report.md").read_text()
     assert "Token merging on torch at batch 1" in report and "token merging weighed" in report

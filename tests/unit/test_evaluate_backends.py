@@ -204,3 +204,30 @@ def test_export_copies_the_form_the_run_built(run_state):
     recorded = next(v for v in cand.eval.variants if v.name == "ort_dynamic")
     assert done["source"].startswith("the form the run built") and recorded.path in done["source"]
     assert done["accuracy"] == pytest.approx(recorded.accuracy, abs=1e-9)  # the same file, the same batch
+
+
+def test_openvino_baseline_builds_ort_fp32_as_source_only(run_state, monkeypatch):
+    """--backend openvino cannot deliver ort_fp32: measure_baseline builds it for the IR, never times or scores it."""
+    pytest.importorskip("openvino")
+    from profiling_agent.nodes.measure_baseline import measure_baseline
+    from profiling_agent.tools.evaluation import latency
+
+    timed: list[str] = []
+    real = latency.measure_latency
+
+    def spy(models, sample, **kwargs):
+        timed.extend(models)
+        return real(models, sample, **kwargs)
+
+    monkeypatch.setattr(latency, "measure_latency", spy)
+    state = run_state.model_copy(update={"baseline_eval": None})
+    out = measure_baseline(state, SimpleNamespace(context=Context(backend="openvino", **FAST)))
+    record = EvalRecord.model_validate(out["baseline_eval"])
+    rows = {v.name: v for v in record.variants}
+    source = rows["ort_fp32"]
+    assert source.status == "unscored" and source.latency_ms is None and source.accuracy is None
+    assert "--backend openvino cannot deliver it" in str(source.error)
+    assert source.path and (Path(run_state.run_path) / source.path).is_dir()  # built: the IR is converted from it
+    assert "ort_fp32" not in timed and "ov_fp32" in timed and "baseline" in timed
+    assert "ort_fp32 not timed or scored (built as a source only)" in out["history"][0]["message"]
+    assert all(rows[n].latency_ms for n in rows if n.startswith("ov_") and rows[n].status != "failed")

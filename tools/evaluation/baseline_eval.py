@@ -11,6 +11,9 @@ from profiling_agent.tools import run_layout
 from profiling_agent.tools.evaluation.records import EvalImages, FormsMeasurement, FormsPlan, MeasureSettings
 
 CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
+BACKEND_SOURCE = (  # a form the run's backend cannot deliver, built because the others convert its file
+    "built as the source of the other forms only: --backend {backend} cannot deliver it (neither timed nor scored)"
+)
 PREDICTIONS_FILE = "baseline_forms/predictions.safetensors"  # the baseline's validation predictions, run-relative
 
 
@@ -110,6 +113,8 @@ def measure_unpruned(
     loaded = load_artifact(root / baseline.path)
     model = loaded.model
     forms = forms_for_backend(ctx.backend, ALL_FORMS)
+    eligible = eligible_forms(ctx.backend, forms, "baseline")
+    sources = [f for f in forms if eligible is not None and f not in eligible]  # the others start from their file
     with eval_threads(ctx.threads) as threads:
         device = measure_device(ctx.device, forms)
         report(0, 2, "forms")
@@ -126,7 +131,9 @@ def measure_unpruned(
             check_images=CHECK_IMAGES,
             run=root,
             model_paths={"baseline": root / baseline.path},
-            eligible=eligible_forms(ctx.backend, forms, "baseline"),
+            eligible=eligible,
+            sources=sources,
+            source_note=BACKEND_SOURCE.format(backend=ctx.backend) if sources else None,
         )
         settings = MeasureSettings.of(ctx, device, threads, allowed_ids)
         with int8_reuse(root / run_layout.INT8_REUSE, tensors["calib_pixels"], drop_after=True):  # the profile's

@@ -151,6 +151,8 @@ def forms_line(variants: Sequence[VariantRecord]) -> str:
             parts.append(f"{v.name} {v.speedup:.2f}x {v.accuracy:.1f}%")
         elif v.status == "unscored" and v.speedup is not None:
             parts.append(f"{v.name} {v.speedup:.2f}x (slower, not scored)")
+        elif v.status == "unscored":
+            parts.append(f"{v.name} not timed or scored (built as a source only)")
         else:
             parts.append(f"{v.name} {v.status}")
     return ", ".join(parts)
@@ -324,7 +326,8 @@ def record_variants(
     settings: MeasureSettings,
 ) -> list[VariantRecord]:
     """Turn the rows into VariantRecords: the torch forms first, then every built form (failed ones included)."""
-    unscored = {**{name: SOURCE_ONLY for name in plan.sources}, **(timing.get("unscored") or {})}
+    note = plan.source_note or SOURCE_ONLY
+    unscored = {**{name: note for name in plan.sources}, **(timing.get("unscored") or {})}
     variants = [
         variant_record(
             name,

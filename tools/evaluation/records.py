@@ -127,6 +127,8 @@ class FormsPlan:
         eligible: The forms the run may deliver (None: all). With a latency target, slow forms are scored only
             while they could still be delivered (`scoring.ScoringRule`); under a size target every form is.
         sources: Forms built only because the others start from their file: recorded, neither timed nor scored.
+        source_note: Why the sources were neither timed nor scored (their records' `error`; None: a round's
+            `form_eval.SOURCE_ONLY`).
     """
 
     fp32: nn.Module
@@ -147,6 +149,7 @@ class FormsPlan:
     known: Mapping[str, torch.Tensor] | None = None
     eligible: Sequence[str] | None = None
     sources: Sequence[str] = ()
+    source_note: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +28,24 @@ class Reference:
     preds: Any
     logits: Any
     params: int
+
+
+REFERENCES_KEPT = 4  # baseline references held in this process (a run's round builds several evaluators)
+_references: OrderedDict[str, Reference] = OrderedDict()
+
+
+def reference_key(baseline_sha: str, pixels: Any, allowed_ids: list[int] | None, with_kl: bool) -> str:
+    """Return what the baseline's reference on a slice depends on, hashed.
+
+    That is the baseline, the images, the labels the argmax may choose and whether logits are kept: evaluators with
+    one key predict the baseline once in this process.
+    """
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"baseline": baseline_sha, "allowed": allowed_ids, "kl": with_kl}).encode())
+    images = pixels.detach().cpu().contiguous()
+    digest.update(str((tuple(images.shape), str(images.dtype))).encode())
+    digest.update(images.numpy().tobytes())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -190,6 +211,7 @@ class PlanEvaluator:
     on_trial: TrialHook | None = None
     with_kl: bool = False
     recovery: str = "none"
+    reference_key: str = ""  # `reference_key`: the baseline's reference is shared by evaluators with this key
     calls: int = field(default=0, init=False)
     _reference: Reference | None = field(default=None, init=False, repr=False)
 
@@ -207,13 +229,19 @@ class PlanEvaluator:
         return class_ids(logits, self.allowed_ids), logits
 
     def reference(self) -> Reference:
-        """Return the baseline's predictions, logits and parameter count (computed once)."""
+        """Return the baseline's predictions, logits and parameter count (computed once per `reference_key`)."""
         from profiling_agent.tools.models.sizes import count_params
 
         if self._reference is None:
-            model = self.load_baseline()
-            preds, logits = self.predictions(model)
-            self._reference = Reference(preds, logits, count_params(model))
+            held = _references.get(self.reference_key) if self.reference_key else None
+            if held is None:
+                model = self.load_baseline()
+                held = Reference(*self.predictions(model), count_params(model))
+                if self.reference_key:
+                    _references[self.reference_key] = held
+                    while len(_references) > REFERENCES_KEPT:
+                        _references.popitem(last=False)
+            self._reference = held
         return self._reference
 
     def pruned(self, plan: CompressionPlan) -> tuple[Any, list[Any]]:
@@ -338,6 +366,9 @@ def plan_evaluator(
         on_trial=hooks.on_trial if hooks else None,
         with_kl=distill is not None,
         recovery="none" if hooks is None else ("refit+distill" if distill is not None else "refit"),
+        reference_key=""
+        if setup.baseline is None
+        else reference_key(setup.baseline.sha256, pixels, setup.allowed_ids, distill is not None),
     )
 
 

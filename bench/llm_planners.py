@@ -8,9 +8,11 @@ Usage:
 Per zoo model the deterministic planner runs once alone; then each LLM model (paired lists --model/--base-url)
 compresses it with `--planner llm`, whose rounds are paired (tools/planning/paired.py): every LLM turn is followed
 by the deterministic planner's own next round. The summary says per LLM model the share of LLM turns whose applied
-plan is the LLM's (`own` or `edited` against the deterministic proposal; `copied` and `replaced` are not), the
-answers that were schema-valid under a constrained mode, the refusals by reason, calls and tokens, wall time beside
-the deterministic run's, and the delivered result of both runs. The round table shows whether each LLM plan was
+plan is the LLM's decision (`own`, `edited`, or `chosen`: an offered alternative other than the default;
+`copied` and `replaced` are not), the answers that were schema-valid under a constrained mode, the refusals by
+reason, calls and tokens, the LLM run's wall time split into the time its requests waited for the server (from the
+transcripts) and the time outside it, beside the deterministic run's wall time, and the delivered result of both
+runs. The round table shows whether each LLM plan was
 applied (after how many answers were sent back, and why) or replaced, and for the LLM's plan and the deterministic
 plan of the same round the predicted and measured reduction, validation and held-out test accuracy.
 `--check-deterministic` also compares the paired run's deterministic rounds with the deterministic run's.
@@ -45,6 +47,7 @@ from profiling_agent.tools import run_layout  # noqa: E402
 from profiling_agent.tools.text import one_line  # noqa: E402
 
 EXIT_BAD_INPUT = 2
+EMBEDDED = {"embedded": "vit-digits", "embedded-resnet": "resnet-digits"}  # --zoo-model names of the embedded models
 
 
 def say(message: str) -> None:
@@ -249,11 +252,11 @@ def check_reference(llm_state: dict[str, Any], det_state: dict[str, Any]) -> str
 
 
 def resolve_model(args: argparse.Namespace, name: str) -> tuple[str, str]:
-    """Return (model folder, dataset folder): a zoo model (built on first use) or the embedded digits ViT."""
-    if name == "embedded":
+    """Return (model folder, dataset folder): a zoo model (built on first use) or an embedded digits model."""
+    if name in EMBEDDED:
         from profiling_agent.tools.models import embedded
 
-        return str(embedded.ensure_model("vit-digits")), str(embedded.ensure_dataset())
+        return str(embedded.ensure_model(EMBEDDED[name])), str(embedded.ensure_dataset())
     zoo = zoo_lib.build_zoo(Path(args.zoo) if args.zoo else None, (name,), log=say)
     return zoo["models"][name]["path"], zoo["dataset"]["path"]
 
@@ -295,8 +298,9 @@ def reason_kind(reason: str) -> str:
 def model_summary(label: str, state: dict[str, Any], run_path: Path) -> dict[str, Any]:
     """Return what one LLM model's run did: LLM turns, whose plans were applied, refusals, tokens, schema validity."""
     cands = [c for c in state.get("candidates") or [] if (c.get("planner_meta") or {}).get("turn") == "llm"]
-    verdicts: dict[str, int] = {"own": 0, "edited": 0, "copied": 0, "replaced": 0}
+    verdicts: dict[str, int] = {"own": 0, "edited": 0, "chosen": 0, "copied": 0, "replaced": 0}
     tokens = calls = valid = answers = 0
+    server = 0.0
     refused: dict[str, int] = {}
     for cand in cands:
         meta = cand.get("planner_meta") or {}
@@ -305,6 +309,7 @@ def model_summary(label: str, state: dict[str, Any], run_path: Path) -> dict[str
         diff = meta.get("vs_proposal") or {}
         verdicts[str(diff.get("verdict") or "own") if cand.get("planner") == "llm" else "replaced"] += 1
         events = transcript_events(run_path, cand["iteration"])
+        server += server_seconds(events)
         ok, n = schema_answers(events)
         valid, answers = valid + ok, answers + n
         for event in events:
@@ -321,13 +326,29 @@ def model_summary(label: str, state: dict[str, Any], run_path: Path) -> dict[str
     return {
         "model": label,
         "llm_turns": len(cands),
-        "llm_plans": verdicts["own"] + verdicts["edited"],
+        "llm_plans": verdicts["own"] + verdicts["edited"] + verdicts["chosen"],
         "verdicts": verdicts,
         "schema_valid": [valid, answers],
         "refusals": refused,
         "calls": calls,
         "tokens": tokens,
+        "server_s": server,
     }
+
+
+def server_seconds(events: list[dict[str, Any]]) -> float:
+    """Return the seconds a round's requests waited for the server: each reply's time since the event before it.
+
+    The event written just before a request (the prompt, a repair turn, a tool result, the structured mode) is
+    followed by the reply, so the gap is the request's wall time; a request that got no reply is not counted.
+    """
+    total, last = 0.0, None
+    for event in events:
+        now = event.get("time")
+        if event.get("event") == "reply" and isinstance(now, (int, float)) and isinstance(last, (int, float)):
+            total += now - last
+        last = now if isinstance(now, (int, float)) else last
+    return total
 
 
 def delivered(state: dict[str, Any]) -> str:
@@ -344,12 +365,12 @@ def delivered(state: dict[str, Any]) -> str:
 SUMMARY_HEAD = [
     "LLM model",
     "zoo model",
-    "LLM plan applied (own+edited / LLM turns)",
+    "LLM decision applied (own+edited+chosen / LLM turns)",
     "copied / replaced",
     "schema-valid answers",
     "refusals by reason",
     "calls / tokens",
-    "wall LLM run / det run",
+    "wall LLM run (server + outside) / det run",
     "delivered: LLM run",
     "delivered: det run",
 ]
@@ -360,7 +381,8 @@ def summary_row(summary: dict[str, Any], zoo: str, walls: tuple[float, float], s
     turns, mine, verdicts = summary["llm_turns"], summary["llm_plans"], summary["verdicts"]
     valid, answers = summary["schema_valid"]
     refusals = "; ".join(f"{n}x {k}" for k, n in sorted(summary["refusals"].items(), key=lambda kv: -kv[1]))
-    ratio = walls[0] / walls[1] if walls[1] else float("nan")
+    server = float(summary.get("server_s") or 0.0)
+    ratio = (walls[0] - server) / walls[1] if walls[1] else float("nan")
     return [
         summary["model"],
         zoo,
@@ -369,7 +391,7 @@ def summary_row(summary: dict[str, Any], zoo: str, walls: tuple[float, float], s
         f"{valid}/{answers}" if answers else "- (no constrained answer)",
         refusals or "none",
         f"{summary['calls']} / {summary['tokens']:,}",
-        f"{walls[0]:.0f} s / {walls[1]:.0f} s ({ratio:.2f}x)",
+        f"{walls[0]:.0f} s ({server:.0f} + {walls[0] - server:.0f}) / {walls[1]:.0f} s (outside: {ratio:.2f}x)",
         delivered(states[0]),
         delivered(states[1]) if states[1] is not None else "-",
     ]
@@ -393,7 +415,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     parser.add_argument("--quick", action="store_true", help="smoke run: a built-in fake small model, 1 round")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
     parser.add_argument("--iterations", type=int, default=2, help="rounds of each planner (2)")
-    parser.add_argument("--zoo-model", default="embedded", help=f"comma list of {', '.join(zoo_lib.SPECS)}, embedded")
+    parser.add_argument(
+        "--zoo-model", default="embedded", help=f"comma list of {', '.join((*zoo_lib.SPECS, *EMBEDDED))}"
+    )
     parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
     parser.add_argument("--structured", default="auto", choices=["auto", "json_schema", "json_object", "off"])
     parser.add_argument(
@@ -444,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the deterministic planner and each LLM model per zoo model; print the summary and the round table."""
     parser, args = parse_args(argv)
     names = [n.strip() for n in args.zoo_model.split(",") if n.strip()]
-    unknown = [n for n in names if n not in (*zoo_lib.SPECS, "embedded")]
+    unknown = [n for n in names if n not in (*zoo_lib.SPECS, *EMBEDDED)]
     if unknown or not names:
         parser.exit(EXIT_BAD_INPUT, f"llm_planners: error: unknown --zoo-model {','.join(unknown)!r}\n")
     models, urls = [m.strip() for m in args.model.split(",")], [u.strip() for u in args.base_url.split(",")]

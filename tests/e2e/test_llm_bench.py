@@ -86,11 +86,33 @@ def test_the_summary_counts_whose_plan_was_applied_refusals_by_reason_and_schema
     }
     summary = llm_planners.model_summary("smol", state, tmp_path)
     assert summary["llm_turns"] == 2 and summary["llm_plans"] == 1
-    assert summary["verdicts"] == {"own": 0, "edited": 1, "copied": 0, "replaced": 1}
+    assert summary["verdicts"] == {"own": 0, "edited": 1, "chosen": 0, "copied": 0, "replaced": 1}
     assert summary["schema_valid"] == [3, 3] and (summary["calls"], summary["tokens"]) == (4, 150)
     assert summary["refusals"] == {"the plan is predicted to remove #% of the params": 3, "repeated a refused plan": 1}
-    row = llm_planners.summary_row(summary, "embedded", (200.0, 100.0), ({}, {}))
-    assert row[2] == "1/2 (50%)" and row[3] == "0 / 1" and row[7] == "200 s / 100 s (2.00x)"
+    assert summary["server_s"] == 0.0  # these events carry no times
+    row = llm_planners.summary_row({**summary, "server_s": 80.0}, "embedded", (200.0, 100.0), ({}, {}))
+    assert row[2] == "1/2 (50%)" and row[3] == "0 / 1" and row[7] == "200 s (80 + 120) / 100 s (outside: 1.20x)"
+
+
+def test_the_server_time_is_each_replys_wait_since_the_event_before_it(tmp_path):
+    events = [
+        {"event": "prompt", "time": 10.0},
+        {"event": "prompt", "time": 10.5},
+        {"event": "reply", "time": 40.5},  # 30 s: the first request
+        {"event": "parse_error", "time": 40.6},
+        {"event": "prompt", "time": 41.0},
+        {"event": "request", "structured": "json_object", "time": 41.5},
+        {"event": "reply", "time": 61.5},  # 20 s: the constrained one
+        {"event": "guard", "time": 62.0},
+    ]
+    assert llm_planners.server_seconds(events) == pytest.approx(50.0)
+    chosen = {
+        "candidates": [
+            {"iteration": 1, "planner": "llm", "planner_meta": {"turn": "llm", "vs_proposal": {"verdict": "chosen"}}}
+        ]
+    }
+    summary = llm_planners.model_summary("q", chosen, tmp_path)
+    assert summary["llm_plans"] == 1 and summary["verdicts"]["chosen"] == 1  # another alternative: a decision
 
 
 @pytest.mark.slow

@@ -10,8 +10,11 @@ from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_on
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, PlanningProblem, State
+from profiling_agent.tools.planning import llm_planner
+from profiling_agent.tools.planning.alternatives import Offer
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_planner import plan_with_llm, proposal_goal
+from profiling_agent.tools.planning.llm_repair import REPAIR_MARK
 from profiling_agent.tools.planning.plan_guard import GuardConfig
 from profiling_agent.tools.planning.proposal import propose
 from profiling_agent.tools.planning.structured import ratio_grid
@@ -92,7 +95,10 @@ def test_fallback_order_and_a_schema_of_this_models_groups_and_ratio_grid(tmp_pa
     assert outcome.summary("m").structured == outcome.structured  # result.json's planner.llm.structured
 
 
-def test_the_repair_turn_carries_the_proposal_and_an_edit_of_it_is_applied_as_edited(tmp_path):
+def test_the_repair_turn_carries_the_proposal_and_an_edit_of_it_is_applied_as_edited(tmp_path, monkeypatch):
+    # a step without measured alternatives (none the guard accepts): the repair shows the proposal on its own
+    monkeypatch.setattr(llm_planner, "offer_alternatives", lambda inputs, guard: Offer())
+
     def edit(body):
         plan = proposal_in(body["messages"][-1]["content"])
         plan["pruning"][0]["ratio"] = round(plan["pruning"][0]["ratio"] - 0.05, 2)
@@ -117,6 +123,29 @@ def test_the_repair_turn_carries_the_proposal_and_an_edit_of_it_is_applied_as_ed
     applied = outcome.summary("m").applied
     assert applied.startswith("edited: the deterministic proposal") and "after 1 answer(s) sent back" in applied
     assert outcome.plan != fallback.plan
+
+
+def test_with_alternatives_offered_the_repair_lists_them_all_again_and_a_choice_after_it_is_recorded(tmp_path):
+    choose_b = llama_cpp_like({"choice": "B", "why": "the MLPs are cheap to prune"})
+    with ScriptedOpenAIServer([chat_completion(json.dumps(TIMID)), *[choose_b] * 3]) as server:
+        outcome, fallback = plan_via(server, tmp_path)
+        first = server.requests[0]["body"]["messages"][-1]["content"]
+        repair = server.requests[1]["body"]["messages"][-1]["content"]
+    offered = first[first.index("Measured alternatives") :]
+    assert "A (default: the deterministic proposal)" in offered and "B (MLP channels only)" in offered
+    assert "less than 50% of the objective's 40%" in repair and "Your plan is predicted to remove" in repair
+    assert offered in repair  # every alternative again, with its numbers, the default as one of them
+    assert REPAIR_MARK not in repair and "Answer with this plan as it is" not in repair
+    assert repair.endswith(
+        "Answer with one of them by its label, an edit of one, or a plan of your own, as one JSON object only."
+    )
+    assert outcome.planner == "llm" and outcome.plan != fallback.plan
+    diff = outcome.vs_proposal
+    assert diff is not None and diff.verdict == "chosen" and diff.choice == "B"
+    applied = outcome.summary("m").applied
+    assert (
+        applied.startswith("chosen: alternative B (MLP channels only) unchanged") and "1 answer(s) sent back" in applied
+    )
 
 
 def test_a_repeated_refused_plan_ends_the_turn_after_the_second_refusal(tmp_path):

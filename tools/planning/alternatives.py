@@ -21,7 +21,7 @@ LABELS = "ABCDE"
 OWN = "own"  # the choice of an answer that writes its own plan
 # trials of the alternatives run only on models this small (a trial prunes a copy and runs the trial slice)
 CHEAP_TRIAL_PARAMS = 25_000_000
-CHOICE_FORM = '{"choice": "B", "why": "one sentence"}'
+CHOICE_FORM = '{"choice": "<label>", "why": "<one sentence>"}'  # no label of its own: a copy would be no choice
 OFFER_HEADER = (
     "Measured alternatives at this round's goal (predicted reduction of the params and the latency from the group "
     "cost shares; loss: top-1 accuracy lost on the trial images, pp, where a trial measured it):"

@@ -19,6 +19,12 @@ REPAIR_PROPOSAL = (
     "Answer with this plan as it is, or with an edit of it (change ratios, add or drop groups from this model's "
     "table), as one JSON object only.{tools}"
 )
+# with measured alternatives offered, the repair lists them all again (the deterministic proposal is one of them,
+# alternative A) instead of presenting that one plan as the answer to give
+REPAIR_CHOICE = (
+    "{header}\n{reasons}\n{numbers}\nThe alternatives offered above, again:\n{offered}\n"
+    "Answer with one of them by its label, an edit of one, or a plan of your own, as one JSON object only.{tools}"
+)
 TOOLS_LEFT = " You may still call the tools (estimate_plan, propose_plan) before answering."
 REPEATED = "the answer repeated a plan already refused ({reason}); the turn ended instead of sending it back again"
 
@@ -54,37 +60,54 @@ class Repair:
         return self.cached
 
     def message(
-        self, reasons: list[str], estimate: dict[str, float], tools_left: bool, parsed: bool = True
+        self,
+        reasons: list[str],
+        estimate: dict[str, float],
+        tools_left: bool,
+        parsed: bool = True,
+        offered: str = "",
     ) -> str | None:
-        """Return the repair turn with the proposal inline, or None when there is no proposal to show.
+        """Return the repair turn with the proposal inline (or the offered alternatives), or None without either.
 
         Args:
             reasons: The guard's (or the parser's) reasons for refusing the answer.
             estimate: The refused plan's predicted reduction per metric (empty when it was refused before sizing).
             tools_left: Whether the next request still offers the tools.
             parsed: False when the answer was no plan at all (the parser refused it).
+            offered: The prompt's section of measured alternatives (empty: none were offered). When given, the
+                repair lists them all again, the deterministic proposal among them, and asks for a choice, an
+                edit or the model's own plan; the proposal is then not shown on its own.
         """
+        header = "Your plan was refused:" if parsed else "Your answer could not be used:"
+        lines = "\n".join(f"- {r}" for r in reasons)
+        tools = TOOLS_LEFT if tools_left else ""
+        if offered:
+            numbers = self._numbers(estimate, parsed)
+            return REPAIR_CHOICE.format(header=header, reasons=lines, numbers=numbers, offered=offered, tools=tools)
         found = self.proposal()
         plan = found.get("plan")
         if not plan:
             return None
-        mine = _pct(estimate.get(self.target))
-        numbers = (
-            f"Your plan is predicted to remove {mine} of the {self.target}."
-            if mine
-            else "Your plan was refused before it could be sized."
-            if parsed
-            else "It is not a plan in the required JSON format."
-        )
+        numbers = self._numbers(estimate, parsed)
         theirs = _pct((found.get("predicted_reduction") or {}).get(self.target))
         proposal_numbers = f"predicted to remove {theirs} of the {self.target}" if theirs else "no estimate"
         return REPAIR_PROPOSAL.format(
-            header="Your plan was refused:" if parsed else "Your answer could not be used:",
-            reasons="\n".join(f"- {r}" for r in reasons),
+            header=header,
+            reasons=lines,
             numbers=numbers,
             proposal_numbers=proposal_numbers,
             proposal=json.dumps(plan),  # one line: fewer tokens for a slow local server
-            tools=TOOLS_LEFT if tools_left else "",
+            tools=tools,
+        )
+
+    def _numbers(self, estimate: dict[str, float], parsed: bool) -> str:
+        mine = _pct(estimate.get(self.target))
+        if mine:
+            return f"Your plan is predicted to remove {mine} of the {self.target}."
+        return (
+            "Your plan was refused before it could be sized."
+            if parsed
+            else "It is not a plan in the required JSON format."
         )
 
 

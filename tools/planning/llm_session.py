@@ -258,7 +258,8 @@ class Conversation:
         """Return the repair turn: the proposal inline when there is one, else the reasons alone."""
         shown = None
         if self.repair is not None:
-            shown = self.repair.message(rej.reasons, rej.estimate, keep_tools, parsed=rej.stage != "parse")
+            offered = self.offer.text(self.repair.target)
+            shown = self.repair.message(rej.reasons, rej.estimate, keep_tools, rej.stage != "parse", offered)
         if shown is not None:
             return shown
         reasons = "\n".join(f"- {r}" for r in rej.reasons)

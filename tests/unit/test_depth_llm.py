@@ -245,6 +245,7 @@ def test_a_proposal_that_removes_blocks_passes_the_guard_as_it_is():
             sens[group["name"]]["damage"] = 0.001  # cheap blocks: the proposal removes some
     objective = Objective(target="latency", target_reduction=0.4)
     raw, record = propose(PlanningProblem.of(DEPTH["groups"], DEPTH["group_costs"], sens, objective), 0.85, "cost", [])
+    raw = raw.wire()  # as the LLM reads it
     blocks = [e for e in raw["pruning"] if e["type"] == "block"]
     assert blocks and all(e["ratio"] == 1.0 for e in blocks)
     verdict = check(raw)

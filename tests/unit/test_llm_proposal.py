@@ -18,7 +18,7 @@ from profiling_agent.tools.planning.llm_planner import plan_with_llm
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.paired import deterministic_sequence, paired_stop, reference_due, round_bound
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
-from profiling_agent.tools.planning.proposal import propose
+from profiling_agent.tools.planning.proposal import ProposalAnswer, ProposedPlan, propose
 
 PROFILE = vit_profile(n_layers=2)
 SENS = vit_sensitivity(PROFILE)
@@ -192,11 +192,16 @@ def test_a_copied_proposal_is_recorded_as_copied_and_a_plan_without_one_as_own(t
     assert outcome.vs_proposal.proposals == 0
 
 
+def _answer(goal: float, emphasis: str) -> ProposalAnswer:
+    return ProposalAnswer(goal=goal, emphasis=emphasis, predicted_reduction={}, plan=ProposedPlan())
+
+
 def test_propose_plan_tool_reaches_its_goal_on_the_ratio_grid_and_passes_the_guard():
     objective = Objective()
     plan, record = propose(
         PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, objective), 0.4, "balanced", []
     )
+    plan = plan.wire()  # as the LLM reads it
     ratios = [e["ratio"] for e in plan["pruning"]]
     assert all(abs(r * 20 - round(r * 20)) < 1e-9 for r in ratios)  # multiples of 0.05
     assert record.estimate["params"] == pytest.approx(0.4, abs=0.06)
@@ -211,7 +216,7 @@ def test_propose_plan_tool_reaches_its_goal_on_the_ratio_grid_and_passes_the_gua
     assert sum(spare.ratios.get(h, 0) for h in heads) <= sum(record.ratios.get(h, 0) for h in heads)
 
     calls = []
-    tools = make_planning_tools(PROFILE, SENS, propose_fn=lambda g, e: calls.append((g, e)) or {"goal": g})
+    tools = make_planning_tools(PROFILE, SENS, propose_fn=lambda g, e: calls.append((g, e)) or _answer(g, e))
     tool = next(t for t in tools if t.name == "propose_plan")
     assert json.loads(tool.invoke({"goal": 35}))["goal"] == 0.35 and calls == [(0.35, "balanced")]
     assert tool.invoke({"goal": 0}).startswith("error:") and tool.invoke({"goal": 150}).startswith("error:")

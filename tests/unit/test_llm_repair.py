@@ -106,7 +106,7 @@ def test_the_repair_turn_carries_the_proposal_and_an_edit_of_it_is_applied_as_ed
     expected, record = propose(
         PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective), goal, "balanced", []
     )
-    assert proposal_in(repair)["pruning"] == expected["pruning"]  # the deterministic proposal, as JSON
+    assert proposal_in(repair)["pruning"] == expected.wire()["pruning"]  # the deterministic proposal, as JSON
     refused = [e for e in (tmp_path / outcome.transcript).read_text().splitlines() if '"event": "guard"' in e]
     mine = json.loads(refused[0])["estimate"]["params"]
     assert f"Your plan is predicted to remove {mine:.1%} of the params" in repair  # the refused plan's number

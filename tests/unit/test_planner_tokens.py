@@ -281,6 +281,7 @@ def test_a_proposal_merges_as_the_deterministic_round_chose_and_prunes_the_rest_
     assert fallback_option(axis, TokenEntry(schedule=[8, 8])) is None  # not a measured row
     alone, _ = propose(PlanningProblem.of(groups, costs, sens, LATENCY), 0.5, "balanced", [])
     merged, record = propose(PlanningProblem.of(groups, costs, sens, LATENCY), 0.5, "balanced", [], option)
+    alone, merged = alone.wire(), merged.wire()  # as the LLM reads them
     assert "tokens" not in alone and merged["tokens"]["schedule"] == [16, 0]
     assert sum(e["ratio"] for e in merged["pruning"]) < sum(e["ratio"] for e in alone["pruning"])
     guard = GuardConfig(target="latency", target_reduction=0.5, tokens=axis)

@@ -36,7 +36,14 @@ from profiling_agent.tools.planning.llm_repair import REPAIR_MARK, Repair
 from profiling_agent.tools.planning.llm_session import Conversation
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig
-from profiling_agent.tools.planning.proposal import Proposal, ProposalDiff, compare_to_proposals, propose
+from profiling_agent.tools.planning.proposal import (
+    Proposal,
+    ProposalAnswer,
+    ProposalDiff,
+    Propose,
+    compare_to_proposals,
+    propose,
+)
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, StructuredMode
 from profiling_agent.tools.planning.token_plan import TokenOption, fallback_option
@@ -267,9 +274,7 @@ def dropped_tools(inputs: RoundInputs) -> str | None:
     return None
 
 
-def replay_proposals(
-    messages: list[Any], propose_fn: Callable[[float, str], dict[str, Any]], repair: Repair, proposals: list[Proposal]
-) -> None:
+def replay_proposals(messages: list[Any], propose_fn: Propose, repair: Repair, proposals: list[Proposal]) -> None:
     """Make `proposals` hold every proposal the conversation showed, after a resume too (they are recomputed).
 
     A resumed conversation's earlier propose_plan calls and repair turn ran in another process; the deterministic
@@ -294,7 +299,7 @@ def replay_proposals(
         except Exception:  # noqa: BLE001 - the tool answered an error then: no proposal was shown
             logger.debug("propose_plan call not replayed", exc_info=True)
     if shown:
-        repair.cached = None
+        repair.cached, repair.failed = None, False
         repair.proposal()
 
 
@@ -329,17 +334,17 @@ def _proposer(
     fallback: PlanResult,
     out: list[Proposal],
     merging: TokenOption | None = None,
-) -> Callable[[float, str], dict[str, Any]]:
+) -> Propose:
     """Build propose_plan's function: the deterministic plan at a goal, recorded in `out` for the comparison.
 
     When the deterministic round merges tokens (`merging`), so does every proposal, at the same measured row.
     """
 
-    def propose_fn(goal: float, emphasis: str) -> dict[str, Any]:
+    def propose_fn(goal: float, emphasis: str) -> ProposalAnswer:
         quant = list(fallback.plan.quantization) if problem.objective.quantize != "none" else []
         plan, record = propose(problem, goal, emphasis, quant, merging)
         out.append(record)
-        return {"goal": record.goal, "emphasis": emphasis, "predicted_reduction": record.estimate, "plan": plan}
+        return ProposalAnswer(goal=record.goal, emphasis=emphasis, predicted_reduction=record.estimate, plan=plan)
 
     return propose_fn
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, tool
@@ -12,6 +11,7 @@ from langchain_core.tools import BaseTool, tool
 from profiling_agent.state import TokenAxis
 from profiling_agent.tools.planning.plan_guard import GuardConfig, GuardVerdict, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
+from profiling_agent.tools.planning.proposal import Propose
 from profiling_agent.tools.planning.regex_safety import regex_problem
 from profiling_agent.tools.planning.trials import Evaluate
 
@@ -178,7 +178,7 @@ def make_planning_tools(
     model_info: dict[str, Any] | None = None,
     evaluate_fn: Evaluate | None = None,
     guard: GuardConfig | None = None,
-    propose_fn: Callable[[float, str], dict[str, Any]] | None = None,
+    propose_fn: Propose | None = None,
 ) -> list[BaseTool]:
     """Build the planner's tools over one profile and probe result.
 
@@ -290,7 +290,7 @@ PROPOSAL_NOTE = (
 )
 
 
-def _propose_tool(propose_fn: Callable[[float, str], dict[str, Any]]) -> BaseTool:
+def _propose_tool(propose_fn: Propose) -> BaseTool:
     @tool(parse_docstring=True)
     def propose_plan(goal: float, emphasis: Literal["balanced", "cost", "sensitivity"] = "balanced") -> str:
         """Get the deterministic planner's plan that is predicted to reach a goal, as a starting point to edit.
@@ -310,7 +310,7 @@ def _propose_tool(propose_fn: Callable[[float, str], dict[str, Any]]) -> BaseToo
         if emphasis not in ("balanced", "cost", "sensitivity"):
             return "error: emphasis must be balanced, cost or sensitivity"
         try:
-            return dump({**propose_fn(value, emphasis), "note": PROPOSAL_NOTE})
+            return dump({**propose_fn(value, emphasis).wire(), "note": PROPOSAL_NOTE})
         except Exception as exc:  # noqa: BLE001 - a failure is an answer, not a crash
             return f"error: no proposal: {type(exc).__name__}: {str(exc)[:200]}"
 

@@ -11,6 +11,7 @@ from helpers.fake_llm import (
     ScriptedOpenAIServer,
     ai_tool_calls,
     chat_completion,
+    probe_records,
     quick_request_retry,
     tool_call,
     vit_profile,
@@ -26,6 +27,7 @@ from profiling_agent.state import (
     CompressionPlan,
     Context,
     Objective,
+    PlannerProfile,
     PlanningProblem,
     PruneEntry,
     QuantEntry,
@@ -436,7 +438,10 @@ def test_input_shape_prompt_carries_the_metadata():
 
 
 def tools_by_name(evaluate_fn=None):
-    return {t.name: t for t in make_planning_tools(PROFILE, SENS, {"model": "tiny"}, evaluate_fn)}
+    return {
+        t.name: t
+        for t in make_planning_tools(PlannerProfile.of(PROFILE), probe_records(SENS), {"model": "tiny"}, evaluate_fn)
+    }
 
 
 def test_match_layers_tool_lists_matches_and_explains_misses():
@@ -646,9 +651,7 @@ def test_guard_accepts_what_the_deterministic_planner_proposes_on_real_profiles(
         deterministic = plan_round(
             PlanningProblem.of(profile["groups"], profile["group_costs"], sens, objective, [])
         ).plan
-        verdict = check_plan(
-            deterministic, profile["groups"], profile["protected"], profile["group_costs"], layers=profile["layers"]
-        )
+        verdict = check_plan(deterministic, PlannerProfile.of(profile))
         assert verdict.ok, verdict.reasons
     prompt = render_analysis(profile, sens, Objective())[1].content
     assert all(g["module"] in prompt for g in profile["groups"])

@@ -6,12 +6,30 @@ import dataclasses
 import json
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
+from helpers.fake_llm import (
+    ScriptedOpenAIServer,
+    chat_completion,
+    guard_profile,
+    local_llm_only,
+    probe_records,
+    vit_profile,
+    vit_sensitivity,
+)
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
 from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
-from profiling_agent.state import Candidate, Context, EvalRecord, Fallback, LLMStep, Objective, PlanningProblem, State
+from profiling_agent.state import (
+    Candidate,
+    Context,
+    EvalRecord,
+    Fallback,
+    LLMStep,
+    Objective,
+    PlannerProfile,
+    PlanningProblem,
+    State,
+)
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import LLMUnreachable, llm_console_note, never_reached
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
@@ -118,9 +136,9 @@ def test_a_human_edited_plan_equal_to_the_examples_shape_is_not_refused():
             {"groups": ["layers.0.heads"], "type": "head", "ratio": 0.25},
         ]
     }
-    args = (PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"])
-    assert check_plan(translated, *args, layers=PROFILE["layers"]).ok  # a reviewer never saw the example
-    assert not check_plan(translated, *args, GuardConfig(refuse_example=True), layers=PROFILE["layers"]).ok
+    profile = PlannerProfile.of(PROFILE)
+    assert check_plan(translated, profile).ok  # a reviewer never saw the example
+    assert not check_plan(translated, profile, GuardConfig(refuse_example=True)).ok
 
 
 def test_an_under_target_first_plan_is_sent_back_with_the_numbers(tmp_path):
@@ -206,7 +224,7 @@ def test_propose_plan_tool_reaches_its_goal_on_the_ratio_grid_and_passes_the_gua
     assert all(abs(r * 20 - round(r * 20)) < 1e-9 for r in ratios)  # multiples of 0.05
     assert record.estimate["params"] == pytest.approx(0.4, abs=0.06)
     guard = GuardConfig(target="params", target_reduction=0.4, refuse_example=True, min_share_of_target=0.5)
-    verdict = check_plan(plan, PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"], guard)
+    verdict = check_plan(plan, guard_profile(PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"]), guard)
     assert verdict.ok, verdict.reasons
     assert verdict.ratios == record.ratios
     spare = propose(
@@ -216,7 +234,9 @@ def test_propose_plan_tool_reaches_its_goal_on_the_ratio_grid_and_passes_the_gua
     assert sum(spare.ratios.get(h, 0) for h in heads) <= sum(record.ratios.get(h, 0) for h in heads)
 
     calls = []
-    tools = make_planning_tools(PROFILE, SENS, propose_fn=lambda g, e: calls.append((g, e)) or _answer(g, e))
+    tools = make_planning_tools(
+        PlannerProfile.of(PROFILE), probe_records(SENS), propose_fn=lambda g, e: calls.append((g, e)) or _answer(g, e)
+    )
     tool = next(t for t in tools if t.name == "propose_plan")
     assert json.loads(tool.invoke({"goal": 35}))["goal"] == 0.35 and calls == [(0.35, "balanced")]
     assert tool.invoke({"goal": 0}).startswith("error:") and tool.invoke({"goal": 150}).startswith("error:")

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, GroupRow, PlanningProblem, QuantEntry, TokenAxis
+from profiling_agent.state import CompressionPlan, GroupRow, PlannerProfile, PlanningProblem, QuantEntry, TokenAxis
 from profiling_agent.tools.planning.json_extract import find_object
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import normalize_plan
@@ -140,7 +140,7 @@ class OfferInputs:
         evaluate: The trial evaluator (a plan -> its trial on the trial slice), or None.
     """
 
-    profile: dict[str, Any]
+    profile: PlannerProfile
     problem: PlanningProblem
     goal: float
     quantization: list[QuantEntry]
@@ -179,7 +179,7 @@ def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
     own only when an evaluator is given and the model is small (CHEAP_TRIAL_PARAMS).
     """
     profile, offer, seen = inputs.profile, Offer(), set()
-    cheap = int((profile.get("totals") or {}).get("params") or 0) <= CHEAP_TRIAL_PARAMS
+    cheap = int(profile.totals.get("params") or 0) <= CHEAP_TRIAL_PARAMS
     for name, groups, merging in _variants(inputs):
         if len(offer.alternatives) >= len(LABELS) or not groups:
             continue
@@ -202,15 +202,8 @@ def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
     return offer
 
 
-def _guarded(plan: dict[str, Any], profile: dict[str, Any], guard: GuardConfig) -> CompressionPlan | None:
-    verdict = check_plan(
-        plan,
-        profile.get("groups") or [],
-        profile.get("protected") or [],
-        profile.get("group_costs") or {},
-        guard,
-        layers=profile.get("layers"),
-    )
+def _guarded(plan: dict[str, Any], profile: PlannerProfile, guard: GuardConfig) -> CompressionPlan | None:
+    verdict = check_plan(plan, profile, guard)
     return verdict.plan if verdict.ok else None
 
 

@@ -15,8 +15,10 @@ from profiling_agent.state import (
     CompressionPlan,
     Context,
     Fallback,
+    GroupSensitivity,
     LLMStep,
     Objective,
+    PlannerProfile,
     PlanningProblem,
     RejectedAnswer,
     StructuredFacts,
@@ -34,7 +36,7 @@ from profiling_agent.tools.planning.llm_client import (
 from profiling_agent.tools.planning.llm_conversation import initial_state
 from profiling_agent.tools.planning.llm_repair import REPAIR_MARK, Repair
 from profiling_agent.tools.planning.llm_session import Conversation
-from profiling_agent.tools.planning.llm_tools import make_planning_tools
+from profiling_agent.tools.planning.llm_tools import ModelInfo, make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig
 from profiling_agent.tools.planning.proposal import (
     Proposal,
@@ -215,26 +217,28 @@ def plan_with_llm(
     proposals: list[Proposal] = []
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
-        info = {"model": inputs.model_ref, "family": inputs.family}
+        info: ModelInfo = {"model": inputs.model_ref, "family": inputs.family}
+        facts = PlannerProfile.of(profile)  # the prompts' JSON, read once for the guard and the tools
+        probed = {name: GroupSensitivity.model_validate(record) for name, record in sensitivity.items()}
         merging = fallback_option(inputs.token_axis, fallback.plan.tokens)
         problem = PlanningProblem.of(
-            profile.get("groups") or [], profile.get("group_costs") or {}, sensitivity, inputs.objective
+            profile.get("groups") or [], profile.get("group_costs") or {}, probed, inputs.objective
         )
         propose_fn = _proposer(problem, fallback, proposals, merging)
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
-        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
+        tools = make_planning_tools(facts, probed, info, evaluate_fn, tool_guard, propose_fn)
         repair = Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target)
         quant = list(fallback.plan.quantization) if inputs.objective.quantize != "none" else []
-        facts = (profile, problem, repair.goal, quant, merging, inputs.token_axis)
-        offer = offer_alternatives(OfferInputs(*facts, fallback.predicted_pp, evaluate_fn), guard)
+        made_of = (facts, problem, repair.goal, quant, merging, inputs.token_axis)
+        offer = offer_alternatives(OfferInputs(*made_of, fallback.predicted_pp, evaluate_fn), guard)
         proposals.extend(a.record for a in offer.alternatives)
         conv = Conversation(
             model,
             tools,
             ctx,
             transcript,
-            profile,
+            facts,
             inputs.objective.quantize,
             fallback.plan,
             guard,

@@ -10,6 +10,7 @@ from helpers.fake_llm import (
     chat_completion,
     kinds_of,
     local_llm_only,
+    probe_records,
     vit_profile,
     vit_sensitivity,
 )
@@ -39,7 +40,9 @@ def plan_via(server, tmp_path, trials=None):
 
     ctx = Context(llm_base_url=server.base_url, llm_timeout=10, llm_tool_rounds=2, llm_api_key_env="PA_ALT_UNSET")
     inputs = round_inputs(state, state.iteration)
-    return plan_with_llm(inputs, ctx, PROFILE, SENS, fallback, evaluate_fn=evaluate if trials is not None else None)
+    return plan_with_llm(
+        inputs, ctx, PROFILE, probe_records(SENS), fallback, evaluate_fn=evaluate if trials is not None else None
+    )
 
 
 def offered(server) -> str:

@@ -67,7 +67,7 @@ def plan_via(server, tmp_path, state=None, retries=2):
         llm_tool_rounds=2,
         llm_api_key_env="PA_PROPOSAL_UNSET",
     )
-    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback), fallback
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback), fallback
 
 
 def transcript(tmp_path, outcome):

@@ -6,7 +6,14 @@ import json
 import re
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
+from helpers.fake_llm import (
+    ScriptedOpenAIServer,
+    chat_completion,
+    local_llm_only,
+    probe_records,
+    vit_profile,
+    vit_sensitivity,
+)
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, PlanningProblem, State
@@ -58,7 +65,7 @@ def plan_via(server, tmp_path, retries=2):
         llm_tool_rounds=2,
         llm_api_key_env="PA_REPAIR_UNSET",
     )
-    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback), fallback
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback), fallback
 
 
 def formats(server):

@@ -14,6 +14,7 @@ from helpers.fake_llm import (
     ScriptedOpenAIServer,
     chat_completion,
     kinds_of,
+    probe_records,
     vit_profile,
     vit_sensitivity,
 )
@@ -88,7 +89,7 @@ def plan_with(server, tmp_path, *, structured="auto", retries=2, state=None):
         llm_structured=structured,
         llm_api_key_env="PA_STRUCTURED_UNSET",
     )
-    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback), fallback
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback), fallback
 
 
 def formats(server):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,7 +144,7 @@ def render_messages(
     inputs: RoundInputs,
     ctx: Context,
     profile: dict[str, Any],
-    sensitivity: dict[str, Any],
+    sensitivity: Mapping[str, GroupSensitivity],
     iteration: int,
     guard: GuardConfig,
 ) -> list[BaseMessage]:
@@ -155,9 +155,10 @@ def render_messages(
 
     info = {"model": inputs.model_ref, "family": inputs.family}
     bounds = dataclasses.asdict(guard)
+    probed = {name: record.model_dump() for name, record in sensitivity.items()}  # the prompts read the JSON
     if iteration <= 1:
         return render_analysis(
-            profile, sensitivity, inputs.objective, model_info=info, bounds=bounds, tool_rounds=ctx.llm_tool_rounds
+            profile, probed, inputs.objective, model_info=info, bounds=bounds, tool_rounds=ctx.llm_tool_rounds
         )
     candidates = [c.model_dump() for c in inputs.candidates]
     baseline = inputs.baseline_eval.model_dump() if inputs.baseline_eval else None
@@ -173,7 +174,7 @@ def render_messages(
     )
     return render_iterative(
         profile,
-        sensitivity,
+        probed,
         inputs.objective,
         feedback,
         model_info=info,
@@ -186,7 +187,7 @@ def plan_with_llm(
     inputs: RoundInputs,
     ctx: Context,
     profile: dict[str, Any],
-    sensitivity: dict[str, Any],
+    sensitivity: Mapping[str, GroupSensitivity],
     fallback: PlanResult,
     *,
     chat_model: Any = None,
@@ -199,7 +200,7 @@ def plan_with_llm(
         inputs: The round's inputs (objective, earlier candidates, baseline evaluation, run folder).
         ctx: Run context (LLM endpoint, timeout, retries, tool rounds).
         profile: The full profile.json dict (groups, group_costs, protected, layers, totals).
-        sensitivity: Probe results per group name.
+        sensitivity: The probe's record per group name.
         fallback: The deterministic planner's result for this round.
         chat_model: A LangChain chat model to use instead of building ChatOpenAI from `ctx` (tests).
         evaluate_fn: Optional callable that applies a plan to a copy of the model and returns its trial; when
@@ -219,15 +220,14 @@ def plan_with_llm(
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         info: ModelInfo = {"model": inputs.model_ref, "family": inputs.family}
         facts = PlannerProfile.of(profile)  # the prompts' JSON, read once for the guard and the tools
-        probed = {name: GroupSensitivity.model_validate(record) for name, record in sensitivity.items()}
         merging = fallback_option(inputs.token_axis, fallback.plan.tokens)
         problem = PlanningProblem.of(
-            profile.get("groups") or [], profile.get("group_costs") or {}, probed, inputs.objective
+            profile.get("groups") or [], profile.get("group_costs") or {}, sensitivity, inputs.objective
         )
         propose_fn = _proposer(problem, fallback, proposals, merging)
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
-        tools = make_planning_tools(facts, probed, info, evaluate_fn, tool_guard, propose_fn)
+        tools = make_planning_tools(facts, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
         repair = Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target)
         quant = list(fallback.plan.quantization) if inputs.objective.quantize != "none" else []
         made_of = (facts, problem, repair.goal, quant, merging, inputs.token_axis)

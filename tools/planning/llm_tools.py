@@ -207,8 +207,7 @@ def make_planning_tools(
 
     Args:
         profile: The profile (groups with their cost shares, protected modules, layer rows, totals).
-        sensitivity: Probe results per group name (damage, kl, agreement, acc_drop, ratio); a group without one
-            shows damage None.
+        sensitivity: The probe's record per group name (a group without one shows damage None).
         model_info: Optional facts about the model (ref, family) shown by `model_overview`.
         evaluate_fn: Optional callable applying a plan to a copy of the model and returning its trial; adds the
             `evaluate_plan` tool.

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.errors import GraphBubbleUp
@@ -33,7 +33,7 @@ from profiling_agent.tools.planning.llm_client import (
     empty_usage,
     message_text,
 )
-from profiling_agent.tools.planning.llm_conversation import initial_state
+from profiling_agent.tools.planning.llm_conversation import AcceptedAnswer, ConversationState, initial_state
 from profiling_agent.tools.planning.llm_repair import REPAIR_MARK, Repair
 from profiling_agent.tools.planning.llm_session import Conversation
 from profiling_agent.tools.planning.llm_tools import ModelInfo, make_planning_tools
@@ -390,7 +390,7 @@ def _fall_back(
     )
 
 
-def chosen_diff(accepted: dict[str, Any], plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:
+def chosen_diff(accepted: AcceptedAnswer, plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:
     """Compare the applied plan with the alternative the answer chose by label, else with the proposals it asked for.
 
     An answer without a choice is compared with the propose_plan answers and the repair's proposal (as before
@@ -411,7 +411,7 @@ def chosen_diff(accepted: dict[str, Any], plan: CompressionPlan, proposals: list
 
 
 def _conclude(
-    final: dict[str, Any],
+    final: ConversationState,
     conv: Conversation,
     transcript: Transcript,
     fallback: PlanResult,
@@ -428,7 +428,8 @@ def _conclude(
     accepted = final.get("accepted")
     if not accepted:
         failure = final.get("failure") or {"stage": "error", "reason": "the conversation ended at its request bound"}
-        failed = _Failed(failure["stage"], failure["reason"], list(final.get("rejected") or []), usage, tool_errors)
+        stage = cast(Stage, failure["stage"])  # one of the stages: the conversation writes no other
+        failed = _Failed(stage, failure["reason"], list(final.get("rejected") or []), usage, tool_errors)
         fell = _fall_back(transcript, fallback, ctx, failed, finder)
         fell.tools_dropped = final.get("tools_dropped")
         return fell

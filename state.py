@@ -34,6 +34,7 @@ from profiling_agent.schemas.migrations import (
     pending,
     upgrade_history_event,
 )
+from profiling_agent.schemas.planner_profile import LayerRow, PlannerProfile
 from profiling_agent.schemas.planning import (
     PastRound,
     Trial,
@@ -318,6 +319,8 @@ __all__ = [
     "OperatorRow",
     "PastRound",
     "PlanningProblem",
+    "PlannerProfile",
+    "LayerRow",
     "PlannerChoice",
     "PlannerMeta",
     "PlannerMode",

@@ -10,6 +10,7 @@ at 0.3, the first head group at 0.25); `example_copy_reasons` refuses that too, 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 EXAMPLE_PREFIX = "example."  # every group name of the made-up model starts with it
@@ -35,11 +36,14 @@ def example_plan_json() -> str:
     return json.dumps(plan)
 
 
-def projected_example(groups: list[dict[str, Any]]) -> dict[str, float]:
-    """Map the example onto this model by position: its i-th group of a kind is this model's i-th group of it."""
+def projected_example(groups: Sequence[tuple[str, str]]) -> dict[str, float]:
+    """Map the example onto this model by position: its i-th group of a kind is this model's i-th group of it.
+
+    `groups` are this model's prunable groups as (name, kind), in the profile's order.
+    """
     out: dict[str, float] = {}
     for kind, names, ratio in EXAMPLE_ENTRIES:
-        mine = [str(g["name"]) for g in groups if g.get("kind") == kind]
+        mine = [name for name, own in groups if own == kind]
         for name in mine[: len(names)]:
             out[name] = ratio
     return out
@@ -57,17 +61,19 @@ def _named(plan: dict[str, Any]) -> list[str]:
     return [n for n in names if EXAMPLE_PREFIX in n]
 
 
-def example_copy_reasons(plan: dict[str, Any], groups: list[dict[str, Any]], ratios: dict[str, float]) -> list[str]:
+def example_copy_reasons(
+    plan: dict[str, Any], groups: Sequence[tuple[str, str]], ratios: dict[str, float]
+) -> list[str]:
     """Return why a plan is the prompt's format example rather than a plan for this model (empty when it is not).
 
     Args:
         plan: The plan as parsed (entries may name groups or regexes).
-        groups: This model's prunable groups.
+        groups: This model's prunable groups as (name, kind), in the profile's order.
         ratios: The plan's resolved ratio per group (the guard's), or {} when it did not resolve.
     """
     copied = _named(plan)
     if copied:
-        mine = [str(g["name"]) for g in groups][:3]
+        mine = [name for name, _ in groups][:3]
         return [
             f"{copied[0]!r} is a group of the format example's made-up model, not of this model: choose groups "
             f"and ratios from this model's table (names like {', '.join(mine)}), or call propose_plan for a "

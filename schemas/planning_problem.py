@@ -39,8 +39,10 @@ class GroupRow(BaseModel):
     kind: PruneType = Field(description="structured (channels), head or block.")
     module: str = Field(description="The module a plan entry names (`^module$`).")
     units: int = Field(description="Prunable units now (channels, heads; 1 for a block).")
+    unit_size: int = Field(default=1, description="Channels per unit (a head's width; 1 for channels).")
     min_units: int = Field(description="Units that always remain (0 only for a block, removed whole).")
     block: str | None = Field(default=None, description="The enclosing block's module (None: not given).")
+    members: list[str] = Field(default_factory=list, description="The modules the group spans (empty: not given).")
     extra: dict[str, Any] = Field(default_factory=dict, description="The adapter's extra facts (a replaced block).")
     params_share: float = Field(default=0.0, description="Share of the model's parameters.")
     macs_share: float = Field(default=0.0, description="Share of the model's MACs.")
@@ -62,8 +64,10 @@ class GroupRow(BaseModel):
             kind=kind,
             module=str(group["module"]),
             units=int(group["units"]),
+            unit_size=int(group.get("unit_size", 1)),
             min_units=int(group.get("min_units", 0 if kind == "block" else 1)),
             block=None if group.get("block") is None else str(group["block"]),
+            members=[str(m) for m in group.get("members") or []],
             extra=dict(group.get("extra") or {}),
             **{f"{k}_share": float(cost.get(f"{k}_share", 0.0) or 0.0) for k in SHARE_KEYS},
             latency_curve=LatencyCurve.model_validate(curve) if curve else None,

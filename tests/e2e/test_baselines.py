@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from profiling_agent.state import Objective
+from profiling_agent.state import Objective, group_rows
 from profiling_agent.tools.compression.baselines import (
     check_ratio,
     is_baseline,
@@ -98,8 +98,8 @@ def test_uniform_plan_targets_every_group_and_quantizes_as_asked(tiny_resnet, ti
         assert set(match_groups(groups, plan.pruning)) == {g.name for g in groups}
         assert set(match_groups(groups, plan.pruning).values()) == {0.2}
         assert [q.dtype for q in plan.quantization] == ["qint8"]
-    as_dicts = [{"name": "a", "kind": "structured", "units": 10, "min_units": 1}]
-    plan = uniform_plan(as_dicts, 0.2, "random", quantize="none")
+    rows = group_rows([{"name": "a", "kind": "structured", "module": "a", "units": 10, "min_units": 1}], {}, {})
+    plan = uniform_plan(rows, 0.2, "random", quantize="none")
     assert [e.type for e in plan.pruning] == ["structured"] and plan.quantization == []
     assert "random" in plan.rationale
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.fake_llm import local_llm_only, vit_profile, vit_sensitivity
+from helpers.fake_llm import local_llm_only, probe_records, vit_profile, vit_sensitivity
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, PlanningProblem, State
@@ -32,7 +32,7 @@ def test_the_fake_small_model_is_driven_to_its_own_constrained_plan(tmp_path):
     fallback = plan_round(PlanningProblem.of(profile["groups"], profile["group_costs"], sens, state.objective, []))
     with FakeSmallModel() as fake:
         ctx = Context(llm_base_url=fake.url, llm_timeout=10, llm_tool_rounds=2, llm_api_key_env="PA_BENCH_UNSET")
-        outcome = plan_with_llm(round_inputs(state, 1), ctx, profile, sens, fallback)
+        outcome = plan_with_llm(round_inputs(state, 1), ctx, profile, probe_records(sens), fallback)
     assert outcome.planner == "llm" and outcome.structured["mode"] == "json_object"
     assert {e.layer for e in outcome.plan.pruning} == {r"^vit\.layers\.0\.mlp\.fc1$", r"^vit\.layers\.1\.mlp\.fc1$"}
     events = [json.loads(line) for line in (tmp_path / outcome.transcript).read_text().splitlines()]

@@ -16,6 +16,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from llm_fake_server import stream_chunks, write_stream
 from pydantic import Field
 
+from profiling_agent.state import GroupSensitivity, PlannerProfile
+
 _ids = itertools.count(1)
 
 # ---------------------------------------------------------------- scripted chat model
@@ -365,3 +367,26 @@ def quick_request_retry(monkeypatch, seconds: float = 0.05) -> None:
     quick = llm_conversation.REQUEST_RETRY._replace(initial_interval=seconds, jitter=False)
     monkeypatch.setattr(llm_conversation, "REQUEST_RETRY", quick)
     monkeypatch.setattr(llm_conversation, "conversation", llm_conversation.build_conversation())
+
+
+def kinds_of(groups: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Return profile groups (JSON) as the (name, kind) pairs the plan schema reads."""
+    return [(str(g["name"]), str(g["kind"])) for g in groups]
+
+
+def guard_profile(
+    groups: Sequence[dict[str, Any]],
+    protected: Sequence[str] = (),
+    costs: dict[str, Any] | None = None,
+    layers: list[dict[str, Any]] | None = None,
+) -> PlannerProfile:
+    """Return the typed profile the plan guard reads, from profile.json pieces (no layer rows: None)."""
+    data: dict[str, Any] = {"groups": list(groups), "protected": list(protected), "group_costs": costs or {}}
+    if layers is not None:
+        data["layers"] = layers
+    return PlannerProfile.of(data)
+
+
+def probe_records(sensitivity: dict[str, dict[str, Any]]) -> dict[str, GroupSensitivity]:
+    """Return probe results (JSON, as `vit_sensitivity` builds them) as the typed records the tools read."""
+    return {name: GroupSensitivity.model_validate(record) for name, record in sensitivity.items()}

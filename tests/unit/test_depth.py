@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.fake_llm import guard_profile
 from helpers.search_trials import rounds
 from helpers.tiny import resnet_config, seeded, vit_config
 from pydantic import ValidationError
@@ -347,13 +348,13 @@ def test_a_latency_plan_on_a_resnet_replaces_a_stages_first_block_and_the_guard_
     )
     blocks = [e.layer for e in result.plan.pruning if e.type == "block"]
     assert blocks == ["^resnet\\.encoder\\.stages\\.1\\.layers\\.0$"]  # the cheapest: replaced, not removed
-    assert check_plan(result.plan, groups, [], {}).ok
+    assert check_plan(result.plan, guard_profile(groups)).ok
     pruned = copy.deepcopy(resnet3)
     prune_model(pruned, result.plan.pruning, _pixels(resnet3, 1))
     assert isinstance(pruned.resnet.encoder.stages[1].layers[0], ShortcutBlock)
     # both stages' first blocks and one identity block may go in one plan: each replacement has its own limit
     both = [{"layer": r"^resnet\.encoder\.stages\.(0\.layers\.0|1\.layers\.(0|1))$", "type": "block", "ratio": 1.0}]
-    assert check_plan(CompressionPlan(pruning=both, quantization=[], rationale="r"), groups, [], {}).ok
+    assert check_plan(CompressionPlan(pruning=both, quantization=[], rationale="r"), guard_profile(groups)).ok
 
 
 def test_swin_removes_the_last_block_of_a_stage_and_rebuilds_from_its_config(tmp_path):

@@ -6,11 +6,11 @@ import json
 import re
 
 import pytest
-from helpers.fake_llm import vit_profile, vit_sensitivity
+from helpers.fake_llm import guard_profile, kinds_of, probe_records, vit_profile, vit_sensitivity
 
 from profiling_agent.prompts.analysis import render_analysis
 from profiling_agent.prompts.iterative import Feedback, render_iterative
-from profiling_agent.state import Objective, PlanningProblem
+from profiling_agent.state import Objective, PlannerProfile, PlanningProblem
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
@@ -47,9 +47,7 @@ DEPTH["block_limits"] = {"vit.layers": 2}  # what the planning round puts in the
 
 
 def check(raw: dict, profile: dict = DEPTH, config: GuardConfig | None = None):
-    return check_plan(
-        raw, profile["groups"], profile["protected"], profile["group_costs"], config, layers=profile["layers"]
-    )
+    return check_plan(raw, PlannerProfile.of(profile), config)
 
 
 def prune(layer: str, kind: str = "structured", ratio: float = 0.3) -> dict:
@@ -153,7 +151,7 @@ def test_a_block_entry_without_a_ratio_gets_one_with_a_note():
 
 
 def test_the_schema_offers_block_entries_only_with_block_groups_and_only_at_ratio_one():
-    schema = plan_schema(DEPTH["groups"], ("qint8",), CAPS, 0.01)
+    schema = plan_schema(kinds_of(DEPTH["groups"]), ("qint8",), CAPS, 0.01)
     shapes = {
         e["properties"]["type"]["enum"][0]: e["properties"] for e in schema["properties"]["pruning"]["items"]["anyOf"]
     }
@@ -161,20 +159,22 @@ def test_the_schema_offers_block_entries_only_with_block_groups_and_only_at_rati
     assert shapes["block"]["ratio"]["enum"] == [1.0]
     assert shapes["block"]["groups"]["items"]["enum"] == [f"layers.{i}.block" for i in range(4)]
     assert max(shapes["structured"]["ratio"]["enum"]) == 0.8 and max(shapes["head"]["ratio"]["enum"]) == 0.75
-    without = plan_schema(WIDTH["groups"], ("qint8",), CAPS, 0.01)
-    assert without == plan_schema(WIDTH["groups"], ("qint8",), {"structured": 0.8, "head": 0.75}, 0.01)
+    without = plan_schema(kinds_of(WIDTH["groups"]), ("qint8",), CAPS, 0.01)
+    assert without == plan_schema(kinds_of(WIDTH["groups"]), ("qint8",), {"structured": 0.8, "head": 0.75}, 0.01)
     assert "block" not in json.dumps(without)
 
 
 def test_match_layers_takes_block_only_when_the_profile_has_block_groups():
     sens = vit_sensitivity(DEPTH)
-    tool = {t.name: t for t in make_planning_tools(DEPTH, sens)}["match_layers"]
+    tool = {t.name: t for t in make_planning_tools(PlannerProfile.of(DEPTH), probe_records(sens))}["match_layers"]
     answer = json.loads(tool.invoke({"pattern": r"^vit\.layers\.(0|1)$", "kind": "block"}))
     assert answer["matched"] == 2 and {g["kind"] for g in answer["groups"]} == {"block"}
     assert "block" in json.dumps(tool.args)
     miss = tool.invoke({"pattern": r"^vit\.layers\.0$", "kind": "structured"})
     assert miss.startswith("error: no structured group") and "other kind (block)" in miss
-    plain = {t.name: t for t in make_planning_tools(WIDTH, vit_sensitivity(WIDTH))}["match_layers"]
+    plain = {t.name: t for t in make_planning_tools(PlannerProfile.of(WIDTH), probe_records(vit_sensitivity(WIDTH)))}[
+        "match_layers"
+    ]
     assert "block" not in json.dumps(plain.args) + plain.description
 
 
@@ -226,7 +226,7 @@ def test_each_stack_is_bounded_by_its_own_block_groups():
     ]  # fmt: skip
 
     def verdict(layer: str):
-        return check_plan(plan(prune(layer, "block", 1.0)), groups, [], {})
+        return check_plan(plan(prune(layer, "block", 1.0)), guard_profile(groups))
 
     assert verdict(r"^resnet\.encoder\.stages\.0\.layers\.2$").ok
     assert verdict(r"^resnet\.encoder\.stages\.0\.layers\.1$").ok
@@ -245,6 +245,7 @@ def test_a_proposal_that_removes_blocks_passes_the_guard_as_it_is():
             sens[group["name"]]["damage"] = 0.001  # cheap blocks: the proposal removes some
     objective = Objective(target="latency", target_reduction=0.4)
     raw, record = propose(PlanningProblem.of(DEPTH["groups"], DEPTH["group_costs"], sens, objective), 0.85, "cost", [])
+    raw = raw.wire()  # as the LLM reads it
     blocks = [e for e in raw["pruning"] if e["type"] == "block"]
     assert blocks and all(e["ratio"] == 1.0 for e in blocks)
     verdict = check(raw)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
+from helpers.fake_llm import (
+    ScriptedOpenAIServer,
+    chat_completion,
+    kinds_of,
+    local_llm_only,
+    probe_records,
+    vit_profile,
+    vit_sensitivity,
+)
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, PlanningProblem, State, Trial
@@ -32,7 +40,9 @@ def plan_via(server, tmp_path, trials=None):
 
     ctx = Context(llm_base_url=server.base_url, llm_timeout=10, llm_tool_rounds=2, llm_api_key_env="PA_ALT_UNSET")
     inputs = round_inputs(state, state.iteration)
-    return plan_with_llm(inputs, ctx, PROFILE, SENS, fallback, evaluate_fn=evaluate if trials is not None else None)
+    return plan_with_llm(
+        inputs, ctx, PROFILE, probe_records(SENS), fallback, evaluate_fn=evaluate if trials is not None else None
+    )
 
 
 def offered(server) -> str:
@@ -87,6 +97,8 @@ def test_the_default_choice_is_recorded_as_copied_and_an_unknown_label_is_sent_b
 def test_the_constrained_schema_allows_a_choice():
     from profiling_agent.tools.planning.structured import plan_schema
 
-    schema = plan_schema(PROFILE["groups"], ("qint8",), {"structured": 0.8, "head": 0.5}, 0.05, choices=["A", "B"])
+    schema = plan_schema(
+        kinds_of(PROFILE["groups"]), ("qint8",), {"structured": 0.8, "head": 0.5}, 0.05, choices=["A", "B"]
+    )
     assert schema["required"] == ["choice", "why"]
     assert schema["properties"]["choice"]["enum"] == ["A", "B", "own"] and "pruning" in schema["properties"]

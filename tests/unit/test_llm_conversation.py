@@ -6,7 +6,14 @@ import json
 from typing import Any
 
 import pytest
-from helpers.fake_llm import ScriptedChatModel, ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
+from helpers.fake_llm import (
+    ScriptedChatModel,
+    ScriptedOpenAIServer,
+    chat_completion,
+    probe_records,
+    vit_profile,
+    vit_sensitivity,
+)
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
@@ -53,7 +60,7 @@ def _planning_graph(tmp_path, ctx: Context, evaluate_fn: Any):
 
     def plan(_: Outer) -> dict[str, Any]:
         outcome: LLMOutcome = plan_with_llm(
-            round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback, evaluate_fn=evaluate_fn
+            round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback, evaluate_fn=evaluate_fn
         )
         return {"planner": outcome.planner, "usage": outcome.usage}
 
@@ -115,7 +122,9 @@ def test_every_refusal_ends_the_step_after_the_retries_whatever_the_model_says(t
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
     fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
     ctx = Context(llm_timeout=1, llm_retries=3, llm_structured="off", llm_api_key_env="PA_CONVERSATION_UNSET")
-    outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback, chat_model=model)
+    outcome = plan_with_llm(
+        round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback, chat_model=model
+    )
     assert outcome.planner == "deterministic" and outcome.fallbacks[0].stage == "parse"
     assert len(model.calls) == 4 and "4 invalid answers" in outcome.fallbacks[0].reason
 

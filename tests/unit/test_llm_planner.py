@@ -11,6 +11,7 @@ from helpers.fake_llm import (
     ScriptedOpenAIServer,
     ai_tool_calls,
     chat_completion,
+    probe_records,
     quick_request_retry,
     tool_call,
     vit_profile,
@@ -26,6 +27,7 @@ from profiling_agent.state import (
     CompressionPlan,
     Context,
     Objective,
+    PlannerProfile,
     PlanningProblem,
     PruneEntry,
     QuantEntry,
@@ -71,7 +73,12 @@ def run(tmp_path, script, *, repeat_last=False, ctx=None, state=None):
     model = ScriptedChatModel(script=script, repeat_last=repeat_last)
     fallback = fallback_for(state)
     outcome = plan_with_llm(
-        round_inputs(state, state.iteration), ctx or make_ctx(), PROFILE, SENS, fallback, chat_model=model
+        round_inputs(state, state.iteration),
+        ctx or make_ctx(),
+        PROFILE,
+        probe_records(SENS),
+        fallback,
+        chat_model=model,
     )
     return outcome, model, fallback
 
@@ -436,7 +443,10 @@ def test_input_shape_prompt_carries_the_metadata():
 
 
 def tools_by_name(evaluate_fn=None):
-    return {t.name: t for t in make_planning_tools(PROFILE, SENS, {"model": "tiny"}, evaluate_fn)}
+    return {
+        t.name: t
+        for t in make_planning_tools(PlannerProfile.of(PROFILE), probe_records(SENS), {"model": "tiny"}, evaluate_fn)
+    }
 
 
 def test_match_layers_tool_lists_matches_and_explains_misses():
@@ -560,7 +570,9 @@ def test_chat_openai_against_a_local_server(tmp_path):
     with ScriptedOpenAIServer(script) as server:
         ctx = make_ctx(llm_base_url=server.base_url, llm_model="fake-model", llm_timeout=10)
         state = make_state(tmp_path)
-        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback_for(state))
+        outcome = plan_with_llm(
+            round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback_for(state)
+        )
         requests = list(server.requests)
     assert outcome.planner == "llm" and outcome.fallbacks == []
     assert outcome.plan == CompressionPlan.model_validate(PLAN)
@@ -585,7 +597,7 @@ def test_chat_openai_http_500_falls_back(tmp_path, monkeypatch):
         ctx = make_ctx(llm_base_url=server.base_url, llm_timeout=5)
         state = make_state(tmp_path)
         fallback = fallback_for(state)
-        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback)
+        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback)
         n = len(server.requests)
     record = assert_fallback(outcome, fallback, "error")
     assert "500" in record.reason and n == 2  # max_retries=1: one retry
@@ -598,7 +610,7 @@ def test_chat_openai_timeout_falls_back(tmp_path, monkeypatch):
         ctx = make_ctx(llm_base_url=server.base_url, llm_timeout=0.3)
         state = make_state(tmp_path)
         fallback = fallback_for(state)
-        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback)
+        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback)
         assert server.requests and server.slept_out == 0  # the client gave up before any scripted sleep ended
     assert_fallback(outcome, fallback, "timeout")
 
@@ -610,7 +622,7 @@ def test_chat_openai_connection_refused_falls_back(tmp_path):
     ctx = make_ctx(llm_base_url=f"http://127.0.0.1:{port}/v1", llm_timeout=2)
     state = make_state(tmp_path)
     fallback = fallback_for(state)
-    outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback)
+    outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback)
     record = assert_fallback(outcome, fallback, "error")
     assert "Connection" in record.reason
 
@@ -646,9 +658,7 @@ def test_guard_accepts_what_the_deterministic_planner_proposes_on_real_profiles(
         deterministic = plan_round(
             PlanningProblem.of(profile["groups"], profile["group_costs"], sens, objective, [])
         ).plan
-        verdict = check_plan(
-            deterministic, profile["groups"], profile["protected"], profile["group_costs"], layers=profile["layers"]
-        )
+        verdict = check_plan(deterministic, PlannerProfile.of(profile))
         assert verdict.ok, verdict.reasons
     prompt = render_analysis(profile, sens, Objective())[1].content
     assert all(g["module"] in prompt for g in profile["groups"])
@@ -662,7 +672,9 @@ def test_llm_plan_on_a_real_tiny_vit_profile(tiny_vit, tmp_path):
     fallback = plan_round(PlanningProblem.of(profile["groups"], profile["group_costs"], sens, state.objective, []))
     estimate = tool_call("estimate_plan", {"plan_json": json.dumps(PLAN)})
     model = ScriptedChatModel(script=[ai_tool_calls(estimate), PLAN_TEXT])
-    outcome = plan_with_llm(round_inputs(state, state.iteration), make_ctx(), profile, sens, fallback, chat_model=model)
+    outcome = plan_with_llm(
+        round_inputs(state, state.iteration), make_ctx(), profile, probe_records(sens), fallback, chat_model=model
+    )
     assert outcome.planner == "llm"
     answer = json.loads(next(m for m in model.calls[1] if isinstance(m, ToolMessage)).content)
     assert answer["valid"] is True and answer["predicted_reduction_from_pruning"]["params"] > 0.1
@@ -677,7 +689,12 @@ def test_a_model_without_tool_support_still_plans(tmp_path):
     state = make_state(tmp_path)
     model = NoToolsModel(script=[PLAN_TEXT])
     outcome = plan_with_llm(
-        round_inputs(state, state.iteration), make_ctx(), PROFILE, SENS, fallback_for(state), chat_model=model
+        round_inputs(state, state.iteration),
+        make_ctx(),
+        PROFILE,
+        probe_records(SENS),
+        fallback_for(state),
+        chat_model=model,
     )
     assert outcome.planner == "llm" and "tools" not in model.call_kwargs[0]
     assert any(e["event"] == "note" for e in events(tmp_path, outcome))
@@ -692,7 +709,7 @@ def test_evaluate_fn_adds_the_evaluate_plan_tool(tmp_path):
         round_inputs(state, state.iteration),
         make_ctx(),
         PROFILE,
-        SENS,
+        probe_records(SENS),
         fallback_for(state),
         chat_model=model,
         evaluate_fn=lambda plan: evaluated.append(plan) or Trial(accuracy_drop_pp=0.5, judged_on="trial slice"),

@@ -6,19 +6,37 @@ import dataclasses
 import json
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
+from helpers.fake_llm import (
+    ScriptedOpenAIServer,
+    chat_completion,
+    guard_profile,
+    local_llm_only,
+    probe_records,
+    vit_profile,
+    vit_sensitivity,
+)
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
 from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
-from profiling_agent.state import Candidate, Context, EvalRecord, Fallback, LLMStep, Objective, PlanningProblem, State
+from profiling_agent.state import (
+    Candidate,
+    Context,
+    EvalRecord,
+    Fallback,
+    LLMStep,
+    Objective,
+    PlannerProfile,
+    PlanningProblem,
+    State,
+)
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import LLMUnreachable, llm_console_note, never_reached
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.paired import deterministic_sequence, paired_stop, reference_due, round_bound
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
-from profiling_agent.tools.planning.proposal import propose
+from profiling_agent.tools.planning.proposal import ProposalAnswer, ProposedPlan, propose
 
 PROFILE = vit_profile(n_layers=2)
 SENS = vit_sensitivity(PROFILE)
@@ -49,7 +67,7 @@ def plan_via(server, tmp_path, state=None, retries=2):
         llm_tool_rounds=2,
         llm_api_key_env="PA_PROPOSAL_UNSET",
     )
-    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback), fallback
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback), fallback
 
 
 def transcript(tmp_path, outcome):
@@ -118,9 +136,9 @@ def test_a_human_edited_plan_equal_to_the_examples_shape_is_not_refused():
             {"groups": ["layers.0.heads"], "type": "head", "ratio": 0.25},
         ]
     }
-    args = (PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"])
-    assert check_plan(translated, *args, layers=PROFILE["layers"]).ok  # a reviewer never saw the example
-    assert not check_plan(translated, *args, GuardConfig(refuse_example=True), layers=PROFILE["layers"]).ok
+    profile = PlannerProfile.of(PROFILE)
+    assert check_plan(translated, profile).ok  # a reviewer never saw the example
+    assert not check_plan(translated, profile, GuardConfig(refuse_example=True)).ok
 
 
 def test_an_under_target_first_plan_is_sent_back_with_the_numbers(tmp_path):
@@ -192,16 +210,21 @@ def test_a_copied_proposal_is_recorded_as_copied_and_a_plan_without_one_as_own(t
     assert outcome.vs_proposal.proposals == 0
 
 
+def _answer(goal: float, emphasis: str) -> ProposalAnswer:
+    return ProposalAnswer(goal=goal, emphasis=emphasis, predicted_reduction={}, plan=ProposedPlan())
+
+
 def test_propose_plan_tool_reaches_its_goal_on_the_ratio_grid_and_passes_the_guard():
     objective = Objective()
     plan, record = propose(
         PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, objective), 0.4, "balanced", []
     )
+    plan = plan.wire()  # as the LLM reads it
     ratios = [e["ratio"] for e in plan["pruning"]]
     assert all(abs(r * 20 - round(r * 20)) < 1e-9 for r in ratios)  # multiples of 0.05
     assert record.estimate["params"] == pytest.approx(0.4, abs=0.06)
     guard = GuardConfig(target="params", target_reduction=0.4, refuse_example=True, min_share_of_target=0.5)
-    verdict = check_plan(plan, PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"], guard)
+    verdict = check_plan(plan, guard_profile(PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"]), guard)
     assert verdict.ok, verdict.reasons
     assert verdict.ratios == record.ratios
     spare = propose(
@@ -211,7 +234,9 @@ def test_propose_plan_tool_reaches_its_goal_on_the_ratio_grid_and_passes_the_gua
     assert sum(spare.ratios.get(h, 0) for h in heads) <= sum(record.ratios.get(h, 0) for h in heads)
 
     calls = []
-    tools = make_planning_tools(PROFILE, SENS, propose_fn=lambda g, e: calls.append((g, e)) or {"goal": g})
+    tools = make_planning_tools(
+        PlannerProfile.of(PROFILE), probe_records(SENS), propose_fn=lambda g, e: calls.append((g, e)) or _answer(g, e)
+    )
     tool = next(t for t in tools if t.name == "propose_plan")
     assert json.loads(tool.invoke({"goal": 35}))["goal"] == 0.35 and calls == [(0.35, "balanced")]
     assert tool.invoke({"goal": 0}).startswith("error:") and tool.invoke({"goal": 150}).startswith("error:")

@@ -6,7 +6,14 @@ import json
 import re
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
+from helpers.fake_llm import (
+    ScriptedOpenAIServer,
+    chat_completion,
+    local_llm_only,
+    probe_records,
+    vit_profile,
+    vit_sensitivity,
+)
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Context, Objective, PlanningProblem, State
@@ -61,7 +68,7 @@ def plan_via(server, tmp_path, retries=2):
         llm_tool_rounds=2,
         llm_api_key_env="PA_REPAIR_UNSET",
     )
-    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback), fallback
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback), fallback
 
 
 def formats(server):
@@ -112,7 +119,7 @@ def test_the_repair_turn_carries_the_proposal_and_an_edit_of_it_is_applied_as_ed
     expected, record = propose(
         PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective), goal, "balanced", []
     )
-    assert proposal_in(repair)["pruning"] == expected["pruning"]  # the deterministic proposal, as JSON
+    assert proposal_in(repair)["pruning"] == expected.wire()["pruning"]  # the deterministic proposal, as JSON
     refused = [e for e in (tmp_path / outcome.transcript).read_text().splitlines() if '"event": "guard"' in e]
     mine = json.loads(refused[0])["estimate"]["params"]
     assert f"Your plan is predicted to remove {mine:.1%} of the params" in repair  # the refused plan's number

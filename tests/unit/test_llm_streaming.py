@@ -10,6 +10,7 @@ from helpers.fake_llm import (
     ScriptedOpenAIServer,
     chat_completion,
     local_llm_only,
+    probe_records,
     quick_request_retry,
     vit_profile,
     vit_sensitivity,
@@ -113,7 +114,7 @@ def plan_via(fake: FakeSmallModel, tmp_path, **limits: float):
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
     fallback = plan_round(PlanningProblem.of(profile["groups"], profile["group_costs"], sens, state.objective, []))
     ctx = Context(llm_base_url=fake.url, llm_tool_rounds=0, llm_retries=0, llm_api_key_env="PA_STREAM_UNSET", **limits)
-    return plan_with_llm(round_inputs(state, 1), ctx, profile, sens, fallback)
+    return plan_with_llm(round_inputs(state, 1), ctx, profile, probe_records(sens), fallback)
 
 
 def test_a_planning_step_on_a_slow_steady_server_applies_the_models_plan(tmp_path):

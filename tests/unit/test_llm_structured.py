@@ -10,7 +10,14 @@ import json
 import re
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, vit_profile, vit_sensitivity
+from helpers.fake_llm import (
+    ScriptedOpenAIServer,
+    chat_completion,
+    kinds_of,
+    probe_records,
+    vit_profile,
+    vit_sensitivity,
+)
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, PlanningProblem, State
@@ -82,7 +89,7 @@ def plan_with(server, tmp_path, *, structured="auto", retries=2, state=None):
         llm_structured=structured,
         llm_api_key_env="PA_STRUCTURED_UNSET",
     )
-    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback), fallback
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback), fallback
 
 
 def formats(server):
@@ -179,7 +186,7 @@ def test_the_schema_bounds_what_grammar_decoders_cannot():
 
     assert ratio_grid(0.01, 0.8) == [round(0.05 * k, 2) for k in range(1, 17)]
     linears = ["vit.layers.0.mlp.fc1", "classifier"]
-    schema = plan_schema(PROFILE["groups"], ("qint8",), {"structured": 0.8, "head": 0.75}, 0.01, linears)
+    schema = plan_schema(kinds_of(PROFILE["groups"]), ("qint8",), {"structured": 0.8, "head": 0.75}, 0.01, linears)
     shapes = {
         e["properties"]["type"]["enum"][0]: e["properties"] for e in schema["properties"]["pruning"]["items"]["anyOf"]
     }
@@ -233,7 +240,7 @@ def test_a_rambling_refused_answer_is_cut_short_in_the_retry_conversation(tmp_pa
 
 def test_the_reply_limit_is_sized_from_the_schema_and_a_longest_plan_fits():
     caps = {"structured": 0.8, "head": 0.5, "block": 1.0}
-    small, large = (plan_schema(vit_profile(n_layers=n)["groups"], ("qint8",), caps, 0.05) for n in (2, 12))
+    small, large = (plan_schema(kinds_of(vit_profile(n_layers=n)["groups"]), ("qint8",), caps, 0.05) for n in (2, 12))
     assert answer_token_limit(small) < answer_token_limit(large)  # more groups to name, more room
     groups = [g["name"] for g in vit_profile(n_layers=12)["groups"]]
     longest = {  # every group named once, in the most entries the limit allows for, every string at its cap

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.fake_llm import ScriptedOpenAIServer, chat_completion, local_llm_only, vit_profile, vit_sensitivity
+from helpers.fake_llm import (
+    ScriptedOpenAIServer,
+    chat_completion,
+    local_llm_only,
+    probe_records,
+    vit_profile,
+    vit_sensitivity,
+)
 
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.state import Candidate, Context, Objective, PlannerMeta, PlanningProblem, State
@@ -26,7 +33,7 @@ def plan_via(server, tmp_path, state=None, timeout=10.0):
     state = state or State(run_path=str(tmp_path), family="vit", objective=Objective())
     fallback = plan_round(PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, []))
     ctx = Context(llm_base_url=server.base_url, llm_timeout=timeout, llm_tool_rounds=2, llm_api_key_env="PA_TD_UNSET")
-    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, SENS, fallback)
+    return plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback)
 
 
 def offered_tools(server) -> list[bool]:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.fake_llm import ScriptedChatModel, ai_tool_calls, tool_call, vit_profile, vit_sensitivity
+from helpers.fake_llm import ScriptedChatModel, ai_tool_calls, probe_records, tool_call, vit_profile, vit_sensitivity
 from langchain_core.messages import AIMessage
 
 from profiling_agent.graph.cli.args import EXIT_BAD_INPUT, build_parser, context_from_args
@@ -253,7 +253,12 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
     ]
     ctx = Context(llm_timeout=2.0, llm_retries=0, llm_api_key_env="PA_WIRING_KEY")
     outcome = plan_with_llm(
-        round_inputs(state, state.iteration), ctx, profile, sens, fallback, chat_model=ScriptedChatModel(script=script)
+        round_inputs(state, state.iteration),
+        ctx,
+        profile,
+        probe_records(sens),
+        fallback,
+        chat_model=ScriptedChatModel(script=script),
     )
     assert outcome.planner == "deterministic"
     assert outcome.usage == {"calls": 2, "input_tokens": 200, "output_tokens": 40, "total_tokens": 240}
@@ -264,7 +269,9 @@ def test_usage_and_refused_tool_calls_are_recorded(tmp_path):
     lines = (tmp_path / summary.transcript).read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines[-4:]] == ["usage", "structured", "fallback", "final"]
     bad_args = ScriptedChatModel(script=[ai_tool_calls(tool_call("layer_profile", {"top": "many"})), "{}"])
-    outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, profile, sens, fallback, chat_model=bad_args)
+    outcome = plan_with_llm(
+        round_inputs(state, state.iteration), ctx, profile, probe_records(sens), fallback, chat_model=bad_args
+    )
     assert outcome.tool_errors and outcome.tool_errors[0]["name"] == "layer_profile"
 
 

@@ -154,7 +154,7 @@ def test_the_plan_format_text_and_the_answer_schema_name_exactly_compression_pla
     assert with_tokens == {f for names in fields.values() for f in names} | {GROUPS}
     for value in ("structured", "head", "dynamic", "qint8", "float16"):  # the Literals' choices, from the model
         assert f'"{value}"' in PLAN_SCHEMA
-    groups = [{"name": "layers.0.mlp", "kind": "structured"}, {"name": "layers.0.heads", "kind": "head"}]
+    groups = [("layers.0.mlp", "structured"), ("layers.0.heads", "head")]
     schema = plan_schema(groups, ("qint8",), {"structured": 0.8, "head": 0.75}, 0.05)
     assert set(schema["properties"]) == set(fields["plan"]) - {TOKENS} == set(schema["required"])
     merging = plan_schema(groups, ("qint8",), {"structured": 0.8, "head": 0.75}, 0.05, token_rates=[2, 4])

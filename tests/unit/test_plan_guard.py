@@ -1,7 +1,7 @@
 import pytest
 from helpers.fake_llm import vit_profile
 
-from profiling_agent.state import CompressionPlan, group_rows
+from profiling_agent.state import CompressionPlan, PlannerProfile, group_rows
 from profiling_agent.tools.planning.deterministic import estimate_reduction
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import extract_json_object, normalize_plan, parse_plan_text
@@ -13,9 +13,7 @@ HEADS_ALL = r"^vit\.layers\.\d+\.attention$"
 
 
 def check(plan, config=None):
-    return check_plan(
-        plan, PROFILE["groups"], PROFILE["protected"], PROFILE["group_costs"], config, layers=PROFILE["layers"]
-    )
+    return check_plan(plan, PlannerProfile.of(PROFILE), config)
 
 
 def prune(layer, kind="structured", ratio=0.3):

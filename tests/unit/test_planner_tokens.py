@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers.fake_llm import guard_profile, kinds_of
 from helpers.search_trials import rounds
 
 from profiling_agent.state import (
@@ -10,6 +11,7 @@ from profiling_agent.state import (
     CompressionPlan,
     Objective,
     PlannerMeta,
+    PlannerProfile,
     PlanningProblem,
     TokenAxis,
     TokenChoice,
@@ -157,7 +159,7 @@ def test_the_guard_checks_a_token_entry_against_the_measured_axis_and_composes_i
     def check(tokens, config_axis=axis):
         plan, _ = normalize_plan({**raw, "tokens": tokens})
         config = GuardConfig(target="latency", target_reduction=0.5, tokens=config_axis)
-        return check_plan(plan, profile["groups"], profile["protected"], profile["group_costs"], config)
+        return check_plan(plan, guard_profile(profile["groups"], profile["protected"], profile["group_costs"]), config)
 
     alone = check(None)
     assert alone.ok and alone.plan is not None and alone.plan.tokens is None and "tokens" not in alone.estimate
@@ -189,9 +191,9 @@ def test_the_llm_sees_the_token_axis_only_when_the_run_has_one():
     assert '"tokens"' not in system_prompt({"tokens": losing}, 4)  # no rate pays: no field to fill
     note = profile_block({**profile, "token_axis": axis.model_dump()}, {}, {})
     assert 'Tokens: a "tokens" entry' in note and "r=8: +25.0% latency, 0.50 pp lost alone" in note
-    names = [t.name for t in make_planning_tools(profile, {}, guard=GuardConfig())]
+    names = [t.name for t in make_planning_tools(PlannerProfile.of(profile), {}, guard=GuardConfig())]
     assert "token_table" not in names
-    tools = {t.name: t for t in make_planning_tools(profile, {}, guard=GuardConfig(tokens=axis))}
+    tools = {t.name: t for t in make_planning_tools(PlannerProfile.of(profile), {}, guard=GuardConfig(tokens=axis))}
     table = tools["token_table"].invoke({})
     assert '"form":"ov_int8"' in table and '"saved_share":0.25' in table and '"drop_pp":0.5' in table
 
@@ -244,15 +246,13 @@ def test_a_front_loaded_schedule_is_weighed_planned_kept_and_checked_like_a_rate
     )
     verdict = check_plan(
         plan,
-        profile["groups"],
-        profile["protected"],
-        profile["group_costs"],
+        guard_profile(profile["groups"], profile["protected"], profile["group_costs"]),
         GuardConfig(target="latency", target_reduction=0.5, tokens=axis),
     )
     assert verdict.ok and verdict.estimate["tokens"] == pytest.approx(0.3)
     # a constrained answer may name the rate or the schedule measured, nothing else
     schema = plan_schema(
-        profile["groups"],
+        kinds_of(profile["groups"]),
         ("qint8",),
         {"structured": 0.8, "head": 0.75},
         0.05,
@@ -281,10 +281,11 @@ def test_a_proposal_merges_as_the_deterministic_round_chose_and_prunes_the_rest_
     assert fallback_option(axis, TokenEntry(schedule=[8, 8])) is None  # not a measured row
     alone, _ = propose(PlanningProblem.of(groups, costs, sens, LATENCY), 0.5, "balanced", [])
     merged, record = propose(PlanningProblem.of(groups, costs, sens, LATENCY), 0.5, "balanced", [], option)
+    alone, merged = alone.wire(), merged.wire()  # as the LLM reads them
     assert "tokens" not in alone and merged["tokens"]["schedule"] == [16, 0]
     assert sum(e["ratio"] for e in merged["pruning"]) < sum(e["ratio"] for e in alone["pruning"])
     guard = GuardConfig(target="latency", target_reduction=0.5, tokens=axis)
-    verdict = check_plan(merged, groups, profile["protected"], costs, guard)
+    verdict = check_plan(merged, guard_profile(groups, profile["protected"], costs), guard)
     assert verdict.ok, verdict.reasons
     assert verdict.plan is not None and verdict.plan.tokens is not None and verdict.plan.tokens.schedule == [16, 0]
     assert record.estimate["latency"] == pytest.approx(verdict.estimate["latency"], abs=0.01)

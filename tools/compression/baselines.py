@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torch import nn
@@ -11,6 +11,7 @@ from profiling_agent.state import (
     BASELINE_PLANNERS,
     BaselinePlanner,
     CompressionPlan,
+    GroupRow,
     PruneEntry,
     PruneType,
     QuantEntry,
@@ -74,10 +75,8 @@ def check_ratio(ratio: float | None, planner: str = "l2") -> float:
     return ratio
 
 
-def _field(group: PrunableGroup | Mapping[str, Any], key: str, default: Any = None) -> Any:
-    if isinstance(group, Mapping):
-        return group.get(key, default)
-    return getattr(group, key, default)
+# a baseline reads a group's name, kind and sizes: the planners' typed row, or the adapter's group on a live model
+Group = GroupRow | PrunableGroup
 
 
 def uniform_entries(kinds: Iterable[str], ratio: float, planner: Baseline = "l2") -> list[PruneEntry]:
@@ -107,17 +106,13 @@ def uniform_entries(kinds: Iterable[str], ratio: float, planner: Baseline = "l2"
     ]
 
 
-def uniform_removals(groups: Sequence[PrunableGroup | Mapping[str, Any]], ratio: float) -> dict[str, int]:
+def uniform_removals(groups: Sequence[Group], ratio: float) -> dict[str, int]:
     """Return how many units uniform pruning at `ratio` removes from each group (floor, keeping min_units)."""
-    out = {}
-    for group in groups:
-        units, min_units = int(_field(group, "units")), int(_field(group, "min_units", 1) or 1)
-        out[str(_field(group, "name"))] = removed_units(units, min_units, ratio)
-    return out
+    return {g.name: removed_units(int(g.units), int(g.min_units or 1), ratio) for g in groups}
 
 
 def uniform_plan(
-    groups: Sequence[PrunableGroup | Mapping[str, Any]],
+    groups: Sequence[Group],
     ratio: float,
     planner: Baseline = "l2",
     quantize: QuantizeChoice = "none",
@@ -125,8 +120,8 @@ def uniform_plan(
     """Build the uniform baseline plan: every prunable group pruned by `ratio`, plus optional quantization.
 
     Args:
-        groups: The model's prunable groups (PrunableGroup objects, or profile dicts with name, kind, units,
-            min_units).
+        groups: The model's prunable groups: the planners' rows (`GroupRow`, read from the profile) or the
+            adapter's groups of a live model (`PrunableGroup`).
         ratio: Fraction of each group's units to remove, in (0, 1).
         planner: "l1", "l2" or "random": how units are chosen (the pruning node passes it as importance).
         quantize: "qint8", "float16" or "none": dynamic quantization of every nn.Linear after pruning.
@@ -140,7 +135,7 @@ def uniform_plan(
     if planner not in BASELINES:
         raise ValueError(f"unknown baseline {planner!r}: use one of {', '.join(BASELINES)}")
     ratio = check_ratio(ratio, planner)
-    entries = uniform_entries((str(_field(g, "kind")) for g in groups), ratio, planner)
+    entries = uniform_entries((str(g.kind) for g in groups), ratio, planner)
     removals = uniform_removals(groups, ratio)
     untouched = sum(1 for n in removals.values() if n == 0)
     quant = []

@@ -7,11 +7,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, GroupRow, PlanningProblem, QuantEntry, TokenAxis
+from profiling_agent.state import CompressionPlan, GroupRow, PlannerProfile, PlanningProblem, QuantEntry, TokenAxis
 from profiling_agent.tools.planning.json_extract import find_object
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import normalize_plan
-from profiling_agent.tools.planning.proposal import DEFAULT_LABEL, Proposal, propose
+from profiling_agent.tools.planning.proposal import DEFAULT_LABEL, Proposal, ProposedPlan, propose
 from profiling_agent.tools.planning.token_plan import TokenOption
 from profiling_agent.tools.planning.trials import Evaluate
 
@@ -41,7 +41,7 @@ class Alternative:
 
     label: str
     name: str
-    plan: dict[str, Any]  # the plan as JSON-ready data (exact group names)
+    plan: ProposedPlan  # the plan, exact group names
     record: Proposal  # its ratios and estimate, for the comparison with the applied plan
     loss_pp: float | None = None  # trial-slice loss, pp (None: not measured)
     measured: str = "not measured"  # where the loss comes from
@@ -55,8 +55,9 @@ class Alternative:
         for group, ratio in self.record.ratios.items():
             by_ratio.setdefault(ratio, []).append(group)
         ratios = "; ".join(f"{', '.join(names)} at {ratio:g}" for ratio, names in by_ratio.items()) or "no pruning"
-        tokens = self.plan.get("tokens") or {}
-        extra = [f"merge tokens {tokens.get('rate', tokens.get('schedule'))}"] if tokens else []
+        tokens = self.plan.tokens
+        merges = None if tokens is None else tokens.rate if tokens.rate is not None else tokens.schedule
+        extra = [f"merge tokens {merges}"] if tokens is not None else []
         extra += [f"quantization {', '.join(self.record.quantization)}"] if self.record.quantization else []
         return f"{self.label} ({self.name}): {shares}, {loss}\n   prune {ratios}" + "".join(f"; {x}" for x in extra)
 
@@ -108,7 +109,7 @@ class Offer:
                 f"choice {str(found['choice'])[:20]!r} is not one of the alternatives {', '.join(self.labels())} "
                 f'(or "{OWN}" with a plan of your own)'
             )
-        plan = dict(chosen.plan)
+        plan = chosen.plan.wire()
         edits = [e for e in found.get("pruning") or [] if isinstance(e, dict)]
         plan["pruning"] = [*plan.get("pruning", []), *edits]
         if isinstance(found.get("quantization"), list) and found["quantization"]:
@@ -139,7 +140,7 @@ class OfferInputs:
         evaluate: The trial evaluator (a plan -> its trial on the trial slice), or None.
     """
 
-    profile: dict[str, Any]
+    profile: PlannerProfile
     problem: PlanningProblem
     goal: float
     quantization: list[QuantEntry]
@@ -178,7 +179,7 @@ def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
     own only when an evaluator is given and the model is small (CHEAP_TRIAL_PARAMS).
     """
     profile, offer, seen = inputs.profile, Offer(), set()
-    cheap = int((profile.get("totals") or {}).get("params") or 0) <= CHEAP_TRIAL_PARAMS
+    cheap = int(profile.totals.get("params") or 0) <= CHEAP_TRIAL_PARAMS
     for name, groups, merging in _variants(inputs):
         if len(offer.alternatives) >= len(LABELS) or not groups:
             continue
@@ -188,8 +189,9 @@ def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
         except Exception:  # noqa: BLE001 - an alternative that cannot be planned is not offered
             logger.debug("alternative %s not planned", name, exc_info=True)
             continue
-        key = json.dumps([record.ratios, plan.get("tokens")], sort_keys=True)
-        guarded = _guarded(plan, profile, guard) if record.ratios and key not in seen else None
+        wire = plan.wire()  # the plan as the LLM would write it, which the guard reads
+        key = json.dumps([record.ratios, wire.get("tokens")], sort_keys=True)
+        guarded = _guarded(wire, profile, guard) if record.ratios and key not in seen else None
         if guarded is None:
             continue
         seen.add(key)
@@ -200,15 +202,8 @@ def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
     return offer
 
 
-def _guarded(plan: dict[str, Any], profile: dict[str, Any], guard: GuardConfig) -> CompressionPlan | None:
-    verdict = check_plan(
-        plan,
-        profile.get("groups") or [],
-        profile.get("protected") or [],
-        profile.get("group_costs") or {},
-        guard,
-        layers=profile.get("layers"),
-    )
+def _guarded(plan: dict[str, Any], profile: PlannerProfile, guard: GuardConfig) -> CompressionPlan | None:
+    verdict = check_plan(plan, profile, guard)
     return verdict.plan if verdict.ok else None
 
 

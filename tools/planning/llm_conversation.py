@@ -33,6 +33,16 @@ TRANSIENT_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 REQUEST_RETRY = RetryPolicy(max_attempts=2, initial_interval=1.0, max_interval=5.0, retry_on=lambda exc: transient(exc))
 
 
+class AcceptedAnswer(TypedDict):
+    """The answer the guard accepted, as the conversation's state holds it (JSON: the state is checkpointed)."""
+
+    plan: dict[str, Any]  # the guarded CompressionPlan, dumped
+    estimate: dict[str, float]  # its predicted reduction per metric
+    ratios: dict[str, float]  # its ratio per group
+    sent_back: int  # answers refused before it
+    choice: dict[str, str] | None  # the offered alternative it chose ({"label", "why"}), or None
+
+
 class ConversationState(TypedDict, total=False):
     """The conversation of one planning step, checkpointed under the run's thread after every model or tool call."""
 
@@ -48,7 +58,7 @@ class ConversationState(TypedDict, total=False):
     refused: dict[str, str]  # answer key -> the first reason it was refused for
     usage: dict[str, int]  # token usage summed over the replies
     tool_errors: list[dict[str, str]]  # tool calls refused or failed ({"name", "error"})
-    accepted: dict[str, Any] | None  # the plan the guard accepted: {"plan", "estimate", "ratios", "sent_back"}
+    accepted: AcceptedAnswer | None  # the plan the guard accepted
     failure: dict[str, str] | None  # why the conversation ended without a plan: {"stage", "reason"}
     retried: bool  # a timed-out first request was sent again without tools (its one retry)
     tools_dropped: str | None  # why the first answer showed the model cannot use tools (then: constrained, no tools)
@@ -212,7 +222,7 @@ def check_answer(state: ConversationState, runtime: Runtime[Conversation]) -> Co
     if state.get("mode", "off") != "off":
         finder.worked()
     sent_back = len(state.get("rejected", []))
-    accepted = {
+    accepted: AcceptedAnswer = {
         "plan": plan.model_dump(),
         "estimate": estimate,
         "ratios": ratios,

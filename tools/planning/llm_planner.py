@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.errors import GraphBubbleUp
@@ -15,8 +15,10 @@ from profiling_agent.state import (
     CompressionPlan,
     Context,
     Fallback,
+    GroupSensitivity,
     LLMStep,
     Objective,
+    PlannerProfile,
     PlanningProblem,
     RejectedAnswer,
     StructuredFacts,
@@ -31,12 +33,19 @@ from profiling_agent.tools.planning.llm_client import (
     empty_usage,
     message_text,
 )
-from profiling_agent.tools.planning.llm_conversation import initial_state
+from profiling_agent.tools.planning.llm_conversation import AcceptedAnswer, ConversationState, initial_state
 from profiling_agent.tools.planning.llm_repair import REPAIR_MARK, Repair
 from profiling_agent.tools.planning.llm_session import Conversation
-from profiling_agent.tools.planning.llm_tools import make_planning_tools
+from profiling_agent.tools.planning.llm_tools import ModelInfo, make_planning_tools
 from profiling_agent.tools.planning.plan_guard import GuardConfig
-from profiling_agent.tools.planning.proposal import Proposal, ProposalDiff, compare_to_proposals, propose
+from profiling_agent.tools.planning.proposal import (
+    Proposal,
+    ProposalAnswer,
+    ProposalDiff,
+    Propose,
+    compare_to_proposals,
+    propose,
+)
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, StructuredMode
 from profiling_agent.tools.planning.token_plan import TokenOption, fallback_option
@@ -135,7 +144,7 @@ def render_messages(
     inputs: RoundInputs,
     ctx: Context,
     profile: dict[str, Any],
-    sensitivity: dict[str, Any],
+    sensitivity: Mapping[str, GroupSensitivity],
     iteration: int,
     guard: GuardConfig,
 ) -> list[BaseMessage]:
@@ -146,9 +155,10 @@ def render_messages(
 
     info = {"model": inputs.model_ref, "family": inputs.family}
     bounds = dataclasses.asdict(guard)
+    probed = {name: record.model_dump() for name, record in sensitivity.items()}  # the prompts read the JSON
     if iteration <= 1:
         return render_analysis(
-            profile, sensitivity, inputs.objective, model_info=info, bounds=bounds, tool_rounds=ctx.llm_tool_rounds
+            profile, probed, inputs.objective, model_info=info, bounds=bounds, tool_rounds=ctx.llm_tool_rounds
         )
     candidates = [c.model_dump() for c in inputs.candidates]
     baseline = inputs.baseline_eval.model_dump() if inputs.baseline_eval else None
@@ -164,7 +174,7 @@ def render_messages(
     )
     return render_iterative(
         profile,
-        sensitivity,
+        probed,
         inputs.objective,
         feedback,
         model_info=info,
@@ -177,7 +187,7 @@ def plan_with_llm(
     inputs: RoundInputs,
     ctx: Context,
     profile: dict[str, Any],
-    sensitivity: dict[str, Any],
+    sensitivity: Mapping[str, GroupSensitivity],
     fallback: PlanResult,
     *,
     chat_model: Any = None,
@@ -190,7 +200,7 @@ def plan_with_llm(
         inputs: The round's inputs (objective, earlier candidates, baseline evaluation, run folder).
         ctx: Run context (LLM endpoint, timeout, retries, tool rounds).
         profile: The full profile.json dict (groups, group_costs, protected, layers, totals).
-        sensitivity: Probe results per group name.
+        sensitivity: The probe's record per group name.
         fallback: The deterministic planner's result for this round.
         chat_model: A LangChain chat model to use instead of building ChatOpenAI from `ctx` (tests).
         evaluate_fn: Optional callable that applies a plan to a copy of the model and returns its trial; when
@@ -208,7 +218,8 @@ def plan_with_llm(
     proposals: list[Proposal] = []
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
-        info = {"model": inputs.model_ref, "family": inputs.family}
+        info: ModelInfo = {"model": inputs.model_ref, "family": inputs.family}
+        facts = PlannerProfile.of(profile)  # the prompts' JSON, read once for the guard and the tools
         merging = fallback_option(inputs.token_axis, fallback.plan.tokens)
         problem = PlanningProblem.of(
             profile.get("groups") or [], profile.get("group_costs") or {}, sensitivity, inputs.objective
@@ -216,18 +227,18 @@ def plan_with_llm(
         propose_fn = _proposer(problem, fallback, proposals, merging)
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
-        tools = make_planning_tools(profile, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
+        tools = make_planning_tools(facts, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
         repair = Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target)
         quant = list(fallback.plan.quantization) if inputs.objective.quantize != "none" else []
-        facts = (profile, problem, repair.goal, quant, merging, inputs.token_axis)
-        offer = offer_alternatives(OfferInputs(*facts, fallback.predicted_pp, evaluate_fn), guard)
+        made_of = (facts, problem, repair.goal, quant, merging, inputs.token_axis)
+        offer = offer_alternatives(OfferInputs(*made_of, fallback.predicted_pp, evaluate_fn), guard)
         proposals.extend(a.record for a in offer.alternatives)
         conv = Conversation(
             model,
             tools,
             ctx,
             transcript,
-            profile,
+            facts,
             inputs.objective.quantize,
             fallback.plan,
             guard,
@@ -267,9 +278,7 @@ def dropped_tools(inputs: RoundInputs) -> str | None:
     return None
 
 
-def replay_proposals(
-    messages: list[Any], propose_fn: Callable[[float, str], dict[str, Any]], repair: Repair, proposals: list[Proposal]
-) -> None:
+def replay_proposals(messages: list[Any], propose_fn: Propose, repair: Repair, proposals: list[Proposal]) -> None:
     """Make `proposals` hold every proposal the conversation showed, after a resume too (they are recomputed).
 
     A resumed conversation's earlier propose_plan calls and repair turn ran in another process; the deterministic
@@ -294,7 +303,7 @@ def replay_proposals(
         except Exception:  # noqa: BLE001 - the tool answered an error then: no proposal was shown
             logger.debug("propose_plan call not replayed", exc_info=True)
     if shown:
-        repair.cached = None
+        repair.cached, repair.failed = None, False
         repair.proposal()
 
 
@@ -329,17 +338,17 @@ def _proposer(
     fallback: PlanResult,
     out: list[Proposal],
     merging: TokenOption | None = None,
-) -> Callable[[float, str], dict[str, Any]]:
+) -> Propose:
     """Build propose_plan's function: the deterministic plan at a goal, recorded in `out` for the comparison.
 
     When the deterministic round merges tokens (`merging`), so does every proposal, at the same measured row.
     """
 
-    def propose_fn(goal: float, emphasis: str) -> dict[str, Any]:
+    def propose_fn(goal: float, emphasis: str) -> ProposalAnswer:
         quant = list(fallback.plan.quantization) if problem.objective.quantize != "none" else []
         plan, record = propose(problem, goal, emphasis, quant, merging)
         out.append(record)
-        return {"goal": record.goal, "emphasis": emphasis, "predicted_reduction": record.estimate, "plan": plan}
+        return ProposalAnswer(goal=record.goal, emphasis=emphasis, predicted_reduction=record.estimate, plan=plan)
 
     return propose_fn
 
@@ -381,7 +390,7 @@ def _fall_back(
     )
 
 
-def chosen_diff(accepted: dict[str, Any], plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:
+def chosen_diff(accepted: AcceptedAnswer, plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:
     """Compare the applied plan with the alternative the answer chose by label, else with the proposals it asked for.
 
     An answer without a choice is compared with the propose_plan answers and the repair's proposal (as before
@@ -402,7 +411,7 @@ def chosen_diff(accepted: dict[str, Any], plan: CompressionPlan, proposals: list
 
 
 def _conclude(
-    final: dict[str, Any],
+    final: ConversationState,
     conv: Conversation,
     transcript: Transcript,
     fallback: PlanResult,
@@ -419,7 +428,8 @@ def _conclude(
     accepted = final.get("accepted")
     if not accepted:
         failure = final.get("failure") or {"stage": "error", "reason": "the conversation ended at its request bound"}
-        failed = _Failed(failure["stage"], failure["reason"], list(final.get("rejected") or []), usage, tool_errors)
+        stage = cast(Stage, failure["stage"])  # one of the stages: the conversation writes no other
+        failed = _Failed(stage, failure["reason"], list(final.get("rejected") or []), usage, tool_errors)
         fell = _fall_back(transcript, fallback, ctx, failed, finder)
         fell.tools_dropped = final.get("tools_dropped")
         return fell

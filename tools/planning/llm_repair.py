@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
+from profiling_agent.tools.planning.proposal import ProposalAnswer, Propose
 
 logger = logging.getLogger(__name__)
 
@@ -44,19 +44,20 @@ class Repair:
         target: The objective's target (params, macs or latency): which predicted reduction is quoted.
     """
 
-    propose: Callable[[float, str], dict[str, Any]]
+    propose: Propose
     goal: float
     target: str
-    cached: dict[str, Any] | None = field(default=None, init=False)
+    cached: ProposalAnswer | None = field(default=None, init=False)
+    failed: bool = field(default=False, init=False)
 
-    def proposal(self) -> dict[str, Any]:
-        """Return propose_plan's answer at `goal` (empty when it failed); computed once per step."""
-        if self.cached is None:
+    def proposal(self) -> ProposalAnswer | None:
+        """Return propose_plan's answer at `goal` (None when it failed); computed once per step."""
+        if self.cached is None and not self.failed:
             try:
                 self.cached = self.propose(self.goal, "balanced")
             except Exception:  # noqa: BLE001 - a repair without the proposal is still a repair
                 logger.debug("no proposal for the repair turn", exc_info=True)
-                self.cached = {}
+                self.failed = True
         return self.cached
 
     def message(
@@ -85,11 +86,11 @@ class Repair:
             numbers = self._numbers(estimate, parsed)
             return REPAIR_CHOICE.format(header=header, reasons=lines, numbers=numbers, offered=offered, tools=tools)
         found = self.proposal()
-        plan = found.get("plan")
+        plan = found.plan.wire() if found is not None else None
         if not plan:
             return None
         numbers = self._numbers(estimate, parsed)
-        theirs = _pct((found.get("predicted_reduction") or {}).get(self.target))
+        theirs = _pct(found.predicted_reduction.get(self.target)) if found is not None else None
         proposal_numbers = f"predicted to remove {theirs} of the {self.target}" if theirs else "no estimate"
         return REPAIR_PROPOSAL.format(
             header=header,

@@ -8,7 +8,15 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from profiling_agent.state import CompressionPlan, Context, QuantEntry, QuantizeChoice, StructuredFacts, StructuredMode
+from profiling_agent.state import (
+    CompressionPlan,
+    Context,
+    PlannerProfile,
+    QuantEntry,
+    QuantizeChoice,
+    StructuredFacts,
+    StructuredMode,
+)
 from profiling_agent.tools.planning.alternatives import Offer
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
@@ -123,7 +131,7 @@ class Conversation:
     tools: list[Any]
     ctx: Context
     transcript: Transcript
-    profile: dict[str, Any]
+    profile: PlannerProfile
     quantize: QuantizeChoice
     fallback_plan: CompressionPlan
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -138,8 +146,8 @@ class Conversation:
         self.limits = request_limits(self.ctx)
         self.bound, self.final, self.has_tools = self._bind()
         caps = {"structured": self.guard.max_ratio_structured, "head": self.guard.max_ratio_head, "block": 1.0}
-        groups = self.profile.get("groups") or []
-        linears = [str(r["name"]) for r in self.profile.get("layers") or [] if "Linear" in str(r.get("type", ""))]
+        groups = [(g.name, g.kind) for g in self.profile.rows]
+        linears = [r.name for r in self.profile.layers or [] if r.is_linear()]
         paying = self.guard.tokens.paying() if self.guard.tokens is not None else []
         self.schema = plan_schema(
             groups,
@@ -222,14 +230,7 @@ class Conversation:
             self.transcript.write("parse_error", reason=str(exc))
             raise Rejected("parse", [str(exc)]) from exc
         raw, policy = apply_quantize_choice(raw, self.quantize, self.fallback_plan)
-        verdict = check_plan(
-            raw,
-            self.profile.get("groups") or [],
-            self.profile.get("protected") or [],
-            self.profile.get("group_costs") or {},
-            self.guard,
-            layers=self.profile.get("layers"),
-        )
+        verdict = check_plan(raw, self.profile, self.guard)
         self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
         if not verdict.ok or verdict.plan is None:
             raise Rejected("guard", verdict.reasons, verdict.estimate)

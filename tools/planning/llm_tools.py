@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, tool
+from typing_extensions import TypedDict
 
-from profiling_agent.state import TokenAxis
+from profiling_agent.state import GroupRow, GroupSensitivity, PlannerProfile, TokenAxis
 from profiling_agent.tools.planning.plan_guard import GuardConfig, GuardVerdict, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
+from profiling_agent.tools.planning.proposal import Propose
 from profiling_agent.tools.planning.regex_safety import regex_problem
 from profiling_agent.tools.planning.trials import Evaluate
 
@@ -35,40 +37,64 @@ def dump(value: Any) -> str:
     return text if len(text) <= MAX_TOOL_CHARS else text[: MAX_TOOL_CHARS - 20] + "...(truncated)"
 
 
+class ModelInfo(TypedDict, total=False):
+    """What `model_overview` says of the model besides the profile."""
+
+    model: str
+    family: str | None
+
+
+class ToolGroupRow(TypedDict):
+    """One group as the tools show it: module, size, cost shares and the probe's damage (None: not probed)."""
+
+    group: str
+    kind: str
+    module: str
+    units: int
+    unit_size: int
+    min_units: int
+    params_share: float
+    macs_share: float
+    latency_share: float
+    damage: float | None
+    acc_drop: float | None
+
+
 class PlanningData:
     """The profile and probe results the tools read, indexed once per planning step."""
 
-    def __init__(self, profile: dict[str, Any], sensitivity: dict[str, Any], model_info: dict[str, Any] | None):
-        self.groups: list[dict[str, Any]] = list(profile.get("groups") or [])
-        self.costs: dict[str, dict[str, Any]] = dict(profile.get("group_costs") or {})
-        self.protected: list[str] = list(profile.get("protected") or [])
-        self.layers: list[dict[str, Any]] = list(profile.get("layers") or [])
-        self.totals: dict[str, Any] = dict(profile.get("totals") or {})
-        self.sensitivity = sensitivity or {}
+    def __init__(
+        self, profile: PlannerProfile, sensitivity: Mapping[str, GroupSensitivity], model_info: ModelInfo | None
+    ):
+        self.profile = profile.with_layers()  # a quantization regex must match one of its Linear layers
+        self.groups = profile.rows
+        self.protected = profile.protected
+        self.layers = self.profile.layers or []
+        self.totals = profile.totals
+        self.sensitivity = sensitivity
         self.model_info = model_info or {}
         self.guard_config = GuardConfig()
-        self.by_name = {g["name"]: g for g in self.groups}
+        self.by_name = {g.name: g for g in self.groups}
         self.member_of: dict[str, str] = {}
         for group in self.groups:
-            for member in group.get("members") or [group["module"]]:
-                self.member_of.setdefault(member, group["name"])
+            for member in group.members or [group.module]:
+                self.member_of.setdefault(member, group.name)
 
-    def group_row(self, group: dict[str, Any]) -> dict[str, Any]:
+    def group_row(self, group: GroupRow) -> ToolGroupRow:
         """Describe one group: module, size, cost shares and probe damage."""
-        cost = self.costs.get(group["name"], {})
-        sens = self.sensitivity.get(group["name"], {})
+        sens = self.sensitivity.get(group.name)
         return {
-            "group": group["name"],
-            "kind": group["kind"],
-            "module": group["module"],
-            "units": group["units"],
-            "unit_size": group.get("unit_size", 1),
-            "min_units": group.get("min_units", 1),
-            "params_share": cost.get("params_share", 0.0),
-            "macs_share": cost.get("macs_share", 0.0),
-            "latency_share": cost.get("latency_share", 0.0),
-            "damage": sens.get("damage"),
-            "acc_drop": sens.get("acc_drop"),
+            "group": group.name,
+            "kind": group.kind,
+            "module": group.module,
+            "units": group.units,
+            "unit_size": group.unit_size,
+            "min_units": group.min_units,
+            "params_share": group.params_share,
+            "macs_share": group.macs_share,
+            "latency_share": group.latency_share,
+            "damage": None if sens is None else sens.damage,
+            "acc_drop": None if sens is None else sens.acc_drop,
         }
 
     def is_protected(self, name: str) -> bool:
@@ -78,7 +104,7 @@ class PlanningData:
     def guard(self, plan_json: str) -> tuple[GuardVerdict, list[str]]:
         """Parse plan text and run the guard; return (verdict, notes) or raise ValueError."""
         plan, notes = parse_plan_text(plan_json)
-        verdict = check_plan(plan, self.groups, self.protected, self.costs, self.guard_config, layers=self.layers)
+        verdict = check_plan(plan, self.profile, self.guard_config)
         return verdict, notes
 
 
@@ -87,22 +113,22 @@ def _match_layers(data: PlanningData, pattern: str, kind: str) -> str:
     if problem:
         return f"error: {problem}"
     compiled = re.compile(pattern)
-    hits = [g for g in data.groups if g["kind"] == kind and compiled.search(g["module"])]
+    hits = [g for g in data.groups if g.kind == kind and compiled.search(g.module)]
     guarded = [n for n in data.protected if compiled.search(n)]
     if not hits:
-        other = [g for g in data.groups if g["kind"] != kind and compiled.search(g["module"])]
-        examples = [g["module"] for g in data.groups if g["kind"] == kind][:3]
-        kinds = "/".join(sorted({str(g["kind"]) for g in other}))
+        other = [g for g in data.groups if g.kind != kind and compiled.search(g.module)]
+        examples = [g.module for g in data.groups if g.kind == kind][:3]
+        kinds = "/".join(sorted({str(g.kind) for g in other}))
         hint = f" It matches {len(other)} group(s) of the other kind ({kinds})." if other else ""
         return f"error: no {kind} group module matches {pattern!r}.{hint} {kind} modules look like: {examples}"
     rows = [data.group_row(g) for g in hits]
-    total = {k: sum(float(r[k] or 0.0) for r in rows) for k in ("params_share", "macs_share", "latency_share")}
+    total = {k: sum(float(g.share(k) or 0.0) for g in hits) for k in ("params", "macs", "latency")}
     return dump(
         {
             "pattern": pattern,
             "kind": kind,
             "matched": len(hits),
-            "total_shares": total,
+            "total_shares": {f"{k}_share": v for k, v in total.items()},
             "groups": rows[:MAX_LISTED],
             "protected_matches": guarded[:10],
             "note": "a plan regex must not match protected modules" if guarded else "",
@@ -115,25 +141,23 @@ def _layer_profile(data: PlanningData, top: int, sort_by: str) -> str:
         return "error: sort_by must be latency, macs or params"
     top = max(1, min(int(top), MAX_LISTED))
     key = {"latency": "latency_ms", "macs": "macs", "params": "params"}[sort_by]
-    rows = sorted(data.layers, key=lambda r: float(r.get(key) or 0.0), reverse=True)[:top]
+    rows = sorted(data.layers, key=lambda r: float(getattr(r, key) or 0.0), reverse=True)[:top]
     total_params = float(data.totals.get("params") or 0.0)
-    out = []
-    for row in rows:
-        name = str(row.get("name", ""))
-        out.append(
-            {
-                "name": name,
-                "type": row.get("type"),
-                "params": row.get("params", 0),
-                "macs": row.get("macs", 0),
-                "latency_ms": row.get("latency_ms", 0.0),
-                "params_share": (row.get("params", 0) / total_params) if total_params else 0.0,
-                "macs_share": row.get("macs_share", 0.0),
-                "latency_share": row.get("latency_share", 0.0),
-                "group": data.member_of.get(name),
-                "protected": data.is_protected(name),
-            }
-        )
+    out = [
+        {
+            "name": row.name,
+            "type": row.type,
+            "params": row.params,
+            "macs": row.macs,
+            "latency_ms": row.latency_ms,
+            "params_share": (row.params / total_params) if total_params else 0.0,
+            "macs_share": row.macs_share,
+            "latency_share": row.latency_share,
+            "group": data.member_of.get(row.name),
+            "protected": data.is_protected(row.name),
+        }
+        for row in rows
+    ]
     return dump({"sort_by": sort_by, "totals": data.totals, "layers": out})
 
 
@@ -142,9 +166,9 @@ def _estimate_plan(data: PlanningData, plan_json: str) -> str:
         verdict, notes = data.guard(plan_json)
     except ValueError as exc:
         return f"error: {exc}"
-    linear = [r for r in data.layers if "Linear" in str(r.get("type", ""))]
+    linear = [r for r in data.layers if r.is_linear()]
     quant = verdict.plan.quantization if verdict.plan else []
-    quantized = [r for r in linear if any(q.layer == "all" or re.search(q.layer, str(r["name"])) for q in quant)]
+    quantized = [r for r in linear if any(q.layer == "all" or re.search(q.layer, r.name) for q in quant)]
     total_params = float(data.totals.get("params") or 0.0)
     return dump(
         {
@@ -154,9 +178,7 @@ def _estimate_plan(data: PlanningData, plan_json: str) -> str:
             "predicted_reduction_from_pruning": verdict.estimate,
             "group_ratios": verdict.ratios,
             "quantized_linear_layers": len(quantized),
-            "quantized_params_share": sum(r.get("params", 0) for r in quantized) / total_params
-            if total_params
-            else 0.0,
+            "quantized_params_share": sum(r.params for r in quantized) / total_params if total_params else 0.0,
         }
     )
 
@@ -165,26 +187,27 @@ def _group_sensitivity(data: PlanningData, group: str) -> str:
     if group == "all":
         rows = sorted((data.group_row(g) for g in data.groups), key=lambda r: float(r["damage"] or 0.0))
         return dump({"sorted_by": "damage (least sensitive first)", "groups": rows[: MAX_LISTED * 2]})
-    found = data.by_name.get(group) or next((g for g in data.groups if g["module"] == group), None)
+    found = data.by_name.get(group) or next((g for g in data.groups if g.module == group), None)
     if found is None:
-        names = [g["name"] for g in data.groups][:6]
+        names = [g.name for g in data.groups][:6]
         return f"error: unknown group {group!r}; use a group name such as {names} or 'all'"
-    return dump({**data.group_row(found), "probe": data.sensitivity.get(found["name"], {})})
+    probe = data.sensitivity.get(found.name)
+    return dump({**data.group_row(found), "probe": probe.model_dump() if probe is not None else {}})
 
 
 def make_planning_tools(
-    profile: dict[str, Any],
-    sensitivity: dict[str, Any],
-    model_info: dict[str, Any] | None = None,
+    profile: PlannerProfile,
+    sensitivity: Mapping[str, GroupSensitivity],
+    model_info: ModelInfo | None = None,
     evaluate_fn: Evaluate | None = None,
     guard: GuardConfig | None = None,
-    propose_fn: Callable[[float, str], dict[str, Any]] | None = None,
+    propose_fn: Propose | None = None,
 ) -> list[BaseTool]:
     """Build the planner's tools over one profile and probe result.
 
     Args:
-        profile: The full profile.json dict (groups, group_costs, protected, layers, totals).
-        sensitivity: Probe results per group name (damage, kl, agreement, acc_drop, ratio).
+        profile: The profile (groups with their cost shares, protected modules, layer rows, totals).
+        sensitivity: The probe's record per group name (a group without one shows damage None).
         model_info: Optional facts about the model (ref, family) shown by `model_overview`.
         evaluate_fn: Optional callable applying a plan to a copy of the model and returning its trial; adds the
             `evaluate_plan` tool.
@@ -234,7 +257,7 @@ def make_planning_tools(
         """Summarize the model: totals, family, number of prunable groups per kind and protected modules."""
         kinds: dict[str, int] = {}
         for group in data.groups:
-            kinds[group["kind"]] = kinds.get(group["kind"], 0) + 1
+            kinds[group.kind] = kinds.get(group.kind, 0) + 1
         return dump(
             {
                 "model": data.model_info,
@@ -256,7 +279,7 @@ def make_planning_tools(
 
 def _match_tool(data: PlanningData) -> BaseTool:
     """Build match_layers; its "kind" offers "block" only when the profile has block groups (depth pruning on)."""
-    if not any(g["kind"] == "block" for g in data.groups):
+    if not any(g.kind == "block" for g in data.groups):
 
         @tool(parse_docstring=True)
         def match_layers(pattern: str, kind: Literal["structured", "head"]) -> str:
@@ -290,7 +313,7 @@ PROPOSAL_NOTE = (
 )
 
 
-def _propose_tool(propose_fn: Callable[[float, str], dict[str, Any]]) -> BaseTool:
+def _propose_tool(propose_fn: Propose) -> BaseTool:
     @tool(parse_docstring=True)
     def propose_plan(goal: float, emphasis: Literal["balanced", "cost", "sensitivity"] = "balanced") -> str:
         """Get the deterministic planner's plan that is predicted to reach a goal, as a starting point to edit.
@@ -310,7 +333,7 @@ def _propose_tool(propose_fn: Callable[[float, str], dict[str, Any]]) -> BaseToo
         if emphasis not in ("balanced", "cost", "sensitivity"):
             return "error: emphasis must be balanced, cost or sensitivity"
         try:
-            return dump({**propose_fn(value, emphasis), "note": PROPOSAL_NOTE})
+            return dump({**propose_fn(value, emphasis).wire(), "note": PROPOSAL_NOTE})
         except Exception as exc:  # noqa: BLE001 - a failure is an answer, not a crash
             return f"error: no proposal: {type(exc).__name__}: {str(exc)[:200]}"
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from profiling_agent.prompts.plan_example import example_copy_reasons
-from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan, GroupRow, TokenAxis, group_rows
+from profiling_agent.state import MAX_REGEX_LEN, CompressionPlan, GroupRow, PlannerProfile, TokenAxis
 from profiling_agent.tools.compression.depth import block_limits, limit_key
 from profiling_agent.tools.planning.ratio_solver import (
     RatioCaps,
@@ -109,10 +110,6 @@ def _protected_names(protected: list[str], layer_names: list[str]) -> list[str]:
     return list(dict.fromkeys([*protected, *inside]))
 
 
-def _is_linear(row: dict[str, Any]) -> bool:
-    return "Linear" in str(row.get("type", ""))
-
-
 def _short(names: list[str], limit: int = 3) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -121,21 +118,13 @@ def _short(names: list[str], limit: int = 3) -> str:
 class _Checker:
     """One plan's checks, collecting reasons and warnings."""
 
-    def __init__(
-        self,
-        plan: CompressionPlan,
-        groups: list[dict[str, Any]],
-        protected: list[str],
-        group_costs: dict[str, dict[str, Any]],
-        layers: list[dict[str, Any]] | None,
-        config: GuardConfig,
-    ):
+    def __init__(self, plan: CompressionPlan, profile: PlannerProfile, config: GuardConfig):
         self.plan, self.config = plan, config
-        self.rows = group_rows(groups, group_costs, {})  # the profile's groups and costs, read once
-        self.layer_names = [str(r.get("name", "")) for r in layers or []]
-        self.linear_names = [str(r["name"]) for r in layers or [] if _is_linear(r)]
-        self.has_layers = layers is not None
-        self.protected = _protected_names(list(protected), self.layer_names)
+        self.rows = profile.rows
+        self.layer_names = [r.name for r in profile.layers or []]
+        self.linear_names = [r.name for r in profile.layers or [] if r.is_linear()]
+        self.has_layers = profile.layers is not None
+        self.protected = _protected_names(list(profile.protected), self.layer_names)
         self.reasons: list[str] = []
         self.warnings: list[str] = []
         self.compiled: dict[str, re.Pattern[str]] = {}
@@ -298,7 +287,7 @@ class _Checker:
         return estimate
 
 
-def _expand_group_entry(entry: dict[str, Any], i: int, groups: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
+def _expand_group_entry(entry: dict[str, Any], i: int, rows: Sequence[GroupRow]) -> tuple[list[Any], list[str]]:
     """Turn one `{"groups": [names], "type", "ratio"}` entry into one anchored-module entry per group."""
     label = f"pruning[{i}]"
     if "layer" in entry:
@@ -306,22 +295,22 @@ def _expand_group_entry(entry: dict[str, Any], i: int, groups: list[dict[str, An
     names = entry["groups"]
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         return [], [f"{label}: 'groups' must be a non-empty list of group names from the profile"]
-    by_name = {g["name"]: g for g in groups} | {g["module"]: g for g in groups}
+    by_name = {g.name: g for g in rows} | {g.module: g for g in rows}
     kind = entry.get("type")
     reasons, out = [], []
     for name in names[:256]:
         group = by_name.get(name)
         if group is None:
             reasons.append(f"{label}: unknown group {name[:80]!r}; group names look like {_short(list(by_name), 2)}")
-        elif kind in ("structured", "head", "block") and group["kind"] != kind:
-            reasons.append(f"{label}: group {name!r} is a {group['kind']} group: use type {group['kind']!r} for it")
+        elif kind in ("structured", "head", "block") and group.kind != kind:
+            reasons.append(f"{label}: group {name!r} is a {group.kind} group: use type {group.kind!r} for it")
         else:
             rest = {k: v for k, v in entry.items() if k != "groups"}
-            out.append({**rest, "layer": f"^{re.escape(group['module'])}$"})
+            out.append({**rest, "layer": f"^{re.escape(group.module)}$"})
     return out, reasons
 
 
-def expand_groups(plan: dict[str, Any], groups: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+def expand_groups(plan: dict[str, Any], rows: Sequence[GroupRow]) -> tuple[dict[str, Any], list[str]]:
     """Replace pruning entries that name exact groups with one regex entry per group (same type and ratio).
 
     Returns:
@@ -334,7 +323,7 @@ def expand_groups(plan: dict[str, Any], groups: list[dict[str, Any]]) -> tuple[d
     reasons: list[str] = []
     for i, entry in enumerate(entries):
         if isinstance(entry, dict) and "groups" in entry:
-            expanded, why = _expand_group_entry(entry, i, groups)
+            expanded, why = _expand_group_entry(entry, i, rows)
             out += expanded
             reasons += why
         else:
@@ -409,50 +398,45 @@ def _token_estimate(
 
 def check_plan(
     plan: dict[str, Any] | CompressionPlan,
-    groups: list[dict[str, Any]],
-    protected: list[str],
-    group_costs: dict[str, dict[str, Any]],
+    profile: PlannerProfile,
     config: GuardConfig | None = None,
-    *,
-    layers: list[dict[str, Any]] | None = None,
 ) -> GuardVerdict:
     """Validate a plan against the model's profile before anything is applied.
 
     Args:
         plan: The plan (a dict parsed from LLM output, or a CompressionPlan).
-        groups: Prunable groups as dicts (name, kind, module, units, min_units).
-        protected: Module names that must never be pruned (a regex matching them, or a layer inside them, fails).
-        group_costs: Per-group cost shares (`params_share`, `macs_share`, `latency_share`).
+        profile: The prunable groups with their cost shares, the modules that must never be pruned (a regex
+            matching them, or a layer inside them, fails) and the layer rows: quantization regexes must match one
+            of their Linear layers (without layer rows only the quantization regexes' syntax is checked).
         config: Bounds and the objective's target (a plan without pruning is refused when the target is
             params or macs, which quantization cannot reduce); defaults to GuardConfig().
-        layers: Profile layer rows (name, type); quantization regexes must match one of their Linear layers.
-            Without them only the quantization regexes' syntax is checked.
 
     Returns:
         A GuardVerdict; `plan` is set only when `ok`.
     """
     config = config or GuardConfig()
+    named: list[tuple[str, str]] = [(g.name, g.kind) for g in profile.rows]  # what the format example's check reads
     if isinstance(plan, dict):
         n = sum(len(plan.get(k) or []) for k in ("pruning", "quantization") if isinstance(plan.get(k), list))
         if n > config.max_entries:
             return GuardVerdict(False, None, [f"the plan has {n} entries (at most {config.max_entries})"])
-        copied = example_copy_reasons(plan, groups, {}) if config.refuse_example else []
+        copied = example_copy_reasons(plan, named, {}) if config.refuse_example else []
         if copied:
             return GuardVerdict(False, None, copied)
-        plan, reasons = expand_groups(plan, groups)
+        plan, reasons = expand_groups(plan, profile.rows)
         if reasons:
             return GuardVerdict(False, None, reasons)
     try:
         parsed = plan if isinstance(plan, CompressionPlan) else CompressionPlan.model_validate(plan)
     except ValidationError as exc:
-        depth = any(g["kind"] == "block" for g in groups)
+        depth = any(g.kind == "block" for g in profile.rows)
         explained = _ratio_reasons(plan, depth, config) if isinstance(plan, dict) else {}
         kinds = ("structured", "head", "block") if depth else ("structured", "head")
         return GuardVerdict(False, None, _schema_reasons(exc, explained, kinds))
     n = len(parsed.pruning) + len(parsed.quantization)
     if n > config.max_entries:
         return GuardVerdict(False, None, [f"the plan has {n} entries (at most {config.max_entries})"])
-    checker = _Checker(parsed, groups, protected, group_costs, layers, config)
+    checker = _Checker(parsed, profile, config)
     checker.compile_all()
     ratios = checker.check_pruning()
     checker.check_quantization()
@@ -461,7 +445,7 @@ def check_plan(
     if not checker.reasons:
         checker.reasons += _needs_pruning(parsed, config.target, config.target_reduction)
     if not checker.reasons:
-        copied = example_copy_reasons({}, groups, ratios) if config.refuse_example else []
+        copied = example_copy_reasons({}, named, ratios) if config.refuse_example else []
         checker.reasons += copied + _under_target(estimate, config)
     ok = not checker.reasons
     if ok and checker.moot:  # width entries inside removed blocks do nothing: the applied plan leaves them out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from profiling_agent.state import CompressionPlan, Context, PlannerMeta
+from profiling_agent.state import CompressionPlan, Context, PlannerMeta, group_rows
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.round import RoundOutcome
 from profiling_agent.tools.planning.round_inputs import RoundInputs
@@ -65,7 +65,7 @@ def uniform_round(inputs: RoundInputs, run_path: Path, folder: Path) -> RoundOut
     if inputs.candidates:  # the same plan again would give the same candidate
         stop = f"uniform {planner} baseline at ratio {ratio:g}: stopped after 1 iteration (its plan never changes)"
         return RoundOutcome(CompressionPlan(), planner, meta, f"stopping: {stop}", stop_reason=stop)
-    groups = read_json(run_path / run_layout.PROFILE)["groups"]
+    groups = group_rows(read_json(run_path / run_layout.PROFILE)["groups"], {}, {})  # the baselines read rows too
     plan = uniform_plan(groups, ratio, planner, inputs.objective.quantize)
     message = f"{planner} baseline plan: every prunable group at ratio {ratio:g}, {len(plan.quantization)} quantization"
     out = RoundOutcome(plan, planner, meta, message + " entries")

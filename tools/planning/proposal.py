@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profiling_agent.state import CompressionPlan, PlanningProblem, ProposalDiff, QuantEntry
+from profiling_agent.state import CompressionPlan, PlanningProblem, ProposalDiff, PruneType, QuantEntry, TokenEntry
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.ratio_solver import PlannerConfig, estimate_reduction, ratio_cap
 from profiling_agent.tools.planning.token_plan import TokenOption, pruning_problem, to_total
@@ -33,6 +34,53 @@ class Proposal(BaseModel):
     name: str = Field(default="", description="What an offered alternative is, in words.")
 
 
+class GroupsEntry(BaseModel):
+    """A pruning entry that names exact groups (the form a small model edits; the guard expands it to regexes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    groups: list[str] = Field(description="Group names from the profile.")
+    type: PruneType = Field(description="structured, head or block (the groups' kind).")
+    ratio: float = Field(description="The ratio every named group gets.")
+    justification: str = Field(default="", description="Why.")
+
+
+class ProposedPlan(BaseModel):
+    """The deterministic planner's plan in the exact-groups form the LLM sees and may edit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pruning: list[GroupsEntry] = Field(default_factory=list, description="One entry per (type, ratio).")
+    quantization: list[QuantEntry] = Field(default_factory=list, description="The round's quantization entries.")
+    rationale: str = Field(default="", description="One sentence on how it was made.")
+    tokens: TokenEntry | None = Field(default=None, description="The token merging it installs (None: none).")
+
+    def wire(self) -> dict[str, Any]:
+        """Return the plan as the LLM reads it (JSON-ready; no "tokens" key when it merges nothing)."""
+        data = self.model_dump()
+        if self.tokens is None:
+            del data["tokens"]
+        return data
+
+
+class ProposalAnswer(BaseModel):
+    """What propose_plan answers: the goal, the emphasis, the predicted reduction and the plan."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: float = Field(description="The goal asked for (a fraction of the objective's target).")
+    emphasis: str = Field(description="balanced, cost or sensitivity.")
+    predicted_reduction: dict[str, float] = Field(description="Predicted params/macs/latency reduction.")
+    plan: ProposedPlan = Field(description="The plan, exact groups.")
+
+    def wire(self) -> dict[str, Any]:
+        """Return the answer as the tool shows it (JSON-ready)."""
+        return {**self.model_dump(exclude={"plan"}), "plan": self.plan.wire()}
+
+
+Propose = Callable[[float, str], ProposalAnswer]  # propose_plan's function: (goal, emphasis) -> its answer
+
+
 def _grid(ratio: float, cap: float) -> float:
     return min(round(round(ratio / GRID) * GRID, 4), cap)
 
@@ -43,7 +91,7 @@ def propose(
     emphasis: str,
     quantization: list[QuantEntry],
     merging: TokenOption | None = None,
-) -> tuple[dict[str, Any], Proposal]:
+) -> tuple[ProposedPlan, Proposal]:
     """Return the deterministic planner's plan at `goal` in the exact-groups form a small model can edit.
 
     Ratios are rounded to the GRID (what a schema-constrained answer may write); groups sharing a ratio share an
@@ -52,7 +100,7 @@ def propose(
     latency estimate is the total.
 
     Returns:
-        (the plan as JSON-ready data, the Proposal record kept for the comparison).
+        (the plan, exact groups, the Proposal record kept for the comparison).
     """
     config = PlannerConfig(gamma_start=EMPHASIS_GAMMA.get(emphasis, 1.0))
     objective, rows = problem.objective, problem.rows
@@ -70,30 +118,30 @@ def propose(
         ratio = _grid(entry.ratio, ratio_cap(row.kind, config))  # a block's cap is 1.0: removed whole
         if ratio > 0:
             ratios[row.name] = ratio
-    shared: dict[tuple[str, float], list[str]] = {}
+    shared: dict[tuple[PruneType, float], list[str]] = {}
     for row in rows:
         if row.name in ratios:
             shared.setdefault((row.kind, ratios[row.name]), []).append(row.name)
+    why = "deterministic proposal: cost share / damage"
     pruning = [
-        {"groups": names, "type": kind, "ratio": ratio, "justification": "deterministic proposal: cost share / damage"}
-        for (kind, ratio), names in shared.items()
+        GroupsEntry(groups=names, type=kind, ratio=ratio, justification=why) for (kind, ratio), names in shared.items()
     ]
-    quant = [q.model_dump() for q in quantization]
     estimate = {k: round(estimate_reduction(ratios, rows, k), 4) for k in ("params", "macs", "latency")}
-    rationale = f"Deterministic proposal at goal {goal:.0%}."
-    plan: dict[str, Any] = {"pruning": pruning, "quantization": quant, "rationale": rationale}
+    plan = ProposedPlan(
+        pruning=pruning, quantization=list(quantization), rationale=f"Deterministic proposal at goal {goal:.0%}."
+    )
     if merging is not None:
         estimate["latency"] = round(to_total(estimate["latency"], merging.saved), 4)
-        plan["tokens"] = merging.entry().model_dump()
-        plan["rationale"] = f"{rationale} Token merging at {merging.label()}; pruning takes the rest of the goal."
+        plan.tokens = merging.entry()
+        plan.rationale += f" Token merging at {merging.label()}; pruning takes the rest of the goal."
     record = Proposal(
-        goal=round(goal, 4), emphasis=emphasis, ratios=ratios, quantization=_quant_keys(quant), estimate=estimate
+        goal=round(goal, 4), emphasis=emphasis, ratios=ratios, quantization=_quant_keys(quantization), estimate=estimate
     )
     return plan, record
 
 
-def _quant_keys(entries: list[dict[str, Any]]) -> list[str]:
-    return sorted(f"{q.get('layer')} {q.get('dtype')}" for q in entries)
+def _quant_keys(entries: list[QuantEntry]) -> list[str]:
+    return sorted(f"{q.layer} {q.dtype}" for q in entries)
 
 
 def compare_to_proposals(ratios: dict[str, float], plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:
@@ -106,7 +154,7 @@ def compare_to_proposals(ratios: dict[str, float], plan: CompressionPlan, propos
     """
     if not proposals:
         return ProposalDiff(verdict="own", changes=len(ratios) + len(plan.quantization))
-    quant = _quant_keys([q.model_dump() for q in plan.quantization])
+    quant = _quant_keys(plan.quantization)
     best: ProposalDiff | None = None
     for prop in proposals:
         added = sorted(set(ratios) - set(prop.ratios))

@@ -26,18 +26,11 @@ def review_plan(plan: Any, profile: dict[str, Any], time_budget: float = 1.0):
     Returns:
         The plan guard's GuardVerdict (`ok`, `plan`, `reasons`, `warnings`, `estimate`).
     """
-    from profiling_agent.state import TokenAxis
+    from profiling_agent.state import PlannerProfile
     from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 
-    axis = TokenAxis.model_validate(profile["token_axis"]) if profile.get("token_axis") else None
-    return check_plan(
-        unwrap_plan(plan),
-        profile.get("groups") or [],
-        profile.get("protected") or [],
-        profile.get("group_costs") or {},
-        GuardConfig(match_time_budget=time_budget, tokens=axis),
-        layers=profile.get("layers"),
-    )
+    facts = PlannerProfile.of(profile)  # the file's JSON, read once
+    return check_plan(unwrap_plan(plan), facts, GuardConfig(match_time_budget=time_budget, tokens=facts.token_axis))
 
 
 def parse_answer(answer: Any, profile: dict[str, Any]) -> tuple[str, dict[str, Any] | None, dict[str, float], str]:

@@ -339,7 +339,7 @@ def llm_turn(
         inputs,
         ctx,
         shipped,
-        inputs.sensitivity_data(),
+        inputs.sensitivity,
         fallback=fallback,
         evaluate_fn=evaluate,
         conversation=conversation,

@@ -35,10 +35,6 @@ class RoundInputs:
     family: str = ""
     token_axis: TokenAxis | None = None
 
-    def sensitivity_data(self) -> dict[str, dict]:
-        """Return the probe's results as the LLM's prompts and tools show them (group name -> JSON-ready record)."""
-        return {name: s.model_dump() for name, s in self.sensitivity.items()}
-
     def llm_replied(self) -> bool:
         """Return True when an earlier round of this run got at least one reply from the LLM."""
         for cand in self.candidates:

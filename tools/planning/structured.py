@@ -9,6 +9,7 @@ with a grammar; some take only a plain `{"type": "json_object"}` (JSON, no schem
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ MAX_RATIONALE = 600
 
 
 def plan_schema(
-    groups: list[dict[str, Any]],
+    groups: Sequence[tuple[str, str]],
     dtypes: tuple[str, ...],
     caps: dict[str, float],
     min_ratio: float,
@@ -58,9 +59,9 @@ def plan_schema(
     only ratio is 1.0. A "tokens" entry (only when a merging rate or schedule pays) names one that was measured.
     With `choices` (the labels of offered alternatives) the answer starts with a required `choice` (a label, or
     "own") and a `why`; the plan's fields become optional: a choice alone stands for the chosen plan, and entries
-    beside it edit that plan.
+    beside it edit that plan. `groups` are this model's prunable groups as (name, kind), in the profile's order.
     """
-    kinds = sorted({str(g["kind"]) for g in groups}) or ["structured", "head"]
+    kinds = sorted({kind for _, kind in groups}) or ["structured", "head"]
 
     width_cap = max((cap for kind, cap in caps.items() if kind != "block"), default=0.8)
 
@@ -68,7 +69,7 @@ def plan_schema(
         return [1.0] if kind == "block" else ratio_grid(min_ratio, caps.get(kind, width_cap))
 
     def entry(kind: str) -> dict[str, Any]:  # one entry shape per unit kind: a head group cannot get "structured"
-        names = [str(g["name"]) for g in groups if str(g["kind"]) == kind] or [str(g["name"]) for g in groups]
+        names = [name for name, own in groups if own == kind] or [name for name, _ in groups]
         return {
             "type": "object",
             "properties": {

@@ -226,6 +226,13 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def hash_tensor(digest: Any, tensor: Any) -> None:
+    """Feed a tensor's shape, dtype and bytes (as held on the CPU) into a hashlib `digest`."""
+    data = tensor.detach().cpu().contiguous()
+    digest.update(str((tuple(data.shape), str(data.dtype))).encode())
+    digest.update(data.numpy().tobytes())
+
+
 def sha256_path(path: str | os.PathLike) -> str:
     """Hex sha256 of a file, or of a folder's files (relative names and contents, sorted)."""
     path = Path(path)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, CompressionPlan, DataRef, DatasetRef, InputShape, LabelMap, Trial
+from profiling_agent.tools.io import hash_tensor
 
 MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
 # a plan in, its trial on the trial slice out (`PlanEvaluator`)
@@ -42,9 +43,7 @@ def reference_key(baseline_sha: str, pixels: Any, allowed_ids: list[int] | None,
     """
     digest = hashlib.sha256()
     digest.update(json.dumps({"baseline": baseline_sha, "allowed": allowed_ids, "kl": with_kl}).encode())
-    images = pixels.detach().cpu().contiguous()
-    digest.update(str((tuple(images.shape), str(images.dtype))).encode())
-    digest.update(images.numpy().tobytes())
+    hash_tensor(digest, pixels)
     return digest.hexdigest()
 
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from profiling_agent.state import PruneEntry
 from profiling_agent.tools.compression.units import PrunedGroup
-from profiling_agent.tools.io import atomic_dir, read_json, write_json_atomic
+from profiling_agent.tools.io import atomic_dir, hash_tensor, read_json, write_json_atomic
 
 FOLDER = "trial_refit"  # in the round's folder: weights.safetensors + refit.json
 KEEP = 2  # trials whose refitted weights are held in memory (the chosen plan is almost always one of the last)
@@ -35,9 +35,7 @@ def refit_key(applied: Sequence[PrunedGroup], calib: torch.Tensor, seed: int, ba
     digest = hashlib.sha256()
     rows = [row.model_dump(mode="json") for row in applied]
     digest.update(json.dumps({"applied": rows, "seed": seed, "baseline": baseline_sha}, sort_keys=True).encode())
-    pixels = calib.detach().cpu().contiguous()
-    digest.update(str((tuple(pixels.shape), str(pixels.dtype))).encode())
-    digest.update(pixels.numpy().tobytes())
+    hash_tensor(digest, calib)
     return digest.hexdigest()
 
 

@@ -26,6 +26,7 @@ from profiling_agent.tools.profiling.backend_profile import (
     profile_backends,
 )
 from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
+from profiling_agent.tools.runtimes.kept_compiled import kept_compiled
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +53,26 @@ def deliverable_forms(backend: str) -> tuple[list[BackendForm], list[str]]:
     return forms, notes
 
 
-def latency_table_of(model: nn.Module, example: torch.Tensor, backend: dict[str, Any], forms: Sequence[BackendForm]):
-    """Measure (or read from the cache) the planned form's per-group latency table into `backend`; one-line note."""
+def latency_table_of(
+    model: nn.Module,
+    example: torch.Tensor,
+    backend: dict[str, Any],
+    forms: Sequence[BackendForm],
+    built: Mapping[str, Path] | None = None,
+) -> str:
+    """Measure (or read from the cache) the planned form's per-group latency table into `backend`; one-line note.
+
+    `built` holds the forms the profile built of `model`: the planned one is the table's ratio 0.
+    """
     from profiling_agent.tools.models.embedded_data import cache_dir
     from profiling_agent.tools.profiling.latency_model import cached_table
 
     form = next((f for f in forms if f.name == backend.get("planned_on")), None)
     if form is None:
         return ""
+    base = (built or {}).get(form.name)
     try:
-        backend["latency_table"] = cached_table(model, example, form, cache_dir() / "latency")
+        backend["latency_table"] = cached_table(model, example, form, cache_dir() / "latency", base_path=base)
     except Exception as exc:  # noqa: BLE001 - planning falls back to the profile's shares
         return f"; latency table of {form.name} failed ({type(exc).__name__}: {str(exc)[:120]})"
     return f"; latency table of {form.name} at ratios {backend['latency_table']['ratios']}"
@@ -102,7 +113,9 @@ def profile_deliverable(
         return {"forms": {}, "planned_on": "torch", "notes": notes}, ""
     model = model.cpu()
     example = torch.randn((1, *shape), generator=torch.Generator().manual_seed(0))
-    with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch:
+    # each file below is compiled once (`kept_compiled`), and the profiled forms are the latency table's ratio 0
+    # and the token rates' rate 0 (`built`)
+    with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch, kept_compiled():
         built: dict[str, Path] = {}
         with int8_reuse(*int8) if int8 is not None else contextlib.nullcontext():
             out = profile_backends(model, example, groups, forms, folder=Path(scratch), built=built)
@@ -113,18 +126,25 @@ def profile_deliverable(
             form = next((f for f in forms if f.name == out["planned_on"] and f.name in built), None)
             if form is not None:
                 out["planned_repeats"] = planned_repeats(form, built[form.name], example, groups, out)
-    times = ", ".join(f"{name} {row['total_ms']:.2f} ms" for name, row in out["forms"].items() if "total_ms" in row)
-    note = f"; backend profile: {times}"
-    if kept is None and latency_target:
-        note += latency_table_of(model, example, out, forms)
-        note += token_latency_of(model, example, out, forms)
+        times = ", ".join(f"{n} {row['total_ms']:.2f} ms" for n, row in out["forms"].items() if "total_ms" in row)
+        note = f"; backend profile: {times}"
+        if kept is None and latency_target:
+            note += latency_table_of(model, example, out, forms, built)
+            note += token_latency_of(model, example, out, forms, built)
     return out, note
 
 
 def token_latency_of(
-    model: nn.Module, example: torch.Tensor, backend: dict[str, Any], forms: Sequence[BackendForm]
+    model: nn.Module,
+    example: torch.Tensor,
+    backend: dict[str, Any],
+    forms: Sequence[BackendForm],
+    built: Mapping[str, Path] | None = None,
 ) -> str:
-    """Measure the planned form's latency at a few token-merging rates into `backend` (ViT, DeiT); one-line note."""
+    """Measure the planned form's latency at a few token-merging rates into `backend` (ViT, DeiT); one-line note.
+
+    `built` holds the forms the profile built of `model`: the planned one is timed as rate 0.
+    """
     from profiling_agent.tools.compression.token_merge import has_token_axis
     from profiling_agent.tools.profiling.token_latency import measure_token_latency, token_note
 
@@ -133,7 +153,8 @@ def token_latency_of(
         return ""
     try:
         with tempfile.TemporaryDirectory(prefix="token-latency-") as scratch:
-            backend["token_latency"] = measure_token_latency(model, example, form, Path(scratch))
+            base = (built or {}).get(form.name)
+            backend["token_latency"] = measure_token_latency(model, example, form, Path(scratch), base_path=base)
     except Exception as exc:  # noqa: BLE001 - the planners then leave tokens alone
         return f"; token latency on {form.name} failed ({type(exc).__name__}: {str(exc)[:120]})"
     return token_note(backend["token_latency"])

@@ -45,11 +45,13 @@ def measure_table(
     ratios: Sequence[float] = RATIOS,
     folder: Path,
     repeats: int = 5,
+    base_path: Path | None = None,
 ) -> dict[str, Any]:
     """Measure every group's node time in `form` at each ratio (all groups pruned uniformly by L2 norm).
 
     Each form is timed twice, in opposite orders, and each node keeps its faster median; identical layers' rows
-    are pooled (`identical`).
+    are pooled (`identical`). `base_path` is the unpruned model already built in `form` (the profile's build): ratio
+    0 is timed on it instead of a new build.
 
     Returns:
         {"form", "ratios", "groups": {group: [ms at each ratio]}, "other_ms": [ms no group owns, per ratio],
@@ -63,13 +65,17 @@ def measure_table(
     rows = [dataclasses.asdict(g) for g in groups]
     table: dict[str, Any] = {"form": form.name, "ratios": list(ratios), "groups": {g.name: [] for g in groups}}
     table["other_ms"], table["total_ms"] = [], []
-    paths, classes = [], []
+    paths: list[Path] = []
+    classes = []
     for ratio in ratios:
         trial = copy.deepcopy(model)
         if ratio > 0:
             entries = [{"layer": f"^{g.module}$", "type": g.kind, "ratio": ratio} for g in groups]
             prune_model(trial, entries, example)
-        paths.append(form.build(trial, example, folder / f"r{int(ratio * 100):02d}"))
+        if ratio == 0 and base_path is not None:
+            paths.append(base_path)
+        else:
+            paths.append(form.build(trial, example, folder / f"r{int(ratio * 100):02d}"))
         classes.append(identical_layers(trial))  # pruned alike, identical layers stay identical
     # timed twice, in opposite orders, each node's faster median kept: whichever form runs first on a cold
     # machine is not booked as slower (on the zoo ViT the unpruned form, timed first, read 45% above its value)

@@ -114,12 +114,11 @@ def time_ov_nodes(
     One thread, one stream, no pinning (as the side-by-side latency measurements); `precision` is the
     inference precision hint ("f32", or "default": the CPU's best, as the delivered int8 form runs).
     """
-    from profiling_agent.tools.runtimes.openvino_model import compile_config, shared_core, static_model
+    from profiling_agent.tools.runtimes.kept_compiled import compile_file
+    from profiling_agent.tools.runtimes.openvino_model import compile_config
 
-    core = shared_core()
     config = {**compile_config(precision, 1), "PERF_COUNT": "YES"}
-    model = core.read_model(str(path))
-    compiled = core.compile_model(static_model(model, tuple(pixels.shape)) or model, "CPU", config)
+    compiled = compile_file(path, tuple(pixels.shape), config)  # compiled once within `kept_compiled`
     request = compiled.create_infer_request()
     feed = {0: pixels.detach().cpu().numpy()}
     calls = sample_calls(warm_run_s(lambda: request.infer(feed), warmup))

@@ -97,16 +97,48 @@ def _time_torch(model: nn.Module, example: torch.Tensor, repeats: int) -> float:
 
 
 def _timers(
-    models: list[nn.Module], example: torch.Tensor, form: BackendForm | None, folder: Path, repeats: int
+    models: list[nn.Module],
+    example: torch.Tensor,
+    form: BackendForm | None,
+    folder: Path,
+    repeats: int,
+    base_path: Path | None = None,
 ) -> list[Callable[[], float]]:
-    """Return one timer per model: the built form's whole-run wall time, or eager torch's."""
+    """Return one timer per model: the built form's whole-run wall time, or eager torch's.
+
+    `base_path`, when given, is the first (unmerged) model already built in `form`: it is timed, not built again.
+    """
     if form is None:
         return [functools.partial(_time_torch, m, example, repeats) for m in models]
-    paths = [form.build(m, example, folder / f"tokens{i}") for i, m in enumerate(models)]
+    paths = [
+        base_path if i == 0 and base_path is not None else form.build(m, example, folder / f"tokens{i}")
+        for i, m in enumerate(models)
+    ]
     return [functools.partial(time_built_form, form, p, example, repeats) for p in paths]
 
 
 SAMPLE_MS = 20.0  # a timed sample runs enough calls to last about this long (a small model's call is ~1 ms)
+
+
+def _native_call(form: BackendForm, path: Path, example: torch.Tensor) -> Callable[[], Any]:
+    """Return one run of the built file on `example`, on one thread, as `runtimes.forward.native_call` runs a form.
+
+    An OpenVINO file is compiled as `OvClassifier.native_call` compiles it (the static shape where that pays, the
+    side-by-side timing's precision), once within `kept_compiled`.
+    """
+    if form.backend == "openvino":
+        from profiling_agent.tools.runtimes.kept_compiled import compile_file
+        from profiling_agent.tools.runtimes.openvino_model import Precision, compile_config
+
+        precision: Precision = "f32" if form.name == "ov_fp32" else "default"
+        compiled = compile_file(path, tuple(example.shape), compile_config(precision, 1))
+        infer = compiled.create_infer_request().infer
+        feeds = {0: example.detach().to("cpu", torch.float32).contiguous().numpy()}
+        return lambda: infer(feeds, share_inputs=False)
+    from profiling_agent.tools.runtimes.forward import native_call
+    from profiling_agent.tools.runtimes.onnx_model import OrtClassifier
+
+    return native_call(OrtClassifier(path, threads=1), example)
 
 
 def time_built_form(form: BackendForm, path: Path, example: torch.Tensor, repeats: int) -> float:
@@ -117,17 +149,7 @@ def time_built_form(form: BackendForm, path: Path, example: torch.Tensor, repeat
     the side-by-side timing measured it 10-20% faster. One thread; an OpenVINO form compiled for the static shape,
     in the precision its side-by-side timing uses.
     """
-    from profiling_agent.tools.runtimes.forward import native_call
-
-    if form.backend == "openvino":
-        from profiling_agent.tools.runtimes.openvino_model import OvClassifier
-
-        model: nn.Module = OvClassifier(path, "f32" if form.name == "ov_fp32" else "default", threads=1)
-    else:
-        from profiling_agent.tools.runtimes.onnx_model import OrtClassifier
-
-        model = OrtClassifier(path, threads=1)
-    call = native_call(model, example)
+    call = _native_call(form, path, example)
     start = time.perf_counter()
     for _ in range(2):
         call()
@@ -150,11 +172,13 @@ def measure_token_latency(
     rates: Sequence[int] | None = None,
     schedules: Sequence[Sequence[int]] | None = None,
     repeats: int = 5,
+    base_path: Path | None = None,
 ) -> dict[str, Any]:
     """Measure the model's latency in `form` (None: eager torch) at rate 0, each rate and each front-loaded schedule.
 
     Rows that do not save `MIN_SAVING` are dropped with the reason. `rates` and `schedules` default to `token_rates`
-    and `front_schedules`.
+    and `front_schedules`. `base_path` is the unmerged model already built in `form` (the profile's build): rate 0
+    is timed on it instead of a new build.
 
     Returns:
         {"form", "batch", "base_ms", "rates": [{"rate" (None for a schedule), "schedule", "tokens_left",
@@ -173,7 +197,7 @@ def measure_token_latency(
         merged = copy.deepcopy(model).eval()
         apply_token_merging(merged, schedule)
         models.append(merged)
-    timers = _timers(models, example[:BATCH], form, folder, repeats)
+    timers = _timers(models, example[:BATCH], form, folder, repeats, base_path)
     ms = [float("inf")] * len(plans)
     for order in (range(len(plans)), reversed(range(len(plans)))):  # opposite orders, the faster median kept
         for i in order:

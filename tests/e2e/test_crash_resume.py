@@ -73,8 +73,8 @@ def test_killed_and_interrupted_run_resumes_without_loss(tmp_path, quick_resnet)
     run_args = _cli(
         "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
         "--iterations", "2", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
-        "--repeats", "2", "--threads", "1", "--recover-steps", "8", "--run-dir", str(runs), "--thread-id", THREAD,
-        "--test-subset", "48", "--backend", "onnxruntime",
+        "--repeats", "2", "--threads", "1", "--recover-steps", "4", "--run-dir", str(runs), "--thread-id", THREAD,
+        "--test-subset", "32", "--backend", "onnxruntime",
     )  # fmt: skip  # ONNX Runtime's forms: every step a kill can hit, without OpenVINO's minutes
     resume_args = _cli("resume", THREAD, "--run-dir", str(runs))
 
@@ -112,12 +112,12 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
     model, dataset, runs, env = offline_resnet_setup(tmp_path, quick_resnet)
     run_args = _cli(
         "run", *quick_flags(model, dataset, runs, "--planner", "l2", "--ratio", "0.4", "--recover", "auto",
-                            "--recover-steps", "60", "--recover-batch", "16", "--recover-minutes", "0",
+                            "--recover-steps", "40", "--recover-batch", "16", "--recover-minutes", "0",
                             "--test-subset", "48", "--backend", "torch"),  # the subject is distillation: torch forms
     )  # fmt: skip
     saved = runs / THREAD / "iter_01" / "recovery_steps" / "latest.json"
 
-    def step_saved() -> bool:  # a step past the first save (every 3rd step of 60) is on disk
+    def step_saved() -> bool:  # a step past the first save (every 2nd step of 40) is on disk
         return saved.is_file() and json.loads(saved.read_text())["step"] >= 5
 
     err, nxt, code = _stop_when(
@@ -129,7 +129,7 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
     assert code == 0, err
     values = _check_complete(runs)
     recovery = values["candidates"][0]["recovery"]
-    assert recovery["method"] == "reconstruct+distill" and recovery["steps"] == 60
+    assert recovery["method"] == "reconstruct+distill" and recovery["steps"] == 40
     assert recovery["resumed_from"] >= killed_at + 1 > 1, (recovery, killed_at)
     assert not saved.parent.exists()  # the finished artifact replaced the step checkpoints
 
@@ -148,7 +148,7 @@ def test_a_run_killed_during_distillation_resumes_from_its_last_saved_step(tmp_p
         name: json.loads((root / THREAD / "iter_01" / "recovery.json").read_text())["distill"]
         for name, root in (("resumed", runs), ("whole", whole_runs))
     }
-    assert curves["resumed"]["steps_done"] == curves["whole"]["steps_done"] == 60
+    assert curves["resumed"]["steps_done"] == curves["whole"]["steps_done"] == 40
     assert [a["from"] for a in curves["whole"]["attempts"]] == [0]  # one attempt: never interrupted
     assert [a["from"] for a in curves["resumed"]["attempts"]] == [0, recovery["resumed_from"]]
     assert {a["threads"] for a in curves["resumed"]["attempts"] + curves["whole"]["attempts"]} == {1}  # --threads 1

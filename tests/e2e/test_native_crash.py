@@ -30,8 +30,8 @@ def tiny_run(tmp_path):
     flags = [
         "--model", str(model), "--dataset", "embedded:digits", "--subset", "32", "--calibration", "8",
         "--iterations", "1", "--planner", "deterministic", "--threads", "1", "--repeats", "2",
-        "--run-dir", str(runs), "--thread-id", THREAD,
-    ]  # fmt: skip
+        "--run-dir", str(runs), "--thread-id", THREAD, "--backend", "torch",
+    ]  # fmt: skip  # torch's forms: the profile step the resume runs builds no ONNX Runtime or OpenVINO form
     return runs, env, flags
 
 

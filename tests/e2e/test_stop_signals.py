@@ -79,7 +79,7 @@ def test_a_full_disk_during_recovery_stops_the_run_and_resume_redoes_it(setup, m
         return real(path, write, **kw)
 
     monkeypatch.setattr(io, "write_atomic", full_disk)
-    assert main(["run", *_run_flags(model, dataset, runs, 40)]) == 1
+    assert main(["run", *_run_flags(model, dataset, runs, 20)]) == 1
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("profiling-agent: error: iteration 1's recovery could not write its files (No space left")
     assert "recovery_steps" in line and line.endswith(
@@ -91,6 +91,6 @@ def test_a_full_disk_during_recovery_stops_the_run_and_resume_redoes_it(setup, m
     assert main(["resume", THREAD, "--run-dir", str(runs)]) == 0
     values = snapshot(runs).values
     recovery = values["candidates"][0]["recovery"]
-    assert recovery["method"] == "reconstruct+distill" and recovery["steps"] == 40 and recovery["error"] is None
+    assert recovery["method"] == "reconstruct+distill" and recovery["steps"] == 20 and recovery["error"] is None
     assert not any("abandoned" in h["message"] for h in values["history"])
     assert json.loads((runs / THREAD / "result.json").read_text())["status"] == "done"

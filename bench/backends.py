@@ -60,13 +60,14 @@ PROFILES = {
         "trained_repeats": 2,
         "base_forms": ("ort_dynamic", "ov_fp32"),  # no NNCF INT8 build: the slowest step of a smoke test
         "pruned_qint8": False,
-        # the agent's own timing and distillation kept short, its forms ONNX Runtime's only
+        # the agent's own timing and distillation kept short, its own forms torch's only: the bench builds and
+        # times the ONNX Runtime and OpenVINO forms of the run's baseline and best pruned model itself
         "context": {
             "latency_repeats": 2,
             "latency_warmup": 1,
             "latency_batch": 8,
             "recover_steps": 8,
-            "backend": "onnxruntime",
+            "backend": "torch",
         },
     },
     "quick": {
@@ -226,7 +227,8 @@ def trained(ref: str, dataset: str, work: Path, settings: dict) -> dict:
     start = time.perf_counter()
     name = ref.split(":")[-1].rstrip("/").split("/")[-1]
     say(
-        f"[{name}] agent: deterministic planner, {settings['iterations']} iterations, backend auto, "
+        f"[{name}] agent: deterministic planner, {settings['iterations']} iterations, backend "
+        f"{settings.get('context', {}).get('backend', 'auto')}, "
         f"target {settings['target']} {settings['target_reduction']:.0%}, budget {settings['max_acc_drop']:g} pp"
     )
     inputs = {

@@ -5,7 +5,8 @@ Usage:
     python bench/distributed.py --steps 40 --repeats 1  # quicker
     python bench/distributed.py --model vit --procs 2 --threads 1 --out /tmp/dist.json
     python bench/distributed.py --tiny                # smoke test: the tiny zoo's ResNet (built when missing), 4 steps,
-                                                      # the students' accuracy read from the compared passes
+                                                      # the students' accuracy read from the compared passes, the
+                                                      # 1-process jobs started without torchrun
 
 Both sides run through the same launcher (`torchrun --standalone`, 1 process or N), so process start, model loading
 and the rendezvous cost the same; the figures are taken inside the job (the training loop's seconds; the
@@ -30,6 +31,7 @@ import copy
 import json
 import os
 import resource
+import shlex
 import statistics
 import sys
 import tempfile
@@ -51,6 +53,15 @@ from profiling_agent.tools.recovery.distill import DistillConfig
 from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLaunch, distill_in_job
 
 LAUNCHER = "torchrun --standalone --nproc-per-node {procs} --monitor-interval 0.2"
+
+
+def launcher(procs: int, tiny: bool) -> str:
+    """The launcher template of a job of `procs` processes: torchrun, or (--tiny, 1 process) this interpreter.
+
+    A smoke run's figures mean nothing, so its 1-process jobs skip torchrun's own interpreter: the rank runs alone
+    (world size 1, no process group), the same job module and files.
+    """
+    return shlex.quote(sys.executable) if tiny and procs == 1 else LAUNCHER
 
 
 def _load() -> str:
@@ -118,7 +129,7 @@ def bench_distill(args, work: Path, teacher_dir: Path, start: torch.nn.Module, b
                     config,
                     data=JobData(ref, mapping),
                     files=JobFiles(job / "job", job / "steps", {}),
-                    launch=JobLaunch(procs, LAUNCHER, threads=args.threads),
+                    launch=JobLaunch(procs, launcher(procs, args.tiny), threads=args.threads),
                 )
             )
             rate = info["steps_done"] / info["seconds"]
@@ -164,7 +175,13 @@ def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
                     run,
                     "eval",
                     models,
-                    ShardedJob(procs=procs, job_dir=job, batch_size=64, launcher=LAUNCHER, threads=args.threads),
+                    ShardedJob(
+                        procs=procs,
+                        job_dir=job,
+                        batch_size=64,
+                        launcher=launcher(procs, args.tiny),
+                        threads=args.threads,
+                    ),
                 )
             )
             info = read_json(job / "result.json")
@@ -267,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             report["pass"] = passed
             extra = {k: v for k, v in models.items() if k not in preds}
             if extra:  # the distilled students' accuracy, on the same images (one sharded pass)
-                job = ShardedJob(procs=args.procs, job_dir=work / "acc", launcher=LAUNCHER, threads=args.threads)
+                job = ShardedJob(
+                    procs=args.procs,
+                    job_dir=work / "acc",
+                    launcher=launcher(args.procs, args.tiny),
+                    threads=args.threads,
+                )
                 preds.update(sharded_predictions(run, "eval", extra, job))
             figures = summarize(preds, torch.as_tensor(labels), "baseline")
             report["accuracy"] = {k: round(v["accuracy"], 2) for k, v in figures.items()}

@@ -144,7 +144,9 @@ TINY_SETTINGS = Settings(
     iterations=1,
     extra=(
         *("--val-subset", "120", "--test-subset", "120", "--calibration", "16", "--repeats", "2"),
-        *("--recover-minutes", "0.2", "--backend", "torch"),
+        # auto recovery (reconstruct, then distillation) cut at 3 CPU-seconds per candidate: a smoke's recovery
+        # need not converge, and uncut it would spend most of the smoke's time
+        *("--recover-minutes", "0.05", "--backend", "torch"),
     ),
     coarse=0.10,
     fine=0.10,

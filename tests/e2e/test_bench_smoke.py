@@ -11,35 +11,17 @@ slow: `make test` runs them, `make test-fast` does not.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import resource
-import sys
 import time
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from helpers.bench_scripts import BENCH, bench_module
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py"))
 LIBRARIES = {"budget", "estimate", "global_pruning", "llm_fake_server"}  # imported by other scripts, no main
 TINY_ENV = "PROFILING_AGENT_ZOO_TINY"
-
-
-def bench_module(name: str) -> ModuleType:
-    """Import bench/NAME.py under its own name, with bench/ on sys.path as the script puts it."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    if name in sys.modules and Path(getattr(sys.modules[name], "__file__", "")).parent == BENCH:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture

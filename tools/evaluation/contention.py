@@ -1,4 +1,7 @@
-"""Contention a busy check cannot see: a fixed reference workload timed through every timing block, rank-tested.
+"""Contention a busy check cannot see: other processes' CPU use during a block, and a reference workload beside it.
+
+Where the kernel's counters can be read (Linux), a block is contended when other processes used a quarter of a core
+or more during it (`co_load`): the rule below is then recorded, not decisive. Elsewhere it decides.
 
 A process on another core slows a one-thread measurement through the shared caches and memory bus without changing
 its wall-to-CPU ratio (`latency.BUSY_FACTOR` misses it). So the same small single-thread workload (a 256x256 FP32
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch
 
+from profiling_agent.tools.evaluation import co_load
 from profiling_agent.tools.evaluation.rank_test import p_greater
 
 REFERENCE_FILE = "timing_reference.json"  # in the run folder
@@ -49,8 +53,14 @@ RULE = (
     "({n_cal} samples) by a one-sided Mann-Whitney U test at alpha {alpha:g}, with its median over {eff:.0%} above "
     "the calibration's"
 )
+CO_LOAD_RULE = (
+    "contended when other processes used {limit:g} of a core or more on this machine's CPUs during the block "
+    "(the kernel's busy time of all CPUs, steal included, minus this process's CPU time: /proc/stat); the "
+    "reference workload's rank test is recorded beside it"
+)
 
 Timer = Callable[[int], list[float]]  # samples -> reference times, ms
+Load = Callable[[], "co_load.CpuReading | None"]  # the CPU counters now (`co_load.read`)
 
 
 @functools.cache
@@ -188,10 +198,12 @@ REAL_WORKLOAD: Timer = reference_samples  # bound at import: a stand-in patched 
 class ReferenceCheck:
     """The run's reference workload: calibrated once (or read back), timed through every block, refreshed when quiet."""
 
-    def __init__(self, timer: Timer = reference_samples, folder: Path | None = None) -> None:
+    def __init__(self, timer: Timer = reference_samples, folder: Path | None = None, load: Load | None = None) -> None:
+        """`load` reads the CPU counters (`co_load.read`; the default with the real workload, none with a stand-in)."""
         self.timer = timer
         self.folder = folder
         self.quiet: QuietReference | None = None
+        self.load = load if load is not None else (co_load.read if timer is REAL_WORKLOAD else None)
 
     def _path(self) -> Path | None:
         return self.folder / REFERENCE_FILE if self.folder is not None else None
@@ -229,7 +241,9 @@ class ReferenceCheck:
 
     def block(self) -> Block:
         """Start a timing block: the reference is timed CHECK_SAMPLES times now (`Block.probe` inside, `finish`)."""
-        return Block(self, self.reference(), list(self.timer(CHECK_SAMPLES)))
+        quiet = self.reference()
+        start = self.load() if self.load is not None else None
+        return Block(self, quiet, list(self.timer(CHECK_SAMPLES)), start)
 
     def refresh(self, samples: Sequence[float], wall_over_cpu: float) -> bool:
         """Replace the calibration by a quiet block's samples when they ran significantly faster; return whether.
@@ -256,6 +270,7 @@ class Block:
     check: ReferenceCheck
     quiet: QuietReference
     samples_ms: list[float] = field(default_factory=list)
+    start: co_load.CpuReading | None = None  # the CPU counters when the block began (None: not measured)
 
     def probe(self) -> None:
         """Time the reference workload once inside the block (at the start of a repeat)."""
@@ -264,17 +279,26 @@ class Block:
     def finish(self) -> dict[str, Any]:
         """Time the reference CHECK_SAMPLES times after the block; return the block's contention facts (`judge`)."""
         self.samples_ms.extend(self.check.timer(CHECK_SAMPLES))
-        return judge(self.samples_ms, self.quiet)
+        end = self.check.load() if self.check.load is not None and self.start is not None else None
+        others = co_load.others_cores(self.start, end) if self.start is not None and end is not None else None
+        return judge(self.samples_ms, self.quiet, others)
 
 
-def judge(samples: Sequence[float], quiet: QuietReference) -> dict[str, Any]:
+def judge(samples: Sequence[float], quiet: QuietReference, others: float | None = None) -> dict[str, Any]:
     """Return the contention facts of one block from its reference samples against the quiet calibration.
+
+    `others` is the cores other processes used during the block (`co_load.others_cores`): where it was measured it
+    decides (`co_load.contended`) and the rank test is recorded beside it; where not, the rank test decides.
 
     Returns:
         {"samples_ms", "median_ms", "quiet_median_ms", "slowdown" (the medians' ratio), "p_value", "alpha",
-        "min_effect", "contended", "machine_median_ms", "started_busy", "refreshed", "rule"}.
+        "min_effect", "contended", "machine_median_ms", "started_busy", "refreshed", "rule"}, and with `others`
+        "others_cores", "others_limit" and "reference_slower" (the rank test's verdict).
     """
-    contended, p, effect = slower(samples, quiet.samples_ms)
+    slow, p, effect = slower(samples, quiet.samples_ms)
+    contended = slow if others is None else co_load.contended(others)
+    measured = {} if others is None else {"others_cores": round(others, 3), "others_limit": co_load.OTHERS_LIMIT}
+    rule = RULE.format(n=GEMM_SIZE, k=CHECK_SAMPLES, n_cal=len(quiet.samples_ms), alpha=ALPHA, eff=MIN_EFFECT)
     return {
         "samples_ms": [round(t, 4) for t in samples],
         "median_ms": round(statistics.median(samples), 4),
@@ -287,7 +311,9 @@ def judge(samples: Sequence[float], quiet: QuietReference) -> dict[str, Any]:
         "machine_median_ms": quiet.machine_median_ms,
         "started_busy": quiet.started_busy,
         "refreshed": quiet.refreshed,
-        "rule": RULE.format(n=GEMM_SIZE, k=CHECK_SAMPLES, n_cal=len(quiet.samples_ms), alpha=ALPHA, eff=MIN_EFFECT),
+        "rule": rule if others is None else CO_LOAD_RULE.format(limit=co_load.OTHERS_LIMIT),
+        **measured,
+        **({} if others is None else {"reference_slower": slow}),
     }
 
 
@@ -319,7 +345,13 @@ def flagged(timing: Mapping[str, Any] | None) -> bool:
 
 
 def contended_reason(ref: Mapping[str, Any]) -> str:
-    """Say how the reference workload ran during a contended block (its medians' ratio and the test's p-value)."""
+    """Say what contended with a block: other processes' CPU use, or how the reference workload ran (medians, p)."""
+    if ref.get("others_cores") is not None:
+        return (
+            f"other processes used {ref.get('others_cores')} of a core on this machine's CPUs during the block "
+            f"(limit {ref.get('others_limit')}; the kernel's counters), and a reference workload ran "
+            f"{ref.get('slowdown')}x its quiet time"
+        )
     if ref.get("p_value") is not None:
         return (
             f"a reference workload ran {ref.get('slowdown')}x its quiet time during the block (medians; one-sided "

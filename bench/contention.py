@@ -8,8 +8,9 @@ Usage:
 
 A *block* is one `latency.measure_latency_checked` call, as every round and the final timing make: two small MLPs
 timed side by side (1 thread, batch 1 and 8, 10 repeats), with the run's reference workload timed before, once per
-repeat inside and after it and rank-tested against the run's calibration (`tools/evaluation/contention.py`), and
-the wall-over-CPU check beside it. A *run* is a fresh calibration (a fresh run folder) followed by its blocks; the
+repeat inside and after it and rank-tested against the run's calibration (`tools/evaluation/contention.py`), other
+processes' CPU use during it read from the kernel's counters (`tools/evaluation/co_load.py`: where read, it decides),
+and the wall-over-CPU check beside it. A *run* is a fresh calibration (a fresh run folder) followed by its blocks; the
 machine's kept calibration lives in a cache folder of this benchmark's own. Conditions, in this order: `quiet`
 (nothing started), `busy-1` and `busy-2` (one or two `while True: pass` Python processes, unpinned, started before
 the run's calibration and stopped after its last block, as competitors beside a whole run are).
@@ -166,6 +167,9 @@ def timing_run(folder: Path, blocks: int, repeats: int) -> list[dict[str, Any]]:
                 "remeasured": bool(timing.get("remeasured")),
                 "slowdown": timing.get("slowdown"),
                 "p_value": timing.get("p_value"),
+                # the kernel's count of other processes' CPU use (None where not read) and the rank test's verdict
+                "others_cores": (timing.get("reference") or {}).get("others_cores"),
+                "rank_slower": bool((timing.get("reference") or {}).get("reference_slower", timing.get("contended"))),
                 "wall_over_cpu": timing.get("wall_over_cpu"),
                 "started_busy": quiet.started_busy,
                 "refreshed": bool(timing.get("calibration_refreshed")),
@@ -208,9 +212,9 @@ def block_rows(work: Path, runs: int, blocks: int, repeats: int) -> list[dict[st
 def rate_table(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
     """Return whether both targets were met, and the table and target lines."""
     lines = [
-        "| condition | blocks | flagged | by the rank test | by wall/CPU | first attempts re-measured | "
-        "median slowdown | runs started busy | load |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| condition | blocks | flagged | by other processes' CPU use | others' cores (median) | rank test slower | "
+        "by wall/CPU | first attempts re-measured | median slowdown | runs started busy | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rates = {}
     for condition in CONDITIONS:
@@ -220,8 +224,11 @@ def rate_table(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
         n = len(got)
         rates[condition] = sum(r["flagged"] for r in got) / n
         slowdowns = [r["slowdown"] for r in got if r["slowdown"]]
+        others = [r["others_cores"] for r in got if r.get("others_cores") is not None]
+        by_load = sum(r["contended"] for r in got if r.get("others_cores") is not None)
         lines.append(
-            f"| {condition} | {n} | {rates[condition]:.0%} | {sum(r['contended'] for r in got)} | "
+            f"| {condition} | {n} | {rates[condition]:.0%} | {by_load} | "
+            f"{f'{statistics.median(others):.2f}' if others else 'not read'} | {sum(r['rank_slower'] for r in got)} | "
             f"{sum(r['busy'] for r in got)} | {sum(r['remeasured'] for r in got)} | "
             f"{statistics.median(slowdowns) if slowdowns else 0:.2f}x | "
             f"{len({r['run'] for r in got if r['started_busy']})} | {max(r['load'] for r in got)} |"

@@ -348,6 +348,11 @@ COMMANDS["export"] = _cmd_export
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    """Return the errors that are the user's input (one line, exit 2) of the modules this process imported.
+
+    An error class exists only once its module is imported, so a module not imported yet raised nothing here:
+    looking it up in `sys.modules` keeps a rejected flag from importing torch (seconds) just to name the error.
+    """
     errors: list[type[BaseException]] = [BadInput, FileNotFoundError]
     for module, name in (
         ("profiling_agent.graph.checkpoint_pg", "CheckpointStoreError"),
@@ -356,10 +361,9 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
         ("profiling_agent.tools.data.sources", "DataError"),
         ("profiling_agent.tools.models.artifacts", "ArtifactError"),
     ):
-        try:
-            errors.append(getattr(__import__(module, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
+        error = getattr(sys.modules.get(module), name, None)
+        if isinstance(error, type) and issubclass(error, BaseException):
+            errors.append(error)
     return tuple(errors)
 
 

@@ -36,8 +36,8 @@ def assets(tmp_path_factory, digits_vit):
         BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     ).save_pretrained(bert)
     runs = root / "runs"
-    fast = ["--subset", "96", "--calibration", "16", "--repeats", "2", "--threads", "1", "--backend", "torch",
-            "--run-dir", str(runs)]  # fmt: skip
+    fast = ["--subset", "48", "--calibration", "8", "--test-subset", "32", "--repeats", "2", "--threads", "1",
+            "--backend", "torch", "--run-dir", str(runs)]  # fmt: skip
     code = main(["run", "--model", str(model), "--dataset", str(digits), "--planner", "deterministic",
                  "--iterations", "1", "--approve", "--thread-id", PAUSED, *fast])  # fmt: skip
     assert code == 0

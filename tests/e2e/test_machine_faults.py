@@ -156,8 +156,9 @@ def test_a_full_disk_while_forms_are_written_ends_the_run_with_exit_1_and_the_fi
         return real(path, write, **kw)
 
     monkeypatch.setattr(io, "write_atomic", full_disk)
+    few = ["--subset", "48", "--calibration", "8"]  # few images: the run stops at the baseline's forms
     flags = quick_flags(
-        model, dataset, runs, "--planner", "l2", "--ratio", "0.3", "--recover", "none", "--backend", "onnxruntime"
+        model, dataset, runs, "--planner", "l2", "--ratio", "0.3", "--recover", "none", "--backend", "onnxruntime", *few
     )
     assert main(["run", *flags]) == 1
     lines = capsys.readouterr().err.strip().splitlines()

@@ -95,11 +95,11 @@ def test_two_resumes_of_a_killed_run_exactly_one_runs(tmp_path, quick_resnet, st
     env = {**_env(), "PROFILING_AGENT_CACHE": str(cache)}
     flag = ["--checkpoint-url", url] if url else []
     run_args = cli(
-        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--iterations", "1", "--planner", "deterministic", "--target-reduction", "0.9", "--max-acc-drop", "0.5",
-        "--repeats", "2", "--threads", "1", "--recover-steps", "8", "--run-dir", str(runs), "--thread-id", THREAD,
-        "--backend", "torch", *flag,
-    )  # fmt: skip  # the subject is the lock: one round, the torch forms only
+        "run", "--model", str(model), "--dataset", str(dataset), "--subset", "48", "--calibration", "8",
+        "--test-subset", "32", "--iterations", "1", "--planner", "deterministic", "--target-reduction", "0.9",
+        "--max-acc-drop", "0.5", "--repeats", "2", "--threads", "1", "--recover", "none", "--run-dir", str(runs),
+        "--thread-id", THREAD, "--backend", "torch", *flag,
+    )  # fmt: skip  # the subject is the lock: one round on few images, no recovery, the torch forms only
     mid_loop = next_is(("quantize", "evaluate"), 1)
     err, nxt, code = stop_when(start(run_args, env, tmp_path), runs, mid_loop, signal.SIGKILL, url)
     assert code == -signal.SIGKILL and nxt in (("quantize",), ("evaluate",), ("iterate",)), err

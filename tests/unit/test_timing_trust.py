@@ -55,7 +55,9 @@ def test_a_competing_process_on_the_same_core_flags_the_timings():
         competitor.wait()
         os.sched_setaffinity(0, before_affinity)
         torch.set_num_threads(before_threads)
-    assert timing["busy"] and timing["remeasured"] and len(timing["attempts"]) == latency.REMEASURES + 1
+    assert timing["busy"] and timing["contended"]
+    # the spinner was still running after the block, as the kernel's counters showed: not timed a second time
+    assert not timing["remeasured"] and "other processes still used" in timing["not_remeasured"]
     assert timing["wall_over_cpu"] > latency.BUSY_FACTOR and timing["cpu_s"] > 0 and timing["wall_s"] > timing["cpu_s"]
     assert all(rows[n]["wall_over_cpu"] > 1.0 for n in models)
     assert "TIMINGS FLAGGED" in timing_notice(timing)

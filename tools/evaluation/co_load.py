@@ -19,6 +19,7 @@ from pathlib import Path
 PROC_STAT = Path("/proc/stat")
 OTHERS_LIMIT = 0.25  # cores: other processes using a quarter of a core or more during a block contend with it
 SLACK_TICKS = 4  # the counters' resolution: both readings are in clock ticks, each rounded down
+WINDOW_S = 0.25  # how long `busy_now` watches the counters before a contended block is timed again
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class CpuReading:
     own_s: float
 
 
-def _tick_s() -> float:
+def tick_s() -> float:
+    """Return the length of the kernel's clock tick, in seconds (the counters' unit)."""
     try:
         return 1.0 / os.sysconf("SC_CLK_TCK")
     except (AttributeError, ValueError, OSError):
@@ -47,7 +49,7 @@ def read(stat: Path = PROC_STAT) -> CpuReading | None:
     if fields[0] != "cpu":
         return None
     own = os.times()
-    busy = (user + nice + system + irq + softirq + steal) * _tick_s()
+    busy = (user + nice + system + irq + softirq + steal) * tick_s()
     return CpuReading(wall_s=time.perf_counter(), busy_s=busy, own_s=own.user + own.system)
 
 
@@ -60,10 +62,21 @@ def others_cores(start: CpuReading, end: CpuReading) -> float:
     wall = end.wall_s - start.wall_s
     if wall <= 0:
         return 0.0
-    others = (end.busy_s - start.busy_s) - (end.own_s - start.own_s) - SLACK_TICKS * _tick_s()
+    others = (end.busy_s - start.busy_s) - (end.own_s - start.own_s) - SLACK_TICKS * tick_s()
     return max(0.0, others) / wall
 
 
 def contended(cores: float) -> bool:
     """Return whether other processes' use of the CPUs during a block (`others_cores`) contended with it."""
     return cores >= OTHERS_LIMIT
+
+
+def busy_now(read_counters=read, window_s: float = WINDOW_S) -> float | None:
+    """Return the cores other processes use now, over `window_s` of wall time (None when not read).
+
+    Before a contended block is timed again: a neighbour still running would contend with the second attempt too.
+    """
+    start = read_counters()
+    time.sleep(window_s)
+    end = read_counters()
+    return others_cores(start, end) if start is not None and end is not None else None

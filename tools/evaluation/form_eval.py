@@ -171,9 +171,10 @@ def timing_notice(timing: Mapping[str, Any] | None) -> str:
 
     ratio = timing.get("wall_over_cpu")
     if flagged(timing):
-        return split + (
-            f"; TIMINGS FLAGGED: {flag_reason(timing)} (measured {len(timing.get('attempts') or [])} times)"
-        )
+        times = f"measured {len(timing.get('attempts') or [])} times"
+        if timing.get("not_remeasured"):
+            times = f"measured once: {timing['not_remeasured']}"
+        return split + f"; TIMINGS FLAGGED: {flag_reason(timing)} ({times})"
     if timing.get("remeasured"):
         return split + f"; timings re-measured (first attempt busy or contended), kept at wall/CPU {ratio:.2f}"
     return split

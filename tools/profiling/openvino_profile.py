@@ -9,8 +9,7 @@ Linear. Executed nodes whose name carries no module path (a fused "Multiply_1234
 
 The profiling int8 form is calibrated on the run's calibration images, as `measure_baseline` builds it, which then
 measures this very build (`runtimes.int8_reuse`); without them (a profile outside a run), on the profiling example
-and a perturbed copy, without bias correction: its timings are what matter here (int8 kernels cost the same whatever
-the scales and biases).
+and small perturbations of it: its timings are what matter here (int8 kernels cost the same whatever the scales).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from profiling_agent.tools.profiling.backend_profile import WRAPPER, BackendForm
 from profiling_agent.tools.profiling.node_samples import node_medians, sample_calls, warm_run_s
 from profiling_agent.tools.runtimes.openvino_model import Precision
 
-CALIBRATION_COPIES = 2  # profiling-only NNCF calibration (timed, never run for accuracy): the example and a copy
+CALIBRATION_COPIES = 8  # profiling-only NNCF calibration: the example and 7 perturbed copies
 
 
 def ov_module_of(node: str) -> str:
@@ -76,8 +75,7 @@ def build_ov_int8(model: nn.Module, example: torch.Tensor, folder: Path) -> Path
     """Build an NNCF INT8 OpenVINO IR of `model`: on the run's calibration images when the profile has them.
 
     Inside `int8_reuse` (the profile step of a run) it is the build `measure_baseline` reuses: the same ONNX file,
-    calibration images and settings. Outside one, calibrated on `example` and a perturbed copy without bias
-    correction (timed only).
+    calibration images and settings. Outside one, calibrated on `example` and perturbed copies (timing only).
     """
     from profiling_agent.tools.profiling.shared_export import onnx_export
     from profiling_agent.tools.runtimes.int8_reuse import active_calibration
@@ -98,7 +96,7 @@ def build_ov_int8(model: nn.Module, example: torch.Tensor, folder: Path) -> Path
     one = example[:1].detach().cpu()
     noisy = (one + 0.1 * torch.randn(one.shape, generator=gen) for _ in range(CALIBRATION_COPIES - 1))
     calib = torch.cat([one, *noisy])
-    settings = OpenVinoSettings(calibration_samples=CALIBRATION_COPIES, bias_correction=False)
+    settings = OpenVinoSettings(calibration_samples=CALIBRATION_COPIES)
     quantized, _ = quantize_int8(
         _convert(model, example, folder), calib, model_type=_model_type(model), settings=settings
     )

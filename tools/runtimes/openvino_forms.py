@@ -58,9 +58,6 @@ class OpenVinoSettings:
     forms: tuple[OvForm, ...] = OV_FORMS  # which OpenVINO forms to build
     calibration_samples: int = 64  # at most this many calibration images for NNCF (one image per item)
     fast_bias_correction: bool = True  # NNCF's default; the slow variant costs minutes on ViT-B for no gain here
-    # False only for builds that are timed, never run for accuracy: bias correction changes bias values, not the
-    # graph or its kernels, and took a third of NNCF's time on a 4-layer ViT-B (9.8 -> 6.3 CPU-s)
-    bias_correction: bool = True
     ignored_names: tuple[str, ...] = ()  # IR node names NNCF keeps in float (the accuracy-aware retry fills it)
     fp32_tolerance: float = 1e-3  # ov_fp32 must match torch: max |diff| <= this x the largest |logit|
 
@@ -120,10 +117,6 @@ def quantize_int8(
         "subset_size": len(items),
         "fast_bias_correction": settings.fast_bias_correction,
     }
-    if not settings.bias_correction:
-        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
-
-        kwargs["advanced_parameters"] = AdvancedQuantizationParameters(disable_bias_correction=True)
     if model_type == "transformer":
         kwargs["model_type"] = nncf.ModelType.TRANSFORMER
     names = sorted(set(ignored) | set(settings.ignored_names))
@@ -139,7 +132,6 @@ def quantize_int8(
         "preset": "mixed (transformer default)" if model_type == "transformer" else "performance (default)",
         "calibration": {"samples": len(items), "batch": 1, "source": "the run's calibration images"},
         "fast_bias_correction": settings.fast_bias_correction,
-        **({} if settings.bias_correction else {"bias_correction": False}),
         "ignored_scope": names,
         **({"ignored_patterns": patterns} if patterns else {}),
         "rest_precision": "the CPU's best (OpenVINO's default inference precision)",
@@ -164,7 +156,6 @@ def quantize_kept(
         "model_type": model_type,
         "samples": settings.calibration_samples,
         "fast_bias_correction": settings.fast_bias_correction,
-        **({} if settings.bias_correction else {"bias_correction": False}),
         "ignored": sorted(settings.ignored_names),
         "patterns": keep_float_patterns(ov_model),
     }

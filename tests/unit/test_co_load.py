@@ -7,6 +7,7 @@ import sys
 import time
 
 import torch
+from helpers.latency_stand_ins import steady_latency
 from torch import nn
 
 from profiling_agent.tools.evaluation import co_load, contention, latency
@@ -51,15 +52,8 @@ def _readings(*others_cores: float):
     return read
 
 
-def _steady(models, sample, probe=None, repeats=4, **kwargs):
-    for _ in range(repeats):
-        if probe is not None:
-            probe()
-    return {n: {"latency_ms": 1.0, "latency_batch_ms": 2.0, "wall_s": 1.0, "cpu_s": 1.0} for n in models}
-
-
 def test_where_counted_other_processes_decide_and_the_rank_test_is_recorded_beside(monkeypatch):
-    monkeypatch.setattr(latency, "measure_latency", _steady)
+    monkeypatch.setattr(latency, "measure_latency", steady_latency)
     check = contention.ReferenceCheck(lambda n: [2.0] * n, load=_readings(0.9, 0.0))  # reference at its quiet time
     _, timing = latency.measure_latency_checked({"a": nn.Identity()}, torch.zeros(1, 3, 4, 4), reference=check)
     first, kept = timing["slowdowns"], timing["reference"]

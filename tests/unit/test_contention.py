@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from helpers.latency_stand_ins import steady_latency
 from torch import nn
 
 from profiling_agent.tools.evaluation import contention, latency
@@ -83,16 +84,8 @@ class _Machine:
         return _draw(self.rng, n, self.scale)
 
 
-def _steady(models, sample, probe=None, repeats=10, **kwargs):
-    """A measure_latency stand-in whose wall time equals its CPU time (the busy check sees nothing)."""
-    for _ in range(repeats):
-        if probe is not None:
-            probe()
-    return {n: {"latency_ms": 1.0, "latency_batch_ms": 2.0, "wall_s": 1.0, "cpu_s": 1.0} for n in models}
-
-
 def test_a_contended_block_is_measured_again_and_flagged_with_the_test(monkeypatch):
-    monkeypatch.setattr(latency, "measure_latency", _steady)
+    monkeypatch.setattr(latency, "measure_latency", steady_latency)
     machine = _Machine()
     check = contention.ReferenceCheck(machine)
     check.reference()

@@ -279,8 +279,9 @@ class Block:
     def finish(self) -> dict[str, Any]:
         """Time the reference CHECK_SAMPLES times after the block; return the block's contention facts (`judge`)."""
         self.samples_ms.extend(self.check.timer(CHECK_SAMPLES))
-        end = self.check.load() if self.check.load is not None and self.start is not None else None
-        others = co_load.others_cores(self.start, end) if self.start is not None and end is not None else None
+        others = None
+        if self.start is not None and self.check.load is not None and (end := self.check.load()) is not None:
+            others = co_load.others_cores(self.start, end)
         return judge(self.samples_ms, self.quiet, others)
 
 
@@ -297,8 +298,12 @@ def judge(samples: Sequence[float], quiet: QuietReference, others: float | None 
     """
     slow, p, effect = slower(samples, quiet.samples_ms)
     contended = slow if others is None else co_load.contended(others)
-    measured = {} if others is None else {"others_cores": round(others, 3), "others_limit": co_load.OTHERS_LIMIT}
-    rule = RULE.format(n=GEMM_SIZE, k=CHECK_SAMPLES, n_cal=len(quiet.samples_ms), alpha=ALPHA, eff=MIN_EFFECT)
+    if others is None:
+        rule = RULE.format(n=GEMM_SIZE, k=CHECK_SAMPLES, n_cal=len(quiet.samples_ms), alpha=ALPHA, eff=MIN_EFFECT)
+        counted: dict[str, Any] = {}
+    else:
+        rule = CO_LOAD_RULE.format(limit=co_load.OTHERS_LIMIT)
+        counted = {"others_cores": round(others, 3), "others_limit": co_load.OTHERS_LIMIT, "reference_slower": slow}
     return {
         "samples_ms": [round(t, 4) for t in samples],
         "median_ms": round(statistics.median(samples), 4),
@@ -311,9 +316,8 @@ def judge(samples: Sequence[float], quiet: QuietReference, others: float | None 
         "machine_median_ms": quiet.machine_median_ms,
         "started_busy": quiet.started_busy,
         "refreshed": quiet.refreshed,
-        "rule": rule if others is None else CO_LOAD_RULE.format(limit=co_load.OTHERS_LIMIT),
-        **measured,
-        **({} if others is None else {"reference_slower": slow}),
+        "rule": rule,
+        **counted,
     }
 
 

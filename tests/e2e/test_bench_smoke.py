@@ -123,13 +123,15 @@ PLAIN_SMOKE = {
     # one whole short run of embedded:vit-digits on 16 images, ONNX Runtime's forms, recovery without distillation
     # (a crash found is reported in the table: the bench exits 1 for it only with --strict)
     "crash_stress": (["--tiny"], "whole short run (CLI)"),
+    # the embedded ResNet run twice with one seed on 16 images, in this process: the two best/ folders compared
+    "same_seed": (["--tiny"], "byte-identical best/:"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PLAIN_SMOKE))
 def test_bench_smoke(name, bench_env, capsys, tmp_path):
     argv, marker = PLAIN_SMOKE[name]
-    if name in ("time_to_result", "contention", "crash_stress"):
+    if name in ("time_to_result", "contention", "crash_stress", "same_seed"):
         argv = [*argv, "--work", str(tmp_path)]
     out = smoke(name, argv, capsys)
     assert marker in out, out[-2000:]

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.intervals import ratios_outside_intervals
 from helpers.quick_assets import FAST_CONTEXT
 
 from profiling_agent.graph.builder import build_graph
 from profiling_agent.graph.checkpoint import open_checkpointer
 from profiling_agent.state import Context
+from profiling_agent.tools.reporting.interval_check import ratios_outside_intervals
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,12 @@ import statistics
 import numpy as np
 import pytest
 from helpers.eval_records import evaluation, form
-from helpers.intervals import ratios_outside_intervals
 
 from profiling_agent.state import Best, EvalRecord, Objective
 from profiling_agent.tools.evaluation.bootstrap import paired_delta_ci
 from profiling_agent.tools.evaluation.delivery import delivery_summary, summary_line
 from profiling_agent.tools.evaluation.latency import paired_ratio, paired_reduction
+from profiling_agent.tools.reporting.interval_check import ratios_outside_intervals
 from profiling_agent.tools.reporting.outcome import target_outcome
 
 # seven interleaved repeats whose ratio of medians (11.49x) lies above the paired median's bootstrap interval

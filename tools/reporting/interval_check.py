@@ -1,4 +1,4 @@
-"""Test helper: every figure a result.json states beside an interval must lie inside that interval."""
+"""Every figure a result.json states beside an interval must lie inside that interval: the check, one line per miss."""
 
 from __future__ import annotations
 

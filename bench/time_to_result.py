@@ -79,19 +79,31 @@ def step_cpu(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def delivered_line(run_dir: Path) -> str:
-    """Return what a finished run delivered and its speed-up, read from its result.json."""
+    """Return what a finished run delivered and its speed-ups, read from its result.json.
+
+    The speed-ups are the run's final side-by-side timing (result.json `delivery`): the delivered form against the
+    original torch model and against quantizing the unpruned model alone, each with its paired 95% interval, and
+    whether that timing was flagged as contended. (`best.quant_speedup` is another figure: what quantization added
+    to the pruned model.)
+    """
     try:
         result = json.loads((run_dir / "result.json").read_text())
     except (OSError, ValueError):
         return "no result.json"
-    best = result.get("best") or {}
+    best, delivery = result.get("best") or {}, result.get("delivery") or {}
     if not best:
         return "nothing delivered"
     cut = (result.get("time") or {}).get("cuts") or []
-    line = f"delivered {best.get('delivered') or 'torch'} of round {best.get('iteration')}, "
-    line += f"{float(best.get('speedup') or 0):.2f}x the original torch model"
-    if best.get("quant_speedup"):
-        line += f", {float(best['quant_speedup']):.2f}x quantization alone"
+    line = f"delivered {best.get('delivered') or 'torch'} of round {best.get('iteration')}"
+    for key, against in (
+        ("vs_original_torch", "the original torch model"),
+        ("vs_quantization_only", "quantization alone"),
+    ):
+        if delivery.get(key) is not None:
+            ci = (delivery.get(f"{key}_ci") or {}).get("ci")
+            line += f", {float(delivery[key]):.2f}x {against}"
+            line += f" (95% interval {float(ci[0]):.2f}-{float(ci[1]):.2f})" if ci else ""
+    line += "; timings flagged" if delivery.get("timings_flagged") else ""
     return line + (f"; time budget cut: {'; '.join(cut)}" if cut else "")
 
 

@@ -45,6 +45,18 @@ def tiny_vit():
 
 
 @pytest.fixture
+def one_layer_vit():
+    """The tiny ViT with one encoder layer: for tests that build ONNX, OpenVINO or NNCF forms whatever the depth.
+
+    Each export, conversion and NNCF quantization of it takes about half the time of the two-layer one.
+    """
+    from helpers.tiny import seeded, vit_config
+    from transformers import ViTForImageClassification
+
+    return seeded(ViTForImageClassification, vit_config(num_hidden_layers=1))
+
+
+@pytest.fixture
 def tiny_resnet():
     """A 2-stage bottleneck ResNet (1x16x16 images, 10 labels), random weights, eval mode."""
     from helpers.tiny import resnet_config, seeded

@@ -87,15 +87,20 @@ def seeded(cls, config, seed: int = 0) -> torch.nn.Module:
     return cls(config).eval()
 
 
-def family_model(family: str) -> tuple[nn.Module, int]:
-    """Return (a tiny random model of `family` taking 3-channel images, its image size)."""
+def family_model(family: str, layers: int | None = None) -> tuple[nn.Module, int]:
+    """Return (a tiny random model of `family` taking 3-channel images, its image size).
+
+    `layers` sets a ViT's or DeiT's encoder layers (the TRANSFORMER sizes' 2 by default): one layer holds every op
+    kind of the family, and a test that builds forms of it whatever the depth builds each in about half the time.
+    """
     import transformers as tf
 
+    depth = {} if layers is None else {"num_hidden_layers": layers}
     # three-channel images throughout
     if family == "vit":
-        return seeded(tf.ViTForImageClassification, vit_config(num_channels=3)), 16
+        return seeded(tf.ViTForImageClassification, vit_config(num_channels=3, **depth)), 16
     if family == "deit":
-        return seeded(tf.DeiTForImageClassification, deit_config()), 16
+        return seeded(tf.DeiTForImageClassification, deit_config(**depth)), 16
     if family == "swin":
         config = swin_config(image_size=32, num_heads=[2, 2], mlp_ratio=4.0)
         return seeded(tf.SwinForImageClassification, config), 32

@@ -29,7 +29,7 @@ def test_round_trip_per_family(tmp_path, family, monkeypatch):
     cwd = tmp_path / "cwd"  # ONNX Runtime's shape inference dumps files into the cwd when it fails: none may stay
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    model, size = _model(family)
+    model, size = _model(family, layers=1)
     x = _pixels(48, size)
     settings = BackendSettings(static_on_transformers=True)  # static QDQ is skipped for transformers by default
     variants = build_ort_variants(
@@ -121,7 +121,7 @@ def test_static_without_calibration_images_fails_alone(tmp_path):
 
 @pytest.mark.parametrize("family", ["vit", "swin"])
 def test_static_is_skipped_for_transformers_with_the_reason(tmp_path, family):
-    model, size = _model(family)
+    model, size = _model(family, layers=1)
     x = _pixels(8, size)
     variants = {v.method: v for v in build_ort_variants(model, x[:4], x[4:], tmp_path, threads=1)}
     assert variants["fp32"].status == variants["dynamic"].status == "ok"
@@ -130,7 +130,7 @@ def test_static_is_skipped_for_transformers_with_the_reason(tmp_path, family):
 
 
 def test_only_requested_methods_are_built(tmp_path):
-    model, size = _model("vit")
+    model, size = _model("vit", layers=1)
     x = _pixels(8, size)
     settings = BackendSettings(methods=("dynamic",))
     variants = build_ort_variants(model, x[:4], x[4:], tmp_path, threads=1, settings=settings)

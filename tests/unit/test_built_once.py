@@ -16,7 +16,7 @@ from profiling_agent.tools.runtimes.openvino_model import compile_config
 def _vit():
     from transformers import ViTForImageClassification
 
-    return seeded(ViTForImageClassification, vit_config(num_channels=3, image_size=32))
+    return seeded(ViTForImageClassification, vit_config(num_channels=3, image_size=32, num_hidden_layers=1))
 
 
 def _counting(form, built: list[str]):

@@ -180,7 +180,7 @@ def test_a_full_disk_stops_distillation_with_oserror_and_keeps_the_last_step(pru
 
 def test_a_stop_request_ends_distillation_between_steps(pruned, tmp_path):
     teacher, start = pruned
-    config = DistillConfig(steps=50, lr=1e-3, save_every=1, seed=2)
+    config = DistillConfig(steps=8, lr=1e-3, save_every=1, seed=2)  # steps after the stop: the resume trains on
 
     def stop_at_three(p):
         if p["step"] == 3:
@@ -192,4 +192,4 @@ def test_a_stop_request_ends_distillation_between_steps(pruned, tmp_path):
     finally:
         interrupt.clear()
     info = distill(copy.deepcopy(start), teacher, _synthetic, config, checkpoint_dir=tmp_path, progress=None)
-    assert info["resumed_from"] == 3 and info["steps_done"] == 50
+    assert info["resumed_from"] == 3 and info["steps_done"] == 8

@@ -30,8 +30,8 @@ def _ref(run, saved):
 
 
 @pytest.fixture
-def run_state(tmp_path, tiny_vit):
-    """A run folder with a baseline, a pruned FP32 and a qint8 candidate of the tiny ViT, and prepared images.
+def run_state(tmp_path, one_layer_vit):
+    """A run folder with a baseline, a pruned FP32 and a qint8 candidate of a one-layer ViT, and prepared images.
 
     The images are a save_to_disk dataset of random 16x16 gray images; the run keeps their rows and labels (the
     baseline's predictions, so the baseline is 100% right by construction) and streams the pixels.
@@ -49,7 +49,7 @@ def run_state(tmp_path, tiny_vit):
     images = [PILImage.fromarray(rng.integers(0, 256, (16, 16), dtype=np.uint8), mode="L") for _ in range(72)]
     shape = {"channels": 1, "height": 16, "width": 16}
     with torch.inference_mode():
-        labels = tiny_vit(pixel_values=preprocess_images(images, None, shape)).logits.argmax(-1)
+        labels = one_layer_vit(pixel_values=preprocess_images(images, None, shape)).logits.argmax(-1)
     features = Features({"image": Image(), "label": Value("int64")})
     Dataset.from_dict({"image": images, "label": labels.tolist()}, features=features).save_to_disk(tmp_path / "ds")
     rows = {"eval": torch.arange(48), "calib": torch.arange(48, 72)}
@@ -60,9 +60,9 @@ def run_state(tmp_path, tiny_vit):
     roles = {"validation": rows["eval"].tolist(), "test": [], "calibration": rows["calib"].tolist()}
     subsets = {role: {"split": "train", "indices": idx} for role, idx in roles.items()}
     write_json_atomic(run / "subsets.json", {"dataset": str(tmp_path / "ds"), "seed": 0, **subsets})
-    base = _ref(run, save_artifact(tiny_vit, run / "baseline"))
-    pruned = _ref(run, save_artifact(tiny_vit, run / "iter_01" / "pruned"))
-    qmodel, quantized = quantize_model(tiny_vit, [QuantEntry(layer="all", dtype="qint8")])
+    base = _ref(run, save_artifact(one_layer_vit, run / "baseline"))
+    pruned = _ref(run, save_artifact(one_layer_vit, run / "iter_01" / "pruned"))
+    qmodel, quantized = quantize_model(one_layer_vit, [QuantEntry(layer="all", dtype="qint8")])
     cand = _ref(run, save_artifact(qmodel, run / "iter_01" / "candidate", quantized=quantized))
     data = DataRef(
         path="data.safetensors",

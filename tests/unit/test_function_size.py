@@ -6,6 +6,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from helpers.source_trees import parsed
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("schemas", "graph", "nodes", "tools", "prompts")
 SOURCE_FILES = ("state.py",)
@@ -31,7 +33,7 @@ def _lengths() -> dict[str, int]:
     paths = [path for folder in SOURCE_DIRS for path in sorted((ROOT / folder).rglob("*.py"))]
     for path in [*paths, *(ROOT / name for name in SOURCE_FILES)]:
         rel = path.relative_to(ROOT).as_posix()
-        out.update({f"{rel}:{name}": n for name, n in _functions(ast.parse(path.read_text()))})
+        out.update({f"{rel}:{name}": n for name, n in _functions(parsed(path))})
     assert len(out) > 1000, "the walk found too few functions: is ROOT the repository root?"
     return out
 

@@ -39,24 +39,24 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_the_profiles_int8_build_is_reused_by_the_baseline_measurement(tiny_vit, monkeypatch, tmp_path):
+def test_the_profiles_int8_build_is_reused_by_the_baseline_measurement(one_layer_vit, monkeypatch, tmp_path):
     from profiling_agent.tools.profiling.backend_profile import profile_backends
     from profiling_agent.tools.profiling.openvino_profile import OV_PROFILE_FORMS
     from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
 
     gen = torch.Generator().manual_seed(0)
     calib, check = torch.randn(12, 1, 16, 16, generator=gen), torch.randn(6, 1, 16, 16, generator=gen)
-    fresh = _measured_int8(tiny_vit, calib, check, tmp_path / "fresh")  # no block: as every build was before
+    fresh = _measured_int8(one_layer_vit, calib, check, tmp_path / "fresh")  # no block: as every build was before
     assert fresh.status == "ok", fresh.error
 
     calls = _counting_nncf(monkeypatch)
     reuse = tmp_path / "run" / "int8_reuse"
     with int8_reuse(reuse, calib):  # the profile step
-        out = profile_backends(tiny_vit, torch.randn(1, 1, 16, 16), [], OV_PROFILE_FORMS, repeats=1)
+        out = profile_backends(one_layer_vit, torch.randn(1, 1, 16, 16), [], OV_PROFILE_FORMS, repeats=1)
     assert "error" not in out["forms"]["ov_int8"] and len(calls) == 1
     assert len(list(reuse.iterdir())) == 1  # kept for measure_baseline
     with int8_reuse(reuse, calib, drop_after=True):  # measure_baseline
-        measured = _measured_int8(tiny_vit, calib, check, tmp_path / "run" / "baseline_forms")
+        measured = _measured_int8(one_layer_vit, calib, check, tmp_path / "run" / "baseline_forms")
     assert measured.status == "ok", measured.error
     assert len(calls) == 1  # read back, not quantized again
     assert not reuse.exists()  # the last reader removed it
@@ -67,7 +67,7 @@ def test_the_profiles_int8_build_is_reused_by_the_baseline_measurement(tiny_vit,
     assert (Path(measured.path) / OV_FILE).is_file()
 
 
-def test_other_calibration_images_build_anew_and_a_plain_build_keeps_nothing(tiny_vit, monkeypatch, tmp_path):
+def test_other_calibration_images_build_anew_and_a_plain_build_keeps_nothing(one_layer_vit, monkeypatch, tmp_path):
     from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
 
     gen = torch.Generator().manual_seed(1)
@@ -75,15 +75,15 @@ def test_other_calibration_images_build_anew_and_a_plain_build_keeps_nothing(tin
     calls = _counting_nncf(monkeypatch)
     reuse = tmp_path / "int8_reuse"
     with int8_reuse(reuse, calib):
-        _measured_int8(tiny_vit, calib, check, tmp_path / "a")
+        _measured_int8(one_layer_vit, calib, check, tmp_path / "a")
     with int8_reuse(reuse, calib + 0.5):  # other images: another key
-        _measured_int8(tiny_vit, calib + 0.5, check, tmp_path / "b")
+        _measured_int8(one_layer_vit, calib + 0.5, check, tmp_path / "b")
     assert len(calls) == 2 and len(list(reuse.iterdir())) == 2
-    _measured_int8(tiny_vit, calib, check, tmp_path / "c")  # outside a block: quantized, nothing kept or read
+    _measured_int8(one_layer_vit, calib, check, tmp_path / "c")  # outside a block: quantized, nothing kept or read
     assert len(calls) == 3 and len(list(reuse.iterdir())) == 2
 
 
-def test_only_the_baselines_int8_build_reads_the_runs_calibration(tiny_vit, monkeypatch, tmp_path):
+def test_only_the_baselines_int8_build_reads_the_runs_calibration(one_layer_vit, monkeypatch, tmp_path):
     """The latency table's and the token rates' INT8 builds are timed only: calibrated on copies of one example.
 
     On full-size ViT-B/16 each of those builds calibrated on the run's images made the profile step several times
@@ -114,7 +114,7 @@ def test_only_the_baselines_int8_build_reads_the_runs_calibration(tiny_vit, monk
     groups = [{"name": "mlp.0", "kind": "mlp", "module": "vit.encoder.layer.0.intermediate.dense", "members": []}]
     reuse = tmp_path / "run" / "int8_reuse"
     out, note = deliverable.profile_deliverable(
-        tiny_vit, (1, 16, 16), groups, "openvino", 1e6, True, int8=(reuse, calib)
+        one_layer_vit, (1, 16, 16), groups, "openvino", 1e6, True, int8=(reuse, calib)
     )
     assert "error" not in out["forms"]["ov_int8"], note
     assert len(list(reuse.iterdir())) == 1  # the baseline's build, kept for measure_baseline

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
+
+from helpers.source_trees import parsed
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "profiling_agent"
@@ -41,7 +44,7 @@ def _modules() -> dict[str, Path]:
 def _imports(path: Path) -> set[str]:
     """Every profiling_agent module a file imports, at the top or inside functions."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
             out.add(node.module)
             out.update(f"{node.module}.{alias.name}" for alias in node.names)
@@ -50,7 +53,9 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
+    """Each package module's package imports, built once per test process (the checks only read it)."""
     modules = _modules()
     return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
 
@@ -73,12 +78,12 @@ def test_tools_holds_rooms_and_few_top_level_modules():
     rooms = sorted(p.name for p in (ROOT / "tools").iterdir() if (p / "__init__.py").exists())
     assert rooms == sorted(LAYERS), rooms
     for room in rooms:  # each room says what lives there and what it may import
-        doc = ast.get_docstring(ast.parse((ROOT / "tools" / room / "__init__.py").read_text())) or ""
+        doc = ast.get_docstring(parsed(ROOT / "tools" / room / "__init__.py")) or ""
         assert len(doc) > 80 and "import" in doc, room
 
 
 def _room_doc(path: Path) -> str:
-    return ast.get_docstring(ast.parse(path.read_text())) or ""
+    return ast.get_docstring(parsed(path)) or ""
 
 
 def _named(text: str) -> list[str]:
@@ -139,7 +144,7 @@ def test_prompts_are_a_leaf():
 
 def _private_uses(path: Path, modules: dict[str, Path], attributes: bool = True) -> list[str]:
     """`from profiling_agent... import _name`, and (`attributes`) `module._name` on an imported package module."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     found, aliases = [], {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
@@ -223,7 +228,7 @@ def test_no_node_function_over_fifty_lines():
     too_long = {
         f"{path.name}:{fn.name}": n
         for path in sorted((ROOT / "nodes").glob("*.py"))
-        for fn in ast.walk(ast.parse(path.read_text()))
+        for fn in ast.walk(parsed(path))
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
         and (n := (fn.end_lineno or fn.lineno) - fn.lineno + 1) > MAX_NODE_FUNCTION_LINES
     }
@@ -281,5 +286,5 @@ def test_the_state_is_one_top_level_module_over_schemas_that_never_import_it():
     assert graph[f"{PACKAGE}.state"] == schemas - {f"{PACKAGE}.schemas"}, graph[f"{PACKAGE}.state"]
     wrong = {m: sorted(graph[m] - schemas) for m in schemas if graph[m] - schemas}
     assert not wrong, wrong
-    defined = {n.name for n in ast.parse((ROOT / "state.py").read_text()).body if isinstance(n, ast.ClassDef)}
+    defined = {n.name for n in parsed(ROOT / "state.py").body if isinstance(n, ast.ClassDef)}
     assert defined == {"State", "InputState", "HistoryEvent", "StateSchemaError", "Context"}, defined

@@ -69,8 +69,9 @@ def test_the_defaults_wait_minutes_for_the_first_token_and_a_minute_between_toke
 
 
 def test_a_slow_but_steady_reply_completes_past_the_old_total_timeout():
-    # 14 chunks 0.15 s apart after a 0.8 s prompt read: about 3 s in all, more than the old total of 2 s
-    with FakeSmallModel(first_delay=0.8, interval=0.15) as fake:
+    # 14 chunks 0.09 s apart after a 0.8 s prompt read (longer than the idle limit): at least 2.06 s in all, more
+    # than the old total of 2 s
+    with FakeSmallModel(first_delay=0.8, interval=0.09) as fake:
         reply = ask(fake.url, llm_idle_timeout=0.6, llm_first_token_timeout=5.0)
     assert reply.content == PROSE and ask.elapsed > 2.0  # type: ignore[attr-defined]
     assert reply.usage_metadata and reply.usage_metadata["total_tokens"] == 960  # the stream's last chunk
@@ -79,17 +80,17 @@ def test_a_slow_but_steady_reply_completes_past_the_old_total_timeout():
 def test_a_reply_that_stalls_mid_way_is_cut_with_a_clear_message():
     with FakeSmallModel(interval=0.05, stall_after=4) as fake:
         with pytest.raises(PlannerFailure) as caught:
-            ask(fake.url, llm_idle_timeout=0.5, llm_first_token_timeout=30.0)
+            ask(fake.url, llm_idle_timeout=0.3, llm_first_token_timeout=30.0)
     assert caught.value.stage == "timeout"
-    assert "stalled: no new token for 0.5 s" in caught.value.reason and "--llm-idle-timeout" in caught.value.reason
+    assert "stalled: no new token for 0.3 s" in caught.value.reason and "--llm-idle-timeout" in caught.value.reason
     assert ask.elapsed < 10.0  # type: ignore[attr-defined]
 
 
 def test_a_server_that_never_starts_is_cut_at_the_first_token_limit():
     with FakeSmallModel(first_delay=30.0) as fake:
         with pytest.raises(PlannerFailure) as caught:
-            ask(fake.url, llm_idle_timeout=0.3, llm_first_token_timeout=0.8)
-    assert caught.value.stage == "timeout" and "no first token within 0.8 s" in caught.value.reason
+            ask(fake.url, llm_idle_timeout=0.3, llm_first_token_timeout=0.4)
+    assert caught.value.stage == "timeout" and "no first token within 0.4 s" in caught.value.reason
     assert ask.elapsed < 10.0  # type: ignore[attr-defined]
 
 
@@ -127,7 +128,7 @@ def test_a_planning_step_on_a_slow_steady_server_applies_the_models_plan(tmp_pat
 def test_a_planning_step_on_a_stalling_server_falls_back_and_says_why(tmp_path, monkeypatch):
     quick_request_retry(monkeypatch)
     with FakeSmallModel(interval=0.05, stall_after=3) as fake:
-        outcome = plan_via(fake, tmp_path, llm_idle_timeout=0.5, llm_first_token_timeout=5.0)
+        outcome = plan_via(fake, tmp_path, llm_idle_timeout=0.3, llm_first_token_timeout=5.0)
     assert outcome.planner == "deterministic"
     record = outcome.fallbacks[-1]
     assert record.stage == "timeout" and "--llm-idle-timeout" in record.reason

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.source_trees import parsed
 
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.evaluation.variants import ratio
@@ -32,7 +33,7 @@ def test_the_iteration_folder_rule_is_written_only_in_run_layout():
     for path in CODE:
         if path.name == "run_layout.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.JoinedStr) and pattern.search(ast.unparse(node)):
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not wrong, wrong
@@ -46,7 +47,7 @@ def test_run_file_names_are_not_spelled_out_in_code():
     for path in CODE:
         if path.name == "run_layout.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Constant) and node.value in names:
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value}")
     assert not wrong, wrong

@@ -38,13 +38,14 @@ INT8_MIN_CORRELATION, INT8_MAX_DIFF = 0.9, 0.5  # correlation with torch; max |d
 def family_forms(tmp_path_factory):
     """Return `build(family)`: the tiny model, its image size and its FP32 and INT8 forms, built once per family.
 
-    The INT8 form is calibrated on 24 images and both forms are checked on 16 (the builders' own check).
+    ViT and DeiT have one encoder layer (every op kind of the family, each build in about half the time). The INT8
+    form is calibrated on 24 images and both forms are checked on 16 (the builders' own check).
     """
     built: dict[str, tuple[torch.nn.Module, int, list]] = {}
 
     def build(family: str) -> tuple[torch.nn.Module, int, list]:
         if family not in built:
-            model, size = _model(family)
+            model, size = _model(family, layers=1)
             x = _pixels(40, size)
             out = tmp_path_factory.mktemp(f"forms_{family}")
             built[family] = (
@@ -85,7 +86,7 @@ def test_fp32_and_int8_per_family(family_forms, family):
 
 def test_bf16_is_skipped_with_the_reason_where_the_cpu_has_none(tmp_path, monkeypatch):
     monkeypatch.setattr(openvino_forms, "bf16_unsupported", lambda: "this CPU has no native bf16 (test)")
-    model, size = _model("vit")
+    model, size = _model("vit", layers=1)
     x = _pixels(12, size)
     forms = {v.name: v for v in build_forms(model, x[:4], x[4:], tmp_path, forms=["ov_fp32", "ov_bf16"], threads=1)}
     assert forms["ov_bf16"].status == "skipped" and "no native bf16" in forms["ov_bf16"].error
@@ -169,7 +170,7 @@ def test_ov_classifier_runs_any_batch(family_forms):
 def test_a_merged_ir_is_timed_compiled_for_the_static_shape(tmp_path):
     from profiling_agent.tools.compression.token_merge import apply_token_merging
 
-    model, size = _model("deit")
+    model, size = _model("deit", layers=1)
     apply_token_merging(model, 2)
     x = _pixels(4, size)
     (fp32,) = [

@@ -20,7 +20,6 @@ from profiling_agent.nodes.common import (
     runs_on_cpu_only,
 )
 from profiling_agent.state import Best, Context, State
-from profiling_agent.tools.evaluation.final_latency import final_latency
 from profiling_agent.tools.evaluation.held_out_eval import baseline_stand_in, delivered_best, held_out_result
 from profiling_agent.tools.io import read_json
 
@@ -28,6 +27,7 @@ from profiling_agent.tools.io import read_json
 def evaluate_held_out(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
     from profiling_agent.tools.device import measure_device  # lazy: torch; steps load without it
+    from profiling_agent.tools.evaluation.final_latency import final_latency  # lazy: torch; steps load without it
 
     root = run_dir(state)
     task = "final latency (every contender side by side)"

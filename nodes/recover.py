@@ -45,7 +45,6 @@ class TrialSlice:
 
     def __init__(self, state: State, teacher: Any, device: str) -> None:
         """Open the slice (`subsets.open_trial_slice`) and predict it with the baseline once."""
-        # lazy: these load torch, which the graph and the CLI import nodes without
         from profiling_agent.tools.data.trial_slice import open_trial_slice  # lazy: torch; steps load without it
         from profiling_agent.tools.evaluation.metrics import predict, top1  # lazy: torch; steps load without it
         from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
@@ -65,7 +64,6 @@ class TrialSlice:
 
     def predict(self, model: Any) -> Any:
         """Return the model's predictions on the slice, on its own device."""
-        # lazy: these load torch, which the graph and the CLI import nodes without
         from profiling_agent.tools.evaluation.metrics import predict  # lazy: torch; steps load without it
         from profiling_agent.tools.runtimes.forward import model_device  # lazy: torch; steps load without it
 
@@ -73,14 +71,12 @@ class TrialSlice:
 
     def score(self, model: Any) -> float:
         """Return the model's top-1 on the slice, %."""
-        # lazy: these load torch, which the graph and the CLI import nodes without
         from profiling_agent.tools.evaluation.metrics import top1  # lazy: torch; steps load without it
 
         return top1(self.predict(model), self.labels)
 
     def monitor(self, cap_steps: int) -> Any:
         """Return the early-stopping monitor of a distillation of at most `cap_steps` steps."""
-        # lazy: these load torch, which the graph and the CLI import nodes without
         from profiling_agent.tools.recovery.early_stop import plateau_monitor  # lazy: torch; steps load without it
 
         return plateau_monitor(self.score, len(self.labels), self.baseline, cap_steps)
@@ -100,7 +96,6 @@ class TrialSlice:
 
 def distill_job(state: State, runtime: Runtime[Context], source: Any, processor: Any):
     """Describe this iteration's distillation for the recovery tools: data, folders and progress events."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.recovery.candidate import DistillJob  # lazy: torch; steps load without it
 
     assert state.input_shape is not None and state.labels is not None and state.current is not None
@@ -127,7 +122,6 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
 
 def recovery_work(state: State, student: Any, applied: list[Any], device: str) -> Any:
     """Return the `Recovery` of the current candidate: the baseline as teacher, calibration images and probes."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.evaluation.metrics import agreement_probe  # lazy: torch; steps load without it
     from profiling_agent.tools.recovery import candidate, refit_cache  # lazy: torch; steps load without it
 
@@ -161,7 +155,6 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     (a full disk) stops the run (a MachineFault naming the file), so a resume redoes it; one finished before an
     interruption is reused.
     """
-    # lazy: these load torch, which the graph and the CLI import nodes without
     from profiling_agent.tools.device import measure_device  # lazy: torch; steps load without it
     from profiling_agent.tools.recovery import candidate, refit_cache  # lazy: torch; steps load without it
 

@@ -19,7 +19,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     """List the threads under a run folder."""
     from profiling_agent.graph.builder import (
         build_graph,
-    )  # lazy: langsmith and langgraph_sdk; the CLI's flag check runs without it
+    )  # lazy: langgraph's runtime (langsmith, httpx); the CLI's flag check runs without it
 
     root = Path(args.run_dir).resolve()
     url = checkpoint_url(args)

@@ -10,6 +10,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Checkpointer
 
 from profiling_agent.graph import routing
+from profiling_agent.nodes.budget import timed
 from profiling_agent.state import Context, InputState, State
 
 # the steps in order: node name -> "module:function" under profiling_agent.nodes (imported by `build_graph`)
@@ -55,9 +56,6 @@ def build_graph(checkpointer: Checkpointer = None, *, read_only: bool = False):
         for name in STEPS:
             builder.add_node(name, not_run)
     else:
-        # lazy: the budget wrapper's module is light, the steps it wraps are not
-        from profiling_agent.nodes.budget import timed
-
         # every step runs with the time budget's knobs and records its spent and expected seconds (nodes/budget.py)
         for name in STEPS:
             builder.add_node(name, timed(name, step(name)))

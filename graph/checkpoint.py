@@ -13,6 +13,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel
 
+from profiling_agent.graph.checkpoint_pg import open_postgres, postgres_thread_ids
 from profiling_agent.graph.serde import state_serializer
 from profiling_agent.schemas.migrations import RENAMED_NODES
 from profiling_agent.schemas.migrations import pending as pending_migrations
@@ -77,8 +78,6 @@ def open_checkpointer(run_root: str | Path, url: str | None = None, *, read_only
         CheckpointDatabaseError: The SQLite file is damaged or not a database (the message names it).
     """
     if url:
-        from profiling_agent.graph.checkpoint_pg import open_postgres
-
         return open_postgres(url)
     root = Path(run_root)
     path = root / DB_NAME
@@ -123,8 +122,6 @@ def has_checkpoints(run_root: str | Path, url: str | None = None) -> bool:
 def thread_ids(saver: BaseCheckpointSaver) -> list[str]:
     """Return the thread ids stored in the database, oldest first."""
     if is_postgres(saver):
-        from profiling_agent.graph.checkpoint_pg import postgres_thread_ids
-
         return postgres_thread_ids(saver)
     if not isinstance(saver, SqliteSaver):
         raise TypeError(f"cannot list the threads of a {type(saver).__name__}: SQLite or PostgreSQL only")

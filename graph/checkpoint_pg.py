@@ -7,6 +7,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from profiling_agent.graph.serde import state_serializer
+
 
 class CheckpointStoreError(Exception):
     """The checkpoint database cannot be opened or is not a valid URL (one line, for the user)."""
@@ -65,9 +67,11 @@ def open_postgres(url: str) -> Any:
     """
     check_url(url)
     try:
-        import psycopg
-        from langgraph.checkpoint.postgres import PostgresSaver
-        from psycopg.rows import dict_row
+        import psycopg  # lazy: the optional postgres extra; a missing one is reported
+        from langgraph.checkpoint.postgres import (
+            PostgresSaver,
+        )  # lazy: the optional postgres extra; a missing one is reported
+        from psycopg.rows import dict_row  # lazy: the optional postgres extra; a missing one is reported
     except ImportError:
         raise CheckpointStoreError(EXTRA_HINT) from None
     try:
@@ -80,7 +84,6 @@ def open_postgres(url: str) -> Any:
     except psycopg.Error as exc:
         why = _first_line(exc)
         raise CheckpointStoreError(f"cannot connect to the checkpoint database {redact(url)}: {why}") from None
-    from profiling_agent.graph.serde import state_serializer
 
     saver = PostgresSaver(conn, serde=state_serializer())
     try:
@@ -97,7 +100,7 @@ def open_postgres(url: str) -> Any:
 
 def is_pool(conn: Any) -> bool:
     """Return True when a PostgresSaver's `conn` is a connection pool rather than one psycopg Connection."""
-    import psycopg
+    import psycopg  # lazy: psycopg; graph.cli.store loads this module without it
 
     return not isinstance(conn, psycopg.Connection)
 
@@ -116,7 +119,7 @@ def saver_connection(saver: Any) -> Iterator[Any]:
 
 def postgres_thread_ids(saver: Any) -> list[str]:
     """Return the thread ids a PostgresSaver holds, oldest first (checkpoint ids are time-ordered UUIDs)."""
-    from psycopg.rows import tuple_row
+    from psycopg.rows import tuple_row  # lazy: psycopg; graph.cli.store loads this module without it
 
     sql = "SELECT thread_id FROM checkpoints WHERE checkpoint_ns = '' GROUP BY thread_id ORDER BY MIN(checkpoint_id)"
     with saver_connection(saver) as conn, conn.cursor(row_factory=tuple_row) as cur:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.state import Objective
 from profiling_agent.tools import run_layout
 
 FORKS = run_layout.FORKS
@@ -68,8 +69,6 @@ def fork_run(graph: Any, config: dict[str, Any], *, objective: dict[str, Any] | 
     Raises:
         ValueError: The checkpoint precedes acquire (nothing to reuse yet) or the objective is invalid.
     """
-    from profiling_agent.state import Objective
-
     snapshot = graph.get_state(config)
     values = snapshot.values or {}
     if not values.get("run_path"):

@@ -7,6 +7,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from profiling_agent.state import CompressionPlan
+from profiling_agent.tools.io import read_json
+from profiling_agent.tools.planning.review import review_plan, unwrap_plan
 from profiling_agent.tools.text import percent
 
 MAX_PLAN_BYTES = 1_000_000
@@ -78,12 +83,6 @@ def read_plan_file(path: str, profile_path: Path) -> dict[str, Any]:
     Raises:
         ValueError: One line saying what is wrong with the file.
     """
-    from pydantic import ValidationError
-
-    from profiling_agent.state import CompressionPlan
-    from profiling_agent.tools.io import read_json
-    from profiling_agent.tools.planning.review import review_plan, unwrap_plan
-
     file = Path(path).expanduser()
     if not file.is_file():
         raise ValueError(f"plan file not found: {path}")

@@ -31,7 +31,9 @@ def after_quantize(state: State) -> Literal["evaluate", "iterate"]:
 
 def after_iterate(state: State) -> Literal["analyze", "evaluate_held_out"]:
     """Loop back to planning until a stop reason is set or the iteration bound is reached, whatever any planner says."""
-    from profiling_agent.tools.planning.paired import round_bound
+    from profiling_agent.tools.planning.paired import (
+        round_bound,
+    )  # lazy: torch; graph.builder loads this module without it
 
     if state.stop_reason or state.iteration >= round_bound(state.objective, state.candidates):
         return "evaluate_held_out"

@@ -36,6 +36,8 @@ from langgraph.checkpoint.serde.jsonplus import (
 )
 from pydantic import BaseModel
 
+from profiling_agent import state
+
 # the modules of the `state/` package (from commit ad9928d) -> the module each one's classes live in today
 RENAMED_MODULES = {
     "profiling_agent.state.base": "profiling_agent.schemas.base",
@@ -67,8 +69,6 @@ def state_types() -> list[tuple[str, str]]:
     Each class is named by the module defining it (what new checkpoints store) and by `profiling_agent.state`
     (what checkpoints written while the state was one module store).
     """
-    from profiling_agent import state
-
     found = [
         obj
         for obj in vars(state).values()

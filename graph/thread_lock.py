@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from profiling_agent.graph.checkpoint import is_postgres
+from profiling_agent.graph.checkpoint_pg import is_pool
+
 LOCKS_DIR = ".locks"
 HOLDER_WAIT = 2.0  # seconds to wait for a just-started holder to write its name into the lock file
 # seconds to retry an advisory lock: the server frees a killed holder's lock once it notices the closed connection
@@ -99,7 +102,7 @@ def advisory_key(thread_id: str) -> int:
 
 def _pg_holder(conn: Any, key: int) -> dict[str, Any]:
     """Name the session holding advisory lock `key`: the pid and host in its application_name, else its backend."""
-    from psycopg.rows import tuple_row
+    from psycopg.rows import tuple_row  # lazy: psycopg; the CLI's flag check runs without it
 
     sql = (
         "SELECT a.application_name, a.pid, a.client_addr::text, a.backend_start FROM pg_locks l"
@@ -146,7 +149,7 @@ def _advisory(conn: Any, guard: Any, thread_id: str) -> Iterator[None]:
 
 def _unlock(conn: Any, guard: Any, key: int) -> None:
     """Release the advisory lock; a broken connection has released it already (and must not hide an error)."""
-    import psycopg
+    import psycopg  # lazy: psycopg; the CLI's flag check runs without it
 
     try:
         with guard:
@@ -166,8 +169,6 @@ def advisory_lock(saver: Any, thread_id: str) -> Iterator[None]:
     Raises:
         ThreadBusy: Another session holds the thread's lock.
     """
-    from profiling_agent.graph.checkpoint_pg import is_pool
-
     conn = saver.conn
     if is_pool(conn):  # keep one of the pool's connections for the block
         with conn.connection() as held, _advisory(held, nullcontext(), thread_id):
@@ -189,8 +190,6 @@ def thread_lock(saver: Any, run_root: str | Path, thread_id: str) -> Iterator[No
     Raises:
         ThreadBusy: Another process runs the thread; nothing has been written.
     """
-    from profiling_agent.graph.checkpoint import is_postgres
-
     if is_postgres(saver):
         with advisory_lock(saver, thread_id):
             yield
@@ -220,11 +219,8 @@ def thread_holder(saver: Any, run_root: str | Path, thread_id: str) -> str | Non
 
     Reads the lock without taking it from a runner: `runs` uses it to tell a running thread from an interrupted one.
     """
-    from profiling_agent.graph.checkpoint import is_postgres
-
     if not is_postgres(saver):
         return _file_holder(lock_path(run_root, thread_id))
-    from profiling_agent.graph.checkpoint_pg import is_pool
 
     key = advisory_key(thread_id)
     if is_pool(saver.conn):

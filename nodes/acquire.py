@@ -14,11 +14,11 @@ from profiling_agent.tools import run_layout
 
 def acquire(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Load model and processor, check the dataset and its labels, and write the baseline artifact."""
-    from profiling_agent.tools.compression.families import adapter_for
-    from profiling_agent.tools.data.roles import dataset_labels
-    from profiling_agent.tools.data.sources import has_splits, load_split
-    from profiling_agent.tools.models.artifacts import save_artifact
-    from profiling_agent.tools.models.loading import load_model
+    from profiling_agent.tools.compression.families import adapter_for  # lazy: torch; steps load without it
+    from profiling_agent.tools.data.roles import dataset_labels  # lazy: numpy; steps load without it
+    from profiling_agent.tools.data.sources import has_splits, load_split  # lazy: numpy; steps load without it
+    from profiling_agent.tools.models.artifacts import save_artifact  # lazy: torch; steps load without it
+    from profiling_agent.tools.models.loading import load_model  # lazy: torch; steps load without it
 
     ctx = context_of(runtime)
     run_path = (Path(ctx.run_root) / thread_id_of(runtime)).resolve()

@@ -49,8 +49,7 @@ def approval_request(state: State, thread_id: str, estimate: dict[str, float], n
 
 def approve(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Pause for a human decision on this iteration's plan; record it and apply it (the node re-runs on resume)."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.planning.ratio_solver import estimate_key
+    from profiling_agent.tools.planning.ratio_solver import estimate_key  # lazy: torch; steps load without it
 
     it = state.iteration
     profile = read_json(run_dir(state) / run_layout.PROFILE)

@@ -28,8 +28,7 @@ def apply_threads(ctx: Context) -> Context:
     OpenMP thread count whatever another thread sets: each node applies `threads` on the thread it runs on, so a
     resumed process (whose first node may run on a fresh thread) computes with the same count as the first one.
     """
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.device import set_threads
+    from profiling_agent.tools.device import set_threads  # lazy: torch; steps load without it
 
     set_threads(ctx.threads)
     return ctx
@@ -100,8 +99,7 @@ def progress_callback(runtime: Runtime[Context] | None, task: str):
 
 def load_artifact_model(state: State, ref: ArtifactRef | None, device: str = "cpu"):
     """Load a run artifact (baseline or candidate) by its reference."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.models.artifact_load import load_artifact
+    from profiling_agent.tools.models.artifact_load import load_artifact  # lazy: torch; steps load without it
 
     if ref is None:
         raise RuntimeError("no artifact to load: the step that saves it has not run")
@@ -117,8 +115,7 @@ def delivered_ref(cand: Candidate | None) -> ArtifactRef | None:
 
 def load_delivered(state: State, cand: Candidate, threads: int | None = None):
     """Load a candidate in its delivered form: an ONNX Runtime session, an OpenVINO model or the torch model."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.models.artifact_load import load_run_form
+    from profiling_agent.tools.models.artifact_load import load_run_form  # lazy: torch; steps load without it
 
     ref = delivered_ref(cand)
     if ref is None:
@@ -128,8 +125,7 @@ def load_delivered(state: State, cand: Candidate, threads: int | None = None):
 
 def runs_on_cpu_only(cand: Candidate | None) -> bool:
     """Return True when a candidate's delivered form runs on the CPU only (torch dynamic quantization, ORT)."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.device import cpu_only
+    from profiling_agent.tools.device import cpu_only  # lazy: torch; steps load without it
 
     if cand is None:
         return False
@@ -152,17 +148,15 @@ def input_chw(state: State) -> tuple[int, int, int]:
 
 def example_input(state: State, batch: int = 1):
     """Return a zero batch at the resolved input shape."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    import torch
+    import torch  # lazy: torch; steps load without it
 
     return torch.zeros(batch, *input_chw(state))
 
 
 def prepared(state: State, parts: tuple[str, ...] = ("eval", "calib")) -> dict[str, Any]:
     """Open the run's images and labels: validation and test streamed batch by batch, calibration as a tensor."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.data.stream import open_run_data
-    from profiling_agent.tools.models.artifact_load import load_processor
+    from profiling_agent.tools.data.stream import open_run_data  # lazy: torch; steps load without it
+    from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
 
     if state.data is None:
         raise RuntimeError("no prepared data: the prepare_data node has not run")
@@ -188,8 +182,7 @@ def current_candidate(state: State) -> Candidate:
 
 def training_source(state: State):
     """Find the images recovery may train on (never a validation, test or calibration image), or None."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.data.train_stream import run_train_source
+    from profiling_agent.tools.data.train_stream import run_train_source  # lazy: torch; steps load without it
 
     assert state.labels is not None
     return run_train_source(run_dir(state), state.data, state.dataset, state.labels)

@@ -20,8 +20,8 @@ from profiling_agent.state import Context, State
 
 def evaluate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Measure the candidate's forms (torch, ONNX Runtime, OpenVINO) beside the baseline and the unpruned peer."""
-    from profiling_agent.tools.evaluation.candidate_eval import evaluate_candidate
-    from profiling_agent.tools.evaluation.records import CandidateRound
+    from profiling_agent.tools.evaluation.candidate_eval import evaluate_candidate  # lazy: torch; steps load without it
+    from profiling_agent.tools.evaluation.records import CandidateRound  # lazy: torch; steps load without it
 
     assert state.baseline_eval is not None and state.baseline is not None  # measure_baseline ran
     it = state.iteration

@@ -20,14 +20,14 @@ from profiling_agent.nodes.common import (
     runs_on_cpu_only,
 )
 from profiling_agent.state import Best, Context, State
+from profiling_agent.tools.evaluation.held_out_eval import baseline_stand_in, delivered_best, held_out_result
+from profiling_agent.tools.io import read_json
 
 
 def evaluate_held_out(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Report accuracy on images no plan, probe or selection saw: the baseline's and the best candidate's."""
-    from profiling_agent.tools.device import measure_device
-    from profiling_agent.tools.evaluation.final_latency import final_latency
-    from profiling_agent.tools.evaluation.held_out_eval import delivered_best, held_out_result
-    from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.device import measure_device  # lazy: torch; steps load without it
+    from profiling_agent.tools.evaluation.final_latency import final_latency  # lazy: torch; steps load without it
 
     root = run_dir(state)
     task = "final latency (every contender side by side)"
@@ -75,9 +75,12 @@ def evaluate_held_out(state: State, runtime: Runtime[Context]) -> dict[str, Any]
 
 def held_out_predictions(state: State, runtime: Runtime[Context], best: Best | None, pixels: Any, device: str):
     """Predict the held-out images with the baseline and the best model in its delivered form (sharded or not)."""
-    from profiling_agent.tools.device import set_threads
-    from profiling_agent.tools.evaluation.held_out_eval import baseline_stand_in
-    from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models, predict_many
+    from profiling_agent.tools.device import set_threads  # lazy: torch; steps load without it
+    from profiling_agent.tools.evaluation.metrics import (
+        accuracy_batch,
+        concurrent_models,
+        predict_many,
+    )  # lazy: torch; steps load without it
 
     ctx = context_of(runtime)
     threads = set_threads(ctx.threads)
@@ -87,8 +90,8 @@ def held_out_predictions(state: State, runtime: Runtime[Context], best: Best | N
         models["best"] = load_delivered(state, best, threads=threads)
     emit(runtime, kind="progress", task="held-out test images", done=0, total=len(models), label="")
     if ctx.recover_procs > 1:  # split across processes: the same predictions (docs/distributed.md)
-        from profiling_agent.tools.evaluation.records import MeasureSettings
-        from profiling_agent.tools.evaluation.sharded import run_pass
+        from profiling_agent.tools.evaluation.records import MeasureSettings  # lazy: torch; steps load without it
+        from profiling_agent.tools.evaluation.sharded import run_pass  # lazy: torch; steps load without it
 
         paths = {"baseline": absolute(state, state.baseline.path)} if state.baseline else {}
         if stand_in:

@@ -8,6 +8,7 @@ from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import current_candidate, event
 from profiling_agent.state import Candidate, CompressionPlan, Context, State
+from profiling_agent.tools.planning.round_check import check_message, round_check
 
 
 def finished_candidate(state: State) -> Candidate:
@@ -27,9 +28,11 @@ def finished_candidate(state: State) -> Candidate:
 
 def iterate(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Append this iteration's candidate, re-select the best by the objective's rule, set the stop reason."""
-    from profiling_agent.tools.evaluation.selection import select_best, stop_reason
-    from profiling_agent.tools.planning.paired import is_paired, paired_stop
-    from profiling_agent.tools.planning.round_check import check_message, round_check
+    from profiling_agent.tools.evaluation.selection import (
+        select_best,
+        stop_reason,
+    )  # lazy: torch; steps load without it
+    from profiling_agent.tools.planning.paired import is_paired, paired_stop  # lazy: torch; steps load without it
 
     base, objective = state.baseline_eval, state.objective
     finished_one = finished_candidate(state)

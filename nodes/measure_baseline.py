@@ -12,7 +12,7 @@ from profiling_agent.state import Context, State
 
 def measure_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Measure the baseline and its ONNX Runtime / OpenVINO forms side by side; every candidate is compared with it."""
-    from profiling_agent.tools.evaluation.baseline_eval import measure_unpruned
+    from profiling_agent.tools.evaluation.baseline_eval import measure_unpruned  # lazy: torch; steps load without it
 
     assert state.baseline is not None  # saved by acquire
     record, message = measure_unpruned(

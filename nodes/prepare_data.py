@@ -9,13 +9,18 @@ from langgraph.runtime import Runtime
 from profiling_agent.nodes.common import emit, event, load_artifact_model, run_dir
 from profiling_agent.state import Context, State
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.io import write_json_atomic
 
 
 def prepare_data(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Draw every role's rows (disjoint by construction), decode each image once, refuse data that cannot judge."""
-    from profiling_agent.tools.data.prepare import PARTS, SubsetSpec, load_prepared, prepare_images
-    from profiling_agent.tools.data.roles import judge_subsets, role_sources
-    from profiling_agent.tools.io import write_json_atomic
+    from profiling_agent.tools.data.prepare import (
+        PARTS,
+        SubsetSpec,
+        load_prepared,
+        prepare_images,
+    )  # lazy: torch; steps load without it
+    from profiling_agent.tools.data.roles import judge_subsets, role_sources  # lazy: numpy; steps load without it
 
     assert state.labels is not None and state.input_shape is not None  # set by acquire and resolve_input_shape
     ds_ref = state.dataset

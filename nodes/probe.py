@@ -24,16 +24,16 @@ from profiling_agent.nodes.common import (
 )
 from profiling_agent.state import Context, State, TokenAxis
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.io import read_json, write_json_atomic
+from profiling_agent.tools.profiling.probe_record import probe_record
 
 
 def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Probe every prunable group once and keep the result for every planning round (uniform baselines skip it)."""
-    from profiling_agent.tools.compression.baselines import is_baseline
-    from profiling_agent.tools.compression.families import planning_groups
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.profiling.probe_fast import probe_groups
-    from profiling_agent.tools.profiling.probe_record import probe_record
-    from profiling_agent.tools.profiling.sensitivity import ProbeRun
+    from profiling_agent.tools.compression.baselines import is_baseline  # lazy: torch_pruning; steps load without it
+    from profiling_agent.tools.compression.families import planning_groups  # lazy: torch; steps load without it
+    from profiling_agent.tools.profiling.probe_fast import probe_groups  # lazy: torch; steps load without it
+    from profiling_agent.tools.profiling.sensitivity import ProbeRun  # lazy: torch; steps load without it
 
     if state.sensitivity is not None:
         return {"history": event("probe_sensitivity", "already probed")}
@@ -80,10 +80,9 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 
 def token_axis_of(state: State, model: Any) -> TokenAxis | None:
     """Return the token axis: the profile's token latency with each paying rate's damage on the trial slice."""
-    from profiling_agent.tools.data.trial_slice import open_trial_slice
-    from profiling_agent.tools.io import read_json
-    from profiling_agent.tools.models.artifact_load import load_processor
-    from profiling_agent.tools.profiling.token_latency import token_axis
+    from profiling_agent.tools.data.trial_slice import open_trial_slice  # lazy: torch; steps load without it
+    from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
+    from profiling_agent.tools.profiling.token_latency import token_axis  # lazy: torch; steps load without it
 
     path = run_dir(state) / run_layout.PROFILE
     table = (read_json(path).get("planning_latency") or {}).get("tokens") if path.exists() else None

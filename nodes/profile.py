@@ -13,8 +13,8 @@ from profiling_agent.tools import run_layout
 
 def profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Profile the baseline, write profile.json and keep a compact summary in the state."""
-    from profiling_agent.tools.device import resolve_device, set_threads
-    from profiling_agent.tools.profiling.run_profile import profile_baseline
+    from profiling_agent.tools.device import resolve_device, set_threads  # lazy: torch; steps load without it
+    from profiling_agent.tools.profiling.run_profile import profile_baseline  # lazy: torch; steps load without it
 
     ctx = context_of(runtime)
     set_threads(ctx.threads)

@@ -23,14 +23,16 @@ from profiling_agent.tools import run_layout
 
 def prune(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Prune, check the pruned model with a forward pass, and save it; a failure marks the candidate failed."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.compression.baselines import is_baseline
-    from profiling_agent.tools.compression.pruning import prune_model
-    from profiling_agent.tools.compression.self_check import self_check
-    from profiling_agent.tools.compression.token_merge import layer_count, merge_planned
-    from profiling_agent.tools.compression.units import as_importance
-    from profiling_agent.tools.models.artifacts import save_artifact
-    from profiling_agent.tools.profiling.static import static_profile
+    from profiling_agent.tools.compression.baselines import is_baseline  # lazy: torch_pruning; steps load without it
+    from profiling_agent.tools.compression.pruning import prune_model  # lazy: torch_pruning; steps load without it
+    from profiling_agent.tools.compression.self_check import self_check  # lazy: torch; steps load without it
+    from profiling_agent.tools.compression.token_merge import (
+        layer_count,
+        merge_planned,
+    )  # lazy: torch; steps load without it
+    from profiling_agent.tools.compression.units import as_importance  # lazy: torch; steps load without it
+    from profiling_agent.tools.models.artifacts import save_artifact  # lazy: torch; steps load without it
+    from profiling_agent.tools.profiling.static import static_profile  # lazy: torch; steps load without it
 
     ctx = context_of(runtime)
     it = state.iteration

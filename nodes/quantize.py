@@ -13,9 +13,8 @@ from profiling_agent.tools import run_layout
 
 def quantize(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Quantize the pruned model as the plan says and save the candidate artifact."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.compression.quantization import quantize_model
-    from profiling_agent.tools.models.artifacts import save_artifact
+    from profiling_agent.tools.compression.quantization import quantize_model  # lazy: torch; steps load without it
+    from profiling_agent.tools.models.artifacts import save_artifact  # lazy: torch; steps load without it
 
     it = state.iteration
     current = current_candidate(state)

@@ -24,6 +24,7 @@ from profiling_agent.nodes.common import (
 from profiling_agent.state import ArtifactRef, Candidate, Context, RecoveryRecord, State
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.error_model import beyond_budget, trial_interval
+from profiling_agent.tools.recovery.policy import removed_share
 
 
 def done_key(state: State, ctx: Context) -> dict[str, Any]:
@@ -44,10 +45,9 @@ class TrialSlice:
 
     def __init__(self, state: State, teacher: Any, device: str) -> None:
         """Open the slice (`subsets.open_trial_slice`) and predict it with the baseline once."""
-        # lazy: these load torch, which the graph and the CLI import nodes without
-        from profiling_agent.tools.data.trial_slice import open_trial_slice
-        from profiling_agent.tools.evaluation.metrics import predict, top1
-        from profiling_agent.tools.models.artifact_load import load_processor
+        from profiling_agent.tools.data.trial_slice import open_trial_slice  # lazy: torch; steps load without it
+        from profiling_agent.tools.evaluation.metrics import predict, top1  # lazy: torch; steps load without it
+        from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
 
         assert state.data is not None
         processor = load_processor(absolute(state, state.baseline.path)) if state.baseline else None
@@ -64,23 +64,20 @@ class TrialSlice:
 
     def predict(self, model: Any) -> Any:
         """Return the model's predictions on the slice, on its own device."""
-        # lazy: these load torch, which the graph and the CLI import nodes without
-        from profiling_agent.tools.evaluation.metrics import predict
-        from profiling_agent.tools.runtimes.forward import model_device
+        from profiling_agent.tools.evaluation.metrics import predict  # lazy: torch; steps load without it
+        from profiling_agent.tools.runtimes.forward import model_device  # lazy: torch; steps load without it
 
         return predict(model, self.pixels, allowed_ids=self.ids, device=str(model_device(model)))
 
     def score(self, model: Any) -> float:
         """Return the model's top-1 on the slice, %."""
-        # lazy: these load torch, which the graph and the CLI import nodes without
-        from profiling_agent.tools.evaluation.metrics import top1
+        from profiling_agent.tools.evaluation.metrics import top1  # lazy: torch; steps load without it
 
         return top1(self.predict(model), self.labels)
 
     def monitor(self, cap_steps: int) -> Any:
         """Return the early-stopping monitor of a distillation of at most `cap_steps` steps."""
-        # lazy: these load torch, which the graph and the CLI import nodes without
-        from profiling_agent.tools.recovery.early_stop import plateau_monitor
+        from profiling_agent.tools.recovery.early_stop import plateau_monitor  # lazy: torch; steps load without it
 
         return plateau_monitor(self.score, len(self.labels), self.baseline, cap_steps)
 
@@ -99,9 +96,7 @@ class TrialSlice:
 
 def distill_job(state: State, runtime: Runtime[Context], source: Any, processor: Any):
     """Describe this iteration's distillation for the recovery tools: data, folders and progress events."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.recovery.candidate import DistillJob
-    from profiling_agent.tools.recovery.policy import removed_share
+    from profiling_agent.tools.recovery.candidate import DistillJob  # lazy: torch; steps load without it
 
     assert state.input_shape is not None and state.labels is not None and state.current is not None
     pruned, base, cur = state.current.pruned, state.baseline, state.current
@@ -127,9 +122,8 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
 
 def recovery_work(state: State, student: Any, applied: list[Any], device: str) -> Any:
     """Return the `Recovery` of the current candidate: the baseline as teacher, calibration images and probes."""
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.evaluation.metrics import agreement_probe
-    from profiling_agent.tools.recovery import candidate, refit_cache
+    from profiling_agent.tools.evaluation.metrics import agreement_probe  # lazy: torch; steps load without it
+    from profiling_agent.tools.recovery import candidate, refit_cache  # lazy: torch; steps load without it
 
     teacher = load_artifact_model(state, state.baseline, device=device).model
     calib, folder = prepared(state)["calib_pixels"], run_layout.iteration_dir(run_dir(state), state.iteration)
@@ -161,9 +155,8 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     (a full disk) stops the run (a MachineFault naming the file), so a resume redoes it; one finished before an
     interruption is reused.
     """
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.device import measure_device
-    from profiling_agent.tools.recovery import candidate, refit_cache
+    from profiling_agent.tools.device import measure_device  # lazy: torch; steps load without it
+    from profiling_agent.tools.recovery import candidate, refit_cache  # lazy: torch; steps load without it
 
     ctx = context_of(runtime)  # applies the thread count: a resumed process starts here, with torch's default
     it, started = state.iteration, time.perf_counter()

@@ -10,6 +10,8 @@ from langgraph.runtime import Runtime
 from profiling_agent.nodes.common import absolute, context_of, delivered_ref, emit, event, prepared, run_dir
 from profiling_agent.state import Context, State
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.io import atomic_dir
+from profiling_agent.tools.reporting.finish import write_run_report
 from profiling_agent.tools.reporting.records import RunRecords
 
 
@@ -40,10 +42,8 @@ def run_records(state: State, thread_id: str) -> RunRecords:
 
 def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Copy the best candidate to RUN/best and write result.json, plots/, report.md and report.html."""
-    from profiling_agent.tools.evaluation.delivery import summary_line
-    from profiling_agent.tools.evaluation.final_latency import final_latency
-    from profiling_agent.tools.io import atomic_dir
-    from profiling_agent.tools.reporting.finish import write_run_report
+    from profiling_agent.tools.evaluation.delivery import summary_line  # lazy: torch; steps load without it
+    from profiling_agent.tools.evaluation.final_latency import final_latency  # lazy: torch; steps load without it
 
     root = run_dir(state)
     task = "final latency (all models side by side)"

@@ -8,13 +8,13 @@ from langgraph.runtime import Runtime
 
 from profiling_agent.nodes.common import context_of, event, load_artifact_model
 from profiling_agent.state import Context, State
+from profiling_agent.tools.planning.llm_config import llm_configured
 
 
 def resolve_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Resolve the input shape from processor and config (the LLM only when ambiguous), verified by a forward pass."""
-    from profiling_agent.tools.models.input_shape import resolve_input_shape
-    from profiling_agent.tools.planning.llm_config import llm_configured
-    from profiling_agent.tools.shape.llm_shape import settle_input_shape
+    from profiling_agent.tools.models.input_shape import resolve_input_shape  # lazy: torch; steps load without it
+    from profiling_agent.tools.shape.llm_shape import settle_input_shape  # lazy: torch; steps load without it
 
     ctx = context_of(runtime)
     loaded = load_artifact_model(state, state.baseline)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
 
 def cpu_flags() -> set[str]:
     """Return the CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    from pathlib import Path
-
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -23,8 +23,8 @@ HUB_TIMEOUT_S = 10.0  # seconds to wait for the hub's metadata answer before giv
 @contextlib.contextmanager
 def quiet_hf() -> Iterator[None]:
     """Silence transformers/datasets warnings and progress bars for the duration (restored afterwards)."""
-    from datasets.utils import logging as ds_logging
-    from transformers.utils import logging as tf_logging
+    from datasets.utils import logging as ds_logging  # lazy: datasets; the CLI's flag check runs without it
+    from transformers.utils import logging as tf_logging  # lazy: transformers; the CLI's flag check runs without it
 
     level = tf_logging.get_verbosity()
     ds_bar, tf_bar = ds_logging.is_progress_bar_enabled(), tf_logging.is_progress_bar_enabled()
@@ -70,7 +70,10 @@ def looks_like_path(ref: str) -> bool:
         return True
     if ref.count("/") > 1 or Path(ref).expanduser().exists():
         return True
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from huggingface_hub.utils import (
+        HFValidationError,
+        validate_repo_id,
+    )  # lazy: huggingface_hub (~80 ms); the CLI's flag check runs without it
 
     try:
         validate_repo_id(ref)
@@ -93,8 +96,15 @@ def hub_probe(
     Raises:
         error: The hub answered that the repository or revision does not exist or is gated.
     """
-    from huggingface_hub import dataset_info, model_info
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub import (
+        dataset_info,
+        model_info,
+    )  # lazy: huggingface_hub's API (~0.2 s); the CLI's flag check runs without it
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )  # lazy: huggingface_hub's API (~0.2 s); the CLI's flag check runs without it
 
     try:
         if kind == "model":

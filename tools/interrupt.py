@@ -22,6 +22,7 @@ process was killed (SIGKILL, the out-of-memory killer) before it could tidy up.
 from __future__ import annotations
 
 import faulthandler
+import multiprocessing
 import os
 import re
 import signal
@@ -131,8 +132,6 @@ def run_in_child(fn: Callable[..., Any], *args: Any) -> Any:
             the child's fault file.
         ChildProcessError: The child ended without an answer and without a signal.
     """
-    import multiprocessing
-
     check()
     context = multiprocessing.get_context("spawn")
     answer, sender = context.Pipe(duplex=False)

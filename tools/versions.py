@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import platform
 
+from profiling_agent import __version__
+
 _CORE = ("torch", "transformers")
 _DISTRIBUTIONS = {"scikit-learn": "sklearn"}  # distribution name -> import name, where they differ
 
@@ -15,8 +17,6 @@ def versions(*extra: str) -> dict[str, str]:
     Args:
         extra: Distribution names (e.g. "safetensors", "datasets", "scikit-learn") to add.
     """
-    from profiling_agent import __version__
-
     found = {"python": platform.python_version(), "profiling_agent": __version__}
     for name in (*_CORE, *extra):
         module = importlib.import_module(_DISTRIBUTIONS.get(name, name))

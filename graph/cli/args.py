@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pydantic import ValidationError
+
+from profiling_agent import __version__
 from profiling_agent.state import (
     BackendChoice,
     DeviceChoice,
+    InputState,
     PlannerChoice,
     QuantizeChoice,
     RecoverChoice,
@@ -19,6 +24,7 @@ from profiling_agent.state import (
     choices,
 )
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.io import check_thread_id
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 RUN_SETTINGS = run_layout.RUN_SETTINGS
@@ -157,7 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Profiling-guided pruning and quantization of HF image "
         "classifiers, driven by a LangGraph agent graph.",
     )
-    from profiling_agent import __version__
 
     parser.add_argument("--version", action="version", version=f"profiling-agent {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
@@ -322,8 +327,6 @@ def _set(target: dict[str, Any], key: str, value: Any) -> None:
 
 def thread_id_arg(thread_id: str) -> str:
     """Return a --thread-id or resume's THREAD_ID when it is a safe folder name, else raise BadInput (exit 2)."""
-    from profiling_agent.tools.io import check_thread_id
-
     try:
         return check_thread_id(thread_id)
     except ValueError as exc:
@@ -332,10 +335,6 @@ def thread_id_arg(thread_id: str) -> str:
 
 def input_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Build the graph input (model, dataset, objective) from the run flags, validated by the schemas."""
-    from pydantic import ValidationError
-
-    from profiling_agent.state import InputState
-
     model: dict[str, Any] = {}
     _set(model, "ref", args.model)
     if args.trust_remote_code:
@@ -398,7 +397,7 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.repeats is not None and args.repeats < 1:
         raise BadInput("invalid --repeats: must be at least 1")
     if args.device == "cuda":
-        import torch
+        import torch  # lazy: torch; the CLI's flag check runs without it
 
         if not torch.cuda.is_available():
             raise BadInput("--device cuda was requested but no CUDA device is available")
@@ -411,7 +410,7 @@ def _check_gpu_procs(args: argparse.Namespace, ctx: dict[str, Any]) -> None:
     procs = int(ctx.get("recover_procs") or 1)
     if procs < 2 or ctx.get("launcher") or args.device == "cpu":
         return
-    import torch
+    import torch  # lazy: torch; the CLI's flag check runs without it
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus and procs > gpus:
@@ -442,8 +441,6 @@ def _recover_flags(args: argparse.Namespace, ctx: dict[str, Any]) -> None:
 
 
 def _check_llm_flags(args: argparse.Namespace) -> None:
-    import re
-
     for flag in ("llm_timeout", "llm_first_token_timeout", "llm_idle_timeout"):
         value = getattr(args, flag)
         if value is not None and not 0 < value <= 3600:

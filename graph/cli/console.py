@@ -12,6 +12,8 @@ from profiling_agent.graph.cli.args import EXIT_FAILED, EXIT_INTERRUPTED
 from profiling_agent.graph.cli.crashes import step_crashed
 from profiling_agent.graph.cli.store import resume_hint
 from profiling_agent.tools import interrupt, run_layout
+from profiling_agent.tools.io import read_json
+from profiling_agent.tools.reporting.markdown import comparison_rows, format_table, test_lines
 
 
 def say(message: str) -> None:
@@ -32,7 +34,7 @@ class _Progress:
     """Render custom progress events as tqdm bars on stderr and node updates as log lines."""
 
     def __init__(self) -> None:
-        from tqdm import tqdm
+        from tqdm import tqdm  # lazy: tqdm; the CLI's flag check and `runs` run without it
 
         self._tqdm = tqdm
         self._bars: dict[str, Any] = {}
@@ -92,9 +94,6 @@ def drive_graph(
 
 def final_table(run_path: Path) -> str:
     """Render the comparison table and the held-out lines of a finished run as console text."""
-    from profiling_agent.tools.io import read_json
-    from profiling_agent.tools.reporting.markdown import comparison_rows, format_table, test_lines
-
     result = read_json(run_path / run_layout.RESULT)
     lines = [format_table(comparison_rows(result)), ""]
     best = result.get("best")

@@ -6,13 +6,18 @@ import argparse
 from pathlib import Path
 
 from profiling_agent.graph.cli.args import EXIT_OK, BadInput
+from profiling_agent.tools.evaluation.export_run import FORMS, ExportError, ExportFormat, export_run
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export RUN/THREAD's delivered model, check it against torch, print where it is and how accurate it is."""
-    from profiling_agent.tools.evaluation.export_run import FORMS, ExportError, ExportFormat, export_run
-    from profiling_agent.tools.runtimes.onnx_model import onnxruntime_missing
-    from profiling_agent.tools.runtimes.openvino_model import nncf_missing, openvino_missing
+    from profiling_agent.tools.runtimes.onnx_model import (
+        onnxruntime_missing,
+    )  # lazy: torch; the CLI's flag check runs without it
+    from profiling_agent.tools.runtimes.openvino_model import (
+        nncf_missing,
+        openvino_missing,
+    )  # lazy: torch; the CLI's flag check runs without it
 
     if args.threads is not None and args.threads < 1:
         raise BadInput("invalid --threads: must be at least 1")

@@ -6,18 +6,20 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids, thread_summary
 from profiling_agent.graph.cli.args import EXIT_OK
 from profiling_agent.graph.cli.console import say
 from profiling_agent.graph.cli.crashes import leftover_line
 from profiling_agent.graph.cli.store import checkpoint_url, checkpoints, resume_hint
+from profiling_agent.graph.thread_lock import thread_holder
+from profiling_agent.tools.reporting.markdown import format_table
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the threads under a run folder."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids, thread_summary
-    from profiling_agent.graph.thread_lock import thread_holder
-    from profiling_agent.tools.reporting.markdown import format_table
+    from profiling_agent.graph.builder import (
+        build_graph,
+    )  # lazy: langgraph's runtime (langsmith, httpx); the CLI's flag check runs without it
 
     root = Path(args.run_dir).resolve()
     url = checkpoint_url(args)

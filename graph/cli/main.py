@@ -8,12 +8,21 @@ import os
 import shutil
 import sqlite3
 import sys
+import tempfile
 import time
 import uuid
 import warnings
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.graph.checkpoint import (
+    DB_NAME,
+    CheckpointDatabaseError,
+    has_checkpoints,
+    migrate_checkpoint,
+    thread_ids,
+    writable,
+)
 from profiling_agent.graph.cli.args import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -37,6 +46,7 @@ from profiling_agent.graph.cli.console import (
     stopped_line,
 )
 from profiling_agent.graph.cli.crashes import StepCrashed, set_aside_line
+from profiling_agent.graph.cli.export import cmd_export
 from profiling_agent.graph.cli.listing import cmd_runs
 from profiling_agent.graph.cli.store import checkpoint_url, checkpoints, resume_hint, runs_hint, shown_url, store_name
 from profiling_agent.graph.review import (
@@ -46,8 +56,16 @@ from profiling_agent.graph.review import (
     pending_nodes,
     read_plan_file,
 )
+from profiling_agent.graph.thread_lock import thread_lock
+from profiling_agent.state import EMBEDDED_DATASET, EMBEDDED_MODEL, Context
 from profiling_agent.tools import interrupt, run_layout
 from profiling_agent.tools.hub import looks_like_path
+from profiling_agent.tools.io import MachineFault, read_json, write_json_atomic
+from profiling_agent.tools.planning.llm_config import planner_mode
+from profiling_agent.tools.profiling.summary import format_layer_table
+from profiling_agent.tools.reporting.files import rebuild_report
+from profiling_agent.tools.reporting.markdown import format_table
+from profiling_agent.tools.runtimes.telemetry import disable_telemetry
 
 
 def _quiet_libraries() -> None:
@@ -92,11 +110,6 @@ def _new_thread_id(model_ref: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Start a new run (a new thread) and drive it to the end."""
-    from profiling_agent.graph.checkpoint import thread_ids
-    from profiling_agent.graph.thread_lock import thread_lock
-    from profiling_agent.state import Context
-    from profiling_agent.tools.io import write_json_atomic
-
     if args.thread_id is not None:
         thread_id_arg(args.thread_id)
     payload = input_from_args(args)
@@ -104,7 +117,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     ctx = context_from_args(args)
     root = Path(ctx["run_root"])
     _check_run_dir(root)
-    from profiling_agent.tools.planning.llm_config import planner_mode
 
     try:  # auto: the LLM when one is configured; llm without one: one-line error naming the missing setting
         planner_note = planner_mode(payload["objective"]["planner"], Context.of(ctx)).note
@@ -121,7 +133,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"run {thread_id} -> {root / thread_id}  (resume with: {resume_hint(args, thread_id)})",
             f"planner: {planner_note}",
         ]
-        from profiling_agent.graph.builder import build_graph
+        from profiling_agent.graph.builder import (
+            build_graph,
+        )  # lazy: langgraph's runtime (langsmith, httpx); the CLI's flag check runs without it
 
         graph = build_graph(checkpointer=saver)
         config = {"configurable": {"thread_id": thread_id}}
@@ -151,7 +165,9 @@ def _paused(graph: Any, config: dict[str, Any], root: Path, args: argparse.Names
 
 def _resume_payload(args: argparse.Namespace, snapshot: Any, root: Path) -> Any:
     """Check resume's flags against the thread and return what to stream: None, or Command(resume=answer)."""
-    from langgraph.types import Command
+    from langgraph.types import (
+        Command,
+    )  # lazy: langgraph's runtime (langsmith, httpx); the CLI's flag check runs without it
 
     tid = args.thread_id
     request = pending_approval(snapshot)
@@ -174,8 +190,9 @@ def _resume_payload(args: argparse.Namespace, snapshot: Any, root: Path) -> Any:
 
 def _resume_read_only(args: argparse.Namespace, root: Path) -> int:
     """Resume in a read-only run folder: a finished thread says so; any other cannot go on there (exit 2)."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import thread_ids
+    from profiling_agent.graph.builder import (
+        build_graph,
+    )  # lazy: langgraph's runtime (langsmith, httpx); the CLI's flag check runs without it
 
     with checkpoints(root, None, read_only=True) as saver:
         if args.thread_id not in thread_ids(saver):
@@ -191,9 +208,6 @@ def _resume_read_only(args: argparse.Namespace, root: Path) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a thread from its last checkpoint with the settings it was started with."""
-    from profiling_agent.graph.checkpoint import has_checkpoints, thread_ids, writable
-    from profiling_agent.graph.thread_lock import thread_lock
-
     thread_id_arg(args.thread_id)
     goal_flags = sorted("--" + key[len("goal_") :].replace("_", "-") for key in vars(args) if key.startswith("goal_"))
     if goal_flags:
@@ -220,10 +234,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
     """Resume a thread this process holds the lock of."""
-    from profiling_agent.graph.builder import build_graph
-    from profiling_agent.graph.checkpoint import migrate_checkpoint
-    from profiling_agent.state import Context
-    from profiling_agent.tools.io import read_json
+    from profiling_agent.graph.builder import (
+        build_graph,
+    )  # lazy: langgraph's runtime (langsmith, httpx); the CLI's flag check runs without it
 
     settings_path = root / args.thread_id / RUN_SETTINGS
     ctx = read_json(settings_path)["context"] if settings_path.exists() else {}
@@ -256,13 +269,15 @@ def _resume_locked(args: argparse.Namespace, saver: Any, root: Path) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile one model and print the per-layer table."""
-    from profiling_agent.state import EMBEDDED_MODEL
-    from profiling_agent.tools.device import resolve_device
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.models.input_shape import resolve_input_shape, verify_input_shape
-    from profiling_agent.tools.models.loading import load_model
-    from profiling_agent.tools.profiling.dynamic import profile_model
-    from profiling_agent.tools.profiling.summary import format_layer_table
+    from profiling_agent.tools.device import resolve_device  # lazy: torch; the CLI's flag check runs without it
+    from profiling_agent.tools.models.input_shape import (
+        resolve_input_shape,
+        verify_input_shape,
+    )  # lazy: torch; the CLI's flag check runs without it
+    from profiling_agent.tools.models.loading import load_model  # lazy: torch; the CLI's flag check runs without it
+    from profiling_agent.tools.profiling.dynamic import (
+        profile_model,
+    )  # lazy: torch; the CLI's flag check runs without it
 
     loaded = load_model(args.model or EMBEDDED_MODEL)
     shape = resolve_input_shape(loaded.model, loaded.processor)
@@ -279,8 +294,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def run_images(run_path: Path, part: str, dataset: str | None) -> tuple[str, str, list[int]]:
     """Return the dataset, split and rows a finished run used for `part` (validation or test), from subsets.json."""
-    from profiling_agent.tools.io import read_json
-
     path = run_path / run_layout.SUBSETS
     if not path.is_file():
         raise BadInput(f"--from-run: {path} not found (a run folder RUN_DIR/THREAD_ID that prepared its data)")
@@ -290,12 +303,10 @@ def run_images(run_path: Path, part: str, dataset: str | None) -> tuple[str, str
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a model (baseline or saved artifact) on a dataset: accuracy, latency, size, params, MACs."""
-    import tempfile
-
-    from profiling_agent.state import EMBEDDED_DATASET
-    from profiling_agent.tools.evaluation.evaluate_model import EvalRequest, evaluate_model
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.reporting.markdown import format_table
+    from profiling_agent.tools.evaluation.evaluate_model import (
+        EvalRequest,
+        evaluate_model,
+    )  # lazy: torch; the CLI's flag check runs without it
 
     dataset, split, rows = args.dataset or EMBEDDED_DATASET, args.split, None
     if args.from_run:
@@ -323,9 +334,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild plots, report.md and report.html of a finished run from its files, re-running nothing."""
-    from profiling_agent.graph.checkpoint import writable
-    from profiling_agent.tools.reporting.files import rebuild_report
-
     root = Path(args.run_path)
     if (root / run_layout.RESULT).is_file() and not writable(root):
         raise BadInput(f"run folder {root} is read-only: `report` rewrites plots/, report.md and report.html there")
@@ -339,8 +347,6 @@ COMMANDS["report"] = cmd_report
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from profiling_agent.graph.cli.export import cmd_export
-
     return cmd_export(args)
 
 
@@ -372,8 +378,6 @@ STOP_GRACE_S = 10.0  # after Ctrl-C, seconds the running step has to stop by its
 
 def damaged_advice(args: argparse.Namespace) -> str:
     """Say what works after a damaged checkpoint database: keep it aside, list runs again, start a run again."""
-    from profiling_agent.graph.checkpoint import DB_NAME
-
     root = Path(getattr(args, "run_dir", None) or "runs")
     db = root / DB_NAME
     thread = getattr(args, "thread_id", None) or "THREAD"
@@ -386,9 +390,6 @@ def damaged_advice(args: argparse.Namespace) -> str:
 
 def _run_command(args: argparse.Namespace) -> int:
     """Run the chosen command; map every failure to one line and an exit code."""
-    from profiling_agent.graph.checkpoint import DB_NAME, CheckpointDatabaseError
-    from profiling_agent.tools.io import MachineFault
-
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, or a step that saw the stop request (tools.interrupt)
@@ -431,8 +432,6 @@ def main(argv: list[str] | None = None) -> int:
     stopping (library code that never reaches a check), stops the process at once: every file is written
     atomically, so that is as safe as a SIGKILL.
     """
-    from profiling_agent.tools.runtimes.telemetry import disable_telemetry
-
     disable_telemetry()  # before anything imports openvino or nncf; children import the package and do the same
     _quiet_libraries()
     parser = build_parser()

@@ -17,6 +17,7 @@ from profiling_agent.state import (
     QuantEntry,
     QuantizeChoice,
 )
+from profiling_agent.tools.compression.families import adapter_for
 from profiling_agent.tools.compression.families.base import FamilyAdapter, PrunableGroup
 from profiling_agent.tools.compression.pruning import prune_model
 from profiling_agent.tools.compression.units import PruneReport, removed_units
@@ -171,8 +172,6 @@ def prune_uniform(
     Returns:
         The engine's PruneReport (applied rows carry the removed unit indices).
     """
-    from profiling_agent.tools.compression.families import adapter_for
-
     if importance not in BASELINES:
         raise ValueError(f"unknown baseline {importance!r}: use one of {', '.join(BASELINES)}")
     adapter = adapter or adapter_for(model)

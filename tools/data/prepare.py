@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import save
 
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.preprocess import preprocess_images
@@ -40,8 +43,6 @@ def _check_images(
 
 def _open_image(item: Mapping[str, Any]) -> Any:
     """Open and fully decode one undecoded `datasets.Image` value ({"bytes", "path"})."""
-    from PIL import Image
-
     image = Image.open(io.BytesIO(item["bytes"])) if item.get("bytes") else Image.open(item["path"])
     image.load()
     return image
@@ -62,11 +63,11 @@ def decode_all(ds: Any, indices: np.ndarray, image_column: str, role: str) -> in
     Raises:
         DataError: An image does not decode (truncated, corrupt, missing file): one line naming file and row.
     """
-    from datasets import Image
+    from datasets import Image as ImageFeature  # lazy: datasets; nodes.prepare_data loads this module without it
 
-    if not len(indices) or not isinstance(ds.features[image_column], Image):
+    if not len(indices) or not isinstance(ds.features[image_column], ImageFeature):
         return 0
-    raw = ds.select_columns([image_column]).cast_column(image_column, Image(decode=False))
+    raw = ds.select_columns([image_column]).cast_column(image_column, ImageFeature(decode=False))
     gray = 0
     for start in range(0, len(indices), DECODE_CHUNK):
         rows = indices[start : start + DECODE_CHUNK].tolist()
@@ -267,8 +268,6 @@ def prepare_images(
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
     """Write tensors with safetensors through a temp file and os.replace (same inputs, same bytes)."""
-    from safetensors.torch import save
-
     # One metadata key: safetensors keeps metadata in a hash map, so several keys come out in random order.
     header = {"profiling_agent": json.dumps(metadata, sort_keys=True)}
     write_bytes_atomic(path, save({k: v.contiguous() for k, v in tensors.items()}, metadata=header))
@@ -294,8 +293,6 @@ def load_prepared(
     Raises:
         DataError: The file is missing or lacks a tensor.
     """
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.is_file():
         raise DataError(f"prepared data not found: {path}")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from profiling_agent.tools.data.sources import DataError
 from profiling_agent.tools.hub import quiet_hf
@@ -20,11 +22,7 @@ FALLBACK = {"scale": 1 / 255, "mean": 0.5, "std": 0.5}  # no processor: scale to
 
 def _to_pil(image: Any, mode: str) -> Any:
     """Convert a decoded dataset image (PIL, array, tensor or {"bytes"/"path"}) to a PIL image in `mode`."""
-    from PIL import Image
-
     if isinstance(image, Mapping):
-        import io
-
         image = Image.open(io.BytesIO(image["bytes"])) if image.get("bytes") else Image.open(image["path"])
     if isinstance(image, torch.Tensor):
         image = image.numpy()
@@ -164,8 +162,6 @@ class Preprocessing:
             raise DataError(f"{failure}: {one_line(err)}") from None
 
     def _fallback_geometry(self, pil: list) -> torch.Tensor:
-        from PIL import Image
-
         arrays = []
         for image in pil:
             arr = np.asarray(image.resize((self.width, self.height), Image.Resampling.BILINEAR), dtype=np.uint8)

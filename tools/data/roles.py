@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from profiling_agent.tools.data.sources import DataError, has_splits, load_split
+from profiling_agent.tools.data.labels import map_labels, wnids_from_config
+from profiling_agent.tools.data.sources import DataError, detect_columns, has_splits, label_names, load_split
 from profiling_agent.tools.data.subsets import MIN_CALIBRATION, trial_rows
 
 MIN_EVAL = 8  # fewest validation (and test) images a protocol judges on: the floor DatasetRef puts on subsets
@@ -164,7 +165,7 @@ def check_classes(ds: Any, label_column: str, allow_weak: bool) -> str:
     Raises:
         DataError: One class (or none) and `allow_weak` is False.
     """
-    from datasets import ClassLabel
+    from datasets import ClassLabel  # lazy: datasets; nodes.acquire loads this module without it
 
     present = {v for v in ds.unique(label_column) if v is not None and v != -1}
     if len(present) >= MIN_CLASSES:
@@ -187,7 +188,10 @@ def judge_subsets(tensors: Mapping[str, Any], ds_ref: Any, sources: RoleSources)
         The subsets.json record and the weak-evaluation note ('' when every role can judge). A set that cannot
         judge a model raises DataError unless the run allows weak evaluation.
     """
-    from profiling_agent.tools.data.prepare import PARTS, ROLE_NAMES
+    from profiling_agent.tools.data.prepare import (
+        PARTS,
+        ROLE_NAMES,
+    )  # lazy: torch; nodes.acquire loads this module without it
 
     rows = {ROLE_NAMES[p]: tensors[f"{p}_index"].numpy() for p in PARTS}
     classes = {ROLE_NAMES[p]: len(set(tensors[f"{p}_labels"].tolist())) for p in PARTS}
@@ -208,9 +212,6 @@ def dataset_labels(dataset: Any, config: Any, ds_ref: Any) -> tuple[dict[str, An
     Returns:
         The labels record (mapping, columns, the dataset's label names) and the weak-evaluation note.
     """
-    from profiling_agent.tools.data.labels import map_labels, wnids_from_config
-    from profiling_agent.tools.data.sources import detect_columns, label_names
-
     image_col, label_col = detect_columns(dataset, ds_ref.image_column, ds_ref.label_column)
     names = label_names(dataset, label_col)
     weak = check_classes(dataset, label_col, ds_ref.allow_weak_eval)  # one class: refused before any work

@@ -8,9 +8,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub.constants as hub_constants
 import numpy as np
 
 from profiling_agent.tools.hub import EMBEDDED_PREFIX, hub_offline, hub_probe, looks_like_path, quiet_hf
+from profiling_agent.tools.models.embedded_data import ensure_dataset
 from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ def name_listing(items: Iterable[Any], limit: int = 8) -> str:
 
 def _pick_split(obj: Any, split: str | None, ref: str) -> Any:
     """Return `split` of a DatasetDict, or a plain Dataset as is."""
-    from datasets import DatasetDict
+    from datasets import DatasetDict  # lazy: datasets; nodes.acquire loads this module without it
 
     if not isinstance(obj, DatasetDict):
         if split:
@@ -78,7 +80,12 @@ def _subdirs(folder: Path) -> list[Path]:
 
 def _imagefolder(path: Path, split: str | None, ref: str) -> Any:
     """Build a Dataset from class subfolders, or from split subfolders holding class subfolders."""
-    from datasets import ClassLabel, Dataset, Features, Image
+    from datasets import (
+        ClassLabel,
+        Dataset,
+        Features,
+        Image,
+    )  # lazy: datasets; nodes.acquire loads this module without it
 
     top = _subdirs(path)
     if not top:
@@ -111,7 +118,7 @@ def _imagefolder(path: Path, split: str | None, ref: str) -> Any:
 
 def _hub_dataset(ref: str, split: str | None) -> Any:
     """Load a hub dataset split, failing fast with one line when offline or unreachable."""
-    from datasets import load_dataset
+    from datasets import load_dataset  # lazy: datasets; nodes.acquire loads this module without it
 
     why = "offline mode is on (HF_HUB_OFFLINE)" if hub_offline() else _unreachable(hub_probe("dataset", ref, DataError))
     try:
@@ -137,8 +144,7 @@ def _offline(active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    import datasets.config as ds_config
-    import huggingface_hub.constants as hub_constants
+    import datasets.config as ds_config  # lazy: datasets; nodes.acquire loads this module without it
 
     saved = (hub_constants.HF_HUB_OFFLINE, ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE)
     hub_constants.HF_HUB_OFFLINE = ds_config.HF_HUB_OFFLINE = ds_config.HF_DATASETS_OFFLINE = True
@@ -168,7 +174,7 @@ def load_split(ref: str, split: str | None) -> Any:
         DataError: One-line reason: path not found, not a dataset, unknown split (with the available
             ones), hub unreachable or offline and not cached.
     """
-    from datasets import load_from_disk
+    from datasets import load_from_disk  # lazy: datasets; nodes.acquire loads this module without it
 
     ref = (ref or "").strip()
     if not ref:
@@ -176,7 +182,6 @@ def load_split(ref: str, split: str | None) -> Any:
     if ref.startswith(EMBEDDED_PREFIX):
         if ref not in EMBEDDED_DATASETS:
             raise DataError(f"unknown embedded dataset '{ref}'; choose from {name_listing(EMBEDDED_DATASETS)}")
-        from profiling_agent.tools.models.embedded_data import ensure_dataset
 
         return _pick_split(load_from_disk(str(ensure_dataset())), split, ref)
     path = Path(ref).expanduser()
@@ -212,7 +217,7 @@ def detect_columns(ds: Any, image_column: str | None = None, label_column: str |
     Raises:
         DataError: An explicit name is not a column, or no suitable column exists.
     """
-    from datasets import ClassLabel, Image
+    from datasets import ClassLabel, Image  # lazy: datasets; nodes.acquire loads this module without it
 
     columns = list(ds.column_names)
     features = ds.features
@@ -244,7 +249,7 @@ def label_names(ds: Any, label_column: str) -> list[str]:
     ClassLabel names when the column has them; otherwise the sorted distinct values (strings, or
     integers written as strings).
     """
-    from datasets import ClassLabel
+    from datasets import ClassLabel  # lazy: datasets; nodes.acquire loads this module without it
 
     feature = ds.features[label_column]
     if isinstance(feature, ClassLabel):
@@ -257,7 +262,7 @@ def label_names(ds: Any, label_column: str) -> list[str]:
 
 def label_indexer(ds: Any, label_column: str, names: Sequence[str]) -> Callable[[Any], int]:
     """Return a function from a raw label value to its dataset class index (-1 when unlabelled)."""
-    from datasets import ClassLabel
+    from datasets import ClassLabel  # lazy: datasets; nodes.acquire loads this module without it
 
     if isinstance(ds.features[label_column], ClassLabel):
         return lambda value: -1 if value is None else int(value)

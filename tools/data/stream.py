@@ -20,6 +20,8 @@ from profiling_agent.tools.data.image_cache import ShardCache, budget_mb, cache_
 from profiling_agent.tools.data.prepare import PARTS, raw_labels_digest
 from profiling_agent.tools.data.preprocess import Preprocessing
 from profiling_agent.tools.data.sources import DataError, load_split
+from profiling_agent.tools.io import read_json
+from profiling_agent.tools.models.artifact_load import load_processor
 
 logger = logging.getLogger(__name__)
 WORKERS_ENV = "PROFILING_AGENT_DATA_WORKERS"  # DataLoader worker processes that decode ahead (default 0: a thread)
@@ -392,13 +394,9 @@ def open_run_data(
         image_column: Image column (default: the one recorded in that file).
         loader: (ref, split) -> dataset.
     """
-    from profiling_agent.tools.io import read_json
-
     run = Path(run)
     subsets = read_json(run / run_layout.SUBSETS)
     if processor is None and (run / run_layout.BASELINE).is_dir():
-        from profiling_agent.tools.models.artifact_load import load_processor
-
         processor = load_processor(run / run_layout.BASELINE)
     loaded: dict[str | None, Any] = {}
     sources = {}

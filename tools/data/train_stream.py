@@ -16,6 +16,7 @@ from profiling_agent.tools import run_layout
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.preprocess import preprocess_images
 from profiling_agent.tools.data.sources import label_indexer, label_names, load_split
+from profiling_agent.tools.io import read_json
 
 MIN_TRAIN_IMAGES = 32  # fewer usable images than this: no training source (reconstruction only)
 
@@ -74,8 +75,6 @@ def run_train_source(run_path: str | Path, data: DataRef | None, dataset: Datase
     The subsets are read from the run's `subsets.json` (or the file `data` names); recovery and the planner's trials
     both call this, so they train on the same rows.
     """
-    from profiling_agent.tools.io import read_json
-
     subsets = read_json(Path(run_path) / (data.subsets if data else run_layout.SUBSETS))
     return find_train_source(
         dataset.ref,

@@ -6,9 +6,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+from safetensors.torch import save
+
 from profiling_agent.state import ArtifactRef, Context, EvalRecord, Objective
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.device import measure_device
+from profiling_agent.tools.evaluation.delivery import quantization_only_peer
+from profiling_agent.tools.evaluation.final_latency import FORM_SAMPLES
+from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
 from profiling_agent.tools.evaluation.records import EvalImages, FormsMeasurement, FormsPlan, MeasureSettings
+from profiling_agent.tools.io import write_bytes_atomic
+from profiling_agent.tools.models.artifact_load import load_artifact
+from profiling_agent.tools.models.sizes import state_bytes
+from profiling_agent.tools.runtimes.forms import ALL_FORMS, eligible_forms, forms_for_backend
+from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
+from profiling_agent.tools.runtimes.openvino_model import nncf_missing
 
 CHECK_IMAGES = 32  # validation images each form's logits are compared on against torch
 BACKEND_SOURCE = (  # a form the run's backend cannot deliver, built because the others convert its file
@@ -19,10 +32,6 @@ PREDICTIONS_FILE = "baseline_forms/predictions.safetensors"  # the baseline's va
 
 def save_baseline_predictions(root: Path, preds: Any, labels: Any, device: str) -> None:
     """Keep the baseline's validation predictions, so later rounds time the baseline without predicting again."""
-    from safetensors.torch import save
-
-    from profiling_agent.tools.io import write_bytes_atomic
-
     path = root / PREDICTIONS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {"preds": preds.detach().cpu().contiguous(), "labels": labels.detach().cpu().contiguous()}
@@ -34,8 +43,6 @@ def baseline_predictions(root: Path, labels: Any, device: str) -> Any | None:
 
     None when there are none (an older run) or they do not match: the round then predicts the baseline again.
     """
-    from safetensors import safe_open
-
     path = root / PREDICTIONS_FILE
     if not path.is_file():
         return None
@@ -50,8 +57,6 @@ def baseline_predictions(root: Path, labels: Any, device: str) -> Any | None:
 
 def baseline_message(record: EvalRecord, out: FormsMeasurement, forms: list[str]) -> str:
     """Say in one line what the baseline measured: accuracy, speed, size, its forms and the quantization-only peer."""
-    from profiling_agent.tools.runtimes.openvino_model import nncf_missing
-
     threads = record.threads
     by = record.predicted_by
     message = (
@@ -100,14 +105,6 @@ def measure_unpruned(
     Returns:
         The baseline's EvalRecord (with its forms and peer) and its one-line summary.
     """
-    from profiling_agent.tools.device import measure_device
-    from profiling_agent.tools.evaluation.delivery import quantization_only_peer
-    from profiling_agent.tools.evaluation.final_latency import FORM_SAMPLES
-    from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
-    from profiling_agent.tools.models.artifact_load import load_artifact
-    from profiling_agent.tools.runtimes.forms import ALL_FORMS, eligible_forms, forms_for_backend
-    from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
-
     report = progress or (lambda done, total, label: None)
     pixels, labels = tensors["eval_pixels"], tensors["eval_labels"]
     loaded = load_artifact(root / baseline.path)
@@ -150,8 +147,6 @@ def baseline_record(
     baseline: ArtifactRef, out: FormsMeasurement, model: Any, settings: MeasureSettings, macs: float | None
 ) -> EvalRecord:
     """Build the baseline's EvalRecord from its measurement (its own speed-up 1, agreement 100%)."""
-    from profiling_agent.tools.models.sizes import state_bytes
-
     lat = out.measured["baseline"]
     return EvalRecord(
         name="baseline",

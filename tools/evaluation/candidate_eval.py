@@ -8,6 +8,12 @@ from typing import Any
 
 from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord, Objective, VariantRecord
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.device import measure_device
+from profiling_agent.tools.evaluation import scoring
+from profiling_agent.tools.evaluation.baseline_eval import baseline_predictions
+from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
+from profiling_agent.tools.evaluation.delivery import delivery_note, vs_peer
+from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
 from profiling_agent.tools.evaluation.records import (
     CandidateModels,
     CandidateRound,
@@ -16,7 +22,12 @@ from profiling_agent.tools.evaluation.records import (
     FormsPlan,
     MeasureSettings,
 )
+from profiling_agent.tools.evaluation.selection import choose_form, within_budget
 from profiling_agent.tools.evaluation.variants import ratio
+from profiling_agent.tools.io import sha256_path
+from profiling_agent.tools.models.artifact_load import load_artifact
+from profiling_agent.tools.models.sizes import state_bytes
+from profiling_agent.tools.runtimes.forms import eligible_forms, forms_for_backend, round_contenders, round_forms
 from profiling_agent.tools.settings import Backend, backend_or_default
 
 UNRECOVERED = "unrecovered"  # the one-shot pruned weights, predicted beside the forms for the before-recovery accuracy
@@ -50,8 +61,6 @@ def candidate_models(current: Candidate, baseline: ArtifactRef, root: Path, *, b
 
     `before` False leaves the one-shot weights out (their accuracy before recovery is not measured).
     """
-    from profiling_agent.tools.models.artifact_load import load_artifact
-
     assert current.artifact is not None  # quantize ran
     cand = load_artifact(root / current.artifact.path)
     torch_name = f"torch_{sorted(set(quantized_dtypes(cand.recipe)))[0]}" if current.quantized else "torch_fp32"
@@ -83,10 +92,6 @@ def pick_delivered(
     out: FormsMeasurement, base_eval: EvalRecord, objective: Objective, backend: str, torch_name: str
 ) -> tuple[VariantRecord, str]:
     """Choose the delivered form among the measured variants and say why (the delivery policy)."""
-    from profiling_agent.tools.evaluation.delivery import delivery_note
-    from profiling_agent.tools.evaluation.selection import choose_form, within_budget
-    from profiling_agent.tools.runtimes.forms import eligible_forms
-
     variants, built = out.variants, out.built
     eligible = eligible_forms(backend, [v.name for v in built], torch_name)
     choice = choose_form(variants, base_eval, objective, eligible, out.samples)
@@ -110,8 +115,6 @@ def add_comparisons(
     torch_name: str,
 ) -> None:
     """Fill the record's comparisons: the quantization-only peer and the speed of torch quantization itself."""
-    from profiling_agent.tools.evaluation.delivery import vs_peer
-
     if peer and (peer_key or peer.get("name") == "torch_fp32"):
         p_lat = measured[peer_key or "baseline"]
         record.peer = {
@@ -152,8 +155,6 @@ def eval_record(
         settings: The latency batch, threads and device the numbers were taken with.
         note: Why the form was delivered.
     """
-    from profiling_agent.tools.models.sizes import state_bytes
-
     assert current.artifact is not None
     b_lat, c_lat = out.measured["baseline"], out.measured[chosen.name]
     return EvalRecord(
@@ -227,13 +228,11 @@ def evaluate_candidate(
     Returns:
         The candidate with its EvalRecord and delivered form, and the round's one-line summary.
     """
-    from profiling_agent.tools.evaluation.scoring import MIN_PASS_S
-
     assert current.artifact is not None  # quantize ran
     report = where.progress or (lambda done, total, label: None)
     labels = where.tensors["eval_labels"]
     before_s = before_recovery_cost(current, base_eval, len(labels)) if current.recovered else 0.0
-    loaded = candidate_models(current, baseline, where.root, before=before_s < MIN_PASS_S)
+    loaded = candidate_models(current, baseline, where.root, before=before_s < scoring.MIN_PASS_S)
     report(0, 3, "backends")
     out, settings, models = measure_candidate(current, base_eval, objective, ctx, where, loaded)
     report(3, 3, "")
@@ -267,11 +266,6 @@ def measure_candidate(
     Returns:
         The measurement, the settings it was taken with, and the measured models (key -> model).
     """
-    from profiling_agent.tools.device import measure_device
-    from profiling_agent.tools.evaluation.baseline_eval import baseline_predictions
-    from profiling_agent.tools.evaluation.form_eval import eval_threads, evaluate_forms
-    from profiling_agent.tools.runtimes.forms import eligible_forms, forms_for_backend, round_contenders, round_forms
-
     assert current.artifact is not None
     root, tensors, backend = where.root, where.tensors, run_backend(ctx)
     base_variants = [v.model_dump() for v in base_eval.variants]
@@ -310,15 +304,12 @@ def add_accuracy_facts(
     record: EvalRecord, measured: Mapping[str, Mapping[str, Any]], labels: Any, *, seed: int, before_s: float
 ) -> None:
     """Fill the record's paired-bootstrap interval and its accuracy before recovery (or why it is missing)."""
-    from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
-    from profiling_agent.tools.evaluation.scoring import MIN_PASS_S
-
     mine, base = measured[record.delivered]["preds"], measured["baseline"]["preds"]
     record.acc_delta_ci = list(paired_delta_ci(correct(mine, labels), correct(base, labels), seed=seed))
     if UNRECOVERED in measured:
         before = measured[UNRECOVERED]
         record.accuracy_before_recovery, record.agreement_before_recovery = before["accuracy"], before["agreement"]
-    elif before_s >= MIN_PASS_S:
+    elif before_s >= scoring.MIN_PASS_S:
         record.before_recovery_note = (
             f"accuracy before recovery not measured: a torch pass of the one-shot weights of about {before_s:.0f} s "
             "(it cannot change what ships; the recovery record has the calibration agreement before and after)"
@@ -329,8 +320,6 @@ def evaluated_candidate(
     current: Candidate, record: EvalRecord, chosen: VariantRecord, torch_name: str, root: Path
 ) -> Candidate:
     """Return the candidate with its record and, when a runtime form ships, that form as its delivered artifact."""
-    from profiling_agent.tools.io import sha256_path
-
     assert current.artifact is not None
     done = current.model_copy(deep=True)
     done.eval, done.delivered = record, None

@@ -37,6 +37,8 @@ import torch
 
 from profiling_agent.tools.evaluation import co_load
 from profiling_agent.tools.evaluation.rank_test import p_greater
+from profiling_agent.tools.io import read_json, write_json_atomic
+from profiling_agent.tools.models.embedded_data import cache_dir
 
 REFERENCE_FILE = "timing_reference.json"  # in the run folder
 CALIBRATION_SAMPLES = 20  # samples of the quiet calibration (about 3 ms each)
@@ -145,8 +147,6 @@ def slower(samples: Sequence[float], quiet: Sequence[float]) -> tuple[bool, floa
 
 def machine_file() -> Path:
     """Return where this machine's last quiet calibration of the reference workload is kept (per CPU and torch)."""
-    from profiling_agent.tools.models.embedded_data import cache_dir
-
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
@@ -159,8 +159,6 @@ def machine_file() -> Path:
 
 def read_machine(path: Path) -> list[float] | None:
     """Return the machine's kept calibration samples in `path`, ms (None: none, or unreadable)."""
-    from profiling_agent.tools.io import read_json
-
     try:
         samples = [float(t) for t in read_json(path)["samples_ms"]] if path.exists() else []
     except (OSError, KeyError, TypeError, ValueError):
@@ -175,8 +173,6 @@ def with_machine(run: QuietReference, path: Path) -> QuietReference:
     Otherwise the run's own calibration holds, and replaces the kept one when its wall/CPU was at most
     QUIET_WALL_CPU. A cache that cannot be read or written leaves the run's calibration as it is.
     """
-    from profiling_agent.tools.io import write_json_atomic
-
     kept = read_machine(path)
     if kept is not None:
         run.machine_median_ms = round(statistics.median(kept), 6)
@@ -212,7 +208,6 @@ class ReferenceCheck:
         """Return the quiet reference: kept in the run folder, else calibrated now (and kept there)."""
         if self.quiet is not None:
             return self.quiet
-        from profiling_agent.tools.io import read_json
 
         path = self._path()
         if path is not None and path.exists():
@@ -232,8 +227,6 @@ class ReferenceCheck:
         return self.quiet
 
     def _keep(self) -> None:
-        from profiling_agent.tools.io import write_json_atomic
-
         path = self._path()
         if path is not None and self.quiet is not None:
             self.quiet.path = str(path)

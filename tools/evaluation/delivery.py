@@ -13,8 +13,11 @@ from typing import Any
 
 from profiling_agent.state import ArtifactRef, Best, EvalRecord, Objective, VariantRecord
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.evaluation.contention import flag_reason, flagged
+from profiling_agent.tools.evaluation.latency import measurably_different, paired_ratio
 from profiling_agent.tools.evaluation.selection import LATENCY_TIE, choose_form, reduction, within_budget
 from profiling_agent.tools.evaluation.ties import Samples
+from profiling_agent.tools.runtimes.forms import eligible_forms
 
 PEER_PREFIX = "unpruned_"  # models named so in a round's timing are the peer (the unpruned model's fastest form)
 BASELINE_TORCH = "torch_fp32"  # the untouched torch model among the baseline's forms
@@ -40,8 +43,6 @@ def quantization_only_peer(
         backend: The run's `--backend` choice.
         samples: Form name -> its per-repeat batch-1 samples of the timing `variants` come from (None: medians).
     """
-    from profiling_agent.tools.runtimes.forms import eligible_forms
-
     allowed = eligible_forms(backend, [v.name for v in variants], BASELINE_TORCH)
     fitting = [
         v
@@ -138,8 +139,6 @@ def pruning_verdict(
 
 def final_paired(best: Best, final: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
     """Return the best candidate's paired speed ratio over the final peer with its interval (None: not timed so)."""
-    from profiling_agent.tools.evaluation.latency import paired_ratio
-
     theirs, mine = final_rows(best, final)
     return paired_ratio(theirs, mine) if mine and theirs else None
 
@@ -261,9 +260,6 @@ def delivery_summary(
             same repeats (`latency.paired_ratio`), so each lies inside its own interval.
         timing: Its timing facts (busy and contended flags; "final_peer": the quantization-only form chosen there).
     """
-    from profiling_agent.tools.evaluation.contention import flag_reason, flagged
-    from profiling_agent.tools.evaluation.latency import paired_ratio
-
     if not best:
         return None
     final, facts = dict(final_latency or {}), dict(timing or {})
@@ -324,8 +320,6 @@ def hedged(why: str, ratio_ci: Mapping[str, Any] | None) -> str:
 
     The figure stated is the paired median (`latency.paired_ratio`), the one the interval is of.
     """
-    from profiling_agent.tools.evaluation.latency import measurably_different
-
     if ratio_ci is None or measurably_different(ratio_ci) is not False or "faster than quantizing" not in why:
         return why
     low, high = ratio_ci["ci"]
@@ -352,8 +346,6 @@ def summary_line(summary: Mapping[str, Any] | None) -> str:
         )
     line += f"; {summary['verdict']}"
     if summary.get("timings_flagged"):
-        from profiling_agent.tools.evaluation.contention import flag_reason
-
         line += f"; TIMINGS FLAGGED: {summary.get('flag_reason') or flag_reason(summary.get('timing'))}"
     return line
 

@@ -6,8 +6,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from profiling_agent.tools.data.labels import map_labels, wnids_from_config
+from profiling_agent.tools.data.prepare import SubsetSpec, prepare_images
+from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
+from profiling_agent.tools.data.stream import open_prepared
+from profiling_agent.tools.device import measure_device
+from profiling_agent.tools.evaluation.metrics import accuracy_batch
 from profiling_agent.tools.evaluation.records import EvalImages, MeasureSettings
-from profiling_agent.tools.models.loading import LoadedModel
+from profiling_agent.tools.evaluation.variants import measure_forms
+from profiling_agent.tools.models.artifacts import is_artifact
+from profiling_agent.tools.models.input_shape import resolve_input_shape, verify_input_shape
+from profiling_agent.tools.models.loading import LoadedModel, load_model
+from profiling_agent.tools.models.sizes import count_params, state_bytes
+from profiling_agent.tools.profiling import static
 
 EVAL_BATCH = 64  # accuracy batch, as in a run (dynamically quantized forms' accuracy depends on it: recorded)
 
@@ -64,9 +77,6 @@ def evaluate_model(request: EvalRequest) -> dict[str, Any]:
     Returns accuracy, latency (batch 1 and `latency_batch`), parameter and buffer bytes, weights size,
     params and MACs, with the label-mapping method, as plain JSON values.
     """
-    from profiling_agent.tools.device import measure_device
-    from profiling_agent.tools.evaluation.variants import measure_forms
-
     ready = prepare_model_images(request)
     loaded = ready.loaded
     quantized = any("quantized" in type(m).__module__ for m in loaded.model.modules())
@@ -89,13 +99,6 @@ def evaluate_model(request: EvalRequest) -> dict[str, Any]:
 
 def prepare_model_images(request: EvalRequest) -> _Prepared:
     """Load the model, check its input shape, map the dataset's labels and prepare the images it is measured on."""
-    from profiling_agent.tools.data.labels import map_labels, wnids_from_config
-    from profiling_agent.tools.data.prepare import SubsetSpec, prepare_images
-    from profiling_agent.tools.data.sources import detect_columns, label_names, load_split
-    from profiling_agent.tools.data.stream import open_prepared
-    from profiling_agent.tools.models.input_shape import resolve_input_shape, verify_input_shape
-    from profiling_agent.tools.models.loading import load_model
-
     loaded = load_model(request.model_ref)
     shape = resolve_input_shape(loaded.model, loaded.processor)
     verify_input_shape(loaded.model, shape)
@@ -126,8 +129,6 @@ def prepare_model_images(request: EvalRequest) -> _Prepared:
 
 def weights_size(loaded: LoadedModel) -> tuple[Path | None, float | None]:
     """Return the model's weights file (None: several or none) and the MB of its weights on disk."""
-    from profiling_agent.tools.models.artifacts import is_artifact
-
     weights = Path(loaded.path) / "model.safetensors" if loaded.path and is_artifact(loaded.path) else None
     if loaded.source in ("onnx", "openvino"):
         weights = Path(loaded.path) / ("model.onnx" if loaded.source == "onnx" else "openvino_model.bin")
@@ -146,11 +147,6 @@ def model_metrics(
     dev: str,
 ) -> dict[str, Any]:
     """Return `evaluate_model`'s JSON record: accuracy, latencies, sizes, counts and the label mapping."""
-    import torch
-
-    from profiling_agent.tools.evaluation.metrics import accuracy_batch
-    from profiling_agent.tools.models.sizes import count_params, state_bytes
-
     loaded, shape, mapping = ready.loaded, ready.shape, ready.mapping
     onnx = loaded.source in ("onnx", "openvino")
     weights, size_mb = weights_size(loaded)
@@ -181,12 +177,10 @@ def model_metrics(
 
 def model_macs(loaded: LoadedModel, chw: tuple[int, int, int]) -> int | None:
     """Count one image's MACs; when ptflops cannot (some quantized modules), use what the artifact recorded."""
-    from profiling_agent.tools.profiling.static import static_profile
-
     if loaded.source in ("onnx", "openvino"):  # no torch modules to count: the MACs the run recorded
         return int(((loaded.info.get("recipe") or {}).get("extra") or {}).get("macs") or 0) or None
     try:
-        return int(static_profile(loaded.model.to("cpu"), chw)["total_macs"])
+        return int(static.static_profile(loaded.model.to("cpu"), chw)["total_macs"])
     except Exception:  # noqa: BLE001 - ptflops fails in many ways on modules it does not know
         recipe = loaded.info.get("recipe") or {}
         return int((recipe.get("extra") or {}).get("macs", 0)) or None

@@ -99,8 +99,13 @@ def export_run(
     Raises:
         ExportError: Bad run folder or format/quantize pair; RuntimeError: the export or quantization failed.
     """
-    from profiling_agent.tools.data.stream import open_run_data
-    from profiling_agent.tools.evaluation.metrics import predict, top1
+    from profiling_agent.tools.data.stream import (
+        open_run_data,
+    )  # lazy: torch; graph.cli.export loads this module without it
+    from profiling_agent.tools.evaluation.metrics import (
+        predict,
+        top1,
+    )  # lazy: torch; graph.cli.export loads this module without it
 
     form, run, result, best = export_inputs(run_path, fmt, quantize)
     fp32_folder = _fp32_folder(run, result, best)
@@ -175,7 +180,9 @@ def export_inputs(
 
 def copy_recorded(run: Path, recorded: dict[str, Any], dest: Path, threads: int | None) -> ExportedForm:
     """Copy the form the run built and checked into `dest` and open it (its recipe holds its check)."""
-    from profiling_agent.tools.runtimes.forms import load_form
+    from profiling_agent.tools.runtimes.forms import (
+        load_form,
+    )  # lazy: torch; graph.cli.export loads this module without it
 
     shutil.copytree(run / recorded["path"], dest)
     model = load_form(dest, threads)
@@ -205,9 +212,15 @@ def build_export(
     Raises:
         RuntimeError: The export or quantization failed.
     """
-    from profiling_agent.tools.models.artifact_load import load_artifact
-    from profiling_agent.tools.runtimes.forms import build_forms
-    from profiling_agent.tools.runtimes.onnx_forms import FormFiles
+    from profiling_agent.tools.models.artifact_load import (
+        load_artifact,
+    )  # lazy: torch; graph.cli.export loads this module without it
+    from profiling_agent.tools.runtimes.forms import (
+        build_forms,
+    )  # lazy: torch; graph.cli.export loads this module without it
+    from profiling_agent.tools.runtimes.onnx_forms import (
+        FormFiles,
+    )  # lazy: torch; graph.cli.export loads this module without it
 
     loaded = load_artifact(fp32_folder)
     extra = {"params": best.get("params"), "macs": best.get("macs"), "run": str(run), "iteration": best["iteration"]}

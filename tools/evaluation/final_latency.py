@@ -8,6 +8,16 @@ from typing import Any
 
 from profiling_agent.state import ArtifactRef, Candidate, Context, EvalRecord, Objective
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.device import cpu_only, measure_device
+from profiling_agent.tools.evaluation.contention import use_run
+from profiling_agent.tools.evaluation.delivery import BASELINE_TORCH, PEER_PREFIX, final_peer
+from profiling_agent.tools.evaluation.form_eval import eval_threads
+from profiling_agent.tools.evaluation.latency import RUN_BUDGET_S, measure_latency_checked, paired_ratio
+from profiling_agent.tools.evaluation.selection import within_budget
+from profiling_agent.tools.evaluation.ties import LATENCY_TIE, TIE_LEVEL
+from profiling_agent.tools.io import read_json, write_json_atomic
+from profiling_agent.tools.models.artifact_load import load_artifact, load_run_form
+from profiling_agent.tools.runtimes.forms import load_form, round_contenders
 
 
 def same_form_paths(candidates: Sequence[Candidate], base_eval: EvalRecord | None) -> dict[str, str]:
@@ -18,8 +28,6 @@ def same_form_paths(candidates: Sequence[Candidate], base_eval: EvalRecord | Non
     has its unpruned twin timed in the final measurement too, so the outcome never rests on two speedups taken in
     different measurements (on a 0.1 ms model they disagreed by 30%).
     """
-    from profiling_agent.tools.device import cpu_only
-
     if base_eval is None:
         return {}
     peer = str((base_eval.peer or {}).get("name") or "")
@@ -48,11 +56,6 @@ def cannot_win(base_eval: EvalRecord | None) -> dict[str, str]:
     1 + LATENCY_TIE, the rule by which `ties.speed_tied` says two forms are not tied. The torch model is the
     baseline, timed anyway. Without the per-repeat samples (a run recorded before they were kept) none is left out.
     """
-    from profiling_agent.tools.evaluation.delivery import BASELINE_TORCH
-    from profiling_agent.tools.evaluation.latency import paired_ratio
-    from profiling_agent.tools.evaluation.ties import LATENCY_TIE, TIE_LEVEL
-    from profiling_agent.tools.runtimes.forms import round_contenders
-
     if base_eval is None or not base_eval.peer:
         return {}
     samples = (base_eval.timing or {}).get(FORM_SAMPLES) or {}
@@ -83,10 +86,6 @@ def unpruned_contenders(base_eval: EvalRecord | None, objective: Objective | Non
     A form that cannot win (`cannot_win`: measurably slower than the peer) is not timed again. Without an
     objective, only the baseline's recorded peer.
     """
-    from profiling_agent.tools.device import cpu_only
-    from profiling_agent.tools.evaluation.delivery import BASELINE_TORCH
-    from profiling_agent.tools.evaluation.selection import within_budget
-
     if base_eval is None:
         return {}
     out: dict[str, str] = {}
@@ -107,8 +106,6 @@ def unpruned_contenders(base_eval: EvalRecord | None, objective: Objective | Non
 
 def kept_final(root: Path, keys: Sequence[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
     """Return the run's final timing kept in `FINAL_FILE` when it timed exactly these candidates, else None."""
-    from profiling_agent.tools.io import read_json
-
     path = root / FINAL_FILE
     try:
         data = read_json(path) if path.exists() else None
@@ -151,15 +148,6 @@ def final_latency(
         timing facts (wall vs CPU time, busy and contended flags, re-measures, "contenders", "final_peer");
         both empty without a finished candidate.
     """
-    from profiling_agent.tools.device import measure_device
-    from profiling_agent.tools.evaluation.contention import use_run
-    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX, final_peer
-    from profiling_agent.tools.evaluation.form_eval import eval_threads
-    from profiling_agent.tools.evaluation.latency import RUN_BUDGET_S, measure_latency_checked
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.models.artifact_load import load_artifact, load_run_form
-    from profiling_agent.tools.runtimes.forms import load_form
-
     ok = [c for c in candidates if c.status == "ok" and c.artifact]
     if not ok or baseline is None or images is None:
         return {}, {}

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from profiling_agent.state import Objective, VariantRecord
+from profiling_agent.tools.evaluation.contention import flag_reason, flagged, use_run
 from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, concurrent_models
 from profiling_agent.tools.evaluation.records import (
@@ -29,6 +30,7 @@ from profiling_agent.tools.evaluation.records import (
     Scorer,
 )
 from profiling_agent.tools.evaluation.scoring import ScoringRule
+from profiling_agent.tools.evaluation.sharded import run_pass
 from profiling_agent.tools.evaluation.variants import measure_forms, recipe_summary, variant_record
 from profiling_agent.tools.runtimes.forms import (
     FP32_REFERENCES,
@@ -135,7 +137,6 @@ def sharded_predictor(
     of its shard in the batches one process uses, so the predictions are the single process's exactly
     (docs/distributed.md).
     """
-    from profiling_agent.tools.evaluation.sharded import run_pass
 
     def predict(models: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
         return run_pass(run, "eval", {name: paths[name] for name in models}, settings, job_dir=job_dir)
@@ -167,7 +168,6 @@ def timing_notice(timing: Mapping[str, Any] | None) -> str:
         return ""
     procs = timing.get("accuracy_procs")
     split = f"; validation pass on {procs} processes" if procs else ""
-    from profiling_agent.tools.evaluation.contention import flag_reason, flagged
 
     ratio = timing.get("wall_over_cpu")
     if flagged(timing):
@@ -206,8 +206,6 @@ def evaluate_forms(models: dict[str, nn.Module], plan: FormsPlan, settings: Meas
     Returns:
         The rows, timing facts, VariantRecords (torch forms first), built forms, the peer's key and the summary.
     """
-    from profiling_agent.tools.evaluation.contention import use_run
-
     use_run(plan.run)  # the run's quiet reference: calibrated at its first timing block, kept in its folder
     built = build_stage(models, plan, settings.threads)
     peer_name, time_only = open_peer(plan, settings.threads)

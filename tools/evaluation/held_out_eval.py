@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.state import ArtifactRef, Best, EvalRecord, Objective, TestEval
+from profiling_agent.tools.io import sha256_path
 
 
 def delivered_best(
@@ -22,8 +23,9 @@ def delivered_best(
     within the budget (quantization only). With the final side-by-side timing (`final_latency`), both the peer and
     the speed over it are read there.
     """
-    from profiling_agent.tools.evaluation.delivery import choose_delivery
-    from profiling_agent.tools.io import sha256_path
+    from profiling_agent.tools.evaluation.delivery import (
+        choose_delivery,
+    )  # lazy: torch; nodes.held_out loads this module without it
 
     chosen, why = choose_delivery(best, base_eval, baseline, objective, final)
     if chosen and chosen.delivered and not chosen.delivered.sha256:  # the peer's form on disk
@@ -40,7 +42,9 @@ def baseline_stand_in(base_eval: EvalRecord | None, root: Path, device: str, thr
     `measure_baseline` chose it (`EvalRecord.predicted_by`: faster than torch, logits within the FP32 tolerance);
     on the CPU only, and None when its folder no longer opens (torch predicts).
     """
-    from profiling_agent.tools.runtimes.forms import load_form
+    from profiling_agent.tools.runtimes.forms import (
+        load_form,
+    )  # lazy: torch; nodes.held_out loads this module without it
 
     name = base_eval.predicted_by if base_eval is not None and str(device).startswith("cpu") else None
     path = next((v.path for v in base_eval.variants if v.name == name and v.path), None) if base_eval and name else None
@@ -57,8 +61,14 @@ def held_out_result(
     preds: dict[str, Any], labels: Any, best: Best | None, *, split: str, device: str, seed: int, procs: int = 1
 ) -> tuple[TestEval, str]:
     """Score the baseline's and the best model's held-out predictions: accuracy, agreement, paired 95% CI."""
-    from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
-    from profiling_agent.tools.evaluation.metrics import agreement, top1
+    from profiling_agent.tools.evaluation.bootstrap import (
+        correct,
+        paired_delta_ci,
+    )  # lazy: torch; nodes.held_out loads this module without it
+    from profiling_agent.tools.evaluation.metrics import (
+        agreement,
+        top1,
+    )  # lazy: torch; nodes.held_out loads this module without it
 
     result = TestEval(
         split=split, n_samples=len(labels), device=device, baseline_accuracy=top1(preds["baseline"], labels)

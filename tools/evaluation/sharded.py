@@ -16,10 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from profiling_agent.tools.evaluation.metrics import accuracy_batch, predict_many
+from profiling_agent.tools.data.stream import ImageStream, open_run_data
+from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
+from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict_many, top1
 from profiling_agent.tools.evaluation.records import MeasureSettings
+from profiling_agent.tools.io import read_json, write_json_atomic
+from profiling_agent.tools.models.artifact_load import load_run_form
 from profiling_agent.tools.recovery.distributed_launch import (
     DEFAULT_LAUNCHER,
     DistributedJobError,
@@ -45,8 +51,6 @@ def shard_of(pixels: Any, start: int, stop: int) -> Any:
 
     The shard's stream keeps no uint8 cache: the role's cache folder is keyed by its full row list.
     """
-    from profiling_agent.tools.data.stream import ImageStream
-
     if not isinstance(pixels, ImageStream):
         return pixels[start:stop]
     return pixels.between(start, stop)
@@ -56,7 +60,6 @@ def gather_predictions(local: Mapping[str, torch.Tensor], world: int) -> dict[st
     """Concatenate every rank's predictions in rank order (every rank gets the result)."""
     if world == 1:
         return {k: v.cpu() for k, v in local.items()}
-    import torch.distributed as dist
 
     parts: list[Any] = [None] * world
     dist.all_gather_object(parts, {k: v.cpu() for k, v in local.items()})
@@ -95,9 +98,6 @@ def predict_sharded(
 
 def summarize(preds: Mapping[str, torch.Tensor], labels: torch.Tensor, reference: str, seed: int = 0) -> dict[str, Any]:
     """Return per model: top-1 %, agreement % with `reference`, and the paired bootstrap CI of its change."""
-    from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
-    from profiling_agent.tools.evaluation.metrics import agreement, top1
-
     base = preds.get(reference)
     out: dict[str, Any] = {}
     for name, p in preds.items():
@@ -111,12 +111,6 @@ def summarize(preds: Mapping[str, torch.Tensor], labels: torch.Tensor, reference
 
 def main(argv: list[str] | None = None) -> int:
     """Run one rank of a sharded pass over a run's role (spec file argv[0]); rank 0 writes the predictions."""
-    from safetensors.torch import save_file
-
-    from profiling_agent.tools.data.stream import open_run_data
-    from profiling_agent.tools.io import read_json, write_json_atomic
-    from profiling_agent.tools.models.artifact_load import load_run_form
-
     spec_path = Path((argv if argv is not None else sys.argv[1:])[0])
     spec, job_dir, rank = read_json(spec_path), spec_path.parent, 0
     threads = max(1, int(spec.get("threads") or 1))
@@ -187,10 +181,6 @@ def sharded_predictions(run: Path, part: str, models: Mapping[str, Path], job: S
     Raises:
         DistributedJobError: The job failed (one line).
     """
-    from safetensors.torch import load_file
-
-    from profiling_agent.tools.io import write_json_atomic
-
     job_dir = job.job_dir
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "predictions.safetensors").unlink(missing_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from profiling_agent.tools.hub import quiet_hf
@@ -31,6 +32,7 @@ from profiling_agent.tools.models.dynamic_quant import (
 from profiling_agent.tools.models.merged_tokens import TokenScheduleError, install_token_merging
 from profiling_agent.tools.models.shortcut import SHORTCUT, replace_with_shortcut
 from profiling_agent.tools.models.sizes import QSCALE, QWEIGHT, QZERO
+from profiling_agent.tools.runtimes.forms import form_source, load_form
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +52,6 @@ def read_weights(path: Path, recipe: Mapping[str, Any]) -> dict[str, torch.Tenso
     Raises:
         ArtifactError: The file is missing, corrupt or disagrees with the recipe.
     """
-    from safetensors.torch import load_file
-
     file = path / WEIGHTS_FILE
     if not file.is_file():
         raise ArtifactError(f"{file} is missing")
@@ -75,8 +75,12 @@ def build_model(path: Path, recipe: Mapping[str, Any]) -> nn.Module:
     Raises:
         ArtifactError: The config is missing or unreadable, or the architecture cannot be built.
     """
-    import transformers
-    from transformers import AutoConfig, AutoModelForImageClassification, PreTrainedModel
+    import transformers  # lazy: transformers; nodes.probe loads this module without it
+    from transformers import (
+        AutoConfig,
+        AutoModelForImageClassification,
+        PreTrainedModel,
+    )  # lazy: transformers; nodes.probe loads this module without it
 
     if not (path / CONFIG_FILE).is_file():
         raise ArtifactError(f"{path / CONFIG_FILE} is missing")
@@ -287,7 +291,7 @@ def load_processor(path: Path) -> Any | None:
     Raises:
         ArtifactError: Processor files are present but cannot be loaded.
     """
-    from transformers import AutoImageProcessor
+    from transformers import AutoImageProcessor  # lazy: transformers; nodes.probe loads this module without it
 
     if not any((path / name).is_file() for name in PROCESSOR_FILES):
         return None
@@ -337,6 +341,4 @@ def load_artifact(path: str | os.PathLike, device: str | torch.device = "cpu") -
 
 def load_run_form(path: str | os.PathLike, threads: int | None = None) -> Any:
     """Load a candidate's delivered form: an ONNX Runtime session, an OpenVINO model or the torch model."""
-    from profiling_agent.tools.runtimes.forms import form_source, load_form
-
     return load_form(path, threads) if form_source(path) else load_artifact(path).model

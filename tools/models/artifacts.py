@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from profiling_agent.tools.hub import quiet_hf
@@ -100,7 +101,7 @@ def module_sizes(model: nn.Module) -> dict[str, dict[str, Any]]:
 
 def architecture_of(model: nn.Module) -> str:
     """Name the class to rebuild: the model's own class, else the first of config.architectures."""
-    import transformers
+    import transformers  # lazy: transformers; nodes.prune loads this module without it
 
     own = type(model).__name__
     if isinstance(getattr(transformers, own, None), type):
@@ -208,8 +209,6 @@ def save_artifact(
     Raises:
         ValueError: `quantized` disagrees with the model, or the model holds unsupported quantized modules.
     """
-    from safetensors.torch import save_file
-
     tensors, schemes = collect_tensors(model)
     found = {name: scheme["dtype"] for name, scheme in schemes.items()}
     if quantized is not None and dict(quantized) != found:

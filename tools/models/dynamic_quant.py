@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+from torch.ao.quantization import default_dynamic_qconfig, float16_dynamic_qconfig, quantize_dynamic
 
 QUANT_DTYPES = ("qint8", "float16")
 
@@ -25,15 +27,11 @@ def quiet_ao_quantization() -> Iterator[None]:
 
 def dynamic_linear_type() -> type[nn.Module]:
     """Return torch's dynamically quantized Linear class."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-
     return DynamicLinear
 
 
 def qconfig_for(dtype: str) -> Any:
     """Return the dynamic qconfig of a dtype name ("qint8" | "float16")."""
-    from torch.ao.quantization import default_dynamic_qconfig, float16_dynamic_qconfig
-
     if dtype == "qint8":
         return default_dynamic_qconfig
     if dtype == "float16":
@@ -52,8 +50,6 @@ def apply_dynamic_quantization(model: nn.Module, plan: Mapping[str, str], *, inp
     Returns:
         The quantized model.
     """
-    from torch.ao.quantization import quantize_dynamic
-
     target = model if inplace else copy.deepcopy(model)
     spec = {name: qconfig_for(dtype) for name, dtype in plan.items()}
     with quiet_ao_quantization():

@@ -70,7 +70,9 @@ def _resolved(name: str, config: TrainConfig | None) -> TrainConfig:
 
 def digits_processor():
     """Return the image processor both embedded models use: 32x32, one channel, mean/std 0.5."""
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+    from transformers.models.vit.image_processing_pil_vit import (
+        ViTImageProcessorPil,
+    )  # lazy: transformers; tools.models.loading loads this module without it
 
     return ViTImageProcessorPil(
         do_resize=True,
@@ -92,7 +94,10 @@ def build_architecture(name: str) -> torch.nn.Module:
     """Build an untrained embedded model by name ("vit-digits" or "resnet-digits")."""
     id2label, label2id = _label_maps()
     if name == "vit-digits":
-        from transformers import ViTConfig, ViTForImageClassification
+        from transformers import (
+            ViTConfig,
+            ViTForImageClassification,
+        )  # lazy: transformers; tools.models.loading loads this module without it
 
         config = ViTConfig(
             image_size=IMAGE_SIZE,
@@ -109,7 +114,10 @@ def build_architecture(name: str) -> torch.nn.Module:
         )
         return ViTForImageClassification(config)
     if name == "resnet-digits":
-        from transformers import ResNetConfig, ResNetForImageClassification
+        from transformers import (
+            ResNetConfig,
+            ResNetForImageClassification,
+        )  # lazy: transformers; tools.models.loading loads this module without it
 
         resnet_config = ResNetConfig(
             num_channels=1,
@@ -244,7 +252,7 @@ def train_model(
     Raises:
         ValueError: `config.epochs` or `config.lr` is missing, or the model does not have 10 labels.
     """
-    from datasets import load_from_disk
+    from datasets import load_from_disk  # lazy: datasets; tools.models.loading loads this module without it
 
     if config.epochs is None or config.lr is None:
         raise ValueError("train_model needs config.epochs and config.lr")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from profiling_agent.tools.hub import quiet_hf
 from profiling_agent.tools.io import atomic_dir
@@ -35,7 +36,7 @@ def file_lock(name: str) -> Iterator[None]:
     lock_dir = cache_dir() / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     try:
-        import fcntl
+        import fcntl  # lazy: probe; fcntl is POSIX-only
     except ImportError:  # pragma: no cover - Windows: atomic replace alone keeps readers safe
         yield
         return
@@ -57,8 +58,6 @@ def dataset_path() -> Path:
 
 def _digit_images(images: np.ndarray) -> list:
     """Turn 8x8 arrays in 0..16 into 32x32 grayscale PIL images."""
-    from PIL import Image
-
     out = []
     for img in images:
         small = Image.fromarray(np.clip(img * (255.0 / 16.0), 0, 255).round().astype(np.uint8), mode="L")
@@ -68,16 +67,24 @@ def _digit_images(images: np.ndarray) -> list:
 
 def _build_dataset(target: Path) -> None:
     """Write the digits DatasetDict (train/test, stratified 80/20, seeded) to `target`."""
-    from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from datasets import (
+        ClassLabel,
+        Dataset,
+        DatasetDict,
+        Features,
+    )  # lazy: datasets; tools.data.sources loads this module without it
+    from datasets import Image as ImageFeature  # lazy: datasets; tools.data.sources loads this module without it
+    from sklearn.datasets import load_digits  # lazy: sklearn; tools.data.sources loads this module without it
+    from sklearn.model_selection import (
+        train_test_split,
+    )  # lazy: sklearn; tools.data.sources loads this module without it
 
     digits = load_digits()
     idx = np.arange(len(digits.target))
     train_idx, test_idx = train_test_split(
         idx, test_size=TEST_FRACTION, stratify=digits.target, random_state=SPLIT_SEED
     )
-    features = Features({"image": Image(), "label": ClassLabel(names=LABEL_NAMES)})
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=LABEL_NAMES)})
 
     def split(ids: np.ndarray) -> Dataset:
         ids = np.sort(ids)

@@ -7,9 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from safetensors import safe_open
 from torch import nn
 
 from profiling_agent.tools.hub import EMBEDDED_PREFIX, ModelLoadError, hub_offline, hub_probe, looks_like_path, quiet_hf
+from profiling_agent.tools.models import embedded
+from profiling_agent.tools.models.artifact_load import load_artifact, load_processor
+from profiling_agent.tools.models.artifacts import is_artifact
+from profiling_agent.tools.runtimes.forms import form_source, load_form
 from profiling_agent.tools.text import one_line
 
 logger = logging.getLogger(__name__)
@@ -41,8 +46,10 @@ class LoadedModel:
 
 def _load_processor(source: str, **kwargs: Any) -> Any | None:
     """Load the image processor of `source`, or return None with a warning when there is none."""
-    from transformers import AutoImageProcessor
-    from transformers.utils import is_torchvision_available
+    from transformers import AutoImageProcessor  # lazy: transformers; nodes.acquire loads this module without it
+    from transformers.utils import (
+        is_torchvision_available,
+    )  # lazy: transformers; nodes.acquire loads this module without it
 
     backend = None if is_torchvision_available() else "pil"  # without torchvision: PIL processors, no warning
     try:
@@ -57,8 +64,10 @@ def _load_processor(source: str, **kwargs: Any) -> Any | None:
 
 def _check_config(ref: str, source: str, trust_remote_code: bool, **kwargs: Any) -> Any:
     """Load `source`'s config and check it describes an image classifier."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING
+    from transformers import AutoConfig  # lazy: transformers; nodes.acquire loads this module without it
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
+    )  # lazy: transformers; nodes.acquire loads this module without it
 
     try:
         with quiet_hf():
@@ -91,7 +100,9 @@ def _check_config(ref: str, source: str, trust_remote_code: bool, **kwargs: Any)
 
 def _load_transformers(ref: str, source: str, *, trust_remote_code: bool, **kwargs: Any) -> tuple[nn.Module, Any]:
     """Load model and processor from a local folder or hub id with the Auto classes, checking the head."""
-    from transformers import AutoModelForImageClassification
+    from transformers import (
+        AutoModelForImageClassification,
+    )  # lazy: transformers; nodes.acquire loads this module without it
 
     config = _check_config(ref, source, trust_remote_code, **kwargs)
     try:
@@ -116,7 +127,6 @@ def weights_named(source: str, ref: str) -> str:
     folder = Path(source)
     if not folder.is_dir():
         return f"of {ref}"
-    from safetensors import safe_open
 
     for file in sorted(folder.glob("*.safetensors")):
         try:
@@ -156,8 +166,6 @@ def _check_missing(ref: str, model: nn.Module, missing: list[str]) -> None:
 
 def _load_embedded(ref: str) -> LoadedModel:
     """Build (first use) and load one of the embedded digits models."""
-    from profiling_agent.tools.models import embedded
-
     name = ref[len(EMBEDDED_PREFIX) :]
     if name not in embedded.MODEL_NAMES:
         raise ModelLoadError(f"unknown embedded model '{name}'; choose from {', '.join(embedded.MODEL_NAMES)}")
@@ -168,8 +176,6 @@ def _load_embedded(ref: str) -> LoadedModel:
 
 def _load_artifact(ref: str, path: Path) -> LoadedModel:
     """Load a profiling-agent artifact folder through tools.artifacts."""
-    from profiling_agent.tools.models.artifact_load import load_artifact
-
     try:
         loaded = load_artifact(path)
     except Exception as err:  # noqa: BLE001 - any failure becomes a one-line user message
@@ -180,9 +186,6 @@ def _load_artifact(ref: str, path: Path) -> LoadedModel:
 
 def _load_runtime_folder(ref: str, path: Path, source: Literal["onnx", "openvino"]) -> LoadedModel:
     """Open an ONNX (model.onnx) or OpenVINO (openvino_model.xml) folder with its recipe and processor."""
-    from profiling_agent.tools.models.artifact_load import load_processor
-    from profiling_agent.tools.runtimes.forms import load_form
-
     label = "ONNX" if source == "onnx" else "OpenVINO"
     try:
         model = load_form(path)
@@ -248,9 +251,6 @@ def load_model(ref: str, *, revision: str | None = None, trust_remote_code: bool
         return _load_embedded(ref)
     path = Path(ref).expanduser()
     if path.exists():
-        from profiling_agent.tools.models.artifacts import is_artifact
-        from profiling_agent.tools.runtimes.forms import form_source
-
         source = form_source(path)
         if source is not None:
             return _load_runtime_folder(ref, path, source)

@@ -37,7 +37,9 @@ def dynamic_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 def linear_packed_params_type() -> type | None:
     """Return torch's LinearPackedParams class (the container of a quantized Linear's weights), or None."""
     try:
-        from torch.ao.nn.quantized.modules.linear import LinearPackedParams
+        from torch.ao.nn.quantized.modules.linear import (
+            LinearPackedParams,
+        )  # lazy: probe; a torch build without quantized modules returns None
     except ImportError:  # pragma: no cover - depends on the torch build
         return None
     return LinearPackedParams

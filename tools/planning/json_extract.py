@@ -146,7 +146,7 @@ def _library_repair(text: str) -> Any:
     if not brackets_balanced(text):
         return None
     try:
-        import json_repair
+        import json_repair  # lazy: probe; a missing json_repair only loses this last repair
     except ImportError:  # the library is a dependency, but a missing one only loses this last repair
         return None
     try:

@@ -7,9 +7,12 @@ from typing import Any
 
 from profiling_agent.state import CompressionPlan, Context, PlannerMeta, group_rows
 from profiling_agent.tools import run_layout
-from profiling_agent.tools.planning.round import RoundOutcome
+from profiling_agent.tools.io import read_json, write_json_atomic
+from profiling_agent.tools.planning.llm_config import planner_mode
+from profiling_agent.tools.planning.round import RoundOutcome, planning_round
 from profiling_agent.tools.planning.round_inputs import RoundInputs
-from profiling_agent.tools.planning.trials import TrialSetup
+from profiling_agent.tools.planning.trials import TrialFactory, TrialSetup
+from profiling_agent.tools.recovery.refit_cache import TrialRefits, discard
 
 
 def plan_next(
@@ -27,12 +30,9 @@ def plan_next(
         ValueError: `--planner llm` without an LLM configured, or an endpoint that could not be used.
         LLMUnreachable: `--planner llm` whose endpoint never gave a usable reply.
     """
-    from profiling_agent.tools.compression.baselines import is_baseline
-    from profiling_agent.tools.io import read_json
-    from profiling_agent.tools.planning.llm_config import planner_mode
-    from profiling_agent.tools.planning.round import planning_round
-    from profiling_agent.tools.planning.trials import TrialFactory
-    from profiling_agent.tools.recovery.refit_cache import TrialRefits, discard
+    from profiling_agent.tools.compression.baselines import (
+        is_baseline,
+    )  # lazy: torch_pruning; nodes.analyze loads this module without it
 
     if is_baseline(inputs.objective.planner):
         return uniform_round(inputs, Path(setup.run_path), folder)
@@ -56,8 +56,11 @@ def uniform_round(inputs: RoundInputs, run_path: Path, folder: Path) -> RoundOut
         The plan (meta: the baseline and its ratio), or, once a candidate exists, an empty outcome whose stop
         reason says why the run stops (nothing written then).
     """
-    from profiling_agent.tools.compression.baselines import as_baseline, check_ratio, uniform_plan
-    from profiling_agent.tools.io import read_json
+    from profiling_agent.tools.compression.baselines import (
+        as_baseline,
+        check_ratio,
+        uniform_plan,
+    )  # lazy: torch_pruning; nodes.analyze loads this module without it
 
     planner = as_baseline(inputs.objective.planner)
     ratio = check_ratio(inputs.objective.ratio, planner)
@@ -75,8 +78,6 @@ def uniform_round(inputs: RoundInputs, run_path: Path, folder: Path) -> RoundOut
 
 def write_plan(folder: Path, iteration: int, out: RoundOutcome) -> None:
     """Write the round's plan.json (iteration, planner, plan), atomically."""
-    from profiling_agent.tools.io import write_json_atomic
-
     write_json_atomic(
         folder / run_layout.PLAN, {"iteration": iteration, "planner": out.planner, "plan": out.plan.model_dump()}
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from profiling_agent.state import PlannerProfile
+
 DECISIONS = ("approve", "edit", "reject")
 
 
@@ -26,8 +28,10 @@ def review_plan(plan: Any, profile: dict[str, Any], time_budget: float = 1.0):
     Returns:
         The plan guard's GuardVerdict (`ok`, `plan`, `reasons`, `warnings`, `estimate`).
     """
-    from profiling_agent.state import PlannerProfile
-    from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
+    from profiling_agent.tools.planning.plan_guard import (
+        GuardConfig,
+        check_plan,
+    )  # lazy: torch and transformers; nodes.approve loads this module without it
 
     facts = PlannerProfile.of(profile)  # the file's JSON, read once
     return check_plan(unwrap_plan(plan), facts, GuardConfig(match_time_budget=time_budget, tokens=facts.token_axis))

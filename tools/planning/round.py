@@ -22,15 +22,32 @@ from profiling_agent.state import (
     PlanningProblem,
     TokenChoice,
 )
-from profiling_agent.tools.planning.backoff import Backoff
+from profiling_agent.tools.compression.depth import block_limits
+from profiling_agent.tools.planning.alternatives import LABELS
+from profiling_agent.tools.planning.backoff import BACKOFF_TRIALS, Backoff, back_off, drop_cap
+from profiling_agent.tools.planning.block_trials import TRIAL_SETS, block_sets, choose_block_set
+from profiling_agent.tools.planning.depth_plan import block_names
 from profiling_agent.tools.planning.deterministic import PlanResult, Steering, plan_round
 from profiling_agent.tools.planning.error_model import RECOVERY_PRIOR, Correction, fit_correction, history_correction
+from profiling_agent.tools.planning.history import planner_history
 from profiling_agent.tools.planning.llm_client import llm_console_note, never_reached
+from profiling_agent.tools.planning.llm_conversation import TOOLS_DROPPED
+from profiling_agent.tools.planning.llm_planner import plan_with_llm
 from profiling_agent.tools.planning.paired import deterministic_sequence, reference_due
+from profiling_agent.tools.planning.plan_guard import GuardConfig
+from profiling_agent.tools.planning.ratio_solver import PlannerConfig, estimate_key
 from profiling_agent.tools.planning.round_inputs import RoundInputs
-from profiling_agent.tools.planning.search import SearchStep
-from profiling_agent.tools.planning.token_plan import TokenOption, pruning_problem, with_tokens
-from profiling_agent.tools.planning.trials import Evaluate
+from profiling_agent.tools.planning.search import SEARCH_TRIALS, PushBounds, SearchStep, push_step, search_step
+from profiling_agent.tools.planning.token_plan import (
+    TokenOption,
+    pruning_problem,
+    run_option,
+    token_option,
+    weigh,
+    with_tokens,
+)
+from profiling_agent.tools.planning.trials import MAX_EVALUATIONS, Evaluate
+from profiling_agent.tools.profiling.backend_profile import planning_costs
 
 if TYPE_CHECKING:
     from profiling_agent.tools.planning.llm_planner import LLMOutcome
@@ -135,10 +152,6 @@ def earlier_backoff(candidates: Sequence[Candidate]) -> Backoff | None:
 
 def round_data(inputs: RoundInputs, full_profile: dict[str, Any], mode: str) -> RoundData:
     """Return the groups the planner may prune (probed, depth only when on), their costs, and its own history."""
-    from profiling_agent.tools.planning.history import planner_history
-    from profiling_agent.tools.planning.token_plan import run_option, token_option
-    from profiling_agent.tools.profiling.backend_profile import planning_costs
-
     # with an LLM the deterministic planner follows its own sequence (tools/planning/paired.py)
     own = deterministic_sequence(inputs.candidates) if mode == "llm" else list(inputs.candidates)
     history = planner_history(own, inputs.baseline_eval, inputs.objective)
@@ -164,8 +177,6 @@ def _probe_failed(record: GroupSensitivity | None) -> bool:
 
 def weighed_tokens(data: RoundData, evaluator: Evaluator) -> tuple[RoundData, TokenChoice]:
     """Try round 1's plan with merging and without at the same goal; return the data that plans the kept one."""
-    from profiling_agent.tools.planning.token_plan import weigh
-
     assert data.tokens is not None
     unmerged = dataclasses.replace(data, tokens=None)
     choice = weigh(data.tokens, data.plan().plan, unmerged.plan().plan, evaluator(2))
@@ -208,8 +219,6 @@ def backed_off(
     out: DeterministicRound, data: RoundData, candidates: Sequence[Candidate], evaluator: Evaluator, distills: bool
 ) -> None:
     """Back round 1's goal off until its plan's trial stays under the cap (`backoff.py`), in `out`."""
-    from profiling_agent.tools.planning.backoff import BACKOFF_TRIALS, back_off, drop_cap
-
     backoff = earlier_backoff(candidates)
     if backoff is None:
         evaluate = evaluator(BACKOFF_TRIALS + 1)
@@ -237,8 +246,6 @@ def searched(
     After a miss the search's correction keeps the slope 1 until two rounds differ; a push past rounds that all
     kept the budget corrects with the recovery prior when recovery distills (`push_step`).
     """
-    from profiling_agent.tools.planning.search import SEARCH_TRIALS, PushBounds, push_step, search_step
-
     steps = trials or SEARCH_TRIALS
     evaluate = evaluator(steps + 1)
     budget, prior = data.objective.max_acc_drop, recovery_prior(distills)
@@ -279,10 +286,6 @@ def tried_block_sets(
         (the plan result of the set closest to the baseline after its trial, the records): `result` itself when that
         is the planner's own set; (`result`, None) when there is no evaluator or nothing to choose from.
     """
-    from profiling_agent.tools.planning.block_trials import TRIAL_SETS, block_sets, choose_block_set
-    from profiling_agent.tools.planning.depth_plan import block_names
-    from profiling_agent.tools.planning.ratio_solver import PlannerConfig
-
     rows = data.problem.rows
     chosen = block_names(rows, [e.layer for e in result.plan.pruning if e.type == "block"])
     sets = block_sets(rows, PlannerConfig().max_block_fraction, chosen)
@@ -324,11 +327,6 @@ def llm_turn(
 
     `conversation` is the compiled conversation subgraph the analyze node runs (None: the module's own).
     """
-    from profiling_agent.tools.compression.depth import block_limits
-    from profiling_agent.tools.planning.llm_planner import plan_with_llm
-    from profiling_agent.tools.planning.plan_guard import GuardConfig
-    from profiling_agent.tools.profiling.backend_profile import planning_costs
-
     names = set(data.problem.names())
     groups = [g for g in full_profile["groups"] if g["name"] in names]  # the rows' own JSON, for the LLM
     shipped = {**full_profile, "groups": groups, "group_costs": planning_costs(full_profile)}  # the delivered form's
@@ -353,8 +351,6 @@ def llm_turn(
 
 def round_meta(det: DeterministicRound, turn: Turn, objective: Objective) -> PlannerMeta:
     """Return the planner facts the candidate records (goal, convergence, back-off, search, the LLM's turn)."""
-    from profiling_agent.tools.planning.ratio_solver import estimate_key
-
     result, outcome = det.result, turn.outcome
     goal = result.target_estimate
     if turn.planner == "llm" and outcome is not None:  # feedback for later deterministic rounds: the plan's aim
@@ -402,8 +398,6 @@ def round_message(det: DeterministicRound, turn: Turn) -> str:
     if turn.llm is not None:
         message += " " + llm_console_note(turn.llm)
     if turn.llm is not None and turn.llm.tools_dropped:  # said once: the round that found it out
-        from profiling_agent.tools.planning.llm_conversation import TOOLS_DROPPED
-
         message += "; " + TOOLS_DROPPED.format(why=turn.llm.tools_dropped)
     message += f"; blocks chosen from {len(det.trials)} distilled trials" if det.trials else ""
     message += f"; tokens: {det.tokens.why}" if det.tokens is not None else ""
@@ -447,9 +441,6 @@ def planning_round(
         if turn.turn == "llm" and result.converged:  # the deterministic sequence is over: nothing to pair
             turn.turn = "reference"
     if turn.turn == "llm":  # the LLM's trials: its evaluate_plan calls and one per offered alternative
-        from profiling_agent.tools.planning.alternatives import LABELS
-        from profiling_agent.tools.planning.trials import MAX_EVALUATIONS
-
         measured = dataclasses.replace(result, predicted_pp=det.predicted)  # the alternatives reuse its trial
         evaluate = evaluator(MAX_EVALUATIONS + len(LABELS) - 1)
         turn = llm_turn(inputs, ctx, full_profile, data, measured, evaluate, conversation)

@@ -8,6 +8,7 @@ records the pair (a `RoundCheck` on the candidate, in result.json) and the corre
 from __future__ import annotations
 
 from profiling_agent.state import Candidate, EvalRecord, PastRound, RoundCheck
+from profiling_agent.tools.planning.search import prediction_correction
 
 
 def round_check(cand: Candidate, base: EvalRecord | None, target: str) -> RoundCheck | None:
@@ -18,8 +19,10 @@ def round_check(cand: Candidate, base: EvalRecord | None, target: str) -> RoundC
         base: The baseline's evaluation record.
         target: The objective's target (latency adds the latency pair).
     """
-    from profiling_agent.tools.evaluation.selection import accuracy_drop, same_form_latency
-    from profiling_agent.tools.planning.search import prediction_correction
+    from profiling_agent.tools.evaluation.selection import (
+        accuracy_drop,
+        same_form_latency,
+    )  # lazy: torch; nodes.iterate loads this module without it
 
     meta = cand.planner_meta
     if not base or not cand.eval:

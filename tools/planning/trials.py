@@ -11,8 +11,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from profiling_agent.state import ArtifactRef, CompressionPlan, DataRef, DatasetRef, InputShape, LabelMap, Trial
+from profiling_agent.tools.compression.quantization import quantize_model
+from profiling_agent.tools.compression.self_check import self_check
+from profiling_agent.tools.compression.token_merge import layer_count, merge_planned
+from profiling_agent.tools.compression.units import as_importance
+from profiling_agent.tools.data.stream import open_run_data
+from profiling_agent.tools.data.train_stream import TrainBatches, run_train_source
+from profiling_agent.tools.data.trial_slice import open_trial_slice
+from profiling_agent.tools.evaluation.metrics import agreement, class_ids, mean_kl, predict, top1
 from profiling_agent.tools.io import hash_tensor
+from profiling_agent.tools.models.artifact_load import load_artifact, load_processor
+from profiling_agent.tools.models.sizes import count_params
+from profiling_agent.tools.planning.block_trials import TRIAL_STEPS
+from profiling_agent.tools.planning.error_model import trial_interval
+from profiling_agent.tools.recovery import refit_cache
+from profiling_agent.tools.recovery.distill import DistillConfig
+from profiling_agent.tools.recovery.distill import distill as distill_model
+from profiling_agent.tools.recovery.policy import LARGE_MODEL, auto_recipe
+from profiling_agent.tools.recovery.reconstruct import reconstruct
+from profiling_agent.tools.runtimes.forward import batched_logits
 
 MAX_EVALUATIONS = 3  # evaluate_plan calls allowed per planning step (each one prunes a copy of the model)
 # a plan in, its trial on the trial slice out (`PlanEvaluator`)
@@ -108,16 +128,11 @@ def baseline_dir(setup: TrialSetup) -> Path:
 
 def load_baseline(setup: TrialSetup) -> Any:
     """Load a fresh copy of the untouched baseline model."""
-    from profiling_agent.tools.models.artifact_load import load_artifact
-
     return load_artifact(baseline_dir(setup), device="cpu").model
 
 
 def calibration(setup: TrialSetup) -> tuple[Any, Any]:
     """Return the calibration images (N, C, H, W), preprocessed as the baseline's processor does, and their labels."""
-    from profiling_agent.tools.data.stream import open_run_data
-    from profiling_agent.tools.models.artifact_load import load_processor
-
     if setup.data is None:
         raise RuntimeError("no prepared data: the prepare_data node has not run")
     processor = load_processor(baseline_dir(setup)) if setup.baseline else None
@@ -137,9 +152,6 @@ def trial_slice(setup: TrialSetup) -> tuple[Any, Any]:
     Every accuracy prediction that steers a plan is measured here, on images the model never trained on (the
     calibration images may come from the training split); the rows are `subsets.trial_rows` of the validation rows.
     """
-    from profiling_agent.tools.data.trial_slice import open_trial_slice
-    from profiling_agent.tools.models.artifact_load import load_processor
-
     if setup.data is None:
         raise RuntimeError("no prepared data: the prepare_data node has not run")
     processor = load_processor(baseline_dir(setup)) if setup.baseline else None
@@ -154,8 +166,6 @@ def trial_slice(setup: TrialSetup) -> tuple[Any, Any]:
 
 def training_source(setup: TrialSetup) -> Any:
     """Find the images distillation may train on (never a validation, test or calibration image), or None."""
-    from profiling_agent.tools.data.train_stream import run_train_source
-
     assert setup.labels is not None
     return run_train_source(setup.run_path, setup.data, setup.dataset, setup.labels)
 
@@ -166,9 +176,6 @@ def trial_recipe(setup: TrialSetup, params: int) -> tuple[float, int, int]:
     The learning rate and batch are the run's, else those of a plan that removed blocks (`auto_recipe`); the steps
     are TRIAL_STEPS, never more than the run's own.
     """
-    from profiling_agent.tools.planning.block_trials import TRIAL_STEPS
-    from profiling_agent.tools.recovery.policy import auto_recipe
-
     lr, batch = auto_recipe(setup.recipe.lr, setup.recipe.batch, params, removed_blocks=1)
     steps = min(TRIAL_STEPS, setup.recipe.steps) if setup.recipe.steps else TRIAL_STEPS
     return lr, batch, steps
@@ -216,11 +223,6 @@ class PlanEvaluator:
 
     def predictions(self, model: Any) -> tuple[Any, Any]:
         """Return the model's predictions on the trial slice, and its logits there when KL is asked for."""
-        import torch
-
-        from profiling_agent.tools.evaluation.metrics import class_ids, predict
-        from profiling_agent.tools.runtimes.forward import batched_logits
-
         if not self.with_kl:
             return predict(model, self.pixels, allowed_ids=self.allowed_ids), None
         with torch.inference_mode():
@@ -229,8 +231,6 @@ class PlanEvaluator:
 
     def reference(self) -> Reference:
         """Return the baseline's predictions, logits and parameter count (computed once per `reference_key`)."""
-        from profiling_agent.tools.models.sizes import count_params
-
         if self._reference is None:
             held = _references.get(self.reference_key) if self.reference_key else None
             if held is None:
@@ -245,10 +245,9 @@ class PlanEvaluator:
 
     def pruned(self, plan: CompressionPlan) -> tuple[Any, list[Any]]:
         """Return a fresh baseline pruned by `plan` (and recovered, then merging its tokens), and the applied rows."""
-        from profiling_agent.tools.compression.pruning import prune_model
-        from profiling_agent.tools.compression.self_check import self_check
-        from profiling_agent.tools.compression.token_merge import layer_count, merge_planned
-        from profiling_agent.tools.compression.units import as_importance
+        from profiling_agent.tools.compression.pruning import (
+            prune_model,
+        )  # lazy: torch_pruning; nodes.analyze loads this module without it
 
         model = self.load_baseline()
         example = self.pixels[:1].clone()
@@ -271,11 +270,6 @@ class PlanEvaluator:
         The accuracy fields keep their names (`calib_accuracy`, ...) for the planners that read them; `judged_on`
         says which images they are, and `interval_pp` is the loss's paired 95% interval.
         """
-        from profiling_agent.tools.compression.quantization import quantize_model
-        from profiling_agent.tools.evaluation.metrics import agreement, mean_kl, top1
-        from profiling_agent.tools.models.sizes import count_params
-        from profiling_agent.tools.planning.error_model import trial_interval
-
         if self.calls >= self.max_calls:
             raise RuntimeError(f"evaluation budget used up ({self.max_calls} per step); answer with your plan")
         self.calls += 1
@@ -322,10 +316,6 @@ class TrialRecovery:
 
     def recover(self, model: Any, applied: list[Any]) -> None:
         """Refit the pruned model to the baseline's activations, then distil it when asked."""
-        from profiling_agent.tools.recovery.distill import DistillConfig
-        from profiling_agent.tools.recovery.distill import distill as distill_model
-        from profiling_agent.tools.recovery.reconstruct import reconstruct
-
         teacher = load_baseline(self.setup)
         self.last["info"] = reconstruct(teacher, model, self.calib, applied, seed=self.setup.seed)
         if self.distill is not None:
@@ -335,8 +325,6 @@ class TrialRecovery:
 
     def on_trial(self, plan: CompressionPlan, model: Any, applied: list[Any]) -> None:
         """Keep the trial's refitted weights under the key the recover step checks."""
-        from profiling_agent.tools.recovery import refit_cache
-
         if self.refits is not None and self.setup.baseline is not None:
             key = refit_cache.refit_key(applied, self.calib, self.setup.seed, self.setup.baseline.sha256)
             self.refits.remember(plan.pruning, key, model, self.last.pop("info", {}))
@@ -377,10 +365,6 @@ def block_evaluator(setup: TrialSetup, calls: int) -> PlanEvaluator | None:
     None where recovery does not distil, the dataset has no training images, or the baseline has LARGE_MODEL
     parameters or more (a distillation step costs seconds there: `recovery/policy.py`).
     """
-    from profiling_agent.tools.data.train_stream import TrainBatches
-    from profiling_agent.tools.models.artifact_load import load_processor
-    from profiling_agent.tools.recovery.policy import LARGE_MODEL
-
     if not setup.distills or setup.baseline is None or setup.labels is None:
         return None
     if setup.baseline.params >= LARGE_MODEL or setup.input_shape is None:

@@ -24,7 +24,9 @@ from torch import nn
 
 from profiling_agent.tools.profiling.identical import identical_layers, pooled_rows
 from profiling_agent.tools.profiling.node_samples import node_medians, sample_calls, warm_run_s
+from profiling_agent.tools.profiling.shared_export import onnx_export, shared_exports
 from profiling_agent.tools.profiling.summary import group_costs
+from profiling_agent.tools.runtimes.onnx_runtime import quantize_onnx
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +76,10 @@ class BackendForm:
 
 
 def _build_ort_fp32(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
-    from profiling_agent.tools.profiling.shared_export import onnx_export
-
     return onnx_export(model, example, folder)  # within `profile_backends`, the forms' one export
 
 
 def _build_ort_dynamic(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
-    from profiling_agent.tools.runtimes.onnx_runtime import quantize_onnx
-
     src = _build_ort_fp32(model, example, folder)
     folder.mkdir(parents=True, exist_ok=True)
     return Path(quantize_onnx(src, folder / "model_dynamic.onnx", per_channel=True)["path"])
@@ -96,7 +94,7 @@ def time_ort_nodes(path: Path, pixels: torch.Tensor, warmup: int = 2, repeats: i
     The profile file is written to a scratch folder and deleted. Runs are single-threaded and sequential (as the
     side-by-side latency measurements), with intra-op spinning off.
     """
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: onnxruntime; tools.planning.round loads this module without it
 
     with tempfile.TemporaryDirectory(prefix="ort-profile-") as scratch:
         options = ort.SessionOptions()
@@ -216,8 +214,6 @@ def profile_backends(
         {"forms": {name: form_profile(...) + backend, seconds | error}, "identical_layers": the classes of
         identical layers whose rows were pooled}.
     """
-    from profiling_agent.tools.profiling.shared_export import shared_exports
-
     out: dict[str, Any] = {"forms": {}, "identical_layers": identical_layers(model)}
     with tempfile.TemporaryDirectory(prefix="backend-profile-") as scratch, shared_exports():
         base = folder or Path(scratch)

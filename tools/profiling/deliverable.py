@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from profiling_agent.tools.compression.token_merge import has_token_axis
+from profiling_agent.tools.models.embedded_data import cache_dir
+from profiling_agent.tools.profiling import latency_model, token_latency
 from profiling_agent.tools.profiling.backend_profile import (
     ORT_FORMS,
     BackendForm,
@@ -25,17 +28,20 @@ from profiling_agent.tools.profiling.backend_profile import (
     planned_form,
     profile_backends,
 )
+from profiling_agent.tools.profiling.node_samples import sample_calls
+from profiling_agent.tools.profiling.openvino_profile import OV_PROFILE_FORMS
+from profiling_agent.tools.profiling.planning_latency import repeated_shares
+from profiling_agent.tools.profiling.token_latency import measure_token_latency, token_note
 from profiling_agent.tools.runtimes.int8_reuse import int8_reuse
 from profiling_agent.tools.runtimes.kept_compiled import kept_compiled
+from profiling_agent.tools.runtimes.onnx_model import onnxruntime_missing
+from profiling_agent.tools.runtimes.openvino_model import nncf_missing
 
 log = logging.getLogger(__name__)
 
 
 def deliverable_forms(backend: str) -> tuple[list[BackendForm], list[str]]:
     """Return the profiled forms the `--backend` choice can deliver, and why others are left out."""
-    from profiling_agent.tools.runtimes.onnx_model import onnxruntime_missing
-    from profiling_agent.tools.runtimes.openvino_model import nncf_missing
-
     forms: list[BackendForm] = []
     notes: list[str] = []
     if backend in ("onnxruntime", "auto"):
@@ -47,8 +53,6 @@ def deliverable_forms(backend: str) -> tuple[list[BackendForm], list[str]]:
         if missing:
             notes.append(missing)
         else:
-            from profiling_agent.tools.profiling.openvino_profile import OV_PROFILE_FORMS
-
             forms += list(OV_PROFILE_FORMS)
     return forms, notes
 
@@ -64,15 +68,14 @@ def latency_table_of(
 
     `built` holds the forms the profile built of `model`: the planned one is the table's ratio 0.
     """
-    from profiling_agent.tools.models.embedded_data import cache_dir
-    from profiling_agent.tools.profiling.latency_model import cached_table
-
     form = next((f for f in forms if f.name == backend.get("planned_on")), None)
     if form is None:
         return ""
     base = (built or {}).get(form.name)
     try:
-        backend["latency_table"] = cached_table(model, example, form, cache_dir() / "latency", base_path=base)
+        backend["latency_table"] = latency_model.cached_table(
+            model, example, form, cache_dir() / "latency", base_path=base
+        )
     except Exception as exc:  # noqa: BLE001 - planning falls back to the profile's shares
         return f"; latency table of {form.name} failed ({type(exc).__name__}: {str(exc)[:120]})"
     return f"; latency table of {form.name} at ratios {backend['latency_table']['ratios']}"
@@ -145,9 +148,6 @@ def token_latency_of(
 
     `built` holds the forms the profile built of `model`: the planned one is timed as rate 0.
     """
-    from profiling_agent.tools.compression.token_merge import has_token_axis
-    from profiling_agent.tools.profiling.token_latency import measure_token_latency, token_note
-
     form = next((f for f in forms if f.name == backend.get("planned_on")), None)
     if form is None or has_token_axis(model) is not None:
         return ""
@@ -173,10 +173,6 @@ def planned_repeats(
         "whole_ms": one whole-model timing (None when it failed), "nodes_vs_whole": the profiled node times' sum
         over it, "calls_per_sample" and "sample_ms": the calls a sample of a form this fast averages, and its length}.
     """
-    from profiling_agent.tools.profiling.node_samples import sample_calls
-    from profiling_agent.tools.profiling.planning_latency import repeated_shares
-    from profiling_agent.tools.profiling.token_latency import time_built_form
-
     classes = out.get("identical_layers", [])
 
     def sample() -> dict[str, float]:
@@ -186,7 +182,7 @@ def planned_repeats(
     shares, n, spread = repeated_shares(sample, out["forms"][form.name]["group_latency_share"])
     nodes_ms = float(out["forms"][form.name]["total_ms"])
     try:
-        whole_ms: float | None = time_built_form(form, path, example, 5)
+        whole_ms: float | None = token_latency.time_built_form(form, path, example, 5)
     except Exception as exc:  # noqa: BLE001 - the check is reported missing, the shares stand
         log.warning("whole-model timing of %s failed: %s", form.name, exc)
         whole_ms = None

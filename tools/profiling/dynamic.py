@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 from profiling_agent.tools.device import resolve_device
 from profiling_agent.tools.profiling.static import static_profile, type_name
@@ -59,8 +60,6 @@ def operator_table(model: nn.Module, example: torch.Tensor, *, top_k: int = 15) 
         "self_cuda_ms", "cuda_total_ms", "self_cuda_memory_bytes" on CUDA); `self_share` is the op's share
         of all ops' self time.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = example.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     model.eval()
@@ -315,7 +314,7 @@ def _merge_layers(
 
 
 def _environment(device: torch.device, chw: tuple[int, int, int], warmup: int, repeats: int) -> dict[str, Any]:
-    import transformers
+    import transformers  # lazy: transformers; the CLI's flag check runs without it
 
     return {
         "device": str(device),

@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from profiling_agent.tools.io import write_json_atomic
 from profiling_agent.tools.profiling.backend_profile import BackendForm, form_profile
+from profiling_agent.tools.profiling.identical import identical_layers
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,12 @@ def measure_table(
         {"form", "ratios", "groups": {group: [ms at each ratio]}, "other_ms": [ms no group owns, per ratio],
         "total_ms": [per ratio]}.
     """
-    from profiling_agent.tools.compression.families import adapter_for
-    from profiling_agent.tools.compression.pruning import prune_model
-    from profiling_agent.tools.profiling.identical import identical_layers
+    from profiling_agent.tools.compression.families import (
+        adapter_for,
+    )  # lazy: transformers; tools.profiling.deliverable loads this module without it
+    from profiling_agent.tools.compression.pruning import (
+        prune_model,
+    )  # lazy: torch_pruning and transformers; tools.profiling.deliverable loads this module without it
 
     groups = adapter_for(model).prunable_groups(model)
     rows = [dataclasses.asdict(g) for g in groups]
@@ -100,8 +105,6 @@ def cached_table(
     model: nn.Module, example: torch.Tensor, form: BackendForm, cache: Path, **kwargs: Any
 ) -> dict[str, Any]:
     """Return the table of (model, form) from `cache`, measuring and writing it on a miss."""
-    from profiling_agent.tools.io import write_json_atomic
-
     path = cache / f"latency-v4-{model_digest(model)}-{form.name}.json"  # v3: OpenVINO static shape; v4: pooled
     if path.exists():
         return json.loads(path.read_text())

@@ -22,7 +22,16 @@ from torch import nn
 
 from profiling_agent.tools.profiling.backend_profile import WRAPPER, BackendForm, module_path_of
 from profiling_agent.tools.profiling.node_samples import node_medians, sample_calls, warm_run_s
-from profiling_agent.tools.runtimes.openvino_model import Precision
+from profiling_agent.tools.profiling.shared_export import onnx_export, ov_convert
+from profiling_agent.tools.runtimes.int8_reuse import active_calibration
+from profiling_agent.tools.runtimes.kept_compiled import compile_file
+from profiling_agent.tools.runtimes.openvino_forms import (
+    OpenVinoSettings,
+    nncf_model_type,
+    quantize_int8,
+    quantize_kept,
+)
+from profiling_agent.tools.runtimes.openvino_model import Precision, compile_config
 
 CALIBRATION_COPIES = 8  # profiling-only NNCF calibration: the example and 7 perturbed copies
 
@@ -47,19 +56,15 @@ def ov_module_of(node: str) -> str:
 
 
 def _model_type(model: nn.Module) -> str | None:
-    from profiling_agent.tools.runtimes.openvino_forms import nncf_model_type
-
     return nncf_model_type(getattr(getattr(model, "config", None), "model_type", None))
 
 
 def _convert(model: nn.Module, example: torch.Tensor, folder: Path) -> Any:
-    from profiling_agent.tools.profiling.shared_export import ov_convert
-
     return ov_convert(model, example, folder)  # within `profile_backends`, the forms' one export and conversion
 
 
 def _save(ov_model: Any, path: Path) -> Path:
-    import openvino as ov
+    import openvino as ov  # lazy: openvino; tools.profiling.deliverable loads this module without it
 
     path.parent.mkdir(parents=True, exist_ok=True)  # a shared export may have been written to another form's folder
     ov.save_model(ov_model, str(path), compress_to_fp16=False)
@@ -77,10 +82,6 @@ def build_ov_int8(model: nn.Module, example: torch.Tensor, folder: Path) -> Path
     Inside `int8_reuse` (the profile step of a run) it is the build `measure_baseline` reuses: the same ONNX file,
     calibration images and settings. Outside one, calibrated on `example` and perturbed copies (timing only).
     """
-    from profiling_agent.tools.profiling.shared_export import onnx_export
-    from profiling_agent.tools.runtimes.int8_reuse import active_calibration
-    from profiling_agent.tools.runtimes.openvino_forms import OpenVinoSettings, quantize_int8, quantize_kept
-
     calibration = active_calibration()
     if calibration is not None:
         onnx = onnx_export(model, example, folder)
@@ -114,9 +115,6 @@ def time_ov_nodes(
     One thread, one stream, no pinning (as the side-by-side latency measurements); `precision` is the
     inference precision hint ("f32", or "default": the CPU's best, as the delivered int8 form runs).
     """
-    from profiling_agent.tools.runtimes.kept_compiled import compile_file
-    from profiling_agent.tools.runtimes.openvino_model import compile_config
-
     config = {**compile_config(precision, 1), "PERF_COUNT": "YES"}
     compiled = compile_file(path, tuple(pixels.shape), config)  # compiled once within `kept_compiled`
     request = compiled.create_infer_request()

@@ -23,6 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.io import write_json_atomic
+from profiling_agent.tools.models.embedded_data import cache_dir
+from profiling_agent.tools.profiling.backend_profile import monotone_savings
 from profiling_agent.tools.profiling.node_samples import SAMPLE_S
 
 SCHEMA = 4  # 2: OpenVINO static shape; 3: front-loaded token schedules; 4: identical layers pooled, sampled calls
@@ -132,8 +135,6 @@ def planning_record(
 
 def records_dir() -> Path:
     """Return the folder of this machine's planning records (beside the latency tables in the cache)."""
-    from profiling_agent.tools.models.embedded_data import cache_dir
-
     return cache_dir() / "latency"
 
 
@@ -169,8 +170,6 @@ def keep_record(cache: Path, key: str, record: Mapping[str, Any]) -> bool:
     machine then keeps planning alike rather than from a new noisy measurement each run (the console says so;
     deleting the file measures again).
     """
-    from profiling_agent.tools.io import write_json_atomic
-
     path = cache / f"planning-v{SCHEMA}-{key}.json"
     if path.exists():
         return False
@@ -209,8 +208,6 @@ def record_from_profile(profile: Mapping[str, Any]) -> dict[str, Any]:
 
     The savings curves come from the planned form's latency table (`backend_profile.latency_table`), when measured.
     """
-    from profiling_agent.tools.profiling.backend_profile import monotone_savings
-
     torch_shares = {name: float(c.get("latency_share", 0.0)) for name, c in profile["group_costs"].items()}
     backend = profile.get("backend_profile") or {}
     tokens = backend.get("token_latency") or profile.get("token_latency")

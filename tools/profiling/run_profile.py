@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,6 +10,20 @@ import torch
 from torch import nn
 
 from profiling_agent.state import ProfileSummary
+from profiling_agent.tools.compression.token_merge import has_token_axis
+from profiling_agent.tools.io import write_json_atomic
+from profiling_agent.tools.profiling import planning_latency
+from profiling_agent.tools.profiling.deliverable import profile_deliverable
+from profiling_agent.tools.profiling.latency_model import model_digest
+from profiling_agent.tools.profiling.planning_latency import (
+    cached_record,
+    keep_record,
+    record_from_profile,
+    record_key,
+    record_note,
+)
+from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
+from profiling_agent.tools.profiling.token_latency import measure_token_latency, token_note
 
 
 def profile_baseline(
@@ -36,20 +51,6 @@ def profile_baseline(
     Raises:
         ValueError: A MACs target on a model whose MACs cannot be counted (bad input: the run cannot judge it).
     """
-    from profiling_agent.tools.compression.token_merge import has_token_axis
-    from profiling_agent.tools.io import write_json_atomic
-    from profiling_agent.tools.profiling.deliverable import profile_deliverable
-    from profiling_agent.tools.profiling.latency_model import model_digest
-    from profiling_agent.tools.profiling.planning_latency import (
-        cached_record,
-        keep_record,
-        record_from_profile,
-        record_key,
-        record_note,
-        records_dir,
-    )
-    from profiling_agent.tools.profiling.summary import planner_profile, summarize_profile
-
     full = planner_profile(model.to(device), shape, device=str(device), depth=depth)
     groups = full["groups"]
     if full["totals"].get("macs") is None and target == "macs":
@@ -59,7 +60,7 @@ def profile_baseline(
     where = backend if on_backend else f"torch-{device.type}"
     tokens = target == "latency" and has_token_axis(model) is None  # the planners weigh token merging too
     key = record_key(digest, where, torch.get_num_threads(), shape, target == "latency", tokens=tokens)
-    kept = cached_record(records_dir(), key)
+    kept = cached_record(planning_latency.records_dir(), key)
     backend_note = ""
     if on_backend:
         torch_ms = float(full.get("totals", {}).get("latency_ms", 0.0))
@@ -70,7 +71,7 @@ def profile_baseline(
         backend_note = torch_token_latency(model, shape, device, full)
     full["planning_latency"] = kept or record_from_profile(full)
     if kept is None:
-        keep_record(records_dir(), key, full["planning_latency"])
+        keep_record(planning_latency.records_dir(), key, full["planning_latency"])
     backend_note += record_note(full["planning_latency"])
     write_json_atomic(out_file, full)
     summary = summarize_profile(full, groups)
@@ -86,10 +87,6 @@ def profile_baseline(
 
 def torch_token_latency(model: nn.Module, shape: Sequence[int], device: torch.device, full: dict) -> str:
     """Measure eager torch's latency at a few token-merging rates into profile.json's `token_latency`; a note."""
-    import tempfile
-
-    from profiling_agent.tools.profiling.token_latency import measure_token_latency, token_note
-
     example = torch.randn((1, *shape), generator=torch.Generator().manual_seed(0)).to(device)
     try:
         with tempfile.TemporaryDirectory(prefix="token-latency-") as scratch:

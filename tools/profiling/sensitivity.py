@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiling_agent.tools.compression.families.base import PrunableGroup
+from profiling_agent.tools.recovery.reconstruct import reconstruct
 from profiling_agent.tools.runtimes.forward import batched_logits
 from profiling_agent.tools.text import one_line
 
@@ -138,8 +139,9 @@ class _Setup:
 
 def _probe_group(model: nn.Module, group: PrunableGroup, setup: _Setup) -> dict[str, Any]:
     """Prune `group` alone on a copy of `model` (refit when asked) and return its row (`error` when it cannot)."""
-    from profiling_agent.tools.compression.pruning import prune_model
-    from profiling_agent.tools.recovery.reconstruct import reconstruct
+    from profiling_agent.tools.compression.pruning import (
+        prune_model,
+    )  # lazy: torch_pruning; nodes.probe loads this module without it
 
     probe = probe_ratio(group, setup.ratio)
     entry = {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe}
@@ -184,8 +186,9 @@ def engine_failures(
     Masking never asks the engine, so the block-local probe would rate a group it cannot prune like any other; one
     copy pruned at every group's probe ratio finds out in one dependency-graph build (one by one when that fails).
     """
-    from profiling_agent.tools.compression.pruning import prune_model
-    from profiling_agent.tools.text import one_line
+    from profiling_agent.tools.compression.pruning import (
+        prune_model,
+    )  # lazy: torch_pruning; nodes.probe loads this module without it
 
     def entry(group: PrunableGroup) -> dict[str, Any]:
         return {"layer": f"^{re.escape(group.module)}$", "type": group.kind, "ratio": probe_ratio(group, ratio)}

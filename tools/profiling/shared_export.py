@@ -17,6 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from profiling_agent.tools.runtimes import onnx_runtime
+from profiling_agent.tools.runtimes.onnx_runtime import quiet
+
 _ACTIVE: dict[tuple[int, tuple[int, ...]], dict[str, Any]] | None = None  # the open block's memo, None outside one
 
 
@@ -41,13 +44,11 @@ def _entry(model: nn.Module, example: torch.Tensor) -> dict[str, Any] | None:
 
 def onnx_export(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
     """Return the TorchScript ONNX export of `model` (written to `folder/model.onnx`, or the block's first one)."""
-    from profiling_agent.tools.runtimes.onnx_runtime import export_onnx
-
     entry = _entry(model, example)
     kept = entry.get("onnx") if entry is not None else None
     if kept is not None and Path(kept).is_file():
         return Path(kept)
-    path = Path(export_onnx(model, example, folder / "model.onnx", exporter="torchscript")["path"])
+    path = Path(onnx_runtime.export_onnx(model, example, folder / "model.onnx", exporter="torchscript")["path"])
     if entry is not None:
         entry["onnx"] = path
     return path
@@ -55,9 +56,7 @@ def onnx_export(model: nn.Module, example: torch.Tensor, folder: Path) -> Path:
 
 def ov_convert(model: nn.Module, example: torch.Tensor, folder: Path) -> Any:
     """Return the `openvino.Model` converted from `onnx_export`'s file (converted once in a block; never mutated)."""
-    import openvino as ov
-
-    from profiling_agent.tools.runtimes.onnx_runtime import quiet
+    import openvino as ov  # lazy: openvino; tools.profiling.backend_profile loads this module without it
 
     entry = _entry(model, example)
     if entry is not None and "ov" in entry:

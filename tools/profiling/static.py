@@ -96,7 +96,7 @@ class _MacRecorder:
 
     def module_hooks(self) -> dict[type, Any]:
         """Return custom ptflops hooks, one per module type present, that also record per-module counts."""
-        from ptflops.pytorch_ops import MODULES_MAPPING
+        from ptflops.pytorch_ops import MODULES_MAPPING  # lazy: ptflops; nodes.prune loads this module without it
 
         quantized = {type(m) for m in self.model.modules() if packed_linear_tensors(m) is not None}
         hooks = {}
@@ -153,7 +153,12 @@ class _MacRecorder:
 @contextlib.contextmanager
 def _functional_counting(recorder: _MacRecorder):
     """Patch torch functional ops (ptflops' patches, plus SDPA) to report MACs to `recorder`."""
-    from ptflops.pytorch_engine import patch_functional, patch_tensor_ops, unpatch_functional, unpatch_tensor_ops
+    from ptflops.pytorch_engine import (
+        patch_functional,
+        patch_tensor_ops,
+        unpatch_functional,
+        unpatch_tensor_ops,
+    )  # lazy: ptflops; nodes.prune loads this module without it
 
     sdpa = F.scaled_dot_product_attention
 
@@ -174,7 +179,7 @@ def _functional_counting(recorder: _MacRecorder):
 
 def _count_macs(model: nn.Module, pixels: torch.Tensor) -> tuple[_MacRecorder, int | None, str]:
     """Run ptflops (pytorch backend) once; return the recorder, ptflops' own module total and its output."""
-    from ptflops import get_model_complexity_info
+    from ptflops import get_model_complexity_info  # lazy: ptflops; nodes.prune loads this module without it
 
     recorder = _MacRecorder(model)
     wrapper = PixelWrapper(model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -81,11 +82,17 @@ def planner_profile(model: Any, input_shape: Any, *, device: str = "cpu", depth:
         (modules pruning never touches) and "identical_layers" (the classes of identical layers, whose rows' latency
         is pooled: `identical`).
     """
-    import dataclasses
-
-    from profiling_agent.tools.compression.families import adapter_for, planning_groups
-    from profiling_agent.tools.profiling.dynamic import profile_model
-    from profiling_agent.tools.profiling.identical import identical_layers, pool_layer_rows
+    from profiling_agent.tools.compression.families import (
+        adapter_for,
+        planning_groups,
+    )  # lazy: torch and transformers; the CLI's flag check runs without it
+    from profiling_agent.tools.profiling.dynamic import (
+        profile_model,
+    )  # lazy: torch; the CLI's flag check runs without it
+    from profiling_agent.tools.profiling.identical import (
+        identical_layers,
+        pool_layer_rows,
+    )  # lazy: torch; the CLI's flag check runs without it
 
     full = profile_model(model, input_shape, device=device)
     full["identical_layers"] = identical_layers(model)

@@ -32,8 +32,12 @@ from profiling_agent.tools.compression.token_merge import (
     schedule_from_rate,
     tokens_per_layer,
 )
-from profiling_agent.tools.models.merged_tokens import PROTECTED, token_layers
+from profiling_agent.tools.models.merged_tokens import PROTECTED, token_count, token_layers
 from profiling_agent.tools.profiling.backend_profile import BackendForm
+from profiling_agent.tools.runtimes.forward import batched_logits, native_call
+from profiling_agent.tools.runtimes.kept_compiled import compile_file
+from profiling_agent.tools.runtimes.onnx_model import OrtClassifier
+from profiling_agent.tools.runtimes.openvino_model import Precision, compile_config
 
 MIN_SAVING = 0.05  # a rate must save at least 5% of rate 0's time: the timing precision of the planned latency
 RATE_STEPS = 3  # rates measured beside 0: evenly up to ToMe's maximum
@@ -44,8 +48,6 @@ BATCH = 1  # the batch a latency target is judged at (`latency_ms`)
 
 def max_rate(model: nn.Module) -> int:
     """Return ToMe's largest useful rate: the one that merges every layer evenly down to the protected tokens."""
-    from profiling_agent.tools.models.merged_tokens import token_count
-
     model_type, layers = token_layers(model)
     return max(1, (token_count(model) - PROTECTED[model_type]) // max(1, len(layers)))
 
@@ -63,8 +65,6 @@ def front_schedules(model: nn.Module, steps: int = FRONT_STEPS) -> list[list[int
     what they may (half their unprotected tokens, ToMe's cap), for k = 1..steps; later layers merge none. A
     12-layer ViT-B/16: [49, 36, 27, 0, ...] and [98, 49, 24, 0, ...]. Distinct from the uniform rates.
     """
-    from profiling_agent.tools.models.merged_tokens import token_count
-
     model_type, layers = token_layers(model)
     protected, sites = PROTECTED[model_type], min(len(layers), max(2, len(layers) // FRONT_SHARE))
     uniform = [schedule_from_rate(model, r) for r in token_rates(model)]
@@ -127,16 +127,11 @@ def _native_call(form: BackendForm, path: Path, example: torch.Tensor) -> Callab
     side-by-side timing's precision), once within `kept_compiled`.
     """
     if form.backend == "openvino":
-        from profiling_agent.tools.runtimes.kept_compiled import compile_file
-        from profiling_agent.tools.runtimes.openvino_model import Precision, compile_config
-
         precision: Precision = "f32" if form.name == "ov_fp32" else "default"
         compiled = compile_file(path, tuple(example.shape), compile_config(precision, 1))
         infer = compiled.create_infer_request().infer
         feeds = {0: example.detach().to("cpu", torch.float32).contiguous().numpy()}
         return lambda: infer(feeds, share_inputs=False)
-    from profiling_agent.tools.runtimes.forward import native_call
-    from profiling_agent.tools.runtimes.onnx_model import OrtClassifier
 
     return native_call(OrtClassifier(path, threads=1), example)
 
@@ -239,8 +234,10 @@ def token_damage(
     Rate 0 and dropped rows are returned as they were. Merging is training-free, so this is the merged baseline's
     loss; pruning on top adds its own.
     """
-    from profiling_agent.tools.profiling.sensitivity import compare_logits, restrict_logits
-    from profiling_agent.tools.runtimes.forward import batched_logits
+    from profiling_agent.tools.profiling.sensitivity import (
+        compare_logits,
+        restrict_logits,
+    )  # lazy: transformers; nodes.probe loads this module without it
 
     with torch.inference_mode():
         reference = restrict_logits(batched_logits(model, pixels), allowed_ids)

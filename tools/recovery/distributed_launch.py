@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from profiling_agent.tools import interrupt
+from profiling_agent.tools.text import one_line
 
 DEFAULT_LAUNCHER = "torchrun --standalone --nproc-per-node {procs}"
 PROGRESS_MARK = "@@profiling-agent-progress "
@@ -223,8 +225,6 @@ def init_group(device: str, job_dir: Path) -> Rank:
         device: "cpu" or "cuda"; with CUDA each process takes the GPU of its LOCAL_RANK.
         job_dir: The job folder (rank<R>.pid is written there).
     """
-    import torch.distributed as dist
-
     _env_from_slurm()
     interrupt.fault_file_from_env()  # a native fault leaves this rank's stacks in the run's crash folder
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -256,8 +256,6 @@ def report_progress(item: dict[str, Any]) -> None:
 
 def record_failure(job_dir: Path, rank: int, exc: BaseException) -> None:
     """Write this rank's one-line failure reason where the parent looks for it."""
-    from profiling_agent.tools.text import one_line
-
     try:
         (job_dir / f"error_rank{rank}.txt").write_text(f"{type(exc).__name__}: {one_line(exc)}\n")
     except OSError:
@@ -279,8 +277,6 @@ def parent_alive(watch: dict[str, Any] | None) -> bool:
 
 def close_group() -> None:
     """Leave the process group, if one was joined."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()
     interrupt.disable_fault_file(interrupt.CHILD_ROLE)

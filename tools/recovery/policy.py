@@ -145,7 +145,7 @@ def distill_precision(device: str, macs: int | None) -> str:
 
     "auto" is bf16 autocast on CUDA and fp32 elsewhere (`distill.train_step`).
     """
-    from profiling_agent.tools.device import native_bf16_cpu
+    from profiling_agent.tools.device import native_bf16_cpu  # lazy: torch; nodes.recover loads this module without it
 
     if str(device).startswith("cpu") and (macs or 0) >= BF16_MIN_MACS and native_bf16_cpu():
         return "bf16"

@@ -8,7 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.io import read_json, write_text_atomic
+from profiling_agent.tools.profiling.summary import summarize_profile
 from profiling_agent.tools.reporting.html import PROFILE_JSON, REPORT_HTML, REPORT_MD, RESULT_JSON, render_html
+from profiling_agent.tools.reporting.markdown import render_markdown
+from profiling_agent.tools.reporting.plot_recovery import plot_recovery
+from profiling_agent.tools.reporting.plots import PLOT_FILES, markdown_section, render_plots, write_plots
 
 _RESULT_KEYS = ("thread_id", "status", "baseline", "candidates", "planner", "labels", "objective", "versions")
 
@@ -21,8 +26,6 @@ class ReportError(ValueError):
 
 
 def _summary_from_profile(profile: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    from profiling_agent.tools.profiling.summary import summarize_profile
-
     if not profile or not profile.get("layers") or "totals" not in profile or "env" not in profile:
         return None
     return summarize_profile(profile, profile.get("groups"))
@@ -30,8 +33,6 @@ def _summary_from_profile(profile: Mapping[str, Any] | None) -> dict[str, Any] |
 
 def markdown_with_plots(markdown: str, written: Mapping[str, str]) -> str:
     """Insert the plots section before the Markdown report's '## Plans' (or append it)."""
-    from profiling_agent.tools.reporting.plots import markdown_section
-
     section = markdown_section(written)
     if not section:
         return markdown
@@ -58,11 +59,6 @@ def write_report_files(
     Returns:
         {"markdown": "report.md", "html": "report.html", "plots": {key: relative path}}.
     """
-    from profiling_agent.tools.io import write_text_atomic
-    from profiling_agent.tools.reporting.markdown import render_markdown
-    from profiling_agent.tools.reporting.plot_recovery import plot_recovery
-    from profiling_agent.tools.reporting.plots import PLOT_FILES, render_plots, write_plots
-
     root = Path(run_path)
     summary = profile_summary if profile_summary is not None else _summary_from_profile(profile)
     images = render_plots(result, profile)
@@ -101,8 +97,6 @@ def load_finished_run(run_path: str | os.PathLike) -> tuple[dict[str, Any], dict
 
 
 def _read(path: Path) -> Any:
-    from profiling_agent.tools.io import read_json
-
     try:
         return read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.io import read_json, write_json_atomic, write_text_atomic
+from profiling_agent.tools.reporting import files as report_files
+from profiling_agent.tools.reporting.markdown import render_markdown
+from profiling_agent.tools.reporting.plot_recovery import attach_curves
 from profiling_agent.tools.reporting.records import RunRecords
+from profiling_agent.tools.reporting.result import build_result
 
 
 def write_run_report(
@@ -27,12 +32,9 @@ def write_run_report(
     Returns:
         The result, the files written ({"markdown", "html", "plots"}) and a trouble note ('' when all were written).
     """
-    from profiling_agent.tools.evaluation.delivery import delivery_summary
-    from profiling_agent.tools.io import read_json, write_json_atomic, write_text_atomic
-    from profiling_agent.tools.reporting.files import write_report_files
-    from profiling_agent.tools.reporting.markdown import render_markdown
-    from profiling_agent.tools.reporting.plot_recovery import attach_curves
-    from profiling_agent.tools.reporting.result import build_result
+    from profiling_agent.tools.evaluation.delivery import (
+        delivery_summary,
+    )  # lazy: torch; nodes.report loads this module without it
 
     result = build_result(records, latency)
     result["final_latency_timing"] = dict(timing) or None
@@ -45,7 +47,7 @@ def write_run_report(
     profile = read_json(profile_path) if profile_path.exists() else None
     summary = records.profile.model_dump() if records.profile else None
     try:
-        return result, write_report_files(root, result, profile, summary), ""
+        return result, report_files.write_report_files(root, result, profile, summary), ""
     except Exception as exc:  # noqa: BLE001 - charts and HTML must not fail a finished run: keep report.md
         write_text_atomic(root / run_layout.REPORT_MD, render_markdown(result, summary))
         files: dict[str, Any] = {"markdown": run_layout.REPORT_MD, "html": None, "plots": {}}

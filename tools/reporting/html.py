@@ -8,9 +8,9 @@ from typing import Any
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.reporting.html_parts import REPORT_CSS, data_uri, esc, html_card, html_facts, html_table
 from profiling_agent.tools.reporting.html_plans import fallbacks_section, plans_section, profile_section
-from profiling_agent.tools.reporting.markdown import backend_lines, token_axis_lines
+from profiling_agent.tools.reporting.markdown import backend_lines, comparison_rows, token_axis_lines, variant_rows
 from profiling_agent.tools.reporting.notes import evaluation_notes, outcome_warnings
-from profiling_agent.tools.reporting.plots import PLOT_FILES
+from profiling_agent.tools.reporting.plots import PLOT_FILES, extra_baselines
 from profiling_agent.tools.reporting.speed import DeliveredSpeed, delivered_speed, speed_sentence
 from profiling_agent.tools.text import as_number, number, percent
 
@@ -202,8 +202,6 @@ def _test_card(best: Mapping[str, Any], base: Mapping[str, Any]) -> str:
 
 
 def _candidates(result: Mapping[str, Any]) -> str:
-    from profiling_agent.tools.reporting.markdown import comparison_rows
-
     rows = comparison_rows(dict(result))
     best_it = (result.get("best") or {}).get("iteration")
     classes = ["baseline"] + [
@@ -228,8 +226,6 @@ def _candidates(result: Mapping[str, Any]) -> str:
 
 def _variants(result: Mapping[str, Any]) -> str:
     """Render every candidate's backend forms (torch, ONNX Runtime), the delivered one marked."""
-    from profiling_agent.tools.reporting.markdown import variant_rows
-
     rows = variant_rows(dict(result))
     if len(rows) == 1:
         return ""
@@ -243,8 +239,6 @@ def _variants(result: Mapping[str, Any]) -> str:
 
 def _other_baselines(result: Mapping[str, Any]) -> str:
     """Render the optional reference models of result.json's "baselines" key (uniform pruning, ONNX, ...)."""
-    from profiling_agent.tools.reporting.plots import extra_baselines
-
     refs = extra_baselines(result)
     if not refs:
         return ""

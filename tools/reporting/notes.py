@@ -43,8 +43,13 @@ def evaluation_notes(result: Mapping[str, Any]) -> list[str]:
 def weak_evaluation(result: Mapping[str, Any]) -> str:
     """Say which roles held fewer images than the protocol judges on ('' when none: a run forced to go on)."""
     # the data room loads numpy and the hub helpers: imported only when a report is written
-    from profiling_agent.tools.data.roles import MIN_EVAL, WEAK_FLAG
-    from profiling_agent.tools.data.subsets import MIN_CALIBRATION
+    from profiling_agent.tools.data.roles import (
+        MIN_EVAL,
+        WEAK_FLAG,
+    )  # lazy: numpy; tools.reporting.html loads this module without it
+    from profiling_agent.tools.data.subsets import (
+        MIN_CALIBRATION,
+    )  # lazy: numpy; tools.reporting.html loads this module without it
 
     protocol = result.get("protocol") or {}
     short = []

@@ -27,7 +27,9 @@ def target_outcome(
     larger batch's reduction is given as `measured_batch`), so result.json states one latency, not two; with paired
     repeats it is the paired median's reduction, inside its `measured_ci` (`latency.paired_reduction`).
     """
-    from profiling_agent.tools.evaluation.selection import same_form_latency
+    from profiling_agent.tools.evaluation.selection import (
+        same_form_latency,
+    )  # lazy: torch; tools.reporting.result loads this module without it
 
     target, requested = objective.target, float(objective.target_reduction)
     out: dict[str, Any] = {"target": target, "requested": requested, "measured": None, "met": False}
@@ -62,7 +64,9 @@ def target_outcome(
 
 def _joint(final: Timing, best: Best, form: str) -> tuple[float, float] | None:
     """Return (batch-1, larger-batch) latency reductions of `best` against the unpruned `form` in the joint timing."""
-    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+    from profiling_agent.tools.evaluation.delivery import (
+        PEER_PREFIX,
+    )  # lazy: torch; tools.reporting.result loads this module without it
 
     mine, peer = final.get(run_layout.iteration_name(best.iteration)), final.get(PEER_PREFIX + form)
     if not mine or not peer or not peer.get("latency_ms") or not peer.get("latency_batch_ms"):
@@ -73,8 +77,13 @@ def _joint(final: Timing, best: Best, form: str) -> tuple[float, float] | None:
 
 def _joint_interval(final: Timing, best: Best, form: str) -> tuple[float, list[float]] | None:
     """Return the batch-1 reduction of the joint timing's paired repeats and its 95% interval, or None."""
-    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
-    from profiling_agent.tools.evaluation.latency import paired_ratio, paired_reduction
+    from profiling_agent.tools.evaluation.delivery import (
+        PEER_PREFIX,
+    )  # lazy: torch; tools.reporting.result loads this module without it
+    from profiling_agent.tools.evaluation.latency import (
+        paired_ratio,
+        paired_reduction,
+    )  # lazy: torch; tools.reporting.result loads this module without it
 
     mine, peer = final.get(run_layout.iteration_name(best.iteration)), final.get(PEER_PREFIX + form)
     ratio = paired_ratio(peer, mine) if mine and peer else None  # the unpruned form's time over the delivered's

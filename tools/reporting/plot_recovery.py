@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.io import read_json
 from profiling_agent.tools.reporting.plots import new_figure, png_bytes
 
 CURVE_POINTS = 120  # points kept per candidate in result.json (the full curve stays in iter_NN/recovery.json)
@@ -17,8 +18,6 @@ def attach_curves(result: dict[str, Any], run_path: str | os.PathLike) -> dict[s
 
     The report is then rebuilt from result.json alone. Returns `result`, changed in place.
     """
-    from profiling_agent.tools.io import read_json
-
     for cand in result.get("candidates") or []:
         path = (cand.get("recovery") or {}).get("curve")
         file = Path(run_path) / path if path else None

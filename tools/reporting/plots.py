@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling_agent.tools import run_layout
+from profiling_agent.tools.io import write_bytes_atomic
 from profiling_agent.tools.reporting.labels import place_labels
 from profiling_agent.tools.reporting.pareto import (  # noqa: F401 - re-exported: the plots' data live there
     extra_baselines,
@@ -39,8 +40,12 @@ _DPI = 110
 
 def new_figure(width: float, height: float):
     """Make a matplotlib Figure of the given size in inches, drawn without pyplot."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure  # Agg through its own canvas: no pyplot, no global backend state
+    from matplotlib.backends.backend_agg import (
+        FigureCanvasAgg,
+    )  # lazy: matplotlib; tools.reporting.html loads this module without it
+    from matplotlib.figure import (
+        Figure,
+    )  # lazy: matplotlib; Agg through its own canvas: no pyplot, no global backend state
 
     fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)  # a renderer to measure text with (label placement)
@@ -102,7 +107,9 @@ def _dress_axes(ax, cost: str, base_accuracy: float | None, budget: float | None
         ax.axvline(1.0, color="#bbbbbb", lw=0.8, zorder=0)
         ax.set_xlabel("batch-1 latency / baseline latency (side by side; lower is faster)")
     else:
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import (
+            FuncFormatter,
+        )  # lazy: matplotlib; tools.reporting.html loads this module without it
 
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human(v, ".3g")))
         ax.set_xlabel("parameters")
@@ -218,7 +225,7 @@ def plot_cost_by_group(profile: Mapping[str, Any]) -> bytes | None:
     rows = group_shares(profile)
     if not rows:
         return None
-    import numpy as np
+    import numpy as np  # lazy: numpy; tools.reporting.html loads this module without it
 
     fig = new_figure(8.0, 1.4 + 0.42 * len(rows))
     ax = fig.add_subplot()
@@ -283,7 +290,9 @@ def plot_cost_by_type(profile: Mapping[str, Any], top: int = 12) -> bytes | None
         ax.set_title(f"{title} by layer type")
         ax.margins(x=0.3)
         ax.grid(axis="x", alpha=0.3)
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import (
+            FuncFormatter,
+        )  # lazy: matplotlib; tools.reporting.html loads this module without it
 
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human(v, ".3g")))
     axes[0].set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
@@ -420,8 +429,6 @@ def write_plots(run_path: str | os.PathLike, images: Mapping[str, bytes]) -> dic
     Returns:
         {key: path relative to the run folder}, e.g. {"pareto_latency": "plots/pareto_latency.png"}.
     """
-    from profiling_agent.tools.io import write_bytes_atomic
-
     folder = Path(run_path) / PLOTS_DIR
     written = {}
     for key, (name, _caption) in PLOT_FILES.items():

@@ -111,7 +111,9 @@ def _test_fields(test: TestEval | None, iteration: int) -> Row:
 
 def protocol(records: RunRecords) -> Row:
     """Say which images did what: validation selects, test reports, calibration probes (all disjoint)."""
-    from profiling_agent.tools.data.subsets import trial_size
+    from profiling_agent.tools.data.subsets import (
+        trial_size,
+    )  # lazy: numpy; tools.reporting.finish loads this module without it
 
     data, test = records.data, records.test_eval
     split = records.dataset.split
@@ -149,7 +151,9 @@ def protocol(records: RunRecords) -> Row:
 
 def joint_latency(latency: Timing, best: Best | None) -> dict[str, Mapping[str, Any]]:
     """Return the final latencies result.json reports per candidate (quantization only: the peer's joint numbers)."""
-    from profiling_agent.tools.evaluation.delivery import PEER_PREFIX
+    from profiling_agent.tools.evaluation.delivery import (
+        PEER_PREFIX,
+    )  # lazy: torch; tools.reporting.finish loads this module without it
 
     joint = {k: v for k, v in latency.items() if not k.startswith(PEER_PREFIX)}
     if best is not None and best.iteration == 0 and best.eval is not None:

@@ -67,8 +67,12 @@ def speed_sentence(speed: DeliveredSpeed, with_flag: bool = True) -> str:
     whose interval holds 1.0 is said to be no measurable difference. With `with_flag`, flagged timings are said at
     its end (report.html shows them apart, as a warning).
     """
-    from profiling_agent.tools.evaluation.delivery import interval
-    from profiling_agent.tools.evaluation.latency import measurably_different
+    from profiling_agent.tools.evaluation.delivery import (
+        interval,
+    )  # lazy: torch; tools.reporting.html loads this module without it
+    from profiling_agent.tools.evaluation.latency import (
+        measurably_different,
+    )  # lazy: torch; tools.reporting.html loads this module without it
 
     torch = (
         f"{speed.vs_torch:.2f}x the original torch FP32 model" + interval(speed.vs_torch_ci)

@@ -97,7 +97,9 @@ def open_folder(
         raise kind.error(f"{kind.opens} {file}: {first}") from None
     model.recipe = recipe
     if (path / "config.json").is_file():
-        from transformers import AutoConfig  # loaded on first use: transformers takes seconds to import
+        from transformers import (
+            AutoConfig,
+        )  # lazy: transformers takes seconds to import; tools.runtimes.forms loads this module without it
 
         model.config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     return model.eval()

@@ -255,7 +255,7 @@ def accuracy_controlled_int8(
     Returns:
         The quantized `openvino.Model` and the facts: kept layers (names), their count, images, NNCF settings.
     """
-    import nncf  # loaded on first use: NNCF takes seconds to import and only INT8 accuracy control needs it
+    import nncf  # lazy: NNCF takes seconds to import and only INT8 accuracy control needs it
 
     core = shared_core()
     fp32 = core.read_model(str(fp32_ir))
@@ -298,7 +298,7 @@ def accuracy_controlled_int8(
 
 def accuracy_control_job(job: dict[str, Any], arrays: tuple[Any, Any, Any]) -> dict[str, Any]:
     """Run `accuracy_controlled_int8` and save its IR to job["out"] (the body of the child process)."""
-    import openvino as ov  # loaded on first use: only the child process that runs accuracy control needs it
+    import openvino as ov  # lazy: only the child process that runs accuracy control needs openvino
 
     calib, val, labels = (torch.from_numpy(a) for a in arrays)
     quantized, facts = accuracy_controlled_int8(

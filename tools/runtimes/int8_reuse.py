@@ -23,6 +23,10 @@ from typing import Any
 
 import torch
 
+from profiling_agent.tools.io import read_json, sha256_file, write_json_atomic
+from profiling_agent.tools.runtimes.openvino_model import OV_FILE, shared_core
+from profiling_agent.tools.versions import versions
+
 RECIPE = "quantization.json"  # beside the kept IR: the recipe `quantize_int8` returned
 _ACTIVE: tuple[Path, torch.Tensor, bool] | None = None  # the open block's folder, calibration images, and keep
 
@@ -51,9 +55,6 @@ def active_calibration() -> torch.Tensor | None:
 
 def int8_key(onnx_file: Path, calib: torch.Tensor, facts: dict[str, Any]) -> str:
     """Return the key of one INT8 build: the ONNX file's bytes, the calibration images NNCF reads and `facts`."""
-    from profiling_agent.tools.io import sha256_file
-    from profiling_agent.tools.versions import versions
-
     digest = hashlib.sha256(sha256_file(onnx_file).encode())
     digest.update(calib.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     digest.update(json.dumps({**facts, "versions": versions("nncf", "openvino")}, sort_keys=True).encode())
@@ -74,8 +75,6 @@ def kept_or_built(
         facts: Everything else the build depends on (model type, settings, ignored scope).
         build: Quantizes (`openvino_forms.quantize_int8`).
     """
-    from profiling_agent.tools.io import write_json_atomic
-
     if _ACTIVE is None or onnx_file is None or not Path(onnx_file).is_file():
         return build()
     folder = _ACTIVE[0] / int8_key(Path(onnx_file), calib, facts)[:24]
@@ -95,18 +94,13 @@ def kept_or_built(
 
 
 def _save_ir(ov_model: Any, folder: Path) -> None:
-    import openvino as ov
-
-    from profiling_agent.tools.runtimes.openvino_model import OV_FILE
+    import openvino as ov  # lazy: openvino; tools.profiling.deliverable loads this module without it
 
     folder.mkdir(parents=True, exist_ok=True)
     ov.save_model(ov_model, str(folder / OV_FILE), compress_to_fp16=False)
 
 
 def _read(folder: Path) -> tuple[Any, dict[str, Any]] | None:
-    from profiling_agent.tools.io import read_json
-    from profiling_agent.tools.runtimes.openvino_model import OV_FILE, shared_core
-
     if not (folder / OV_FILE).is_file() or not (folder / RECIPE).is_file():
         return None
     try:

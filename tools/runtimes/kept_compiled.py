@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profiling_agent.tools.runtimes.openvino_model import shared_core, static_model
+
 KEEP_BYTES = 1 << 30  # the kept files' weights (.bin) at most: 1 GiB
 
 
@@ -54,8 +56,6 @@ def compile_file(path: str | Path, shape: tuple[int, ...], config: Mapping[str, 
     `openvino_model.static_model` decides (only an IR with shape-dependent ops is reshaped). Inside `kept_compiled`
     a file already compiled with the same shape and settings (and unchanged since) is returned as it was.
     """
-    from profiling_agent.tools.runtimes.openvino_model import shared_core, static_model
-
     file = Path(path).resolve()
     stat = file.stat()
     key = (str(file), stat.st_mtime_ns, stat.st_size, tuple(shape), tuple(sorted(config.items())))

@@ -134,7 +134,9 @@ class _Reader:
 
 
 def _calibration_reader(input_name: str, pixels: torch.Tensor, batch: int) -> Any:
-    from onnxruntime.quantization import CalibrationDataReader
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+    )  # lazy: onnxruntime and onnx; tools.runtimes.forms loads this module without it
 
     class Reader(_Reader, CalibrationDataReader):
         pass
@@ -156,7 +158,9 @@ def _scratch_cwd() -> Iterator[None]:
 
 def _pre_process(src: Path, dst: Path) -> str:
     """Run ONNX Runtime's quantization pre-processing (shape inference, graph optimization); say what ran."""
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from onnxruntime.quantization.shape_inference import (
+        quant_pre_process,
+    )  # lazy: onnxruntime and onnx; tools.runtimes.forms loads this module without it
 
     src, dst = src.resolve(), dst.resolve()
     try:
@@ -177,7 +181,12 @@ def quantize_static_onnx(src: Path, dst: Path, calib: torch.Tensor, settings: Ba
         The quantization recipe: method, format, types, per-channel, calibration method and sample count,
         operator types, excluded nodes, pre-processing.
     """
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )  # lazy: onnxruntime and onnx; tools.runtimes.forms loads this module without it
 
     methods = {
         "minmax": CalibrationMethod.MinMax,

@@ -50,8 +50,8 @@ ONNX_FOLDER = FolderFormat(
 def onnxruntime_missing() -> str | None:
     """Return why ONNX Runtime cannot be used here (one line), or None when `onnxruntime` and `onnx` import."""
     try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
+        import onnx  # noqa: F401  # lazy: onnx; probes it, reporting a missing or broken install
+        import onnxruntime  # noqa: F401  # lazy: onnxruntime; probes it, reporting a missing or broken install
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build failing on import
         return f"ONNX Runtime is unavailable ({type(exc).__name__}: {exc}); pip install onnx onnxruntime"
     return None
@@ -59,7 +59,7 @@ def onnxruntime_missing() -> str | None:
 
 def ort_session(path: str | os.PathLike, threads: int | None = None) -> Any:
     """Open a CPU InferenceSession with `threads` intra-op threads (default: torch's current count)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: onnxruntime; graph.cli.export loads this module without it
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = int(threads or torch.get_num_threads())

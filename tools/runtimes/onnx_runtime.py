@@ -128,7 +128,10 @@ def quantize_onnx(
     Returns:
         {"path", "size_bytes", "seconds", "op_types"}.
     """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import (
+        QuantType,
+        quantize_dynamic,
+    )  # lazy: onnxruntime and onnx; tools.runtimes.forms loads this module without it
 
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)

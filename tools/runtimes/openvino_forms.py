@@ -108,7 +108,7 @@ def quantize_int8(
     Returns:
         The quantized model and its recipe (NNCF version, model type, preset, calibration count, ignored scope).
     """
-    import nncf
+    import nncf  # lazy: nncf and openvino; tools.runtimes.forms loads this module without it
 
     if len(calib_pixels) == 0:
         raise RuntimeError("INT8 needs calibration images and the run has none")
@@ -202,7 +202,7 @@ def stable_names(ov_model: Any, tag: str) -> Any:
 
 
 def _save(ov_model: Any, folder: Path) -> None:
-    import openvino as ov
+    import openvino as ov  # lazy: openvino; tools.runtimes.forms loads this module without it
 
     folder.mkdir(parents=True, exist_ok=True)
     ov.save_model(stable_names(ov_model, "s"), str(folder / OV_FILE), compress_to_fp16=False)
@@ -268,7 +268,7 @@ def build_ov_forms(
 
 def _convert(onnx_path: str | os.PathLike | None) -> tuple[Any, str]:
     """Convert the FP32 ONNX file to an `openvino.Model`; return it and how it was made."""
-    import openvino as ov
+    import openvino as ov  # lazy: openvino; tools.runtimes.forms loads this module without it
 
     if onnx_path is None or not Path(onnx_path).is_file():
         raise RuntimeError("no FP32 ONNX file to convert (the ONNX export failed)")

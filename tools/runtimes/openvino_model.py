@@ -67,7 +67,7 @@ REINSTALL = "pip install openvino nncf (default dependencies of profiling-agent;
 def openvino_missing() -> str | None:
     """Return why OpenVINO cannot be used here (one line), or None when `openvino` imports."""
     try:
-        import openvino  # noqa: F401
+        import openvino  # noqa: F401  # lazy: openvino; probes it, reporting a missing or broken install
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build failing on import
         return f"OpenVINO is unavailable ({type(exc).__name__}: {exc}); {REINSTALL}"
     return None
@@ -79,7 +79,7 @@ def nncf_missing() -> str | None:
     if missing:
         return missing
     try:
-        import nncf  # noqa: F401
+        import nncf  # noqa: F401  # lazy: nncf; probes it, reporting a missing or broken install
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken dependency
         return f"NNCF is unavailable ({type(exc).__name__}: {exc}); {REINSTALL}"
     return None
@@ -95,7 +95,7 @@ def shared_core() -> Any:
     segmentation fault at an unrelated later point; OpenVINO's own advice is one Core per process.
     """
     if not _CORE:
-        import openvino as ov
+        import openvino as ov  # lazy: openvino; graph.cli.export loads this module without it
 
         _CORE.append(ov.Core())
         atexit.register(_release_core)

@@ -7,6 +7,8 @@ from typing import Any
 from torch import nn
 
 from profiling_agent.state import Context
+from profiling_agent.tools.models.input_shape import verify_input_shape
+from profiling_agent.tools.shape.llm_shape_agent import resolve_shape_with_llm
 
 MAX_SIDE_FACTOR = 2  # an LLM-proposed side may be at most this times the largest static candidate's side
 MIN_SIDE_CAP = 512  # ... but always at least up to this many pixels
@@ -85,8 +87,6 @@ def implausible(answer: list[int], static: list[list[int]]) -> str | None:
 
 def _verified(model: nn.Module, chw: list[int]) -> str | None:
     """Return None when a 1xCxHxW forward pass gives (1, num_labels) logits, else the one-line reason."""
-    from profiling_agent.tools.models.input_shape import verify_input_shape
-
     try:
         verify_input_shape(model, chw)
     except ValueError as exc:
@@ -125,8 +125,6 @@ def settle_input_shape(
     Raises:
         ValueError: No candidate passes the forward pass (one line, with the reasons).
     """
-    from profiling_agent.tools.shape.llm_shape_agent import resolve_shape_with_llm
-
     if not shape.get("ambiguous"):
         problem = _verified(model, [shape["channels"], shape["height"], shape["width"]])
         if problem:

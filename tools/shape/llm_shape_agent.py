@@ -8,6 +8,7 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage
 
+from profiling_agent.prompts.input_shape import render_input_shape
 from profiling_agent.state import Context
 from profiling_agent.tools.planning.json_extract import find_object
 from profiling_agent.tools.planning.llm_client import (
@@ -61,8 +62,6 @@ def resolve_shape_with_llm(metadata: dict[str, Any], ctx: Context, *, chat_model
 
     The answer is validated here (ranges, integers); the caller still verifies it with a forward pass.
     """
-    from profiling_agent.prompts.input_shape import render_input_shape
-
     try:
         model = chat_model if chat_model is not None else build_chat_model(ctx)
         messages = render_input_shape(metadata)

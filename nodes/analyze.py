@@ -10,6 +10,7 @@ from profiling_agent.nodes.common import context_of, event, run_dir
 from profiling_agent.state import Context, State
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.llm_conversation import conversation as llm_conversation
+from profiling_agent.tools.planning.plan_step import plan_next
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.trials import RecipeSettings, TrialSetup
 
@@ -52,9 +53,6 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     With an LLM planner the round's LLM turn is the `llm_conversation` subgraph (model, tools, guard), invoked
     here with this node's config, so it checkpoints under the run's thread and Studio shows its steps.
     """
-    # lazy: these load torch, which the graph and the CLI import nodes without
-    from profiling_agent.tools.planning.plan_step import plan_next
-
     ctx = context_of(runtime)
     inputs = round_inputs(state, state.iteration + 1)
     iteration = inputs.iteration

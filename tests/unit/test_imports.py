@@ -15,14 +15,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("schemas", "graph", "nodes", "tools", "prompts")
 SOURCE_FILES = ("state.py", "__init__.py", "__main__.py")
 MARKS = ("# lazy:", "# cycle:")
-# Files whose imports are being reworked elsewhere, each with its in-function imports without a reason today; a
-# count may only shrink, and the entry goes once the file follows the rule.
-ALLOWED: dict[str, int] = {
-    "nodes/analyze.py": 1,
-    "tools/planning/llm_client.py": 2,
-    "tools/planning/llm_config.py": 1,
-    "tools/planning/llm_planner.py": 3,
-}
 
 
 def _sources() -> Iterator[Path]:
@@ -53,16 +45,7 @@ def test_every_import_inside_a_function_says_why():
     missing = []
     for path in _sources():
         rel = path.relative_to(ROOT).as_posix()
-        lines = _unmarked(path)
-        if rel in ALLOWED:
-            assert len(lines) <= ALLOWED[rel], f"{rel}: {len(lines)} imports without a reason, allowed {ALLOWED[rel]}"
-            continue
-        missing += [f"{rel}:{line}" for line in lines]
+        missing += [f"{rel}:{line}" for line in _unmarked(path)]
     assert not missing, "imports inside functions without a trailing '# lazy: ...' or '# cycle: ...': " + ", ".join(
         missing
     )
-
-
-def test_the_allowance_names_only_files_that_still_need_it():
-    stale = {rel: n for rel, n in ALLOWED.items() if len(_unmarked(ROOT / rel)) < n}
-    assert not stale, f"lower these counts (or drop the entries at 0): {stale}"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, message_chunk_to_message
 from langchain_core.messages.tool import invalid_tool_call
+from pydantic import SecretStr
 
 from profiling_agent.state import Context, Fallback, LLMStep, RejectedAnswer
 from profiling_agent.tools import interrupt, run_layout
@@ -126,8 +127,7 @@ def build_chat_model(ctx: Context) -> Any:
     Replies are streamed (`call_model`), with the token usage asked for in the stream's last chunk; the HTTP
     client's own read timeout is only a backstop behind `request_limits`.
     """
-    from langchain_openai import ChatOpenAI
-    from pydantic import SecretStr
+    from langchain_openai import ChatOpenAI  # lazy: the openai client, which only an LLM planner's run needs
 
     url = llm_base_url(ctx)
     # langchain sends OpenAI's max_completion_tokens; llama-cpp-python and older servers only read max_tokens

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit, urlunsplit
 
 from profiling_agent.state import Context, PlannerMode
 
@@ -25,8 +26,6 @@ def missing_llm_setting(ctx: Context) -> str:
 
 def describe_endpoint(ctx: Context) -> str:
     """Describe model and endpoint for humans: credentials in the URL are dropped, the key is never shown."""
-    from urllib.parse import urlsplit, urlunsplit
-
     url = llm_base_url(ctx)
     if url:
         parts = urlsplit(url)

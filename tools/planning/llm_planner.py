@@ -11,6 +11,8 @@ from typing import Any, cast
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.errors import GraphBubbleUp
 
+from profiling_agent.prompts.analysis import render_analysis
+from profiling_agent.prompts.iterative import Feedback, render_iterative
 from profiling_agent.state import (
     CompressionPlan,
     Context,
@@ -23,6 +25,7 @@ from profiling_agent.state import (
     RejectedAnswer,
     StructuredFacts,
 )
+from profiling_agent.tools.evaluation.selection import select_best
 from profiling_agent.tools.planning import llm_conversation
 from profiling_agent.tools.planning.alternatives import Offer, OfferInputs, offer_alternatives
 from profiling_agent.tools.planning.deterministic import PlanResult
@@ -149,10 +152,6 @@ def render_messages(
     guard: GuardConfig,
 ) -> list[BaseMessage]:
     """Build the analysis prompt (round 1) or the iterative prompt (later rounds)."""
-    from profiling_agent.prompts.analysis import render_analysis
-    from profiling_agent.prompts.iterative import Feedback, render_iterative
-    from profiling_agent.tools.evaluation.selection import select_best
-
     info = {"model": inputs.model_ref, "family": inputs.family}
     bounds = dataclasses.asdict(guard)
     probed = {name: record.model_dump() for name, record in sensitivity.items()}  # the prompts read the JSON

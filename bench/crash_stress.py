@@ -3,6 +3,7 @@
 Usage:
     python bench/crash_stress.py                        # 100 profile steps in one process and in fresh ones, 20 runs
     python bench/crash_stress.py --steps 3 --runs 1     # quicker
+    python bench/crash_stress.py --steps 50 --fresh 0 --runs 10   # steps in one process and whole runs only
     python bench/crash_stress.py --tiny                 # smoke test: 1 step, 1 run of 16 images, no distillation,
                                                         # ONNX Runtime's forms only
     python bench/crash_stress.py --work DIR --json out.json
@@ -117,17 +118,20 @@ def summarize(mode: str, children: list[dict[str, Any]], attempts: int) -> dict[
     }
 
 
-def stress(work: Path, steps: int, runs: int, subset: int, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Run the three modes; return one summary per mode."""
+def stress(
+    work: Path, steps: int, runs: int, subset: int, extra: tuple[str, ...] = (), fresh_steps: int | None = None
+) -> list[dict[str, Any]]:
+    """Run the three modes (`fresh_steps` fresh processes, None: as many as `steps`); return one summary per mode."""
     rows = []
+    fresh_steps = steps if fresh_steps is None else fresh_steps
     one = _child(steps_command(work, steps, work / "faults" / "one"), work / "faults" / "one")
     rows.append(summarize("profile step, one process", [one], steps))
     # one step: the one-process child already was a fresh process running it once, the same command
-    fresh = [one] if steps == 1 else [
+    fresh = [one] if steps == 1 and fresh_steps == 1 else [
         _child(steps_command(work, 1, work / "faults" / f"fresh-{i:03d}"), work / "faults" / f"fresh-{i:03d}")
-        for i in range(steps)
+        for i in range(fresh_steps)
     ]  # fmt: skip
-    rows.append(summarize("profile step, fresh processes", fresh, steps))
+    rows.append(summarize("profile step, fresh processes", fresh, fresh_steps))
     whole = [_child(run_command(work, i, subset, extra), work / "runs" / f"run-{i:03d}") for i in range(runs)]
     rows.append(summarize("whole short run (CLI)", whole, runs))
     return rows
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the flags, prepare the state, stress, print the table (with --strict, exit 1 when anything crashed)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100, help="profile steps in one process, and fresh processes")
+    parser.add_argument("--fresh", type=int, default=None, help="profile steps in fresh processes (default: --steps)")
     parser.add_argument("--runs", type=int, default=20, help="whole short runs")
     parser.add_argument("--subset", type=int, default=64, help="validation and test images of each run")
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="crash-stress-"))
     prepare(work, args.subset)
-    rows = stress(work, args.steps, args.runs, args.subset, TINY_RUN_FLAGS if args.tiny else ())
+    rows = stress(work, args.steps, args.runs, args.subset, TINY_RUN_FLAGS if args.tiny else (), args.fresh)
     for row in rows:
         print(
             f"{row['mode']:<32} {row['crashes']}/{row['attempts']} crashed, {row['failures']} other failures, "

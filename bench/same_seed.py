@@ -5,9 +5,11 @@ Usage:
     python bench/same_seed.py --models embedded:resnet-digits --iterations 1
     python bench/same_seed.py --tiny                             # smoke test: the embedded ResNet, 16 images
     python bench/same_seed.py --json out.json -- --backend openvino   # flags after -- go to every run
+    python bench/same_seed.py --models /models/my-vit --dataset /data/my-images   # a saved model of your own
 
 Each run is `profiling-agent run` in a fresh process, in a run folder of its own, with the same seed and flags.
-`zoo:NAME` is bench/zoo.py's model NAME (built on first use, with the Fashion-MNIST test set it reads). A row per
+`zoo:NAME` is bench/zoo.py's model NAME (built on first use, with the Fashion-MNIST test set it reads); a folder is a
+saved model (`save_pretrained`) run on `--dataset` (any dataset `profiling-agent run --dataset` takes). A row per
 model: the forms each run delivered, how many files of `best/` differ (by sha256, paths included), whether a tie
 between forms decided the delivery (the tie rule's note), whether a timing was flagged as contended, and how many
 figures of each result.json lie outside the interval stored beside them (`interval_check`). Target (issue 49):
@@ -22,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,8 +39,8 @@ from profiling_agent.tools.reporting.interval_check import ratios_outside_interv
 DEFAULT_MODELS = "embedded:vit-digits,embedded:resnet-digits,zoo:vit,zoo:resnet"
 
 
-def model_flags(ref: str) -> list[str]:
-    """Return the `--model`/`--dataset` flags of one model reference (an embedded model or a zoo model)."""
+def model_flags(ref: str, dataset: str | None) -> list[str]:
+    """Return the `--model`/`--dataset` flags of one model reference (embedded, zoo, or a saved model's folder)."""
     if ref.startswith("embedded:"):
         return ["--model", ref, "--dataset", "embedded:digits"]
     if ref.startswith("zoo:"):
@@ -45,7 +48,11 @@ def model_flags(ref: str) -> list[str]:
         zoo_root = zoo_lib.default_out()
         zoo_lib.build_zoo(zoo_root, (name,), log=print)
         return ["--model", str(zoo_root / "models" / name), "--dataset", str(zoo_root / "fashion-mnist")]
-    raise SystemExit(f"same_seed: unknown model {ref!r} (embedded:NAME or zoo:NAME)")
+    if Path(ref).is_dir() and dataset:
+        return ["--model", ref, "--dataset", dataset]
+    raise SystemExit(
+        f"same_seed: unknown model {ref!r} (embedded:NAME, zoo:NAME, or a saved model's folder with --dataset)"
+    )
 
 
 def cpu_seconds() -> float:
@@ -105,7 +112,7 @@ def compare_model(ref: str, flags: list[str], work: Path, in_process: bool) -> d
     """Run model `ref` twice with the same flags; return the row comparing the two runs."""
     runs, cpu, wall = [], 0.0, 0.0
     for name in ("a", "b"):
-        folder = work / "runs" / ref.replace(":", "-") / name
+        folder = work / "runs" / re.sub(r"[^A-Za-z0-9._-]+", "-", ref).strip("-") / name  # a path never escapes work
         argv = ["run", *flags, "--run-dir", str(folder), "--thread-id", "t"]
         cpu_before, start = cpu_seconds(), time.perf_counter()
         code, stderr = run_once(argv, in_process)
@@ -151,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run every model twice with one seed; print the table (and write it as JSON)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma list of embedded:NAME and zoo:NAME")
+    parser.add_argument("--dataset", default=None, help="the dataset of the saved models named by folder")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--subset", type=int, default=256, help="validation images (and as many test images)")
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         common += ["--calibration", "8", "--repeats", "2", "--backend", "onnxruntime", "--recover", "none"]
     rows = []
     for ref in [m.strip() for m in models.split(",") if m.strip()]:
-        flags = [*model_flags(ref), *common, *args.extra]
+        flags = [*model_flags(ref, args.dataset), *common, *args.extra]
         rows.append(compare_model(ref, flags, args.work, in_process=args.tiny))
         print(f"{ref}: {len(rows[-1]['differing'])} differing files, {rows[-1]['cpu_s']} CPU-s", flush=True)
     print(table(rows))

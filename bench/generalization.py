@@ -34,14 +34,10 @@ Prints a Markdown table per half and the targets' summary for the report half; w
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import hashlib
-import io
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -54,6 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo as zoo_lib  # noqa: E402
+from cli_runs import run_cli  # noqa: E402
 
 BUDGET_PP = 2.0  # the accuracy budget of every run, percentage points
 TARGET = 0.35  # the agent's params target
@@ -280,32 +277,12 @@ def cli_run(root: Path, case: Case, thread: str, flags: list[str], settings: Set
         *(["--threads", str(settings.threads)] if settings.threads else []),
     ]
     start = time.perf_counter()
-    code, stderr = run_cli(argv)
+    code, stderr = run_cli(argv, in_process=zoo_lib.is_tiny())  # the tiny smoke's runs stay in this process
     seconds = time.perf_counter() - start
     if code != 0:
         tail = stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"{case.name} {thread}: profiling-agent run failed ({code}): {tail[0]}")
     return {"result": json.loads((runs / thread / "result.json").read_text()), "seconds": round(seconds, 1)}
-
-
-def run_cli(argv: list[str]) -> tuple[int, str]:
-    """Run `profiling-agent ARGV` in a fresh process; return its exit code and stderr.
-
-    Under `--tiny` the CLI's main runs in this process instead: the smoke's runs are seconds long, and a fresh
-    process would spend longer importing the libraries than running.
-    """
-    if not zoo_lib.is_tiny():
-        cmd = [sys.executable, "-m", "profiling_agent.graph.cli", *argv]
-        done = subprocess.run(
-            cmd, capture_output=True, text=True, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-        )
-        return done.returncode, done.stderr
-    from profiling_agent.graph.cli.main import main as cli_main
-
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = cli_main(argv)
-    return code, err.getvalue()
 
 
 def val_drop(result: dict[str, Any], cand: dict[str, Any]) -> float | None:

@@ -19,13 +19,10 @@ byte-identical `best/` for every model on a quiet machine, 0 figures outside the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import io
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo as zoo_lib  # noqa: E402
+from cli_runs import run_cli  # noqa: E402
 
 from profiling_agent.tools.reporting.interval_check import ratios_outside_intervals  # noqa: E402
 
@@ -59,22 +57,6 @@ def cpu_seconds() -> float:
     """Return the CPU seconds of this process and its finished children (user + system)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
-
-
-def run_once(argv: list[str], in_process: bool) -> tuple[int, str]:
-    """Run `profiling-agent ARGV` (a fresh process, or this one under --tiny); return its exit code and stderr."""
-    if not in_process:
-        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-        done = subprocess.run(
-            [sys.executable, "-m", "profiling_agent.graph.cli", *argv], capture_output=True, text=True, env=env
-        )
-        return done.returncode, done.stderr
-    from profiling_agent.graph.cli.main import main as cli_main
-
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = cli_main(argv)
-    return code, err.getvalue()
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
@@ -115,7 +97,7 @@ def compare_model(ref: str, flags: list[str], work: Path, in_process: bool) -> d
         folder = work / "runs" / re.sub(r"[^A-Za-z0-9._-]+", "-", ref).strip("-") / name  # a path never escapes work
         argv = ["run", *flags, "--run-dir", str(folder), "--thread-id", "t"]
         cpu_before, start = cpu_seconds(), time.perf_counter()
-        code, stderr = run_once(argv, in_process)
+        code, stderr = run_cli(argv, in_process)
         wall += time.perf_counter() - start
         cpu += cpu_seconds() - cpu_before
         if code != 0:

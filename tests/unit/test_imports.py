@@ -8,29 +8,18 @@ the reason stands as a trailing comment on the statement.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SOURCE_DIRS = ("schemas", "graph", "nodes", "tools", "prompts")
-SOURCE_FILES = ("state.py", "__init__.py", "__main__.py")
+from helpers.source_trees import ROOT, package_sources, parsed
+
 MARKS = ("# lazy:", "# cycle:")
-
-
-def _sources() -> Iterator[Path]:
-    for name in SOURCE_FILES:
-        if (ROOT / name).is_file():
-            yield ROOT / name
-    for folder in SOURCE_DIRS:
-        yield from sorted((ROOT / folder).rglob("*.py"))
 
 
 def _unmarked(path: Path) -> list[int]:
     """Return the line numbers of the in-function imports of `path` that carry no reason."""
-    text = path.read_text()
-    lines = text.splitlines()
+    lines = path.read_text(encoding="utf-8").splitlines()
     found = set()
-    for fn in ast.walk(ast.parse(text)):
+    for fn in ast.walk(parsed(path)):
         if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         for node in ast.walk(fn):
@@ -43,7 +32,7 @@ def _unmarked(path: Path) -> list[int]:
 
 def test_every_import_inside_a_function_says_why():
     missing = []
-    for path in _sources():
+    for path in package_sources():
         rel = path.relative_to(ROOT).as_posix()
         missing += [f"{rel}:{line}" for line in _unmarked(path)]
     assert not missing, "imports inside functions without a trailing '# lazy: ...' or '# cycle: ...': " + ", ".join(

@@ -20,7 +20,7 @@ import torch
 from helpers.bench_scripts import BENCH, bench_module
 
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py"))
-LIBRARIES = {"budget", "estimate", "global_pruning", "llm_fake_server"}  # imported by other scripts, no main
+LIBRARIES = {"budget", "cli_runs", "estimate", "global_pruning", "llm_fake_server"}  # imported by others; no main
 TINY_ENV = "PROFILING_AGENT_ZOO_TINY"
 
 

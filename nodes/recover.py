@@ -46,7 +46,14 @@ class TrialSlice:
     def __init__(self, state: State, teacher: Any, device: str) -> None:
         """Open the slice (`subsets.open_trial_slice`) and predict it with the baseline once."""
         from profiling_agent.tools.data.trial_slice import open_trial_slice  # lazy: torch; steps load without it
-        from profiling_agent.tools.evaluation.metrics import predict, top1  # lazy: torch; steps load without it
+        from profiling_agent.tools.evaluation.metrics import (  # lazy: torch; steps load without it
+            class_ids,
+            predict,
+            top1,
+        )
+        from profiling_agent.tools.evaluation.trial_logits import (
+            baseline_trial_logits,
+        )  # lazy: torch; steps load without it
         from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
 
         assert state.data is not None
@@ -59,7 +66,11 @@ class TrialSlice:
             image_column=state.data.image_column,
         )
         self.ids = allowed_ids(state)
-        self.base = predict(teacher, self.pixels, allowed_ids=self.ids, device=device)
+        if state.baseline is not None:  # the baseline's logits there, kept in the run folder by the first reader
+            logits = baseline_trial_logits(run_dir(state), self.pixels, state.baseline.sha256, teacher)
+            self.base = class_ids(logits, self.ids)
+        else:
+            self.base = predict(teacher, self.pixels, allowed_ids=self.ids, device=device)
         self.baseline = top1(self.base, self.labels)
 
     def predict(self, model: Any) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 BASELINE = "baseline"  # the baseline's FP32 artifact
 BASELINE_FORMS = "baseline_forms"  # the baseline's backend forms (ort_*, ov_*)
 INT8_REUSE = "baseline_forms/int8_reuse"  # the profile's INT8 build, kept for measure_baseline (removed by it)
+TRIAL_LOGITS = "baseline_forms/trial_logits.safetensors"  # the baseline's logits on the trial slice
 BEST = "best"  # the delivered model's folder
 PROFILE = "profile.json"  # the baseline profile
 SENSITIVITY = "sensitivity.json"  # the probe's per-group sensitivities
@@ -75,6 +76,7 @@ __all__ = [
     "RUN_SETTINGS",
     "SENSITIVITY",
     "SUBSETS",
+    "TRIAL_LOGITS",
     "VARIANTS",
     "iteration_dir",
     "iteration_name",

@@ -17,8 +17,10 @@ from profiling_agent.state import ArtifactRef, Candidate, Context, DataRef, Eval
 from profiling_agent.tools.compression.quantization import quantize_model  # noqa: E402
 from profiling_agent.tools.evaluation.metrics import predict, top1  # noqa: E402
 from profiling_agent.tools.evaluation.selection import choose_form  # noqa: E402
+from profiling_agent.tools.io import read_json  # noqa: E402
 from profiling_agent.tools.models.artifacts import save_artifact  # noqa: E402
 from profiling_agent.tools.runtimes import onnx_forms  # noqa: E402
+from profiling_agent.tools.runtimes.forms import SOURCE_CHECK_IMAGES  # noqa: E402
 from profiling_agent.tools.runtimes.onnx_model import OrtClassifier  # noqa: E402
 from profiling_agent.tools.runtimes.openvino_model import OvClassifier  # noqa: E402
 
@@ -230,4 +232,7 @@ def test_openvino_baseline_builds_ort_fp32_as_source_only(run_state, monkeypatch
     assert source.path and (Path(run_state.run_path) / source.path).is_dir()  # built: the IR is converted from it
     assert "ort_fp32" not in timed and "ov_fp32" in timed and "baseline" in timed
     assert "ort_fp32 not timed or scored (built as a source only)" in out["history"][0]["message"]
+    recipes = {n: read_json(Path(run_state.run_path) / rows[n].path / "recipe.json") for n in ("ort_fp32", "ov_fp32")}
+    assert recipes["ort_fp32"]["check"]["images"] == SOURCE_CHECK_IMAGES  # a source is checked on two images only
+    assert recipes["ov_fp32"]["check"]["images"] > SOURCE_CHECK_IMAGES  # the form converted from it on all of them
     assert all(rows[n].latency_ms for n in rows if n.startswith("ov_") and rows[n].status != "failed")

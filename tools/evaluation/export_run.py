@@ -219,6 +219,7 @@ def build_export(
         build_forms,
     )  # lazy: torch; graph.cli.export loads this module without it
     from profiling_agent.tools.runtimes.onnx_forms import (
+        BackendSettings,
         FormFiles,
     )  # lazy: torch; graph.cli.export loads this module without it
 
@@ -232,7 +233,7 @@ def build_export(
         forms=[form],
         threads=threads,
         files=FormFiles(processor=loaded.processor, extra=extra),
-        static_on_transformers=True,
+        ort=BackendSettings(static_on_transformers=True),
     )
     variant = next(v for v in built if v.name == form)
     if variant.status != "ok" or variant.model is None:

@@ -39,6 +39,7 @@ from profiling_agent.tools.runtimes.forms import (
     fp32_reference,
     load_form,
     rebuild_int8,
+    source_settings,
 )
 from profiling_agent.tools.runtimes.onnx_forms import FormFiles, Variant
 from profiling_agent.tools.runtimes.onnx_model import ONNX_FILE
@@ -252,6 +253,7 @@ def build_stage(models: dict[str, nn.Module], plan: FormsPlan, threads: int) -> 
         forms=plan.forms,
         threads=threads,
         files=FormFiles(processor=plan.processor, extra=plan.extra),
+        ort=source_settings(plan.sources),
     )
     models.update({v.name: v.model for v in built if v.status == "ok" and v.name not in plan.sources})
     return built

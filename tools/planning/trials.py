@@ -22,6 +22,7 @@ from profiling_agent.tools.data.stream import open_run_data
 from profiling_agent.tools.data.train_stream import TrainBatches, run_train_source
 from profiling_agent.tools.data.trial_slice import open_trial_slice
 from profiling_agent.tools.evaluation.metrics import agreement, class_ids, mean_kl, predict, top1
+from profiling_agent.tools.evaluation.trial_logits import baseline_trial_logits
 from profiling_agent.tools.io import hash_tensor
 from profiling_agent.tools.models.artifact_load import load_artifact, load_processor
 from profiling_agent.tools.models.sizes import count_params
@@ -218,6 +219,8 @@ class PlanEvaluator:
     with_kl: bool = False
     recovery: str = "none"
     reference_key: str = ""  # `reference_key`: the baseline's reference is shared by evaluators with this key
+    run_path: Path | None = None  # the run folder: the baseline's trial-slice logits are kept there (`trial_logits`)
+    baseline_sha: str = ""  # the baseline artifact's sha256 (what the kept logits were made by)
     calls: int = field(default=0, init=False)
     _reference: Reference | None = field(default=None, init=False, repr=False)
 
@@ -229,13 +232,20 @@ class PlanEvaluator:
             logits = batched_logits(model, self.pixels)
         return class_ids(logits, self.allowed_ids), logits
 
+    def baseline_predictions(self, model: Any) -> tuple[Any, Any]:
+        """Return `predictions` of the baseline, from the logits the run keeps when it has a folder."""
+        if self.run_path is None or not self.baseline_sha:
+            return self.predictions(model)
+        logits = baseline_trial_logits(self.run_path, self.pixels, self.baseline_sha, model)
+        return class_ids(logits, self.allowed_ids), logits if self.with_kl else None
+
     def reference(self) -> Reference:
         """Return the baseline's predictions, logits and parameter count (computed once per `reference_key`)."""
         if self._reference is None:
             held = _references.get(self.reference_key) if self.reference_key else None
             if held is None:
                 model = self.load_baseline()
-                held = Reference(*self.predictions(model), count_params(model))
+                held = Reference(*self.baseline_predictions(model), count_params(model))
                 if self.reference_key:
                     _references[self.reference_key] = held
                     while len(_references) > REFERENCES_KEPT:
@@ -356,6 +366,8 @@ def plan_evaluator(
         reference_key=""
         if setup.baseline is None
         else reference_key(setup.baseline.sha256, pixels, setup.allowed_ids, distill is not None),
+        run_path=Path(setup.run_path),
+        baseline_sha=setup.baseline.sha256 if setup.baseline is not None else "",
     )
 
 

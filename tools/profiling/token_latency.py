@@ -228,19 +228,20 @@ def token_damage(
     pixels: torch.Tensor,
     labels: torch.Tensor,
     allowed_ids: list[int] | None = None,
+    baseline_logits: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """Return the rows with each kept row's trial-slice damage added (`drop_pp`, `agreement`, `kl`, as the probe's).
 
     Rate 0 and dropped rows are returned as they were. Merging is training-free, so this is the merged baseline's
-    loss; pruning on top adds its own.
+    loss; pruning on top adds its own. `baseline_logits` are the model's own logits on `pixels` when already known.
     """
     from profiling_agent.tools.profiling.sensitivity import (
         compare_logits,
         restrict_logits,
     )  # lazy: transformers; nodes.probe loads this module without it
 
-    with torch.inference_mode():
-        reference = restrict_logits(batched_logits(model, pixels), allowed_ids)
+    logits = baseline_logits if baseline_logits is not None else batched_logits(model, pixels)
+    reference = restrict_logits(logits, allowed_ids)
     out = []
     for row in rows:
         if not any(row["schedule"]) or row.get("dropped"):
@@ -278,14 +279,15 @@ def token_axis(
     pixels: torch.Tensor,
     labels: torch.Tensor,
     allowed_ids: list[int] | None = None,
+    baseline_logits: torch.Tensor | None = None,
 ) -> TokenAxis | None:
     """Return the run's token axis: the profile's latency `table` with each kept rate's trial-slice damage.
 
-    None without a table (no token axis, or no latency target).
+    None without a table (no token axis, or no latency target). `baseline_logits`: as `token_damage` reads them.
     """
     if not table or "error" in table:
         return None
-    rows = token_damage(model, table["rates"], pixels, labels, allowed_ids)
+    rows = token_damage(model, table["rates"], pixels, labels, allowed_ids, baseline_logits)
     return TokenAxis(
         form=table["form"],
         batch=table["batch"],

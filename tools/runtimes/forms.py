@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 FormSource = Literal["onnx", "openvino"]  # the kinds of form folder
 
 ALL_FORMS = tuple(f"ort_{m}" for m in ORT_METHODS) + tuple(f"ov_{f}" for f in OV_FORMS)
+SOURCE_CHECK_IMAGES = 2  # check images of an ort_fp32 built only as the other forms' source
 ROUND_KEEP = 2  # a pruning round builds the unpruned model's this-many fastest forms (within budget) ...
 ROUND_TIE = 1.5  # ... and every other form within this factor of the fastest one's batch-1 latency
 FP32_REFERENCES = ("ov_fp32", "ort_fp32", "torch_fp32", "baseline")  # an int8 form's "own FP32 form", first found
@@ -91,7 +92,7 @@ def build_forms(
     forms: Sequence[str] = ALL_FORMS,
     threads: int | None = None,
     files: FormFiles | None = None,
-    static_on_transformers: bool = False,
+    ort: BackendSettings | None = None,
 ) -> list[Variant]:
     """Build the requested ONNX Runtime and OpenVINO forms of an FP32 classifier, each checked against torch.
 
@@ -106,7 +107,9 @@ def build_forms(
         threads: Intra-op threads of every runtime.
         files: What each folder holds beside the model: the image processor and the recipe's JSON facts (the
             config defaults to the model's own).
-        static_on_transformers: Build ort_static for ViT, DeiT and Swin too (an explicit export asks for it).
+        ort: How the ONNX Runtime forms are built and checked (its methods are the requested forms'):
+            `static_on_transformers` builds ort_static for ViT, DeiT and Swin too (an explicit export asks for it),
+            `source_check` checks an ort_fp32 built only as the others' source on fewer images (`source_settings`).
 
     Returns:
         The built forms in ALL_FORMS order (ok, failed or skipped, each with its reason).
@@ -129,7 +132,7 @@ def build_forms(
         calib_pixels,
         check_pixels,
         out_dir,
-        settings=BackendSettings(methods=methods, static_on_transformers=static_on_transformers),
+        settings=replace(ort or BackendSettings(), methods=methods),
         threads=threads,
         files=files,
         reference=reference,
@@ -144,6 +147,16 @@ def build_forms(
         onnx_path, calib_pixels, (reference, check), out_dir, settings=settings, threads=threads, files=files
     )
     return ort + ov
+
+
+def source_settings(sources: Collection[str]) -> BackendSettings:
+    """Return the ONNX Runtime settings of a build whose `sources` are built only as the other forms' source.
+
+    An ort_fp32 among them is checked against torch on SOURCE_CHECK_IMAGES images, not all: a wrong export is wrong
+    on every image, and the OpenVINO FP32 form converted from it is checked on all of them (on a full-size ViT-B/16
+    the ONNX Runtime FP32 pass over 32 check images costs about 19 s on one core).
+    """
+    return BackendSettings(source_check=SOURCE_CHECK_IMAGES if "ort_fp32" in sources else 0)
 
 
 def round_contenders(

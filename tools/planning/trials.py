@@ -68,6 +68,22 @@ def reference_key(baseline_sha: str, pixels: Any, allowed_ids: list[int] | None,
     return digest.hexdigest()
 
 
+def trial_key(plan: CompressionPlan) -> str:
+    """Return what a plan's trial depends on, as canonical JSON: its entries without their words.
+
+    No justification or rationale: two plans that prune, quantize and merge alike have the same trial.
+    """
+    words = {"justification"}
+    return json.dumps(
+        {
+            "pruning": [e.model_dump(mode="json", exclude=words) for e in plan.pruning],
+            "quantization": [e.model_dump(mode="json", exclude=words) for e in plan.quantization],
+            "tokens": plan.tokens.model_dump(mode="json", exclude=words) if plan.tokens else None,
+        },
+        sort_keys=True,
+    )
+
+
 @dataclass(frozen=True)
 class RecipeSettings:
     """The run's distillation settings; 0 leaves a value to the recipe rule (`trial_recipe`)."""
@@ -220,6 +236,7 @@ class PlanEvaluator:
     recovery: str = "none"
     reference_key: str = ""  # `reference_key`: the baseline's reference is shared by evaluators with this key
     run_path: Path | None = None  # the run folder: the baseline's trial-slice logits are kept there (`trial_logits`)
+    memo: dict[str, Trial] | None = None  # plan JSON -> its trial, shared by a round's evaluators (`TrialFactory`)
     baseline_sha: str = ""  # the baseline artifact's sha256 (what the kept logits were made by)
     calls: int = field(default=0, init=False)
     _reference: Reference | None = field(default=None, init=False, repr=False)
@@ -283,6 +300,16 @@ class PlanEvaluator:
         if self.calls >= self.max_calls:
             raise RuntimeError(f"evaluation budget used up ({self.max_calls} per step); answer with your plan")
         self.calls += 1
+        key = trial_key(plan)
+        if self.memo is not None and key in self.memo:  # the same plan, tried earlier in the round: the same trial
+            return self.memo[key].model_copy(update={"evaluations_left": self.max_calls - self.calls})
+        trial = self.tried(plan)
+        if self.memo is not None:
+            self.memo[key] = trial
+        return trial
+
+    def tried(self, plan: CompressionPlan) -> Trial:
+        """Prune, recover and quantize a baseline copy by `plan` and judge it on the trial slice (`__call__`)."""
         started = time.perf_counter()
         ref = self.reference()
         model, applied = self.pruned(plan)
@@ -341,13 +368,18 @@ class TrialRecovery:
 
 
 def plan_evaluator(
-    setup: TrialSetup, max_calls: int | None = None, refits: Any = None, distill: tuple[Any, int, float] | None = None
+    setup: TrialSetup,
+    max_calls: int | None = None,
+    refits: Any = None,
+    distill: tuple[Any, int, float] | None = None,
+    memo: dict[str, Trial] | None = None,
 ) -> PlanEvaluator:
     """Build evaluate_plan: a plan on a fresh baseline copy, refit on the calibration images, judged on the trial slice.
 
     `refits` (a `refit_cache.TrialRefits`) keeps the refitted weights of the last trials for the recover step. With
     `distill` ((training batches, steps, learning rate): `block_evaluator`) each trial is then distilled that many
-    steps and also scored by its KL divergence from the baseline.
+    steps and also scored by its KL divergence from the baseline. `memo` holds the trials of evaluators built alike:
+    a plan tried by one of them is not pruned and refitted again by another.
     """
     pixels, labels = trial_slice(setup)
     hooks = TrialRecovery(setup, calibration(setup)[0], refits, distill) if setup.recover != "none" else None
@@ -367,6 +399,7 @@ def plan_evaluator(
         if setup.baseline is None
         else reference_key(setup.baseline.sha256, pixels, setup.allowed_ids, distill is not None),
         run_path=Path(setup.run_path),
+        memo=memo,
         baseline_sha=setup.baseline.sha256 if setup.baseline is not None else "",
     )
 
@@ -405,14 +438,21 @@ class TrialFactory:
     Attributes:
         setup: What the trials read from the run.
         refits: Keeps the last trials' refitted weights for the recover step (a `refit_cache.TrialRefits`), or None.
+        memo: The round's trials by plan (`plans`).
     """
 
     setup: TrialSetup
     refits: Any = None
+    memo: dict[str, Trial] = field(default_factory=dict)  # the round's trials by plan: tried once, read by each
 
     def plans(self, calls: int | None) -> PlanEvaluator:
-        """Return evaluate_plan allowed `calls` trials (None: MAX_EVALUATIONS), its refits kept in `refits`."""
-        return plan_evaluator(self.setup, max_calls=calls, refits=self.refits)
+        """Return evaluate_plan allowed `calls` trials (None: MAX_EVALUATIONS), its refits kept in `refits`.
+
+        A plan another of the round's evaluators tried returns that trial (counted as a call, not run again): round
+        1 weighs its plan with token merging against pruning alone, then backs off the kept one, whose first trial
+        is that same plan (on a full-size ViT-B/16 a trial's prune and refit cost about 130 s on one core).
+        """
+        return plan_evaluator(self.setup, max_calls=calls, refits=self.refits, memo=self.memo)
 
     def blocks(self, calls: int) -> PlanEvaluator | None:
         """Return round 1's block-set evaluator allowed `calls` trials, or None where it cannot run."""

@@ -127,7 +127,7 @@ def build_forms(
         processor=None if files is None else files.processor,
         extra=None if files is None else files.extra,
     )
-    ort = build_ort_variants(
+    onnx = build_ort_variants(
         model,
         calib_pixels,
         check_pixels,
@@ -139,14 +139,14 @@ def build_forms(
     )
     ov_forms = tuple(f for f in OV_FORMS if f"ov_{f}" in wanted)
     if not ov_forms:
-        return ort
-    fp32 = ort[0]
+        return onnx
+    fp32 = onnx[0]
     onnx_path = Path(fp32.path) / ONNX_FILE if fp32.status == "ok" and fp32.path else None
     settings = OpenVinoSettings(forms=ov_forms)
     ov = build_ov_forms(
         onnx_path, calib_pixels, (reference, check), out_dir, settings=settings, threads=threads, files=files
     )
-    return ort + ov
+    return onnx + ov
 
 
 def source_settings(sources: Collection[str]) -> BackendSettings:

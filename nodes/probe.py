@@ -81,8 +81,8 @@ def probe(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 def token_axis_of(state: State, model: Any) -> TokenAxis | None:
     """Return the token axis: the profile's token latency with each paying rate's damage on the trial slice."""
     from profiling_agent.tools.data.trial_slice import open_trial_slice  # lazy: torch; steps load without it
-    from profiling_agent.tools.evaluation.trial_logits import (
-        baseline_trial_logits,
+    from profiling_agent.tools.evaluation.baseline_logits import (
+        kept_baseline_logits,
     )  # lazy: torch; steps load without it
     from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
     from profiling_agent.tools.profiling.token_latency import token_axis  # lazy: torch; steps load without it
@@ -101,5 +101,5 @@ def token_axis_of(state: State, model: Any) -> TokenAxis | None:
     paying = [r for r in table.get("rates", []) if any(r.get("schedule") or ()) and not r.get("dropped")]
     logits = None
     if paying:  # the baseline's logits on the slice: kept in the run folder for the trials and recover steps
-        logits = baseline_trial_logits(run_dir(state), pixels, state.baseline.sha256, model)
+        logits = kept_baseline_logits(run_dir(state), pixels, state.baseline.sha256, model)
     return token_axis(model, table, pixels, labels, allowed_ids(state), logits)

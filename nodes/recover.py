@@ -46,14 +46,14 @@ class TrialSlice:
     def __init__(self, state: State, teacher: Any, device: str) -> None:
         """Open the slice (`subsets.open_trial_slice`) and predict it with the baseline once."""
         from profiling_agent.tools.data.trial_slice import open_trial_slice  # lazy: torch; steps load without it
+        from profiling_agent.tools.evaluation.baseline_logits import (
+            kept_baseline_logits,
+        )  # lazy: torch; steps load without it
         from profiling_agent.tools.evaluation.metrics import (  # lazy: torch; steps load without it
             class_ids,
             predict,
             top1,
         )
-        from profiling_agent.tools.evaluation.trial_logits import (
-            baseline_trial_logits,
-        )  # lazy: torch; steps load without it
         from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
 
         assert state.data is not None
@@ -67,7 +67,7 @@ class TrialSlice:
         )
         self.ids = allowed_ids(state)
         if state.baseline is not None:  # the baseline's logits there, kept in the run folder by the first reader
-            logits = baseline_trial_logits(run_dir(state), self.pixels, state.baseline.sha256, teacher)
+            logits = kept_baseline_logits(run_dir(state), self.pixels, state.baseline.sha256, teacher)
             self.base = class_ids(logits, self.ids)
         else:
             self.base = predict(teacher, self.pixels, allowed_ids=self.ids, device=device)
@@ -133,19 +133,27 @@ def distill_job(state: State, runtime: Runtime[Context], source: Any, processor:
 
 def recovery_work(state: State, student: Any, applied: list[Any], device: str) -> Any:
     """Return the `Recovery` of the current candidate: the baseline as teacher, calibration images and probes."""
-    from profiling_agent.tools.evaluation.metrics import agreement_probe  # lazy: torch; steps load without it
+    from profiling_agent.tools.evaluation.baseline_logits import (
+        kept_baseline_logits,
+    )  # lazy: torch; steps load without it
+    from profiling_agent.tools.evaluation.metrics import (  # lazy: torch; steps load without it
+        agreement_probe,
+        class_ids,
+    )
     from profiling_agent.tools.recovery import candidate, refit_cache  # lazy: torch; steps load without it
 
     teacher = load_artifact_model(state, state.baseline, device=device).model
     calib, folder = prepared(state)["calib_pixels"], run_layout.iteration_dir(run_dir(state), state.iteration)
     base_sha = state.baseline.sha256 if state.baseline else ""
+    ids = allowed_ids(state)
+    reference = class_ids(kept_baseline_logits(run_dir(state), calib, base_sha, teacher), ids) if base_sha else None
     return candidate.Recovery(
         teacher,
         student.to(device),
         calib,
         applied,
         example=example_input(state),
-        agree=agreement_probe(teacher, calib, allowed_ids=allowed_ids(state), device=device),  # with the baseline
+        agree=agreement_probe(teacher, calib, allowed_ids=ids, device=device, reference=reference),  # the baseline's
         device=device,
         trial_refit=lambda model: refit_cache.load(
             folder, refit_cache.refit_key(applied, calib, state.dataset.seed, base_sha), model

@@ -14,7 +14,7 @@ from pathlib import Path
 BASELINE = "baseline"  # the baseline's FP32 artifact
 BASELINE_FORMS = "baseline_forms"  # the baseline's backend forms (ort_*, ov_*)
 INT8_REUSE = "baseline_forms/int8_reuse"  # the profile's INT8 build, kept for measure_baseline (removed by it)
-TRIAL_LOGITS = "baseline_forms/trial_logits.safetensors"  # the baseline's logits on the trial slice
+BASELINE_LOGITS = "baseline_forms/logits"  # the baseline's logits on image sets read more than once
 BEST = "best"  # the delivered model's folder
 PROFILE = "profile.json"  # the baseline profile
 SENSITIVITY = "sensitivity.json"  # the probe's per-group sensitivities
@@ -58,6 +58,7 @@ def iteration_of(name: str) -> int | None:
 __all__ = [
     "BASELINE",
     "BASELINE_FORMS",
+    "BASELINE_LOGITS",
     "BEST",
     "FORKS",
     "INT8_REUSE",
@@ -76,7 +77,6 @@ __all__ = [
     "RUN_SETTINGS",
     "SENSITIVITY",
     "SUBSETS",
-    "TRIAL_LOGITS",
     "VARIANTS",
     "iteration_dir",
     "iteration_name",

@@ -176,10 +176,19 @@ def agreement(preds: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def agreement_probe(
-    reference_model: nn.Module, pixels: Any, *, allowed_ids: Sequence[int] | None = None, device: str = "cpu"
+    reference_model: nn.Module,
+    pixels: Any,
+    *,
+    allowed_ids: Sequence[int] | None = None,
+    device: str = "cpu",
+    reference: torch.Tensor | None = None,
 ) -> Callable[[nn.Module, str], float]:
-    """Predict `pixels` with the reference model once; return agree(model, device): another model's agreement."""
-    reference = predict(reference_model, pixels, allowed_ids=allowed_ids, device=device)
+    """Predict `pixels` with the reference model once; return agree(model, device): another model's agreement.
+
+    `reference`: the reference model's predictions on `pixels` when already known (it is then not run).
+    """
+    if reference is None:
+        reference = predict(reference_model, pixels, allowed_ids=allowed_ids, device=device)
 
     def agree(model: nn.Module, on: str) -> float:
         return agreement(predict(model, pixels, allowed_ids=allowed_ids, device=on), reference)

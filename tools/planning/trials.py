@@ -21,8 +21,8 @@ from profiling_agent.tools.compression.units import as_importance
 from profiling_agent.tools.data.stream import open_run_data
 from profiling_agent.tools.data.train_stream import TrainBatches, run_train_source
 from profiling_agent.tools.data.trial_slice import open_trial_slice
+from profiling_agent.tools.evaluation.baseline_logits import kept_baseline_logits
 from profiling_agent.tools.evaluation.metrics import agreement, class_ids, mean_kl, predict, top1
-from profiling_agent.tools.evaluation.trial_logits import baseline_trial_logits
 from profiling_agent.tools.io import hash_tensor
 from profiling_agent.tools.models.artifact_load import load_artifact, load_processor
 from profiling_agent.tools.models.sizes import count_params
@@ -235,7 +235,7 @@ class PlanEvaluator:
     with_kl: bool = False
     recovery: str = "none"
     reference_key: str = ""  # `reference_key`: the baseline's reference is shared by evaluators with this key
-    run_path: Path | None = None  # the run folder: the baseline's trial-slice logits are kept there (`trial_logits`)
+    run_path: Path | None = None  # the run folder: the baseline's trial-slice logits are kept there (`baseline_logits`)
     memo: dict[str, Trial] | None = None  # plan JSON -> its trial, shared by a round's evaluators (`TrialFactory`)
     baseline_sha: str = ""  # the baseline artifact's sha256 (what the kept logits were made by)
     calls: int = field(default=0, init=False)
@@ -253,7 +253,7 @@ class PlanEvaluator:
         """Return `predictions` of the baseline, from the logits the run keeps when it has a folder."""
         if self.run_path is None or not self.baseline_sha:
             return self.predictions(model)
-        logits = baseline_trial_logits(self.run_path, self.pixels, self.baseline_sha, model)
+        logits = kept_baseline_logits(self.run_path, self.pixels, self.baseline_sha, model)
         return class_ids(logits, self.allowed_ids), logits if self.with_kl else None
 
     def reference(self) -> Reference:

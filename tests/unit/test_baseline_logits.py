@@ -1,10 +1,10 @@
-"""The baseline's trial-slice logits (tools/evaluation/trial_logits.py): predicted once per run, then read back."""
+"""The baseline's kept logits (tools/evaluation/baseline_logits.py): an image set predicted once per run, then read."""
 
 import torch
 from torch import nn
 
 from profiling_agent.tools import run_layout
-from profiling_agent.tools.evaluation.trial_logits import baseline_trial_logits
+from profiling_agent.tools.evaluation.baseline_logits import NAME_CHARS, kept_baseline_logits, logits_key
 
 
 class Counting(nn.Module):
@@ -23,28 +23,30 @@ class Counting(nn.Module):
 
 def test_the_slice_is_predicted_once_then_read_back(tmp_path):
     model, pixels = Counting(), torch.randn(6, 3, 2, 2)
-    first = baseline_trial_logits(tmp_path, pixels, "sha-a", model)
-    assert model.calls == 1 and (tmp_path / run_layout.TRIAL_LOGITS).is_file()
-    again = baseline_trial_logits(tmp_path, pixels, "sha-a", model)
+    first = kept_baseline_logits(tmp_path, pixels, "sha-a", model)
+    assert model.calls == 1 and len(list((tmp_path / run_layout.BASELINE_LOGITS).iterdir())) == 1
+    again = kept_baseline_logits(tmp_path, pixels, "sha-a", model)
     assert model.calls == 1
     assert torch.equal(first, again) and torch.allclose(first, model.head(pixels.flatten(1)).detach())
 
 
 def test_other_images_or_another_baseline_are_predicted_again(tmp_path):
     model, pixels = Counting(), torch.randn(6, 3, 2, 2)
-    baseline_trial_logits(tmp_path, pixels, "sha-a", model)
-    other = baseline_trial_logits(tmp_path, pixels + 1, "sha-a", model)
+    kept_baseline_logits(tmp_path, pixels, "sha-a", model)
+    other = kept_baseline_logits(tmp_path, pixels + 1, "sha-a", model)
     assert model.calls == 2 and torch.allclose(other, model.head((pixels + 1).flatten(1)).detach())
-    baseline_trial_logits(tmp_path, pixels + 1, "sha-b", model)
+    kept_baseline_logits(tmp_path, pixels + 1, "sha-b", model)
+    assert model.calls == 3
+    kept_baseline_logits(tmp_path, pixels, "sha-a", model)  # each set keeps its own file
     assert model.calls == 3
 
 
 def test_a_file_cut_short_is_replaced(tmp_path):
     model, pixels = Counting(), torch.randn(4, 3, 2, 2)
-    path = tmp_path / run_layout.TRIAL_LOGITS
+    path = tmp_path / run_layout.BASELINE_LOGITS / f"{logits_key(pixels, 'sha-a', 'cpu')[:NAME_CHARS]}.safetensors"
     path.parent.mkdir(parents=True)
     path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
-    logits = baseline_trial_logits(tmp_path, pixels, "sha-a", model)
+    logits = kept_baseline_logits(tmp_path, pixels, "sha-a", model)
     assert model.calls == 1 and logits.shape == (4, 5)
-    baseline_trial_logits(tmp_path, pixels, "sha-a", model)
+    kept_baseline_logits(tmp_path, pixels, "sha-a", model)
     assert model.calls == 1

@@ -144,6 +144,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     import profiling_agent.tools.compression.pruning as pruning
     import profiling_agent.tools.evaluation.contention as contention
     import profiling_agent.tools.evaluation.latency as evaluation
+    import profiling_agent.tools.planning.trials as trials_module
     import profiling_agent.tools.profiling.backend_profile as backend_profile
     import profiling_agent.tools.profiling.dynamic as profiling
 
@@ -151,7 +152,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     # ONNX Runtime's forms (backend profile, delivery) resume like the rest; every form's build is checked by
     # test_two_iterations_end_to_end, and OpenVINO's would double this test's time
     context = {**FAST_CONTEXT, "backend": "onnxruntime"}
-    calls = {"prune": 0, "latency": 0}
+    calls = {"prune": 0, "latency": 0, "trials": 0}
     # measured times differ between two runs; everything else (profile costs, probe, pruning, accuracy) is
     # deterministic, so with steady timings the resumed run must equal an uninterrupted one exactly
     monkeypatch.setattr(profiling, "module_timings", _steady_timings)
@@ -169,7 +170,14 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
             raise KeyboardInterrupt
         return real_latency(*args, **kwargs)
 
+    real_tried = trials_module.PlanEvaluator.tried
+
+    def counting_tried(self, plan):
+        calls["trials"] += 1
+        return real_tried(self, plan)
+
     monkeypatch.setattr(pruning, "prune_model", counting_prune)
+    monkeypatch.setattr(trials_module.PlanEvaluator, "tried", counting_tried)
     monkeypatch.setattr(evaluation, "measure_latency", flaky_latency)
     # the reference workload around each timing block is steady too: on a busy machine a contended block is timed
     # again, which would move the interruption to another round
@@ -181,12 +189,14 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, digits_assets, mo
     config = {"configurable": {"thread_id": "resumable"}}
     snapshot = graph.get_state(config)
     assert snapshot.next == ("evaluate",) and snapshot.values["iteration"] == 2
-    probe_and_plan_prunes = calls["prune"]
+    probe_and_plan_prunes, trials_before = calls["prune"], calls["trials"]
     out = graph.invoke(None, config, context=Context(run_root=str(tmp_path), **context), durability="sync")
     assert out["status"] == "done" and [c["iteration"] for c in out["candidates"]] == [1, 2, 3]
     search = out["candidates"][2]["planner_meta"]["search"]  # round 3's calibration trials prune copies too
     trials = len(search["trials"]) + (search["goal"] not in [t["goal"] for t in search["trials"]]) if search else 0
-    assert calls["prune"] == probe_and_plan_prunes + 1 + trials  # only iteration 3 pruned after the resume
+    run = calls["trials"] - trials_before  # a plan the round already tried is read back, not pruned again
+    assert run <= trials
+    assert calls["prune"] == probe_and_plan_prunes + 1 + run  # only iteration 3 pruned after the resume
 
     monkeypatch.setattr(evaluation, "measure_latency", real_latency)
     _, _, fresh = _run(tmp_path, inputs, thread="uninterrupted", context=context)

@@ -91,3 +91,19 @@ def test_the_delivery_note_and_the_peer_say_when_a_tie_decided():
     note = delivery_note(forms[2], True, [], "auto", peer["tie"])
     assert note.startswith("fastest measured form within the accuracy budget (auto); a tie decided")
     assert "a tie decided" not in delivery_note(forms[2], True, [], "auto")
+
+
+def test_two_repeats_too_few_for_a_paired_interval_tie_when_their_samples_overlap():
+    """`--repeats 2`: no paired interval; forms whose samples overlap (within 2%) tie, whichever median is lower."""
+    swapped = [
+        {"ort_fp32": [1.00, 1.10], "ort_dynamic": [1.06, 1.03]},  # medians 1.050 and 1.045: 0.5% apart
+        {"ort_fp32": [1.07, 0.98], "ort_dynamic": [1.12, 1.00]},  # medians 1.025 and 1.060: 3.4% apart
+    ]
+    for samples in swapped:
+        forms = [_timed(n, 89.0, s) for n, s in samples.items()]
+        fastest = fastest_form(forms, samples)
+        assert fastest.chosen.name == "ort_fp32" and fastest.how == "overlap" and fastest.tie_decided
+        assert "too few repeats for a paired interval" in fastest.note()
+    apart = {"ort_fp32": [1.00, 1.02], "ort_dynamic": [0.80, 0.82]}  # every sample says ort_dynamic is faster
+    forms = [_timed(n, 89.0, s) for n, s in apart.items()]
+    assert fastest_form(forms, apart).chosen.name == "ort_dynamic" and not fastest_form(forms, apart).tie_decided

@@ -31,7 +31,8 @@ class Fastest:
         chosen: The form chosen.
         timed_fastest: The form with the lowest median batch-1 latency.
         tied: The forms within noise of `timed_fastest` (itself included), in the fixed order; one name: no tie.
-        how: How the ties were judged: "paired" (interleaved repeats) or "band" (medians within LATENCY_TIE).
+        how: How the ties were judged: "paired" (interleaved repeats), "overlap" (1-2 shared repeats: samples within
+            LATENCY_TIE) or "band" (medians within LATENCY_TIE).
     """
 
     chosen: VariantRecord
@@ -48,11 +49,10 @@ class Fastest:
         """Say that a tie decided and how ("" when the clock did)."""
         if not self.tie_decided:
             return ""
-        noise = (
-            "their paired 99% intervals reach within 2% of the fastest"
-            if self.how == "paired"
-            else "their medians within 2%"
-        )
+        noise = {
+            "paired": "their paired 99% intervals reach within 2% of the fastest",
+            "overlap": "too few repeats for a paired interval; their samples overlap within 2%",
+        }.get(self.how, "their medians within 2%")
         return (
             f"a tie decided: {', '.join(self.tied)} ran within noise of each other ({noise}), so the fixed order "
             f"(validation accuracy, then the simpler runtime, then the name) chose {self.chosen.name}"
@@ -75,13 +75,19 @@ def speed_tied(form: VariantRecord, fastest: VariantRecord, samples: Samples | N
 
     Paired (both timed in the same interleaved repeats, at least 3 shared): `form` is tied unless the TIE_LEVEL (99%)
     interval of the median of its per-repeat time over the fastest's (`latency.paired_ratio`) lies wholly above
-    1 + LATENCY_TIE, i.e. unless it is measurably more than 2% slower. Else (no samples): its median within
-    LATENCY_TIE of the fastest's.
+    1 + LATENCY_TIE, i.e. unless it is measurably more than 2% slower. With 1 or 2 shared repeats (too few for that
+    interval, `--repeats 2`): tied when its fastest sample is within LATENCY_TIE of the fastest form's slowest one,
+    i.e. unless every sample says it is slower ("overlap"; two same-seed runs of a saved ResNet split between
+    ort_fp32 and ort_dynamic under the median band alone). Else (no samples): its median within LATENCY_TIE of the
+    fastest's.
     """
     mine, theirs = (samples or {}).get(form.name), (samples or {}).get(fastest.name)
     paired = paired_ratio({"samples_ms": mine}, {"samples_ms": theirs}, level=TIE_LEVEL) if mine and theirs else None
     if paired is not None:
         return float(paired["ci"][0]) <= 1.0 + LATENCY_TIE, "paired"
+    shared = [(a, b) for a, b in zip(mine or [], theirs or [], strict=False) if a and b and a > 0 and b > 0]
+    if shared:
+        return min(a for a, _ in shared) <= max(b for _, b in shared) * (1.0 + LATENCY_TIE), "overlap"
     return float(form.latency_ms or 0.0) <= float(fastest.latency_ms or 0.0) * (1.0 + LATENCY_TIE), "band"
 
 
@@ -102,5 +108,5 @@ def fastest_form(forms: Sequence[VariantRecord], samples: Samples | None = None)
     timed = min(forms, key=lambda f: (float(f.latency_ms or 0.0), tie_order(f)))
     judged = [(f, *speed_tied(f, timed, samples)) for f in forms if f is not timed]
     tied = sorted([timed, *(f for f, is_tied, _ in judged if is_tied)], key=tie_order)
-    how = "paired" if any(h == "paired" for _, _, h in judged) else "band"
+    how = next((h for h in ("paired", "overlap") if any(j == h for _, _, j in judged)), "band")
     return Fastest(chosen=tied[0], timed_fastest=timed.name, tied=tuple(f.name for f in tied), how=how)

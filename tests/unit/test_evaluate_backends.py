@@ -101,7 +101,16 @@ def _evaluate(state, backend):
     return Candidate.model_validate(out["current"])
 
 
-def test_auto_measures_every_form_and_delivers_the_chosen_one(run_state):
+def test_auto_measures_every_form_and_delivers_the_chosen_one(run_state, monkeypatch):
+    from profiling_agent.tools.evaluation import candidate_eval
+
+    timed: list = []  # the per-repeat samples the round chose with (ties with few repeats are judged on them)
+
+    def spy(variants, baseline, objective, eligible=None, samples=None):
+        timed.append(samples)
+        return choose_form(variants, baseline, objective, eligible, samples)
+
+    monkeypatch.setattr(candidate_eval, "choose_form", spy)
     cand = _evaluate(run_state, "auto")
     ev = cand.eval
     names = [v.name for v in ev.variants]
@@ -113,7 +122,7 @@ def test_auto_measures_every_form_and_delivers_the_chosen_one(run_state):
     assert all(v.status == "ok" and v.latency_ms > 0 and v.speedup > 0 for v in measured)
     assert all(v.wall_over_cpu and v.wall_over_cpu > 0 for v in measured)  # CPU time recorded beside wall time
     assert ev.timing and ev.timing["factor"] == 1.5 and "busy" in ev.timing
-    choice = choose_form(ev.variants, run_state.baseline_eval, run_state.objective)
+    choice = choose_form(ev.variants, run_state.baseline_eval, run_state.objective, samples=timed[-1])
     assert choice is not None and ev.delivered == choice.chosen.name
     chosen = next(v for v in ev.variants if v.name == ev.delivered)
     assert (ev.accuracy, ev.latency_ms, ev.speedup) == (chosen.accuracy, chosen.latency_ms, chosen.speedup)

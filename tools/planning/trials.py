@@ -236,7 +236,7 @@ class PlanEvaluator:
     recovery: str = "none"
     reference_key: str = ""  # `reference_key`: the baseline's reference is shared by evaluators with this key
     run_path: Path | None = None  # the run folder: the baseline's trial-slice logits are kept there (`baseline_logits`)
-    memo: dict[str, Trial] | None = None  # plan JSON -> its trial, shared by a round's evaluators (`TrialFactory`)
+    memo: dict[str, Trial] | None = None  # `trial_key` -> its trial, shared by a round's evaluators (`TrialFactory`)
     baseline_sha: str = ""  # the baseline artifact's sha256 (what the kept logits were made by)
     calls: int = field(default=0, init=False)
     _reference: Reference | None = field(default=None, init=False, repr=False)

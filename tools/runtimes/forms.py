@@ -152,9 +152,10 @@ def build_forms(
 def source_settings(sources: Collection[str]) -> BackendSettings:
     """Return the ONNX Runtime settings of a build whose `sources` are built only as the other forms' source.
 
-    An ort_fp32 among them is checked against torch on SOURCE_CHECK_IMAGES images, not all: a wrong export is wrong
-    on every image, and the OpenVINO FP32 form converted from it is checked on all of them (on a full-size ViT-B/16
-    the ONNX Runtime FP32 pass over 32 check images costs about 19 s on one core).
+    An ort_fp32 among them is checked against torch on SOURCE_CHECK_IMAGES images, not all: a wrong export (what
+    the check is for: the forms it feeds are converted from it) is wrong on every image, so two catch it, and the
+    forms that are measured keep their own checks (on a full-size ViT-B/16 the ONNX Runtime FP32 pass over 32 check
+    images costs about 19 s on one core).
     """
     return BackendSettings(source_check=SOURCE_CHECK_IMAGES if "ort_fp32" in sources else 0)
 

@@ -85,7 +85,10 @@ def token_axis_of(state: State, model: Any) -> TokenAxis | None:
         kept_baseline_logits,
     )  # lazy: torch; steps load without it
     from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
-    from profiling_agent.tools.profiling.token_latency import token_axis  # lazy: torch; steps load without it
+    from profiling_agent.tools.profiling.token_latency import (  # lazy: torch; steps load without it
+        needs_damage,
+        token_axis,
+    )
 
     path = run_dir(state) / run_layout.PROFILE
     table = (read_json(path).get("planning_latency") or {}).get("tokens") if path.exists() else None
@@ -98,8 +101,7 @@ def token_axis_of(state: State, model: Any) -> TokenAxis | None:
         data_file=state.data.path,
         image_column=state.data.image_column,
     )
-    paying = [r for r in table.get("rates", []) if any(r.get("schedule") or ()) and not r.get("dropped")]
     logits = None
-    if paying:  # the baseline's logits on the slice: kept in the run folder for the trials and recover steps
+    if any(needs_damage(r) for r in table.get("rates", [])):  # the baseline's logits there, kept for later steps
         logits = kept_baseline_logits(run_dir(state), pixels, state.baseline.sha256, model)
     return token_axis(model, table, pixels, labels, allowed_ids(state), logits)

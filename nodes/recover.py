@@ -43,21 +43,17 @@ REJECTED = "; rejected: "  # in the recover step's message, before the reason (a
 class TrialSlice:
     """The trial slice the recover step judges by: its images, labels and the baseline's predictions there."""
 
-    def __init__(self, state: State, teacher: Any, device: str) -> None:
-        """Open the slice (`subsets.open_trial_slice`) and predict it with the baseline once."""
+    def __init__(self, state: State, teacher: Any) -> None:
+        """Open the slice (`subsets.open_trial_slice`); its baseline predictions are the run's kept logits there."""
         from profiling_agent.tools.data.trial_slice import open_trial_slice  # lazy: torch; steps load without it
         from profiling_agent.tools.evaluation.baseline_logits import (
             kept_baseline_logits,
         )  # lazy: torch; steps load without it
-        from profiling_agent.tools.evaluation.metrics import (  # lazy: torch; steps load without it
-            class_ids,
-            predict,
-            top1,
-        )
+        from profiling_agent.tools.evaluation.metrics import class_ids, top1  # lazy: torch; steps load without it
         from profiling_agent.tools.models.artifact_load import load_processor  # lazy: torch; steps load without it
 
-        assert state.data is not None
-        processor = load_processor(absolute(state, state.baseline.path)) if state.baseline else None
+        assert state.data is not None and state.baseline is not None  # the teacher is the baseline
+        processor = load_processor(absolute(state, state.baseline.path))
         self.pixels, self.labels = open_trial_slice(
             run_dir(state),
             seed=state.dataset.seed,
@@ -66,11 +62,8 @@ class TrialSlice:
             image_column=state.data.image_column,
         )
         self.ids = allowed_ids(state)
-        if state.baseline is not None:  # the baseline's logits there, kept in the run folder by the first reader
-            logits = kept_baseline_logits(run_dir(state), self.pixels, state.baseline.sha256, teacher)
-            self.base = class_ids(logits, self.ids)
-        else:
-            self.base = predict(teacher, self.pixels, allowed_ids=self.ids, device=device)
+        logits = kept_baseline_logits(run_dir(state), self.pixels, state.baseline.sha256, teacher)  # read by each
+        self.base = class_ids(logits, self.ids)
         self.baseline = top1(self.base, self.labels)
 
     def predict(self, model: Any) -> Any:
@@ -199,7 +192,7 @@ def recover(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     device = "cpu" if "distill" not in steps else measure_device(ctx.device)
     work = recovery_work(state, loaded.model, applied, device)
     job = distill_job(state, runtime, source, loaded.processor)
-    trial = TrialSlice(state, work.teacher, device)  # judges early stopping and the recovered candidate
+    trial = TrialSlice(state, work.teacher)  # judges early stopping and the recovered candidate
     job.monitor = trial.monitor
     student, curve = candidate.recover_student(work, steps, record, job=job, ctx=ctx)
     record.seconds = round(time.perf_counter() - started, 2)

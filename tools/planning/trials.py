@@ -71,17 +71,13 @@ def reference_key(baseline_sha: str, pixels: Any, allowed_ids: list[int] | None,
 def trial_key(plan: CompressionPlan) -> str:
     """Return what a plan's trial depends on, as canonical JSON: its entries without their words.
 
-    No justification or rationale: two plans that prune, quantize and merge alike have the same trial.
+    The pruning rows as the refit cache keys them (`refit_cache.plan_key`), the quantization and token entries:
+    two plans that prune, quantize and merge alike have the same trial, whatever their justification or rationale.
     """
     words = {"justification"}
-    return json.dumps(
-        {
-            "pruning": [e.model_dump(mode="json", exclude=words) for e in plan.pruning],
-            "quantization": [e.model_dump(mode="json", exclude=words) for e in plan.quantization],
-            "tokens": plan.tokens.model_dump(mode="json", exclude=words) if plan.tokens else None,
-        },
-        sort_keys=True,
-    )
+    quantization = [e.model_dump(mode="json", exclude=words) for e in plan.quantization]
+    tokens = plan.tokens.model_dump(mode="json", exclude=words) if plan.tokens else None
+    return json.dumps([refit_cache.plan_key(plan.pruning), quantization, tokens], sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,11 @@ def measure_token_latency(
     return {"form": name, "batch": BATCH, "base_ms": round(ms[0], 5), "rates": rows, "protected": protected}
 
 
+def needs_damage(row: dict[str, Any]) -> bool:
+    """Return True for a token row whose trial-slice damage is measured: it merges and was not dropped."""
+    return any(row["schedule"]) and not row.get("dropped")
+
+
 def token_damage(
     model: nn.Module,
     rows: Sequence[dict[str, Any]],
@@ -244,7 +249,7 @@ def token_damage(
     reference = restrict_logits(logits, allowed_ids)
     out = []
     for row in rows:
-        if not any(row["schedule"]) or row.get("dropped"):
+        if not needs_damage(row):
             out.append(dict(row))
             continue
         merged = copy.deepcopy(model).eval()

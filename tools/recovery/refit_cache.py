@@ -40,11 +40,14 @@ def refit_key(applied: Sequence[PrunedGroup], calib: torch.Tensor, seed: int, ba
 
 
 def plan_key(pruning: Sequence[Any]) -> str:
-    """Return a plan's pruning entries as canonical JSON (how a trial is found again once the plan is chosen)."""
+    """Return a plan's pruning entries as canonical JSON (how a trial is found again once the plan is chosen).
+
+    Without their justification: two plans that prune alike have the same trial, whatever their words say.
+    """
     rows = []
     for row in pruning:
         try:  # a raw plan's entry and the validated plan's are the same entry
-            rows.append(PruneEntry.model_validate(row).model_dump(mode="json"))
+            rows.append(PruneEntry.model_validate(row).model_dump(mode="json", exclude={"justification"}))
         except ValueError:
             rows.append(row.model_dump(mode="json") if hasattr(row, "model_dump") else dict(row))
     return json.dumps(rows, sort_keys=True)

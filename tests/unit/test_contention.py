@@ -2,8 +2,8 @@
 
 The decision rule (a one-sided Mann-Whitney U test at `contention.ALPHA` with a minimum effect) is tested on seeded
 synthetic samples: drawn from one distribution it flags at most its stated rate, shifted by 20% it flags. One test
-runs the real workload beside a CPU-bound process pinned to the same core, where the reference gets about half of
-it (a slowdown near 2x, far past the minimum effect whatever else the machine runs).
+runs the real workload, at a lower priority, beside a CPU-bound process pinned to the same core, where the reference
+gets about a quarter of it (a slowdown far past the minimum effect whatever else the machine runs).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -163,26 +164,51 @@ def test_a_run_that_starts_busy_is_judged_against_the_machines_quiet_calibration
     assert not again.started_busy and contention.read_machine(path) == again.samples_ms
 
 
+def _quiet_calibration(attempts: int = 3) -> contention.ReferenceCheck:
+    """Return a reference check calibrated on its core (wall at most QUIET_WALL_CPU x thread CPU), else the fastest."""
+    checks = []
+    for _ in range(attempts):
+        checks.append(contention.ReferenceCheck())
+        if 0 < checks[-1].reference().wall_over_cpu <= contention.QUIET_WALL_CPU:
+            break
+    return min(checks, key=lambda check: check.reference().median_ms)
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
 def test_a_process_competing_for_the_same_core_slows_the_reference_and_flags_the_block(monkeypatch, tmp_path):
+    """The block runs in a thread at nice +5 beside a competitor at nice 0, both pinned to one core.
+
+    At equal weights a kernel's time slice can be as long as a reference sample (about 2-9 ms), so a sample may run
+    whole between the competitor's turns and the block's median barely moves (seen once in CI: p 0.073). At nice +5
+    the thread's weight is about a third of the competitor's, so every sample is slowed (about 2-4x).
+    """
     monkeypatch.setenv("PROFILING_AGENT_CACHE", str(tmp_path))  # the machine's kept calibration: this test's own
     before_affinity = os.sched_getaffinity(0)
     core = min(before_affinity)
     os.sched_setaffinity(0, {core})
     competitor = None
+    judged: dict = {}
+
+    def timed_block(check: contention.ReferenceCheck) -> None:
+        os.sched_setaffinity(0, {core})  # this thread's own: its niceness ends with it
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 5)
+        block = check.block()
+        for _ in range(24):
+            block.probe()
+        judged.update(block.finish())
+
     try:
-        check = contention.ReferenceCheck()
-        check.reference()  # the calibration, before the competitor starts
+        check = _quiet_calibration()  # before the competitor starts
         spin = f"import os; os.sched_setaffinity(0, {{{core}}}); print('ready', flush=True)\nwhile True: pass"
         competitor = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
         assert competitor.stdout is not None and competitor.stdout.readline().strip() == "ready"
-        block = check.block()
-        for _ in range(24):  # a long block: the competitor shares the core with whatever else runs on it
-            block.probe()
-        judged = block.finish()
+        worker = threading.Thread(target=timed_block, args=(check,))
+        worker.start()
+        worker.join()
     finally:
         if competitor is not None:
             competitor.kill()
             competitor.wait()
         os.sched_setaffinity(0, before_affinity)
     assert judged["contended"] is True and judged["p_value"] < contention.ALPHA, judged
+    assert judged["slowdown"] > 1 + contention.MIN_EFFECT, judged

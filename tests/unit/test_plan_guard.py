@@ -210,14 +210,19 @@ def test_exact_group_names_are_an_alternative_to_regexes():
     assert by_module.ratios == {"layers.1.heads": 0.5}
 
 
-def test_group_entries_with_unknown_names_or_the_wrong_type_are_refused_by_name():
+def test_group_entries_with_unknown_names_are_refused_and_a_width_entry_takes_each_groups_own_type():
     verdict = check(plan({"groups": ["layers.0.heads", "layers.7.mlp"], "type": "structured", "ratio": 0.4}))
     assert not verdict.ok
     text = joined(verdict)
-    assert "group 'layers.0.heads' is a head group: use type 'head'" in text
-    assert "unknown group 'layers.7.mlp'" in text
+    assert "unknown group 'layers.7.mlp'" in text and "is a head group" not in text
     both = check(plan({"groups": ["layers.0.mlp"], "layer": MLP_ALL, "type": "structured", "ratio": 0.4}))
     assert "either 'layer'" in joined(both)
+    # a group named exactly has one kind: channels named with a head group prune that group's heads, said once
+    mixed = check(plan({"groups": ["layers.0.heads", "layers.1.mlp"], "type": "structured", "ratio": 0.4}))
+    assert mixed.ok, mixed.reasons
+    assert mixed.ratios == {"layers.0.heads": 0.4, "layers.1.mlp": 0.4}
+    assert [e.type for e in mixed.plan.pruning] == ["head", "structured"]
+    assert [w for w in mixed.warnings if "each takes its group's own type" in w and "layers.0.heads" in w]
 
 
 def test_structured_on_attention_is_refused_with_the_right_type_named():

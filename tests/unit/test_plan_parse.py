@@ -78,3 +78,19 @@ def test_spans_are_string_aware_and_balance_is_checked():
     assert [s for s, _ in brace_spans('a {"x": "}"} b {"y": 1}')] == ['{"x": "}"}', '{"y": 1}']
     assert brace_spans('{"x": [1, {"y": 2}')[-1][1] is True  # inside an object that never closes
     assert brackets_balanced("{'a': ['}']}") and not brackets_balanced('{"a": [}')
+
+
+def test_a_quantization_entry_written_into_pruning_moves_to_quantization():
+    # Qwen2.5-Coder-1.5B's answer on the embedded ResNet (docs/llm-planner.md): a "dynamic" entry among the prunes
+    plan, notes = parse_plan_text(
+        '{"pruning": [{"groups": ["layer1.0"], "type": "structured", "ratio": 0.3},'
+        ' {"layer": "all", "type": "dynamic", "dtype": "qint8", "ratio": 0.5, "justification": "smaller"}],'
+        ' "quantization": []}'
+    )
+    assert plan["pruning"] == [{"groups": ["layer1.0"], "type": "structured", "ratio": 0.3}]
+    assert plan["quantization"] == [{"layer": "all", "type": "dynamic", "dtype": "qint8", "justification": "smaller"}]
+    assert any("moved to quantization" in n for n in notes)
+    bare, _ = parse_plan_text('{"pruning": [{"type": "dynamic"}]}')  # no layer: every Linear layer
+    assert bare["pruning"] == [] and bare["quantization"] == [{"type": "dynamic", "layer": "all"}]
+    named, _ = parse_plan_text('{"pruning": [{"groups": ["layer1.0"], "type": "dynamic", "ratio": 0.3}]}')
+    assert named["quantization"] == [] and named["pruning"][0]["type"] == "dynamic"  # groups: left to the schema

@@ -25,6 +25,8 @@ from profiling_agent.tools.planning.regex_safety import regex_problem, slow_patt
 from profiling_agent.tools.planning.token_guard import token_reasons
 from profiling_agent.tools.planning.token_plan import to_total
 
+WIDTH_KINDS = ("structured", "head")  # the kinds that thin a group (a block goes whole)
+
 
 @dataclass
 class GuardConfig(RatioCaps):
@@ -287,8 +289,15 @@ class _Checker:
         return estimate
 
 
-def _expand_group_entry(entry: dict[str, Any], i: int, rows: Sequence[GroupRow]) -> tuple[list[Any], list[str]]:
-    """Turn one `{"groups": [names], "type", "ratio"}` entry into one anchored-module entry per group."""
+def _expand_group_entry(
+    entry: dict[str, Any], i: int, rows: Sequence[GroupRow], notes: list[str]
+) -> tuple[list[Any], list[str]]:
+    """Turn one `{"groups": [names], "type", "ratio"}` entry into one anchored-module entry per group.
+
+    A group named exactly has one kind, so a channel entry naming a head group (or a head entry naming a channel
+    group) takes the group's kind, with a note in `notes`; a block entry or a block group keeps the refusal (a
+    block goes whole, a channel or head ratio never does).
+    """
     label = f"pruning[{i}]"
     if "layer" in entry:
         return [entry], [f"{label}: give either 'layer' (a regex) or 'groups' (exact group names), not both"]
@@ -297,21 +306,31 @@ def _expand_group_entry(entry: dict[str, Any], i: int, rows: Sequence[GroupRow])
         return [], [f"{label}: 'groups' must be a non-empty list of group names from the profile"]
     by_name = {g.name: g for g in rows} | {g.module: g for g in rows}
     kind = entry.get("type")
-    reasons, out = [], []
+    reasons, out, retyped = [], [], []
     for name in names[:256]:
         group = by_name.get(name)
+        rest = {k: v for k, v in entry.items() if k != "groups"}
         if group is None:
             reasons.append(f"{label}: unknown group {name[:80]!r}; group names look like {_short(list(by_name), 2)}")
+        elif kind in WIDTH_KINDS and group.kind in WIDTH_KINDS and group.kind != kind:
+            retyped.append(name)
+            out.append({**rest, "type": group.kind, "layer": f"^{re.escape(group.module)}$"})
         elif kind in ("structured", "head", "block") and group.kind != kind:
             reasons.append(f"{label}: group {name!r} is a {group.kind} group: use type {group.kind!r} for it")
         else:
-            rest = {k: v for k, v in entry.items() if k != "groups"}
             out.append({**rest, "layer": f"^{re.escape(group.module)}$"})
+    if retyped:
+        notes.append(f"{label}: type {kind!r} does not fit {_short(retyped, 2)}: each takes its group's own type")
     return out, reasons
 
 
-def expand_groups(plan: dict[str, Any], rows: Sequence[GroupRow]) -> tuple[dict[str, Any], list[str]]:
+def expand_groups(
+    plan: dict[str, Any], rows: Sequence[GroupRow], notes: list[str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """Replace pruning entries that name exact groups with one regex entry per group (same type and ratio).
+
+    A width entry (channels or heads) naming a group of the other width kind takes the group's kind; each such
+    repair is said in `notes`.
 
     Returns:
         (the plan with only `layer` entries, reasons to refuse it: unknown names, a type that does not fit).
@@ -323,7 +342,7 @@ def expand_groups(plan: dict[str, Any], rows: Sequence[GroupRow]) -> tuple[dict[
     reasons: list[str] = []
     for i, entry in enumerate(entries):
         if isinstance(entry, dict) and "groups" in entry:
-            expanded, why = _expand_group_entry(entry, i, rows)
+            expanded, why = _expand_group_entry(entry, i, rows, notes if notes is not None else [])
             out += expanded
             reasons += why
         else:
@@ -416,6 +435,7 @@ def check_plan(
     """
     config = config or GuardConfig()
     named: list[tuple[str, str]] = [(g.name, g.kind) for g in profile.rows]  # what the format example's check reads
+    repaired: list[str] = []  # what was mended on the way (a group's own type), said with the verdict's warnings
     if isinstance(plan, dict):
         n = sum(len(plan.get(k) or []) for k in ("pruning", "quantization") if isinstance(plan.get(k), list))
         if n > config.max_entries:
@@ -423,7 +443,7 @@ def check_plan(
         copied = example_copy_reasons(plan, named, {}) if config.refuse_example else []
         if copied:
             return GuardVerdict(False, None, copied)
-        plan, reasons = expand_groups(plan, profile.rows)
+        plan, reasons = expand_groups(plan, profile.rows, repaired)
         if reasons:
             return GuardVerdict(False, None, reasons)
     try:
@@ -452,4 +472,5 @@ def check_plan(
         parsed = parsed.model_copy(
             update={"pruning": [e for i, e in enumerate(parsed.pruning) if i not in checker.moot]}
         )
-    return GuardVerdict(ok, parsed if ok else None, checker.reasons, checker.warnings, ratios, estimate)
+    warnings = repaired + checker.warnings
+    return GuardVerdict(ok, parsed if ok else None, checker.reasons, warnings, ratios, estimate)

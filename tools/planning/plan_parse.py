@@ -84,10 +84,39 @@ def _whole_blocks(entries: Any, notes: list[str]) -> Any:
     return out
 
 
+def _quantization_out_of_pruning(plan: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """Move a "dynamic" (quantization) entry written into `pruning` to `quantization`, noted.
+
+    It carries its layer ("all" when it named none), dtype and justification; a ratio has no meaning there and is
+    dropped. An entry that names groups stays (pruning groups are not the Linear layers quantization matches).
+    """
+    entries, quantization = plan.get("pruning"), plan.get("quantization") or []
+    if not isinstance(entries, list) or not isinstance(quantization, list):
+        return plan
+    moved = [
+        i
+        for i, e in enumerate(entries)
+        if isinstance(e, dict)
+        and e.get("type") == "dynamic"
+        and "groups" not in e
+        and isinstance(e.get("layer", ""), str)
+    ]
+    if not moved:
+        return plan
+    quant = [
+        {k: entries[i][k] for k in QUANT_KEYS if k in entries[i]} | {"layer": entries[i].get("layer") or "all"}
+        for i in moved
+    ]
+    notes.append(f"pruning{moved}: a 'dynamic' entry quantizes, it does not prune: moved to quantization")
+    kept = [e for i, e in enumerate(entries) if i not in moved]
+    return {**plan, "pruning": kept, "quantization": quantization + quant}
+
+
 def normalize_plan(value: Any) -> tuple[dict[str, Any], list[str]]:
     """Unwrap and tidy a parsed plan: {"plan": {...}} wrappers, null lists, unknown scalar keys dropped with a note.
 
-    A "block" entry without a ratio gets 1.0 (a block is removed whole; any other ratio is the guard's to refuse).
+    A "block" entry without a ratio gets 1.0 (a block is removed whole; any other ratio is the guard's to refuse);
+    a "dynamic" entry inside `pruning` moves to `quantization`.
 
     Raises:
         ValueError: When `value` is not an object, or an unknown key holds content (lists or objects) that
@@ -103,7 +132,7 @@ def normalize_plan(value: Any) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(value, dict):
         raise ValueError(f"the plan must be a JSON object, got {type(value).__name__}")
     notes: list[str] = []
-    value = _drop_unknown(value, PLAN_KEYS, "plan", notes)
+    value = _quantization_out_of_pruning(_drop_unknown(value, PLAN_KEYS, "plan", notes), notes)
     plan = {
         "pruning": _whole_blocks(_clean_entries(value.get("pruning"), PRUNE_KEYS, "pruning", notes), notes),
         "quantization": _clean_entries(value.get("quantization"), QUANT_KEYS, "quantization", notes),

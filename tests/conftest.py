@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -33,6 +34,22 @@ def pytest_collection_modifyitems(config, items):
         return table.get(name, float(counts[name]))
 
     items.sort(key=lambda item: -seconds(item))  # a stable sort: the order within each file stays
+
+
+@pytest.fixture(autouse=True)
+def _training_logger_restored():
+    """Put the first-use training logger back as it was after each test.
+
+    The CLI's main, run in a test's process, gives that logger a handler on the test's stderr and stops it
+    propagating (graph/cli/main.py). A later test in the same process would log into a closed stream, and on a
+    pytest whose caplog handler sits only on the root logger (the declared floor) it would capture nothing.
+    """
+    logger = logging.getLogger("profiling_agent.tools.models.embedded")
+    handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.propagate = propagate
+    logger.setLevel(level)
 
 
 @pytest.fixture

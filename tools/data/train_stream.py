@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from profiling_agent.state import DataRef, DatasetRef, LabelMap
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.data.labels import mapping_table
 from profiling_agent.tools.data.preprocess import preprocess_images
 from profiling_agent.tools.data.sources import label_indexer, label_names, load_split
 from profiling_agent.tools.io import read_json
+
+if TYPE_CHECKING:  # types only: a distillation rank imports this module, and state's schemas cost it ~1 CPU-s
+    from profiling_agent.state import DataRef, DatasetRef, LabelMap
 
 MIN_TRAIN_IMAGES = 32  # fewer usable images than this: no training source (reconstruction only)
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,6 @@ from torch import nn
 from profiling_agent.tools.data.stream import ImageStream, open_run_data
 from profiling_agent.tools.evaluation.bootstrap import correct, paired_delta_ci
 from profiling_agent.tools.evaluation.metrics import accuracy_batch, agreement, predict_many, top1
-from profiling_agent.tools.evaluation.records import MeasureSettings
 from profiling_agent.tools.io import read_json, write_json_atomic
 from profiling_agent.tools.models.artifact_load import load_run_form
 from profiling_agent.tools.recovery.distributed_launch import (
@@ -35,6 +34,9 @@ from profiling_agent.tools.recovery.distributed_launch import (
     record_failure,
     run_job,
 )
+
+if TYPE_CHECKING:  # a type only: the ranks run this module, and state's schemas cost each ~1 CPU-s
+    from profiling_agent.tools.evaluation.records import MeasureSettings
 
 MODULE = "profiling_agent.tools.evaluation.sharded"
 

@@ -1,7 +1,7 @@
 """A CLI run killed (SIGKILL) or interrupted (SIGINT) at several points resumes to the same complete result.
 
-The runs that are stopped are processes of their own; the last resume, which nothing stops, runs the CLI's main in
-the test's process.
+The runs that are stopped are processes of their own, forked with the libraries already imported
+(helpers.forked_cli); the last resume, which nothing stops, runs the CLI's main in the test's process.
 """
 
 from __future__ import annotations

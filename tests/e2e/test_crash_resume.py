@@ -1,7 +1,7 @@
 """A CLI run killed (SIGKILL) or interrupted (SIGINT) at several points resumes to the same complete result.
 
-The runs that are stopped are processes of their own; the last resume, which nothing stops, runs the CLI's main in
-the test's process.
+The runs that are stopped are processes of their own, forked with the libraries already imported
+(helpers.forked_cli); the last resume, which nothing stops, runs the CLI's main in the test's process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from helpers.crash_helpers import THREAD, offline_resnet_setup, quick_flags, run
 from helpers.crash_helpers import check_complete as _check_complete
 from helpers.crash_helpers import cli as _cli
 from helpers.crash_helpers import next_is as _next_is
-from helpers.crash_helpers import start as _start
+from helpers.crash_helpers import start_forked as _start
 from helpers.crash_helpers import stop_when as _stop_when
 from safetensors.torch import load_file
 

@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, check_complete, cli, next_is, start, stop_when
+from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, check_complete, cli, next_is, stop_when
+from helpers.crash_helpers import start_forked as start
 
 from profiling_agent.graph.checkpoint import CHECKPOINT_URL_ENV, DB_NAME, close_checkpointer, open_checkpointer
 from profiling_agent.graph.cli.main import main

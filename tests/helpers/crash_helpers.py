@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.forked_cli import ForkedCli
 from profiling_agent.graph.review import pending_nodes
 
 THREAD = "crash"
@@ -53,6 +54,16 @@ def start(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def start_forked(cmd: list[str], env: dict[str, str], cwd: Path) -> ForkedCli:
+    """Start the CLI command `cmd` (a `cli(...)` list) in a process of its own, forked with the libraries imported.
+
+    For the runs a test stops or starts side by side: each a process of its own, without a fresh interpreter's
+    seconds of imports (helpers.forked_cli).
+    """
+    assert cmd[:3] == cli()[:3], cmd
+    return ForkedCli(cmd[3:], env, cwd)
+
+
 @functools.cache
 def _bare_graph():
     """The compiled graph without a checkpointer, built once per process (a build costs ~60 ms of CPU)."""
@@ -82,7 +93,7 @@ def snapshot(runs: Path, url: str | None = None, thread: str = THREAD):
 
 
 def stop_when(
-    proc: subprocess.Popen, runs: Path, predicate, sig: int, url: str | None = None, ready=None
+    proc: subprocess.Popen | ForkedCli, runs: Path, predicate, sig: int, url: str | None = None, ready=None
 ) -> tuple[str, tuple, int]:
     """Poll the checkpoints until `predicate(snapshot)` holds, then send `sig`; return (stderr, pending, exit code).
 

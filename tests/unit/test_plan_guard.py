@@ -215,6 +215,9 @@ def test_group_entries_with_unknown_names_are_refused_and_a_width_entry_takes_ea
     assert not verdict.ok
     text = joined(verdict)
     assert "unknown group 'layers.7.mlp'" in text and "is a head group" not in text
+    assert "did you mean 'layers.1.mlp'" in text  # the closest names (a 1.5B model wrote module-path hybrids)
+    hybrid = joined(check(plan({"groups": ["vit.encoder.layer.1.mlp"], "type": "structured", "ratio": 0.4})))
+    assert "unknown group 'vit.encoder.layer.1.mlp'; did you mean 'layers.1.mlp'?" in hybrid, hybrid
     both = check(plan({"groups": ["layers.0.mlp"], "layer": MLP_ALL, "type": "structured", "ratio": 0.4}))
     assert "either 'layer'" in joined(both)
     # a group named exactly has one kind: channels named with a head group prune that group's heads, said once

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Sequence
@@ -311,7 +312,7 @@ def _expand_group_entry(
         group = by_name.get(name)
         rest = {k: v for k, v in entry.items() if k != "groups"}
         if group is None:
-            reasons.append(f"{label}: unknown group {name[:80]!r}; group names look like {_short(list(by_name), 2)}")
+            reasons.append(f"{label}: unknown group {name[:80]!r}; {_closest_groups(name, rows)}")
         elif kind in WIDTH_KINDS and group.kind in WIDTH_KINDS and group.kind != kind:
             retyped.append(name)
             out.append({**rest, "type": group.kind, "layer": f"^{re.escape(group.module)}$"})
@@ -322,6 +323,18 @@ def _expand_group_entry(
     if retyped:
         notes.append(f"{label}: type {kind!r} does not fit {_short(retyped, 2)}: each takes its group's own type")
     return out, reasons
+
+
+def _closest_groups(name: str, rows: Sequence[GroupRow]) -> str:
+    """Say which group names an unknown one most resembles (difflib), or what group names look like."""
+    names = [g.name for g in rows]
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    if not close and "." in name:  # a module path around a group's name ('resnet.encoder.stages.2...conv1')
+        close = difflib.get_close_matches(name, [g.module for g in rows], n=2, cutoff=0.6)
+        close = [g.name for g in rows if g.module in close]
+    if close:
+        return f"did you mean {' or '.join(repr(c) for c in close)}?"
+    return f"group names look like {_short(names, 2)}"
 
 
 def expand_groups(

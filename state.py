@@ -258,6 +258,7 @@ class Context:
     backend: BackendChoice = _ctx(
         "auto", "torch, onnxruntime, openvino or auto (every form): the fastest within budget ships."
     )
+    plots: bool = _ctx(True, "Draw the report's charts (plots/*.png, shown in report.md and report.html).")
 
     def __post_init__(self) -> None:
         """Refuse a choice setting outside its `Literal` (a typo would otherwise run with a silent default)."""

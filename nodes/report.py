@@ -58,7 +58,8 @@ def report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         with atomic_dir(root / run_layout.BEST) as tmp:
             shutil.copytree(absolute(state, delivered.path), tmp, dirs_exist_ok=True)
     thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None) or root.name  # forks: RUN/T/forks/
-    result, files, trouble = write_run_report(root, run_records(state, str(thread)), latency, timing)
+    records = run_records(state, str(thread))
+    result, files, trouble = write_run_report(root, records, latency, timing, plots=context_of(runtime).plots)
     best = result.get("best")
     message = (
         f"best: iteration {best['iteration']}, top-1 {best['accuracy']:.2f}%, {best['params']:,} params"

@@ -207,7 +207,8 @@ def digits_run(tmp_path_factory, digits_vit):
         readers: list = []
         with pytest.MonkeyPatch.context() as patch:
             spy_prepared_reads(patch, readers)
-            graph.invoke(inputs, config, context=Context(run_root=str(root), **FAST_CONTEXT), durability="sync")
+            context = Context(run_root=str(root), **{**FAST_CONTEXT, "plots": True})  # its charts are read
+            graph.invoke(inputs, config, context=context, durability="sync")
         write_json(root / "readers.json", readers)
 
     root = built_once(tmp_path_factory, "digits-run", build)

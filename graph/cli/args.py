@@ -60,6 +60,9 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default="runs", help="folder holding one sub-folder per run (default: runs)")
     p.add_argument("--device", choices=choices(DeviceChoice), default=None, help="device (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for profiling and evaluation")
+    p.add_argument(
+        "--no-plots", action="store_true", help="write report.md and report.html without charts (seconds sooner)"
+    )
     p.add_argument("--llm-model", default=None, help="chat model name (default: $OPENAI_MODEL, else gpt-4o)")
     p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible base URL (default: $OPENAI_BASE_URL)")
     p.add_argument(
@@ -392,6 +395,8 @@ def context_from_args(args: argparse.Namespace) -> dict[str, Any]:
     _set(ctx, "latency_repeats", args.repeats)
     _recover_flags(args, ctx)
     _set(ctx, "backend", args.backend)
+    if getattr(args, "no_plots", False):
+        ctx["plots"] = False
     if args.threads is not None and args.threads < 1:
         raise BadInput("invalid --threads: must be at least 1")
     if args.repeats is not None and args.repeats < 1:

@@ -330,11 +330,34 @@ def test_report_node_keeps_report_md_when_charts_fail(finished_run, tmp_path, mo
 
     monkeypatch.setattr(report_files, "write_report_files", broken)
     state = State.model_validate({**out, "run_path": str(copy_dir)})
-    update = report(state, SimpleNamespace(context=Context(run_root=str(tmp_path), **FAST_CONTEXT)))
+    context = Context(run_root=str(tmp_path), **{**FAST_CONTEXT, "plots": True})
+    update = report(state, SimpleNamespace(context=context))
     assert update["status"] == "done" and update["report"]["html"] is None
     assert "plots and report.html not written (RuntimeError: no fonts)" in update["history"][0]["message"]
     assert (copy_dir / "report.md").read_text().startswith("# profiling-agent report")
     assert not (copy_dir / "report.html").exists() and not (copy_dir / "plots").exists()
+
+
+def test_a_run_without_plots_writes_both_reports_without_charts_and_says_so(finished_run, tmp_path):
+    from types import SimpleNamespace
+
+    from profiling_agent.nodes.report import report
+    from profiling_agent.state import Context, State
+
+    run, out = finished_run
+    copy_dir = tmp_path / "t1"
+    shutil.copytree(run, copy_dir, ignore=shutil.ignore_patterns("report.*"))  # the earlier charts stay, to go
+    assert any((copy_dir / "plots").glob("*.png"))
+    state = State.model_validate({**out, "run_path": str(copy_dir)})
+    context = Context(run_root=str(tmp_path), **{**FAST_CONTEXT, "plots": False})
+    update = report(state, SimpleNamespace(context=context))
+    assert update["status"] == "done" and update["report"]["plots"] == [] and update["report"]["html"] == "report.html"
+    assert "charts not drawn (--no-plots)" in update["history"][0]["message"]
+    assert not any((copy_dir / "plots").glob("*.png"))  # no stale chart left beside reports that do not show it
+    markdown = (copy_dir / "report.md").read_text()
+    assert markdown.startswith("# profiling-agent report") and "](plots/" not in markdown
+    page = (copy_dir / "report.html").read_text()
+    assert "data:image/png" not in page and "<table" in page
 
 
 def test_report_opens_in_chromium_with_every_chart_drawn(finished_run, tmp_path):

@@ -63,6 +63,7 @@ FLAG_FIELDS = {
     "temperature": "context.llm_temperature",
     "repeats": "context.latency_repeats",
     "no_augment": "context.recover_augment",
+    "no_plots": "context.plots",
     "thread_id": "config.configurable.thread_id",
 }
 # run flags with no graph field because the server provides the thing itself

@@ -192,8 +192,10 @@ def offline_resnet_setup(folder: Path, quick_resnet: tuple[Path, Path, Path] | N
 
 
 def quick_flags(model: Path, dataset: Path, runs: Path, *flags: str) -> list[str]:
-    """The `run` flags of a one-iteration quick run (96 images, 16 calibration, 2 repeats, 1 thread) plus `flags`."""
+    """The `run` flags of a one-iteration quick run (96 images, 16 calibration, 2 repeats, 1 thread, no charts) plus
+    `flags`."""
     return [
         "--model", str(model), "--dataset", str(dataset), "--subset", "96", "--calibration", "16",
-        "--repeats", "2", "--threads", "1", "--iterations", "1", "--run-dir", str(runs), "--thread-id", THREAD, *flags,
+        "--repeats", "2", "--threads", "1", "--iterations", "1", "--run-dir", str(runs), "--thread-id", THREAD,
+        "--no-plots", *flags,
     ]  # fmt: skip

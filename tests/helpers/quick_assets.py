@@ -11,11 +11,14 @@ from pathlib import Path
 
 # subset/calibration small enough for seconds-long runs; the digits test split has 360 images
 FAST_DATASET = {"subset": 160, "calibration": 32}
-# latency settings that keep evaluation cheap, for runs that check no timing
-FAST_LATENCY = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1}
+# latency settings that keep evaluation cheap, for runs that check no timing; no charts (a run's report draws them
+# in seconds of matplotlib; the runs that check them set "plots": True)
+FAST_LATENCY = {"latency_repeats": 2, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "plots": False}
 # latency settings that keep evaluation and the final report cheap
 # recover_steps: distillation runs (recovery is on by default) but stays a few steps long
-FAST_CONTEXT = {"latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8}
+FAST_CONTEXT = {
+    "latency_repeats": 3, "latency_warmup": 1, "latency_batch": 8, "threads": 1, "recover_steps": 8, "plots": False,
+}  # fmt: skip
 
 
 @contextmanager

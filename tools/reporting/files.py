@@ -47,6 +47,8 @@ def write_report_files(
     result: Mapping[str, Any],
     profile: Mapping[str, Any] | None,
     profile_summary: Mapping[str, Any] | None = None,
+    *,
+    plots: bool = True,
 ) -> dict[str, Any]:
     """Write plots/*.png, report.md (linking the plots) and report.html into the run folder.
 
@@ -55,14 +57,15 @@ def write_report_files(
         result: result.json of the run.
         profile: profile.json of the run, or None (no profile charts).
         profile_summary: Compact profile summary; computed from `profile` when None.
+        plots: Draw the charts (False: none are drawn and earlier ones are removed; the reports have no charts).
 
     Returns:
         {"markdown": "report.md", "html": "report.html", "plots": {key: relative path}}.
     """
     root = Path(run_path)
     summary = profile_summary if profile_summary is not None else _summary_from_profile(profile)
-    images = render_plots(result, profile)
-    recovery = plot_recovery(result)
+    images = render_plots(result, profile) if plots else {}
+    recovery = plot_recovery(result) if plots else None
     if recovery is not None:  # keyed like the others, so it takes its place in PLOT_FILES order
         images = {key: made for key in PLOT_FILES if (made := {**images, "recovery_curve": recovery}.get(key))}
     written = write_plots(root, images)

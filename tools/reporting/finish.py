@@ -20,6 +20,8 @@ def write_run_report(
     records: RunRecords,
     latency: Mapping[str, Mapping[str, Any]],
     timing: Mapping[str, Any],
+    *,
+    plots: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
     """Write result.json, then report.md, report.html and plots (a chart that fails keeps report.md).
 
@@ -28,6 +30,7 @@ def write_run_report(
         records: The finished run's records.
         latency: The final joint latencies (`final_latency`).
         timing: Their timing facts.
+        plots: Draw the charts (`Context.plots`).
 
     Returns:
         The result, the files written ({"markdown", "html", "plots"}) and a trouble note ('' when all were written).
@@ -47,7 +50,8 @@ def write_run_report(
     profile = read_json(profile_path) if profile_path.exists() else None
     summary = records.profile.model_dump() if records.profile else None
     try:
-        return result, report_files.write_report_files(root, result, profile, summary), ""
+        files = report_files.write_report_files(root, result, profile, summary, plots=plots)
+        return result, files, "" if plots else "; charts not drawn (--no-plots)"
     except Exception as exc:  # noqa: BLE001 - charts and HTML must not fail a finished run: keep report.md
         write_text_atomic(root / run_layout.REPORT_MD, render_markdown(result, summary))
         files: dict[str, Any] = {"markdown": run_layout.REPORT_MD, "html": None, "plots": {}}

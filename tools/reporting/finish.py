@@ -50,8 +50,8 @@ def write_run_report(
     profile = read_json(profile_path) if profile_path.exists() else None
     summary = records.profile.model_dump() if records.profile else None
     try:
-        files = report_files.write_report_files(root, result, profile, summary, plots=plots)
-        return result, files, "" if plots else "; charts not drawn (--no-plots)"
+        written = report_files.write_report_files(root, result, profile, summary, plots=plots)
+        return result, written, "" if plots else "; charts not drawn (--no-plots)"
     except Exception as exc:  # noqa: BLE001 - charts and HTML must not fail a finished run: keep report.md
         write_text_atomic(root / run_layout.REPORT_MD, render_markdown(result, summary))
         files: dict[str, Any] = {"markdown": run_layout.REPORT_MD, "html": None, "plots": {}}

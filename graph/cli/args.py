@@ -60,9 +60,7 @@ def _add_context_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default="runs", help="folder holding one sub-folder per run (default: runs)")
     p.add_argument("--device", choices=choices(DeviceChoice), default=None, help="device (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for profiling and evaluation")
-    p.add_argument(
-        "--no-plots", action="store_true", help="write report.md and report.html without charts (seconds sooner)"
-    )
+    p.add_argument("--no-plots", action="store_true", help="write report.md and report.html without charts")
     p.add_argument("--llm-model", default=None, help="chat model name (default: $OPENAI_MODEL, else gpt-4o)")
     p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible base URL (default: $OPENAI_BASE_URL)")
     p.add_argument(

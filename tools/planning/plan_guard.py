@@ -307,10 +307,10 @@ def _expand_group_entry(
         return [], [f"{label}: 'groups' must be a non-empty list of group names from the profile"]
     by_name = {g.name: g for g in rows} | {g.module: g for g in rows}
     kind = entry.get("type")
+    rest = {k: v for k, v in entry.items() if k != "groups"}
     reasons, out, retyped = [], [], []
     for name in names[:256]:
         group = by_name.get(name)
-        rest = {k: v for k, v in entry.items() if k != "groups"}
         if group is None:
             reasons.append(f"{label}: unknown group {name[:80]!r}; {_closest_groups(name, rows)}")
         elif kind in WIDTH_KINDS and group.kind in WIDTH_KINDS and group.kind != kind:

@@ -77,14 +77,15 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> 
         os.dup2(target, fd)
         os.close(target)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C reaches the CLI as in a fresh interpreter
-    from profiling_agent.graph.cli.main import main
+    from profiling_agent.graph.cli.main import entry
 
+    sys.argv = ["profiling-agent", *argv]
     try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse's exits
-        code = exc.code if isinstance(exc.code, int) else 1
-    if code != 130:  # entry(): an interrupted run ends at once; any other runs the interpreter's exit handlers
-        atexit._run_exitfuncs()
+        entry()  # the script's own ending: an interrupted run leaves at once (os._exit), any other raises SystemExit
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    atexit._run_exitfuncs()  # a forked child skips the interpreter's exit handlers: run them as its exit would
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -8,8 +8,9 @@ Usage:
 Per zoo model the deterministic planner runs once alone; then each LLM model (paired lists --model/--base-url)
 compresses it with `--planner llm`, whose rounds are paired (tools/planning/paired.py): every LLM turn is followed
 by the deterministic planner's own next round. The summary says per LLM model the share of LLM turns whose applied
-plan is the LLM's decision (`own`, `edited`, or `chosen`: an offered alternative other than the default;
-`copied` and `replaced` are not), the answers that were schema-valid under a constrained mode, the refusals by
+plan is the LLM's decision (`own`, `edited`, `chosen`: an offered alternative other than the default, or
+`resized`: the groups of its own refused plan at the ratios the repair offered for the goal; `copied` and
+`replaced` are not), the answers that were schema-valid under a constrained mode, the refusals by
 reason, calls and tokens, the LLM run's wall time split into the time its requests waited for the server (from the
 transcripts) and the time outside it, beside the deterministic run's wall time, and the delivered result of both
 runs. The round table shows whether each LLM plan was
@@ -298,7 +299,7 @@ def reason_kind(reason: str) -> str:
 def model_summary(label: str, state: dict[str, Any], run_path: Path) -> dict[str, Any]:
     """Return what one LLM model's run did: LLM turns, whose plans were applied, refusals, tokens, schema validity."""
     cands = [c for c in state.get("candidates") or [] if (c.get("planner_meta") or {}).get("turn") == "llm"]
-    verdicts: dict[str, int] = {"own": 0, "edited": 0, "chosen": 0, "copied": 0, "replaced": 0}
+    verdicts: dict[str, int] = {"own": 0, "edited": 0, "chosen": 0, "resized": 0, "copied": 0, "replaced": 0}
     tokens = calls = valid = answers = 0
     server = 0.0
     refused: dict[str, int] = {}
@@ -326,7 +327,7 @@ def model_summary(label: str, state: dict[str, Any], run_path: Path) -> dict[str
     return {
         "model": label,
         "llm_turns": len(cands),
-        "llm_plans": verdicts["own"] + verdicts["edited"] + verdicts["chosen"],
+        "llm_plans": verdicts["own"] + verdicts["edited"] + verdicts["chosen"] + verdicts["resized"],
         "verdicts": verdicts,
         "schema_valid": [valid, answers],
         "refusals": refused,
@@ -365,7 +366,7 @@ def delivered(state: dict[str, Any]) -> str:
 SUMMARY_HEAD = [
     "LLM model",
     "zoo model",
-    "LLM decision applied (own+edited+chosen / LLM turns)",
+    "LLM decision applied (own+edited+chosen+resized / LLM turns)",
     "copied / replaced",
     "schema-valid answers",
     "refusals by reason",

@@ -147,11 +147,14 @@ class ProposalDiff(Strict):
     """What the LLM's applied plan changed relative to the closest proposal it was offered this step.
 
     verdict: "copied" (no change to the deterministic proposal), "chosen" (another offered alternative, unchanged),
+    "resized" (the groups of the model's own refused plan at the ratios a repair offered for the goal, unchanged),
     "edited" (at most one change per proposed group), "own" (more, or no proposal was asked for: the plan is
     entirely the LLM's). `choice` names the alternative the answer chose by label (or the closest one it copied).
     """
 
-    verdict: Literal["copied", "chosen", "edited", "own"] = Field(description="copied, chosen, edited or own.")
+    verdict: Literal["copied", "chosen", "resized", "edited", "own"] = Field(
+        description="copied, chosen, resized, edited or own."
+    )
     changes: int = Field(default=0, description="Groups added or removed, ratios changed, quantization changed.")
     proposals: int = Field(default=0, description="Proposals the LLM asked for in this step.")
     goal: float | None = Field(default=None, description="Goal of the proposal compared against.")
@@ -165,9 +168,11 @@ class ProposalDiff(Strict):
     why: str = Field(default="", description="The LLM's reason for its choice, as it wrote it.")
 
     def label(self) -> str:
-        """Return "copied", "chosen alternative B", "edited (n changes)" or "own" for tables and the console."""
+        """Return "copied", "chosen alternative B", "resized: ...", "edited (n changes)" or "own" for the tables."""
         if self.verdict == "chosen":
             return f"chosen alternative {self.choice}"
+        if self.verdict == "resized":
+            return "resized: its own groups at the goal's ratios"
         if self.verdict == "edited":
             edited = f"edited ({self.changes} changes)"
             return f"{edited} from alternative {self.choice}" if self.choice else edited

@@ -150,25 +150,38 @@ class OfferInputs:
     evaluate: Evaluate | None = None
 
 
-def _variants(inputs: OfferInputs) -> list[tuple[str, list[GroupRow], TokenOption | None]]:
-    """Return (name, group rows, merging) of each alternative: the default first, then one axis at a time."""
-    groups = list(inputs.problem.rows)
+Variant = tuple[str, list[GroupRow], TokenOption | None, str]  # (name, group rows, merging, emphasis)
+# a model with one kind of width unit (a CNN's channels) splits no axis: its alternatives weigh cost against damage
+EMPHASIS_VARIANTS = (
+    ("costliest groups harder", "cost"),
+    ("sensitive groups spared", "sensitivity"),
+)
+
+
+def _variants(inputs: OfferInputs) -> list[Variant]:
+    """Return (name, group rows, merging, emphasis) of each alternative: the default first, then one axis at a time.
+
+    A model whose groups are of one kind gets the deterministic planner's other emphases instead of per-kind plans.
+    """
+    groups, merging = list(inputs.problem.rows), inputs.merging
     kinds = {r.kind for r in groups}
-    out = [("default: the deterministic proposal", groups, inputs.merging)]
+    out: list[Variant] = [("default: the deterministic proposal", groups, merging, "balanced")]
     widths = [r for r in groups if r.kind != "block"]
     if "structured" in kinds and "head" in kinds:
-        out.append(("MLP channels only", [r for r in groups if r.kind == "structured"], inputs.merging))
-        out.append(("attention heads only", [r for r in groups if r.kind == "head"], inputs.merging))
+        out.append(("MLP channels only", [r for r in groups if r.kind == "structured"], merging, "balanced"))
+        out.append(("attention heads only", [r for r in groups if r.kind == "head"], merging, "balanced"))
     if "block" in kinds:
-        out.append(("whole blocks only", [r for r in groups if r.kind == "block"], inputs.merging))
-        out.append(("widths only, no whole blocks", widths, inputs.merging))
+        out.append(("whole blocks only", [r for r in groups if r.kind == "block"], merging, "balanced"))
+        out.append(("widths only, no whole blocks", widths, merging, "balanced"))
+    if len(kinds) == 1:
+        out += [(name, groups, merging, emphasis) for name, emphasis in EMPHASIS_VARIANTS]
     axis = inputs.token_axis
     paying = axis.paying() if axis is not None else []
-    if inputs.merging is not None:
-        out.append(("no token merging", groups, None))
+    if merging is not None:
+        out.append(("no token merging", groups, None, "balanced"))
     elif paying and axis is not None:
         best = max(paying, key=lambda r: r.saved_share)
-        out.append(("token merging where it pays", groups, TokenOption.of(best, axis.form)))
+        out.append(("token merging where it pays", groups, TokenOption.of(best, axis.form), "balanced"))
     return out
 
 
@@ -179,13 +192,13 @@ def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
     own only when an evaluator is given and the model is small (CHEAP_TRIAL_PARAMS).
     """
     profile, offer, seen = inputs.profile, Offer(), set()
-    cheap = int(profile.totals.get("params") or 0) <= CHEAP_TRIAL_PARAMS
-    for name, groups, merging in _variants(inputs):
+    cheap = cheap_trials(profile)
+    for name, groups, merging, emphasis in _variants(inputs):
         if len(offer.alternatives) >= len(LABELS) or not groups:
             continue
         try:
             problem = inputs.problem.model_copy(update={"rows": groups})
-            plan, record = propose(problem, inputs.goal, "balanced", inputs.quantization, merging)
+            plan, record = propose(problem, inputs.goal, emphasis, inputs.quantization, merging)
         except Exception:  # noqa: BLE001 - an alternative that cannot be planned is not offered
             logger.debug("alternative %s not planned", name, exc_info=True)
             continue
@@ -202,6 +215,11 @@ def offer_alternatives(inputs: OfferInputs, guard: GuardConfig) -> Offer:
     return offer
 
 
+def cheap_trials(profile: PlannerProfile) -> bool:
+    """Return whether the model is small enough for trials of plans beyond the round's own (CHEAP_TRIAL_PARAMS)."""
+    return int(profile.totals.get("params") or 0) <= CHEAP_TRIAL_PARAMS
+
+
 def _guarded(plan: dict[str, Any], profile: PlannerProfile, guard: GuardConfig) -> CompressionPlan | None:
     verdict = check_plan(plan, profile, guard)
     return verdict.plan if verdict.ok else None
@@ -211,11 +229,20 @@ def _measure(alt: Alternative, guarded: CompressionPlan, inputs: OfferInputs, ch
     if alt.label == DEFAULT_LABEL and inputs.default_loss is not None:
         alt.loss_pp, alt.measured = float(inputs.default_loss), "this round's trial of the deterministic plan"
         return
-    if inputs.evaluate is None or not cheap:
-        alt.measured = "not measured" if inputs.evaluate is None else "not measured (trials skipped: a large model)"
-        return
+    alt.loss_pp, alt.measured = trial_loss(guarded, inputs.evaluate, cheap)
+
+
+def trial_loss(plan: CompressionPlan, evaluate: Evaluate | None, cheap: bool) -> tuple[float | None, str]:
+    """Return a guarded plan's trial-slice loss (pp) and where it comes from; None when it was not measured.
+
+    Args:
+        plan: The plan in the guard's form (layer regexes).
+        evaluate: The trial evaluator, or None (no trials this round).
+        cheap: Whether the model is small enough for an extra trial (CHEAP_TRIAL_PARAMS).
+    """
+    if evaluate is None or not cheap:
+        return None, "not measured" if evaluate is None else "not measured (trials skipped: a large model)"
     try:
-        tried = inputs.evaluate(guarded)  # the guard's form: layer regexes
-        alt.loss_pp, alt.measured = float(tried.accuracy_drop_pp), "trial"
+        return float(evaluate(plan).accuracy_drop_pp), "trial"
     except Exception as exc:  # noqa: BLE001 - a failed trial leaves the loss unmeasured
-        alt.measured = f"not measured (trial failed: {str(exc)[:80]})"
+        return None, f"not measured (trial failed: {str(exc)[:80]})"

@@ -62,6 +62,7 @@ class ConversationState(TypedDict, total=False):
     failure: dict[str, str] | None  # why the conversation ended without a plan: {"stage", "reason"}
     retried: bool  # a timed-out first request was sent again without tools (its one retry)
     tools_dropped: str | None  # why the first answer showed the model cannot use tools (then: constrained, no tools)
+    resized: list[dict[str, Any]]  # the Proposal records of refused plans' groups sized to the goal, as shown
 
 
 def transient(exc: BaseException) -> bool:
@@ -266,7 +267,10 @@ def _refuse(
     rounds, budget = state.get("rounds", 0), state["budget"]["tool_rounds"]
     dropped = state.get("tools_dropped") or update.get("tools_dropped")
     keep_tools = conv.has_tools and not state.get("forced") and not dropped and 0 < rounds < budget
-    retry = conv.repair_text(rej, keep_tools)
+    resized = conv.resized(rej)
+    if resized is not None:  # kept in the state: a resumed run compares the applied plan with it too
+        update["resized"] = [*state.get("resized", []), resized.record.model_dump()]
+    retry = conv.repair_text(rej, keep_tools, resized)
     conv.transcript.write("prompt", role="human", content=retry)
     # a rambling refused answer must not fill the context: the same message id replaces it in the history
     update["messages"] = cast("list[AnyMessage]", [shortened(reply, text), HumanMessage(content=retry)])

@@ -49,6 +49,7 @@ from profiling_agent.tools.planning.proposal import (
     compare_to_proposals,
     propose,
 )
+from profiling_agent.tools.planning.resize import ResizeInputs, resizer
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.structured import AUTO_ORDER, ModeFinder, StructuredMode
 from profiling_agent.tools.planning.token_plan import TokenOption, fallback_option
@@ -102,8 +103,14 @@ class LLMOutcome:
             return (
                 f"chosen: alternative {diff.choice} ({diff.alternative}) unchanged, accepted by the guard{after}{why}"
             )
+        if diff is not None and diff.verdict == "resized":
+            return f"resized: the groups of its own refused plan at the ratios the repair offered{goal}{after}{why}"
         if diff is not None and diff.verdict == "edited":
-            base = f"alternative {diff.choice} ({diff.alternative})" if diff.choice else "the deterministic proposal"
+            base = (
+                f"alternative {diff.choice} ({diff.alternative})"
+                if diff.choice
+                else diff.alternative or "the deterministic proposal"
+            )
             return f"edited: {base}{goal} with {diff.changes} change(s), accepted by the guard{after}{why}"
         if diff is not None and diff.verdict == "copied":
             return f"copied: the deterministic proposal{goal} unchanged, accepted by the guard{after}"
@@ -232,6 +239,7 @@ def plan_with_llm(
         made_of = (facts, problem, repair.goal, quant, merging, inputs.token_axis)
         offer = offer_alternatives(OfferInputs(*made_of, fallback.predicted_pp, evaluate_fn), guard)
         proposals.extend(a.record for a in offer.alternatives)
+        resize = resizer(ResizeInputs(*made_of[:5], guard, evaluate_fn, proposals))
         conv = Conversation(
             model,
             tools,
@@ -245,6 +253,7 @@ def plan_with_llm(
             finder.known,
             offer,
             dropped_tools(inputs),
+            resize,
         )
         messages = with_offer(render_messages(inputs, ctx, profile, sensitivity, iteration, guard), offer, inputs)
         # inside a graph node the conversation checkpoints under the node's run (LangGraph passes its config on)
@@ -434,6 +443,7 @@ def _conclude(
         return fell
     plan = CompressionPlan.model_validate(accepted["plan"])
     replay_proposals(final["messages"], propose_fn, repair, proposals)
+    proposals.extend(Proposal.model_validate(p) for p in final.get("resized") or [])
     diff = chosen_diff(accepted, plan, proposals)
     outcome = LLMOutcome(
         plan, "llm", [], transcript.rel, accepted["estimate"], usage, tool_errors, finder.record(), diff

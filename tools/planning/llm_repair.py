@@ -14,16 +14,16 @@ logger = logging.getLogger(__name__)
 
 REPAIR_MARK = "Here is the deterministic planner's plan for this model"  # a repair turn that shows the proposal
 REPAIR_PROPOSAL = (
-    "{header}\n{reasons}\n{numbers}\n" + REPAIR_MARK + " ({proposal_numbers}); the guard accepts it:\n"
+    "{header}\n{reasons}\n{numbers}\n{resized}" + REPAIR_MARK + " ({proposal_numbers}); the guard accepts it:\n"
     "{proposal}\n"
-    "Answer with this plan as it is, or with an edit of it (change ratios, add or drop groups from this model's "
+    "Answer with {which} as it is, or with an edit of {it} (change ratios, add or drop groups from this model's "
     "table), as one JSON object only.{tools}"
 )
 # with measured alternatives offered, the repair lists them all again (the deterministic proposal is one of them,
 # alternative A) instead of presenting that one plan as the answer to give
 REPAIR_CHOICE = (
-    "{header}\n{reasons}\n{numbers}\nThe alternatives offered above, again:\n{offered}\n"
-    "Answer with one of them by its label, an edit of one, or a plan of your own, as one JSON object only.{tools}"
+    "{header}\n{reasons}\n{numbers}\n{resized}The alternatives offered above, again:\n{offered}\n"
+    "Answer with {which}, an edit of one, or a plan of your own, as one JSON object only.{tools}"
 )
 TOOLS_LEFT = " You may still call the tools (estimate_plan, propose_plan) before answering."
 REPEATED = "the answer repeated a plan already refused ({reason}); the turn ended instead of sending it back again"
@@ -67,6 +67,7 @@ class Repair:
         tools_left: bool,
         parsed: bool = True,
         offered: str = "",
+        resized: str = "",
     ) -> str | None:
         """Return the repair turn with the proposal inline (or the offered alternatives), or None without either.
 
@@ -78,13 +79,18 @@ class Repair:
             offered: The prompt's section of measured alternatives (empty: none were offered). When given, the
                 repair lists them all again, the deterministic proposal among them, and asks for a choice, an
                 edit or the model's own plan; the proposal is then not shown on its own.
+            resized: The refused plan's groups sized to the goal (`resize.Resized.text`), shown first ('': none).
         """
         header = "Your plan was refused:" if parsed else "Your answer could not be used:"
         lines = "\n".join(f"- {r}" for r in reasons)
         tools = TOOLS_LEFT if tools_left else ""
+        shown = f"{resized}\n" if resized else ""
         if offered:
             numbers = self._numbers(estimate, parsed)
-            return REPAIR_CHOICE.format(header=header, reasons=lines, numbers=numbers, offered=offered, tools=tools)
+            which = "that plan, one of the alternatives by its label" if resized else "one of them by its label"
+            return REPAIR_CHOICE.format(
+                header=header, reasons=lines, numbers=numbers, resized=shown, offered=offered, which=which, tools=tools
+            )
         found = self.proposal()
         plan = found.plan.wire() if found is not None else None
         if not plan:
@@ -98,6 +104,9 @@ class Repair:
             numbers=numbers,
             proposal_numbers=proposal_numbers,
             proposal=json.dumps(plan),  # one line: fewer tokens for a slow local server
+            resized=shown,
+            which="either plan" if resized else "this plan",
+            it="one" if resized else "it",
             tools=tools,
         )
 

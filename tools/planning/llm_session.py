@@ -30,6 +30,7 @@ from profiling_agent.tools.planning.llm_client import (
 from profiling_agent.tools.planning.llm_repair import Repair
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
+from profiling_agent.tools.planning.resize import Resize, Resized
 from profiling_agent.tools.planning.structured import (
     ModeFinder,
     answer_token_limit,
@@ -71,9 +72,16 @@ def shortened(reply: BaseMessage, text: str) -> BaseMessage:
 class Rejected(Exception):
     """An answer the parser or the guard refused: the stage, the reasons and the refused plan's predicted reduction."""
 
-    def __init__(self, stage: Stage, reasons: list[str], estimate: dict[str, float] | None = None):
+    def __init__(
+        self,
+        stage: Stage,
+        reasons: list[str],
+        estimate: dict[str, float] | None = None,
+        ratios: dict[str, float] | None = None,
+    ):
         super().__init__("; ".join(reasons))
         self.stage, self.reasons, self.estimate = stage, reasons, dict(estimate or {})
+        self.ratios = dict(ratios or {})  # the refused plan's ratio per group (empty: refused before sizing)
 
 
 def apply_quantize_choice(
@@ -139,6 +147,7 @@ class Conversation:
     known_mode: StructuredMode | None = None  # a mode an earlier round of this run confirmed
     offer: Offer = field(default_factory=Offer)  # the labelled alternatives the prompt offers
     tools_off: str | None = None  # why an earlier round stopped offering tools (the model cannot use them)
+    resize: Resize | None = None  # sizes a refused plan's groups to the goal, for the repair turn
 
     def __post_init__(self) -> None:
         self.notes: list[str] = []  # written to the transcript when the conversation starts
@@ -233,7 +242,7 @@ class Conversation:
         verdict = check_plan(raw, self.profile, self.guard)
         self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
         if not verdict.ok or verdict.plan is None:
-            raise Rejected("guard", verdict.reasons, verdict.estimate)
+            raise Rejected("guard", verdict.reasons, verdict.estimate, verdict.ratios)
         return verdict.plan, dict(verdict.estimate), dict(verdict.ratios), choice
 
     def request(self, messages: list[BaseMessage], constrained: bool, forced: bool, finder: ModeFinder) -> AIMessage:
@@ -255,12 +264,26 @@ class Conversation:
                     raise
                 self.transcript.write("structured", refused=mode, reason=failure.reason[:300], next=finder.mode)
 
-    def repair_text(self, rej: Rejected, keep_tools: bool) -> str:
-        """Return the repair turn: the proposal inline when there is one, else the reasons alone."""
+    def resized(self, rej: Rejected) -> Resized | None:
+        """Return the refused plan's groups sized to the goal for the repair turn (None: nothing new to offer)."""
+        if self.resize is None or self.repair is None or rej.stage != "guard" or not rej.ratios:
+            return None
+        found = self.resize(rej.ratios)
+        if found is not None:
+            self.transcript.write("resized", ratios=found.record.ratios, estimate=found.record.estimate)
+        return found
+
+    def repair_text(self, rej: Rejected, keep_tools: bool, resized: Resized | None = None) -> str:
+        """Return the repair turn: the proposal inline when there is one, else the reasons alone.
+
+        `resized` (the refused plan's groups at the goal's ratios) is shown before the proposal or alternatives.
+        """
         shown = None
         if self.repair is not None:
-            offered = self.offer.text(self.repair.target)
-            shown = self.repair.message(rej.reasons, rej.estimate, keep_tools, rej.stage != "parse", offered)
+            target = self.repair.target
+            offered = self.offer.text(target)
+            extra = resized.text(target) if resized is not None else ""
+            shown = self.repair.message(rej.reasons, rej.estimate, keep_tools, rej.stage != "parse", offered, extra)
         if shown is not None:
             return shown
         reasons = "\n".join(f"- {r}" for r in rej.reasons)

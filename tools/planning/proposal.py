@@ -18,6 +18,7 @@ Emphasis = Literal["balanced", "cost", "sensitivity"]
 EMPHASIS_GAMMA: dict[str, float] = {"balanced": 1.0, "cost": 0.5, "sensitivity": 2.0}
 DEFAULT_LABEL = "A"  # the label of the deterministic proposal among the offered alternatives
 GRID = 0.05  # proposal ratios are multiples of this (the schema-constrained answers' ratio grid)
+LLM_GROUPS = "llm-groups"  # a proposal's origin when its groups are the model's own (a refused plan, resized)
 
 
 class Proposal(BaseModel):
@@ -32,6 +33,9 @@ class Proposal(BaseModel):
     estimate: dict[str, float] = Field(default_factory=dict, description="Predicted params/macs/latency reduction.")
     label: str | None = Field(default=None, description="The label it was offered under (A, B, ...), if any.")
     name: str = Field(default="", description="What an offered alternative is, in words.")
+    origin: Literal["planner", "llm-groups"] = Field(
+        default="planner", description="planner, or llm-groups: the model's refused plan's groups at planner ratios."
+    )
 
 
 class GroupsEntry(BaseModel):
@@ -167,11 +171,13 @@ def compare_to_proposals(ratios: dict[str, float], plan: CompressionPlan, propos
         q_change = "" if quant == prop.quantization else f"{', '.join(prop.quantization) or 'none'} -> "
         q_change += (", ".join(quant) or "none") if q_change else ""
         n = len(added) + len(removed) + len(changed) + (1 if q_change else 0)
-        verdict: Literal["copied", "chosen", "edited", "own"] = (
+        verdict: Literal["copied", "chosen", "resized", "edited", "own"] = (
             "copied" if n == 0 else "edited" if n <= max(1, len(prop.ratios)) else "own"
         )
         if verdict == "copied" and prop.label not in (None, DEFAULT_LABEL):
             verdict = "chosen"  # another offered alternative, taken as it was: a decision, not a copy
+        elif verdict == "copied" and prop.origin == LLM_GROUPS:
+            verdict = "resized"  # the model's own groups at the planner's ratios, taken as they were
         diff = ProposalDiff(
             verdict=verdict,
             changes=n,

@@ -86,7 +86,7 @@ def test_the_summary_counts_whose_plan_was_applied_refusals_by_reason_and_schema
     }
     summary = llm_planners.model_summary("smol", state, tmp_path)
     assert summary["llm_turns"] == 2 and summary["llm_plans"] == 1
-    assert summary["verdicts"] == {"own": 0, "edited": 1, "chosen": 0, "copied": 0, "replaced": 1}
+    assert summary["verdicts"] == {"own": 0, "edited": 1, "chosen": 0, "resized": 0, "copied": 0, "replaced": 1}
     assert summary["schema_valid"] == [3, 3] and (summary["calls"], summary["tokens"]) == (4, 150)
     assert summary["refusals"] == {"the plan is predicted to remove #% of the params": 3, "repeated a refused plan": 1}
     assert summary["server_s"] == 0.0  # these events carry no times

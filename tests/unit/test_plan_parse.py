@@ -5,7 +5,12 @@ import json
 import pytest
 from helpers.fake_llm import FIRST_ROUND_REPLY, REAL_REPLY
 
-from profiling_agent.tools.planning.json_extract import brace_spans, brackets_balanced, escape_stray_backslashes
+from profiling_agent.tools.planning.json_extract import (
+    brace_spans,
+    brackets_balanced,
+    close_left_open,
+    escape_stray_backslashes,
+)
 from profiling_agent.tools.planning.plan_parse import parse_plan_text
 
 
@@ -94,3 +99,20 @@ def test_a_quantization_entry_written_into_pruning_moves_to_quantization():
     assert bare["pruning"] == [] and bare["quantization"] == [{"type": "dynamic", "layer": "all"}]
     named, _ = parse_plan_text('{"pruning": [{"groups": ["layer1.0"], "type": "dynamic", "ratio": 0.3}]}')
     assert named["quantization"] == [] and named["pruning"][0]["type"] == "dynamic"  # groups: left to the schema
+
+
+def test_an_entry_left_open_when_its_list_closes_is_closed_there():
+    # Qwen2.5-Coder-1.5B's answer on the embedded ViT (docs/llm-planner.md): each list's last entry lacks its "}"
+    reply = (
+        '```json\n{\n  "pruning": [\n    {"groups": ["layers.0.mlp"], "type": "structured", "ratio": 0.5},\n'
+        '    {"groups": ["layers.3.heads"], "type": "head", "ratio": 0.25, "justification": "cheap ]"\n  ],\n'
+        '  "quantization": [\n    {"layer": "all", "type": "dynamic", "dtype": "qint8"\n  ],\n'
+        '  "rationale": "r"\n}\n```'
+    )
+    plan, notes = parse_plan_text(reply)
+    assert [e["groups"] for e in plan["pruning"]] == [["layers.0.mlp"], ["layers.3.heads"]]
+    assert plan["pruning"][1]["justification"] == "cheap ]"  # a bracket inside a string closes nothing
+    assert plan["quantization"] == [{"layer": "all", "type": "dynamic", "dtype": "qint8"}]
+    assert any("left open" in n for n in notes)
+    assert close_left_open('{"pruning": [}') == '{"pruning": [}'  # a stray brace is not read as an empty list
+    assert close_left_open('{"a": [{"b": 1') == '{"a": [{"b": 1'  # a truncated reply stays truncated

@@ -16,6 +16,7 @@ from typing import Any
 MAX_TEXT = 200_000  # characters of LLM text scanned
 MAX_SPANS = 50  # top-level brace spans tried
 _VALID_ESCAPES = set('"\\/bfnrtu')
+CLOSED = "closed what was left open before an enclosing bracket closed"
 
 
 class ReplyError(ValueError):
@@ -115,6 +116,37 @@ def without_trailing_commas(text: str) -> str:
     return re.sub(r",(\s*[}\]])", r"\1", text)
 
 
+def close_left_open(text: str) -> str:
+    """Close the objects a reply left open inside a list when the list closes: `[{"a": 1 ]` reads `[{"a": 1}]`.
+
+    Only a `]` whose `[` is further down the (string-aware) stack, with objects alone above it, is read this way.
+    Nothing is dropped: a truncated reply stays truncated, and `[}` is not read as an empty list.
+    """
+    out: list[str] = []
+    stack: list[str] = []
+    in_string, escaped = False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch == "]" and "]" in stack:
+            while stack[-1] != "]":  # objects opened inside this list and never closed: closed now
+                out.append(stack.pop())
+            stack.pop()
+        elif ch == "}" and stack and stack[-1] == "}":
+            stack.pop()
+        out.append(ch)
+    return "".join(out)
+
+
 def brackets_balanced(text: str) -> bool:
     """Return True when every `{`/`[` outside quoted strings (single or double quotes) closes in order."""
     stack: list[str] = []
@@ -202,7 +234,9 @@ def find_object(
     errors: list[str] = []
     wrong_shape = fragments = 0
     seen: set[str] = set()
-    for chunk in (*fenced_blocks(text), text):
+    chunks: list[tuple[str, tuple[str, ...]]] = [(c, ()) for c in (*fenced_blocks(text), text)]
+    chunks += [(closed, (CLOSED,)) for c, _ in list(chunks) if (closed := close_left_open(c)) != c]
+    for chunk, mended in chunks:
         for span, inside_cut in brace_spans(chunk):
             if inside_cut:
                 fragments += 1
@@ -216,7 +250,7 @@ def find_object(
                 continue
             wanted = shaped(value)
             if wanted is not None:
-                return Found(wanted, repairs)
+                return Found(wanted, (*mended, *repairs))
             wrong_shape += 1
     if fragments:
         raise ReplyError(f"the reply's JSON is cut off before its closing brace: answer with the complete {what}")

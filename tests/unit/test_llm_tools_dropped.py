@@ -56,6 +56,15 @@ def test_a_prose_first_answer_drops_the_tools_for_this_step_and_the_next_rounds(
     assert offered_tools(server) == [False] and later.tools_dropped is None  # said once: in the round that found it
 
 
+def test_a_plan_that_cannot_be_read_drops_the_tools_and_says_why_not_prose(tmp_path):
+    broken = '{"pruning": [{"groups": ["layers.0.mlp"], "type": "structured", "ratio": 0.5}'  # cut: no closers
+    with ScriptedOpenAIServer([chat_completion(broken), CHOICE]) as server:
+        outcome = plan_via(server, tmp_path)
+    assert offered_tools(server) == [True, False]
+    assert outcome.tools_dropped is not None and "prose" not in outcome.tools_dropped
+    assert "a plan the parser could read (the reply's JSON is cut off" in outcome.tools_dropped
+
+
 def test_a_first_request_that_times_out_is_sent_again_without_tools(tmp_path):
     with ScriptedOpenAIServer([("sleep", 5.0, CHOICE), CHOICE]) as server:
         outcome = plan_via(server, tmp_path, timeout=1.0)

@@ -82,6 +82,13 @@ def first_with_tools(state: ConversationState, conv: Conversation) -> bool:
     return conv.has_tools and not state.get("constrained") and state.get("requests", 0) <= 1
 
 
+def unusable(reason: str) -> str:
+    """Say what an unusable first answer was: prose, or a plan the parser could not read (and why)."""
+    if reason.startswith("no JSON object"):
+        return "prose, neither a plan nor a tool call"
+    return f"neither a tool call nor a plan the parser could read ({reason[:120]})"
+
+
 def drop_tools(conv: Conversation, why: str) -> ConversationState:
     """Return the update that asks for constrained answers without tools from now on, written to the transcript."""
     conv.transcript.write("tools_dropped", reason=why)
@@ -263,7 +270,7 @@ def _refuse(
             "failure": {"stage": rej.stage, "reason": f"{len(rejected)} invalid answers; last: {rej.reasons[0]}"}
         }
     if rej.stage == "parse" and first_with_tools(state, conv):
-        update |= drop_tools(conv, "the first answer was prose, neither a plan nor a tool call")
+        update |= drop_tools(conv, "the first answer was " + unusable(rej.reasons[0]))
     rounds, budget = state.get("rounds", 0), state["budget"]["tool_rounds"]
     dropped = state.get("tools_dropped") or update.get("tools_dropped")
     keep_tools = conv.has_tools and not state.get("forced") and not dropped and 0 < rounds < budget

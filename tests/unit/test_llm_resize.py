@@ -32,7 +32,6 @@ SMALL = {  # sensible groups at ratios far below half of the 40% objective: refu
     ],
     "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8", "justification": "Linear-heavy"}],
 }
-RESIZED_LINE = re.compile(r"The groups your plan named, at the ratios that reach this round's goal \((.*?)\);")
 
 
 @pytest.fixture(autouse=True)
@@ -68,8 +67,12 @@ def test_a_too_small_plans_groups_come_back_at_the_goal_and_taking_them_is_recor
     named = {g for e in shown["pruning"] for g in e["groups"]}
     assert named and named <= set(MINE)  # only the groups the refused plan named, at other ratios
     assert {e["ratio"] for e in shown["pruning"]} != {0.1}
-    numbers = RESIZED_LINE.search(repair)
-    assert numbers and float(numbers.group(1).split("params -")[1].split("%")[0]) >= 20.0  # over the round-1 floor
+    (event,) = [e for e in events(tmp_path, outcome) if e["event"] == "resized"]
+    assert event["estimate"]["params"] >= 0.2  # over the round-1 floor (half the 40% objective)
+    assert f"params -{event['estimate']['params']:.1%}" in repair  # its numbers are shown with it
+    short = event["estimate"]["params"] < event["goal"] - 0.005  # said plainly when its groups cannot reach the goal
+    assert ("come closest to this round's goal (params -" in repair) is short
+    assert ("at the ratios that reach this round's goal" in repair) is not short
     assert "The alternatives offered above, again:" in repair  # the alternatives stay on offer beside it
     assert "Answer with that plan, one of the alternatives by its label, an edit of one" in repair
     assert outcome.planner == "llm" and outcome.vs_proposal is not None

@@ -270,7 +270,8 @@ class Conversation:
             return None
         found = self.resize(rej.ratios)
         if found is not None:
-            self.transcript.write("resized", ratios=found.record.ratios, estimate=found.record.estimate)
+            record = found.record
+            self.transcript.write("resized", goal=record.goal, ratios=record.ratios, estimate=record.estimate)
         return found
 
     def repair_text(self, rej: Rejected, keep_tools: bool, resized: Resized | None = None) -> str:

@@ -22,6 +22,7 @@ from profiling_agent.tools.planning.trials import Evaluate
 
 logger = logging.getLogger(__name__)
 
+GOAL_SLACK = 0.005  # a plan predicted this close under the goal reaches it (the ratio grid's rounding)
 RESIZED_NAME = "its refused plan's groups, sized to the goal"  # the record's words for the offer
 
 
@@ -36,13 +37,16 @@ class Resized:
 
     def text(self, target: str) -> str:
         """Return the repair's paragraph that shows this plan inline (one JSON line) with its numbers."""
-        est = self.record.estimate
+        est, goal = self.record.estimate, self.record.goal
         shares = ", ".join(f"{k} -{float(est.get(k, 0.0)):.1%}" for k in dict.fromkeys((target, "params", "latency")))
         loss = f"loss {self.loss_pp:.2f} pp ({self.measured})" if self.loss_pp is not None else f"loss {self.measured}"
-        return (
-            f"The groups your plan named, at the ratios that reach this round's goal ({shares}, {loss}); "
-            f"the guard accepts it:\n{json.dumps(self.plan.wire())}"
+        reach = (
+            "at the ratios that reach this round's goal"
+            if float(est.get(target, 0.0)) >= goal - GOAL_SLACK
+            else f"at the ratios that come closest to this round's goal ({target} -{goal:.1%}) on those groups"
         )
+        plan = json.dumps(self.plan.wire())  # one line: fewer tokens for a slow local server
+        return f"The groups your plan named, {reach} ({shares}, {loss}); the guard accepts it:\n{plan}"
 
 
 Resize = Callable[[dict[str, float]], "Resized | None"]  # the refused plan's ratio per group -> the offer

@@ -94,6 +94,35 @@ def test_the_default_choice_is_recorded_as_copied_and_an_unknown_label_is_sent_b
     assert outcome.vs_proposal is not None and outcome.vs_proposal.label() == "chosen alternative C"
 
 
+def offered_plan(prompt: str, label: str) -> dict:
+    """The plan of alternative `label` as the prompt lists it, written out as entries (one per group)."""
+    line = prompt.split(f"\n{label} (")[1].split("\n   prune ")[1].split("\n")[0]
+    entries = []
+    for part in line.split("; "):
+        if " at " not in part:
+            continue
+        names, ratio = part.rsplit(" at ", 1)
+        for name in names.split(", "):
+            kind = "head" if name.endswith(".heads") else "structured"
+            entries.append({"groups": [name], "type": kind, "ratio": float(ratio)})
+    return {"pruning": entries, "quantization": []}
+
+
+def test_a_written_plan_one_group_short_of_an_alternative_is_recorded_as_an_edit_of_it(tmp_path):
+    # Qwen2.5-Coder-1.5B's first answer on the embedded ResNet (docs/llm-planner.md): A with one group left out
+    def a_but_one(body):
+        plan = offered_plan(body["messages"][-1]["content"], "A")
+        plan["pruning"] = plan["pruning"][:-1]
+        return chat_completion(json.dumps(plan))
+
+    with ScriptedOpenAIServer([a_but_one]) as server:
+        outcome = plan_via(server, tmp_path)
+    diff = outcome.vs_proposal
+    assert outcome.planner == "llm" and diff is not None
+    assert diff.verdict == "edited" and diff.choice == "A" and diff.changes == 1 and len(diff.removed) == 1
+    assert outcome.applied().startswith("edited: alternative A (default: the deterministic proposal)")
+
+
 def test_the_constrained_schema_allows_a_choice():
     from profiling_agent.tools.planning.structured import plan_schema
 

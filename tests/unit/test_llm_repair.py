@@ -175,9 +175,10 @@ def test_a_repeated_refused_plan_ends_the_turn_after_the_second_refusal(tmp_path
 def test_the_applied_status_of_each_round_is_recorded_for_the_report(tmp_path):
     with ScriptedOpenAIServer([chat_completion(json.dumps(TIMID))] + [llama_cpp_like(TIMID)] * 3) as server:
         replaced, _ = plan_via(server, tmp_path)
-    own = {
+    own = {  # far from every plan it was shown (all groups, the MLPs only, the heads only): its own
         "pruning": [
-            {"groups": ["layers.0.mlp", "layers.1.mlp", "layers.2.mlp"], "type": "structured", "ratio": 0.6},
+            {"groups": ["layers.1.mlp"], "type": "structured", "ratio": 0.5},
+            {"groups": ["layers.1.heads", "layers.2.heads"], "type": "head", "ratio": 0.5},
         ],
         "quantization": QUANT,
         "rationale": "the MLPs",

@@ -399,10 +399,11 @@ def _fall_back(
 
 
 def chosen_diff(accepted: AcceptedAnswer, plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:
-    """Compare the applied plan with the alternative the answer chose by label, else with the proposals it asked for.
+    """Compare the applied plan with the alternative the answer chose by label, else with every proposal it saw.
 
-    An answer without a choice is compared with the propose_plan answers and the repair's proposal (as before
-    alternatives were offered), unless it writes out an offered alternative unchanged: then that is its choice.
+    An answer without a choice is compared with the propose_plan answers and the repair's proposals, and with the
+    offered alternatives: the closest one names it (an offered alternative written out unchanged is its choice, one
+    with a few changes an edit of it), so a plan is "own" only when it is far from everything the model was shown.
     """
     choice = accepted.get("choice") or {}
     chosen = [p for p in proposals if choice.get("label") and p.label == choice["label"]]
@@ -410,10 +411,11 @@ def chosen_diff(accepted: AcceptedAnswer, plan: CompressionPlan, proposals: list
         diff = compare_to_proposals(accepted["ratios"], plan, chosen)
         diff = diff.model_copy(update={"proposals": len(proposals)})
     else:
-        diff = compare_to_proposals(accepted["ratios"], plan, [p for p in proposals if p.label is None])
+        asked = [p for p in proposals if p.label is None]
+        diff = compare_to_proposals(accepted["ratios"], plan, asked)
         offered = [p for p in proposals if p.label is not None]
         same = compare_to_proposals(accepted["ratios"], plan, offered) if offered else None
-        if same is not None and same.changes == 0:
+        if same is not None and (not asked or same.changes < diff.changes or same.changes == 0):
             diff = same.model_copy(update={"proposals": diff.proposals})
     return diff.model_copy(update={"why": str(choice.get("why") or "")})
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,24 @@ def fenced_blocks(text: str) -> list[str]:
     return [m.group(1) for m in re.finditer(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", text, flags=re.DOTALL)]
 
 
+def scan(text: str, start: int = 0) -> Iterator[tuple[int, str, bool]]:
+    """Yield (index, character, inside a double-quoted string) of `text` from `start`, escapes understood."""
+    in_string, escaped = False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if not in_string:
+            in_string = ch == '"'
+            yield i, ch, False
+            continue
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            in_string = False
+        yield i, ch, True
+
+
 def brace_spans(text: str) -> list[tuple[str, bool]]:
     """Split `text` into its top-level `{...}` spans, string-aware, each with "inside an object cut off".
 
@@ -55,19 +73,11 @@ def brace_spans(text: str) -> list[tuple[str, bool]]:
     inside_cut = False
     start = text.find("{")
     while start != -1 and len(spans) < MAX_SPANS:
-        depth, in_string, escaped, end = 0, False, False, -1
-        for i in range(start, len(text)):
-            ch = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
-            elif ch == '"':
-                in_string = True
-            elif ch == "{":
+        depth, end = 0, -1
+        for i, ch, quoted in scan(text, start):
+            if quoted:
+                continue
+            if ch == "{":
                 depth += 1
             elif ch == "}":
                 depth -= 1
@@ -119,23 +129,16 @@ def without_trailing_commas(text: str) -> str:
 def close_left_open(text: str) -> str:
     """Close the objects a reply left open inside a list when the list closes: `[{"a": 1 ]` reads `[{"a": 1}]`.
 
-    Only a `]` whose `[` is further down the (string-aware) stack, with objects alone above it, is read this way.
+    A `]` whose `[` is open further down the (string-aware) stack closes the objects opened after that `[` first.
     Nothing is dropped: a truncated reply stays truncated, and `[}` is not read as an empty list.
     """
     out: list[str] = []
     stack: list[str] = []
-    in_string, escaped = False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
+    for _, ch, quoted in scan(text):
+        if quoted:
+            out.append(ch)
+            continue
+        if ch in "{[":
             stack.append("}" if ch == "{" else "]")
         elif ch == "]" and "]" in stack:
             while stack[-1] != "]":  # objects opened inside this list and never closed: closed now

@@ -200,6 +200,8 @@ def test_the_schema_bounds_what_grammar_decoders_cannot():
         assert entry["groups"]["items"]["enum"] and {kinds[n] for n in entry["groups"]["items"]["enum"]} == {kind}
     quant = schema["properties"]["quantization"]["items"]["properties"]
     assert quant["layer"]["enum"] == ["all", *linears] and quant["dtype"]["enum"] == ["qint8"]  # never ""
+    # bounded: SmolLM2-135M wrote entries until the token limit cut its answer
+    assert schema["properties"]["quantization"]["maxItems"] == 2
 
 
 def test_a_constrained_answer_cut_off_at_the_token_limit_is_retried_with_the_reason(tmp_path):
@@ -254,3 +256,8 @@ def test_the_reply_limit_is_sized_from_the_schema_and_a_longest_plan_fits():
         "rationale": "r" * MAX_RATIONALE,
     }
     assert len(json.dumps(longest)) / 3 < answer_token_limit(large)  # at 3 characters a token it fits
+    linears = [f"vit.layers.{i}.mlp.fc1" for i in range(6)]  # as many quantization entries as the schema allows
+    named = plan_schema(kinds_of(vit_profile(n_layers=12)["groups"]), ("qint8",), caps, 0.05, linears)
+    quant = named["properties"]["quantization"]["maxItems"]
+    entry = {"layer": linears[0], "type": "dynamic", "dtype": "qint8", "justification": "j" * MAX_JUSTIFICATION}
+    assert len(json.dumps({**longest, "quantization": [entry] * quant})) / 3 < answer_token_limit(named)

@@ -36,6 +36,7 @@ def ratio_grid(min_ratio: float, max_ratio: float, step: float = 0.05) -> list[f
 # string caps a grammar decoder enforces: a small model otherwise writes one justification until the token limit
 MAX_JUSTIFICATION = 240
 MAX_RATIONALE = 600
+MAX_QUANT_ENTRIES = 2  # quantization entries a constrained answer may write ("all" and one exception, or two layers)
 
 
 def plan_schema(
@@ -89,9 +90,11 @@ def plan_schema(
 
     prune_entry = entry(kinds[0]) if len(kinds) == 1 else {"anyOf": [entry(kind) for kind in kinds]}
     quant_entry = _quant_entry(dtypes, linears)
+    quant_layers = quant_entry["properties"]["layer"]["enum"]
     props: dict[str, Any] = {
         "pruning": {"type": "array", "items": prune_entry, "maxItems": max(1, len(groups))},
-        "quantization": {"type": "array", "items": quant_entry},
+        # bounded: a looping small model wrote quantization entries until the token limit cut its answer
+        "quantization": {"type": "array", "items": quant_entry, "maxItems": min(len(quant_layers), MAX_QUANT_ENTRIES)},
         "rationale": {"type": "string", "maxLength": MAX_RATIONALE},
     }
     if token_rates or token_schedules:
@@ -135,9 +138,9 @@ MAX_SIZED_ENTRIES = 8  # pruning entries a sized answer allows for (a plan group
 def answer_token_limit(schema: dict[str, Any], slack: float = 1.0) -> int:
     """Return the most tokens one answer needs: the longest plan `schema` allows, with `slack` for prose around it.
 
-    The plan names each group at most once; its entries (at most MAX_SIZED_ENTRIES), quantization entries (one per
-    dtype and "all") and rationale carry their capped strings. A reply limit sized so leaves a rambling small model
-    no room for pages of prose, and a schema-valid plan always fits.
+    The plan names each group at most once; its entries (at most MAX_SIZED_ENTRIES), quantization entries (at most
+    MAX_QUANT_ENTRIES) and rationale carry their capped strings. A reply limit sized so leaves a
+    rambling small model no room for pages of prose, and a schema-valid plan always fits.
     """
     props = schema.get("properties") or {}
     items = (props.get("pruning") or {}).get("items") or {}
@@ -149,7 +152,7 @@ def answer_token_limit(schema: dict[str, Any], slack: float = 1.0) -> int:
     }
     entries = min(MAX_SIZED_ENTRIES, max(1, len(names)))
     chars = sum(len(n) + 3 for n in names) + entries * (MAX_JUSTIFICATION + 80)
-    chars += 2 * (MAX_JUSTIFICATION + 100) + MAX_RATIONALE + 200  # quantization entries, rationale, tokens, braces
+    chars += MAX_QUANT_ENTRIES * (MAX_JUSTIFICATION + 100) + MAX_RATIONALE + 200  # quantization, rationale, braces
     chars += int((props.get("why") or {}).get("maxLength", 0))  # an offered alternative's choice and its reason
     return int(slack * chars / CHARS_PER_TOKEN) + 64
 

@@ -341,14 +341,18 @@ def server_seconds(events: list[dict[str, Any]]) -> float:
     """Return the seconds a round's requests waited for the server: each reply's time since the event before it.
 
     The event written just before a request (the prompt, a repair turn, a tool result, the structured mode) is
-    followed by the reply, so the gap is the request's wall time; a request that got no reply is not counted.
+    followed by the reply, so the gap is the request's wall time. An answer cut off at the token limit leaves no
+    reply, only a parse error right after its `request` event: it counts too (the server wrote until the limit).
+    A request that failed otherwise (refused, timed out) is not counted.
     """
-    total, last = 0.0, None
+    total, last, kind = 0.0, None, None
     for event in events:
-        now = event.get("time")
-        if event.get("event") == "reply" and isinstance(now, (int, float)) and isinstance(last, (int, float)):
+        now, name = event.get("time"), event.get("event")
+        answered = name == "reply" or (name == "parse_error" and kind == "request")
+        if answered and isinstance(now, (int, float)) and isinstance(last, (int, float)):
             total += now - last
         last = now if isinstance(now, (int, float)) else last
+        kind = name
     return total
 
 

@@ -104,8 +104,12 @@ def test_the_server_time_is_each_replys_wait_since_the_event_before_it(tmp_path)
         {"event": "request", "structured": "json_object", "time": 41.5},
         {"event": "reply", "time": 61.5},  # 20 s: the constrained one
         {"event": "guard", "time": 62.0},
+        {"event": "request", "structured": "json_object", "time": 62.5},
+        {"event": "parse_error", "time": 162.5},  # 100 s: cut off at the token limit, no reply written
+        {"event": "request", "structured": "json_object", "time": 163.0},
+        {"event": "reply", "time": 173.0},  # 10 s
     ]
-    assert llm_planners.server_seconds(events) == pytest.approx(50.0)
+    assert llm_planners.server_seconds(events) == pytest.approx(160.0)
     chosen = {
         "candidates": [
             {"iteration": 1, "planner": "llm", "planner_meta": {"turn": "llm", "vs_proposal": {"verdict": "chosen"}}}

@@ -21,6 +21,7 @@ from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
 from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
 from profiling_agent.state import (
     Candidate,
+    CompressionPlan,
     Context,
     EvalRecord,
     Fallback,
@@ -36,7 +37,13 @@ from profiling_agent.tools.planning.llm_planner import plan_with_llm
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
 from profiling_agent.tools.planning.paired import deterministic_sequence, paired_stop, reference_due, round_bound
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
-from profiling_agent.tools.planning.proposal import ProposalAnswer, ProposedPlan, propose
+from profiling_agent.tools.planning.proposal import (
+    Proposal,
+    ProposalAnswer,
+    ProposedPlan,
+    compare_to_proposals,
+    propose,
+)
 
 PROFILE = vit_profile(n_layers=2)
 SENS = vit_sensitivity(PROFILE)
@@ -336,3 +343,11 @@ def test_the_console_names_a_structured_mode_only_when_it_was_used():
     assert "free-text answers" in llm_console_note(free) and "json_schema" not in llm_console_note(free)
     used = free.model_copy(update={"structured": {"mode": "json_object", "confirmed": True}})
     assert "structured output json_object" in llm_console_note(used)
+
+
+def test_a_quantization_entry_written_twice_is_no_change_to_the_proposal():
+    entry = {"layer": "all", "type": "dynamic", "dtype": "qint8"}
+    plan = CompressionPlan.model_validate({"pruning": [], "quantization": [entry, entry]})
+    prop = Proposal(goal=0.4, emphasis="balanced", ratios={"layers.0.mlp": 0.5}, quantization=["all qint8"])
+    diff = compare_to_proposals({"layers.0.mlp": 0.5}, plan, [prop])
+    assert diff.verdict == "copied" and diff.changes == 0 and diff.quantization == ""

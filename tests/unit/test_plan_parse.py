@@ -97,6 +97,12 @@ def test_a_quantization_entry_written_into_pruning_moves_to_quantization():
     assert any("moved to quantization" in n for n in notes)
     bare, _ = parse_plan_text('{"pruning": [{"type": "dynamic"}]}')  # no layer: every Linear layer
     assert bare["pruning"] == [] and bare["quantization"] == [{"type": "dynamic", "layer": "all"}]
+    twice, notes = parse_plan_text(  # Qwen's copy of A on the zoo ViT: the same entry in both lists
+        '{"pruning": [{"layer": "all", "type": "dynamic", "dtype": "qint8"}],'
+        ' "quantization": [{"layer": "all", "type": "dynamic", "dtype": "qint8"}]}'
+    )
+    assert twice["quantization"] == [{"layer": "all", "type": "dynamic", "dtype": "qint8"}]
+    assert any("dropped where the quantization list already had it" in n for n in notes)
     named, _ = parse_plan_text('{"pruning": [{"groups": ["layer1.0"], "type": "dynamic", "ratio": 0.3}]}')
     assert named["quantization"] == [] and named["pruning"][0]["type"] == "dynamic"  # groups: left to the schema
 

@@ -107,9 +107,16 @@ def _quantization_out_of_pruning(plan: dict[str, Any], notes: list[str]) -> dict
         {k: entries[i][k] for k in QUANT_KEYS if k in entries[i]} | {"layer": entries[i].get("layer") or "all"}
         for i in moved
     ]
-    notes.append(f"pruning{moved}: a 'dynamic' entry quantizes, it does not prune: moved to quantization")
+    have = {_quant_key(q) for q in quantization if isinstance(q, dict)}
+    new = [q for q in quant if _quant_key(q) not in have]
+    again = "" if len(new) == len(quant) else " (dropped where the quantization list already had it)"
+    notes.append(f"pruning{moved}: a 'dynamic' entry quantizes, it does not prune: moved to quantization{again}")
     kept = [e for i, e in enumerate(entries) if i not in moved]
-    return {**plan, "pruning": kept, "quantization": quantization + quant}
+    return {**plan, "pruning": kept, "quantization": quantization + new}
+
+
+def _quant_key(entry: dict[str, Any]) -> tuple[str, str, str]:
+    return str(entry.get("layer") or "all"), str(entry.get("type") or "dynamic"), str(entry.get("dtype") or "")
 
 
 def normalize_plan(value: Any) -> tuple[dict[str, Any], list[str]]:

@@ -145,7 +145,7 @@ def propose(
 
 
 def _quant_keys(entries: list[QuantEntry]) -> list[str]:
-    return sorted(f"{q.layer} {q.dtype}" for q in entries)
+    return sorted({f"{q.layer} {q.dtype}" for q in entries})  # an entry written twice quantizes once
 
 
 def compare_to_proposals(ratios: dict[str, float], plan: CompressionPlan, proposals: list[Proposal]) -> ProposalDiff:

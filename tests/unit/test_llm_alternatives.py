@@ -131,3 +131,20 @@ def test_the_constrained_schema_allows_a_choice():
     )
     assert schema["required"] == ["choice", "why"]
     assert schema["properties"]["choice"]["enum"] == ["A", "B", "own"] and "pruning" in schema["properties"]
+
+
+def test_a_round_whose_trials_backed_off_lowers_the_first_plan_floor_and_still_offers_alternatives(tmp_path):
+    # the zoo ResNet: the deterministic round's trials backed off to -7.7% of the params; a floor at half the 40%
+    # objective refused every alternative at that goal, so none were offered (docs/llm-planner.md)
+    state = State(run_path=str(tmp_path), family="vit", objective=Objective())
+    problem = PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
+    fallback = plan_round(problem, goal=0.1)
+    assert fallback.target_estimate is not None and fallback.target_estimate < 0.2  # under half the objective
+    with ScriptedOpenAIServer([chat_completion(json.dumps({"choice": "A", "why": "the trials backed off"}))]) as s:
+        ctx = Context(llm_base_url=s.base_url, llm_timeout=10, llm_tool_rounds=2, llm_api_key_env="PA_ALT_UNSET")
+        outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback)
+    prompt = offered(s)
+    assert "A (default: the deterministic proposal)" in prompt
+    floor = 0.5 * fallback.target_estimate
+    assert f"a plan predicted to remove less than {floor:.0%} of the params is sent back" in prompt
+    assert outcome.planner == "llm" and outcome.vs_proposal is not None and outcome.vs_proposal.verdict == "copied"

@@ -219,7 +219,8 @@ def plan_with_llm(
     """
     iteration = llm_round(inputs)
     transcript = Transcript.open(inputs.run_path, iteration)
-    guard = dataclasses.replace(llm_guard(inputs.objective, iteration), tokens=inputs.token_axis)
+    goal = proposal_goal(fallback, inputs.objective)
+    guard = dataclasses.replace(llm_guard(inputs.objective, iteration, goal), tokens=inputs.token_axis)
     finder = ModeFinder(ctx.llm_structured, known_structured_mode(inputs))
     proposals: list[Proposal] = []
     try:
@@ -234,7 +235,7 @@ def plan_with_llm(
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
         tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
         tools = make_planning_tools(facts, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
-        repair = Repair(propose_fn, proposal_goal(fallback, inputs.objective), inputs.objective.target)
+        repair = Repair(propose_fn, goal, inputs.objective.target)
         quant = list(fallback.plan.quantization) if inputs.objective.quantize != "none" else []
         made_of = (facts, problem, repair.goal, quant, merging, inputs.token_axis)
         offer = offer_alternatives(OfferInputs(*made_of, fallback.predicted_pp, evaluate_fn), guard)
@@ -315,20 +316,24 @@ def replay_proposals(messages: list[Any], propose_fn: Propose, repair: Repair, p
         repair.proposal()
 
 
-FIRST_PLAN_SHARE = 0.5  # the first LLM plan must be predicted to reach half of the objective's reduction
+FIRST_PLAN_SHARE = 0.5  # the first LLM plan must be predicted to reach half of the round's goal
 
 
-def llm_guard(objective: Objective, iteration: int) -> GuardConfig:
+def llm_guard(objective: Objective, iteration: int, goal: float | None = None) -> GuardConfig:
     """Return the guard of an LLM plan: the objective's target, the format example refused, and in round 1 a floor.
 
     The first plan is sent back (with the numbers) when its predicted reduction is below FIRST_PLAN_SHARE of the
-    target: the copied format example removed 17% against a 40% objective.
+    round's goal: the objective's, or the deterministic planner's `goal` when its trials backed off below it (a
+    floor over that goal refused every measured alternative; the copied format example removed 17% against 40%).
     """
+    share = FIRST_PLAN_SHARE
+    if goal is not None and 0 < goal < objective.target_reduction:
+        share *= goal / objective.target_reduction
     return GuardConfig(
         target=objective.target,
         target_reduction=objective.target_reduction,
         refuse_example=True,
-        min_share_of_target=FIRST_PLAN_SHARE if iteration <= 1 else 0.0,
+        min_share_of_target=share if iteration <= 1 else 0.0,
     )
 
 

@@ -77,7 +77,7 @@ TOOLS_PARAGRAPH = (
 NO_TOOLS = "No tools are offered in this run: answer from the tables. "
 
 ANALYSIS_TASK = (
-    "Propose the first plan. Aim straight at the target reduction (a plan predicted to remove less than {floor} "
+    "Propose the first plan. Aim straight at the target reduction (a plan predicted to remove less than half of it "
     "is sent back), concentrating pruning where cost is high and damage is low. {start}Answer with the JSON plan only."
 )
 START_WITH_PROPOSAL = "For a starting point call propose_plan with the objective's reduction as goal. "
@@ -376,15 +376,6 @@ def render_analysis(
     user = ANALYSIS_USER.format(
         profile_block=profile_block(profile, sensitivity, model_info or {}),
         objective_block=objective_block(objective),
-        task=ANALYSIS_TASK.format(floor=floor_text(bounds), start=START_WITH_PROPOSAL if tool_rounds > 0 else ""),
+        task=ANALYSIS_TASK.format(start=START_WITH_PROPOSAL if tool_rounds > 0 else ""),
     )
     return [SystemMessage(content=system_prompt(bounds, tool_rounds)), HumanMessage(content=user)]
-
-
-def floor_text(bounds: dict[str, Any] | None) -> str:
-    """Say the round-1 floor the guard applies: "half of it", or the lower share a backed-off round sets."""
-    b = bounds or {}
-    share, target = as_number(b.get("min_share_of_target")), as_number(b.get("target_reduction"))
-    if share is None or target is None or share <= 0 or share >= 0.5:
-        return "half of it"
-    return f"{share * target:.0%} of the {b.get('target') or 'target'}"

@@ -133,9 +133,10 @@ def test_the_constrained_schema_allows_a_choice():
     assert schema["properties"]["choice"]["enum"] == ["A", "B", "own"] and "pruning" in schema["properties"]
 
 
-def test_a_round_whose_trials_backed_off_lowers_the_first_plan_floor_and_still_offers_alternatives(tmp_path):
+def test_a_round_whose_trials_backed_off_below_the_floor_still_offers_its_alternatives(tmp_path):
     # the zoo ResNet: the deterministic round's trials backed off to -7.7% of the params; a floor at half the 40%
-    # objective refused every alternative at that goal, so none were offered (docs/llm-planner.md)
+    # objective refused every alternative at that goal, so none were offered (docs/llm-planner.md). The floor
+    # is for plans the model writes: an offered alternative, chosen, is accepted under it.
     state = State(run_path=str(tmp_path), family="vit", objective=Objective())
     problem = PlanningProblem.of(PROFILE["groups"], PROFILE["group_costs"], SENS, state.objective, [])
     fallback = plan_round(problem, goal=0.1)
@@ -145,6 +146,6 @@ def test_a_round_whose_trials_backed_off_lowers_the_first_plan_floor_and_still_o
         outcome = plan_with_llm(round_inputs(state, state.iteration), ctx, PROFILE, probe_records(SENS), fallback)
     prompt = offered(s)
     assert "A (default: the deterministic proposal)" in prompt
-    floor = 0.5 * fallback.target_estimate
-    assert f"a plan predicted to remove less than {floor:.0%} of the params is sent back" in prompt
+    assert "a plan predicted to remove less than half of it is sent back" in prompt  # a written plan's floor
     assert outcome.planner == "llm" and outcome.vs_proposal is not None and outcome.vs_proposal.verdict == "copied"
+    assert outcome.estimate["params"] < 0.2  # chosen under the floor

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
@@ -221,8 +222,13 @@ def cheap_trials(profile: PlannerProfile) -> bool:
 
 
 def _guarded(plan: dict[str, Any], profile: PlannerProfile, guard: GuardConfig) -> CompressionPlan | None:
-    verdict = check_plan(plan, profile, guard)
+    verdict = check_plan(plan, profile, without_floor(guard))  # the floor is for plans the model writes
     return verdict.plan if verdict.ok else None
+
+
+def without_floor(guard: GuardConfig) -> GuardConfig:
+    """Return `guard` without the round-1 floor: an offered alternative (chosen or edited) is never under it."""
+    return dataclasses.replace(guard, min_share_of_target=0.0)
 
 
 def _measure(alt: Alternative, guarded: CompressionPlan, inputs: OfferInputs, cheap: bool) -> None:

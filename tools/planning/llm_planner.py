@@ -220,7 +220,7 @@ def plan_with_llm(
     iteration = llm_round(inputs)
     transcript = Transcript.open(inputs.run_path, iteration)
     goal = proposal_goal(fallback, inputs.objective)
-    guard = dataclasses.replace(llm_guard(inputs.objective, iteration, goal), tokens=inputs.token_axis)
+    guard = dataclasses.replace(llm_guard(inputs.objective, iteration), tokens=inputs.token_axis)
     finder = ModeFinder(ctx.llm_structured, known_structured_mode(inputs))
     proposals: list[Proposal] = []
     try:
@@ -316,24 +316,22 @@ def replay_proposals(messages: list[Any], propose_fn: Propose, repair: Repair, p
         repair.proposal()
 
 
-FIRST_PLAN_SHARE = 0.5  # the first LLM plan must be predicted to reach half of the round's goal
+FIRST_PLAN_SHARE = 0.5  # a plan the LLM writes in round 1 must be predicted to reach half of the objective's reduction
 
 
-def llm_guard(objective: Objective, iteration: int, goal: float | None = None) -> GuardConfig:
+def llm_guard(objective: Objective, iteration: int) -> GuardConfig:
     """Return the guard of an LLM plan: the objective's target, the format example refused, and in round 1 a floor.
 
-    The first plan is sent back (with the numbers) when its predicted reduction is below FIRST_PLAN_SHARE of the
-    round's goal: the objective's, or the deterministic planner's `goal` when its trials backed off below it (a
-    floor over that goal refused every measured alternative; the copied format example removed 17% against 40%).
+    A plan the LLM writes in round 1 is sent back (with the numbers) when its predicted reduction is below
+    FIRST_PLAN_SHARE of the target: the copied format example removed 17% against a 40% objective. An offered
+    alternative, chosen or edited, is the planner's own measured plan: the floor does not apply to it (when the
+    deterministic round's trials backed off below the floor, the floor refused every alternative).
     """
-    share = FIRST_PLAN_SHARE
-    if goal is not None and 0 < goal < objective.target_reduction:
-        share *= goal / objective.target_reduction
     return GuardConfig(
         target=objective.target,
         target_reduction=objective.target_reduction,
         refuse_example=True,
-        min_share_of_target=share if iteration <= 1 else 0.0,
+        min_share_of_target=FIRST_PLAN_SHARE if iteration <= 1 else 0.0,
     )
 
 

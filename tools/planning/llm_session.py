@@ -17,7 +17,7 @@ from profiling_agent.state import (
     StructuredFacts,
     StructuredMode,
 )
-from profiling_agent.tools.planning.alternatives import Offer
+from profiling_agent.tools.planning.alternatives import Offer, without_floor
 from profiling_agent.tools.planning.llm_client import (
     PlannerFailure,
     Stage,
@@ -239,7 +239,7 @@ class Conversation:
             self.transcript.write("parse_error", reason=str(exc))
             raise Rejected("parse", [str(exc)]) from exc
         raw, policy = apply_quantize_choice(raw, self.quantize, self.fallback_plan)
-        verdict = check_plan(raw, self.profile, self.guard)
+        verdict = check_plan(raw, self.profile, self.guard if choice is None else without_floor(self.guard))
         self.transcript.write("guard", **verdict.to_dict(), notes=notes + policy)
         if not verdict.ok or verdict.plan is None:
             raise Rejected("guard", verdict.reasons, verdict.estimate, verdict.ratios)

@@ -49,9 +49,7 @@ class Alternative:
 
     def line(self, target: str) -> str:
         """Return the alternative in the prompt's compact form: label, name, numbers, ratios per group."""
-        est = self.record.estimate
-        loss = f"loss {self.loss_pp:.2f} pp ({self.measured})" if self.loss_pp is not None else f"loss {self.measured}"
-        shares = ", ".join(f"{k} -{float(est.get(k, 0.0)):.1%}" for k in dict.fromkeys((target, "params", "latency")))
+        numbers = numbers_text(self.record.estimate, target, self.loss_pp, self.measured)
         by_ratio: dict[float, list[str]] = {}
         for group, ratio in self.record.ratios.items():
             by_ratio.setdefault(ratio, []).append(group)
@@ -60,7 +58,15 @@ class Alternative:
         merges = None if tokens is None else tokens.rate if tokens.rate is not None else tokens.schedule
         extra = [f"merge tokens {merges}"] if tokens is not None else []
         extra += [f"quantization {', '.join(self.record.quantization)}"] if self.record.quantization else []
-        return f"{self.label} ({self.name}): {shares}, {loss}\n   prune {ratios}" + "".join(f"; {x}" for x in extra)
+        return f"{self.label} ({self.name}): {numbers}\n   prune {ratios}" + "".join(f"; {x}" for x in extra)
+
+
+def numbers_text(estimate: dict[str, float], target: str, loss_pp: float | None, measured: str) -> str:
+    """Return an offered plan's numbers as the prompt shows them: its predicted reductions, then its trial loss."""
+    keys = dict.fromkeys((target, "params", "latency"))
+    shares = ", ".join(f"{k} -{float(estimate.get(k, 0.0)):.1%}" for k in keys)
+    loss = f"loss {loss_pp:.2f} pp ({measured})" if loss_pp is not None else f"loss {measured}"
+    return f"{shares}, {loss}"
 
 
 @dataclass

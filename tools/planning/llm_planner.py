@@ -27,7 +27,7 @@ from profiling_agent.state import (
 )
 from profiling_agent.tools.evaluation.selection import select_best
 from profiling_agent.tools.planning import llm_conversation
-from profiling_agent.tools.planning.alternatives import Offer, OfferInputs, offer_alternatives
+from profiling_agent.tools.planning.alternatives import Offer, OfferInputs, offer_alternatives, without_floor
 from profiling_agent.tools.planning.deterministic import PlanResult
 from profiling_agent.tools.planning.llm_client import (
     Stage,
@@ -233,8 +233,7 @@ def plan_with_llm(
         )
         propose_fn = _proposer(problem, fallback, proposals, merging)
         # the tools check and measure any plan: the first plan's floor applies to the final answer only
-        tool_guard = dataclasses.replace(guard, min_share_of_target=0.0)
-        tools = make_planning_tools(facts, sensitivity, info, evaluate_fn, tool_guard, propose_fn)
+        tools = make_planning_tools(facts, sensitivity, info, evaluate_fn, without_floor(guard), propose_fn)
         repair = Repair(propose_fn, goal, inputs.objective.target)
         quant = list(fallback.plan.quantization) if inputs.objective.quantize != "none" else []
         made_of = (facts, problem, repair.goal, quant, merging, inputs.token_axis)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from profiling_agent.state import PlannerProfile, PlanningProblem, QuantEntry
-from profiling_agent.tools.planning.alternatives import cheap_trials, trial_loss
+from profiling_agent.tools.planning.alternatives import cheap_trials, numbers_text, trial_loss
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.proposal import LLM_GROUPS, Proposal, ProposedPlan, propose
 from profiling_agent.tools.planning.token_plan import TokenOption
@@ -38,15 +38,14 @@ class Resized:
     def text(self, target: str) -> str:
         """Return the repair's paragraph that shows this plan inline (one JSON line) with its numbers."""
         est, goal = self.record.estimate, self.record.goal
-        shares = ", ".join(f"{k} -{float(est.get(k, 0.0)):.1%}" for k in dict.fromkeys((target, "params", "latency")))
-        loss = f"loss {self.loss_pp:.2f} pp ({self.measured})" if self.loss_pp is not None else f"loss {self.measured}"
+        numbers = numbers_text(est, target, self.loss_pp, self.measured)
         reach = (
             "at the ratios that reach this round's goal"
             if float(est.get(target, 0.0)) >= goal - GOAL_SLACK
             else f"at the ratios that come closest to this round's goal ({target} -{goal:.1%}) on those groups"
         )
         plan = json.dumps(self.plan.wire())  # one line: fewer tokens for a slow local server
-        return f"The groups your plan named, {reach} ({shares}, {loss}); the guard accepts it:\n{plan}"
+        return f"The groups your plan named, {reach} ({numbers}); the guard accepts it:\n{plan}"
 
 
 Resize = Callable[[dict[str, float]], "Resized | None"]  # the refused plan's ratio per group -> the offer

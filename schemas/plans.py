@@ -157,6 +157,7 @@ class ProposalDiff(Strict):
     )
     changes: int = Field(default=0, description="Groups added or removed, ratios changed, quantization changed.")
     proposals: int = Field(default=0, description="Proposals the LLM asked for in this step.")
+    offered: int = Field(default=0, description="Alternatives the prompt offered in this step (chosen by label).")
     goal: float | None = Field(default=None, description="Goal of the proposal compared against.")
     emphasis: str | None = Field(default=None, description="Emphasis of that proposal.")
     added: list[str] = Field(default_factory=list, description="Groups the LLM pruned that the proposal did not.")

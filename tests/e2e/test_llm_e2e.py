@@ -177,8 +177,12 @@ def test_a_sensible_server_plans_every_round_beside_the_deterministic_sequence(t
     assert events[:2] == ["prompt", "prompt"] and "tool_result" in events and events[-1] == "final"
     report = (run / "report.md").read_text()
     assert "- LLM: fake-model, 4 calls, 600 tokens" in report and "Planner fallbacks" not in report
-    assert "- Iteration 1: LLM plan own (no proposal asked for)" in report  # far from every alternative offered
-    assert "- Iteration 3: LLM plan own (no proposal asked for)" in report
+    # far from every alternative offered; the closest one and what the plan changed from it are named
+    assert (
+        "- Iteration 1: LLM plan own vs the closest of the 2 alternatives offered, at goal 8%: +layers.0.heads"
+        in report
+    )
+    assert "- Iteration 3: LLM plan own vs the closest of the 3 alternatives offered, at goal 42%: " in report
     assert "- Iteration 2: reference round" in report
     # the state history (what Studio shows) carries the transcript and the usage
     from profiling_agent.graph.builder import build_graph

@@ -78,7 +78,7 @@ def test_an_edited_choice_records_the_edit(tmp_path):
     assert outcome.planner == "llm" and diff is not None
     assert diff.verdict == "edited" and diff.choice == "B" and diff.changes == 1
     assert list(diff.ratios) == ["layers.0.mlp"] and diff.ratios["layers.0.mlp"][1] == 0.5
-    assert diff.label() == "edited (1 changes) from alternative B"
+    assert diff.label() == "edited (1 changes) from alternative B" and diff.offered == 3  # A, B and C
     assert "edited: alternative B (MLP channels only)" in outcome.applied()
 
 

@@ -73,7 +73,7 @@ def test_an_old_planner_meta_loads_as_typed_records_and_writes_the_same_json():
     new_keys = {"predicted_interval": None, "correction": None, "tokens": None}  # added since (issues 36, 37)
     new_keys |= {"expected_drop": None, "expected_interval": None}  # issue 36
     # the offered alternatives (issue 48): an old comparison with the proposals names no choice
-    vs_proposal = {**OLD_META["vs_proposal"], "choice": None, "alternative": None, "why": ""}
+    vs_proposal = {**OLD_META["vs_proposal"], "choice": None, "alternative": None, "why": "", "offered": 0}
     new_keys |= {"vs_proposal": vs_proposal}
     assert meta.model_dump() == {
         **OLD_META,

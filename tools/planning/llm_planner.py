@@ -408,18 +408,18 @@ def chosen_diff(accepted: AcceptedAnswer, plan: CompressionPlan, proposals: list
     with a few changes an edit of it), so a plan is "own" only when it is far from everything the model was shown.
     """
     choice = accepted.get("choice") or {}
-    chosen = [p for p in proposals if choice.get("label") and p.label == choice["label"]]
+    offered = [p for p in proposals if p.label is not None]
+    chosen = [p for p in offered if choice.get("label") and p.label == choice["label"]]
     if chosen:  # compared with the chosen one only; how many proposals the step showed is still recorded
         diff = compare_to_proposals(accepted["ratios"], plan, chosen)
         diff = diff.model_copy(update={"proposals": len(proposals)})
     else:
         asked = [p for p in proposals if p.label is None]
         diff = compare_to_proposals(accepted["ratios"], plan, asked)
-        offered = [p for p in proposals if p.label is not None]
         same = compare_to_proposals(accepted["ratios"], plan, offered) if offered else None
         if same is not None and (not asked or same.changes < diff.changes or same.changes == 0):
             diff = same.model_copy(update={"proposals": diff.proposals})
-    return diff.model_copy(update={"why": str(choice.get("why") or "")})
+    return diff.model_copy(update={"why": str(choice.get("why") or ""), "offered": len(offered)})
 
 
 def _conclude(

@@ -166,12 +166,13 @@ def proposal_lines(candidates: list[dict[str, Any]]) -> list[str]:
             parts += [f"quantization {diff['quantization']}"] if diff.get("quantization") else []
             label = ProposalDiff.model_validate(diff).label()  # "chosen alternative B", "edited (2 changes)", ...
             shown = "; ".join(parts[:8]) + (f"; ... {len(parts) - 8} more" if len(parts) > 8 else "")
+            goal = f"at goal {float(diff.get('goal') or 0):.0%}" + (f": {shown}" if shown else "")
             if diff.get("proposals"):
-                label += f" vs the proposal at goal {float(diff.get('goal') or 0):.0%}" + (
-                    f": {shown}" if shown else ""
-                )
+                label += f" vs the proposal {goal}"
+            elif diff.get("offered"):  # no proposal asked for: the closest of the alternatives the prompt offered
+                label += f" vs the closest of the {diff['offered']} alternatives offered, {goal}"
             else:
-                label += " (no proposal asked for)"
+                label += " (no proposal asked for or offered)"
             lines.append(f"- Iteration {c.get('iteration')}: LLM plan {md_text(label, 300)}")
         elif c.get("turn") == "llm" and (c.get("llm") or {}).get("applied"):
             lines.append(f"- Iteration {c.get('iteration')}: LLM plan {md_text(c['llm']['applied'], 300)}")

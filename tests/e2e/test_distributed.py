@@ -1,4 +1,10 @@
-"""Distillation as a torch.distributed job: 2 gloo processes equal 1, a killed job resumes, shards add up."""
+"""Distillation as a torch.distributed job: 2 gloo processes equal 1, a killed job resumes, shards add up.
+
+The jobs whose launcher's part is under test (a rank killed, a stop request) run under torchrun; the others (the
+uninterrupted run, the resume after the kill, the budget) fork their ranks from one interpreter that has imported
+the libraries (helpers.forked_ranks): the same ranks, gloo group and job files, without each rank's seconds of
+imports.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.forked_ranks import launcher
 
 from profiling_agent.tools.data.train_stream import TrainBatches, TrainSource
 from profiling_agent.tools.recovery import distill_state
@@ -34,6 +41,7 @@ CLOSE = 1e-6  # elements further apart than this must be rare (at most 0.1% of t
 MAPPING = {"dataset_to_model": {str(i): i for i in range(10)}}
 SHAPE = {"channels": 1, "height": 16, "width": 16}
 LAUNCHER = "torchrun --standalone --nproc-per-node {procs} --monitor-interval 0.2"
+FORKED = launcher()  # ranks forked from one interpreter with the libraries imported (helpers.forked_ranks)
 CONFIG = DistillConfig(steps=12, lr=1e-3, save_every=2, seed=1)  # the runs the kill, stop and equivalence tests share
 
 
@@ -86,7 +94,7 @@ def uninterrupted(models, tmp_path_factory):
     distill(single, teacher, _batches(source, processor), CONFIG)
     seen = []
     double = copy.deepcopy(start)
-    info = _job(double, tmp, _batches(source, processor), CONFIG, progress=seen.append)
+    info = _job(double, tmp, _batches(source, processor), CONFIG, progress=seen.append, launcher=FORKED)
     return SimpleNamespace(single=single, double=double, info=info, seen=seen, steps=tmp / "steps")
 
 
@@ -116,7 +124,7 @@ def _assert_equivalent(a: torch.nn.Module, b: torch.nn.Module, digits, processor
     assert torch.equal(predict(a, pixels), predict(b, pixels))
 
 
-def _job(student, setup_dir, batches, config, procs=2, progress=None, ckpt="steps"):
+def _job(student, setup_dir, batches, config, procs=2, progress=None, ckpt="steps", launcher=LAUNCHER):
     return distill_in_job(
         student,
         setup_dir / "teacher",
@@ -124,7 +132,7 @@ def _job(student, setup_dir, batches, config, procs=2, progress=None, ckpt="step
         config,
         data=JobData("embedded:digits", MAPPING),
         files=JobFiles(setup_dir / "job", setup_dir / ckpt, {"pruned": "x", "batch": 16}),
-        launch=JobLaunch(procs, LAUNCHER),
+        launch=JobLaunch(procs, launcher),
         progress=progress,
     )
 
@@ -197,7 +205,7 @@ def test_a_rank_killed_mid_job_leaves_steps_that_either_kind_of_run_resumes(
 
     shutil.copytree(tmp / "steps", tmp / "steps_single")
     resumed = copy.deepcopy(start)  # the distributed job continues its own steps...
-    info = _job(resumed, tmp, _batches(source, processor), CONFIG)
+    info = _job(resumed, tmp, _batches(source, processor), CONFIG, launcher=FORKED)
     assert info["resumed_from"] == saved["step"] + 1 and info["steps_done"] == 12
     assert [c[0] for c in info["curve"]] == list(range(12))  # every step once
     gap = _max_diff(uninterrupted.double, resumed)
@@ -258,7 +266,7 @@ def test_a_stop_request_ends_the_job_and_its_ranks_and_a_single_process_resumes_
 def test_rank_0_decides_the_budget_for_every_rank_and_a_single_process_keeps_the_decision(job_setup, processor):
     teacher, start, source, tmp = job_setup
     config = DistillConfig(steps=40, lr=1e-3, seed=1, minutes=1e-6)  # the budget is spent by the 5 timed steps
-    info = _job(copy.deepcopy(start), tmp, _batches(source, processor), config)
+    info = _job(copy.deepcopy(start), tmp, _batches(source, processor), config, launcher=FORKED)
     assert info["steps_done"] == 5 and info["capped"] and len(info["curve"]) == 5  # both ranks stopped there
     saved = distill_state.peek(tmp / "steps")
     assert saved["step"] == 4 and saved["decided"] and saved["total"] == 5 and saved["probe_seconds"] > 0

@@ -2,7 +2,10 @@
 
 The validation and held-out test passes are sharded too; a SIGKILLed rank stops the run with one line and exit
 code 1, and `resume` finishes it with every step once. The CLI's main runs in the test's process (the ranks and
-their launcher are the processes under test).
+their launcher are the processes under test). The run's jobs (the baseline's validation pass, the distillation
+whose rank is killed) run under torchrun; the resume changes the launcher (a "how" flag `resume` takes) to one that
+forks its ranks from an interpreter with the libraries imported (helpers.forked_ranks), which spares each rank of
+the resumed distillation, the validation pass and the held-out pass its seconds of imports.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 from helpers.crash_helpers import PHASE_TIMEOUT, THREAD, offline_resnet_setup, quick_flags, run_in_process
 from helpers.crash_helpers import check_complete as _check_complete
 from helpers.crash_helpers import cli as _cli
+from helpers.forked_ranks import launcher
 
 
 @pytest.mark.slow
@@ -55,7 +59,8 @@ def test_a_cli_run_distills_on_two_processes_and_resumes_after_a_rank_is_killed(
     assert "Traceback" not in err
     killed_at = json.loads(saved.read_text())["step"]
     assert killed_at < 23
-    code, _out, err = run_in_process(_cli("resume", THREAD, "--run-dir", str(runs)), env, tmp_path)
+    resume_args = _cli("resume", THREAD, "--run-dir", str(runs), "--launcher", launcher())
+    code, _out, err = run_in_process(resume_args, env, tmp_path)
     assert code == 0, err
     values = _check_complete(runs)
     recovery = values["candidates"][0]["recovery"]

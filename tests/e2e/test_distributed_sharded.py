@@ -1,4 +1,9 @@
-"""Sharded accuracy passes: 2 gloo processes predict exactly what 1 process predicts, so every figure is equal."""
+"""Sharded accuracy passes: 2 gloo processes predict exactly what 1 process predicts, so every figure is equal.
+
+The jobs fork their ranks from one interpreter that has imported the libraries (helpers.forked_ranks): the same
+ranks, gloo group and job files as under torchrun, without each rank's seconds of imports. The sharded passes of a
+whole run under torchrun are test_distributed_cli's.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.forked_ranks import launcher
 
 from profiling_agent.tools.evaluation.metrics import predict_many
 from profiling_agent.tools.evaluation.sharded import (
@@ -19,7 +25,7 @@ from profiling_agent.tools.evaluation.sharded import (
 
 MAPPING = {"dataset_to_model": {str(i): i for i in range(10)}}
 SHAPE = {"channels": 1, "height": 32, "width": 32}  # the quickly trained digits ResNet's input
-LAUNCHER = "torchrun --standalone --nproc-per-node {procs} --monitor-interval 0.2"
+LAUNCHER = launcher()  # ranks forked from one interpreter with the libraries imported (helpers.forked_ranks)
 
 
 def make_run(

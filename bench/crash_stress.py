@@ -89,8 +89,11 @@ def steps_command(work: Path, count: int, faults: Path) -> list[str]:
 
 
 # --tiny's whole run: ONNX Runtime's forms (native runtimes built and timed, without OpenVINO's and NNCF's long
-# builds), recovery without distillation and few test images
-TINY_RUN_FLAGS = ("--recover", "reconstruct", "--test-subset", "16", "--repeats", "2", "--backend", "onnxruntime")
+# builds), recovery without distillation, few test images and no report charts (matplotlib's drawing)
+TINY_RUN_FLAGS = (
+    *("--recover", "reconstruct", "--test-subset", "16", "--repeats", "2", "--backend", "onnxruntime"),
+    "--no-plots",
+)
 
 
 def run_command(work: Path, index: int, subset: int, extra: tuple[str, ...] = ()) -> list[str]:

@@ -68,6 +68,7 @@ PROFILES = {
             "latency_batch": 8,
             "recover_steps": 8,
             "backend": "torch",
+            "plots": False,  # the report's charts: the reporting tests' subject, not this bench's
         },
     },
     "quick": {

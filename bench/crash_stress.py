@@ -34,7 +34,7 @@ THREAD = "base"  # the thread whose state, stopped before its profile step, ever
 STEP_TIMEOUT_S = 1800  # one child's limit (a hang counts as a failure, not a crash)
 
 
-def prepare(work: Path, subset: int) -> None:
+def prepare(work: Path, subset: int, backend: str = "auto") -> None:
     """Run the agent on embedded:vit-digits up to its profile step (trains the model on first use)."""
     from profiling_agent.graph.builder import build_graph
     from profiling_agent.graph.checkpoint import open_checkpointer
@@ -47,11 +47,12 @@ def prepare(work: Path, subset: int) -> None:
     }
     graph = build_graph(checkpointer=open_checkpointer(work))
     config = {"configurable": {"thread_id": THREAD}}
-    graph.invoke(inputs, config, context=Context(run_root=str(work)), durability="sync", interrupt_before=["profile"])
+    context = Context(run_root=str(work), backend=backend)  # type: ignore[arg-type]
+    graph.invoke(inputs, config, context=context, durability="sync", interrupt_before=["profile"])
     assert graph.get_state(config).next == ("profile",), "the prepared run did not stop before its profile step"
 
 
-def profile_steps(work: Path, count: int, faults: Path) -> None:
+def profile_steps(work: Path, count: int, faults: Path, backend: str = "auto") -> None:
     """Run the profile node `count` times on the prepared state in this process, its fault file in `faults`."""
     from types import SimpleNamespace
 
@@ -64,7 +65,8 @@ def profile_steps(work: Path, count: int, faults: Path) -> None:
     interrupt.enable_fault_file(faults)
     values = build_graph(checkpointer=open_checkpointer(work)).get_state({"configurable": {"thread_id": THREAD}})
     state = State.model_validate(values.values)
-    runtime = SimpleNamespace(context=Context(run_root=str(work)), stream_writer=None, execution_info=None)
+    context = Context(run_root=str(work), backend=backend)  # type: ignore[arg-type]
+    runtime = SimpleNamespace(context=context, stream_writer=None, execution_info=None)
     for _ in range(count):
         profile(state, runtime)  # type: ignore[arg-type]
     interrupt.disable_fault_file()
@@ -83,14 +85,20 @@ def _child(command: list[str], faults: Path) -> dict[str, Any]:
     return {"exit": code, "seconds": round(time.perf_counter() - began, 2), "faults": left, "last": last[:200]}
 
 
-def steps_command(work: Path, count: int, faults: Path) -> list[str]:
-    """The command of a child that runs the profile step `count` times."""
-    return [sys.executable, __file__, "--work", str(work), "--child-steps", str(count), "--faults", str(faults)]
+def steps_command(work: Path, count: int, faults: Path, backend: str = "auto") -> list[str]:
+    """The command of a child that runs the profile step `count` times (profiling the `backend` forms)."""
+    return [
+        *(sys.executable, __file__, "--work", str(work), "--child-steps", str(count), "--faults", str(faults)),
+        *("--backend", backend),
+    ]
 
 
 # --tiny's whole run: ONNX Runtime's forms (native runtimes built and timed, without OpenVINO's and NNCF's long
-# builds), recovery without distillation and few test images
-TINY_RUN_FLAGS = ("--recover", "reconstruct", "--test-subset", "16", "--repeats", "2", "--backend", "onnxruntime")
+# builds), recovery without distillation, few test images and no report charts (matplotlib's drawing)
+TINY_RUN_FLAGS = (
+    *("--recover", "reconstruct", "--test-subset", "16", "--repeats", "2", "--backend", "onnxruntime"),
+    "--no-plots",
+)
 
 
 def run_command(work: Path, index: int, subset: int, extra: tuple[str, ...] = ()) -> list[str]:
@@ -119,16 +127,22 @@ def summarize(mode: str, children: list[dict[str, Any]], attempts: int) -> dict[
 
 
 def stress(
-    work: Path, steps: int, runs: int, subset: int, extra: tuple[str, ...] = (), fresh_steps: int | None = None
+    work: Path,
+    steps: int,
+    runs: int,
+    subset: int,
+    extra: tuple[str, ...] = (),
+    fresh_steps: int | None = None,
+    backend: str = "auto",
 ) -> list[dict[str, Any]]:
     """Run the three modes (`fresh_steps` fresh processes, None: as many as `steps`); return one summary per mode."""
     rows = []
     fresh_steps = steps if fresh_steps is None else fresh_steps
-    one = _child(steps_command(work, steps, work / "faults" / "one"), work / "faults" / "one")
+    one = _child(steps_command(work, steps, work / "faults" / "one", backend), work / "faults" / "one")
     rows.append(summarize("profile step, one process", [one], steps))
     # one step: the one-process child already was a fresh process running it once, the same command
     fresh = [one] if steps == 1 and fresh_steps == 1 else [
-        _child(steps_command(work, 1, work / "faults" / f"fresh-{i:03d}"), work / "faults" / f"fresh-{i:03d}")
+        _child(steps_command(work, 1, work / "faults" / f"fresh-{i:03d}", backend), work / "faults" / f"fresh-{i:03d}")
         for i in range(fresh_steps)
     ]  # fmt: skip
     rows.append(summarize("profile step, fresh processes", fresh, fresh_steps))
@@ -154,15 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--child-steps", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--faults", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="auto", help=argparse.SUPPRESS)  # the profile step's (--tiny's: ORT)
     args = parser.parse_args(argv)
-    if args.tiny:
-        args.steps, args.runs, args.subset = 1, 1, 16
+    if args.tiny:  # the profile steps profile ONNX Runtime's forms, as the tiny whole run does (no NNCF build)
+        args.steps, args.runs, args.subset, args.backend = 1, 1, 16, "onnxruntime"
     if args.child_steps:
-        profile_steps(args.work, args.child_steps, args.faults)
+        profile_steps(args.work, args.child_steps, args.faults, args.backend)
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="crash-stress-"))
-    prepare(work, args.subset)
-    rows = stress(work, args.steps, args.runs, args.subset, TINY_RUN_FLAGS if args.tiny else (), args.fresh)
+    prepare(work, args.subset, args.backend)
+    extra = TINY_RUN_FLAGS if args.tiny else ()
+    rows = stress(work, args.steps, args.runs, args.subset, extra, args.fresh, args.backend)
     for row in rows:
         print(
             f"{row['mode']:<32} {row['crashes']}/{row['attempts']} crashed, {row['failures']} other failures, "

@@ -144,6 +144,7 @@ TINY_SETTINGS = Settings(
         # auto recovery (reconstruct, then distillation) cut at 3 CPU-seconds per candidate: a smoke's recovery
         # need not converge, and uncut it would spend most of the smoke's time
         *("--recover-minutes", "0.05", "--backend", "torch"),
+        "--no-plots",  # the report's charts: the reporting tests' subject, not this bench's
     ),
     coarse=0.10,
     fine=0.10,

@@ -92,6 +92,7 @@ def run_planner(
         llm_structured=args.structured,
         llm_tool_rounds=args.tool_rounds,
         recover=args.recover,
+        plots=not args.tiny,  # the smoke test's runs: no report charts (matplotlib's drawing)
     )
     graph = build_graph(checkpointer=open_checkpointer(root))
     thread = planner if planner == "deterministic" else f"llm-{llm[0]}"

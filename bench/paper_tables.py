@@ -167,6 +167,7 @@ def run_agent(model_dir: str, dataset_dir: str, run_root: Path, thread: str, set
         latency_batch=settings["batch"],
         recover="none",  # Table 1 compares one-shot pruning with one-shot pruning; recovery: the matched table
         backend="torch",  # pruning only: the torch model, not its ONNX Runtime forms (Table 3 measures those)
+        plots=not settings["tiny"],  # the smoke test's runs: no report charts (matplotlib's drawing)
     )
     graph = build_graph(checkpointer=open_checkpointer(run_root))
     return graph.invoke(inputs, {"configurable": {"thread_id": thread}}, context=context, durability="sync")

@@ -69,6 +69,7 @@ def _run_args(model: Path, dataset: Path, runs: Path, thread: str, args: argpars
         "--thread-id",
         thread,
         *(["--test-subset", str(args.test_subset)] if args.test_subset else []),
+        *(["--no-plots"] if args.tiny else []),  # the smoke test: no report charts (matplotlib's drawing)
     )
 
 
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.05)
     proc.wait()
     killed_at = json.loads(saved.read_text())["step"] + 1
-    code, err = _run_to_end(_cli("resume", "cut", "--run-dir", str(runs)), env, args.tiny)
+    resume = _cli("resume", "cut", "--run-dir", str(runs), *(["--no-plots"] if args.tiny else []))
+    code, err = _run_to_end(resume, env, args.tiny)
     assert code == 0, err[-2000:]
     cpu1 = os.times()
     a, b = _weights(runs / "whole"), _weights(runs / "cut")

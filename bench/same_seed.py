@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.tiny:
         common += ["--calibration", "8", "--repeats", "2", "--backend", "onnxruntime", "--recover", "none"]
+        common += ["--no-plots"]  # the report's charts are not part of best/, the folders compared
     rows = []
     for ref in [m.strip() for m in models.split(",") if m.strip()]:
         flags = [*model_flags(ref, args.dataset), *common, *args.extra]

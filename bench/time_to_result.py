@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tiny:  # a smoke test: one round on a few images, short timing and distillation, no exported forms
         args.subset, args.test_subset, args.iterations = min(args.subset, 32), min(args.test_subset, 32), 1
-        args.extra = ["--repeats", "2", "--recover-steps", "8", "--backend", "torch", *args.extra]
+        args.extra = ["--repeats", "2", "--recover-steps", "8", "--backend", "torch", "--no-plots", *args.extra]
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         os.environ.pop(key, None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -63,12 +63,13 @@ from profiling_agent.tools.runtimes.forms import build_forms  # noqa: E402
 from profiling_agent.tools.runtimes.forward import batched_logits, native_call, timed_calls_ms  # noqa: E402
 
 FULL = ("vit-b16", "deit-b16")
-# quick: ViT/DeiT-shaped models for 32x32 images in 4x4 patches (64 patches), 4 layers of hidden 64 with 4 heads
+# quick: ViT/DeiT-shaped models for 32x32 images in 4x4 patches (64 patches), 2 layers of hidden 64 with 4 heads
+# (two layers: merging still compounds across layers; NNCF's graph matching, most of a build, grows with depth)
 QUICK_CONFIG = {
     "image_size": 32,
     "patch_size": 4,
     "hidden_size": 64,
-    "num_hidden_layers": 4,
+    "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "intermediate_size": 256,
     "num_labels": 10,

@@ -55,13 +55,13 @@ from profiling_agent.tools.recovery.distributed import JobData, JobFiles, JobLau
 LAUNCHER = "torchrun --standalone --nproc-per-node {procs} --monitor-interval 0.2"
 
 
-def launcher(procs: int, tiny: bool) -> str:
-    """The launcher template of a job of `procs` processes: torchrun, or (--tiny, 1 process) this interpreter.
+def launcher(procs: int, tiny: bool, template: str = LAUNCHER) -> str:
+    """The launcher template of a job of `procs` processes: `template`, or (--tiny, 1 process) this interpreter.
 
     A smoke run's figures mean nothing, so its 1-process jobs skip torchrun's own interpreter: the rank runs alone
     (world size 1, no process group), the same job module and files.
     """
-    return shlex.quote(sys.executable) if tiny and procs == 1 else LAUNCHER
+    return shlex.quote(sys.executable) if tiny and procs == 1 else template
 
 
 def _load() -> str:
@@ -129,7 +129,7 @@ def bench_distill(args, work: Path, teacher_dir: Path, start: torch.nn.Module, b
                     config,
                     data=JobData(ref, mapping),
                     files=JobFiles(job / "job", job / "steps", {}),
-                    launch=JobLaunch(procs, launcher(procs, args.tiny), threads=args.threads),
+                    launch=JobLaunch(procs, launcher(procs, args.tiny, args.launcher), threads=args.threads),
                 )
             )
             rate = info["steps_done"] / info["seconds"]
@@ -179,7 +179,7 @@ def bench_pass(args, work: Path, run: Path, models: dict[str, Path]) -> dict:
                         procs=procs,
                         job_dir=job,
                         batch_size=64,
-                        launcher=launcher(procs, args.tiny),
+                        launcher=launcher(procs, args.tiny, args.launcher),
                         threads=args.threads,
                     ),
                 )
@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zoo", default=None, help="zoo folder (default: $PROFILING_AGENT_CACHE/zoo)")
     parser.add_argument("--model", default="resnet", help="zoo model (resnet, vit, deit, swin)")
     parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument(
+        "--launcher", default=LAUNCHER, help="launcher template of the N-process jobs, {procs} for N (torchrun)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--steps", type=int, default=60, help="distillation steps")
     parser.add_argument("--lr", type=float, default=3e-4)
@@ -287,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 job = ShardedJob(
                     procs=args.procs,
                     job_dir=work / "acc",
-                    launcher=launcher(args.procs, args.tiny),
+                    launcher=launcher(args.procs, args.tiny, args.launcher),
                     threads=args.threads,
                 )
                 preds.update(sharded_predictions(run, "eval", extra, job))

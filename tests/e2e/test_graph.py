@@ -255,6 +255,7 @@ def test_cli_run_then_evaluate_best(tmp_path, digits_assets, capsys):
         "onnxruntime",
         "--recover-steps",  # export and evaluate are under test; automatic recovery: test_two_iterations_end_to_end
         "8",
+        "--no-plots",  # no chart is read here; the shared run's charts are (tests/e2e/test_report_html.py)
     ]
     assert main(args) == 0
     out = capsys.readouterr().out

@@ -17,13 +17,13 @@ from profiling_agent.tools.profiling.planning_latency import snap
 pytestmark = pytest.mark.slow
 
 
-def _inputs(model: Path, dataset: Path) -> dict:
+def _inputs(model: Path, dataset: Path, iterations: int) -> dict:
     return {
         "model": {"ref": str(model)},
         "dataset": {"ref": str(dataset), "subset": 96, "test_subset": 32, "calibration": 16, "seed": 3},
         "objective": {
             "planner": "deterministic",
-            "iterations": 2,
+            "iterations": iterations,
             "target": "latency",
             "target_reduction": 0.5,
             "max_acc_drop": 2.0,
@@ -119,15 +119,23 @@ def _delivered(root: Path) -> tuple[str, str, dict[str, str]]:
     return str(result["best"]["delivered"]), str(result["best"]["iteration"]), files
 
 
-@pytest.mark.parametrize("fixture", ["digits_vit", "quick_resnet"])
+# the ResNet's two rounds carry a second plan that reads the first round's results (it is accurate, so its planner
+# bisects); the ViT's one round covers the other planning path (heads and MLPs, on its ov_fp32 latency table; the
+# ResNet plans on ov_int8's) without a second ViT round, whose evaluation alone often cost more CPU than the rest of
+# the run: its INT8 form missed the budget and was rebuilt under NNCF's accuracy control (tested in
+# tests/unit/test_timing_trust.py; nothing here reads it)
+@pytest.mark.parametrize(
+    "fixture, iterations",
+    [pytest.param("digits_vit", 1, id="digits_vit"), pytest.param("quick_resnet", 2, id="quick_resnet")],
+)
 def test_two_runs_with_the_same_seed_plan_alike_though_timings_change_after_the_profile(
-    fixture, request, tmp_path, monkeypatch
+    fixture, iterations, request, tmp_path, monkeypatch
 ):
     assets = request.getfixturevalue(fixture)
     model, dataset = (assets.model, assets.dataset) if fixture == "digits_vit" else assets[:2]
     monkeypatch.setenv("PROFILING_AGENT_CACHE", str(tmp_path / "cache"))  # this test's own machine records
     _int8_timed_fastest(monkeypatch)
-    inputs = _inputs(model, dataset)
+    inputs = _inputs(model, dataset, iterations)
 
     first_root = tmp_path / "first"
     graph, config = _graph(first_root)

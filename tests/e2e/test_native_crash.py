@@ -1,17 +1,20 @@
-"""A run whose process (or its child) dies by a real SIGSEGV in a step: the step, its stack and the resume, named."""
+"""A run whose process (or its child) dies by a real SIGSEGV in a step: the step, its stack and the resume, named.
+
+Each crashing CLI is a process of its own, forked with the libraries already imported (helpers.forked_cli), whose
+graph has one step replaced by helpers.crash_cli before the CLI starts; the child process of step 3 is the run's
+own spawned child.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import functools
 from pathlib import Path
 
 import pytest
-from helpers.crash_helpers import THREAD
+from helpers.crash_cli import install
+from helpers.crash_helpers import THREAD, cli, start_forked
 
 pytestmark = pytest.mark.slow
-
-CRASH_CLI = str(Path(__file__).resolve().parents[1] / "helpers" / "crash_cli.py")
 
 
 @pytest.fixture
@@ -35,9 +38,11 @@ def tiny_run(tmp_path):
     return runs, env, flags
 
 
-def _crashing(function: str, where: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    command = [sys.executable, CRASH_CLI, function, where, *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+def _crashing(function: str, where: str, *args: str, env: dict[str, str], cwd: Path) -> tuple[int | None, str]:
+    """Run the CLI on `args` with node function `function` crashing (`where`: "run" or "child"); (exit, stderr)."""
+    proc = start_forked(cli(*args), env, cwd, prepare=functools.partial(install, function, where))
+    _, err = proc.communicate(timeout=600)
+    return proc.returncode, err
 
 
 def _runs(runs: Path, capsys) -> str:
@@ -59,8 +64,8 @@ def test_a_native_crash_names_its_step_stack_and_resume(tiny_run, monkeypatch, c
     folder = runs / THREAD / "crash"
 
     # 1. the run's own process dies by SIGSEGV in the profile step: its stack is on record
-    died = _crashing("profile", "run", "run", *flags, env=env)
-    assert died.returncode == -11, died.stderr[-3000:]
+    code, err = _crashing("profile", "run", "run", *flags, env=env, cwd=runs.parent)
+    assert code == -11, err[-3000:]
     [fault] = list(folder.glob("faulthandler-run-*.log"))
     stack = fault.read_text()
     assert stack.startswith("Fatal Python error: Segmentation fault")
@@ -74,9 +79,8 @@ def test_a_native_crash_names_its_step_stack_and_resume(tiny_run, monkeypatch, c
 
     # 3. `resume` says it once, sets the record aside and goes on; a child process of the next step dies by SIGSEGV:
     #    the run says so in one line and exits 1, without a traceback
-    resumed = _crashing("probe", "child", "resume", THREAD, "--run-dir", str(runs), env=env)
-    err = resumed.stderr
-    assert resumed.returncode == 1 and "Traceback" not in err, err[-3000:]
+    code, err = _crashing("probe", "child", "resume", THREAD, "--run-dir", str(runs), env=env, cwd=runs.parent)
+    assert code == 1 and "Traceback" not in err, err[-3000:]
     assert err.splitlines()[0] == first.replace(str(fault), str(folder / "earlier" / fault.name))
     [child] = list(folder.glob("faulthandler-child-*.log"))
     assert err.strip().splitlines()[-1] == (

@@ -1,4 +1,8 @@
-"""Ctrl-C and SIGTERM stop a run inside its heavy step; a full disk stops recovery, and resume redoes it."""
+"""Ctrl-C and SIGTERM stop a run inside its heavy step; a full disk stops recovery, and resume redoes it.
+
+The runs that are stopped are processes of their own, forked with the libraries already imported
+(helpers.forked_cli); the full-disk run calls the CLI's main in the test's process.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ import signal
 import time
 
 import pytest
-from helpers.crash_helpers import THREAD, cli, offline_resnet_setup, quick_flags, snapshot, start
+from helpers.crash_helpers import THREAD, cli, offline_resnet_setup, quick_flags, snapshot
+from helpers.crash_helpers import start_forked as start
 
 from profiling_agent.graph.review import pending_nodes
 

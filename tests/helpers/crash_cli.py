@@ -2,7 +2,8 @@
 
 `python crash_cli.py FUNCTION WHERE CLI-ARGS...` runs the CLI with the node function FUNCTION (its name in
 graph/builder.py's STEPS: `profile`, `probe` ...) replaced by one that calls `faulthandler._sigsegv()`, in the CLI's own
-process (WHERE "run") or in a child process it starts with `run_in_child` (WHERE "child").
+process (WHERE "run") or in a child process it starts with `run_in_child` (WHERE "child"). `install(FUNCTION, WHERE)`
+does the same replacement in a process that calls the CLI's `entry()` itself.
 """
 
 from __future__ import annotations
@@ -46,11 +47,21 @@ def crashing_steps(function: str, where: str):
     return step
 
 
-if __name__ == "__main__":
+def install(function: str, where: str) -> None:
+    """Make the graph's builder use the crashing node for `function` (before the CLI builds its graph).
+
+    A `functools.partial` of it is the `prepare` of a forked CLI process (helpers.forked_cli), which then runs as
+    this script would, without a fresh interpreter's imports.
+    """
     from profiling_agent.graph import builder
+
+    builder.step = crashing_steps(function, where)
+
+
+if __name__ == "__main__":
     from profiling_agent.graph.cli.main import entry
 
     function, where, *argv = sys.argv[1:]
-    builder.step = crashing_steps(function, where)
+    install(function, where)
     sys.argv = [sys.argv[0], *argv]
     entry()

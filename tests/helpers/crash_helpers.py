@@ -54,14 +54,14 @@ def start(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def start_forked(cmd: list[str], env: dict[str, str], cwd: Path) -> ForkedCli:
+def start_forked(cmd: list[str], env: dict[str, str], cwd: Path, **options) -> ForkedCli:
     """Start the CLI command `cmd` (a `cli(...)` list) in a process of its own, forked with the libraries imported.
 
     For the runs a test stops or starts side by side: each a process of its own, without a fresh interpreter's
-    seconds of imports (helpers.forked_cli).
+    seconds of imports (helpers.forked_cli). `options` go to `ForkedCli` (`prepare`, `start_new_session`).
     """
     assert cmd[:3] == cli()[:3], cmd
-    return ForkedCli(cmd[3:], env, cwd)
+    return ForkedCli(cmd[3:], env, cwd, **options)
 
 
 @functools.cache

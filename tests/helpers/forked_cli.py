@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 # imported once by the server (by name: the server's sys.path is its environment's, without tests/): the libraries
@@ -65,10 +66,24 @@ def _stop_server() -> None:
         stop()
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
-    """The child: the CLI's `entry()` on `argv` with `env`, in `cwd`, its stdout and stderr in the files given."""
+def _run(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    out: str,
+    err: str,
+    prepare: Callable[[], None] | None = None,
+    session: bool = False,
+) -> None:
+    """The child: the CLI's `entry()` on `argv` with `env`, in `cwd`, its stdout and stderr in the files given.
+
+    `prepare` (picklable) runs first, as a script would before calling `entry()`; `session` makes the child the
+    leader of a new session and process group, as `Popen(start_new_session=True)` does.
+    """
     missing = [name for name in preload() if name not in sys.modules]  # the server ignores a failed import
     assert not missing, f"the forkserver did not import {missing}"
+    if session:
+        os.setsid()
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -77,6 +92,8 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> 
         os.dup2(target, fd)
         os.close(target)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C reaches the CLI as in a fresh interpreter
+    if prepare is not None:
+        prepare()
     from profiling_agent.graph.cli.main import entry
 
     sys.argv = ["profiling-agent", *argv]
@@ -92,13 +109,26 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> 
 
 
 class ForkedCli:
-    """A CLI child with the parts of `subprocess.Popen` the crash tests use (pid, poll, signals, communicate)."""
+    """A CLI child with the parts of `subprocess.Popen` the crash tests use (pid, poll, signals, communicate).
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+    `prepare`, a picklable callable (a module-level function or a `functools.partial` of one), runs in the child
+    before the CLI (a stand-in for a script that patches the package, then calls `entry()`); `start_new_session`
+    as in `subprocess.Popen`: the child leads a process group of its own, which `os.killpg(pid, ...)` reaches.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        prepare: Callable[[], None] | None = None,
+        start_new_session: bool = False,
+    ) -> None:
         self.args = argv
         self._files = Path(tempfile.mkdtemp(prefix="forked-cli-"))
         self._out, self._err = str(self._files / "stdout"), str(self._files / "stderr")
-        self._proc = _context().Process(target=_run, args=(argv, dict(env), str(cwd), self._out, self._err))
+        args = (argv, dict(env), str(cwd), self._out, self._err, prepare, start_new_session)
+        self._proc = _context().Process(target=_run, args=args)
         self._proc.start()
         self.pid = self._proc.pid
 

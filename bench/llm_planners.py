@@ -12,8 +12,9 @@ plan is the LLM's decision (`own`, `edited`, `chosen`: an offered alternative ot
 `resized`: the groups of its own refused plan at the ratios the repair offered for the goal; `copied` and
 `replaced` are not), the answers that were schema-valid under a constrained mode, the refusals by
 reason, calls and tokens, the LLM run's wall time split into the time its requests waited for the server (from the
-transcripts) and the time outside it, beside the deterministic run's wall time, and the delivered result of both
-runs. The round table shows whether each LLM plan was
+transcripts) and the time outside it, beside the deterministic run's wall time; the CPU-seconds of both runs (this
+process's: the server is another process, so they are the time outside it, and they hold on a shared machine where
+wall seconds stretch); and the delivered result of both runs. The round table shows whether each LLM plan was
 applied (after how many answers were sent back, and why) or replaced, and for the LLM's plan and the deterministic
 plan of the same round the predicted and measured reduction, validation and held-out test accuracy.
 `--check-deterministic` also compares the paired run's deterministic rounds with the deterministic run's.
@@ -33,6 +34,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import sys
 import tempfile
 import time
@@ -49,6 +51,12 @@ from profiling_agent.tools.text import one_line  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EMBEDDED = {"embedded": "vit-digits", "embedded-resnet": "resnet-digits"}  # --zoo-model names of the embedded models
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process (all threads) and its finished children: the runs, not the LLM server."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def say(message: str) -> None:
@@ -377,13 +385,21 @@ SUMMARY_HEAD = [
     "refusals by reason",
     "calls / tokens",
     "wall LLM run (server + outside) / det run",
+    "CPU-s LLM run / det run (this process: outside the server)",
     "delivered: LLM run",
     "delivered: det run",
 ]
 
 
-def summary_row(summary: dict[str, Any], zoo: str, walls: tuple[float, float], states: tuple[Any, Any]) -> list[str]:
-    """Render one LLM model's summary beside the deterministic run of the same zoo model."""
+def summary_row(
+    summary: dict[str, Any], zoo: str, spent: tuple[tuple[float, float], tuple[float, float]], states: tuple[Any, Any]
+) -> list[str]:
+    """Render one LLM model's summary beside the deterministic run of the same zoo model.
+
+    `spent` is ((LLM run wall, det run wall), (LLM run CPU-s, det run CPU-s)). The CPU-seconds are this process's
+    (the runs run in it; the server is another process): on a shared machine they hold where wall seconds stretch.
+    """
+    walls, cpus = spent
     turns, mine, verdicts = summary["llm_turns"], summary["llm_plans"], summary["verdicts"]
     valid, answers = summary["schema_valid"]
     refusals = "; ".join(f"{n}x {k}" for k, n in sorted(summary["refusals"].items(), key=lambda kv: -kv[1]))
@@ -398,6 +414,7 @@ def summary_row(summary: dict[str, Any], zoo: str, walls: tuple[float, float], s
         refusals or "none",
         f"{summary['calls']} / {summary['tokens']:,}",
         f"{walls[0]:.0f} s ({server:.0f} + {walls[0] - server:.0f}) / {walls[1]:.0f} s (outside: {ratio:.2f}x)",
+        f"{cpus[0]:.0f} / {cpus[1]:.0f} ({cpus[0] / cpus[1]:.2f}x)" if cpus[1] else "-",
         delivered(states[0]),
         delivered(states[1]) if states[1] is not None else "-",
     ]
@@ -451,19 +468,20 @@ def bench_zoo_model(name: str, servers: list[tuple[str, str]], root: Path, args:
     """Run the deterministic planner alone, then each LLM model, on one zoo model; return rows and notes."""
     model, dataset = resolve_model(args, name)
     say(f"deterministic planner alone on {name}, {args.iterations} rounds...")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     alone = run_planner(model, dataset, "deterministic", root / name, args)
-    det_wall = time.perf_counter() - start
+    det_wall, det_cpu = time.perf_counter() - start, cpu_seconds() - cpu
     out: dict[str, list[Any]] = {"rows": [], "summary": [], "notes": [best_line(f"{name}, deterministic run", alone)]}
     for label, url in servers:
         say(f"LLM planner {label} (paired with the deterministic sequence) on {name}, {args.iterations} rounds...")
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds()
         state = run_planner(model, dataset, "llm", root / name, args, (label, url))
-        wall = time.perf_counter() - start
+        wall, used = time.perf_counter() - start, cpu_seconds() - cpu
         run_path = root / name / f"llm-{label}"
         out["rows"] += rows_of(f"{label} / {name}", state, run_path, dataset)
         summary = model_summary(label, state, run_path)
-        out["summary"].append(summary_row(summary, name, (wall, det_wall), (state, alone)))
+        spent = ((wall, det_wall), (used, det_cpu))
+        out["summary"].append(summary_row(summary, name, spent, (state, alone)))
         out["notes"].append(best_line(f"{name}, LLM run ({label})", state))
         if args.check_deterministic:
             out["notes"].append(f"{name}, {label}: {check_reference(state, alone)}")

@@ -90,8 +90,10 @@ def test_the_summary_counts_whose_plan_was_applied_refusals_by_reason_and_schema
     assert summary["schema_valid"] == [3, 3] and (summary["calls"], summary["tokens"]) == (4, 150)
     assert summary["refusals"] == {"the plan is predicted to remove #% of the params": 3, "repeated a refused plan": 1}
     assert summary["server_s"] == 0.0  # these events carry no times
-    row = llm_planners.summary_row({**summary, "server_s": 80.0}, "embedded", (200.0, 100.0), ({}, {}))
+    spent = ((200.0, 100.0), (66.0, 60.0))  # (walls, CPU-seconds) of the LLM run and the deterministic run
+    row = llm_planners.summary_row({**summary, "server_s": 80.0}, "embedded", spent, ({}, {}))
     assert row[2] == "1/2 (50%)" and row[3] == "0 / 1" and row[7] == "200 s (80 + 120) / 100 s (outside: 1.20x)"
+    assert row[8] == "66 / 60 (1.10x)"
 
 
 def test_the_server_time_is_each_replys_wait_since_the_event_before_it(tmp_path):

@@ -39,7 +39,8 @@ def build_quick_resnet(cache: Path) -> tuple[Path, Path]:
     """Build the digits dataset and a ResNet trained to ~99% in seconds, where `embedded:resnet-digits` finds it.
 
     Unlike the quick ViT it is accurate, so strong pruning misses a tight accuracy budget and the planner
-    keeps iterating (bisecting) instead of converging after one round.
+    keeps iterating (bisecting) instead of converging after one round. The training record `build_model` returned
+    is kept as CACHE/record.json (test_embedded compares it with the model's training.json).
     """
     from profiling_agent.tools.models import embedded
 
@@ -48,6 +49,7 @@ def build_quick_resnet(cache: Path) -> tuple[Path, Path]:
         model_dir = embedded.model_path("resnet-digits")
         config = embedded.TrainConfig(epochs=4, max_train=800, batch_size=16, threads=1)
         record = embedded.build_model("resnet-digits", model_dir, config)
+    write_json(cache / "record.json", record)
     assert record["test_accuracy"] > 80.0, record
     return model_dir, dataset
 

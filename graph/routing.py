@@ -7,10 +7,15 @@ from typing import Literal
 from profiling_agent.state import State
 
 
-def after_analyze(state: State) -> Literal["approve", "prune", "evaluate_held_out"]:
-    """Go prune the new plan (through human approval when the run asks for it), unless the planner converged."""
+def after_analyze(state: State) -> Literal["approve", "prune", "iterate", "evaluate_held_out"]:
+    """Go prune the new plan (through human approval when the run asks for it), unless the planner converged.
+
+    A paired round whose plan was measured before arrives finished (`paired.repeated_round`): it is only recorded.
+    """
     if state.stop_reason:
         return "evaluate_held_out"
+    if state.current is not None and state.current.status in ("ok", "rejected"):
+        return "iterate"
     return "approve" if state.objective.approve else "prune"
 
 

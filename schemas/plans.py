@@ -89,6 +89,13 @@ class CompressionPlan(Strict):
         """Leave `tokens` out of a plan without it, so plans that merge nothing read as they always did."""
         return {k: v for k, v in handler(self).items() if k != "tokens" or v is not None}
 
+    def effect(self) -> dict[str, Any]:
+        """Return what the plan does, its words aside: the entries without their justifications, no rationale."""
+        words = {"__all__": {"justification"}}
+        return self.model_dump(
+            exclude={"rationale": True, "pruning": words, "quantization": words, "tokens": {"justification"}}
+        )
+
 
 # ---------------------------------------------------------------- what the planners record
 

@@ -366,3 +366,38 @@ def test_auto_without_an_llm_runs_the_deterministic_planner_and_says_so(tmp_path
     assert planner["used"] == ["deterministic"] and planner["llm"] is None and planner["fallbacks"] == []
     assert "no LLM configured" in planner["mode_note"]
     assert not (run / "iter_01" / "llm_transcript.jsonl").exists()
+
+
+PLAN_MLP = {  # every MLP at 0.3: about a fifth of the params, a plan the budget keeps
+    "pruning": [
+        {"layer": r"^vit\.layers\.\d+\.mlp\.fc1$", "type": "structured", "ratio": 0.3, "justification": "MLPs"}
+    ],
+    "quantization": QUANT,
+    "rationale": "the MLPs, lightly",
+}
+
+
+def test_a_plan_measured_before_is_built_once(tmp_path, assets, capsys):
+    """Round 3's LLM plan is round 1's again: the turn records round 1's model and figures instead of a rebuild.
+
+    The same holds for a reference round that plans what the LLM turn before it copied (`paired.repeated_round`).
+    """
+    script = [chat_completion(json.dumps(PLAN_MLP)), chat_completion(json.dumps(PLAN_MLP))]
+    with ScriptedOpenAIServer(script) as server:
+        argv = ["--planner", "llm", "--iterations", "2", "--llm-model", "fake-model", "--target-reduction", "0.2"]
+        code, run, result = _run(tmp_path, assets, *argv, "--llm-base-url", server.base_url)
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    cands = result["candidates"]
+    assert [c["turn"] for c in cands] == ["llm", "reference", "llm", "reference"]
+    first, third = cands[0], cands[2]
+    assert CompressionPlan.model_validate(third["plan"]).effect() == CompressionPlan.model_validate(PLAN_MLP).effect()
+    assert first["status"] == third["status"] == "ok"
+    # one model, one set of measurements: iteration 3 records iteration 1's files and figures
+    assert third["path"] == first["path"] and third["path"].startswith("iter_01/")
+    assert (third["accuracy"], third["params"]) == (first["accuracy"], first["params"])
+    assert not [p for p in (run / "iter_03").rglob("*.safetensors")]  # nothing pruned, recovered or saved again
+    assert "the plan of iteration 1 again" in err and "[prune #3]" not in err and "[evaluate #3]" not in err
+    assert [p for p in (run / "iter_02").rglob("*.safetensors")]  # the reference round's own plan was built
+    report = (run / "report.md").read_text()
+    assert "the plan of iteration 1 again: its model and measurements, built once" in report

@@ -16,6 +16,7 @@ from helpers.fake_llm import (
     vit_sensitivity,
 )
 
+from profiling_agent.graph.routing import after_analyze
 from profiling_agent.nodes.analyze import round_inputs
 from profiling_agent.prompts.analysis import DEFAULT_BOUNDS, render_analysis
 from profiling_agent.prompts.plan_example import EXAMPLE_PREFIX, example_plan_json
@@ -27,15 +28,24 @@ from profiling_agent.state import (
     Fallback,
     LLMStep,
     Objective,
+    PlannerMeta,
     PlannerProfile,
     PlanningProblem,
+    Review,
     State,
 )
 from profiling_agent.tools.planning.deterministic import plan_round
 from profiling_agent.tools.planning.llm_client import LLMUnreachable, llm_console_note, never_reached
 from profiling_agent.tools.planning.llm_planner import plan_with_llm
 from profiling_agent.tools.planning.llm_tools import make_planning_tools
-from profiling_agent.tools.planning.paired import deterministic_sequence, paired_stop, reference_due, round_bound
+from profiling_agent.tools.planning.paired import (
+    deterministic_sequence,
+    measured_before,
+    paired_stop,
+    reference_due,
+    repeated_round,
+    round_bound,
+)
 from profiling_agent.tools.planning.plan_guard import GuardConfig, check_plan
 from profiling_agent.tools.planning.proposal import (
     Proposal,
@@ -311,6 +321,27 @@ def test_paired_rounds_follow_the_deterministic_sequence_and_stop_when_it_would(
     assert stop.startswith("objective met by the deterministic sequence at iteration 2")
     plain = [_cand(1, "deterministic", None, 89.0, 700)]  # a deterministic run is not paired
     assert round_bound(objective, plain) == 2 and deterministic_sequence(plain) == plain
+
+
+def test_a_paired_round_repeating_a_measured_plan_records_that_candidate():
+    mlp = {"layer": "^vit\\.layers\\.0\\.mlp\\.fc1$", "type": "structured", "ratio": 0.5}
+    copied = CompressionPlan.model_validate({"pruning": [{**mlp, "justification": "A"}], "rationale": "the LLM's"})
+    own = CompressionPlan.model_validate({"pruning": [{**mlp, "justification": "cost share"}], "rationale": "det"})
+    assert copied.effect() == own.effect() and copied != own  # the same plan in other words
+    llm1 = _cand(1, "llm", "llm", 89.5, 500).model_copy(update={"plan": copied})
+    reference = PlannerMeta(goal=0.3, gamma=1.0, turn="reference")
+    again = repeated_round([llm1], own, reference, 2)
+    assert again is not None and again[0] == 1
+    record = Candidate.model_validate(again[1])
+    assert record.iteration == 2 and record.planner_meta.turn == "reference" and record.eval == llm1.eval
+    assert after_analyze(State(current=record)) == "iterate"  # recorded, not pruned, recovered or evaluated again
+    other = own.model_copy(update={"pruning": [own.pruning[0].model_copy(update={"ratio": 0.55})]})
+    assert repeated_round([llm1], other, reference, 2) is None  # another ratio: another model
+    assert repeated_round([llm1], own, PlannerMeta(goal=0.3, gamma=1.0), 2) is None  # a deterministic run: no pairs
+    refused = llm1.model_copy(update={"status": "rejected", "eval": None, "error": "its trial lost 40 pp"})
+    assert measured_before([refused], own) is refused  # a trial's refusal is a measurement too
+    by_hand = refused.model_copy(update={"review": Review(decision="reject", proposed_by="llm")})
+    assert measured_before([by_hand], own) is None  # a plan a person rejected was never measured
 
 
 # ---------------------------------------------------------------- issue 21 item 8: an endpoint never reached

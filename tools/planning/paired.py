@@ -7,13 +7,19 @@ what they would see in a `--planner deterministic` run with the same settings (s
 seeds), and the best candidate is selected over both sequences, so the delivered model is never worse by the
 selection rule than the deterministic run's. The run stops when the deterministic sequence would stop (its own
 best meets the objective, it converged, or it had `iterations` rounds), never before a pending reference turn.
+
+A turn whose plan does what an earlier finished candidate's did (the LLM copied the proposal that the reference
+turn then plans again) is not built twice: pruning, recovery and evaluation read the run's seed and images, not the
+iteration, so they would rebuild the same model. The turn is recorded with that candidate's measurements
+(`repeated_round`), and the report says whose.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from profiling_agent.state import Best, Candidate, EvalRecord, Objective
+from profiling_agent.state import Best, Candidate, CompressionPlan, EvalRecord, Objective, PlannerMeta
 from profiling_agent.tools.evaluation.selection import objective_met, select_best
 
 
@@ -60,3 +66,36 @@ def paired_stop(
     if len(det) >= objective.iterations:
         return f"iteration bound reached ({objective.iterations} rounds of each planner)", det_best
     return "", det_best
+
+
+def measured_before(candidates: Sequence[Candidate], plan: CompressionPlan) -> Candidate | None:
+    """Return the latest candidate measured with a plan doing what `plan` does (None: none was).
+
+    Measured: evaluated (ok), or rejected by its recovered trial (a plan a person rejected was never measured).
+    """
+    effect = plan.effect()
+    same = [c for c in candidates if measured(c) and c.plan.effect() == effect]
+    return same[-1] if same else None
+
+
+def measured(candidate: Candidate) -> bool:
+    """Return whether a finished candidate's record holds its measurements: evaluated, or refused by its trial."""
+    if candidate.status == "ok":
+        return candidate.eval is not None
+    return candidate.status == "rejected" and candidate.review is None
+
+
+def repeated_round(
+    candidates: Sequence[Candidate], plan: CompressionPlan, meta: PlannerMeta, iteration: int
+) -> tuple[int, dict[str, Any]] | None:
+    """In a paired run, the finished record of round `iteration` when its plan was measured before (None: build it).
+
+    Returns (the earlier iteration, the record): the earlier candidate's pruned model, recovery, forms and
+    measurements, with this round's iteration and planner meta. The same plan on the same seed and images is the
+    same model, measured once.
+    """
+    earlier = measured_before(candidates, plan) if meta.turn else None
+    if earlier is None:
+        return None
+    kept = earlier.model_dump(exclude={"iteration", "planner_meta", "review", "check", "plan", "planner"})
+    return earlier.iteration, {**kept, "iteration": iteration, "planner_meta": meta.model_dump()}

@@ -157,9 +157,9 @@ def structured_summary(steps: list[dict[str, Any]]) -> str:
 
 def proposal_lines(candidates: list[dict[str, Any]]) -> list[str]:
     """Say per LLM plan what it changed relative to the deterministic proposal, and name the reference rounds."""
-    lines = []
-    for c in candidates:
-        diff = c.get("vs_proposal")
+    lines: list[str] = []
+    for k, c in enumerate(candidates):
+        diff, before = c.get("vs_proposal"), len(lines)
         if c.get("planner") == "llm" and diff:
             parts = [f"+{g}" for g in diff.get("added") or []] + [f"-{g}" for g in diff.get("removed") or []]
             parts += [f"{g} {a:g}->{b:g}" for g, (a, b) in (diff.get("ratios") or {}).items()]
@@ -178,6 +178,11 @@ def proposal_lines(candidates: list[dict[str, Any]]) -> list[str]:
             lines.append(f"- Iteration {c.get('iteration')}: LLM plan {md_text(c['llm']['applied'], 300)}")
         elif c.get("turn") == "reference":
             lines.append(f"- Iteration {c.get('iteration')}: reference round (the deterministic planner's own plan)")
+        again = [e.get("iteration") for e in candidates[:k] if c.get("path") and e.get("path") == c.get("path")]
+        if (
+            len(lines) > before and again
+        ):  # a paired round repeating a measured plan records that candidate (paired.repeated_round)
+            lines[-1] += f"; the plan of iteration {again[0]} again: its model and measurements, built once"
     return lines
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, model_serializer, model_validator, with_config
@@ -76,6 +77,12 @@ class TokenEntry(Strict):
         return f"rate {self.rate}" if self.rate is not None else f"schedule {self.schedule}"
 
 
+def one_module(pattern: str) -> bool:
+    """Return whether a layer pattern names exactly one module name: `^` + re.escape(name) + `$`."""
+    body = pattern[1:-1] if pattern.startswith("^") and pattern.endswith("$") else None
+    return body is not None and re.escape(re.sub(r"\\(.)", r"\1", body)) == body
+
+
 class CompressionPlan(Strict):
     """A layer-wise compression plan, as in the paper's Figure 4."""
 
@@ -90,11 +97,19 @@ class CompressionPlan(Strict):
         return {k: v for k, v in handler(self).items() if k != "tokens" or v is not None}
 
     def effect(self) -> dict[str, Any]:
-        """Return what the plan does, its words aside: the entries without their justifications, no rationale."""
+        """Return what the plan does, its words aside: the entries without their justifications, no rationale.
+
+        Pruning entries that each name one module (`^name$`, as the planners write them) cannot override each
+        other, so their order says nothing: they are sorted. Entries with wider patterns keep their order.
+        """
         words = {"__all__": {"justification"}}
-        return self.model_dump(
+        dump = self.model_dump(
             exclude={"rationale": True, "pruning": words, "quantization": words, "tokens": {"justification"}}
         )
+        layers = [e["layer"] for e in dump["pruning"]]
+        if len(set(layers)) == len(layers) and all(one_module(p) for p in layers):
+            dump["pruning"] = sorted(dump["pruning"], key=lambda e: e["layer"])
+        return dump
 
 
 # ---------------------------------------------------------------- what the planners record

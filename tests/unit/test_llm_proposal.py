@@ -328,6 +328,12 @@ def test_a_paired_round_repeating_a_measured_plan_records_that_candidate():
     copied = CompressionPlan.model_validate({"pruning": [{**mlp, "justification": "A"}], "rationale": "the LLM's"})
     own = CompressionPlan.model_validate({"pruning": [{**mlp, "justification": "cost share"}], "rationale": "det"})
     assert copied.effect() == own.effect() and copied != own  # the same plan in other words
+    conv = {"layer": "^resnet\\.stages\\.0\\.conv$", "type": "structured", "ratio": 0.25}
+    one_each = CompressionPlan.model_validate({"pruning": [mlp, conv]})
+    assert one_each.effect() == CompressionPlan.model_validate({"pruning": [conv, mlp]}).effect()  # no overrides
+    wide = {"layer": "^vit\\.layers\\.\\d+\\.mlp\\.fc1$", "type": "structured", "ratio": 0.3}
+    overriding = CompressionPlan.model_validate({"pruning": [wide, mlp]})  # layer 0 at 0.5, the others at 0.3
+    assert overriding.effect() != CompressionPlan.model_validate({"pruning": [mlp, wide]}).effect()
     llm1 = _cand(1, "llm", "llm", 89.5, 500).model_copy(update={"plan": copied})
     reference = PlannerMeta(goal=0.3, gamma=1.0, turn="reference")
     again = repeated_round([llm1], own, reference, 2)

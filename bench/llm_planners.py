@@ -351,13 +351,14 @@ def server_seconds(events: list[dict[str, Any]]) -> float:
 
     The event written just before a request (the prompt, a repair turn, a tool result, the structured mode) is
     followed by the reply, so the gap is the request's wall time. An answer cut off at the token limit leaves no
-    reply, only a parse error right after its `request` event: it counts too (the server wrote until the limit).
-    A request that failed otherwise (refused, timed out) is not counted.
+    reply, only a parse error right after the event before its request (`request` for a constrained one, the
+    prompt for the first): it counts too (the server wrote until the limit). A request that failed otherwise
+    (refused, timed out) is not counted.
     """
     total, last, kind = 0.0, None, None
     for event in events:
         now, name = event.get("time"), event.get("event")
-        answered = name == "reply" or (name == "parse_error" and kind == "request")
+        answered = name == "reply" or (name == "parse_error" and kind not in (None, "reply"))
         if answered and isinstance(now, (int, float)) and isinstance(last, (int, float)):
             total += now - last
         last = now if isinstance(now, (int, float)) else last

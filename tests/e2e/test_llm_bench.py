@@ -98,6 +98,10 @@ def test_the_summary_counts_whose_plan_was_applied_refusals_by_reason_and_schema
 
 def test_the_server_time_is_each_replys_wait_since_the_event_before_it(tmp_path):
     events = [
+        {"event": "prompt", "time": 0.0},
+        {"event": "prompt", "time": 0.5},
+        {"event": "parse_error", "time": 8.5},  # 8 s: a first answer (tools offered) cut off at the token limit
+        {"event": "tools_dropped", "time": 8.6},
         {"event": "prompt", "time": 10.0},
         {"event": "prompt", "time": 10.5},
         {"event": "reply", "time": 40.5},  # 30 s: the first request
@@ -111,7 +115,7 @@ def test_the_server_time_is_each_replys_wait_since_the_event_before_it(tmp_path)
         {"event": "request", "structured": "json_object", "time": 163.0},
         {"event": "reply", "time": 173.0},  # 10 s
     ]
-    assert llm_planners.server_seconds(events) == pytest.approx(160.0)
+    assert llm_planners.server_seconds(events) == pytest.approx(168.0)
     chosen = {
         "candidates": [
             {"iteration": 1, "planner": "llm", "planner_meta": {"turn": "llm", "vs_proposal": {"verdict": "chosen"}}}

@@ -77,8 +77,10 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if not baseline:
         update["fallbacks"] = [f.model_copy(update={"iteration": iteration}).model_dump() for f in out.fallbacks]
         # a paired round repeating a measured plan (a copied proposal) is that candidate: nothing is built again
-        again = repeated_round(state.candidates, out.plan, out.meta, iteration)
-        if again is not None and not (out.stop_reason or state.objective.approve):
+        # (a plan waiting for approval is built as a person decides; a stopping round builds nothing)
+        reusable = not (out.stop_reason or state.objective.approve)
+        again = repeated_round(state.candidates, out.plan, out.meta, iteration) if reusable else None
+        if again is not None:
             update["current"] = again[1]
             message += f"; the plan of iteration {again[0]} again (same seed and images): its candidate, not rebuilt"
     if out.stop_reason:

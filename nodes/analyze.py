@@ -10,7 +10,6 @@ from profiling_agent.nodes.common import context_of, event, run_dir
 from profiling_agent.state import Context, State
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.planning.llm_conversation import conversation as llm_conversation
-from profiling_agent.tools.planning.paired import repeated_round
 from profiling_agent.tools.planning.plan_step import plan_next
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.trials import RecipeSettings, TrialSetup
@@ -73,19 +72,13 @@ def analyze(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             "planner_meta": out.meta.model_dump(exclude_unset=baseline),
         },
     }
-    message = out.message
     if not baseline:
         update["fallbacks"] = [f.model_copy(update={"iteration": iteration}).model_dump() for f in out.fallbacks]
-        # a paired round repeating a measured plan (a copied proposal) is that candidate: nothing is built again
-        # (a plan waiting for approval is built as a person decides; a stopping round builds nothing)
-        reusable = not (out.stop_reason or state.objective.approve)
-        again = repeated_round(state.candidates, out.plan, out.meta, iteration) if reusable else None
-        if again is not None:
-            update["current"] = again[1]
-            message += f"; the plan of iteration {again[0]} again (same seed and images): its candidate, not rebuilt"
+    if out.measured is not None:  # a paired round repeating a measured plan: that candidate, recorded as this one
+        update["current"] = out.measured
     if out.stop_reason:
         update["stop_reason"] = out.stop_reason
     update["history"] = event(
-        "analyze", message, iteration, rationale=out.plan.rationale, planner_choice=out.choice, llm=out.llm
+        "analyze", out.message, iteration, rationale=out.plan.rationale, planner_choice=out.choice, llm=out.llm
     )
     return update

@@ -9,6 +9,7 @@ from profiling_agent.state import CompressionPlan, Context, PlannerMeta, group_r
 from profiling_agent.tools import run_layout
 from profiling_agent.tools.io import read_json, write_json_atomic
 from profiling_agent.tools.planning.llm_config import planner_mode
+from profiling_agent.tools.planning.paired import repeated_round
 from profiling_agent.tools.planning.round import RoundOutcome, planning_round
 from profiling_agent.tools.planning.round_inputs import RoundInputs
 from profiling_agent.tools.planning.trials import TrialFactory, TrialSetup
@@ -42,8 +43,16 @@ def plan_next(
     trials = TrialFactory(setup, refits)
     out = planning_round(inputs, ctx, full_profile, choice.mode, trials.plans, trials.blocks, conversation)
     out.choice = choice
-    # the chosen plan's trial refit, for the recover step (which checks its key); none: an older one goes
-    if out.stop_reason or not refits.save(out.plan.pruning, folder):
+    if not (out.stop_reason or inputs.objective.approve):  # a plan waiting for approval is built as decided
+        again = repeated_round(inputs.candidates, out.plan, out.meta, inputs.iteration)
+        if again is not None:  # a paired round repeating a measured plan (a copied proposal): nothing is rebuilt
+            out.measured = again[1]
+            out.message += (
+                f"; the plan of iteration {again[0]} again (same seed and images): its candidate, not rebuilt"
+            )
+    # the chosen plan's trial refit, for the recover step (which checks its key); none, or no recover step (a plan
+    # measured before): an older one goes
+    if out.stop_reason or out.measured is not None or not refits.save(out.plan.pruning, folder):
         discard(folder)
     write_plan(folder, inputs.iteration, out)
     return out

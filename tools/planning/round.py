@@ -70,6 +70,8 @@ class RoundOutcome:
     llm: LLMStep | None = None
     stop_reason: str = ""
     choice: PlannerMode | None = None  # how the objective's planner choice resolved (None: a uniform baseline)
+    # a paired round whose plan was measured before: that candidate's record, as this round's (`paired`)
+    measured: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
